@@ -1,0 +1,98 @@
+//! Allocation groups and their nibble maps (RSnap §4.3). The data area is a
+//! run of equal groups; the first block of each group is its map block, which
+//! holds one 4-bit state per block of the group (the map block included).
+//! A store grows by appending a group, so the map never has to move.
+
+use super::{crc_with_hole, get_u32, get_u64, put_u32, put_u64};
+use crate::error::{Error, Result};
+
+/// Identifies a group map block.
+pub const GROUP_MAGIC: [u8; 4] = *b"GRVG";
+/// Bytes at the start of a map block before the nibbles.
+pub const GROUP_HEADER_BYTES: usize = 64;
+
+/// Nibble bit: the block is in use (RSnap's "reserved").
+pub const NIBBLE_ALLOCATED: u8 = 0x1;
+/// Nibble bit: the block holds metadata (a node, a record block, a map block).
+pub const NIBBLE_META: u8 = 0x2;
+/// Nibble bit: set by the garbage collector's mark phase (GC issue).
+pub const NIBBLE_MARKED: u8 = 0x4;
+/// Nibble bit: freed, waiting for the commit that frees it (journal issue).
+pub const NIBBLE_PENDING_FREE: u8 = 0x8;
+
+// Group map block layout:
+//
+//   offset size field
+//   0      4    magic "GRVG"
+//   4      4    crc32c of the whole block with this field zeroed
+//   8      8    group index (catches a map block written to the wrong group)
+//   16     48   reserved, zero
+//   64     ...  nibbles: block i of the group is the low nibble of byte
+//                64 + i/2 when i is even, the high nibble when i is odd
+const MAGIC_OFFSET: usize = 0;
+const CRC_OFFSET: usize = MAGIC_OFFSET + 4;
+const INDEX_OFFSET: usize = CRC_OFFSET + 4;
+const RESERVED_OFFSET: usize = INDEX_OFFSET + 8;
+const _: () = assert!(RESERVED_OFFSET + 48 == GROUP_HEADER_BYTES);
+
+/// Blocks per group for a block size: two nibbles per map byte.
+pub fn group_blocks(block_size_bytes: u32) -> u64 {
+    (block_size_bytes as u64 - GROUP_HEADER_BYTES as u64) * 2
+}
+
+/// Encodes a group's map block from one nibble per block (in the low 4 bits).
+pub fn encode(group_index: u64, nibbles: &[u8], block: &mut [u8]) {
+    assert_eq!(nibbles.len() as u64, group_blocks(block.len() as u32));
+    assert!(
+        nibbles[0] & NIBBLE_ALLOCATED != 0,
+        "the map block itself is in use"
+    );
+    block.fill(0);
+    block[MAGIC_OFFSET..MAGIC_OFFSET + 4].copy_from_slice(&GROUP_MAGIC);
+    put_u64(block, INDEX_OFFSET, group_index);
+    for (i, &nibble) in nibbles.iter().enumerate() {
+        assert!(nibble <= 0xf);
+        block[GROUP_HEADER_BYTES + i / 2] |= nibble << (4 * (i % 2));
+    }
+    let crc = crc_with_hole(block, CRC_OFFSET);
+    put_u32(block, CRC_OFFSET, crc);
+}
+
+/// Decodes and verifies group `group_index`'s map block into nibbles.
+pub fn decode(group_index: u64, block: &[u8]) -> Result<Vec<u8>> {
+    let damaged = |why: String| {
+        Error::corrupt(format!(
+            "allocation map of group {group_index} is damaged: {why}"
+        ))
+    };
+    if block[MAGIC_OFFSET..MAGIC_OFFSET + 4] != GROUP_MAGIC {
+        return Err(damaged("no map magic".into()));
+    }
+    let stored_crc = get_u32(block, CRC_OFFSET);
+    let actual_crc = crc_with_hole(block, CRC_OFFSET);
+    if stored_crc != actual_crc {
+        return Err(damaged(format!(
+            "checksum mismatch (stored {stored_crc:#010x}, computed {actual_crc:#010x})"
+        )));
+    }
+    let stored_index = get_u64(block, INDEX_OFFSET);
+    if stored_index != group_index {
+        return Err(damaged(format!("it is the map of group {stored_index}")));
+    }
+    if block[RESERVED_OFFSET..GROUP_HEADER_BYTES]
+        .iter()
+        .any(|&b| b != 0)
+    {
+        return Err(damaged("reserved bytes are not zero".into()));
+    }
+    let count = group_blocks(block.len() as u32) as usize;
+    let nibbles: Vec<u8> = (0..count)
+        .map(|i| (block[GROUP_HEADER_BYTES + i / 2] >> (4 * (i % 2))) & 0xf)
+        .collect();
+    if nibbles[0] & NIBBLE_ALLOCATED == 0 || nibbles[0] & NIBBLE_META == 0 {
+        return Err(damaged(
+            "the map block is not marked as allocated metadata".into(),
+        ));
+    }
+    Ok(nibbles)
+}

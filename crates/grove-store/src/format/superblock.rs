@@ -1,0 +1,264 @@
+//! The superblock: the root of everything in the store. Two copies live in
+//! blocks 0 and 1. Each commit writes the slot the previous commit did not
+//! use, with a higher generation, so a torn superblock write always leaves the
+//! other slot intact. Open picks the valid slot with the highest generation.
+
+use super::{crc_with_hole, get_u32, get_u64, put_u32, put_u64, FORMAT_VERSION};
+use crate::error::{Error, ErrorKind, Result};
+use crate::types::{is_valid_block_size, BlockAddr, VolumeId};
+
+/// Identifies a grove store; also catches a superblock written to the wrong place.
+pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"GROVESB\0";
+/// Number of superblock slots (blocks 0 and 1).
+pub const SUPERBLOCK_SLOTS: u64 = 2;
+
+// Superblock layout (one slot; the rest of its block is zero):
+//
+//   offset size field
+//   0      8    magic "GROVESB\0"
+//   8      4    format_version
+//   12     4    crc32c of bytes [0, SUPERBLOCK_LEN) with this field zeroed
+//   16     8    generation: +1 per commit; the higher valid slot wins
+//   24     4    block_size_bytes
+//   28     4    reserved, zero
+//   32     8    journal_start: first block of the journal region
+//   40     8    journal_blocks: length of the journal region
+//   48     8    data_start: first block of allocation group 0
+//   56     8    group_blocks: blocks per allocation group (its map block included)
+//   64     8    group_count: allocation groups that exist in the store
+//   72     8    group_count_max: capacity limit in groups, 0 = grow while the host has space
+//   80     8    volume_table_root: block of the volume table's root node, 0 = empty table
+//   88     1    volume_table_height: levels of the volume table's radix tree
+//   89     7    reserved, zero
+//   96     8    next_volume_id: ids are handed out in increasing order, never reused
+//   104    8    journal_sequence: sequence number of the next journal record (issue 4)
+//   112    8    journal_head: block offset in the journal where replay starts (issue 4)
+//   120    8    created_unix_secs
+//   128    16   pool_uuid: random at init; journal records carry it
+//   144    368  reserved, zero
+//   512         end (SUPERBLOCK_LEN)
+const MAGIC_OFFSET: usize = 0;
+const VERSION_OFFSET: usize = MAGIC_OFFSET + 8;
+const CRC_OFFSET: usize = VERSION_OFFSET + 4;
+const GENERATION_OFFSET: usize = CRC_OFFSET + 4;
+const BLOCK_SIZE_OFFSET: usize = GENERATION_OFFSET + 8;
+const JOURNAL_START_OFFSET: usize = BLOCK_SIZE_OFFSET + 8;
+const JOURNAL_BLOCKS_OFFSET: usize = JOURNAL_START_OFFSET + 8;
+const DATA_START_OFFSET: usize = JOURNAL_BLOCKS_OFFSET + 8;
+const GROUP_BLOCKS_OFFSET: usize = DATA_START_OFFSET + 8;
+const GROUP_COUNT_OFFSET: usize = GROUP_BLOCKS_OFFSET + 8;
+const GROUP_COUNT_MAX_OFFSET: usize = GROUP_COUNT_OFFSET + 8;
+const VOLUME_TABLE_ROOT_OFFSET: usize = GROUP_COUNT_MAX_OFFSET + 8;
+const VOLUME_TABLE_HEIGHT_OFFSET: usize = VOLUME_TABLE_ROOT_OFFSET + 8;
+const NEXT_VOLUME_ID_OFFSET: usize = VOLUME_TABLE_HEIGHT_OFFSET + 8;
+const JOURNAL_SEQUENCE_OFFSET: usize = NEXT_VOLUME_ID_OFFSET + 8;
+const JOURNAL_HEAD_OFFSET: usize = JOURNAL_SEQUENCE_OFFSET + 8;
+const CREATED_OFFSET: usize = JOURNAL_HEAD_OFFSET + 8;
+const UUID_OFFSET: usize = CREATED_OFFSET + 8;
+const RESERVED_OFFSET: usize = UUID_OFFSET + 16;
+/// Bytes of a superblock slot that carry data; the smallest block size (1 KiB)
+/// holds it with room to spare.
+pub const SUPERBLOCK_LEN: usize = 512;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Superblock {
+    pub generation: u64,
+    pub block_size_bytes: u32,
+    pub journal_start: BlockAddr,
+    pub journal_blocks: u64,
+    pub data_start: BlockAddr,
+    pub group_blocks: u64,
+    pub group_count: u64,
+    pub group_count_max: u64,
+    pub volume_table_root: BlockAddr,
+    pub volume_table_height: u8,
+    pub next_volume_id: VolumeId,
+    pub journal_sequence: u64,
+    pub journal_head: u64,
+    pub created_unix_secs: u64,
+    pub pool_uuid: [u8; 16],
+}
+
+/// Why one superblock slot could not be used. Open reports these only when
+/// neither slot is usable.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SlotProblem {
+    /// No magic: never written, or not a grove store at all.
+    NoMagic,
+    /// Written by a newer grove.
+    NewerVersion(u32),
+    /// Magic present but the checksum or a field is wrong.
+    Damaged(String),
+}
+
+impl Superblock {
+    /// The slot this superblock is written to: generations alternate slots.
+    pub fn slot(&self) -> u64 {
+        self.generation % SUPERBLOCK_SLOTS
+    }
+
+    pub fn encode(&self) -> [u8; SUPERBLOCK_LEN] {
+        self.assert_valid();
+        let mut bytes = [0u8; SUPERBLOCK_LEN];
+        bytes[MAGIC_OFFSET..MAGIC_OFFSET + 8].copy_from_slice(&SUPERBLOCK_MAGIC);
+        put_u32(&mut bytes, VERSION_OFFSET, FORMAT_VERSION);
+        put_u64(&mut bytes, GENERATION_OFFSET, self.generation);
+        put_u32(&mut bytes, BLOCK_SIZE_OFFSET, self.block_size_bytes);
+        put_u64(&mut bytes, JOURNAL_START_OFFSET, self.journal_start.0);
+        put_u64(&mut bytes, JOURNAL_BLOCKS_OFFSET, self.journal_blocks);
+        put_u64(&mut bytes, DATA_START_OFFSET, self.data_start.0);
+        put_u64(&mut bytes, GROUP_BLOCKS_OFFSET, self.group_blocks);
+        put_u64(&mut bytes, GROUP_COUNT_OFFSET, self.group_count);
+        put_u64(&mut bytes, GROUP_COUNT_MAX_OFFSET, self.group_count_max);
+        put_u64(
+            &mut bytes,
+            VOLUME_TABLE_ROOT_OFFSET,
+            self.volume_table_root.0,
+        );
+        bytes[VOLUME_TABLE_HEIGHT_OFFSET] = self.volume_table_height;
+        put_u64(&mut bytes, NEXT_VOLUME_ID_OFFSET, self.next_volume_id.0);
+        put_u64(&mut bytes, JOURNAL_SEQUENCE_OFFSET, self.journal_sequence);
+        put_u64(&mut bytes, JOURNAL_HEAD_OFFSET, self.journal_head);
+        put_u64(&mut bytes, CREATED_OFFSET, self.created_unix_secs);
+        bytes[UUID_OFFSET..UUID_OFFSET + 16].copy_from_slice(&self.pool_uuid);
+        let crc = crc_with_hole(&bytes, CRC_OFFSET);
+        put_u32(&mut bytes, CRC_OFFSET, crc);
+        bytes
+    }
+
+    /// Decodes one slot. `bytes` is at least SUPERBLOCK_LEN long.
+    pub fn decode(bytes: &[u8]) -> Result<Superblock, SlotProblem> {
+        let bytes = &bytes[..SUPERBLOCK_LEN];
+        if bytes[MAGIC_OFFSET..MAGIC_OFFSET + 8] != SUPERBLOCK_MAGIC {
+            return Err(SlotProblem::NoMagic);
+        }
+        // The version is checked before the checksum: a newer format may
+        // checksum differently, and "upgrade grove" is the useful answer.
+        let version = get_u32(bytes, VERSION_OFFSET);
+        if version > FORMAT_VERSION {
+            return Err(SlotProblem::NewerVersion(version));
+        }
+        let stored_crc = get_u32(bytes, CRC_OFFSET);
+        let actual_crc = crc_with_hole(bytes, CRC_OFFSET);
+        if stored_crc != actual_crc {
+            return Err(SlotProblem::Damaged(format!(
+                "checksum mismatch (stored {stored_crc:#010x}, computed {actual_crc:#010x})"
+            )));
+        }
+        if version == 0 {
+            return Err(SlotProblem::Damaged("format version 0".into()));
+        }
+        let mut pool_uuid = [0u8; 16];
+        pool_uuid.copy_from_slice(&bytes[UUID_OFFSET..UUID_OFFSET + 16]);
+        let superblock = Superblock {
+            generation: get_u64(bytes, GENERATION_OFFSET),
+            block_size_bytes: get_u32(bytes, BLOCK_SIZE_OFFSET),
+            journal_start: BlockAddr(get_u64(bytes, JOURNAL_START_OFFSET)),
+            journal_blocks: get_u64(bytes, JOURNAL_BLOCKS_OFFSET),
+            data_start: BlockAddr(get_u64(bytes, DATA_START_OFFSET)),
+            group_blocks: get_u64(bytes, GROUP_BLOCKS_OFFSET),
+            group_count: get_u64(bytes, GROUP_COUNT_OFFSET),
+            group_count_max: get_u64(bytes, GROUP_COUNT_MAX_OFFSET),
+            volume_table_root: BlockAddr(get_u64(bytes, VOLUME_TABLE_ROOT_OFFSET)),
+            volume_table_height: bytes[VOLUME_TABLE_HEIGHT_OFFSET],
+            next_volume_id: VolumeId(get_u64(bytes, NEXT_VOLUME_ID_OFFSET)),
+            journal_sequence: get_u64(bytes, JOURNAL_SEQUENCE_OFFSET),
+            journal_head: get_u64(bytes, JOURNAL_HEAD_OFFSET),
+            created_unix_secs: get_u64(bytes, CREATED_OFFSET),
+            pool_uuid,
+        };
+        superblock.check_fields().map_err(SlotProblem::Damaged)?;
+        if bytes[RESERVED_OFFSET..].iter().any(|&b| b != 0) {
+            return Err(SlotProblem::Damaged("reserved bytes are not zero".into()));
+        }
+        Ok(superblock)
+    }
+
+    /// Structural checks shared by the encoder (as assertions) and the
+    /// decoder (as errors): the checksum alone cannot catch a bug that wrote
+    /// a well-checksummed but impossible superblock.
+    fn check_fields(&self) -> Result<(), String> {
+        if !is_valid_block_size(self.block_size_bytes) {
+            return Err(format!("invalid block size {}", self.block_size_bytes));
+        }
+        if self.journal_start.0 != SUPERBLOCK_SLOTS {
+            return Err(format!("journal starts at {}", self.journal_start));
+        }
+        if self.data_start.0 != self.journal_start.0 + self.journal_blocks {
+            return Err(format!("data area starts at {}", self.data_start));
+        }
+        if self.group_blocks != super::group::group_blocks(self.block_size_bytes) {
+            return Err(format!("group size {} blocks", self.group_blocks));
+        }
+        if self.group_count_max != 0 && self.group_count > self.group_count_max {
+            return Err(format!(
+                "{} groups exceed the limit of {}",
+                self.group_count, self.group_count_max
+            ));
+        }
+        if self.next_volume_id.0 == 0 {
+            return Err("next volume id is 0".into());
+        }
+        if self.volume_table_root.is_none() != (self.volume_table_height == 0) {
+            return Err("volume table root and height disagree".into());
+        }
+        Ok(())
+    }
+
+    fn assert_valid(&self) {
+        if let Err(problem) = self.check_fields() {
+            panic!("encoding an invalid superblock: {problem}");
+        }
+    }
+
+    /// Total blocks the store spans.
+    pub fn store_blocks(&self) -> u64 {
+        self.data_start.0 + self.group_count * self.group_blocks
+    }
+}
+
+/// Picks the newest valid slot, or explains why neither is usable.
+pub fn choose_slot(slots: [Result<Superblock, SlotProblem>; 2], what: &str) -> Result<Superblock> {
+    let mut best: Option<Superblock> = None;
+    for superblock in slots.iter().flatten() {
+        if best
+            .as_ref()
+            .is_none_or(|b| superblock.generation > b.generation)
+        {
+            best = Some(superblock.clone());
+        }
+    }
+    if let Some(best) = best {
+        return Ok(best);
+    }
+    for slot in &slots {
+        if let Err(SlotProblem::NewerVersion(version)) = slot {
+            return Err(Error::new(
+                ErrorKind::UnsupportedVersion,
+                format!(
+                    "{what} uses on-disk format version {version}, but this grove supports up to version {FORMAT_VERSION}; upgrade grove to open it"
+                ),
+            ));
+        }
+    }
+    match &slots {
+        [Err(SlotProblem::NoMagic), Err(SlotProblem::NoMagic)] => Err(Error::new(
+            ErrorKind::NotAPool,
+            format!("{what} is not a grove store (no superblock)"),
+        )),
+        [a, b] => Err(Error::corrupt(format!(
+            "{what}: both superblocks are damaged (slot 0: {}; slot 1: {})",
+            describe(a),
+            describe(b)
+        ))),
+    }
+}
+
+fn describe(slot: &Result<Superblock, SlotProblem>) -> String {
+    match slot {
+        Ok(_) => "valid".into(),
+        Err(SlotProblem::NoMagic) => "no magic".into(),
+        Err(SlotProblem::NewerVersion(v)) => format!("format version {v}"),
+        Err(SlotProblem::Damaged(why)) => why.clone(),
+    }
+}

@@ -1,0 +1,804 @@
+//! The public engine API: create or open a pool, manage volumes, and do I/O
+//! through `Volume` handles. `Pool` and `Volume` are cheap to clone and safe
+//! to share between threads.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::alloc::Allocator;
+use crate::config::{PoolConfig, CONFIG_FILE_NAME};
+use crate::device::{BlockDevice, FileDevice};
+use crate::error::{Error, ErrorKind, Result};
+use crate::format::group;
+use crate::format::node::NodeKind;
+use crate::format::record::{VolumeKind, VolumeRecord};
+use crate::format::superblock::{
+    choose_slot, SlotProblem, Superblock, SUPERBLOCK_LEN, SUPERBLOCK_SLOTS,
+};
+use crate::format::FORMAT_VERSION;
+use crate::state::State;
+use crate::types::*;
+
+/// Size of the journal region reserved at init. The journal itself arrives
+/// with the crash-consistency work; reserving it now keeps the format stable.
+pub const JOURNAL_REGION_BYTES: u64 = 16 * 1024 * 1024;
+
+/// Settings for a new pool.
+#[derive(Clone, Debug)]
+pub struct PoolOptions {
+    pub block_size_bytes: u32,
+    /// Largest the store may grow to; None = while the host file system has room.
+    pub capacity_bytes: Option<u64>,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        PoolOptions {
+            block_size_bytes: BLOCK_SIZE_DEFAULT_BYTES,
+            capacity_bytes: None,
+        }
+    }
+}
+
+/// A volume as listed.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct VolumeInfo {
+    pub id: u64,
+    pub name: String,
+    pub kind: VolumeKind,
+    pub read_only: bool,
+    /// Name of the volume this one was snapshotted or cloned from.
+    pub parent: Option<String>,
+    pub size_bytes: u64,
+    /// Bytes of data this volume maps.
+    pub referenced_bytes: u64,
+    /// Bytes that only this volume reaches: what removing it frees at once.
+    pub exclusive_bytes: u64,
+    pub created_unix_secs: u64,
+}
+
+/// Space and shape of a pool.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct PoolInfo {
+    pub path: String,
+    pub format_version: u32,
+    pub block_size_bytes: u32,
+    pub volume_count: u64,
+    /// Bytes the store spans (its allocation groups).
+    pub store_bytes: u64,
+    /// Bytes in use: data, metadata and allocation maps.
+    pub used_bytes: u64,
+    /// Of the used bytes, those holding metadata.
+    pub metadata_bytes: u64,
+    /// Bytes that can still be allocated: free blocks in the store plus
+    /// what it can grow into (limited by the capacity or the host file system).
+    pub free_bytes: u64,
+    /// The capacity limit, if the pool has one.
+    pub capacity_bytes: Option<u64>,
+}
+
+struct Inner {
+    dir: PathBuf,
+    state: Mutex<State>,
+    /// Readers hold this shared while they read data blocks outside the
+    /// state lock; commit takes it exclusively before it lets freed blocks
+    /// be reused, so no read can see a block that was reallocated under it.
+    io_gate: RwLock<()>,
+    /// Holds the pool's exclusive lock for as long as the pool is open.
+    _lock_file: Option<File>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Best effort: an explicit close() or flush() reports errors.
+        if let Ok(state) = self.state.get_mut() {
+            let _ = state.commit();
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Pool {
+    inner: Arc<Inner>,
+}
+
+/// A handle on one volume. It stays valid while the volume exists; after
+/// the volume is removed every call fails with NotFound.
+#[derive(Clone)]
+pub struct Volume {
+    inner: Arc<Inner>,
+    id: VolumeId,
+}
+
+fn now_unix_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Checks a volume name: it becomes a file name under `grove mount` and an
+/// NBD export name, so it must be short, printable and free of '/'.
+pub fn validate_volume_name(name: &str) -> Result<()> {
+    let bad = |why: &str| {
+        Error::new(
+            ErrorKind::InvalidArgument,
+            format!("invalid volume name {name:?}: {why}"),
+        )
+    };
+    if name.is_empty() {
+        return Err(bad("it is empty"));
+    }
+    if name.len() > VOLUME_NAME_MAX_BYTES {
+        return Err(bad(&format!(
+            "it is longer than {VOLUME_NAME_MAX_BYTES} bytes"
+        )));
+    }
+    if name.starts_with('.') || name.starts_with('-') {
+        return Err(bad("it may not start with '.' or '-'"));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || "._-+:@".contains(*c)))
+    {
+        return Err(bad(&format!(
+            "{c:?} is not allowed (use letters, digits and . _ - + : @)"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a volume size: positive, whole sectors, within the limit.
+pub fn validate_volume_size(size_bytes: u64) -> Result<()> {
+    if size_bytes == 0 {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            "invalid volume size 0: a volume needs at least 512 bytes",
+        ));
+    }
+    if size_bytes % SECTOR_BYTES != 0 {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!(
+                "invalid volume size {size_bytes} bytes: it must be a multiple of {SECTOR_BYTES}"
+            ),
+        ));
+    }
+    if size_bytes > VOLUME_SIZE_MAX_BYTES {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!("invalid volume size {size_bytes} bytes: the largest is {VOLUME_SIZE_MAX_BYTES} (64 PiB)"),
+        ));
+    }
+    Ok(())
+}
+
+impl Pool {
+    /// Creates a pool in `dir` (made if missing). Fails if one is there.
+    pub fn create(dir: &Path, options: &PoolOptions) -> Result<Pool> {
+        if dir.join(CONFIG_FILE_NAME).exists() {
+            return Err(Error::new(
+                ErrorKind::AlreadyExists,
+                format!("a grove pool already exists in {}", dir.display()),
+            ));
+        }
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::io(format!("cannot create pool directory {}", dir.display()), e))?;
+        let config = PoolConfig::new();
+        let store_path = dir.join(&config.store);
+        let device = FileDevice::create_new(&store_path).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::AlreadyExists {
+                Error::new(
+                    ErrorKind::AlreadyExists,
+                    format!(
+                        "{} already exists; remove it or choose another directory",
+                        store_path.display()
+                    ),
+                )
+            } else {
+                Error::io(format!("cannot create {}", store_path.display()), e)
+            }
+        })?;
+        let lock = lock_store(&store_path)?;
+        let pool = Pool::format(Arc::new(device), options, dir, Some(lock))?;
+        // grove.toml is written last and atomically: a directory with it is a
+        // complete pool, one without it never half-looks like one.
+        let temp = dir.join(format!("{CONFIG_FILE_NAME}.tmp"));
+        std::fs::write(&temp, config.to_toml())
+            .and_then(|()| File::open(&temp)?.sync_all())
+            .and_then(|()| std::fs::rename(&temp, dir.join(CONFIG_FILE_NAME)))
+            .and_then(|()| File::open(dir)?.sync_all())
+            .map_err(|e| {
+                Error::io(
+                    format!("cannot write {}", dir.join(CONFIG_FILE_NAME).display()),
+                    e,
+                )
+            })?;
+        Ok(pool)
+    }
+
+    /// Formats a store on any device: both superblocks, the (empty)
+    /// journal region and the first allocation group.
+    pub fn format(
+        device: Arc<dyn BlockDevice>,
+        options: &PoolOptions,
+        dir: &Path,
+        lock: Option<File>,
+    ) -> Result<Pool> {
+        let block_size = options.block_size_bytes;
+        if !is_valid_block_size(block_size) {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("invalid block size {block_size}: choose a power of two from 1K to 64K"),
+            ));
+        }
+        let block_bytes = u64::from(block_size);
+        let journal_blocks = JOURNAL_REGION_BYTES / block_bytes;
+        let group_blocks = group::group_blocks(block_size);
+        let group_count_max = match options.capacity_bytes {
+            None => 0,
+            Some(bytes) => (bytes / block_bytes / group_blocks).max(1),
+        };
+        let superblock = Superblock {
+            generation: 0,
+            block_size_bytes: block_size,
+            journal_start: BlockAddr(SUPERBLOCK_SLOTS),
+            journal_blocks,
+            data_start: BlockAddr(SUPERBLOCK_SLOTS + journal_blocks),
+            group_blocks,
+            group_count: 0,
+            group_count_max,
+            volume_table_root: BlockAddr::NONE,
+            volume_table_height: 0,
+            next_volume_id: VolumeId(1),
+            journal_sequence: 0,
+            journal_head: 0,
+            created_unix_secs: now_unix_secs(),
+            pool_uuid: random_uuid(),
+        };
+        let mut alloc = Allocator::new(
+            superblock.data_start,
+            group_blocks,
+            group_count_max,
+            Vec::new(),
+        );
+        alloc.add_group()?;
+        let mut state = State::new(device, superblock, alloc);
+        // Generation 1 goes to slot 1; slot 0 is written too, so that both
+        // slots are valid from the start.
+        let maps = state.alloc.take_dirty_maps(block_size);
+        for (addr, block) in maps {
+            state
+                .device
+                .write_at(&block, addr.0 * block_bytes)
+                .map_err(|e| Error::io("cannot write the first allocation group", e))?;
+        }
+        state.superblock.group_count = state.alloc.group_count();
+        state
+            .device
+            .set_len_bytes(state.superblock.store_blocks() * block_bytes)
+            .map_err(|e| Error::io("cannot size the store", e))?;
+        state.write_superblock()?;
+        state.write_superblock()?;
+        Ok(Pool::from_state(state, dir, lock))
+    }
+
+    /// Opens the pool in `dir`.
+    pub fn open(dir: &Path) -> Result<Pool> {
+        let config = PoolConfig::load(dir)?;
+        let store_path = dir.join(&config.store);
+        let device = FileDevice::open(&store_path).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                Error::new(
+                    ErrorKind::NotAPool,
+                    format!(
+                        "pool {} is incomplete: its store {} is missing",
+                        dir.display(),
+                        store_path.display()
+                    ),
+                )
+            } else {
+                Error::io(format!("cannot open {}", store_path.display()), e)
+            }
+        })?;
+        let lock = lock_store(&store_path)?;
+        Pool::open_device(Arc::new(device), dir, Some(lock))
+    }
+
+    /// Opens a store on any device (tests, the crash simulator).
+    pub fn open_device(
+        device: Arc<dyn BlockDevice>,
+        dir: &Path,
+        lock: Option<File>,
+    ) -> Result<Pool> {
+        let what = device.describe();
+        let superblock = read_superblock(device.as_ref(), &what)?;
+        let block_bytes = u64::from(superblock.block_size_bytes);
+        let device_len = device
+            .len_bytes()
+            .map_err(|e| Error::io(format!("cannot stat {what}"), e))?;
+        let expected_len = superblock.store_blocks() * block_bytes;
+        if device_len < expected_len {
+            return Err(Error::corrupt(format!(
+                "store {what} is truncated: it is {device_len} bytes, but its superblock needs {expected_len}"
+            )));
+        }
+        let mut group_nibbles = Vec::with_capacity(superblock.group_count as usize);
+        let mut block = vec![0u8; superblock.block_size_bytes as usize];
+        for index in 0..superblock.group_count {
+            let addr = superblock.data_start.0 + index * superblock.group_blocks;
+            device
+                .read_at(&mut block, addr * block_bytes)
+                .map_err(|e| {
+                    Error::io(
+                        format!("cannot read the allocation map of group {index} in {what}"),
+                        e,
+                    )
+                })?;
+            group_nibbles.push(group::decode(index, &block)?);
+        }
+        let alloc = Allocator::new(
+            superblock.data_start,
+            superblock.group_blocks,
+            superblock.group_count_max,
+            group_nibbles,
+        );
+        let mut state = State::new(device, superblock, alloc);
+        state.load_volume_table()?;
+        Ok(Pool::from_state(state, dir, lock))
+    }
+
+    fn from_state(state: State, dir: &Path, lock: Option<File>) -> Pool {
+        Pool {
+            inner: Arc::new(Inner {
+                dir: dir.to_path_buf(),
+                state: Mutex::new(state),
+                io_gate: RwLock::new(()),
+                _lock_file: lock,
+            }),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        lock_state(&self.inner)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    pub fn block_size_bytes(&self) -> u32 {
+        self.state().geometry.block_size_bytes
+    }
+
+    /// Every volume, in creation order.
+    pub fn volumes(&self) -> Vec<VolumeInfo> {
+        let state = self.state();
+        state
+            .volumes
+            .values()
+            .map(|r| volume_info(&state, r))
+            .collect()
+    }
+
+    pub fn volume_info(&self, name: &str) -> Result<VolumeInfo> {
+        let state = self.state();
+        let record = state.volume_by_name(name)?;
+        Ok(volume_info(&state, record))
+    }
+
+    /// A handle for I/O on the named volume.
+    pub fn volume(&self, name: &str) -> Result<Volume> {
+        let id = self.state().volume_by_name(name)?.id;
+        Ok(Volume {
+            inner: self.inner.clone(),
+            id,
+        })
+    }
+
+    /// Creates an empty thin volume. Durable when it returns.
+    pub fn create_volume(&self, name: &str, size_bytes: u64) -> Result<VolumeInfo> {
+        validate_volume_name(name)?;
+        validate_volume_size(size_bytes)?;
+        self.change(|state| {
+            ensure_name_free(state, name)?;
+            state.create_volume(name, size_bytes, now_unix_secs())
+        })
+    }
+
+    /// Read-only snapshot of any volume or snapshot. O(1); durable when it returns.
+    pub fn snapshot(&self, source: &str, name: &str) -> Result<VolumeInfo> {
+        self.snapshot_as(source, name, VolumeKind::Snapshot)
+    }
+
+    /// Writable snapshot (clone) of any volume or snapshot.
+    pub fn clone_volume(&self, source: &str, name: &str) -> Result<VolumeInfo> {
+        self.snapshot_as(source, name, VolumeKind::Clone)
+    }
+
+    fn snapshot_as(&self, source: &str, name: &str, kind: VolumeKind) -> Result<VolumeInfo> {
+        validate_volume_name(name)?;
+        self.change(|state| {
+            let source_id = state.volume_by_name(source)?.id;
+            ensure_name_free(state, name)?;
+            state.snapshot(source_id, name, kind, now_unix_secs())
+        })
+    }
+
+    /// Removes any volume. Its snapshots and clones stay and are re-parented
+    /// to its parent. Returns the bytes freed at once.
+    pub fn remove_volume(&self, name: &str) -> Result<u64> {
+        let _gate = write_gate(&self.inner);
+        let mut state = self.state();
+        let id = state.volume_by_name(name)?.id;
+        let freed = state.remove_volume(id)?;
+        state.commit()?;
+        Ok(freed)
+    }
+
+    pub fn resize_volume(&self, name: &str, size_bytes: u64) -> Result<VolumeInfo> {
+        validate_volume_size(size_bytes)?;
+        let _gate = write_gate(&self.inner);
+        let mut state = self.state();
+        let record = state.volume_by_name(name)?.clone();
+        if !record.kind.is_writable() {
+            return Err(read_only_error(&record));
+        }
+        state.resize_volume(record.id, size_bytes)?;
+        state.commit()?;
+        Ok(volume_info(&state, &state.volumes[&record.id]))
+    }
+
+    pub fn rename_volume(&self, name: &str, new_name: &str) -> Result<VolumeInfo> {
+        validate_volume_name(new_name)?;
+        let mut state = self.state();
+        let id = state.volume_by_name(name)?.id;
+        ensure_name_free(&state, new_name)?;
+        state.rename_volume(id, new_name);
+        state.commit()?;
+        Ok(volume_info(&state, &state.volumes[&id]))
+    }
+
+    /// Runs a change that creates a volume, then commits it.
+    fn change(&self, f: impl FnOnce(&mut State) -> Result<VolumeId>) -> Result<VolumeInfo> {
+        let mut state = self.state();
+        let id = f(&mut state)?;
+        state.commit()?;
+        Ok(volume_info(&state, &state.volumes[&id]))
+    }
+
+    pub fn info(&self) -> Result<PoolInfo> {
+        let state = self.state();
+        let block_bytes = state.geometry.block_bytes();
+        let store_blocks = state.alloc.group_count() * state.superblock.group_blocks;
+        let grow_bytes = match state.alloc.group_count_max() {
+            0 => host_available_bytes(&self.inner.dir),
+            max => (max - state.alloc.group_count()) * state.superblock.group_blocks * block_bytes,
+        };
+        Ok(PoolInfo {
+            path: self.inner.dir.display().to_string(),
+            format_version: FORMAT_VERSION,
+            block_size_bytes: state.geometry.block_size_bytes,
+            volume_count: state.volumes.len() as u64,
+            store_bytes: store_blocks * block_bytes,
+            used_bytes: state.alloc.used_blocks() * block_bytes,
+            metadata_bytes: state.alloc.meta_blocks() * block_bytes,
+            free_bytes: state.alloc.free_blocks() * block_bytes + grow_bytes,
+            capacity_bytes: match state.alloc.group_count_max() {
+                0 => None,
+                max => Some(max * state.superblock.group_blocks * block_bytes),
+            },
+        })
+    }
+
+    /// Makes every completed write and change durable.
+    pub fn flush(&self) -> Result<()> {
+        commit(&self.inner)
+    }
+
+    /// Flushes and closes. Other handles keep the pool open until dropped.
+    pub fn close(self) -> Result<()> {
+        self.flush()
+    }
+
+    /// Radix nodes visited by lookups since the pool was opened.
+    pub fn node_visits(&self) -> u64 {
+        self.state().node_visits
+    }
+}
+
+impl Volume {
+    fn record(&self, state: &State) -> Result<VolumeRecord> {
+        state.volume_by_id(self.id).cloned()
+    }
+
+    pub fn info(&self) -> Result<VolumeInfo> {
+        let state = lock_state(&self.inner);
+        let record = state.volume_by_id(self.id)?;
+        Ok(volume_info(&state, record))
+    }
+
+    pub fn size_bytes(&self) -> Result<u64> {
+        Ok(self.record(&lock_state(&self.inner))?.size_bytes)
+    }
+
+    pub fn is_read_only(&self) -> Result<bool> {
+        Ok(!self.record(&lock_state(&self.inner))?.kind.is_writable())
+    }
+
+    /// Fills `buf` from byte `offset`. Holes read as zeros.
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        let mut state = lock_state(&self.inner);
+        let record = self.record(&state)?;
+        check_range(&record, "read", offset, buf.len() as u64)?;
+        let block_bytes = state.geometry.block_bytes();
+        // Translate every block under the state lock, then read the data
+        // with only the I/O gate held, so other volumes keep going.
+        let mut pieces = Vec::new();
+        let mut done = 0u64;
+        while done < buf.len() as u64 {
+            let position = offset + done;
+            let index = position / block_bytes;
+            let in_block = position % block_bytes;
+            let len = (block_bytes - in_block).min(buf.len() as u64 - done);
+            let entry = state.lookup(record.root, record.height, NodeKind::VolumeData, index)?;
+            pieces.push((
+                done as usize,
+                len as usize,
+                (!entry.is_empty()).then(|| entry.addr().0 * block_bytes + in_block),
+            ));
+            done += len;
+        }
+        let device = state.device.clone();
+        let gate = self.inner.io_gate.read().unwrap_or_else(|e| e.into_inner());
+        drop(state);
+        for (start, len, source) in pieces {
+            let target = &mut buf[start..start + len];
+            match source {
+                None => target.fill(0),
+                Some(device_offset) => device.read_at(target, device_offset).map_err(|e| {
+                    Error::io(format!("cannot read data of {}", device.describe()), e)
+                })?,
+            }
+        }
+        drop(gate);
+        Ok(())
+    }
+
+    /// Writes `buf` at byte `offset`. Durable after the next flush.
+    pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        let mut state = lock_state(&self.inner);
+        let record = self.record(&state)?;
+        if !record.kind.is_writable() {
+            return Err(read_only_error(&record));
+        }
+        check_range(&record, "write", offset, buf.len() as u64)?;
+        let block_bytes = state.geometry.block_bytes();
+        let mut done = 0u64;
+        while done < buf.len() as u64 {
+            let position = offset + done;
+            let in_block = position % block_bytes;
+            let len = (block_bytes - in_block).min(buf.len() as u64 - done);
+            let data = &buf[done as usize..(done + len) as usize];
+            state.write_block(self.id, position / block_bytes, in_block as usize, data)?;
+            done += len;
+        }
+        Ok(())
+    }
+
+    /// Discards (unmaps) a byte range: whole blocks become holes and give
+    /// back the space only this volume used; partial blocks at the ends are
+    /// zeroed. Afterwards the range reads as zeros.
+    pub fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        let mut state = lock_state(&self.inner);
+        let record = self.record(&state)?;
+        if !record.kind.is_writable() {
+            return Err(read_only_error(&record));
+        }
+        check_range(&record, "discard", offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let block_bytes = state.geometry.block_bytes();
+        let end = offset + len;
+        let first_whole = offset.div_ceil(block_bytes);
+        let end_whole = end / block_bytes;
+        // A range inside one block has no whole blocks: zero it all.
+        if first_whole > end_whole {
+            return zero_partial(&mut state, &record, offset, end);
+        }
+        zero_partial(
+            &mut state,
+            &record,
+            offset,
+            (first_whole * block_bytes).min(end),
+        )?;
+        zero_partial(
+            &mut state,
+            &record,
+            (end_whole * block_bytes).max(offset),
+            end,
+        )?;
+        state.unmap(self.id, first_whole, end_whole)
+    }
+
+    /// Makes this pool's completed writes durable.
+    pub fn flush(&self) -> Result<()> {
+        commit(&self.inner)
+    }
+
+    /// Byte ranges that hold data, as (offset, length), in order. Everything
+    /// else is a hole that reads as zeros.
+    pub fn mapped_extents(&self) -> Result<Vec<(u64, u64)>> {
+        let mut state = lock_state(&self.inner);
+        let record = self.record(&state)?;
+        let block_bytes = state.geometry.block_bytes();
+        let blocks = state.geometry.blocks_for(record.size_bytes);
+        let mut extents = Vec::new();
+        state.mapped_blocks(record.root, record.height, 0, blocks, &mut extents)?;
+        Ok(extents
+            .into_iter()
+            .map(|(first, count)| {
+                let start = first * block_bytes;
+                (start, (count * block_bytes).min(record.size_bytes - start))
+            })
+            .collect())
+    }
+}
+
+/// Zeroes bytes [start, end) that lie in blocks the volume maps. Unmapped
+/// blocks already read as zeros and stay unmapped.
+fn zero_partial(state: &mut State, record: &VolumeRecord, start: u64, end: u64) -> Result<()> {
+    if start >= end {
+        return Ok(());
+    }
+    let block_bytes = state.geometry.block_bytes();
+    let index = start / block_bytes;
+    debug_assert_eq!(index, (end - 1) / block_bytes);
+    let entry = state.lookup(record.root, record.height, NodeKind::VolumeData, index)?;
+    if entry.is_empty() {
+        return Ok(());
+    }
+    let zeros = vec![0u8; (end - start) as usize];
+    state.write_block(record.id, index, (start % block_bytes) as usize, &zeros)
+}
+
+fn lock_state(inner: &Inner) -> MutexGuard<'_, State> {
+    // A panic while the lock was held leaves the in-memory state suspect,
+    // but the on-disk state is only ever changed by whole commits.
+    inner.state.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write_gate(inner: &Inner) -> std::sync::RwLockWriteGuard<'_, ()> {
+    inner.io_gate.write().unwrap_or_else(|e| e.into_inner())
+}
+
+fn commit(inner: &Inner) -> Result<()> {
+    // Gate before state: readers take the gate while holding the state lock
+    // and then release the state, so this order cannot deadlock.
+    let _gate = write_gate(inner);
+    lock_state(inner).commit()
+}
+
+fn check_range(record: &VolumeRecord, what: &str, offset: u64, len: u64) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= record.size_bytes => Ok(()),
+        _ => Err(Error::new(
+            ErrorKind::OutOfRange,
+            format!(
+                "{what} of {len} bytes at offset {offset} runs past the end of volume {:?} ({} bytes)",
+                record.name, record.size_bytes
+            ),
+        )),
+    }
+}
+
+fn read_only_error(record: &VolumeRecord) -> Error {
+    Error::new(
+        ErrorKind::ReadOnly,
+        format!(
+            "volume {:?} is a read-only snapshot; make a writable clone of it with `grove clone {} NEW_NAME`",
+            record.name, record.name
+        ),
+    )
+}
+
+fn ensure_name_free(state: &State, name: &str) -> Result<()> {
+    if state.names.contains_key(name) {
+        return Err(Error::new(
+            ErrorKind::AlreadyExists,
+            format!("a volume named {name:?} already exists"),
+        ));
+    }
+    Ok(())
+}
+
+fn volume_info(state: &State, record: &VolumeRecord) -> VolumeInfo {
+    let block_bytes = state.geometry.block_bytes();
+    VolumeInfo {
+        id: record.id.0,
+        name: record.name.clone(),
+        kind: record.kind,
+        read_only: !record.kind.is_writable(),
+        parent: state.volumes.get(&record.parent).map(|p| p.name.clone()),
+        size_bytes: record.size_bytes,
+        referenced_bytes: record.referenced_blocks * block_bytes,
+        exclusive_bytes: record.exclusive_blocks * block_bytes,
+        created_unix_secs: record.created_unix_secs,
+    }
+}
+
+/// Reads both superblock slots. Slot 1 sits one block in, and the block size
+/// is only known from a valid slot, so if slot 0 is unreadable every
+/// possible block size is tried for slot 1.
+fn read_superblock(device: &dyn BlockDevice, what: &str) -> Result<Superblock> {
+    let mut buf = [0u8; SUPERBLOCK_LEN];
+    let read = |buf: &mut [u8], offset: u64| {
+        device
+            .read_at(buf, offset)
+            .map_err(|e| Error::io(format!("cannot read the superblock of {what}"), e))
+    };
+    read(&mut buf, 0)?;
+    let slot0 = Superblock::decode(&buf);
+    let candidates: Vec<u32> = match &slot0 {
+        Ok(sb) => vec![sb.block_size_bytes],
+        Err(_) => (10..=16).map(|shift| 1u32 << shift).collect(),
+    };
+    let mut slot1 = Err(SlotProblem::NoMagic);
+    for block_size in candidates {
+        read(&mut buf, u64::from(block_size))?;
+        match Superblock::decode(&buf) {
+            Ok(sb) if sb.block_size_bytes == block_size => {
+                slot1 = Ok(sb);
+                break;
+            }
+            Ok(_) => {
+                slot1 = Err(SlotProblem::Damaged(
+                    "block size disagrees with its position".into(),
+                ))
+            }
+            Err(SlotProblem::NoMagic) => {}
+            Err(problem) => slot1 = Err(problem),
+        }
+    }
+    choose_slot([slot0, slot1], what)
+}
+
+fn lock_store(path: &Path) -> Result<File> {
+    let file =
+        File::open(path).map_err(|e| Error::io(format!("cannot open {}", path.display()), e))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(Error::new(
+            ErrorKind::Busy,
+            format!(
+                "pool store {} is in use by another grove process",
+                path.display()
+            ),
+        )),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(Error::io(format!("cannot lock {}", path.display()), e))
+        }
+    }
+}
+
+fn host_available_bytes(dir: &Path) -> u64 {
+    rustix::fs::statvfs(dir)
+        .map(|s| s.f_bavail.saturating_mul(s.f_frsize))
+        .unwrap_or(0)
+}
+
+/// 16 random bytes without a dependency: std's hasher is randomly keyed
+/// per process.
+fn random_uuid() -> [u8; 16] {
+    use std::hash::{BuildHasher, Hasher};
+    let mut out = [0u8; 16];
+    for (i, chunk) in out.chunks_mut(8).enumerate() {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u64(now_unix_secs() ^ (i as u64) ^ u64::from(std::process::id()));
+        chunk.copy_from_slice(&hasher.finish().to_le_bytes());
+    }
+    out
+}
