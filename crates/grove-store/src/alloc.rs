@@ -3,9 +3,8 @@
 //! (RSnap §4.3), so a volume written sequentially gets contiguous blocks.
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::format::group::{
-    self, NIBBLE_ALLOCATED, NIBBLE_MARKED, NIBBLE_META, NIBBLE_PENDING_FREE,
-};
+use crate::format::group::{self, NIBBLE_ALLOCATED, NIBBLE_META, NIBBLE_PENDING_FREE};
+use crate::format::journal::{AllocChange, AllocExtent};
 use crate::format::node::ENTRY_ADDR_MASK;
 use crate::types::BlockAddr;
 
@@ -17,11 +16,29 @@ pub enum BlockUse {
 }
 
 struct Group {
-    /// One state per block of the group, in the low four bits.
+    /// One state per block of the group, in the low four bits: the live
+    /// state, including changes no commit has made durable yet.
     nibbles: Vec<u8>,
     free_blocks: u64,
-    /// The map block must be written at the next commit.
-    dirty: bool,
+    /// The state as of the last sealed transaction: what the journal says.
+    /// Checkpoints write this copy, never the live one, so a map on disk
+    /// never shows an allocation or a free that no durable commit made.
+    durable: Vec<u8>,
+    /// The durable copy changed since the last checkpoint wrote it.
+    durable_dirty: bool,
+}
+
+impl Group {
+    fn new_empty(group_blocks: u64) -> Group {
+        let mut nibbles = vec![0u8; group_blocks as usize];
+        nibbles[0] = NIBBLE_ALLOCATED | NIBBLE_META;
+        Group {
+            durable: nibbles.clone(),
+            nibbles,
+            free_blocks: group_blocks - 1,
+            durable_dirty: true,
+        }
+    }
 }
 
 pub struct Allocator {
@@ -30,11 +47,22 @@ pub struct Allocator {
     /// 0 means the store may grow while the host file system has room.
     group_count_max: u64,
     groups: Vec<Group>,
+    /// Groups that exist as of the last sealed transaction.
+    durable_group_count: u64,
     /// Next-fit position: the block after the last one handed out.
     cursor: u64,
-    /// Blocks freed since the last commit. They stay unusable until that
-    /// commit is durable (consistency contract, point 5).
-    pending_free: Vec<BlockAddr>,
+    /// Every allocation and free since the last seal, in order.
+    changes: Vec<(BlockAddr, AllocChange)>,
+    /// Blocks freed since the last seal. They stay unusable until the
+    /// transaction that frees them is durable (consistency contract, point 5).
+    open_frees: Vec<BlockAddr>,
+}
+
+/// What one transaction changed in the allocation maps.
+pub struct SealedChanges {
+    pub extents: Vec<AllocExtent>,
+    /// Blocks to make reusable once the transaction is durable.
+    pub frees: Vec<BlockAddr>,
 }
 
 impl Allocator {
@@ -45,21 +73,24 @@ impl Allocator {
         group_count_max: u64,
         group_nibbles: Vec<Vec<u8>>,
     ) -> Allocator {
-        let groups = group_nibbles
+        let groups: Vec<Group> = group_nibbles
             .into_iter()
             .map(|nibbles| Group {
                 free_blocks: nibbles.iter().filter(|&&n| n == 0).count() as u64,
+                durable: nibbles.clone(),
                 nibbles,
-                dirty: false,
+                durable_dirty: false,
             })
             .collect();
         Allocator {
             data_start: data_start.0,
             group_blocks,
             group_count_max,
+            durable_group_count: groups.len() as u64,
             groups,
             cursor: data_start.0,
-            pending_free: Vec::new(),
+            changes: Vec::new(),
+            open_frees: Vec::new(),
         }
     }
 
@@ -91,13 +122,7 @@ impl Allocator {
                 "the store has reached its largest possible size",
             ));
         }
-        let mut nibbles = vec![0u8; self.group_blocks as usize];
-        nibbles[0] = NIBBLE_ALLOCATED | NIBBLE_META;
-        self.groups.push(Group {
-            nibbles,
-            free_blocks: self.group_blocks - 1,
-            dirty: true,
-        });
+        self.groups.push(Group::new_empty(self.group_blocks));
         Ok(index)
     }
 
@@ -113,18 +138,16 @@ impl Allocator {
         let (group, slot) = self.locate(BlockAddr(addr));
         let group = &mut self.groups[group];
         debug_assert_eq!(group.nibbles[slot], 0);
-        group.nibbles[slot] = NIBBLE_ALLOCATED
-            | if usage == BlockUse::Meta {
-                NIBBLE_META
-            } else {
-                0
-            };
+        let (nibble, change) = match usage {
+            BlockUse::Meta => (NIBBLE_ALLOCATED | NIBBLE_META, AllocChange::AllocatedMeta),
+            BlockUse::Data => (NIBBLE_ALLOCATED, AllocChange::AllocatedData),
+        };
+        group.nibbles[slot] = nibble;
         group.free_blocks -= 1;
-        group.dirty = true;
+        self.changes.push((BlockAddr(addr), change));
         self.cursor = addr + 1;
         Ok(BlockAddr(addr))
     }
-
     fn find_free(&self) -> Option<u64> {
         let group_count = self.groups.len() as u64;
         if group_count == 0 {
@@ -157,7 +180,8 @@ impl Allocator {
         None
     }
 
-    /// Frees a block. It becomes reusable only after `release_pending`.
+    /// Frees a block. It becomes reusable only after `release` is given it
+    /// back, once the transaction that frees it is durable.
     pub fn free(&mut self, addr: BlockAddr) {
         let (group, slot) = self.locate(addr);
         let group = &mut self.groups[group];
@@ -168,13 +192,122 @@ impl Allocator {
         );
         assert!(slot != 0, "freeing the map block of a group");
         group.nibbles[slot] = NIBBLE_PENDING_FREE;
-        group.dirty = true;
-        self.pending_free.push(addr);
+        self.changes.push((addr, AllocChange::Freed));
+        self.open_frees.push(addr);
     }
 
-    /// Makes the blocks freed before the last durable commit reusable.
-    pub fn release_pending(&mut self) {
-        for addr in std::mem::take(&mut self.pending_free) {
+    /// True if anything was allocated or freed since the last seal.
+    pub fn has_changes(&self) -> bool {
+        !self.changes.is_empty()
+    }
+
+    pub fn change_count(&self) -> usize {
+        self.changes.len()
+    }
+
+    /// The changes since the last seal as extents, runs of neighbouring
+    /// blocks with the same change merged. Order is kept: a later change to
+    /// a block wins when they are applied.
+    pub fn pending_extents(&self) -> Vec<AllocExtent> {
+        let mut extents: Vec<AllocExtent> = Vec::new();
+        for &(addr, change) in &self.changes {
+            match extents.last_mut() {
+                Some(last)
+                    if last.change == change
+                        && last.first.0 + u64::from(last.count) == addr.0
+                        && last.count < u32::MAX =>
+                {
+                    last.count += 1
+                }
+                _ => extents.push(AllocExtent {
+                    first: addr,
+                    count: 1,
+                    change,
+                }),
+            }
+        }
+        extents
+    }
+
+    /// Ends the current transaction's share of the allocator, once it is
+    /// durable: applies its changes to the durable copy of the maps.
+    pub fn seal(&mut self) -> SealedChanges {
+        let extents = self.pending_extents();
+        self.changes.clear();
+        self.durable_group_count = self.groups.len() as u64;
+        for extent in &extents {
+            self.apply_durable(extent);
+        }
+        SealedChanges {
+            extents,
+            frees: std::mem::take(&mut self.open_frees),
+        }
+    }
+
+    fn apply_durable(&mut self, extent: &AllocExtent) {
+        let nibble = match extent.change {
+            AllocChange::AllocatedData => NIBBLE_ALLOCATED,
+            AllocChange::AllocatedMeta => NIBBLE_ALLOCATED | NIBBLE_META,
+            AllocChange::Freed => 0,
+        };
+        for addr in extent.first.0..extent.first.0 + u64::from(extent.count) {
+            let (group, slot) = self.locate(BlockAddr(addr));
+            self.groups[group].durable[slot] = nibble;
+            self.groups[group].durable_dirty = true;
+        }
+    }
+
+    /// Replays a durable transaction's allocation extents into both copies
+    /// of the maps, growing the store to `group_count` groups first. Fails
+    /// on an extent outside the store: the transaction is damaged.
+    pub fn replay(&mut self, extents: &[AllocExtent], group_count: u64) -> Result<()> {
+        while (self.groups.len() as u64) < group_count {
+            self.groups.push(Group::new_empty(self.group_blocks));
+        }
+        self.durable_group_count = self.groups.len() as u64;
+        for extent in extents {
+            let end = extent.first.0.checked_add(u64::from(extent.count));
+            if extent.first.0 < self.data_start || end.is_none_or(|end| end > self.store_end()) {
+                return Err(Error::corrupt(format!(
+                    "journal transaction names blocks {}+{} outside the store",
+                    extent.first.0, extent.count
+                )));
+            }
+            for addr in extent.first.0..extent.first.0 + u64::from(extent.count) {
+                if (addr - self.data_start).is_multiple_of(self.group_blocks) {
+                    return Err(Error::corrupt(format!(
+                        "journal transaction changes the map block {addr}"
+                    )));
+                }
+            }
+            self.apply_durable(extent);
+        }
+        for group in &mut self.groups {
+            group.nibbles.clone_from(&group.durable);
+            group.free_blocks = group.nibbles.iter().filter(|&&n| n == 0).count() as u64;
+        }
+        Ok(())
+    }
+
+    /// Marks a block in use as allocated with the given use (check
+    /// --repair: a block that a tree reaches must never be handed out).
+    pub fn set_allocated(&mut self, addr: BlockAddr, usage: BlockUse) {
+        let (group, slot) = self.locate(addr);
+        let group = &mut self.groups[group];
+        if group.nibbles[slot] == 0 {
+            group.free_blocks -= 1;
+        }
+        let (nibble, change) = match usage {
+            BlockUse::Meta => (NIBBLE_ALLOCATED | NIBBLE_META, AllocChange::AllocatedMeta),
+            BlockUse::Data => (NIBBLE_ALLOCATED, AllocChange::AllocatedData),
+        };
+        group.nibbles[slot] = nibble;
+        self.changes.push((addr, change));
+    }
+
+    /// Makes blocks freed by a now-durable transaction reusable.
+    pub fn release(&mut self, frees: Vec<BlockAddr>) {
+        for addr in frees {
             let (group, slot) = self.locate(addr);
             let group = &mut self.groups[group];
             if group.nibbles[slot] == NIBBLE_PENDING_FREE {
@@ -226,26 +359,40 @@ impl Allocator {
         self.group_count_max
     }
 
-    /// Encoded map blocks of every group changed since the last call, as
-    /// (address, block bytes). Pending frees are written as free: once this
-    /// commit is durable they are.
-    pub fn take_dirty_maps(&mut self, block_size_bytes: u32) -> Vec<(BlockAddr, Vec<u8>)> {
-        let mut out = Vec::new();
-        for index in 0..self.groups.len() {
-            if !self.groups[index].dirty {
-                continue;
-            }
-            let persisted: Vec<u8> = self.groups[index]
-                .nibbles
-                .iter()
-                .map(|&n| n & !(NIBBLE_PENDING_FREE | NIBBLE_MARKED))
-                .collect();
-            let mut block = vec![0u8; block_size_bytes as usize];
-            group::encode(index as u64, &persisted, &mut block);
-            out.push((self.group_start(index as u64), block));
-            self.groups[index].dirty = false;
+    /// Encoded durable map blocks changed since the last checkpoint, as
+    /// (address, block bytes).
+    pub fn dirty_maps(&self, block_size_bytes: u32) -> Vec<(BlockAddr, Vec<u8>)> {
+        (0..self.durable_group_count as usize)
+            .filter(|&index| self.groups[index].durable_dirty)
+            .map(|index| {
+                let mut block = vec![0u8; block_size_bytes as usize];
+                group::encode(index as u64, &self.groups[index].durable, &mut block);
+                (self.group_start(index as u64), block)
+            })
+            .collect()
+    }
+
+    /// The maps from `dirty_maps` are durable.
+    pub fn mark_maps_clean(&mut self) {
+        for group in &mut self.groups[..self.durable_group_count as usize] {
+            group.durable_dirty = false;
         }
-        out
+    }
+
+    /// Groups as of the last sealed transaction.
+    pub fn durable_group_count(&self) -> u64 {
+        self.durable_group_count
+    }
+
+    /// The durable nibble of a block (for the checker).
+    pub fn durable_nibble(&self, addr: BlockAddr) -> Option<u8> {
+        if addr.0 < self.data_start
+            || addr.0 >= self.data_start + self.durable_group_count * self.group_blocks
+        {
+            return None;
+        }
+        let (group, slot) = self.locate(addr);
+        Some(self.groups[group].durable[slot])
     }
 
     /// (group index, slot in the group) of a block in the data area.

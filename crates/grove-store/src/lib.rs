@@ -18,14 +18,17 @@
 #![forbid(unsafe_code)]
 
 pub mod alloc;
+pub mod check;
 pub mod config;
 pub mod device;
 pub mod error;
 pub mod format;
+mod journal;
 pub mod pool;
 mod state;
 pub mod types;
 
+pub use check::CheckReport;
 pub use device::{BlockDevice, FileDevice, MemDevice};
 pub use error::{Error, ErrorKind, Result};
 pub use format::record::VolumeKind;

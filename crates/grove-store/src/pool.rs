@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::alloc::Allocator;
+use crate::check::CheckReport;
 use crate::config::{PoolConfig, CONFIG_FILE_NAME};
 use crate::device::{BlockDevice, FileDevice};
 use crate::error::{Error, ErrorKind, Result};
@@ -94,7 +95,10 @@ impl Drop for Inner {
     fn drop(&mut self) {
         // Best effort: an explicit close() or flush() reports errors.
         if let Ok(state) = self.state.get_mut() {
-            let _ = state.commit();
+            if let Ok(frees) = state.commit() {
+                state.alloc.release(frees);
+                let _ = state.checkpoint();
+            }
         }
     }
 }
@@ -158,7 +162,7 @@ pub fn validate_volume_size(size_bytes: u64) -> Result<()> {
             "invalid volume size 0: a volume needs at least 512 bytes",
         ));
     }
-    if size_bytes % SECTOR_BYTES != 0 {
+    if !size_bytes.is_multiple_of(SECTOR_BYTES) {
         return Err(Error::new(
             ErrorKind::InvalidArgument,
             format!(
@@ -265,23 +269,21 @@ impl Pool {
             Vec::new(),
         );
         alloc.add_group()?;
+        alloc.seal();
+        let superblock = Superblock {
+            group_count: alloc.group_count(),
+            ..superblock
+        };
+        let store_len = superblock.store_blocks() * block_bytes;
         let mut state = State::new(device, superblock, alloc);
-        // Generation 1 goes to slot 1; slot 0 is written too, so that both
-        // slots are valid from the start.
-        let maps = state.alloc.take_dirty_maps(block_size);
-        for (addr, block) in maps {
-            state
-                .device
-                .write_at(&block, addr.0 * block_bytes)
-                .map_err(|e| Error::io("cannot write the first allocation group", e))?;
-        }
-        state.superblock.group_count = state.alloc.group_count();
         state
             .device
-            .set_len_bytes(state.superblock.store_blocks() * block_bytes)
+            .set_len_bytes(store_len)
             .map_err(|e| Error::io("cannot size the store", e))?;
-        state.write_superblock()?;
-        state.write_superblock()?;
+        // Two checkpoints: the first writes the group map and superblock
+        // slot 1, the second slot 0, so both slots are valid from the start.
+        state.checkpoint()?;
+        state.checkpoint()?;
         Ok(Pool::from_state(state, dir, lock))
     }
 
@@ -346,6 +348,7 @@ impl Pool {
             group_nibbles,
         );
         let mut state = State::new(device, superblock, alloc);
+        state.replay_journal()?;
         state.load_volume_table()?;
         Ok(Pool::from_state(state, dir, lock))
     }
@@ -430,24 +433,22 @@ impl Pool {
     /// Removes any volume. Its snapshots and clones stay and are re-parented
     /// to its parent. Returns the bytes freed at once.
     pub fn remove_volume(&self, name: &str) -> Result<u64> {
-        let _gate = write_gate(&self.inner);
         let mut state = self.state();
         let id = state.volume_by_name(name)?.id;
         let freed = state.remove_volume(id)?;
-        state.commit()?;
+        commit_locked(&self.inner, &mut state)?;
         Ok(freed)
     }
 
     pub fn resize_volume(&self, name: &str, size_bytes: u64) -> Result<VolumeInfo> {
         validate_volume_size(size_bytes)?;
-        let _gate = write_gate(&self.inner);
         let mut state = self.state();
         let record = state.volume_by_name(name)?.clone();
         if !record.kind.is_writable() {
             return Err(read_only_error(&record));
         }
         state.resize_volume(record.id, size_bytes)?;
-        state.commit()?;
+        commit_locked(&self.inner, &mut state)?;
         Ok(volume_info(&state, &state.volumes[&record.id]))
     }
 
@@ -457,7 +458,7 @@ impl Pool {
         let id = state.volume_by_name(name)?.id;
         ensure_name_free(&state, new_name)?;
         state.rename_volume(id, new_name);
-        state.commit()?;
+        commit_locked(&self.inner, &mut state)?;
         Ok(volume_info(&state, &state.volumes[&id]))
     }
 
@@ -465,7 +466,7 @@ impl Pool {
     fn change(&self, f: impl FnOnce(&mut State) -> Result<VolumeId>) -> Result<VolumeInfo> {
         let mut state = self.state();
         let id = f(&mut state)?;
-        state.commit()?;
+        commit_locked(&self.inner, &mut state)?;
         Ok(volume_info(&state, &state.volumes[&id]))
     }
 
@@ -498,9 +499,24 @@ impl Pool {
         commit(&self.inner)
     }
 
-    /// Flushes and closes. Other handles keep the pool open until dropped.
+    /// Flushes and checkpoints, so the next open has no journal to replay.
+    /// Other handles keep the pool open until they are dropped.
     pub fn close(self) -> Result<()> {
-        self.flush()
+        let mut state = self.state();
+        commit_locked(&self.inner, &mut state)?;
+        state.checkpoint()
+    }
+
+    /// Verifies all metadata (see `check.rs`). With `repair`, fixes leaks,
+    /// allocation-map disagreements and space accounting, and commits.
+    pub fn check(&self, repair: bool) -> Result<CheckReport> {
+        let mut state = self.state();
+        let report = state.check(repair)?;
+        if repair && !report.repaired.is_empty() {
+            commit_locked(&self.inner, &mut state)?;
+            state.checkpoint()?;
+        }
+        Ok(report)
     }
 
     /// Radix nodes visited by lookups since the pool was opened.
@@ -583,6 +599,7 @@ impl Volume {
             let len = (block_bytes - in_block).min(buf.len() as u64 - done);
             let data = &buf[done as usize..(done + len) as usize];
             state.write_block(self.id, position / block_bytes, in_block as usize, data)?;
+            commit_if_large(&self.inner, &mut state)?;
             done += len;
         }
         Ok(())
@@ -621,7 +638,8 @@ impl Volume {
             (end_whole * block_bytes).max(offset),
             end,
         )?;
-        state.unmap(self.id, first_whole, end_whole)
+        state.unmap(self.id, first_whole, end_whole)?;
+        commit_if_large(&self.inner, &mut state)
     }
 
     /// Makes this pool's completed writes durable.
@@ -676,10 +694,30 @@ fn write_gate(inner: &Inner) -> std::sync::RwLockWriteGuard<'_, ()> {
 }
 
 fn commit(inner: &Inner) -> Result<()> {
-    // Gate before state: readers take the gate while holding the state lock
-    // and then release the state, so this order cannot deadlock.
-    let _gate = write_gate(inner);
-    lock_state(inner).commit()
+    commit_locked(inner, &mut lock_state(inner))
+}
+
+/// Commits, then makes the freed blocks reusable. Lock order is always
+/// state, then gate: a reader takes the gate while it holds the state lock
+/// and lets the state go before its I/O, so the committer (holding the
+/// state) waits only for reads already in flight, never for a reader that
+/// waits for it.
+fn commit_locked(inner: &Inner, state: &mut State) -> Result<()> {
+    let frees = state.commit()?;
+    if !frees.is_empty() {
+        let _gate = write_gate(inner);
+        state.alloc.release(frees);
+    }
+    Ok(())
+}
+
+/// Commits when the metadata waiting for a commit nears what one journal
+/// transaction may hold.
+fn commit_if_large(inner: &Inner, state: &mut State) -> Result<()> {
+    if state.pending_commit_blocks() > state.auto_commit_blocks() {
+        commit_locked(inner, state)?;
+    }
+    Ok(())
 }
 
 fn check_range(record: &VolumeRecord, what: &str, offset: u64, len: u64) -> Result<()> {

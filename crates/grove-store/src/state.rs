@@ -9,9 +9,11 @@ use std::sync::Arc;
 use crate::alloc::{Allocator, BlockUse};
 use crate::device::BlockDevice;
 use crate::error::{Error, ErrorKind, Result};
+use crate::format::journal::{AllocChange, AllocExtent, Descriptor, Roots};
 use crate::format::node::{Entry, Node, NodeKind, ENTRY_BYTES, NODE_LEVELS_MAX};
 use crate::format::record::{VolumeKind, VolumeRecord, RECORD_BYTES};
 use crate::format::superblock::{Superblock, SUPERBLOCK_LEN};
+use crate::journal::Journal;
 use crate::types::{BlockAddr, VolumeId};
 
 /// Shape of the radix trees for one block size.
@@ -110,11 +112,30 @@ pub struct State {
     data_dirty: bool,
     /// Radix nodes visited by lookups, for the depth-independence test.
     pub node_visits: u64,
+    journal: Journal,
+    /// The roots as of the last durable transaction: what a checkpoint
+    /// writes into the superblock.
+    committed_roots: Roots,
 }
 
 impl State {
     pub fn new(device: Arc<dyn BlockDevice>, superblock: Superblock, alloc: Allocator) -> State {
+        let journal = Journal::new(
+            superblock.journal_start,
+            superblock.journal_blocks,
+            superblock.block_size_bytes,
+            superblock.journal_head,
+            superblock.journal_sequence,
+        );
+        let committed_roots = Roots {
+            volume_table_root: superblock.volume_table_root,
+            volume_table_height: superblock.volume_table_height,
+            next_volume_id: superblock.next_volume_id,
+            group_count: superblock.group_count,
+        };
         State {
+            journal,
+            committed_roots,
             device,
             geometry: Geometry::new(superblock.block_size_bytes),
             superblock,
@@ -180,6 +201,30 @@ impl State {
             )));
         }
         Ok(node)
+    }
+
+    /// A node's entries for the checker: the cached copy if there is one
+    /// (it may be newer than the disk), else verified from the device.
+    pub(crate) fn load_node_for_check(
+        &mut self,
+        addr: BlockAddr,
+        kind: NodeKind,
+        level: u8,
+    ) -> Result<Box<[Entry]>> {
+        Ok(self.load_node(addr, kind, level)?.entries.clone())
+    }
+
+    /// Sets a volume's space accounting (check --repair).
+    pub(crate) fn set_accounting(
+        &mut self,
+        id: VolumeId,
+        referenced_blocks: u64,
+        exclusive_blocks: u64,
+    ) {
+        let record = self.volumes.get_mut(&id).expect("volume exists");
+        record.referenced_blocks = referenced_blocks;
+        record.exclusive_blocks = exclusive_blocks;
+        self.dirty_records.insert(id);
     }
 
     fn entry(&self, addr: BlockAddr, slot: usize) -> Entry {
@@ -823,40 +868,67 @@ impl State {
     // ----- commit -----
 
     pub fn has_changes(&self) -> bool {
-        !self.dirty_nodes.is_empty() || !self.dirty_records.is_empty()
+        !self.dirty_nodes.is_empty() || !self.dirty_records.is_empty() || self.alloc.has_changes()
     }
 
-    /// Makes everything so far durable: data, nodes, the volume table, the
-    /// allocation maps, then the superblock in the other slot.
+    /// Dirty metadata that the next commit must write; the write path
+    /// commits on its own once this passes `auto_commit_blocks`, so that
+    /// a transaction always fits in the journal.
+    pub fn pending_commit_blocks(&self) -> u64 {
+        (self.dirty_nodes.len() + self.dirty_records.len() + self.alloc.change_count()) as u64
+    }
+
+    /// The pending-commit size past which the write path commits by itself.
+    pub fn auto_commit_blocks(&self) -> u64 {
+        self.journal.max_transaction_blocks() / 4
+    }
+
+    fn flush_device(&self, what: &str) -> Result<()> {
+        self.device.flush().map_err(|e| {
+            Error::io(
+                format!("cannot flush {what} to {}", self.device.describe()),
+                e,
+            )
+        })
+    }
+
+    /// Makes every change so far durable through the journal. Returns the
+    /// blocks this commit freed; the caller makes them reusable once no
+    /// reader can still be using them.
     ///
-    /// Without the journal (issue 4) this writes metadata in place, so a
-    /// crash in the middle can leave a mix of old and new metadata; the
-    /// superblock's two slots already make its own update atomic.
-    pub fn commit(&mut self) -> Result<()> {
-        if !self.has_changes() {
-            if self.data_dirty {
-                self.device.flush().map_err(|e| {
-                    Error::io(format!("cannot flush {}", self.device.describe()), e)
-                })?;
-                self.data_dirty = false;
-            }
-            return Ok(());
+    /// Order (ordered mode): data first, then the transaction that maps it,
+    /// then the metadata blocks at home. Replay redoes the last step.
+    pub fn commit(&mut self) -> Result<Vec<BlockAddr>> {
+        if self.data_dirty {
+            self.flush_device("data")?;
+            self.data_dirty = false;
         }
+        if !self.has_changes() {
+            return Ok(Vec::new());
+        }
+        let dirty_ids = self.dirty_records.clone();
+        match self.write_transactions() {
+            Ok(frees) => Ok(frees),
+            Err(e) => {
+                // Nothing was sealed: what was dirty stays dirty, so a retry
+                // after the fault clears writes all of it again.
+                self.dirty_records.extend(dirty_ids);
+                Err(e)
+            }
+        }
+    }
+
+    fn write_transactions(&mut self) -> Result<Vec<BlockAddr>> {
         let block_size = self.geometry.block_size_bytes as usize;
-        // The table first: it may allocate nodes and blocks, which dirties
-        // nodes and maps that must go out in this same commit.
+        // The table first: it may allocate nodes and blocks, which must ride
+        // in this same transaction.
         let mut writes = self.persist_volume_table()?;
-        for addr in std::mem::take(&mut self.dirty_nodes) {
+        for &addr in &self.dirty_nodes {
             let mut block = vec![0u8; block_size];
             self.nodes[&addr].encode(&mut block);
             writes.push((addr, block));
         }
-        writes.extend(self.alloc.take_dirty_maps(self.geometry.block_size_bytes));
-        for (addr, block) in &writes {
-            self.write_device_block(*addr, block, "metadata")?;
-        }
-        self.superblock.group_count = self.alloc.group_count();
-        let store_len = self.superblock.store_blocks() * self.geometry.block_bytes();
+        let store_len = self.alloc.store_end() * self.geometry.block_bytes();
         let device_len = self
             .device
             .len_bytes()
@@ -866,24 +938,204 @@ impl State {
                 .set_len_bytes(store_len)
                 .map_err(|e| Error::io(format!("cannot grow {}", self.device.describe()), e))?;
         }
-        self.device
-            .flush()
-            .map_err(|e| Error::io(format!("cannot flush {}", self.device.describe()), e))?;
-        self.write_superblock()?;
-        self.data_dirty = false;
-        self.alloc.release_pending();
+        let roots = Roots {
+            volume_table_root: self.superblock.volume_table_root,
+            volume_table_height: self.superblock.volume_table_height,
+            next_volume_id: self.superblock.next_volume_id,
+            group_count: self.alloc.group_count(),
+        };
+        // Allocations must be durable with the tree that uses them; frees
+        // may trail in later transactions (a crash between leaks blocks,
+        // which check --repair and the GC reclaim, and never frees a block
+        // still in use).
+        let mut extents = self.alloc.pending_extents();
+        extents.sort_by_key(|e| e.change == AllocChange::Freed);
+        let (homes, images): (Vec<BlockAddr>, Vec<Vec<u8>>) = writes.into_iter().unzip();
+        let first_extents = self.extents_that_fit(images.len(), &extents);
+        if extents[..first_extents]
+            .iter()
+            .filter(|e| e.change != AllocChange::Freed)
+            .count()
+            != extents
+                .iter()
+                .filter(|e| e.change != AllocChange::Freed)
+                .count()
+        {
+            return Err(Error::new(
+                ErrorKind::NoSpace,
+                "the transaction is larger than the journal can hold; commit more often",
+            ));
+        }
+        self.append_transaction(
+            roots,
+            homes.clone(),
+            &images,
+            extents[..first_extents].to_vec(),
+        )?;
+        // Durable: the rest is bookkeeping and write-back.
+        self.dirty_nodes.clear();
+        let sealed = self.alloc.seal();
+        self.committed_roots = roots;
+        for (home, image) in homes.iter().zip(&images) {
+            // Failing here is harmless: replay writes the image again.
+            let _ = self.write_device_block(*home, image, "metadata");
+        }
+        let mut rest = &extents[first_extents..];
+        let mut result = Ok(());
+        while !rest.is_empty() && result.is_ok() {
+            let count = self.extents_that_fit(0, rest).max(1);
+            result = self.append_transaction(roots, Vec::new(), &[], rest[..count].to_vec());
+            rest = &rest[count..];
+        }
+        if self.journal.wants_checkpoint() {
+            // Opportunistic: if it fails, the next commit tries again.
+            let _ = self.checkpoint();
+        }
+        result.map(|()| sealed.frees)
+    }
+
+    /// How many of `extents` fit in one transaction beside `images` images.
+    fn extents_that_fit(&self, images: usize, extents: &[AllocExtent]) -> usize {
+        let block = self.geometry.block_size_bytes as usize;
+        let max_blocks = self.journal.max_transaction_blocks() as usize;
+        let descriptor_blocks_max = max_blocks.saturating_sub(images);
+        let budget_bytes = descriptor_blocks_max * block;
+        let fixed = Descriptor::encoded_len(images, 0);
+        let per_extent = Descriptor::encoded_len(0, 1) - Descriptor::encoded_len(0, 0);
+        (budget_bytes.saturating_sub(fixed) / per_extent).min(extents.len())
+    }
+
+    fn append_transaction(
+        &mut self,
+        roots: Roots,
+        homes: Vec<BlockAddr>,
+        images: &[Vec<u8>],
+        extents: Vec<AllocExtent>,
+    ) -> Result<()> {
+        let block = self.geometry.block_size_bytes as usize;
+        let mut images_crc = 0u32;
+        for image in images {
+            images_crc = crc32c::crc32c_append(images_crc, image);
+        }
+        let descriptor = Descriptor {
+            sequence: self.journal.sequence(),
+            pool_uuid: self.superblock.pool_uuid,
+            descriptor_blocks: Descriptor::encoded_len(homes.len(), extents.len()).div_ceil(block)
+                as u32,
+            images_crc,
+            roots,
+            homes,
+            extents,
+        };
+        let len = u64::from(descriptor.descriptor_blocks) + images.len() as u64;
+        if !self.journal.fits(len) {
+            self.checkpoint()?;
+        }
+        let bytes = descriptor.encode(block);
+        self.journal.append(self.device.as_ref(), &bytes, images)
+    }
+
+    /// Makes the metadata written home durable, writes the allocation maps,
+    /// and moves the journal's replay start up in a new superblock. After a
+    /// checkpoint, replay has nothing to do.
+    pub fn checkpoint(&mut self) -> Result<()> {
+        self.flush_device("metadata")?;
+        let maps = self.alloc.dirty_maps(self.geometry.block_size_bytes);
+        for (addr, block) in &maps {
+            self.write_device_block(*addr, block, "allocation map")?;
+        }
+        self.flush_device("allocation maps")?;
+        self.alloc.mark_maps_clean();
+        let mut superblock = self.superblock.clone();
+        superblock.volume_table_root = self.committed_roots.volume_table_root;
+        superblock.volume_table_height = self.committed_roots.volume_table_height;
+        superblock.next_volume_id = self.committed_roots.next_volume_id;
+        superblock.group_count = self.committed_roots.group_count;
+        superblock.journal_head = self.journal.write_position();
+        superblock.journal_sequence = self.journal.sequence();
+        self.write_superblock(&mut superblock)?;
+        self.superblock.generation = superblock.generation;
+        self.superblock.journal_head = superblock.journal_head;
+        self.superblock.journal_sequence = superblock.journal_sequence;
+        self.superblock.group_count = superblock.group_count;
+        self.journal.checkpointed();
         Ok(())
     }
 
-    /// Writes the superblock with the next generation into its slot and
-    /// flushes it.
-    pub fn write_superblock(&mut self) -> Result<()> {
-        self.superblock.generation += 1;
+    /// Writes `superblock` with the next generation into its slot and
+    /// flushes it. On failure the generation is not used up, so a retry
+    /// writes the same (possibly torn) slot and never the last good one.
+    pub fn write_superblock(&self, superblock: &mut Superblock) -> Result<()> {
+        superblock.generation += 1;
         let mut block = vec![0u8; self.geometry.block_size_bytes as usize];
-        block[..SUPERBLOCK_LEN].copy_from_slice(&self.superblock.encode());
-        self.write_device_block(BlockAddr(self.superblock.slot()), &block, "superblock")?;
-        self.device
-            .flush()
-            .map_err(|e| Error::io(format!("cannot flush {}", self.device.describe()), e))
+        block[..SUPERBLOCK_LEN].copy_from_slice(&superblock.encode());
+        let result = self
+            .write_device_block(BlockAddr(superblock.slot()), &block, "superblock")
+            .and_then(|()| self.flush_device("the superblock"));
+        if result.is_err() {
+            superblock.generation -= 1;
+        }
+        result
+    }
+
+    /// Redoes every complete transaction after the last checkpoint, then
+    /// checkpoints, so the next open finds an empty journal. Replaying twice
+    /// gives the same result: images are whole blocks and extents set
+    /// states, so applying them again changes nothing.
+    pub fn replay_journal(&mut self) -> Result<usize> {
+        let transactions = self
+            .journal
+            .scan(self.device.as_ref(), &self.superblock.pool_uuid)?;
+        if transactions.is_empty() {
+            return Ok(0);
+        }
+        // An image is stale if a later transaction frees its block: the
+        // block may since hold data that the journal never saw (a revoke).
+        let mut last_freed: HashMap<u64, usize> = HashMap::new();
+        for (index, transaction) in transactions.iter().enumerate() {
+            for extent in &transaction.descriptor.extents {
+                if extent.change == AllocChange::Freed {
+                    for addr in
+                        extent.first.0..extent.first.0.saturating_add(u64::from(extent.count))
+                    {
+                        last_freed.insert(addr, index);
+                    }
+                }
+            }
+        }
+        for (index, transaction) in transactions.iter().enumerate() {
+            let roots = transaction.descriptor.roots;
+            self.alloc
+                .replay(&transaction.descriptor.extents, roots.group_count)?;
+            let store_end = self.alloc.store_end();
+            for (home, image) in transaction.descriptor.homes.iter().zip(&transaction.images) {
+                if home.0 < self.superblock.data_start.0 || home.0 >= store_end {
+                    return Err(Error::corrupt(format!(
+                        "journal transaction {} writes {home}, outside the data area",
+                        transaction.descriptor.sequence
+                    )));
+                }
+                if last_freed.get(&home.0).is_some_and(|&freed| freed > index) {
+                    continue;
+                }
+                self.write_device_block(*home, image, "replayed metadata")?;
+            }
+            self.superblock.volume_table_root = roots.volume_table_root;
+            self.superblock.volume_table_height = roots.volume_table_height;
+            self.superblock.next_volume_id = roots.next_volume_id;
+            self.committed_roots = roots;
+        }
+        let store_len = self.alloc.store_end() * self.geometry.block_bytes();
+        let device_len = self
+            .device
+            .len_bytes()
+            .map_err(|e| Error::io(format!("cannot stat {}", self.device.describe()), e))?;
+        if device_len < store_len {
+            self.device
+                .set_len_bytes(store_len)
+                .map_err(|e| Error::io(format!("cannot grow {}", self.device.describe()), e))?;
+        }
+        self.checkpoint()?;
+        Ok(transactions.len())
     }
 }

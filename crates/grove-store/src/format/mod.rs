@@ -4,6 +4,7 @@
 //! reported as an error naming the object, never returned as data.
 
 pub mod group;
+pub mod journal;
 pub mod node;
 pub mod record;
 pub mod superblock;

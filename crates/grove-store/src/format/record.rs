@@ -178,7 +178,7 @@ impl VolumeRecord {
             )));
         }
         if record.size_bytes > VOLUME_SIZE_MAX_BYTES
-            || record.size_bytes % crate::types::SECTOR_BYTES != 0
+            || !record.size_bytes.is_multiple_of(crate::types::SECTOR_BYTES)
         {
             return Err(damaged(format!("size {} bytes", record.size_bytes)));
         }

@@ -1,0 +1,336 @@
+//! `grove check`: verifies every piece of metadata and how the pieces agree.
+//!
+//! Errors are states the consistency contract rules out (a block two owners
+//! may write, a reachable block marked free, wrong space accounting, damaged
+//! metadata). Warnings are harmless leftovers that a crash may legitimately
+//! leave (a leaked block, a torn spare superblock); `--repair` fixes those
+//! and the map disagreements, and never changes what a volume reads.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Instant;
+
+use crate::alloc::BlockUse;
+use crate::error::Result;
+use crate::format::group::{NIBBLE_ALLOCATED, NIBBLE_META};
+use crate::format::node::NodeKind;
+use crate::format::superblock::{SlotProblem, Superblock, SUPERBLOCK_LEN};
+use crate::state::State;
+use crate::types::{BlockAddr, VolumeId};
+
+/// What a check found.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CheckReport {
+    pub errors: Vec<String>,
+    pub warnings: Vec<String>,
+    /// Metadata and data blocks whose references were verified.
+    pub blocks_checked: u64,
+    pub elapsed_ms: u64,
+    /// What --repair changed, if it ran.
+    pub repaired: Vec<String>,
+}
+
+impl CheckReport {
+    pub fn is_clean(&self) -> bool {
+        self.errors.is_empty()
+    }
+
+    pub fn blocks_per_second(&self) -> u64 {
+        self.blocks_checked * 1000 / self.elapsed_ms.max(1)
+    }
+}
+
+/// Errors listed one by one before the rest are only counted: a badly
+/// damaged pool would otherwise print millions of lines.
+const REPORT_LINES_MAX: usize = 100;
+
+#[derive(Default)]
+struct BlockUseSeen {
+    /// Distinct parent entries (or volume records) that point here.
+    references: u32,
+    /// Some path from a root to here is exclusive all the way: its owner
+    /// may write the block in place, so nothing else may reference it.
+    exclusive_path: bool,
+    is_meta: bool,
+}
+
+struct Walk {
+    seen: HashMap<u64, BlockUseSeen>,
+    /// Table nodes already walked.
+    walked: HashSet<u64>,
+    /// Nodes whose entries were already counted as references.
+    children_registered: HashSet<u64>,
+    /// Data mapped below (node, reached exclusively), once walked.
+    counts: HashMap<(u64, bool), Counts>,
+    errors: Vec<String>,
+    suppressed_errors: u64,
+}
+
+impl Walk {
+    fn error(&mut self, message: String) {
+        if self.errors.len() < REPORT_LINES_MAX {
+            self.errors.push(message);
+        } else {
+            self.suppressed_errors += 1;
+        }
+    }
+
+    /// Notes a path to `addr`; `counts` is false when the same parent entry
+    /// is walked again (reached another way), so it is not counted twice.
+    fn reference(&mut self, addr: BlockAddr, counts: bool, exclusive_path: bool, is_meta: bool) {
+        let seen = self.seen.entry(addr.0).or_default();
+        seen.references += u32::from(counts);
+        seen.exclusive_path |= exclusive_path;
+        seen.is_meta |= is_meta;
+    }
+}
+
+/// Data blocks a volume's tree maps, and how many of them only it reaches.
+#[derive(Default, Clone, Copy)]
+struct Counts {
+    referenced: u64,
+    exclusive: u64,
+}
+
+impl State {
+    /// Verifies all metadata; with `repair`, fixes leaks, map disagreements
+    /// and space accounting, then commits.
+    pub fn check(&mut self, repair: bool) -> Result<CheckReport> {
+        let started = Instant::now();
+        let mut report = CheckReport::default();
+        let mut walk = Walk {
+            seen: HashMap::new(),
+            walked: HashSet::new(),
+            children_registered: HashSet::new(),
+            counts: HashMap::new(),
+            errors: Vec::new(),
+            suppressed_errors: 0,
+        };
+        self.check_superblocks(&mut report);
+
+        // The volume table's own tree.
+        if self.superblock.volume_table_height > 0 {
+            let root = self.superblock.volume_table_root;
+            walk.reference(root, true, true, true);
+            self.walk_table(root, self.superblock.volume_table_height - 1, &mut walk);
+        }
+
+        // Every volume's tree, with its space accounting.
+        let records: Vec<_> = self.volumes.values().cloned().collect();
+        let mut counts: HashMap<VolumeId, Counts> = HashMap::new();
+        for record in &records {
+            walk.reference(record.root, true, true, true);
+            let volume_counts = self.walk_volume(
+                record.root,
+                record.height - 1,
+                true,
+                &mut walk,
+                &record.name,
+            );
+            counts.insert(record.id, volume_counts);
+        }
+
+        // Exclusive means alone.
+        let mut shared_exclusive = Vec::new();
+        for (&addr, seen) in &walk.seen {
+            if seen.exclusive_path && seen.references > 1 {
+                shared_exclusive.push((addr, seen.references));
+            }
+        }
+        shared_exclusive.sort_unstable();
+        for (addr, references) in shared_exclusive {
+            walk.error(format!(
+                "block {addr} is owned exclusively by one volume but referenced {references} times"
+            ));
+        }
+
+        // The allocation map against reachability, over the whole store.
+        let mut leaks = Vec::new();
+        let mut unmarked = Vec::new();
+        let mut wrong_kind = Vec::new();
+        let store_end = self.alloc.store_end();
+        for group in 0..self.alloc.group_count() {
+            let start = self.alloc.group_start(group).0;
+            let end = (start + self.superblock.group_blocks).min(store_end);
+            for addr in start + 1..end {
+                let nibble = self.alloc.nibble(BlockAddr(addr)).unwrap_or(0);
+                let allocated = nibble & NIBBLE_ALLOCATED != 0;
+                match (walk.seen.get(&addr), allocated) {
+                    (None, true) => leaks.push(addr),
+                    (Some(seen), false) => unmarked.push((addr, seen.is_meta)),
+                    (Some(seen), true) if seen.is_meta != (nibble & NIBBLE_META != 0) => {
+                        wrong_kind.push((addr, seen.is_meta))
+                    }
+                    _ => {}
+                }
+            }
+        }
+        for &(addr, _) in &unmarked {
+            walk.error(format!(
+                "block {addr} is in use but the allocation map says it is free"
+            ));
+        }
+        if !leaks.is_empty() {
+            report.warnings.push(format!(
+                "{} blocks are allocated but used by nothing (leaked; --repair frees them)",
+                leaks.len()
+            ));
+        }
+        if !wrong_kind.is_empty() {
+            report.warnings.push(format!(
+                "{} blocks are marked in the allocation map as the wrong kind (data/metadata)",
+                wrong_kind.len()
+            ));
+        }
+
+        // Space accounting in the volume table.
+        let block_bytes = self.geometry.block_bytes();
+        let mut accounting_fixes = Vec::new();
+        for record in &records {
+            let actual = counts[&record.id];
+            if actual.referenced != record.referenced_blocks
+                || actual.exclusive != record.exclusive_blocks
+            {
+                walk.error(format!(
+                    "volume {:?} records {} referenced and {} exclusive bytes, but its tree has {} and {}",
+                    record.name,
+                    record.referenced_blocks * block_bytes,
+                    record.exclusive_blocks * block_bytes,
+                    actual.referenced * block_bytes,
+                    actual.exclusive * block_bytes
+                ));
+                accounting_fixes.push((record.id, actual));
+            }
+        }
+
+        report.blocks_checked = walk.seen.len() as u64;
+        if walk.suppressed_errors > 0 {
+            walk.errors
+                .push(format!("... and {} more errors", walk.suppressed_errors));
+        }
+        report.errors = walk.errors;
+
+        if repair {
+            for &addr in &leaks {
+                self.alloc.free(BlockAddr(addr));
+            }
+            if !leaks.is_empty() {
+                report
+                    .repaired
+                    .push(format!("freed {} leaked blocks", leaks.len()));
+            }
+            for &(addr, is_meta) in unmarked.iter().chain(&wrong_kind) {
+                let usage = if is_meta {
+                    BlockUse::Meta
+                } else {
+                    BlockUse::Data
+                };
+                self.alloc.set_allocated(BlockAddr(addr), usage);
+            }
+            if !unmarked.is_empty() || !wrong_kind.is_empty() {
+                report.repaired.push(format!(
+                    "marked {} blocks in use as allocated with the right kind",
+                    unmarked.len() + wrong_kind.len()
+                ));
+            }
+            for (id, actual) in &accounting_fixes {
+                self.set_accounting(*id, actual.referenced, actual.exclusive);
+            }
+            if !accounting_fixes.is_empty() {
+                report.repaired.push(format!(
+                    "corrected the space accounting of {} volumes",
+                    accounting_fixes.len()
+                ));
+            }
+        }
+        report.elapsed_ms = started.elapsed().as_millis() as u64;
+        Ok(report)
+    }
+
+    fn check_superblocks(&self, report: &mut CheckReport) {
+        let block = u64::from(self.geometry.block_size_bytes);
+        for slot in 0..2u64 {
+            let mut buf = [0u8; SUPERBLOCK_LEN];
+            if let Err(e) = self.device.read_at(&mut buf, slot * block) {
+                report
+                    .errors
+                    .push(format!("cannot read superblock slot {slot}: {e}"));
+                continue;
+            }
+            match Superblock::decode(&buf) {
+                Ok(sb) if sb.generation == self.superblock.generation || sb.generation + 1 == self.superblock.generation => {}
+                Ok(sb) => report.warnings.push(format!(
+                    "superblock slot {slot} has generation {}, the current one is {}",
+                    sb.generation, self.superblock.generation
+                )),
+                Err(SlotProblem::NewerVersion(v)) => {
+                    report.errors.push(format!("superblock slot {slot} claims format version {v}"))
+                }
+                // A crash while writing the spare slot tears it; the next
+                // checkpoint writes that slot again.
+                Err(problem) => report.warnings.push(format!(
+                    "superblock slot {slot} (the spare) is unusable ({problem:?}); the next checkpoint rewrites it"
+                )),
+            }
+        }
+    }
+
+    fn walk_table(&mut self, addr: BlockAddr, level: u8, walk: &mut Walk) {
+        if !walk.walked.insert(addr.0) {
+            return;
+        }
+        let entries = match self.load_node_for_check(addr, NodeKind::VolumeTable, level) {
+            Ok(entries) => entries,
+            Err(e) => return walk.error(format!("volume table: {e}")),
+        };
+        for entry in entries.iter().filter(|e| !e.is_empty()) {
+            if entry.is_shared() {
+                walk.error(format!("volume table node at {addr} has a shared entry"));
+            }
+            walk.reference(entry.addr(), true, true, true);
+            if level > 0 {
+                self.walk_table(entry.addr(), level - 1, walk);
+            }
+        }
+    }
+
+    /// Walks a volume subtree and returns the data it maps. Results are
+    /// memoized per (node, reached exclusively), so 100 snapshots sharing
+    /// one tree cost about what one tree costs.
+    fn walk_volume(
+        &mut self,
+        addr: BlockAddr,
+        level: u8,
+        exclusive: bool,
+        walk: &mut Walk,
+        volume: &str,
+    ) -> Counts {
+        if let Some(counts) = walk.counts.get(&(addr.0, exclusive)) {
+            return *counts;
+        }
+        // A node's entries are references once, however often it is reached.
+        let first_visit = walk.children_registered.insert(addr.0);
+        let entries = match self.load_node_for_check(addr, NodeKind::VolumeData, level) {
+            Ok(entries) => entries,
+            Err(e) => {
+                walk.error(format!("volume {volume:?}: {e}"));
+                return Counts::default();
+            }
+        };
+        let mut counts = Counts::default();
+        for entry in entries.iter().filter(|e| !e.is_empty()) {
+            let child_exclusive = exclusive && !entry.is_shared();
+            walk.reference(entry.addr(), first_visit, child_exclusive, level > 0);
+            if level == 0 {
+                counts.referenced += 1;
+                counts.exclusive += u64::from(child_exclusive);
+            } else {
+                let child =
+                    self.walk_volume(entry.addr(), level - 1, child_exclusive, walk, volume);
+                counts.referenced += child.referenced;
+                counts.exclusive += child.exclusive;
+            }
+        }
+        walk.counts.insert((addr.0, exclusive), counts);
+        counts
+    }
+}

@@ -1,0 +1,209 @@
+//! Journal transactions. The journal is a circular region of blocks after
+//! the superblocks. One commit writes one transaction, contiguously: a
+//! descriptor (one or more blocks) followed by the full images of the
+//! metadata blocks it changes. Allocations and frees ride in the descriptor
+//! as extents; the allocation maps themselves are only written at checkpoint
+//! (ddsnap's trick), so a commit writes no map blocks.
+
+use super::{get_u32, get_u64, put_u32, put_u64};
+use crate::types::{BlockAddr, VolumeId};
+
+/// Identifies a transaction descriptor.
+pub const JOURNAL_MAGIC: [u8; 4] = *b"GRVJ";
+
+// Descriptor layout (a byte stream over descriptor_blocks whole blocks; the
+// bytes after the extents are zero):
+//
+//   offset size field
+//   0      4    magic "GRVJ"
+//   4      4    crc32c of descriptor_blocks whole blocks with this field zeroed
+//   8      8    sequence: the superblock's journal_sequence, +1 per transaction
+//   16     16   pool_uuid: a transaction from another pool's store never replays
+//   32     4    descriptor_blocks
+//   36     4    image_count: metadata block images that follow the descriptor
+//   40     4    extent_count: allocation extents after the home addresses
+//   44     4    images_crc: crc32c of all images, in order; catches a torn transaction
+//   48     8    volume_table_root after this transaction
+//   56     1    volume_table_height after this transaction
+//   57     7    reserved, zero
+//   64     8    next_volume_id after this transaction
+//   72     8    group_count after this transaction
+//   80     8*image_count   home block address of each image, in order
+//   then   16*extent_count allocation extents:
+//                 0  8  first block
+//                 8  4  block count
+//                 12 1  change: 1 = allocated as data, 2 = allocated as metadata, 3 = freed
+//                 13 3  reserved, zero
+const MAGIC_OFFSET: usize = 0;
+const CRC_OFFSET: usize = MAGIC_OFFSET + 4;
+const SEQUENCE_OFFSET: usize = CRC_OFFSET + 4;
+const UUID_OFFSET: usize = SEQUENCE_OFFSET + 8;
+const DESCRIPTOR_BLOCKS_OFFSET: usize = UUID_OFFSET + 16;
+const IMAGE_COUNT_OFFSET: usize = DESCRIPTOR_BLOCKS_OFFSET + 4;
+const EXTENT_COUNT_OFFSET: usize = IMAGE_COUNT_OFFSET + 4;
+const IMAGES_CRC_OFFSET: usize = EXTENT_COUNT_OFFSET + 4;
+const VT_ROOT_OFFSET: usize = IMAGES_CRC_OFFSET + 4;
+const VT_HEIGHT_OFFSET: usize = VT_ROOT_OFFSET + 8;
+const NEXT_VOLUME_ID_OFFSET: usize = VT_HEIGHT_OFFSET + 8;
+const GROUP_COUNT_OFFSET: usize = NEXT_VOLUME_ID_OFFSET + 8;
+const HOMES_OFFSET: usize = GROUP_COUNT_OFFSET + 8;
+const HOME_BYTES: usize = 8;
+const EXTENT_BYTES: usize = 16;
+
+/// How an extent of blocks changed in a transaction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AllocChange {
+    AllocatedData = 1,
+    AllocatedMeta = 2,
+    Freed = 3,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllocExtent {
+    pub first: BlockAddr,
+    pub count: u32,
+    pub change: AllocChange,
+}
+
+/// The roots a transaction leaves behind: what the superblock would say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Roots {
+    pub volume_table_root: BlockAddr,
+    pub volume_table_height: u8,
+    pub next_volume_id: VolumeId,
+    pub group_count: u64,
+}
+
+/// A decoded descriptor (the images are read separately).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Descriptor {
+    pub sequence: u64,
+    pub pool_uuid: [u8; 16],
+    pub descriptor_blocks: u32,
+    pub images_crc: u32,
+    pub roots: Roots,
+    pub homes: Vec<BlockAddr>,
+    pub extents: Vec<AllocExtent>,
+}
+
+impl Descriptor {
+    /// Bytes the descriptor needs before padding to whole blocks.
+    pub fn encoded_len(image_count: usize, extent_count: usize) -> usize {
+        HOMES_OFFSET + image_count * HOME_BYTES + extent_count * EXTENT_BYTES
+    }
+
+    /// Encodes into `descriptor_blocks` whole blocks.
+    pub fn encode(&self, block_size_bytes: usize) -> Vec<u8> {
+        let len = Self::encoded_len(self.homes.len(), self.extents.len());
+        assert_eq!(
+            len.div_ceil(block_size_bytes),
+            self.descriptor_blocks as usize
+        );
+        assert!(self.roots.next_volume_id.0 > 0);
+        let mut bytes = vec![0u8; self.descriptor_blocks as usize * block_size_bytes];
+        bytes[MAGIC_OFFSET..MAGIC_OFFSET + 4].copy_from_slice(&JOURNAL_MAGIC);
+        put_u64(&mut bytes, SEQUENCE_OFFSET, self.sequence);
+        bytes[UUID_OFFSET..UUID_OFFSET + 16].copy_from_slice(&self.pool_uuid);
+        put_u32(&mut bytes, DESCRIPTOR_BLOCKS_OFFSET, self.descriptor_blocks);
+        put_u32(&mut bytes, IMAGE_COUNT_OFFSET, self.homes.len() as u32);
+        put_u32(&mut bytes, EXTENT_COUNT_OFFSET, self.extents.len() as u32);
+        put_u32(&mut bytes, IMAGES_CRC_OFFSET, self.images_crc);
+        put_u64(&mut bytes, VT_ROOT_OFFSET, self.roots.volume_table_root.0);
+        bytes[VT_HEIGHT_OFFSET] = self.roots.volume_table_height;
+        put_u64(
+            &mut bytes,
+            NEXT_VOLUME_ID_OFFSET,
+            self.roots.next_volume_id.0,
+        );
+        put_u64(&mut bytes, GROUP_COUNT_OFFSET, self.roots.group_count);
+        let mut offset = HOMES_OFFSET;
+        for home in &self.homes {
+            assert!(!home.is_none());
+            put_u64(&mut bytes, offset, home.0);
+            offset += HOME_BYTES;
+        }
+        for extent in &self.extents {
+            assert!(extent.count > 0);
+            put_u64(&mut bytes, offset, extent.first.0);
+            put_u32(&mut bytes, offset + 8, extent.count);
+            bytes[offset + 12] = extent.change as u8;
+            offset += EXTENT_BYTES;
+        }
+        let crc = super::crc_with_hole(&bytes, CRC_OFFSET);
+        put_u32(&mut bytes, CRC_OFFSET, crc);
+        bytes
+    }
+
+    /// Reads the descriptor's first block: how many blocks the whole
+    /// descriptor spans, if the block looks like a descriptor of `sequence`.
+    /// A wrong magic or sequence is the normal end of the journal, not damage.
+    pub fn peek_blocks(first_block: &[u8], sequence: u64, pool_uuid: &[u8; 16]) -> Option<u32> {
+        if first_block[MAGIC_OFFSET..MAGIC_OFFSET + 4] != JOURNAL_MAGIC
+            || get_u64(first_block, SEQUENCE_OFFSET) != sequence
+            || first_block[UUID_OFFSET..UUID_OFFSET + 16] != pool_uuid[..]
+        {
+            return None;
+        }
+        let blocks = get_u32(first_block, DESCRIPTOR_BLOCKS_OFFSET);
+        (blocks > 0).then_some(blocks)
+    }
+
+    /// Decodes and verifies a whole descriptor. None means "not a valid
+    /// transaction here": replay stops at it.
+    pub fn decode(
+        bytes: &[u8],
+        sequence: u64,
+        pool_uuid: &[u8; 16],
+        block_size_bytes: usize,
+    ) -> Option<Descriptor> {
+        let blocks = Self::peek_blocks(bytes, sequence, pool_uuid)? as usize;
+        if bytes.len() != blocks * block_size_bytes {
+            return None;
+        }
+        if get_u32(bytes, CRC_OFFSET) != super::crc_with_hole(bytes, CRC_OFFSET) {
+            return None;
+        }
+        let image_count = get_u32(bytes, IMAGE_COUNT_OFFSET) as usize;
+        let extent_count = get_u32(bytes, EXTENT_COUNT_OFFSET) as usize;
+        if Self::encoded_len(image_count, extent_count).div_ceil(block_size_bytes) != blocks {
+            return None;
+        }
+        let mut pool = [0u8; 16];
+        pool.copy_from_slice(&bytes[UUID_OFFSET..UUID_OFFSET + 16]);
+        let mut offset = HOMES_OFFSET;
+        let mut homes = Vec::with_capacity(image_count);
+        for _ in 0..image_count {
+            homes.push(BlockAddr(get_u64(bytes, offset)));
+            offset += HOME_BYTES;
+        }
+        let mut extents = Vec::with_capacity(extent_count);
+        for _ in 0..extent_count {
+            let change = match bytes[offset + 12] {
+                1 => AllocChange::AllocatedData,
+                2 => AllocChange::AllocatedMeta,
+                3 => AllocChange::Freed,
+                _ => return None,
+            };
+            extents.push(AllocExtent {
+                first: BlockAddr(get_u64(bytes, offset)),
+                count: get_u32(bytes, offset + 8),
+                change,
+            });
+            offset += EXTENT_BYTES;
+        }
+        Some(Descriptor {
+            sequence,
+            pool_uuid: pool,
+            descriptor_blocks: blocks as u32,
+            images_crc: get_u32(bytes, IMAGES_CRC_OFFSET),
+            roots: Roots {
+                volume_table_root: BlockAddr(get_u64(bytes, VT_ROOT_OFFSET)),
+                volume_table_height: bytes[VT_HEIGHT_OFFSET],
+                next_volume_id: VolumeId(get_u64(bytes, NEXT_VOLUME_ID_OFFSET)),
+                group_count: get_u64(bytes, GROUP_COUNT_OFFSET),
+            },
+            homes,
+            extents,
+        })
+    }
+}

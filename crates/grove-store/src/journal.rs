@@ -1,0 +1,247 @@
+//! The metadata journal: where transactions go in the circular journal
+//! region, and how they are found again at replay.
+//!
+//! A transaction is written contiguously: at the write position if it fits
+//! before the end of the region, else at the region's start. Replay looks at
+//! the position after the previous transaction and, failing that, at the
+//! region's start; the sequence number tells a live transaction from a stale
+//! one of an earlier lap, and the checksums tell a complete one from a torn
+//! one. The checkpoint moves the replay start (the head, in the superblock)
+//! up to the write position, after which the whole region is free again.
+
+use crate::device::BlockDevice;
+use crate::error::{Error, Result};
+use crate::format::journal::Descriptor;
+use crate::types::BlockAddr;
+
+/// A transaction read back from the journal.
+pub struct ReplayedTransaction {
+    pub descriptor: Descriptor,
+    pub images: Vec<Vec<u8>>,
+}
+
+pub struct Journal {
+    /// First block of the region.
+    start: BlockAddr,
+    /// Blocks in the region.
+    blocks: u64,
+    block_size_bytes: usize,
+    /// Where replay starts: the position after the last checkpoint.
+    head: u64,
+    /// Where the next transaction goes, if it fits there.
+    next: u64,
+    /// Sequence number of the next transaction.
+    sequence: u64,
+    /// Blocks written (or skipped at the end of a lap) since the checkpoint.
+    used_blocks: u64,
+}
+
+impl Journal {
+    pub fn new(
+        start: BlockAddr,
+        blocks: u64,
+        block_size_bytes: u32,
+        head: u64,
+        sequence: u64,
+    ) -> Journal {
+        Journal {
+            start,
+            blocks,
+            block_size_bytes: block_size_bytes as usize,
+            head,
+            next: head,
+            sequence,
+            used_blocks: 0,
+        }
+    }
+
+    /// Largest transaction, in blocks, that a commit may write: half the
+    /// region, so a transaction always fits after a checkpoint.
+    pub fn max_transaction_blocks(&self) -> u64 {
+        self.blocks / 2
+    }
+
+    /// True when a checkpoint is due: replay must stay short.
+    pub fn wants_checkpoint(&self) -> bool {
+        self.used_blocks > self.blocks / 2
+    }
+
+    pub fn sequence(&self) -> u64 {
+        self.sequence
+    }
+
+    /// The replay start a checkpoint taken now would record.
+    pub fn write_position(&self) -> u64 {
+        self.next
+    }
+
+    /// Records that a checkpoint made everything up to the write position
+    /// durable at home.
+    pub fn checkpointed(&mut self) {
+        self.head = self.next;
+        self.used_blocks = 0;
+    }
+
+    /// Where a transaction of `len` blocks would go, or None if it needs a
+    /// checkpoint first.
+    fn placement(&self, len: u64) -> Option<u64> {
+        assert!(len <= self.max_transaction_blocks());
+        if self.used_blocks == 0 {
+            return Some(if self.next + len <= self.blocks {
+                self.next
+            } else {
+                0
+            });
+        }
+        if self.next >= self.head {
+            if self.next + len <= self.blocks {
+                Some(self.next)
+            } else if len <= self.head {
+                Some(0)
+            } else {
+                None
+            }
+        } else if self.next + len <= self.head {
+            Some(self.next)
+        } else {
+            None
+        }
+    }
+
+    /// True if a transaction of `len` blocks can be written without a checkpoint.
+    pub fn fits(&self, len: u64) -> bool {
+        self.placement(len).is_some()
+    }
+
+    /// Writes a transaction (descriptor blocks then images, as one write)
+    /// and makes it durable. The caller checked `fits`.
+    pub fn append(
+        &mut self,
+        device: &dyn BlockDevice,
+        descriptor: &[u8],
+        images: &[Vec<u8>],
+    ) -> Result<()> {
+        let block = self.block_size_bytes;
+        let len = ((descriptor.len() + images.len() * block) / block) as u64;
+        let position = self.placement(len).expect("the caller made room");
+        let mut bytes = Vec::with_capacity(len as usize * block);
+        bytes.extend_from_slice(descriptor);
+        for image in images {
+            assert_eq!(image.len(), block);
+            bytes.extend_from_slice(image);
+        }
+        let offset = (self.start.0 + position) * block as u64;
+        device.write_at(&bytes, offset).map_err(|e| {
+            Error::io(
+                format!("cannot write the journal of {}", device.describe()),
+                e,
+            )
+        })?;
+        device.flush().map_err(|e| {
+            Error::io(
+                format!("cannot flush the journal of {}", device.describe()),
+                e,
+            )
+        })?;
+        // A lap's unused tail counts as used until the next checkpoint.
+        let skipped = if position == 0 && self.next != 0 {
+            self.blocks - self.next
+        } else {
+            0
+        };
+        self.used_blocks += skipped + len;
+        self.next = position + len;
+        self.sequence += 1;
+        Ok(())
+    }
+
+    /// Reads every complete transaction from the head on, in order, and
+    /// leaves the journal positioned after the last one.
+    pub fn scan(
+        &mut self,
+        device: &dyn BlockDevice,
+        pool_uuid: &[u8; 16],
+    ) -> Result<Vec<ReplayedTransaction>> {
+        let mut found = Vec::new();
+        let mut position = self.head;
+        loop {
+            let mut candidate = self.read_transaction(device, position, pool_uuid)?;
+            let mut at = position;
+            if candidate.is_none() && position != 0 {
+                candidate = self.read_transaction(device, 0, pool_uuid)?;
+                at = 0;
+            }
+            let Some((transaction, len)) = candidate else {
+                break;
+            };
+            let skipped = if at == 0 && position != 0 {
+                self.blocks - position
+            } else {
+                0
+            };
+            self.used_blocks += skipped + len;
+            position = at + len;
+            self.sequence += 1;
+            found.push(transaction);
+            if self.used_blocks > self.blocks {
+                return Err(Error::corrupt(
+                    "the journal holds more transactions than fit in it",
+                ));
+            }
+        }
+        self.next = position;
+        Ok(found)
+    }
+
+    /// The transaction with the expected sequence at `position`, with its
+    /// length in blocks, or None if there is none (or only a torn one).
+    fn read_transaction(
+        &self,
+        device: &dyn BlockDevice,
+        position: u64,
+        pool_uuid: &[u8; 16],
+    ) -> Result<Option<(ReplayedTransaction, u64)>> {
+        let block = self.block_size_bytes;
+        if position >= self.blocks {
+            return Ok(None);
+        }
+        let read = |blocks: u64, at: u64| -> Result<Vec<u8>> {
+            let mut bytes = vec![0u8; blocks as usize * block];
+            device
+                .read_at(&mut bytes, (self.start.0 + at) * block as u64)
+                .map_err(|e| {
+                    Error::io(
+                        format!("cannot read the journal of {}", device.describe()),
+                        e,
+                    )
+                })?;
+            Ok(bytes)
+        };
+        let first = read(1, position)?;
+        let Some(descriptor_blocks) = Descriptor::peek_blocks(&first, self.sequence, pool_uuid)
+        else {
+            return Ok(None);
+        };
+        let descriptor_blocks = u64::from(descriptor_blocks);
+        if position + descriptor_blocks > self.blocks {
+            return Ok(None);
+        }
+        let descriptor_bytes = read(descriptor_blocks, position)?;
+        let Some(descriptor) =
+            Descriptor::decode(&descriptor_bytes, self.sequence, pool_uuid, block)
+        else {
+            return Ok(None);
+        };
+        let image_count = descriptor.homes.len() as u64;
+        let len = descriptor_blocks + image_count;
+        if position + len > self.blocks {
+            return Ok(None);
+        }
+        let image_bytes = read(image_count, position + descriptor_blocks)?;
+        if crc32c::crc32c(&image_bytes) != descriptor.images_crc {
+            return Ok(None);
+        }
+        let images = image_bytes.chunks(block).map(|c| c.to_vec()).collect();
+        Ok(Some((ReplayedTransaction { descriptor, images }, len)))
+    }
+}
