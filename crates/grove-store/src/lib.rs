@@ -26,6 +26,7 @@ pub mod format;
 mod journal;
 pub mod pool;
 mod state;
+pub mod testing;
 pub mod types;
 
 pub use check::CheckReport;

@@ -25,6 +25,8 @@ use crate::types::*;
 /// Size of the journal region reserved at init. The journal itself arrives
 /// with the crash-consistency work; reserving it now keeps the format stable.
 pub const JOURNAL_REGION_BYTES: u64 = 16 * 1024 * 1024;
+/// Smallest journal region: room for a few transactions of a few blocks.
+pub const JOURNAL_REGION_BLOCKS_MIN: u64 = 32;
 
 /// Settings for a new pool.
 #[derive(Clone, Debug)]
@@ -32,6 +34,9 @@ pub struct PoolOptions {
     pub block_size_bytes: u32,
     /// Largest the store may grow to; None = while the host file system has room.
     pub capacity_bytes: Option<u64>,
+    /// Size of the journal region; None = JOURNAL_REGION_BYTES. Tests use a
+    /// tiny journal so that checkpoints and wrap-around happen often.
+    pub journal_bytes: Option<u64>,
 }
 
 impl Default for PoolOptions {
@@ -39,6 +44,7 @@ impl Default for PoolOptions {
         PoolOptions {
             block_size_bytes: BLOCK_SIZE_DEFAULT_BYTES,
             capacity_bytes: None,
+            journal_bytes: None,
         }
     }
 }
@@ -239,7 +245,13 @@ impl Pool {
             ));
         }
         let block_bytes = u64::from(block_size);
-        let journal_blocks = JOURNAL_REGION_BYTES / block_bytes;
+        let journal_blocks = options.journal_bytes.unwrap_or(JOURNAL_REGION_BYTES) / block_bytes;
+        if journal_blocks < JOURNAL_REGION_BLOCKS_MIN {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("the journal needs at least {JOURNAL_REGION_BLOCKS_MIN} blocks"),
+            ));
+        }
         let group_blocks = group::group_blocks(block_size);
         let group_count_max = match options.capacity_bytes {
             None => 0,

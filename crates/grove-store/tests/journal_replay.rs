@@ -14,6 +14,7 @@ fn flushed_state_survives_without_checkpoint() {
         &PoolOptions {
             block_size_bytes: 1024,
             capacity_bytes: None,
+            journal_bytes: None,
         },
     )
     .unwrap();

@@ -6,6 +6,7 @@ fn options(block_size_bytes: u32) -> PoolOptions {
     PoolOptions {
         block_size_bytes,
         capacity_bytes: None,
+        journal_bytes: None,
     }
 }
 
