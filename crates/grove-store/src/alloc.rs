@@ -56,6 +56,7 @@ pub struct Allocator {
     /// Blocks freed since the last seal. They stay unusable until the
     /// transaction that frees them is durable (consistency contract, point 5).
     open_frees: Vec<BlockAddr>,
+    inconsistent_frees: u64,
 }
 
 /// What one transaction changed in the allocation maps.
@@ -91,6 +92,7 @@ impl Allocator {
             cursor: data_start.0,
             changes: Vec::new(),
             open_frees: Vec::new(),
+            inconsistent_frees: 0,
         }
     }
 
@@ -185,15 +187,26 @@ impl Allocator {
     pub fn free(&mut self, addr: BlockAddr) {
         let (group, slot) = self.locate(addr);
         let group = &mut self.groups[group];
-        let nibble = group.nibbles[slot];
-        assert!(
-            nibble & NIBBLE_ALLOCATED != 0,
-            "freeing {addr}, which is not allocated (nibble {nibble:#x})"
-        );
-        assert!(slot != 0, "freeing the map block of a group");
+        // A tree that points at a free block, or at a map block, is damage on
+        // disk (a crafted store can carry valid checksums): refuse quietly
+        // instead of panicking; `check` reports such blocks.
+        if group.nibbles[slot] & NIBBLE_ALLOCATED == 0 || slot == 0 {
+            self.inconsistent_frees += 1;
+            return;
+        }
         group.nibbles[slot] = NIBBLE_PENDING_FREE;
         self.changes.push((addr, AllocChange::Freed));
         self.open_frees.push(addr);
+    }
+
+    /// Blocks freed in the open transaction: a commit would make them usable.
+    pub fn has_open_frees(&self) -> bool {
+        !self.open_frees.is_empty()
+    }
+
+    /// Frees refused because the block was not allocated (damage).
+    pub fn inconsistent_frees(&self) -> u64 {
+        self.inconsistent_frees
     }
 
     /// True if anything was allocated or freed since the last seal.

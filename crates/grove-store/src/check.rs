@@ -202,6 +202,12 @@ impl State {
             }
         }
 
+        if self.alloc.inconsistent_frees() > 0 {
+            walk.error(format!(
+                "{} frees this session found their block already free (a damaged tree)",
+                self.alloc.inconsistent_frees()
+            ));
+        }
         report.blocks_checked = walk.seen.len() as u64;
         if walk.suppressed_errors > 0 {
             walk.errors

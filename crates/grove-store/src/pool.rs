@@ -610,7 +610,17 @@ impl Volume {
             let in_block = position % block_bytes;
             let len = (block_bytes - in_block).min(buf.len() as u64 - done);
             let data = &buf[done as usize..(done + len) as usize];
-            state.write_block(self.id, position / block_bytes, in_block as usize, data)?;
+            let index = position / block_bytes;
+            match state.write_block(self.id, index, in_block as usize, data) {
+                // Blocks freed since the last commit cannot be reused until a
+                // commit makes their free durable: commit, then try again,
+                // rather than report a full pool that is not full.
+                Err(e) if e.kind() == ErrorKind::NoSpace && state.alloc.has_open_frees() => {
+                    commit_locked(&self.inner, &mut state)?;
+                    state.write_block(self.id, index, in_block as usize, data)?;
+                }
+                result => result?,
+            }
             commit_if_large(&self.inner, &mut state)?;
             done += len;
         }

@@ -116,6 +116,9 @@ pub struct State {
     /// The roots as of the last durable transaction: what a checkpoint
     /// writes into the superblock.
     committed_roots: Roots,
+    /// Journaled metadata whose write to its home failed; the checkpoint
+    /// writes it before it lets the journal forget the transaction.
+    unwritten_homes: BTreeMap<BlockAddr, Vec<u8>>,
 }
 
 impl State {
@@ -136,6 +139,7 @@ impl State {
         State {
             journal,
             committed_roots,
+            unwritten_homes: BTreeMap::new(),
             device,
             geometry: Geometry::new(superblock.block_size_bytes),
             superblock,
@@ -189,8 +193,20 @@ impl State {
         if !self.nodes.contains_key(&addr) {
             let mut block = vec![0u8; self.geometry.block_size_bytes as usize];
             self.read_block(addr, &mut block, "radix node")?;
-            let valid = self.superblock.data_start.0..self.alloc.store_end();
-            let node = Node::decode(&block, addr, kind, level, valid)?;
+            let data_start = self.superblock.data_start.0;
+            let valid = data_start..self.alloc.store_end();
+            let node = Node::decode(&block, addr, kind, level, valid).map_err(|e| match kind {
+                NodeKind::VolumeTable => Error::corrupt(format!("volume table: {e}")),
+                NodeKind::VolumeData => e,
+            })?;
+            let group_blocks = self.superblock.group_blocks;
+            if let Some((slot, _)) = node.entries.iter().enumerate().find(|(_, e)| {
+                !e.is_empty() && (e.addr().0 - data_start).is_multiple_of(group_blocks)
+            }) {
+                return Err(Error::corrupt(format!(
+                    "radix node at {addr} is damaged: entry {slot} points at an allocation map block"
+                )));
+            }
             self.nodes.insert(addr, node);
         }
         let node = &self.nodes[&addr];
@@ -421,8 +437,13 @@ impl State {
             self.free_block(addr);
         }
         let record = self.volumes.get_mut(&id).expect("volume exists");
-        record.referenced_blocks -= dropped.referenced_blocks;
-        record.exclusive_blocks -= dropped.exclusive_blocks;
+        // Saturating: a damaged (but checksummed) record must not panic.
+        record.referenced_blocks = record
+            .referenced_blocks
+            .saturating_sub(dropped.referenced_blocks);
+        record.exclusive_blocks = record
+            .exclusive_blocks
+            .saturating_sub(dropped.exclusive_blocks);
         self.dirty_records.insert(id);
         Ok(())
     }
@@ -460,17 +481,20 @@ impl State {
                 )
             });
         }
-        let new_block = self.alloc.allocate(BlockUse::Data)?;
-        let result = if data.len() == block_bytes {
-            self.write_device_block(new_block, data, "data")
+        // Read the old contents before allocating, so a failed read leaves
+        // nothing behind.
+        let merged = if data.len() == block_bytes {
+            None
         } else {
             let mut merged = vec![0u8; block_bytes];
             if !entry.is_empty() {
                 self.read_block(entry.addr(), &mut merged, "data")?;
             }
             merged[offset_in_block..offset_in_block + data.len()].copy_from_slice(data);
-            self.write_device_block(new_block, &merged, "data")
+            Some(merged)
         };
+        let new_block = self.alloc.allocate(BlockUse::Data)?;
+        let result = self.write_device_block(new_block, merged.as_deref().unwrap_or(data), "data");
         if let Err(e) = result {
             self.alloc.free(new_block);
             return Err(e);
@@ -675,25 +699,28 @@ impl State {
         self.dirty_records.insert(id);
     }
 
-    /// Grows or shrinks a volume. Growing past what the tree addresses adds
-    /// levels above the root; shrinking unmaps the blocks past the end and
-    /// zeroes the tail of a partial last block, so a later grow reads zeros.
+    /// Grows or shrinks a volume. Shrinking unmaps the blocks past the new
+    /// end. Growing first zeroes the bytes past the old end in its last
+    /// block (a shrink leaves them as they were: until a grow they are past
+    /// the end, where nothing can read them, so a crash during the shrink
+    /// cannot show them zeroed), then adds levels above the root when the
+    /// tree cannot address the new size.
     pub fn resize_volume(&mut self, id: VolumeId, new_size_bytes: u64) -> Result<()> {
         let record = self.volumes[&id].clone();
         let block_bytes = self.geometry.block_bytes();
         if new_size_bytes < record.size_bytes {
             let keep_blocks = self.geometry.blocks_for(new_size_bytes);
             self.unmap(id, keep_blocks, self.geometry.blocks_for(record.size_bytes))?;
-            let tail = new_size_bytes % block_bytes;
+        } else {
+            let tail = record.size_bytes % block_bytes;
             if tail != 0 {
-                let last = new_size_bytes / block_bytes;
+                let last = record.size_bytes / block_bytes;
                 let entry = self.lookup(record.root, record.height, NodeKind::VolumeData, last)?;
                 if !entry.is_empty() {
                     let zeros = vec![0u8; (block_bytes - tail) as usize];
                     self.write_block(id, last, tail as usize, &zeros)?;
                 }
             }
-        } else {
             let wanted = self
                 .geometry
                 .height_for(self.geometry.blocks_for(new_size_bytes));
@@ -715,12 +742,33 @@ impl State {
 
     // ----- the volume table -----
 
+    /// Checks that a root pointer read from disk names a usable block: in
+    /// the data area and not an allocation map.
+    fn check_root(&self, addr: BlockAddr, what: &str) -> Result<()> {
+        let data_start = self.superblock.data_start.0;
+        if addr.0 < data_start
+            || addr.0 >= self.alloc.store_end()
+            || (addr.0 - data_start).is_multiple_of(self.superblock.group_blocks)
+        {
+            return Err(Error::corrupt(format!(
+                "{what} points at {addr}, which cannot hold a node"
+            )));
+        }
+        Ok(())
+    }
+
     /// Reads every record of the volume table into memory.
     pub fn load_volume_table(&mut self) -> Result<()> {
         let height = self.superblock.volume_table_height;
         if height == 0 {
             return Ok(());
         }
+        if height >= crate::format::node::NODE_LEVELS_MAX {
+            return Err(Error::corrupt(format!(
+                "the volume table claims {height} levels"
+            )));
+        }
+        self.check_root(self.superblock.volume_table_root, "the volume table root")?;
         let mut leaves = Vec::new();
         self.collect_table_leaves(
             self.superblock.volume_table_root,
@@ -750,6 +798,20 @@ impl State {
             self.record_blocks.insert(block_index, block);
         }
         for record in self.volumes.values() {
+            self.check_root(
+                record.root,
+                &format!("the root of volume {:?}", record.name),
+            )?;
+            if record.height
+                < self
+                    .geometry
+                    .height_for(self.geometry.blocks_for(record.size_bytes))
+            {
+                return Err(Error::corrupt(format!(
+                    "volume {:?} has a tree of {} levels, too few for its {} bytes",
+                    record.name, record.height, record.size_bytes
+                )));
+            }
             if record.id.0 >= self.superblock.next_volume_id.0 {
                 return Err(Error::corrupt(format!(
                     "volume {:?} has id {} beyond the next id",
@@ -976,22 +1038,49 @@ impl State {
         self.dirty_nodes.clear();
         let sealed = self.alloc.seal();
         self.committed_roots = roots;
-        for (home, image) in homes.iter().zip(&images) {
-            // Failing here is harmless: replay writes the image again.
-            let _ = self.write_device_block(*home, image, "metadata");
+        // A freed block may be reused for data once this transaction is
+        // durable: an older image must never be written over it.
+        for extent in &sealed.extents {
+            if extent.change == AllocChange::Freed {
+                let first = extent.first.0;
+                let end = first + u64::from(extent.count);
+                self.unwritten_homes
+                    .retain(|addr, _| addr.0 < first || addr.0 >= end);
+            }
         }
+        for (home, image) in homes.into_iter().zip(images) {
+            // A failed write-back is kept and retried by the checkpoint,
+            // which must not move the journal past it; until then replay
+            // would redo it.
+            match self.write_device_block(home, &image, "metadata") {
+                Ok(()) => {
+                    self.unwritten_homes.remove(&home);
+                }
+                Err(_) => {
+                    self.unwritten_homes.insert(home, image);
+                }
+            }
+        }
+        // Frees that did not fit trail in free-only transactions. If one
+        // cannot be written the commit still stands: the durable maps already
+        // hold the frees and the next checkpoint writes them; a crash before
+        // that only leaks the blocks, which check --repair reclaims.
         let mut rest = &extents[first_extents..];
-        let mut result = Ok(());
-        while !rest.is_empty() && result.is_ok() {
+        while !rest.is_empty() {
             let count = self.extents_that_fit(0, rest).max(1);
-            result = self.append_transaction(roots, Vec::new(), &[], rest[..count].to_vec());
+            if self
+                .append_transaction(roots, Vec::new(), &[], rest[..count].to_vec())
+                .is_err()
+            {
+                break;
+            }
             rest = &rest[count..];
         }
         if self.journal.wants_checkpoint() {
             // Opportunistic: if it fails, the next commit tries again.
             let _ = self.checkpoint();
         }
-        result.map(|()| sealed.frees)
+        Ok(sealed.frees)
     }
 
     /// How many of `extents` fit in one transaction beside `images` images.
@@ -1039,6 +1128,10 @@ impl State {
     /// and moves the journal's replay start up in a new superblock. After a
     /// checkpoint, replay has nothing to do.
     pub fn checkpoint(&mut self) -> Result<()> {
+        for (home, image) in &self.unwritten_homes {
+            self.write_device_block(*home, image, "metadata")?;
+        }
+        self.unwritten_homes.clear();
         self.flush_device("metadata")?;
         let maps = self.alloc.dirty_maps(self.geometry.block_size_bytes);
         for (addr, block) in &maps {
