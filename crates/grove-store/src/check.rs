@@ -255,12 +255,19 @@ impl State {
     fn check_superblocks(&self, report: &mut CheckReport) {
         let block = u64::from(self.geometry.block_size_bytes);
         for slot in 0..2u64 {
-            let mut buf = [0u8; SUPERBLOCK_LEN];
+            let mut buf = vec![0u8; block as usize];
             if let Err(e) = self.device.read_at(&mut buf, slot * block) {
                 report
                     .errors
                     .push(format!("cannot read superblock slot {slot}: {e}"));
                 continue;
+            }
+            // The checksum covers the first SUPERBLOCK_LEN bytes; the rest of
+            // the block must be zero, so damage there is found too.
+            if buf[SUPERBLOCK_LEN..].iter().any(|&b| b != 0) {
+                report.warnings.push(format!(
+                    "superblock slot {slot} has non-zero bytes after its end (damage); --repair rewrites it"
+                ));
             }
             match Superblock::decode(&buf) {
                 Ok(sb) if sb.generation == self.superblock.generation || sb.generation + 1 == self.superblock.generation => {}
