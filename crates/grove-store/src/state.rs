@@ -1013,6 +1013,9 @@ impl State {
         let mut extents = self.alloc.pending_extents();
         extents.sort_by_key(|e| e.change == AllocChange::Freed);
         let (homes, images): (Vec<BlockAddr>, Vec<Vec<u8>>) = writes.into_iter().unzip();
+        if cfg!(feature = "unsafe-no-journal") {
+            return self.commit_in_place_unsafely(roots, homes, images);
+        }
         let first_extents = self.extents_that_fit(images.len(), &extents);
         if extents[..first_extents]
             .iter()
@@ -1080,6 +1083,29 @@ impl State {
             // Opportunistic: if it fails, the next commit tries again.
             let _ = self.checkpoint();
         }
+        Ok(sealed.frees)
+    }
+
+    /// For benchmarks only (feature `unsafe-no-journal`): the commit with
+    /// no journal, metadata written in place and one flush. A crash can
+    /// leave it inconsistent; it exists to measure what the journal costs.
+    fn commit_in_place_unsafely(
+        &mut self,
+        roots: Roots,
+        homes: Vec<BlockAddr>,
+        images: Vec<Vec<u8>>,
+    ) -> Result<Vec<BlockAddr>> {
+        for (home, image) in homes.iter().zip(&images) {
+            self.write_device_block(*home, image, "metadata")?;
+        }
+        self.dirty_nodes.clear();
+        let sealed = self.alloc.seal();
+        for (addr, block) in self.alloc.dirty_maps(self.geometry.block_size_bytes) {
+            self.write_device_block(addr, &block, "allocation map")?;
+        }
+        self.alloc.mark_maps_clean();
+        self.flush_device("metadata")?;
+        self.committed_roots = roots;
         Ok(sealed.frees)
     }
 

@@ -1,0 +1,181 @@
+//! grove's benchmark workloads, one per subcommand. Each prints what it
+//! measured on one line; timings to quote come from running the whole
+//! process against its peer in the same run (see bench/README.md).
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use grove_store::{Pool, PoolOptions};
+
+const BLOCK_BYTES: u64 = 4096;
+
+#[derive(Parser)]
+#[command(about = "grove benchmark workloads")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Random 4 KiB writes with a flush every N writes, on a fresh grove
+    /// volume or (with --raw) on a plain sparse file.
+    JournalWrites {
+        /// Directory to work in; the pool or file is made fresh inside it.
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long, default_value_t = 20_000)]
+        writes: u64,
+        #[arg(long, default_value_t = 64)]
+        flush_every: u64,
+        /// Size of the volume (or file) written into, in MiB.
+        #[arg(long, default_value_t = 1024)]
+        size_mib: u64,
+        /// Write into a plain file with pwrite and fdatasync instead.
+        #[arg(long)]
+        raw: bool,
+    },
+    /// Builds a pool with one volume of --size-gib full of data and --snapshots
+    /// snapshots of it (once; kept in --dir), then times `check`.
+    CheckSpeed {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long, default_value_t = 10)]
+        size_gib: u64,
+        #[arg(long, default_value_t = 100)]
+        snapshots: u64,
+    },
+}
+
+/// xorshift64*: the same offsets in every run and for every peer.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
+fn fresh_dir(dir: &Path, name: &str) -> Result<PathBuf> {
+    let path = dir.join(name);
+    if path.exists() {
+        std::fs::remove_dir_all(&path)
+            .with_context(|| format!("cannot clear {}", path.display()))?;
+    }
+    std::fs::create_dir_all(dir)?;
+    Ok(path)
+}
+
+fn journal_writes(
+    dir: &Path,
+    writes: u64,
+    flush_every: u64,
+    size_mib: u64,
+    raw: bool,
+) -> Result<()> {
+    let size_bytes = size_mib << 20;
+    let blocks = size_bytes / BLOCK_BYTES;
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let buf = vec![0xa5u8; BLOCK_BYTES as usize];
+    let started;
+    if raw {
+        let path = fresh_dir(dir, "raw")?;
+        std::fs::create_dir_all(&path)?;
+        let file = File::create(path.join("disk.raw"))?;
+        file.set_len(size_bytes)?;
+        started = Instant::now();
+        for i in 1..=writes {
+            file.write_all_at(&buf, (rng.next() % blocks) * BLOCK_BYTES)?;
+            if i % flush_every == 0 {
+                file.sync_data()?;
+            }
+        }
+        file.sync_data()?;
+    } else {
+        let path = fresh_dir(dir, "pool")?;
+        let pool = Pool::create(&path, &PoolOptions::default())?;
+        pool.create_volume("disk", size_bytes)?;
+        let volume = pool.volume("disk")?;
+        started = Instant::now();
+        for i in 1..=writes {
+            volume.write_at(&buf, (rng.next() % blocks) * BLOCK_BYTES)?;
+            if i % flush_every == 0 {
+                volume.flush()?;
+            }
+        }
+        volume.flush()?;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    println!(
+        "{} random 4K writes, flush every {flush_every}: {:.0} IOPS ({seconds:.2} s)",
+        if raw {
+            "raw file"
+        } else if cfg!(feature = "unsafe-no-journal") {
+            "grove without journal"
+        } else {
+            "grove"
+        },
+        writes as f64 / seconds
+    );
+    Ok(())
+}
+
+fn check_speed(dir: &Path, size_gib: u64, snapshots: u64) -> Result<()> {
+    let path = dir.join(format!("check-{size_gib}g-{snapshots}s"));
+    if !path.exists() {
+        let pool = Pool::create(&path, &PoolOptions::default())?;
+        pool.create_volume("disk", size_gib << 30)?;
+        let volume = pool.volume("disk")?;
+        let chunk = vec![0x5au8; 4 << 20];
+        let mut offset = 0;
+        while offset < size_gib << 30 {
+            volume.write_at(&chunk, offset)?;
+            offset += chunk.len() as u64;
+        }
+        for i in 0..snapshots {
+            pool.snapshot("disk", &format!("disk@{i}"))?;
+            // A little divergence between snapshots, so they are not identical.
+            volume.write_at(&chunk[..64 * 1024], (i * 97 % (size_gib * 256)) << 22)?;
+        }
+        pool.close()?;
+    }
+    let started = Instant::now();
+    let pool = Pool::open(&path)?;
+    let opened = started.elapsed();
+    let report = pool.check(false)?;
+    let total = started.elapsed();
+    println!(
+        "check of {size_gib} GiB with {snapshots} snapshots: {} ({} errors), {} blocks checked, {} blocks/s; open {:.2} s, open+check {:.2} s",
+        if report.is_clean() { "clean" } else { "NOT clean" },
+        report.errors.len(),
+        report.blocks_checked,
+        report.blocks_per_second(),
+        opened.as_secs_f64(),
+        total.as_secs_f64()
+    );
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Command::JournalWrites {
+            dir,
+            writes,
+            flush_every,
+            size_mib,
+            raw,
+        } => journal_writes(&dir, writes, flush_every, size_mib, raw),
+        Command::CheckSpeed {
+            dir,
+            size_gib,
+            snapshots,
+        } => check_speed(&dir, size_gib, snapshots),
+    }
+}
