@@ -56,6 +56,21 @@ impl CrashDevice {
         }
     }
 
+    /// A device that starts out holding `bytes`, as if they were durable.
+    pub fn from_bytes(bytes: Vec<u8>) -> CrashDevice {
+        CrashDevice {
+            log: Mutex::new(CrashLog {
+                current: bytes,
+                ops: Vec::new(),
+            }),
+        }
+    }
+
+    /// The device's current contents (every write landed).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        self.log().current.clone()
+    }
+
     fn log(&self) -> std::sync::MutexGuard<'_, CrashLog> {
         self.log.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -83,9 +98,14 @@ pub struct CrashImages {
 
 impl CrashImages {
     pub fn new(ops: Vec<DeviceOp>) -> CrashImages {
+        CrashImages::with_base(Vec::new(), ops)
+    }
+
+    /// Crash images of a log recorded on a device that started with `base`.
+    pub fn with_base(base: Vec<u8>, ops: Vec<DeviceOp>) -> CrashImages {
         CrashImages {
             ops,
-            durable: Vec::new(),
+            durable: base,
             durable_upto: 0,
         }
     }
