@@ -1,1 +1,69 @@
-fn main() {}
+//! `grove`: the command line over the grove-store engine.
+//!
+//! Every failure ends the same way: one line `grove: error: <message>` on
+//! stderr and exit code 1. Usage errors are clap's, with exit code 2.
+
+mod cli;
+mod commands;
+mod output;
+mod progress;
+mod size;
+mod transfer;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+/// Exit code of a command that failed (clap uses 2 for usage errors).
+const EXIT_FAILURE: u8 = 1;
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    match commands::run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("grove: error: {}", one_line(&error));
+            ExitCode::from(EXIT_FAILURE)
+        }
+    }
+}
+
+/// The error and its causes joined with ": " on one line. A cause whose text
+/// the message before it already ends with is left out: engine I/O errors
+/// carry their io::Error both in their message and as their source.
+fn one_line(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if line.ends_with(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn causes_join_without_repeats() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "No such file");
+        let engine = grove_store::Error::io("cannot open x", io);
+        let error = anyhow::Error::from(engine).context("cannot import y");
+        assert_eq!(
+            one_line(&error),
+            "cannot import y: cannot open x: No such file"
+        );
+    }
+
+    #[test]
+    fn newlines_become_spaces() {
+        let error = anyhow::anyhow!("first\nsecond");
+        assert_eq!(one_line(&error), "first second");
+    }
+}

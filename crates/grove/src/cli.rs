@@ -1,0 +1,210 @@
+//! The command line: every command, argument and flag, with its help text.
+//!
+//! Sizes and offsets are taken as text and parsed by `size::parse_size` in
+//! the commands, so a bad size is an ordinary error (exit 1), while clap
+//! keeps exit 2 for malformed command lines.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+/// Where the pool is when neither --pool nor $GROVE_POOL says.
+pub const POOL_DIR_DEFAULT: &str = "./grove-pool";
+
+const EXAMPLES: &str = "\
+Examples:
+  grove init --block-size 4K                  create a pool in ./grove-pool
+  grove create disk --size 10G                a 10 GiB thin volume
+  grove import disk2 disk.img                 copy a raw image in, holes stay holes
+  grove snapshot disk disk@monday             read-only snapshot, instant at any size
+  grove clone disk@monday scratch             writable copy of the snapshot
+  echo hello | grove write scratch --offset 1M
+  grove read scratch --offset 1M --length 6
+  grove --pool /srv/pool list --json";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "grove",
+    version,
+    about = "Thin block volumes with recursive snapshots, in user space",
+    long_about = "grove keeps thin block volumes in a pool directory. Any volume can have \
+                  read-only snapshots and writable clones, of any depth, and any of them can \
+                  be removed. Sizes take K, M, G and T suffixes (powers of 1024).",
+    after_help = EXAMPLES
+)]
+pub struct Cli {
+    /// Pool directory: holds grove.toml and the store
+    #[arg(
+        long,
+        global = true,
+        value_name = "DIR",
+        env = "GROVE_POOL",
+        default_value = POOL_DIR_DEFAULT
+    )]
+    pub pool: PathBuf,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create a pool (an error if one exists)
+    #[command(
+        after_help = "Example:\n  grove --pool /srv/pool init --block-size 16K --capacity 100G"
+    )]
+    Init {
+        /// Block size: 1K, 2K, 4K, 8K, 16K, 32K or 64K. Larger blocks mean less
+        /// metadata; smaller ones waste less on small writes after a snapshot
+        #[arg(long, value_name = "SIZE", default_value = "4K")]
+        block_size: String,
+        /// Largest size the store may grow to (default: while the file system has room)
+        #[arg(long, value_name = "SIZE")]
+        capacity: Option<String>,
+    },
+
+    /// Create a new empty thin volume
+    #[command(after_help = "Example:\n  grove create disk --size 10G")]
+    Create {
+        /// Name of the new volume
+        name: String,
+        /// Size of the volume: a multiple of 512 bytes, such as 10G or 512M.
+        /// It uses no space until written
+        #[arg(long, value_name = "SIZE")]
+        size: String,
+    },
+
+    /// Take a read-only snapshot of a volume or snapshot
+    #[command(after_help = "Example:\n  grove snapshot disk disk@monday")]
+    Snapshot {
+        /// Volume or snapshot to take it of
+        source: String,
+        /// Name of the new snapshot
+        name: String,
+    },
+
+    /// Make a writable clone of a volume or snapshot
+    #[command(after_help = "Example:\n  grove clone disk@monday scratch")]
+    Clone {
+        /// Volume or snapshot to clone
+        source: String,
+        /// Name of the new clone
+        name: String,
+    },
+
+    /// List volumes, snapshots and clones with their space
+    #[command(
+        long_about = "List volumes, snapshots and clones. REFERENCED is the data a volume maps; \
+                      EXCLUSIVE is the part only it reaches, which removing it frees at once."
+    )]
+    List {
+        /// Print a JSON array of volumes instead of a table
+        #[arg(long)]
+        json: bool,
+    },
+
+    /// Show the family tree of volumes, snapshots and clones
+    Tree,
+
+    /// Remove a volume, snapshot or clone (its snapshots and clones stay)
+    #[command(
+        long_about = "Remove a volume, snapshot or clone. Volumes taken from it stay and \
+                      are re-parented to its parent.",
+        after_help = "Example:\n  grove rm disk@monday"
+    )]
+    Rm {
+        /// Volume to remove
+        name: String,
+    },
+
+    /// Grow or shrink a writable volume
+    #[command(after_help = "Example:\n  grove resize disk 20G")]
+    Resize {
+        /// Volume to resize
+        name: String,
+        /// New size, a multiple of 512 bytes. Shrinking drops the data past the new end
+        size: String,
+    },
+
+    /// Give a volume a new name
+    #[command(after_help = "Example:\n  grove rename scratch build-cache")]
+    Rename {
+        /// Volume to rename
+        name: String,
+        /// Its new name
+        new_name: String,
+    },
+
+    /// Copy a raw image file into a new volume (zero blocks stay holes)
+    #[command(
+        long_about = "Copy a raw image file into a new volume sized to the file (rounded up \
+                      to a multiple of 512 bytes). Blocks that are all zeros are not written, \
+                      so they use no space.",
+        after_help = "Example:\n  grove import disk disk.img"
+    )]
+    Import {
+        /// Name of the new volume
+        name: String,
+        /// Raw image to read
+        file: PathBuf,
+    },
+
+    /// Write a volume out as a raw image file (holes stay holes)
+    #[command(
+        long_about = "Write a volume out as a raw image file of the volume's size. FILE is \
+                      created or truncated; only data is written, so unwritten and zero \
+                      ranges become holes in a sparse file.",
+        after_help = "Example:\n  grove export disk@monday monday.img"
+    )]
+    Export {
+        /// Volume to export
+        name: String,
+        /// Image file to write
+        file: PathBuf,
+    },
+
+    /// Write bytes from a file or standard input into a volume
+    #[command(after_help = "Examples:\n  grove write disk boot.bin\n  \
+                            printf hello | grove write disk --offset 4K")]
+    Write {
+        /// Writable volume to write into
+        name: String,
+        /// Byte offset in the volume to write at (size suffixes allowed)
+        #[arg(long, value_name = "BYTES", default_value = "0")]
+        offset: String,
+        /// File to read the bytes from; `-` or nothing means standard input
+        #[arg(value_name = "FILE|-")]
+        file: Option<PathBuf>,
+    },
+
+    /// Copy bytes of a volume to standard output
+    #[command(after_help = "Example:\n  grove read disk --offset 1M --length 4K | xxd")]
+    Read {
+        /// Volume to read
+        name: String,
+        /// Byte offset to start at (size suffixes allowed)
+        #[arg(long, value_name = "BYTES", default_value = "0")]
+        offset: String,
+        /// Bytes to read (default: up to the end of the volume)
+        #[arg(long, value_name = "BYTES")]
+        length: Option<String>,
+    },
+
+    /// Show the pool's block size, space and volume count
+    Info {
+        /// Print the pool's information as a JSON object
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn definitions_are_consistent() {
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,208 @@
+//! One function per command. Each opens the pool (except `init`), asks the
+//! engine, prints the result and closes the pool. The engine validates
+//! names, sizes and ranges and commits every change before it returns, so a
+//! refused command leaves the pool as it was.
+
+use std::io::{self, BufWriter, ErrorKind, Write};
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use grove_store::{Pool, PoolOptions};
+
+use crate::cli::{Cli, Command};
+use crate::output::{format_size, write_pool_info, write_volume_table, write_volume_tree};
+use crate::size::parse_size;
+use crate::transfer;
+
+/// Block sizes a pool may have, from the design brief.
+const BLOCK_SIZES_BYTES: [u64; 7] = [
+    1 << 10,
+    2 << 10,
+    4 << 10,
+    8 << 10,
+    16 << 10,
+    32 << 10,
+    64 << 10,
+];
+
+pub fn run(cli: Cli) -> Result<()> {
+    let dir = cli.pool.as_path();
+    if let Command::Init {
+        block_size,
+        capacity,
+    } = &cli.command
+    {
+        return init(dir, block_size, capacity.as_deref());
+    }
+    let pool = Pool::open(dir)?;
+    run_on_pool(&pool, cli.command)?;
+    pool.close()
+        .with_context(|| format!("cannot close pool {}", dir.display()))
+}
+
+fn run_on_pool(pool: &Pool, command: Command) -> Result<()> {
+    match command {
+        Command::Init { .. } => unreachable!("init runs without an open pool"),
+        Command::Create { name, size } => create(pool, &name, &size),
+        Command::Snapshot { source, name } => {
+            pool.snapshot(&source, &name)?;
+            println!("created snapshot {name:?} of {source:?} (read-only)");
+            Ok(())
+        }
+        Command::Clone { source, name } => {
+            pool.clone_volume(&source, &name)?;
+            println!("created clone {name:?} of {source:?} (writable)");
+            Ok(())
+        }
+        Command::List { json } => list(pool, json),
+        Command::Tree => print_with(|out| write_volume_tree(out, &pool.volumes())),
+        Command::Rm { name } => remove(pool, &name),
+        Command::Resize { name, size } => resize(pool, &name, &size),
+        Command::Rename { name, new_name } => {
+            pool.rename_volume(&name, &new_name)?;
+            println!("renamed {name:?} to {new_name:?}");
+            Ok(())
+        }
+        Command::Import { name, file } => {
+            let size_bytes = transfer::import(pool, &name, &file)?;
+            let info = pool.volume_info(&name)?;
+            println!(
+                "imported {} into {name:?} ({}, {} of data)",
+                file.display(),
+                format_size(size_bytes),
+                format_size(info.referenced_bytes)
+            );
+            Ok(())
+        }
+        Command::Export { name, file } => {
+            let (size_bytes, written_bytes) = transfer::export(pool, &name, &file)?;
+            println!(
+                "exported {name:?} to {} ({}, {} of data)",
+                file.display(),
+                format_size(size_bytes),
+                format_size(written_bytes)
+            );
+            Ok(())
+        }
+        Command::Write { name, offset, file } => {
+            let offset = parse_size(&offset, "offset")?;
+            let volume = pool.volume(&name)?;
+            let written = transfer::write(&volume, &name, offset, file.as_deref())?;
+            println!("wrote {written} bytes to {name:?} at offset {offset}");
+            Ok(())
+        }
+        Command::Read {
+            name,
+            offset,
+            length,
+        } => {
+            let offset = parse_size(&offset, "offset")?;
+            let length = length.map(|text| parse_size(&text, "length")).transpose()?;
+            transfer::read(&pool.volume(&name)?, &name, offset, length)
+        }
+        Command::Info { json } => {
+            let info = pool.info()?;
+            if json {
+                print_json(&info)
+            } else {
+                print_with(|out| write_pool_info(out, &info))
+            }
+        }
+    }
+}
+
+fn init(dir: &Path, block_size: &str, capacity: Option<&str>) -> Result<()> {
+    let block_size_bytes = parse_size(block_size, "block size")?;
+    if !BLOCK_SIZES_BYTES.contains(&block_size_bytes) {
+        bail!("invalid block size {block_size:?}: choose 1K, 2K, 4K, 8K, 16K, 32K or 64K");
+    }
+    let capacity_bytes = capacity
+        .map(|text| parse_size(text, "capacity"))
+        .transpose()?;
+    let options = PoolOptions {
+        block_size_bytes: u32::try_from(block_size_bytes).expect("checked against the list"),
+        capacity_bytes,
+        ..PoolOptions::default()
+    };
+    let pool = Pool::create(dir, &options)?;
+    pool.close()
+        .with_context(|| format!("cannot close pool {}", dir.display()))?;
+    println!(
+        "created pool {} (block size {})",
+        dir.display(),
+        format_size(block_size_bytes)
+    );
+    Ok(())
+}
+
+fn create(pool: &Pool, name: &str, size: &str) -> Result<()> {
+    let size_bytes = parse_size(size, "size")?;
+    let info = pool.create_volume(name, size_bytes)?;
+    println!("created volume {name:?} ({})", format_size(info.size_bytes));
+    Ok(())
+}
+
+fn list(pool: &Pool, json: bool) -> Result<()> {
+    let volumes = pool.volumes();
+    if json {
+        print_json(&volumes)
+    } else {
+        print_with(|out| write_volume_table(out, &volumes))
+    }
+}
+
+fn remove(pool: &Pool, name: &str) -> Result<()> {
+    let info = pool.volume_info(name)?;
+    let dependents = pool
+        .volumes()
+        .iter()
+        .filter(|v| v.parent.as_deref() == Some(name))
+        .count();
+    let freed_bytes = pool.remove_volume(name)?;
+    println!(
+        "removed {} {name:?}; freed {}",
+        info.kind.as_str(),
+        format_size(freed_bytes)
+    );
+    // The engine re-parents what was taken from the removed volume: say where.
+    let subject = match dependents {
+        0 => return Ok(()),
+        1 => "the volume taken from it".to_string(),
+        n => format!("the {n} volumes taken from it"),
+    };
+    let verb = if dependents == 1 { "is" } else { "are" };
+    match &info.parent {
+        Some(parent) => println!("{subject} {verb} now under {parent:?}"),
+        None => println!("{subject} {verb} now at the top of the tree"),
+    }
+    Ok(())
+}
+
+fn resize(pool: &Pool, name: &str, size: &str) -> Result<()> {
+    let size_bytes = parse_size(size, "size")?;
+    let before = pool.volume_info(name)?;
+    let after = pool.resize_volume(name, size_bytes)?;
+    println!(
+        "resized {name:?} from {} to {}",
+        format_size(before.size_bytes),
+        format_size(after.size_bytes)
+    );
+    Ok(())
+}
+
+fn print_json(value: &impl serde::Serialize) -> Result<()> {
+    print_with(|out| {
+        serde_json::to_writer_pretty(&mut *out, value).map_err(io::Error::from)?;
+        writeln!(out)
+    })
+}
+
+/// Runs `render` on buffered stdout. A reader that went away early
+/// (`grove list | head`) is not an error.
+fn print_with(render: impl FnOnce(&mut BufWriter<io::StdoutLock>) -> io::Result<()>) -> Result<()> {
+    let mut out = BufWriter::new(io::stdout().lock());
+    match render(&mut out).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == ErrorKind::BrokenPipe => Ok(()),
+        result => result.context("cannot write to standard output"),
+    }
+}

@@ -1,0 +1,266 @@
+//! Human output: sizes, the volume table, the family tree and pool info.
+//! Everything here renders to a `String` or a writer, so it can be tested
+//! without running a command.
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::{self, Write};
+
+use grove_store::{PoolInfo, VolumeInfo};
+
+/// Binary units, each 1024 times the one before.
+const SIZE_UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+const SIZE_UNIT_STEP: u64 = 1024;
+
+/// Tree connectors: a child with later siblings, and the last child.
+const CHILD: &str = "├── ";
+const LAST_CHILD: &str = "└── ";
+
+/// Shown where a volume has no parent.
+const NO_PARENT: &str = "-";
+
+/// A size for people: "0 B", "512 B", "1.0 KiB", "1.5 GiB".
+pub fn format_size(bytes: u64) -> String {
+    if bytes < SIZE_UNIT_STEP {
+        return format!("{bytes} B");
+    }
+    let mut unit = 0;
+    let mut scaled = bytes as f64;
+    while scaled >= SIZE_UNIT_STEP as f64 && unit + 1 < SIZE_UNITS.len() {
+        scaled /= SIZE_UNIT_STEP as f64;
+        unit += 1;
+    }
+    // 1023.96 KiB would print as "1024.0 KiB": say "1.0 MiB" instead.
+    if format!("{scaled:.1}") == "1024.0" && unit + 1 < SIZE_UNITS.len() {
+        scaled /= SIZE_UNIT_STEP as f64;
+        unit += 1;
+    }
+    format!("{scaled:.1} {}", SIZE_UNITS[unit])
+}
+
+/// The `grove list` table: one row per volume, sizes right-aligned.
+pub fn write_volume_table(out: &mut impl Write, volumes: &[VolumeInfo]) -> io::Result<()> {
+    let header = ["NAME", "KIND", "PARENT", "SIZE", "REFERENCED", "EXCLUSIVE"];
+    let rows: Vec<[String; 6]> = volumes
+        .iter()
+        .map(|v| {
+            [
+                v.name.clone(),
+                v.kind.as_str().to_string(),
+                v.parent.clone().unwrap_or_else(|| NO_PARENT.to_string()),
+                format_size(v.size_bytes),
+                format_size(v.referenced_bytes),
+                format_size(v.exclusive_bytes),
+            ]
+        })
+        .collect();
+    let mut widths = header.map(str::len);
+    for row in &rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let header = header.map(str::to_string);
+    for row in std::iter::once(&header).chain(&rows) {
+        let line = format!(
+            "{:<w0$}  {:<w1$}  {:<w2$}  {:>w3$}  {:>w4$}  {:>w5$}",
+            row[0],
+            row[1],
+            row[2],
+            row[3],
+            row[4],
+            row[5],
+            w0 = widths[0],
+            w1 = widths[1],
+            w2 = widths[2],
+            w3 = widths[3],
+            w4 = widths[4],
+            w5 = widths[5],
+        );
+        writeln!(out, "{}", line.trim_end())?;
+    }
+    Ok(())
+}
+
+/// The `grove tree` drawing: roots (volumes without a parent) and the
+/// children under each, both in id order, joined with box-drawing lines.
+pub fn write_volume_tree(out: &mut impl Write, volumes: &[VolumeInfo]) -> io::Result<()> {
+    let mut by_id: Vec<&VolumeInfo> = volumes.iter().collect();
+    by_id.sort_by_key(|v| v.id);
+    let names: HashSet<&str> = by_id.iter().map(|v| v.name.as_str()).collect();
+    let mut children: BTreeMap<&str, Vec<&VolumeInfo>> = BTreeMap::new();
+    let mut roots = Vec::new();
+    for volume in &by_id {
+        match volume.parent.as_deref() {
+            Some(parent) if names.contains(parent) => {
+                children.entry(parent).or_default().push(volume)
+            }
+            _ => roots.push(*volume),
+        }
+    }
+    let mut printed = HashSet::new();
+    for root in roots {
+        write_subtree(out, root, &children, &mut printed)?;
+    }
+    // A parent cycle would leave volumes unreachable from any root; the
+    // engine never makes one, but the listing must still show every volume.
+    for volume in by_id {
+        if !printed.contains(volume.name.as_str()) {
+            write_subtree(out, volume, &children, &mut printed)?;
+        }
+    }
+    Ok(())
+}
+
+/// Draws one root and everything under it. Iterative, so a chain of
+/// thousands of snapshots cannot overflow the stack.
+fn write_subtree<'a>(
+    out: &mut impl Write,
+    root: &'a VolumeInfo,
+    children: &BTreeMap<&str, Vec<&'a VolumeInfo>>,
+    printed: &mut HashSet<&'a str>,
+) -> io::Result<()> {
+    // Each entry: the volume, what its line starts with, and its connector
+    // to its parent ("" for the root).
+    let mut stack: Vec<(&VolumeInfo, String, &str)> = vec![(root, String::new(), "")];
+    while let Some((volume, line_prefix, connector)) = stack.pop() {
+        if !printed.insert(volume.name.as_str()) {
+            continue;
+        }
+        writeln!(out, "{line_prefix}{connector}{}", tree_label(volume))?;
+        let kids_prefix = format!("{line_prefix}{}", child_indent(connector));
+        let kids = children.get(volume.name.as_str()).map_or(&[][..], |k| k);
+        // Pushed in reverse so that the first child is drawn first.
+        for (index, kid) in kids.iter().enumerate().rev() {
+            let last = index + 1 == kids.len();
+            let kid_connector = if last { LAST_CHILD } else { CHILD };
+            stack.push((kid, kids_prefix.clone(), kid_connector));
+        }
+    }
+    Ok(())
+}
+
+/// What a volume's descendants carry below its connector: a line going on
+/// down if it has later siblings, blank space if it is the last one.
+fn child_indent(connector: &str) -> &'static str {
+    match connector {
+        CHILD => "│   ",
+        LAST_CHILD => "    ",
+        _ => "",
+    }
+}
+
+fn tree_label(volume: &VolumeInfo) -> String {
+    format!(
+        "{} ({}, {}, referenced {}, exclusive {})",
+        volume.name,
+        volume.kind.as_str(),
+        format_size(volume.size_bytes),
+        format_size(volume.referenced_bytes),
+        format_size(volume.exclusive_bytes),
+    )
+}
+
+/// `grove info` for people: one "field  value" line each.
+pub fn write_pool_info(out: &mut impl Write, info: &PoolInfo) -> io::Result<()> {
+    let capacity = info.capacity_bytes.map_or_else(
+        || "none (grows while the file system has room)".to_string(),
+        format_size,
+    );
+    let lines = [
+        ("pool", info.path.clone()),
+        ("format version", info.format_version.to_string()),
+        ("block size", format_size(u64::from(info.block_size_bytes))),
+        ("volumes", info.volume_count.to_string()),
+        ("store size", format_size(info.store_bytes)),
+        ("used", format_size(info.used_bytes)),
+        ("metadata", format_size(info.metadata_bytes)),
+        ("free", format_size(info.free_bytes)),
+        ("capacity", capacity),
+    ];
+    let width = lines
+        .iter()
+        .map(|(field, _)| field.len())
+        .max()
+        .unwrap_or(0);
+    for (field, value) in lines {
+        writeln!(out, "{field:<width$}  {value}")?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use grove_store::VolumeKind;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(format_size(0), "0 B");
+        assert_eq!(format_size(512), "512 B");
+        assert_eq!(format_size(1023), "1023 B");
+        assert_eq!(format_size(1024), "1.0 KiB");
+        assert_eq!(format_size(1536), "1.5 KiB");
+        assert_eq!(format_size(1 << 30), "1.0 GiB");
+        assert_eq!(format_size((1 << 20) - 1), "1.0 MiB");
+        assert_eq!(format_size(10 << 40), "10.0 TiB");
+        assert_eq!(format_size(u64::MAX), "16.0 EiB");
+    }
+
+    fn volume(id: u64, name: &str, kind: VolumeKind, parent: Option<&str>) -> VolumeInfo {
+        VolumeInfo {
+            id,
+            name: name.to_string(),
+            kind,
+            read_only: kind == VolumeKind::Snapshot,
+            parent: parent.map(str::to_string),
+            size_bytes: 1 << 30,
+            referenced_bytes: 4096,
+            exclusive_bytes: 0,
+            created_unix_secs: 0,
+        }
+    }
+
+    #[test]
+    fn tree_nesting() {
+        let volumes = [
+            volume(1, "a", VolumeKind::Volume, None),
+            volume(2, "a@1", VolumeKind::Snapshot, Some("a")),
+            volume(3, "b", VolumeKind::Volume, None),
+            volume(4, "c", VolumeKind::Clone, Some("a@1")),
+            volume(5, "a@2", VolumeKind::Snapshot, Some("a")),
+        ];
+        let mut out = Vec::new();
+        write_volume_tree(&mut out, &volumes).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let tail = " (KIND, 1.0 GiB, referenced 4.0 KiB, exclusive 0 B)";
+        let expected = ["a V", "├── a@1 S", "│   └── c C", "└── a@2 S", "b V"]
+            .map(|line| {
+                let (name, kind) = line.rsplit_once(' ').unwrap();
+                let kind = match kind {
+                    "V" => "volume",
+                    "S" => "snapshot",
+                    _ => "clone",
+                };
+                format!("{name}{}\n", tail.replace("KIND", kind))
+            })
+            .concat();
+        assert_eq!(text, expected);
+    }
+
+    #[test]
+    fn table_aligns() {
+        let volumes = [
+            volume(1, "disk", VolumeKind::Volume, None),
+            volume(2, "disk@monday", VolumeKind::Snapshot, Some("disk")),
+        ];
+        let mut out = Vec::new();
+        write_volume_table(&mut out, &volumes).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3);
+        assert!(lines[0].starts_with("NAME         KIND      PARENT"));
+        assert!(lines[1].starts_with("disk         volume    -"));
+        assert!(lines[2].starts_with("disk@monday  snapshot  disk"));
+        assert!(lines[2].ends_with("1.0 GiB     4.0 KiB        0 B"));
+    }
+}

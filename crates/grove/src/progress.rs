@@ -1,0 +1,47 @@
+//! Progress bars for long copies. Shown only when stderr is a terminal, so
+//! scripts and logs get nothing but the result and errors.
+
+use std::io::IsTerminal;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+const BAR_TEMPLATE: &str =
+    "{msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}";
+const BAR_CHARS: &str = "=> ";
+
+/// A byte-count progress bar that clears itself when dropped, so that an
+/// error message printed afterwards stands alone on its line.
+pub struct Progress {
+    bar: ProgressBar,
+}
+
+impl Progress {
+    /// A bar for `total_bytes` labelled `what`, hidden unless stderr is a terminal.
+    pub fn bytes(what: &str, total_bytes: u64) -> Progress {
+        let bar = if std::io::stderr().is_terminal() {
+            let bar =
+                ProgressBar::with_draw_target(Some(total_bytes), ProgressDrawTarget::stderr());
+            // The template is a constant, so failing to parse it is a bug
+            // in this file that the first run on a terminal shows.
+            let style = ProgressStyle::with_template(BAR_TEMPLATE)
+                .expect("BAR_TEMPLATE is a valid template")
+                .progress_chars(BAR_CHARS);
+            bar.set_style(style);
+            bar.set_message(what.to_string());
+            bar
+        } else {
+            ProgressBar::hidden()
+        };
+        Progress { bar }
+    }
+
+    pub fn advance(&self, bytes: u64) {
+        self.bar.inc(bytes);
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        self.bar.finish_and_clear();
+    }
+}
