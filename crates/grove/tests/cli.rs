@@ -1,0 +1,867 @@
+//! End-to-end tests of the `grove` binary: each test makes a pool in a
+//! temporary directory and runs the real binary against it with --pool.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+use tempfile::TempDir;
+
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+/// The default block size of a pool.
+const BLOCK_BYTES: u64 = 4 * KIB;
+/// Stored size of one file block, in `st_blocks` units.
+const STAT_BLOCK_BYTES: u64 = 512;
+
+struct Pool {
+    /// Holds the pool and any files a test makes; removed on drop.
+    dir: TempDir,
+    path: PathBuf,
+}
+
+impl Pool {
+    /// A temp directory with a pool made by `grove init` plus `init_args`.
+    fn new(init_args: &[&str]) -> Pool {
+        let pool = Pool::uninitialized();
+        let mut args = vec!["init"];
+        args.extend_from_slice(init_args);
+        pool.ok(&args);
+        pool
+    }
+
+    /// A temp directory where the pool would go, with nothing in it yet.
+    fn uninitialized() -> Pool {
+        let dir = TempDir::new().unwrap();
+        let path = dir.path().join("pool");
+        Pool { dir, path }
+    }
+
+    fn file(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_grove"));
+        command
+            .arg("--pool")
+            .arg(&self.path)
+            .args(args)
+            .env_remove("GROVE_POOL")
+            .current_dir(self.dir.path())
+            .stdin(Stdio::null());
+        command
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.command(args).output().unwrap()
+    }
+
+    fn run_with_stdin(&self, args: &[&str], input: &[u8]) -> Output {
+        let mut child = self
+            .command(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The child may refuse before reading all of it; a broken pipe
+        // here is its business, and the test checks its exit status.
+        let _ = child.stdin.take().unwrap().write_all(input);
+        child.wait_with_output().unwrap()
+    }
+
+    /// Runs a command that must succeed; returns its stdout.
+    fn ok(&self, args: &[&str]) -> Vec<u8> {
+        expect_success(args, self.run(args))
+    }
+
+    fn ok_text(&self, args: &[&str]) -> String {
+        String::from_utf8(self.ok(args)).unwrap()
+    }
+
+    fn list(&self) -> Vec<Value> {
+        let out = self.ok(&["list", "--json"]);
+        serde_json::from_slice::<Value>(&out)
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .clone()
+    }
+
+    fn volume(&self, name: &str) -> Value {
+        self.list()
+            .into_iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("no volume {name} in the list"))
+    }
+
+    fn info(&self) -> Value {
+        serde_json::from_slice(&self.ok(&["info", "--json"])).unwrap()
+    }
+
+    fn read(&self, name: &str, offset: u64, length: u64) -> Vec<u8> {
+        self.ok(&[
+            "read",
+            name,
+            "--offset",
+            &offset.to_string(),
+            "--length",
+            &length.to_string(),
+        ])
+    }
+
+    fn store_path(&self) -> PathBuf {
+        self.path.join("grove.store")
+    }
+
+    /// Everything a refused command must leave alone: the listing, the
+    /// pool's space use, and the store's bytes past the two superblock slots
+    /// (every close writes a slot with a new generation, even with no
+    /// change, so those two blocks differ from run to run).
+    fn snapshot_state(&self) -> (Vec<Value>, Value, Vec<u8>) {
+        let list = self.list();
+        let mut info = self.info();
+        // Free space includes what the host file system has left, which
+        // other programs (and this test) change.
+        info.as_object_mut().unwrap().remove("free_bytes");
+        let block_bytes = info["block_size_bytes"].as_u64().unwrap() as usize;
+        let store = fs::read(self.store_path()).unwrap();
+        (list, info, store[2 * block_bytes..].to_vec())
+    }
+
+    /// Runs a command that must be refused and change nothing; returns the
+    /// error line.
+    fn refused(&self, args: &[&str]) -> String {
+        self.refused_with_stdin(args, None)
+    }
+
+    fn refused_with_stdin(&self, args: &[&str], input: Option<&[u8]>) -> String {
+        let before = self.snapshot_state();
+        let output = match input {
+            Some(input) => self.run_with_stdin(args, input),
+            None => self.run(args),
+        };
+        let line = expect_error_line(args, &output);
+        let after = self.snapshot_state();
+        assert!(before.0 == after.0, "{args:?} changed the volume list");
+        assert_eq!(before.1, after.1, "{args:?} changed the pool info");
+        assert!(before.2 == after.2, "{args:?} changed the store");
+        line
+    }
+}
+
+fn expect_success(args: &[&str], output: Output) -> Vec<u8> {
+    assert!(
+        output.status.success(),
+        "grove {args:?} failed with {:?}: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output.stdout
+}
+
+/// Checks the error contract: exit code 1 and exactly one stderr line
+/// starting with "grove: error:". Returns that line.
+fn expect_error_line(args: &[&str], output: &Output) -> String {
+    let stderr = String::from_utf8(output.stderr.clone()).unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "grove {args:?} should fail with exit 1; stderr: {stderr}"
+    );
+    assert!(
+        stderr.starts_with("grove: error: ") && stderr.ends_with('\n'),
+        "grove {args:?}: {stderr:?}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "grove {args:?}: {stderr:?}");
+    stderr.trim_end().to_string()
+}
+
+/// Deterministic bytes that never contain a whole zero block.
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            // xorshift64
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 24) as u8 | 1
+        })
+        .collect()
+}
+
+fn write_file(path: &Path, bytes: &[u8]) {
+    fs::write(path, bytes).unwrap();
+}
+
+fn u64_of(value: &Value, field: &str) -> u64 {
+    value[field]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{field} in {value}"))
+}
+
+// ---------------------------------------------------------------- happy paths
+
+#[test]
+fn init_with_each_block_size() {
+    for (args, block_bytes) in [
+        (&[][..], 4 * KIB),
+        (&["--block-size", "1K"][..], KIB),
+        (&["--block-size", "64K"][..], 64 * KIB),
+        (
+            &["--block-size", "16KiB", "--capacity", "10G"][..],
+            16 * KIB,
+        ),
+    ] {
+        let pool = Pool::new(args);
+        let info = pool.info();
+        assert_eq!(u64_of(&info, "block_size_bytes"), block_bytes, "{args:?}");
+        assert_eq!(u64_of(&info, "format_version"), 1);
+        assert_eq!(u64_of(&info, "volume_count"), 0);
+        assert!(pool.path.join("grove.toml").exists());
+        // Volumes work in every block size.
+        pool.ok(&["create", "v", "--size", "1M"]);
+        let data = pattern(10_000, block_bytes);
+        write_file(&pool.file("data"), &data);
+        pool.ok(&["write", "v", "--offset", "1000", "data"]);
+        assert_eq!(pool.read("v", 1000, data.len() as u64), data, "{args:?}");
+    }
+}
+
+#[test]
+fn capacity_is_reported() {
+    let pool = Pool::new(&["--capacity", "1G"]);
+    let capacity = u64_of(&pool.info(), "capacity_bytes");
+    assert!(capacity > 0 && capacity <= GIB, "{capacity}");
+    assert!(Pool::new(&[]).info()["capacity_bytes"].is_null());
+}
+
+#[test]
+fn write_from_file_and_stdin_then_read_back() {
+    let pool = Pool::new(&[]);
+    pool.ok(&["create", "disk", "--size", "4M"]);
+    let first = pattern(3 * MIB as usize / 2, 1);
+    write_file(&pool.file("first"), &first);
+    pool.ok(&["write", "disk", "first"]);
+
+    // From a pipe, at an offset with a suffix.
+    let piped = pattern(5000, 2);
+    let output = pool.run_with_stdin(&["write", "disk", "--offset", "2M"], &piped);
+    expect_success(&["write"], output);
+
+    // From stdin redirected from a file, with `-` spelled out.
+    let redirected = pattern(700, 3);
+    write_file(&pool.file("redirected"), &redirected);
+    let output = pool
+        .command(&["write", "disk", "--offset", "3000000", "-"])
+        .stdin(File::open(pool.file("redirected")).unwrap())
+        .output()
+        .unwrap();
+    expect_success(&["write", "-"], output);
+
+    assert_eq!(pool.read("disk", 0, first.len() as u64), first);
+    assert_eq!(pool.read("disk", 2 * MIB, piped.len() as u64), piped);
+    assert_eq!(pool.read("disk", 3_000_000, 700), redirected);
+    // Reading without --length goes to the end; untouched ranges are zeros.
+    let whole = pool.ok(&["read", "disk"]);
+    assert_eq!(whole.len() as u64, 4 * MIB);
+    assert_eq!(&whole[..first.len()], &first[..]);
+    assert!(whole[first.len()..2 * MIB as usize].iter().all(|&b| b == 0));
+    let tail = pool.ok(&["read", "disk", "--offset", "4095K"]);
+    assert_eq!(tail, vec![0u8; KIB as usize]);
+    // A read of nothing at the very end is fine.
+    assert!(pool.read("disk", 4 * MIB, 0).is_empty());
+}
+
+#[test]
+fn snapshot_clone_list_and_tree() {
+    let pool = Pool::new(&[]);
+    pool.ok(&["create", "base", "--size", "1G"]);
+    let original = pattern(MIB as usize, 4);
+    write_file(&pool.file("original"), &original);
+    pool.ok(&["write", "base", "original"]);
+    pool.ok(&["snapshot", "base", "base@1"]);
+    pool.ok(&["clone", "base@1", "work"]);
+    pool.ok(&["snapshot", "work", "work@1"]);
+    pool.ok(&["create", "other", "--size", "64M"]);
+
+    // The clone is writable and diverges; the snapshot keeps the old data.
+    let change = pattern(64 * KIB as usize, 5);
+    write_file(&pool.file("change"), &change);
+    pool.ok(&["write", "work", "change"]);
+    assert_eq!(pool.read("work", 0, change.len() as u64), change);
+    assert_eq!(pool.read("base@1", 0, MIB), original);
+    assert_eq!(pool.read("work@1", 0, MIB), original);
+    assert_eq!(pool.read("base", 0, MIB), original);
+
+    let list = pool.list();
+    let names: Vec<&str> = list.iter().map(|v| v["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["base", "base@1", "work", "work@1", "other"]);
+    let expect = [
+        ("base", "volume", None, false),
+        ("base@1", "snapshot", Some("base"), true),
+        ("work", "clone", Some("base@1"), false),
+        ("work@1", "snapshot", Some("work"), true),
+        ("other", "volume", None, false),
+    ];
+    for (volume, (name, kind, parent, read_only)) in list.iter().zip(expect) {
+        assert_eq!(volume["name"], name);
+        assert_eq!(volume["kind"], kind, "{name}");
+        assert_eq!(volume["parent"].as_str(), parent, "{name}");
+        assert_eq!(volume["read_only"], read_only, "{name}");
+    }
+    assert_eq!(u64_of(&list[0], "size_bytes"), GIB);
+    assert_eq!(u64_of(&list[4], "size_bytes"), 64 * MIB);
+    for volume in &list[..4] {
+        assert_eq!(u64_of(volume, "referenced_bytes"), MIB, "{volume}");
+    }
+    assert_eq!(u64_of(&list[4], "referenced_bytes"), 0);
+    // The 64 KiB rewritten in the clone are its own; all else is shared.
+    assert_eq!(u64_of(&list[2], "exclusive_bytes"), 64 * KIB);
+    for index in [0, 1, 3, 4] {
+        assert_eq!(
+            u64_of(&list[index], "exclusive_bytes"),
+            0,
+            "{}",
+            list[index]
+        );
+    }
+
+    let table = pool.ok_text(&["list"]);
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["NAME", "KIND", "PARENT", "SIZE", "REFERENCED", "EXCLUSIVE"]
+    );
+    assert!(table.contains("1.0 GiB"), "{table}");
+    assert!(table.contains("64.0 KiB"), "{table}");
+    assert!(table.contains("0 B"), "{table}");
+
+    let tree = pool.ok_text(&["tree"]);
+    let lines: Vec<&str> = tree.lines().collect();
+    assert_eq!(lines.len(), 5, "{tree}");
+    assert!(lines[0].starts_with("base (volume, 1.0 GiB, "), "{tree}");
+    assert!(lines[1].starts_with("└── base@1 (snapshot"), "{tree}");
+    assert!(lines[2].starts_with("    └── work (clone"), "{tree}");
+    assert!(
+        lines[3].starts_with("        └── work@1 (snapshot"),
+        "{tree}"
+    );
+    assert!(lines[4].starts_with("other (volume, 64.0 MiB, "), "{tree}");
+    assert!(
+        lines[2].contains("referenced 1.0 MiB, exclusive 64.0 KiB"),
+        "{tree}"
+    );
+}
+
+#[test]
+fn tree_draws_siblings() {
+    let pool = Pool::new(&[]);
+    pool.ok(&["create", "a", "--size", "1M"]);
+    pool.ok(&["snapshot", "a", "a@1"]);
+    pool.ok(&["clone", "a@1", "c1"]);
+    pool.ok(&["snapshot", "a", "a@2"]);
+    let tree = pool.ok_text(&["tree"]);
+    let shape: Vec<String> = tree
+        .lines()
+        .map(|line| line.split(" (").next().unwrap().to_string())
+        .collect();
+    assert_eq!(shape, ["a", "├── a@1", "│   └── c1", "└── a@2"], "{tree}");
+}
+
+#[test]
+fn rm_rename_and_resize() {
+    let pool = Pool::new(&[]);
+    pool.ok(&["create", "disk", "--size", "1M"]);
+    let data = pattern(MIB as usize, 6);
+    write_file(&pool.file("data"), &data);
+    pool.ok(&["write", "disk", "data"]);
+    pool.ok(&["snapshot", "disk", "disk@1"]);
+    pool.ok(&["clone", "disk@1", "leaf"]);
+    let leaf_data = pattern(8 * KIB as usize, 7);
+    write_file(&pool.file("leaf_data"), &leaf_data);
+    pool.ok(&["write", "leaf", "leaf_data"]);
+
+    // Removing a leaf frees what only it held.
+    let used_before = u64_of(&pool.info(), "used_bytes");
+    let message = pool.ok_text(&["rm", "leaf"]);
+    assert!(message.contains("removed clone \"leaf\""), "{message}");
+    assert!(message.contains("freed 8.0 KiB"), "{message}");
+    assert!(u64_of(&pool.info(), "used_bytes") < used_before);
+    let names: Vec<Value> = pool.list().iter().map(|v| v["name"].clone()).collect();
+    assert_eq!(names, ["disk", "disk@1"]);
+
+    // Removing an interior volume re-parents its snapshot.
+    pool.ok(&["clone", "disk", "disk2"]);
+    pool.ok(&["rm", "disk"]);
+    assert!(pool.volume("disk@1")["parent"].is_null());
+    assert_eq!(pool.read("disk@1", 0, MIB), data);
+    assert_eq!(pool.read("disk2", 0, MIB), data);
+
+    pool.ok(&["rename", "disk2", "renamed"]);
+    assert_eq!(pool.read("renamed", 0, MIB), data);
+    assert_eq!(pool.volume("renamed")["kind"], "clone");
+
+    // Grow: the old data stays, the new range reads as zeros.
+    pool.ok(&["resize", "renamed", "3M"]);
+    assert_eq!(u64_of(&pool.volume("renamed"), "size_bytes"), 3 * MIB);
+    assert_eq!(pool.read("renamed", 0, MIB), data);
+    assert_eq!(
+        pool.read("renamed", MIB, 2 * MIB),
+        vec![0u8; 2 * MIB as usize]
+    );
+    // Shrink: the end moves in and the rest is kept.
+    pool.ok(&["resize", "renamed", "512K"]);
+    assert_eq!(u64_of(&pool.volume("renamed"), "size_bytes"), 512 * KIB);
+    assert_eq!(pool.ok(&["read", "renamed"]), &data[..512 * KIB as usize]);
+    // Growing back does not bring the dropped data back.
+    pool.ok(&["resize", "renamed", "1M"]);
+    assert_eq!(
+        pool.read("renamed", 512 * KIB, 512 * KIB),
+        vec![0u8; 512 * KIB as usize]
+    );
+}
+
+#[test]
+fn info_reports_the_pool() {
+    let pool = Pool::new(&["--block-size", "8K"]);
+    pool.ok(&["create", "v", "--size", "1G"]);
+    let info = pool.info();
+    assert_eq!(info["path"].as_str().unwrap(), pool.path.to_str().unwrap());
+    assert_eq!(u64_of(&info, "block_size_bytes"), 8 * KIB);
+    assert_eq!(u64_of(&info, "volume_count"), 1);
+    let used = u64_of(&info, "used_bytes");
+    assert!(u64_of(&info, "metadata_bytes") <= used);
+    assert!(used <= u64_of(&info, "store_bytes"));
+    assert!(u64_of(&info, "free_bytes") > 0);
+
+    let text = pool.ok_text(&["info"]);
+    for field in [
+        "pool",
+        "format version",
+        "block size",
+        "volumes",
+        "store size",
+        "used",
+        "metadata",
+        "free",
+        "capacity",
+    ] {
+        assert!(
+            text.lines().any(|line| line.starts_with(field)),
+            "{field} missing from:\n{text}"
+        );
+    }
+    assert!(text.contains("8.0 KiB"), "{text}");
+}
+
+#[test]
+fn pool_comes_from_env_then_default() {
+    let dir = TempDir::new().unwrap();
+    let grove = || {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_grove"));
+        command.current_dir(dir.path()).env_remove("GROVE_POOL");
+        command
+    };
+    let from_env = dir.path().join("from-env");
+    let status = grove()
+        .env("GROVE_POOL", &from_env)
+        .arg("init")
+        .output()
+        .unwrap();
+    assert!(status.status.success());
+    assert!(from_env.join("grove.toml").exists());
+    let status = grove().arg("init").output().unwrap();
+    assert!(status.status.success());
+    assert!(dir.path().join("grove-pool").join("grove.toml").exists());
+    // --pool wins over the environment.
+    let output = grove()
+        .env("GROVE_POOL", &from_env)
+        .args(["--pool", "grove-pool", "info", "--json"])
+        .output()
+        .unwrap();
+    let info: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert!(info["path"].as_str().unwrap().ends_with("grove-pool"));
+}
+
+// ------------------------------------------------------------ import, export
+
+#[test]
+fn import_export_sparse_image() {
+    let pool = Pool::new(&[]);
+    let image_bytes = 64 * MIB;
+    let image = pool.file("image.raw");
+    let file = File::create(&image).unwrap();
+    file.set_len(image_bytes).unwrap();
+    // Scattered data: unaligned, block-aligned, spanning chunks, at the end.
+    let pieces = [
+        (0, 4096),
+        (10 * MIB + 123, 10_000),
+        (MIB - 2048, 4096),
+        (33 * MIB, MIB as usize),
+        (image_bytes - 4096, 4096),
+    ];
+    let mut written_bytes = 0;
+    for (index, (offset, len)) in pieces.iter().enumerate() {
+        file.write_all_at(&pattern(*len, 10 + index as u64), *offset)
+            .unwrap();
+        written_bytes += *len as u64;
+    }
+    drop(file);
+
+    pool.ok(&["import", "img", image.to_str().unwrap()]);
+    let volume = pool.volume("img");
+    assert_eq!(u64_of(&volume, "size_bytes"), image_bytes);
+    // Only the blocks holding data were written: each piece may touch one
+    // partial block at either end.
+    let referenced = u64_of(&volume, "referenced_bytes");
+    let slack = pieces.len() as u64 * 2 * BLOCK_BYTES;
+    assert!(
+        referenced >= written_bytes && referenced <= written_bytes + slack,
+        "referenced {referenced} for {written_bytes} written"
+    );
+
+    let exported = pool.file("exported.raw");
+    pool.ok(&["export", "img", exported.to_str().unwrap()]);
+    assert_eq!(fs::read(&exported).unwrap(), fs::read(&image).unwrap());
+    let metadata = fs::metadata(&exported).unwrap();
+    assert_eq!(metadata.len(), image_bytes);
+    let stored = metadata.blocks() * STAT_BLOCK_BYTES;
+    assert!(
+        stored < 4 * MIB,
+        "exported image stores {stored} bytes for {written_bytes} of data"
+    );
+
+    // Export overwrites (truncates) an existing file.
+    pool.ok(&["create", "small", "--size", "4K"]);
+    pool.ok(&["export", "small", exported.to_str().unwrap()]);
+    assert_eq!(fs::read(&exported).unwrap(), vec![0u8; 4096]);
+}
+
+#[test]
+fn import_rounds_up_to_a_sector() {
+    let pool = Pool::new(&["--block-size", "1K"]);
+    let data = pattern(1000, 20);
+    write_file(&pool.file("odd"), &data);
+    pool.ok(&["import", "odd", "odd"]);
+    assert_eq!(u64_of(&pool.volume("odd"), "size_bytes"), 1024);
+    let mut expected = data.clone();
+    expected.resize(1024, 0);
+    assert_eq!(pool.ok(&["read", "odd"]), expected);
+    pool.ok(&["export", "odd", "odd.out"]);
+    assert_eq!(fs::read(pool.file("odd.out")).unwrap(), expected);
+}
+
+#[test]
+fn failed_import_leaves_no_volume() {
+    let pool = Pool::new(&[]);
+    // A directory opens, but reading it fails once the volume exists: the
+    // half-made volume must go again.
+    let directory = pool.file("a-directory");
+    fs::create_dir(&directory).unwrap();
+    let args = ["import", "half", directory.to_str().unwrap()];
+    let line = expect_error_line(&args, &pool.run(&args));
+    assert!(line.contains("cannot import"), "{line}");
+    assert!(line.contains("removed"), "{line}");
+    assert!(pool.list().is_empty());
+    write_file(&pool.file("good"), &pattern(4096, 21));
+    pool.ok(&["import", "half", "good"]);
+
+    // A missing file and an empty file are refused before anything is made.
+    let line = pool.refused(&["import", "x", "no-such-file"]);
+    assert!(line.contains("no-such-file"), "{line}");
+    write_file(&pool.file("empty"), b"");
+    let line = pool.refused(&["import", "x", "empty"]);
+    assert!(line.contains("invalid volume size 0"), "{line}");
+}
+
+#[test]
+fn snapshot_of_a_big_volume_takes_no_space() {
+    let pool = Pool::new(&[]);
+    pool.ok(&["create", "big", "--size", "10G"]);
+    let data = pattern(32 * MIB as usize, 30);
+    write_file(&pool.file("data"), &data);
+    pool.ok(&["write", "big", "--offset", "5G", "data"]);
+    let used_before = u64_of(&pool.info(), "used_bytes");
+    pool.ok(&["snapshot", "big", "big@1"]);
+    let used_after = u64_of(&pool.info(), "used_bytes");
+    assert!(
+        used_after <= used_before + 2 * BLOCK_BYTES,
+        "a snapshot took {} bytes",
+        used_after - used_before
+    );
+    let snapshot = pool.volume("big@1");
+    assert_eq!(u64_of(&snapshot, "exclusive_bytes"), 0);
+    assert_eq!(u64_of(&snapshot, "referenced_bytes"), 32 * MIB);
+    assert_eq!(
+        pool.read("big@1", 5 * GIB + 12345, 1000),
+        &data[12345..13345]
+    );
+}
+
+// ---------------------------------------------------------------- bad input
+
+#[test]
+fn unknown_volume_is_refused() {
+    let pool = Pool::new(&[]);
+    pool.ok(&["create", "v", "--size", "1M"]);
+    write_file(&pool.file("data"), b"data");
+    for args in [
+        &["read", "nope"][..],
+        &["write", "nope", "data"],
+        &["snapshot", "nope", "s"],
+        &["clone", "nope", "c"],
+        &["rm", "nope"],
+        &["resize", "nope", "1M"],
+        &["rename", "nope", "other"],
+        &["export", "nope", "out.raw"],
+    ] {
+        let line = pool.refused(args);
+        assert!(line.contains("\"nope\""), "{args:?}: {line}");
+    }
+    // A failed export does not create (or truncate) its file.
+    assert!(!pool.file("out.raw").exists());
+}
+
+#[test]
+fn duplicate_name_is_refused() {
+    let pool = Pool::new(&[]);
+    pool.ok(&["create", "v", "--size", "1M"]);
+    pool.ok(&["create", "w", "--size", "1M"]);
+    write_file(&pool.file("image"), &pattern(4096, 40));
+    for args in [
+        &["create", "v", "--size", "1M"][..],
+        &["snapshot", "w", "v"],
+        &["clone", "w", "v"],
+        &["rename", "w", "v"],
+        &["import", "v", "image"],
+    ] {
+        let line = pool.refused(args);
+        assert!(line.contains("already exists"), "{args:?}: {line}");
+    }
+}
+
+#[test]
+fn read_only_snapshot_is_refused() {
+    let pool = Pool::new(&[]);
+    pool.ok(&["create", "v", "--size", "1M"]);
+    pool.ok(&["snapshot", "v", "v@1"]);
+    write_file(&pool.file("data"), &pattern(4096, 50));
+    let line = pool.refused(&["write", "v@1", "data"]);
+    assert!(line.contains("read-only"), "{line}");
+    let line = pool.refused_with_stdin(&["write", "v@1"], Some(b"hello"));
+    assert!(line.contains("read-only"), "{line}");
+    let line = pool.refused(&["resize", "v@1", "2M"]);
+    assert!(line.contains("read-only"), "{line}");
+}
+
+#[test]
+fn io_past_the_end_is_refused() {
+    let pool = Pool::new(&[]);
+    pool.ok(&["create", "v", "--size", "1M"]);
+    write_file(&pool.file("4k"), &pattern(4096, 60));
+    write_file(&pool.file("2m"), &pattern(2 * MIB as usize, 61));
+    for args in [
+        &["read", "v", "--offset", "1M", "--length", "1"][..],
+        &["read", "v", "--offset", "1020K", "--length", "8K"],
+        &["read", "v", "--length", "2M"],
+        &["read", "v", "--offset", "2M"],
+        &[
+            "read",
+            "v",
+            "--offset",
+            "18446744073709551615",
+            "--length",
+            "2",
+        ],
+        &["write", "v", "--offset", "1022K", "4k"],
+        &["write", "v", "--offset", "2M", "4k"],
+        &["write", "v", "2m"],
+    ] {
+        let line = pool.refused(args);
+        assert!(line.contains("past the end"), "{args:?}: {line}");
+    }
+    // From a pipe, whose length is only known as it arrives.
+    let line = pool.refused_with_stdin(
+        &["write", "v", "--offset", "1023K"],
+        Some(&pattern(4096, 62)),
+    );
+    assert!(line.contains("past the end"), "{line}");
+}
+
+#[test]
+fn bad_volume_sizes_are_refused() {
+    let pool = Pool::new(&[]);
+    pool.ok(&["create", "v", "--size", "1M"]);
+    for (args, reason) in [
+        (&["create", "x", "--size", "0"][..], "invalid volume size 0"),
+        (&["create", "x", "--size", "1000"], "multiple of 512"),
+        (&["create", "x", "--size", "1.25K"], "multiple of 512"),
+        (&["resize", "v", "0"], "invalid volume size 0"),
+        (&["resize", "v", "513"], "multiple of 512"),
+        (&["create", "x", "--size", "100P"], "invalid size"),
+    ] {
+        let line = pool.refused(args);
+        assert!(line.contains(reason), "{args:?}: {line}");
+    }
+}
+
+#[test]
+fn bad_size_strings_are_refused() {
+    let pool = Pool::new(&[]);
+    pool.ok(&["create", "v", "--size", "1M"]);
+    write_file(&pool.file("data"), b"data");
+    for text in [
+        "abc",
+        "10X",
+        "1.1G",
+        "",
+        "1..2K",
+        "4 K B",
+        "99999999999T",
+        "0x10",
+    ] {
+        for args in [
+            &["create", "x", "--size", text][..],
+            &["resize", "v", text],
+            &["read", "v", "--offset", text],
+            &["read", "v", "--length", text],
+            &["write", "v", "--offset", text, "data"],
+        ] {
+            let line = pool.refused(args);
+            assert!(line.contains("invalid "), "{args:?}: {line}");
+        }
+    }
+    // A negative number only gets past clap glued to its flag.
+    let line = pool.refused(&["create", "x", "--size=-5"]);
+    assert!(line.contains("invalid size \"-5\""), "{line}");
+}
+
+#[test]
+fn bad_block_size_is_refused() {
+    for text in ["3K", "128K", "512", "0", "abc", "4Q"] {
+        let pool = Pool::uninitialized();
+        let output = pool.run(&["init", "--block-size", text]);
+        let line = expect_error_line(&["init", text], &output);
+        assert!(line.contains("block size"), "{text}: {line}");
+        assert!(
+            !pool.path.exists(),
+            "init --block-size {text} made a directory"
+        );
+    }
+    let pool = Pool::uninitialized();
+    let output = pool.run(&["init", "--capacity", "lots"]);
+    expect_error_line(&["init", "--capacity"], &output);
+    assert!(!pool.path.exists());
+}
+
+#[test]
+fn init_over_a_pool_is_refused() {
+    let pool = Pool::new(&[]);
+    pool.ok(&["create", "v", "--size", "1M"]);
+    let store = fs::read(pool.store_path()).unwrap();
+    let config = fs::read(pool.path.join("grove.toml")).unwrap();
+    let line = expect_error_line(&["init"], &pool.run(&["init"]));
+    assert!(line.contains("already exists"), "{line}");
+    let line = expect_error_line(
+        &["init", "--block-size", "64K"],
+        &pool.run(&["init", "--block-size", "64K"]),
+    );
+    assert!(line.contains("already exists"), "{line}");
+    // init never opens the pool, so not even a superblock was rewritten.
+    assert_eq!(fs::read(pool.store_path()).unwrap(), store);
+    assert_eq!(fs::read(pool.path.join("grove.toml")).unwrap(), config);
+    assert_eq!(pool.list().len(), 1);
+}
+
+#[test]
+fn missing_pool_is_refused() {
+    let pool = Pool::uninitialized();
+    for args in [&["list"][..], &["info"], &["create", "v", "--size", "1M"]] {
+        let line = expect_error_line(args, &pool.run(args));
+        assert!(line.contains("does not exist"), "{args:?}: {line}");
+        assert!(!pool.path.exists(), "{args:?} made the pool directory");
+    }
+}
+
+#[test]
+fn directory_that_is_not_a_pool_is_refused() {
+    let pool = Pool::uninitialized();
+    fs::create_dir(&pool.path).unwrap();
+    fs::write(pool.path.join("unrelated"), b"keep me").unwrap();
+    for args in [&["list"][..], &["create", "v", "--size", "1M"], &["tree"]] {
+        let line = expect_error_line(args, &pool.run(args));
+        assert!(line.contains("not a grove pool"), "{args:?}: {line}");
+    }
+    let entries: Vec<_> = fs::read_dir(&pool.path).unwrap().collect();
+    assert_eq!(entries.len(), 1);
+    assert_eq!(fs::read(pool.path.join("unrelated")).unwrap(), b"keep me");
+}
+
+#[test]
+fn newer_format_version_is_refused() {
+    let pool = Pool::new(&[]);
+    pool.ok(&["create", "v", "--size", "1M"]);
+    let config_path = pool.path.join("grove.toml");
+    let config = fs::read_to_string(&config_path).unwrap();
+    assert!(config.contains("format_version = 1\n"), "{config}");
+    let newer = config.replace("format_version = 1\n", "format_version = 99\n");
+    fs::write(&config_path, &newer).unwrap();
+    let store = fs::read(pool.store_path()).unwrap();
+    for args in [&["list"][..], &["create", "w", "--size", "1M"], &["info"]] {
+        let line = expect_error_line(args, &pool.run(args));
+        assert!(line.contains("99"), "{args:?}: {line}");
+    }
+    assert_eq!(fs::read(pool.store_path()).unwrap(), store);
+    assert_eq!(fs::read_to_string(&config_path).unwrap(), newer);
+}
+
+#[test]
+fn truncated_store_is_refused() {
+    let pool = Pool::new(&[]);
+    pool.ok(&["create", "v", "--size", "1M"]);
+    let store_path = pool.store_path();
+    let store_bytes = fs::metadata(&store_path).unwrap().len();
+    OpenOptions::new()
+        .write(true)
+        .open(&store_path)
+        .unwrap()
+        .set_len(store_bytes / 2)
+        .unwrap();
+    let store = fs::read(&store_path).unwrap();
+    for args in [
+        &["list"][..],
+        &["read", "v"],
+        &["create", "w", "--size", "1M"],
+    ] {
+        let line = expect_error_line(args, &pool.run(args));
+        assert!(line.contains("truncated"), "{args:?}: {line}");
+    }
+    assert_eq!(fs::read(&store_path).unwrap(), store);
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let pool = Pool::new(&[]);
+    for args in [
+        &["frobnicate"][..],
+        &["create", "v"],
+        &["list", "--bogus"],
+        &[],
+        &["snapshot", "only-one"],
+    ] {
+        let output = pool.run(args);
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+    }
+    // Help is not an error.
+    let output = pool.run(&["--help"]);
+    assert!(output.status.success());
+    let help = String::from_utf8(output.stdout).unwrap();
+    assert!(help.contains("Examples:"), "{help}");
+}
