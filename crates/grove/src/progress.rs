@@ -38,6 +38,10 @@ impl Progress {
     pub fn advance(&self, bytes: u64) {
         self.bar.inc(bytes);
     }
+
+    pub fn set_position(&self, bytes: u64) {
+        self.bar.set_position(bytes);
+    }
 }
 
 impl Drop for Progress {

@@ -70,26 +70,103 @@ fn copy_file_into(
     volume: &Volume,
     pool: &Pool,
 ) -> Result<()> {
-    let block_bytes = pool.block_size_bytes() as usize;
+    let block_bytes = u64::from(pool.block_size_bytes());
     let progress = Progress::bytes("importing", file_bytes);
-    let mut chunk = vec![0u8; CHUNK_BYTES];
-    let mut offset = 0u64;
-    // Read no further than the length seen when the volume was sized.
-    let mut source = Read::take(file, file_bytes);
-    loop {
-        let filled = read_full(&mut source, &mut chunk)
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        if filled == 0 {
+    let read_context = || format!("cannot read {}", path.display());
+    // Everything before `position` is in the volume or is a hole.
+    let mut position = 0u64;
+    while position < file_bytes {
+        let Some((data_start, data_end)) =
+            next_data(file, position, file_bytes).with_context(read_context)?
+        else {
             break;
+        };
+        // The file system's blocks may be smaller than the volume's: widen
+        // the range to whole volume blocks, so every piece tested for zeros
+        // is one volume block, without going back over what is done.
+        let start = (data_start / block_bytes * block_bytes).max(position);
+        let end = data_end
+            .div_ceil(block_bytes)
+            .saturating_mul(block_bytes)
+            .min(file_bytes);
+        let copied_to = copy_range(file, start, end, volume, block_bytes, &progress)
+            .with_context(read_context)?;
+        if copied_to < end {
+            break; // The file shrank while we read it: the rest stays a hole.
         }
-        for (start, len) in nonzero_runs(&chunk[..filled], block_bytes) {
-            volume.write_at(&chunk[start..start + len], offset + start as u64)?;
-        }
-        offset += filled as u64;
-        progress.advance(filled as u64);
+        position = end;
+        progress.set_position(position);
     }
     volume.flush()?;
     Ok(())
+}
+
+/// Copies the non-zero volume blocks of file range [start, end) into the
+/// volume. `start` is block-aligned. Returns where the copy stopped: `end`,
+/// or sooner if the file ended early.
+fn copy_range(
+    file: &File,
+    start: u64,
+    end: u64,
+    volume: &Volume,
+    block_bytes: u64,
+    progress: &Progress,
+) -> Result<u64> {
+    debug_assert!(start.is_multiple_of(block_bytes));
+    let mut chunk = vec![0u8; CHUNK_BYTES];
+    let mut offset = start;
+    while offset < end {
+        let len = (end - offset).min(CHUNK_BYTES as u64) as usize;
+        let filled = read_full_at(file, &mut chunk[..len], offset)?;
+        for (run_start, run_len) in nonzero_runs(&chunk[..filled], block_bytes as usize) {
+            volume.write_at(
+                &chunk[run_start..run_start + run_len],
+                offset + run_start as u64,
+            )?;
+        }
+        offset += filled as u64;
+        progress.set_position(offset);
+        if filled < len {
+            break;
+        }
+    }
+    Ok(offset)
+}
+
+/// The next range of `file` at or after `from` that may hold data, below
+/// `file_bytes`, as (start, end); None when only holes remain. Uses
+/// SEEK_DATA and SEEK_HOLE, so a 10 GiB image with 100 MiB of data reads
+/// 100 MiB, not 10 GiB of zeros.
+fn next_data(file: &File, from: u64, file_bytes: u64) -> io::Result<Option<(u64, u64)>> {
+    use rustix::fs::{seek, SeekFrom};
+    use rustix::io::Errno;
+    let start = match seek(file, SeekFrom::Data(from)) {
+        Ok(start) if start < file_bytes => start,
+        Ok(_) | Err(Errno::NXIO) => return Ok(None),
+        // No hole support here (some file systems, devices): all is data.
+        Err(Errno::INVAL | Errno::OPNOTSUPP | Errno::SPIPE) => return Ok(Some((from, file_bytes))),
+        Err(errno) => return Err(errno.into()),
+    };
+    let end = match seek(file, SeekFrom::Hole(start)) {
+        Ok(end) => end.clamp(start + 1, file_bytes),
+        Err(errno) => return Err(errno.into()),
+    };
+    Ok(Some((start, end)))
+}
+
+/// Reads `buf` from `offset` until it is full or the file ends; returns
+/// the bytes read.
+fn read_full_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match file.read_at(&mut buf[filled..], offset + filled as u64) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
 }
 
 /// `grove export`: FILE becomes a raw image of the volume, sparse where the
