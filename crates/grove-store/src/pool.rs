@@ -435,11 +435,18 @@ impl Pool {
 
     fn snapshot_as(&self, source: &str, name: &str, kind: VolumeKind) -> Result<VolumeInfo> {
         validate_volume_name(name)?;
-        self.change(|state| {
+        let mut state = self.state();
+        // Writes in flight to blocks the source owns must land before those
+        // blocks become shared, or the new snapshot would change under them.
+        let gate = write_gate(&self.inner);
+        let id = {
             let source_id = state.volume_by_name(source)?.id;
-            ensure_name_free(state, name)?;
-            state.snapshot(source_id, name, kind, now_unix_secs())
-        })
+            ensure_name_free(&state, name)?;
+            state.snapshot(source_id, name, kind, now_unix_secs())?
+        };
+        drop(gate);
+        commit_locked(&self.inner, &mut state)?;
+        Ok(volume_info(&state, &state.volumes[&id]))
     }
 
     /// Removes any volume. Its snapshots and clones stay and are re-parented
@@ -615,13 +622,24 @@ impl Volume {
         }
         check_range(&record, "write", offset, buf.len() as u64)?;
         let block_bytes = state.geometry.block_bytes();
+        // Blocks this volume owns outright are written in place after the
+        // state lock is let go, so writers to different blocks run in
+        // parallel; blocks that need a new block (holes, shared blocks) are
+        // written under the lock, where allocation and the tree change happen.
+        let mut in_place: Vec<(u64, std::ops::Range<usize>)> = Vec::new();
         let mut done = 0u64;
         while done < buf.len() as u64 {
             let position = offset + done;
             let in_block = position % block_bytes;
             let len = (block_bytes - in_block).min(buf.len() as u64 - done);
-            let data = &buf[done as usize..(done + len) as usize];
+            let range = done as usize..(done + len) as usize;
             let index = position / block_bytes;
+            if let Some(addr) = state.lookup_writable_in_place(record.root, record.height, index)? {
+                in_place.push((addr.0 * block_bytes + in_block, range));
+                done += len;
+                continue;
+            }
+            let data = &buf[range];
             match state.write_block(self.id, index, in_block as usize, data) {
                 // Blocks freed since the last commit cannot be reused until a
                 // commit makes their free durable: commit, then try again,
@@ -635,6 +653,22 @@ impl Volume {
             commit_if_large(&self.inner, &mut state)?;
             done += len;
         }
+        if in_place.is_empty() {
+            return Ok(());
+        }
+        // The gate keeps these blocks from being freed and reused, and keeps
+        // a snapshot from sharing them, until the writes have landed.
+        let device = state.device.clone();
+        let data_dirty = state.data_dirty.clone();
+        let gate = self.inner.io_gate.read().unwrap_or_else(|e| e.into_inner());
+        drop(state);
+        for (device_offset, range) in in_place {
+            device
+                .write_at(&buf[range], device_offset)
+                .map_err(|e| Error::io(format!("cannot write data to {}", device.describe()), e))?;
+        }
+        data_dirty.store(true, std::sync::atomic::Ordering::Release);
+        drop(gate);
         Ok(())
     }
 

@@ -4,6 +4,7 @@
 //! holds the public API and the locking.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::alloc::{Allocator, BlockUse};
@@ -109,7 +110,11 @@ pub struct State {
     record_blocks: HashMap<u64, Vec<u8>>,
     dirty_records: BTreeSet<VolumeId>,
     /// Data was written since the last device flush.
-    data_dirty: bool,
+    /// Data was written since the last device flush. Shared with writers
+    /// that write in place outside the state lock: they set it after their
+    /// write lands, and a commit clears it before it flushes, so a write that
+    /// lands during a commit is flushed by the next one.
+    pub data_dirty: Arc<AtomicBool>,
     /// Radix nodes visited by lookups, for the depth-independence test.
     pub node_visits: u64,
     journal: Journal,
@@ -150,7 +155,7 @@ impl State {
             names: HashMap::new(),
             record_blocks: HashMap::new(),
             dirty_records: BTreeSet::new(),
-            data_dirty: false,
+            data_dirty: Arc::new(AtomicBool::new(false)),
             node_visits: 0,
         }
     }
@@ -286,6 +291,32 @@ impl State {
             let entry = self.load_node(addr, kind, level)?.entries[slot];
             if level == 0 || entry.is_empty() {
                 return Ok(entry);
+            }
+            addr = entry.addr();
+        }
+        unreachable!("height is at least 1")
+    }
+
+    /// The block holding logical block `index` if this tree may write it in
+    /// place: mapped, and exclusive on every level of the path. An entry
+    /// under a shared node may still say "exclusive" (it did before the
+    /// node was shared), so the whole path is what counts.
+    pub fn lookup_writable_in_place(
+        &mut self,
+        root: BlockAddr,
+        height: u8,
+        index: u64,
+    ) -> Result<Option<BlockAddr>> {
+        let mut addr = root;
+        for level in (0..height).rev() {
+            self.node_visits += 1;
+            let slot = self.geometry.slot(index, level);
+            let entry = self.load_node(addr, NodeKind::VolumeData, level)?.entries[slot];
+            if entry.is_empty() || entry.is_shared() {
+                return Ok(None);
+            }
+            if level == 0 {
+                return Ok(Some(entry.addr()));
             }
             addr = entry.addr();
         }
@@ -467,7 +498,9 @@ impl State {
         let leaf = self.leaf_for_write(root, height, NodeKind::VolumeData, index)?;
         let slot = self.geometry.slot(index, 0);
         let entry = self.entry(leaf, slot);
-        self.data_dirty = true;
+        // Set before the write: this path holds the state lock, which a
+        // commit needs, so the commit that clears it comes after the write.
+        self.data_dirty.store(true, Ordering::Release);
         if !entry.is_empty() && !entry.is_shared() {
             let offset = self.block_offset(entry.addr()) + offset_in_block as u64;
             return self.device.write_at(data, offset).map_err(|e| {
@@ -961,9 +994,11 @@ impl State {
     /// Order (ordered mode): data first, then the transaction that maps it,
     /// then the metadata blocks at home. Replay redoes the last step.
     pub fn commit(&mut self) -> Result<Vec<BlockAddr>> {
-        if self.data_dirty {
-            self.flush_device("data")?;
-            self.data_dirty = false;
+        if self.data_dirty.swap(false, Ordering::AcqRel) {
+            if let Err(e) = self.flush_device("data") {
+                self.data_dirty.store(true, Ordering::Release);
+                return Err(e);
+            }
         }
         if !self.has_changes() {
             return Ok(Vec::new());
