@@ -7,23 +7,13 @@ use std::io::{self, BufWriter, ErrorKind, Write};
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
+use grove_store::types::is_valid_block_size;
 use grove_store::{Pool, PoolOptions};
 
 use crate::cli::{Cli, Command};
 use crate::output::{format_size, write_pool_info, write_volume_table, write_volume_tree};
 use crate::size::parse_size;
 use crate::transfer;
-
-/// Block sizes a pool may have, from the design brief.
-const BLOCK_SIZES_BYTES: [u64; 7] = [
-    1 << 10,
-    2 << 10,
-    4 << 10,
-    8 << 10,
-    16 << 10,
-    32 << 10,
-    64 << 10,
-];
 
 pub fn run(cli: Cli) -> Result<()> {
     let dir = cli.pool.as_path();
@@ -113,14 +103,15 @@ fn run_on_pool(pool: &Pool, command: Command) -> Result<()> {
 
 fn init(dir: &Path, block_size: &str, capacity: Option<&str>) -> Result<()> {
     let block_size_bytes = parse_size(block_size, "block size")?;
-    if !BLOCK_SIZES_BYTES.contains(&block_size_bytes) {
-        bail!("invalid block size {block_size:?}: choose 1K, 2K, 4K, 8K, 16K, 32K or 64K");
-    }
+    let block_size_bytes = match u32::try_from(block_size_bytes) {
+        Ok(bytes) if is_valid_block_size(bytes) => bytes,
+        _ => bail!("invalid block size {block_size:?}: choose 1K, 2K, 4K, 8K, 16K, 32K or 64K"),
+    };
     let capacity_bytes = capacity
         .map(|text| parse_size(text, "capacity"))
         .transpose()?;
     let options = PoolOptions {
-        block_size_bytes: u32::try_from(block_size_bytes).expect("checked against the list"),
+        block_size_bytes,
         capacity_bytes,
         ..PoolOptions::default()
     };
@@ -130,7 +121,7 @@ fn init(dir: &Path, block_size: &str, capacity: Option<&str>) -> Result<()> {
     println!(
         "created pool {} (block size {})",
         dir.display(),
-        format_size(block_size_bytes)
+        format_size(u64::from(block_size_bytes))
     );
     Ok(())
 }

@@ -10,6 +10,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
+use grove_store::types::{BLOCK_SIZE_MAX_BYTES, SECTOR_BYTES};
 use grove_store::{Pool, Volume};
 
 use crate::output::format_size;
@@ -19,15 +20,12 @@ use crate::progress::Progress;
 /// vanish, small enough to keep memory flat. A multiple of every block size.
 pub const CHUNK_BYTES: usize = 1 << 20;
 
-/// Volume sizes are whole sectors; an imported file is rounded up to one.
-const SECTOR_BYTES: u64 = 512;
-
 /// Bytes OR-ed together per step when testing for zeros: wide enough for
 /// the compiler to vectorize the inner loop.
 const ZERO_SCAN_STRIDE_BYTES: usize = 64;
 
 const _: () = assert!(
-    CHUNK_BYTES.is_multiple_of(64 << 10),
+    CHUNK_BYTES.is_multiple_of(BLOCK_SIZE_MAX_BYTES as usize),
     "chunks must hold whole blocks"
 );
 
@@ -38,6 +36,7 @@ pub fn import(pool: &Pool, name: &str, path: &Path) -> Result<u64> {
         .metadata()
         .with_context(|| format!("cannot stat {}", path.display()))?
         .len();
+    // Volume sizes are whole sectors: round the file up to one.
     let size_bytes = file_bytes.div_ceil(SECTOR_BYTES) * SECTOR_BYTES;
     pool.create_volume(name, size_bytes)
         .with_context(|| format!("cannot import {}", path.display()))?;
