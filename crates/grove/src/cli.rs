@@ -8,6 +8,8 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+/// The environment variable that names the pool when --pool is not given.
+pub const POOL_ENV: &str = "GROVE_POOL";
 /// Where the pool is when neither --pool nor $GROVE_POOL says.
 pub const POOL_DIR_DEFAULT: &str = "./grove-pool";
 
@@ -33,18 +35,27 @@ Examples:
     after_help = EXAMPLES
 )]
 pub struct Cli {
-    /// Pool directory: holds grove.toml and the store
-    #[arg(
-        long,
-        global = true,
-        value_name = "DIR",
-        env = "GROVE_POOL",
-        default_value = POOL_DIR_DEFAULT
-    )]
-    pub pool: PathBuf,
+    /// Pool directory: holds grove.toml and the store [default: $GROVE_POOL, else ./grove-pool]
+    #[arg(long, global = true, value_name = "DIR")]
+    pub pool: Option<PathBuf>,
 
     #[command(subcommand)]
     pub command: Command,
+}
+
+impl Cli {
+    /// The pool directory: --pool, else $GROVE_POOL, else ./grove-pool. An
+    /// empty $GROVE_POOL counts as unset, as shells make clearing it easy.
+    pub fn pool_dir(&self) -> PathBuf {
+        self.pool
+            .clone()
+            .or_else(|| {
+                std::env::var_os(POOL_ENV)
+                    .filter(|dir| !dir.is_empty())
+                    .map(PathBuf::from)
+            })
+            .unwrap_or_else(|| PathBuf::from(POOL_DIR_DEFAULT))
+    }
 }
 
 #[derive(Debug, Subcommand)]

@@ -16,7 +16,7 @@ use crate::size::parse_size;
 use crate::transfer;
 
 pub fn run(cli: Cli) -> Result<()> {
-    let dir = cli.pool.as_path();
+    let dir = &cli.pool_dir();
     if let Command::Init {
         block_size,
         capacity,
@@ -116,13 +116,23 @@ fn init(dir: &Path, block_size: &str, capacity: Option<&str>) -> Result<()> {
         ..PoolOptions::default()
     };
     let pool = Pool::create(dir, &options)?;
+    let info = pool.info()?;
     pool.close()
         .with_context(|| format!("cannot close pool {}", dir.display()))?;
-    println!(
-        "created pool {} (block size {})",
+    let mut line = format!(
+        "created pool {} (block size {}",
         dir.display(),
         format_size(u64::from(block_size_bytes))
     );
+    if let Some(capacity_bytes) = info.capacity_bytes {
+        line += &format!(", capacity {}", format_size(capacity_bytes));
+        // The store grows in whole allocation groups, so the engine rounds
+        // the capacity to them: say so rather than let it surprise later.
+        if Some(capacity_bytes) != options.capacity_bytes {
+            line += ", rounded to whole allocation groups";
+        }
+    }
+    println!("{line})");
     Ok(())
 }
 

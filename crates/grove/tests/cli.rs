@@ -240,6 +240,13 @@ fn capacity_is_reported() {
     let capacity = u64_of(&pool.info(), "capacity_bytes");
     assert!(capacity > 0 && capacity <= GIB, "{capacity}");
     assert!(Pool::new(&[]).info()["capacity_bytes"].is_null());
+    // A capacity below one allocation group becomes one group, and init
+    // says so.
+    let pool = Pool::uninitialized();
+    let message =
+        String::from_utf8(pool.ok(&["init", "--block-size", "64K", "--capacity", "1M"])).unwrap();
+    assert!(message.contains("rounded"), "{message}");
+    assert!(u64_of(&pool.info(), "capacity_bytes") > MIB);
 }
 
 #[test]
@@ -477,9 +484,15 @@ fn pool_comes_from_env_then_default() {
         .unwrap();
     assert!(status.status.success());
     assert!(from_env.join("grove.toml").exists());
-    let status = grove().arg("init").output().unwrap();
+    // An empty $GROVE_POOL counts as unset.
+    let status = grove().env("GROVE_POOL", "").arg("init").output().unwrap();
     assert!(status.status.success());
     assert!(dir.path().join("grove-pool").join("grove.toml").exists());
+    let status = grove()
+        .args(["create", "v", "--size", "1M"])
+        .output()
+        .unwrap();
+    assert!(status.status.success());
     // --pool wins over the environment.
     let output = grove()
         .env("GROVE_POOL", &from_env)
