@@ -36,13 +36,15 @@ fn run_on_pool(pool: &Pool, command: Command) -> Result<()> {
         Command::Create { name, size } => create(pool, &name, &size),
         Command::Snapshot { source, name } => {
             pool.snapshot(&source, &name)?;
-            println!("created snapshot {name:?} of {source:?} (read-only)");
-            Ok(())
+            say(format_args!(
+                "created snapshot {name:?} of {source:?} (read-only)"
+            ))
         }
         Command::Clone { source, name } => {
             pool.clone_volume(&source, &name)?;
-            println!("created clone {name:?} of {source:?} (writable)");
-            Ok(())
+            say(format_args!(
+                "created clone {name:?} of {source:?} (writable)"
+            ))
         }
         Command::List { json } => list(pool, json),
         Command::Tree => print_with(|out| write_volume_tree(out, &pool.volumes())),
@@ -50,36 +52,34 @@ fn run_on_pool(pool: &Pool, command: Command) -> Result<()> {
         Command::Resize { name, size } => resize(pool, &name, &size),
         Command::Rename { name, new_name } => {
             pool.rename_volume(&name, &new_name)?;
-            println!("renamed {name:?} to {new_name:?}");
-            Ok(())
+            say(format_args!("renamed {name:?} to {new_name:?}"))
         }
         Command::Import { name, file } => {
             let size_bytes = transfer::import(pool, &name, &file)?;
             let info = pool.volume_info(&name)?;
-            println!(
+            say(format_args!(
                 "imported {} into {name:?} ({}, {} of data)",
                 file.display(),
                 format_size(size_bytes),
                 format_size(info.referenced_bytes)
-            );
-            Ok(())
+            ))
         }
         Command::Export { name, file } => {
             let (size_bytes, written_bytes) = transfer::export(pool, &name, &file)?;
-            println!(
+            say(format_args!(
                 "exported {name:?} to {} ({}, {} of data)",
                 file.display(),
                 format_size(size_bytes),
                 format_size(written_bytes)
-            );
-            Ok(())
+            ))
         }
         Command::Write { name, offset, file } => {
             let offset = parse_size(&offset, "offset")?;
             let volume = pool.volume(&name)?;
             let written = transfer::write(&volume, &name, offset, file.as_deref())?;
-            println!("wrote {written} bytes to {name:?} at offset {offset}");
-            Ok(())
+            say(format_args!(
+                "wrote {written} bytes to {name:?} at offset {offset}"
+            ))
         }
         Command::Read {
             name,
@@ -132,15 +132,16 @@ fn init(dir: &Path, block_size: &str, capacity: Option<&str>) -> Result<()> {
             line += ", rounded to whole allocation groups";
         }
     }
-    println!("{line})");
-    Ok(())
+    say(format_args!("{line})"))
 }
 
 fn create(pool: &Pool, name: &str, size: &str) -> Result<()> {
     let size_bytes = parse_size(size, "size")?;
     let info = pool.create_volume(name, size_bytes)?;
-    println!("created volume {name:?} ({})", format_size(info.size_bytes));
-    Ok(())
+    say(format_args!(
+        "created volume {name:?} ({})",
+        format_size(info.size_bytes)
+    ))
 }
 
 fn list(pool: &Pool, json: bool) -> Result<()> {
@@ -160,11 +161,11 @@ fn remove(pool: &Pool, name: &str) -> Result<()> {
         .filter(|v| v.parent.as_deref() == Some(name))
         .count();
     let freed_bytes = pool.remove_volume(name)?;
-    println!(
+    say(format_args!(
         "removed {} {name:?}; freed {}",
         info.kind.as_str(),
         format_size(freed_bytes)
-    );
+    ))?;
     // The engine re-parents what was taken from the removed volume: say where.
     let subject = match dependents {
         0 => return Ok(()),
@@ -173,8 +174,8 @@ fn remove(pool: &Pool, name: &str) -> Result<()> {
     };
     let verb = if dependents == 1 { "is" } else { "are" };
     match &info.parent {
-        Some(parent) => println!("{subject} {verb} now under {parent:?}"),
-        None => println!("{subject} {verb} now at the top of the tree"),
+        Some(parent) => say(format_args!("{subject} {verb} now under {parent:?}"))?,
+        None => say(format_args!("{subject} {verb} now at the top of the tree"))?,
     }
     Ok(())
 }
@@ -183,12 +184,11 @@ fn resize(pool: &Pool, name: &str, size: &str) -> Result<()> {
     let size_bytes = parse_size(size, "size")?;
     let before = pool.volume_info(name)?;
     let after = pool.resize_volume(name, size_bytes)?;
-    println!(
+    say(format_args!(
         "resized {name:?} from {} to {}",
         format_size(before.size_bytes),
         format_size(after.size_bytes)
-    );
-    Ok(())
+    ))
 }
 
 fn print_json(value: &impl serde::Serialize) -> Result<()> {
@@ -206,4 +206,11 @@ fn print_with(render: impl FnOnce(&mut BufWriter<io::StdoutLock>) -> io::Result<
         Err(e) if e.kind() == ErrorKind::BrokenPipe => Ok(()),
         result => result.context("cannot write to standard output"),
     }
+}
+
+/// Prints one line of a command's report on stdout. Unlike println!, a
+/// closed stdout is an error rather than a panic, and a reader that went
+/// away early is not an error (the change itself is already done).
+fn say(line: std::fmt::Arguments) -> Result<()> {
+    print_with(|out| writeln!(out, "{line}"))
 }
