@@ -191,9 +191,10 @@ fn resize(pool: &Pool, name: &str, size: &str) -> Result<()> {
     ))
 }
 
+/// JSON on one line: what scripts grep and parse (pipe through `jq` to read it).
 fn print_json(value: &impl serde::Serialize) -> Result<()> {
     print_with(|out| {
-        serde_json::to_writer_pretty(&mut *out, value).map_err(io::Error::from)?;
+        serde_json::to_writer(&mut *out, value).map_err(io::Error::from)?;
         writeln!(out)
     })
 }

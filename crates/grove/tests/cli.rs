@@ -340,6 +340,11 @@ fn snapshot_clone_list_and_tree() {
         );
     }
 
+    // JSON comes on one line, so that scripts can grep it.
+    let json = pool.ok_text(&["list", "--json"]);
+    assert_eq!(json.lines().count(), 1, "{json}");
+    assert!(json.contains(r#""name":"work""#), "{json}");
+
     let table = pool.ok_text(&["list"]);
     let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
     assert_eq!(
