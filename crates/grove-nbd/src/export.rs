@@ -1,0 +1,174 @@
+//! Which volumes are exports, how an export name resolves to a volume, and
+//! what each export advertises.
+
+use std::collections::BTreeSet;
+
+use grove_store::{ErrorKind, Pool, Volume, VolumeInfo, VolumeKind};
+
+use crate::codec::*;
+
+/// Requests one connection runs at once, by default.
+pub const WORKERS_PER_CONNECTION_DEFAULT: usize = 4;
+/// Connections served at once, by default; more are closed at accept.
+pub const CONNECTIONS_MAX_DEFAULT: usize = 128;
+
+/// Which volumes the server exports.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum ExportFilter {
+    /// Every volume and snapshot in the pool, including ones created while
+    /// the server runs.
+    #[default]
+    All,
+    /// Only these names.
+    Only(BTreeSet<String>),
+}
+
+impl ExportFilter {
+    pub fn allows(&self, name: &str) -> bool {
+        match self {
+            ExportFilter::All => true,
+            ExportFilter::Only(names) => names.contains(name),
+        }
+    }
+}
+
+/// How a server exports a pool.
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    /// Export everything read-only, whatever the volume allows.
+    pub read_only: bool,
+    /// The volume a client gets when it asks for the empty export name.
+    pub default_export: Option<String>,
+    pub exports: ExportFilter,
+    /// Requests of one connection that run at once.
+    pub workers_per_connection: usize,
+    /// Connections served at once; a client over the limit is disconnected.
+    pub connections_max: usize,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        ServerOptions {
+            read_only: false,
+            default_export: None,
+            exports: ExportFilter::All,
+            workers_per_connection: WORKERS_PER_CONNECTION_DEFAULT,
+            connections_max: CONNECTIONS_MAX_DEFAULT,
+        }
+    }
+}
+
+/// A resolved export: a volume handle and what the client is told about it.
+#[derive(Clone)]
+pub(crate) struct Export {
+    pub name: String,
+    pub volume: Volume,
+    pub size_bytes: u64,
+    pub read_only: bool,
+    pub description: String,
+    pub block_size_bytes: u32,
+}
+
+/// Why an export name does not resolve: an option reply error and a message.
+pub(crate) struct Refusal {
+    pub reply_type: u32,
+    pub message: String,
+}
+
+pub(crate) fn describe(info: &VolumeInfo, read_only: bool) -> String {
+    let what = match (info.kind, &info.parent) {
+        (VolumeKind::Volume, _) => "volume".to_string(),
+        (kind, Some(parent)) => format!("{} of {parent}", kind.as_str()),
+        (kind, None) => kind.as_str().to_string(),
+    };
+    if read_only {
+        format!("grove {what}, read-only")
+    } else {
+        format!("grove {what}")
+    }
+}
+
+/// Resolves a client's export name ("" is the default export).
+pub(crate) fn resolve(
+    pool: &Pool,
+    options: &ServerOptions,
+    requested: &str,
+) -> Result<Export, Refusal> {
+    let unknown = |message: String| Refusal {
+        reply_type: REP_ERR_UNKNOWN,
+        message,
+    };
+    let name = if requested.is_empty() {
+        match &options.default_export {
+            Some(name) => name.as_str(),
+            None => {
+                return Err(unknown(
+                    "this server has no default export: name one (NBD_OPT_LIST shows them)".into(),
+                ))
+            }
+        }
+    } else {
+        requested
+    };
+    if !options.exports.allows(name) {
+        return Err(unknown(format!("no export named {name:?}")));
+    }
+    let lookup = pool.volume(name).and_then(|volume| {
+        let info = volume.info()?;
+        Ok((volume, info))
+    });
+    let (volume, info) = match lookup {
+        Ok(found) => found,
+        Err(e) if e.kind() == ErrorKind::NotFound => {
+            return Err(unknown(format!("no export named {name:?}")))
+        }
+        Err(e) => {
+            tracing::warn!(export = name, error = %e, "cannot open export");
+            return Err(Refusal {
+                reply_type: REP_ERR_UNKNOWN,
+                message: format!("export {name:?} cannot be opened: {e}"),
+            });
+        }
+    };
+    let read_only = options.read_only || info.read_only;
+    Ok(Export {
+        name: info.name.clone(),
+        description: describe(&info, read_only),
+        size_bytes: info.size_bytes,
+        read_only,
+        volume,
+        block_size_bytes: pool.block_size_bytes(),
+    })
+}
+
+/// The exports NBD_OPT_LIST shows, as (name, description).
+pub(crate) fn list(pool: &Pool, options: &ServerOptions) -> Vec<(String, String)> {
+    pool.volumes()
+        .into_iter()
+        .filter(|info| options.exports.allows(&info.name))
+        .map(|info| {
+            let read_only = options.read_only || info.read_only;
+            (info.name.clone(), describe(&info, read_only))
+        })
+        .collect()
+}
+
+/// The transmission flags of an export. Read-only exports leave out the
+/// write features, so clients do not offer them to their users.
+pub(crate) fn transmission_flags(read_only: bool, structured_replies: bool) -> u16 {
+    let mut flags = FLAG_HAS_FLAGS | FLAG_SEND_FLUSH | FLAG_CAN_MULTI_CONN;
+    // Every connection goes through the same engine, whose flush commits
+    // the whole pool: what one connection flushes is durable for all, which
+    // is what CAN_MULTI_CONN promises.
+    if read_only {
+        flags |= FLAG_READ_ONLY;
+    } else {
+        flags |= FLAG_SEND_FUA | FLAG_SEND_TRIM | FLAG_SEND_WRITE_ZEROES | FLAG_SEND_FAST_ZERO;
+    }
+    if structured_replies {
+        // A read is always answered in one chunk, so "don't fragment" costs
+        // nothing; the flag must stay clear without structured replies.
+        flags |= FLAG_SEND_DF;
+    }
+    flags
+}

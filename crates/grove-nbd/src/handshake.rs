@@ -1,0 +1,356 @@
+//! Fixed newstyle negotiation: the greeting, then options until the client
+//! picks an export (NBD_OPT_GO or NBD_OPT_EXPORT_NAME) or leaves.
+
+use std::io::{self, Read, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use grove_store::Pool;
+
+use crate::codec::*;
+use crate::export::{self, Export, ServerOptions};
+use crate::stream::{discard, read_exact_or_eof};
+use crate::validate::PAYLOAD_MAX_BYTES;
+
+/// Largest option data read into memory. GO and INFO carry a name of at
+/// most 4096 bytes and a few info types; meta context options carry a few
+/// queries. Longer options are read past and refused with
+/// NBD_REP_ERR_TOO_BIG.
+pub const OPTION_DATA_MAX_BYTES: u32 = 64 * 1024;
+
+/// Smallest request alignment the server accepts: the engine reads and
+/// writes at byte granularity (partial blocks are read-modify-write).
+pub const BLOCK_SIZE_MINIMUM_BYTES: u32 = 1;
+
+/// The id this server gives `base:allocation` in NBD_OPT_SET_META_CONTEXT
+/// replies and block status chunks. Any value works; clients echo nothing.
+pub const BASE_ALLOCATION_CONTEXT_ID: u32 = 1;
+
+/// Handshake flags the server offers.
+const HANDSHAKE_FLAGS: u16 = FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES;
+
+/// Why negotiation ended the connection.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum HandshakeError {
+    #[error("connection failed during the handshake: {0}")]
+    Io(#[from] io::Error),
+    #[error("client broke the protocol during the handshake: {0}")]
+    Protocol(String),
+}
+
+/// What the client settled on for the transmission phase.
+pub(crate) struct Session {
+    pub export: Export,
+    pub structured_replies: bool,
+    pub base_allocation: bool,
+}
+
+pub(crate) enum Outcome {
+    Transmission(Session),
+    /// The client aborted or went away between options.
+    Ended,
+}
+
+/// What the negotiation has agreed so far.
+#[derive(Default)]
+struct State {
+    structured_replies: bool,
+    /// The export `base:allocation` was selected for, by the last
+    /// NBD_OPT_SET_META_CONTEXT.
+    meta_context_export: Option<String>,
+}
+
+pub(crate) struct Context<'a> {
+    pub pool: &'a Pool,
+    pub options: &'a ServerOptions,
+    pub stopping: &'a AtomicBool,
+}
+
+/// Runs the handshake on a fresh connection.
+pub(crate) fn negotiate(
+    reader: &mut impl Read,
+    writer: &mut impl Write,
+    context: &Context<'_>,
+) -> Result<Outcome, HandshakeError> {
+    writer.write_all(&encode_greeting(HANDSHAKE_FLAGS))?;
+    writer.flush()?;
+    let mut flags = [0u8; CLIENT_FLAGS_BYTES];
+    if !read_exact_or_eof(reader, &mut flags)? {
+        return Ok(Outcome::Ended);
+    }
+    let client_flags = decode_client_flags(&flags).expect("exactly four bytes");
+    // proto.md: the server MUST close the connection on unknown client flags.
+    if client_flags & !CLIENT_FLAGS_KNOWN != 0 {
+        return Err(HandshakeError::Protocol(format!(
+            "unknown client flags {client_flags:#x}"
+        )));
+    }
+    if client_flags & FLAG_C_FIXED_NEWSTYLE == 0 {
+        // Allowed by the protocol; every client of the last decade sets it.
+        tracing::debug!("client did not set NBD_FLAG_C_FIXED_NEWSTYLE; continuing anyway");
+    }
+    let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
+    let mut state = State::default();
+    loop {
+        let mut header = [0u8; OPTION_HEADER_BYTES];
+        if !read_exact_or_eof(reader, &mut header)? {
+            return Ok(Outcome::Ended);
+        }
+        // A wrong magic means the stream lost its framing: no way to go on.
+        let header =
+            decode_option_header(&header).map_err(|e| HandshakeError::Protocol(e.to_string()))?;
+        let option = header.option;
+        if header.length > OPTION_DATA_MAX_BYTES {
+            if option == OPT_EXPORT_NAME {
+                // There is no error reply to NBD_OPT_EXPORT_NAME: the only
+                // answer the protocol allows is to end the session.
+                return Err(HandshakeError::Protocol(format!(
+                    "NBD_OPT_EXPORT_NAME with a {}-byte name",
+                    header.length
+                )));
+            }
+            // Read past the data without holding it, then refuse.
+            discard(reader, u64::from(header.length))?;
+            send_reply(
+                writer,
+                option,
+                REP_ERR_TOO_BIG,
+                &format!(
+                    "option {option} has {} bytes of data; the limit is {OPTION_DATA_MAX_BYTES}",
+                    header.length
+                ),
+            )?;
+            continue;
+        }
+        let mut data = vec![0u8; header.length as usize];
+        reader.read_exact(&mut data)?;
+        if context.stopping.load(Ordering::SeqCst) && option != OPT_ABORT {
+            if option == OPT_EXPORT_NAME {
+                return Ok(Outcome::Ended);
+            }
+            send_reply(
+                writer,
+                option,
+                REP_ERR_SHUTDOWN,
+                "the server is shutting down",
+            )?;
+            continue;
+        }
+        tracing::trace!(option, length = data.len(), "option");
+        match option {
+            OPT_EXPORT_NAME => {
+                let name = decode_string("export name", &data)
+                    .map_err(|e| HandshakeError::Protocol(e.to_string()))?;
+                let export = export::resolve(context.pool, context.options, &name)
+                    .map_err(|refusal| HandshakeError::Protocol(refusal.message))?;
+                let flags = export::transmission_flags(export.read_only, state.structured_replies);
+                writer.write_all(&encode_export_name_reply(
+                    export.size_bytes,
+                    flags,
+                    no_zeroes,
+                ))?;
+                writer.flush()?;
+                return Ok(Outcome::Transmission(session(export, &state)));
+            }
+            OPT_ABORT => {
+                // The client may already be gone: its leaving is the point.
+                let _ = writer
+                    .write_all(&encode_option_reply(OPT_ABORT, REP_ACK, &[]))
+                    .and_then(|()| writer.flush());
+                return Ok(Outcome::Ended);
+            }
+            OPT_LIST => {
+                let out = if data.is_empty() {
+                    let mut out = Vec::new();
+                    for (name, description) in export::list(context.pool, context.options) {
+                        out.extend(encode_option_reply(
+                            OPT_LIST,
+                            REP_SERVER,
+                            &encode_rep_server(&name, &description),
+                        ));
+                    }
+                    out.extend(encode_option_reply(OPT_LIST, REP_ACK, &[]));
+                    out
+                } else {
+                    error_reply(OPT_LIST, REP_ERR_INVALID, "NBD_OPT_LIST takes no data")
+                };
+                send(writer, &out)?;
+            }
+            OPT_INFO | OPT_GO => {
+                let (out, export) = info(option, &data, context, &state);
+                send(writer, &out)?;
+                if let (OPT_GO, Some(export)) = (option, export) {
+                    return Ok(Outcome::Transmission(session(export, &state)));
+                }
+            }
+            OPT_STRUCTURED_REPLY => {
+                let out = if data.is_empty() {
+                    state.structured_replies = true;
+                    encode_option_reply(option, REP_ACK, &[])
+                } else {
+                    error_reply(
+                        option,
+                        REP_ERR_INVALID,
+                        "NBD_OPT_STRUCTURED_REPLY takes no data",
+                    )
+                };
+                send(writer, &out)?;
+            }
+            OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
+                let out = meta_context(option, &data, context, &mut state);
+                send(writer, &out)?;
+            }
+            // STARTTLS included: this server has no TLS, and proto.md lets a
+            // server without it answer NBD_REP_ERR_UNSUP.
+            _ => {
+                send_reply(
+                    writer,
+                    option,
+                    REP_ERR_UNSUP,
+                    &format!("option {option} is not supported by this server"),
+                )?;
+            }
+        }
+    }
+}
+
+fn session(export: Export, state: &State) -> Session {
+    let base_allocation = state.structured_replies
+        && state.meta_context_export.as_deref() == Some(export.name.as_str());
+    Session {
+        export,
+        structured_replies: state.structured_replies,
+        base_allocation,
+    }
+}
+
+fn send(writer: &mut impl Write, bytes: &[u8]) -> io::Result<()> {
+    writer.write_all(bytes)?;
+    writer.flush()
+}
+
+fn send_reply(
+    writer: &mut impl Write,
+    option: u32,
+    reply_type: u32,
+    message: &str,
+) -> io::Result<()> {
+    send(writer, &error_reply(option, reply_type, message))
+}
+
+/// An option error reply; its payload is a message for humans.
+fn error_reply(option: u32, reply_type: u32, message: &str) -> Vec<u8> {
+    debug_assert!(is_option_error(reply_type));
+    tracing::debug!(option, reply_type, message, "option refused");
+    encode_option_reply(
+        option,
+        reply_type,
+        truncate_message(message, STRING_MAX_BYTES).as_bytes(),
+    )
+}
+
+/// Answers NBD_OPT_INFO or NBD_OPT_GO; returns the replies and, on
+/// success, the export.
+fn info(
+    option: u32,
+    data: &[u8],
+    context: &Context<'_>,
+    state: &State,
+) -> (Vec<u8>, Option<Export>) {
+    let request = match decode_info_request(data) {
+        Ok(request) => request,
+        Err(e) => return (error_reply(option, REP_ERR_INVALID, &e.to_string()), None),
+    };
+    let export = match export::resolve(context.pool, context.options, &request.name) {
+        Ok(export) => export,
+        Err(refusal) => {
+            return (
+                error_reply(option, refusal.reply_type, &refusal.message),
+                None,
+            )
+        }
+    };
+    let flags = export::transmission_flags(export.read_only, state.structured_replies);
+    let mut out = encode_option_reply(
+        option,
+        REP_INFO,
+        &encode_info_export(export.size_bytes, flags),
+    );
+    // Sent whether or not asked for: the preferred size tells clients to
+    // write whole blocks, which avoids read-modify-write in the engine.
+    let preferred_bytes = export.block_size_bytes.max(512);
+    out.extend(encode_option_reply(
+        option,
+        REP_INFO,
+        &encode_info_block_size(BLOCK_SIZE_MINIMUM_BYTES, preferred_bytes, PAYLOAD_MAX_BYTES),
+    ));
+    // The canonical name matters when the client asked for the default.
+    if request.info_types.contains(&INFO_NAME) || request.name.is_empty() {
+        out.extend(encode_option_reply(
+            option,
+            REP_INFO,
+            &encode_info_string(INFO_NAME, &export.name),
+        ));
+    }
+    if request.info_types.contains(&INFO_DESCRIPTION) {
+        out.extend(encode_option_reply(
+            option,
+            REP_INFO,
+            &encode_info_string(INFO_DESCRIPTION, &export.description),
+        ));
+    }
+    out.extend(encode_option_reply(option, REP_ACK, &[]));
+    (out, Some(export))
+}
+
+/// Answers NBD_OPT_LIST_META_CONTEXT and NBD_OPT_SET_META_CONTEXT.
+fn meta_context(option: u32, data: &[u8], context: &Context<'_>, state: &mut State) -> Vec<u8> {
+    let set = option == OPT_SET_META_CONTEXT;
+    if set {
+        // A SET replaces the selection even when it fails.
+        state.meta_context_export = None;
+    }
+    if !state.structured_replies {
+        return error_reply(
+            option,
+            REP_ERR_INVALID,
+            "negotiate NBD_OPT_STRUCTURED_REPLY before metadata contexts",
+        );
+    }
+    let request = match decode_meta_context_request(data) {
+        Ok(request) => request,
+        Err(e) => return error_reply(option, REP_ERR_INVALID, &e.to_string()),
+    };
+    let export = match export::resolve(context.pool, context.options, &request.name) {
+        Ok(export) => export,
+        Err(refusal) => return error_reply(option, refusal.reply_type, &refusal.message),
+    };
+    let mut matched = request.queries.is_empty() && !set;
+    for query in &request.queries {
+        let Some((namespace, leaf)) = query.split_once(':') else {
+            return error_reply(
+                option,
+                REP_ERR_INVALID,
+                &format!("metadata context query {query:?} has no namespace"),
+            );
+        };
+        // Unknown namespaces and leaves are ignored, as the protocol asks;
+        // "base:" lists the namespace but selects nothing.
+        if namespace == "base" && (leaf == "allocation" || (leaf.is_empty() && !set)) {
+            matched = true;
+        }
+    }
+    let mut out = Vec::new();
+    if matched {
+        let id = if set { BASE_ALLOCATION_CONTEXT_ID } else { 0 };
+        out.extend(encode_option_reply(
+            option,
+            REP_META_CONTEXT,
+            &encode_rep_meta_context(id, META_CONTEXT_BASE_ALLOCATION),
+        ));
+        if set {
+            state.meta_context_export = Some(export.name);
+        }
+    }
+    out.extend(encode_option_reply(option, REP_ACK, &[]));
+    out
+}

@@ -1,0 +1,46 @@
+//! grove-nbd: an NBD server over grove's volume API.
+//!
+//! Every volume of a pool is an export under its own name; snapshots (and
+//! everything, with [`ServerOptions::read_only`]) are read-only exports.
+//! The server speaks fixed newstyle negotiation with NBD_OPT_GO, INFO, LIST,
+//! EXPORT_NAME, ABORT, STRUCTURED_REPLY and the `base:allocation` metadata
+//! context, and serves READ, WRITE, FLUSH, TRIM, WRITE_ZEROES, DISC and
+//! BLOCK_STATUS with FUA, on many connections at once (CAN_MULTI_CONN), with
+//! the requests of each connection running concurrently.
+//!
+//! Layout: [`codec`] is the wire format as pure functions over bytes (what a
+//! fuzz target drives); [`validate`] decides what the protocol allows of a
+//! request; [`block_status`] turns mapped extents into `base:allocation`
+//! answers; the handshake, transmission and server modules are the glue
+//! that does I/O.
+//!
+//! ```no_run
+//! use grove_nbd::{Server, ServerOptions};
+//! let pool = grove_store::Pool::open("pool".as_ref())?;
+//! let server = Server::new(pool, ServerOptions { default_export: Some("disk".into()), ..Default::default() });
+//! server.serve_unix("/run/grove.sock".as_ref())?;
+//! server.serve_tcp(grove_nbd::parse_listen_addr("10809")?)?;
+//! // ... later, from any thread:
+//! server.shutdown()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+#![forbid(unsafe_code)]
+
+pub mod block_status;
+pub mod codec;
+mod error;
+mod export;
+mod handshake;
+mod server;
+mod stream;
+mod transmission;
+pub mod validate;
+
+pub use error::{nbd_error_for, NbdError, NbdErrorKind};
+pub use export::{
+    ExportFilter, ServerOptions, CONNECTIONS_MAX_DEFAULT, WORKERS_PER_CONNECTION_DEFAULT,
+};
+pub use handshake::{BLOCK_SIZE_MINIMUM_BYTES, OPTION_DATA_MAX_BYTES};
+pub use server::{parse_listen_addr, Server, ShutdownHandle, DEFAULT_TCP_PORT, SHUTDOWN_GRACE_MS};
+pub use transmission::{IN_FLIGHT_MAX_BYTES, REQUEST_OVERHEAD_BYTES};
+pub use validate::PAYLOAD_MAX_BYTES;

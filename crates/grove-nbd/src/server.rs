@@ -1,0 +1,559 @@
+//! The server: listeners, one thread per connection, and a clean shutdown
+//! (stop accepting, let in-flight requests finish, flush the pool).
+
+use std::collections::HashMap;
+use std::io::{self, BufReader};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use grove_store::Pool;
+
+use crate::error::{NbdError, NbdErrorKind};
+use crate::export::ServerOptions;
+use crate::handshake::{self, Context, Outcome};
+use crate::stream::Stream;
+use crate::transmission::{self, End};
+
+/// The port IANA reserved for NBD.
+pub const DEFAULT_TCP_PORT: u16 = 10809;
+
+/// How long shutdown waits for connections to finish their in-flight
+/// requests before it closes their sockets outright (a client that stopped
+/// reading its replies would otherwise hold the server forever).
+pub const SHUTDOWN_GRACE_MS: u64 = 10_000;
+
+/// Pause after a failed accept (out of file descriptors, say) before the
+/// next, so a persistent failure does not spin a core.
+const ACCEPT_ERROR_BACKOFF_MS: u64 = 100;
+
+/// Buffer of a connection's reader: many small request headers per read.
+const READ_BUFFER_BYTES: usize = 256 * 1024;
+
+/// Parses a TCP listen address for `grove serve --listen`: "PORT" or
+/// ":PORT" binds to loopback, "HOST:PORT" to that host.
+pub fn parse_listen_addr(text: &str) -> Result<SocketAddr, NbdError> {
+    let invalid = |why: &str| {
+        NbdError::new(
+            NbdErrorKind::InvalidArgument,
+            format!("invalid listen address {text:?}: {why}"),
+        )
+    };
+    let port_only = text.strip_prefix(':').unwrap_or(text);
+    if let Ok(port) = port_only.parse::<u16>() {
+        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    let mut addrs = text
+        .to_socket_addrs()
+        .map_err(|e| invalid(&e.to_string()))?;
+    addrs
+        .next()
+        .ok_or_else(|| invalid("it resolves to no address"))
+}
+
+/// An NBD server over one pool. Cheap to clone; every clone controls the
+/// same server.
+///
+/// ```no_run
+/// use grove_nbd::{Server, ServerOptions};
+/// let pool = grove_store::Pool::open("pool".as_ref())?;
+/// let server = Server::new(pool, ServerOptions::default());
+/// server.serve_unix("pool/nbd.sock".as_ref())?;
+/// let stop = server.shutdown_handle(); // e.g. for a signal handler
+/// # stop.shutdown()?;
+/// server.wait();
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct Server {
+    inner: Arc<Inner>,
+}
+
+/// Stops a server from another thread (a signal handler, say).
+#[derive(Clone)]
+pub struct ShutdownHandle {
+    server: Server,
+}
+
+impl ShutdownHandle {
+    /// See [`Server::shutdown`].
+    pub fn shutdown(&self) -> Result<(), NbdError> {
+        self.server.shutdown()
+    }
+}
+
+struct Inner {
+    pool: Pool,
+    options: ServerOptions,
+    stopping: AtomicBool,
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct State {
+    listeners: Vec<Listener>,
+    /// Live connections: a clone of each socket, so shutdown can end reads.
+    connections: HashMap<u64, Stream>,
+    next_connection_id: u64,
+    stopped: bool,
+}
+
+struct Listener {
+    thread: JoinHandle<()>,
+    /// Where to connect to wake the accept loop at shutdown.
+    wake: WakeTarget,
+    /// A unix socket file to remove at shutdown.
+    socket_path: Option<PathBuf>,
+}
+
+enum WakeTarget {
+    Unix(PathBuf),
+    Tcp(SocketAddr),
+}
+
+impl Server {
+    pub fn new(pool: Pool, options: ServerOptions) -> Server {
+        Server {
+            inner: Arc::new(Inner {
+                pool,
+                options,
+                stopping: AtomicBool::new(false),
+                state: Mutex::new(State::default()),
+                changed: Condvar::new(),
+            }),
+        }
+    }
+
+    pub fn options(&self) -> &ServerOptions {
+        &self.inner.options
+    }
+
+    /// Listens on a unix socket at `path`. A stale socket file left by a
+    /// server that died is replaced; a live one is an error. The file is
+    /// removed at shutdown.
+    pub fn serve_unix(&self, path: &Path) -> Result<(), NbdError> {
+        self.check_running()?;
+        remove_stale_socket(path)?;
+        let listener = UnixListener::bind(path).map_err(|e| {
+            NbdError::io(
+                NbdErrorKind::Listen,
+                format!("cannot listen on unix socket {}", path.display()),
+                e,
+            )
+        })?;
+        self.start_listener(
+            ListenerSocket::Unix(listener),
+            WakeTarget::Unix(path.to_path_buf()),
+            Some(path.to_path_buf()),
+        )?;
+        tracing::info!(socket = %path.display(), "NBD server listening");
+        Ok(())
+    }
+
+    /// Listens on TCP at `addr` (see [`parse_listen_addr`]). Returns the
+    /// address bound, which tells the port when `addr` asked for port 0.
+    pub fn serve_tcp(&self, addr: SocketAddr) -> Result<SocketAddr, NbdError> {
+        self.check_running()?;
+        let listener = TcpListener::bind(addr).map_err(|e| {
+            let kind = if e.kind() == io::ErrorKind::AddrInUse {
+                NbdErrorKind::AddressInUse
+            } else {
+                NbdErrorKind::Listen
+            };
+            NbdError::io(kind, format!("cannot listen on {addr}"), e)
+        })?;
+        self.serve_tcp_listener(listener)
+    }
+
+    /// Serves on a unix listener the caller bound (socket activation,
+    /// tests). The socket file is left alone at shutdown.
+    pub fn serve_unix_listener(&self, listener: UnixListener) -> Result<(), NbdError> {
+        self.check_running()?;
+        let path = listener
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_pathname().map(Path::to_path_buf))
+            .ok_or_else(|| {
+                NbdError::new(
+                    NbdErrorKind::InvalidArgument,
+                    "a unix listener must be bound to a path",
+                )
+            })?;
+        self.start_listener(ListenerSocket::Unix(listener), WakeTarget::Unix(path), None)
+    }
+
+    /// Serves on a TCP listener the caller bound. Returns its address.
+    pub fn serve_tcp_listener(&self, listener: TcpListener) -> Result<SocketAddr, NbdError> {
+        self.check_running()?;
+        let addr = listener.local_addr().map_err(|e| {
+            NbdError::io(
+                NbdErrorKind::Listen,
+                "cannot read the listener's address",
+                e,
+            )
+        })?;
+        // A listener on the wildcard address is woken through loopback.
+        let wake = match addr {
+            SocketAddr::V4(a) if a.ip().is_unspecified() => {
+                SocketAddr::from(([127, 0, 0, 1], a.port()))
+            }
+            SocketAddr::V6(a) if a.ip().is_unspecified() => {
+                SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, a.port()))
+            }
+            other => other,
+        };
+        self.start_listener(ListenerSocket::Tcp(listener), WakeTarget::Tcp(wake), None)?;
+        tracing::info!(address = %addr, "NBD server listening");
+        Ok(addr)
+    }
+
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        ShutdownHandle {
+            server: self.clone(),
+        }
+    }
+
+    /// Connections being served now.
+    pub fn connection_count(&self) -> usize {
+        self.inner.lock().connections.len()
+    }
+
+    /// Stops the server: closes the listeners, lets every connection finish
+    /// the requests it has read (no new ones are read), then flushes the
+    /// pool. Returns when all of that is done. Calling it again, from any
+    /// clone, waits for the first call to finish.
+    pub fn shutdown(&self) -> Result<(), NbdError> {
+        let inner = &self.inner;
+        if inner.stopping.swap(true, Ordering::SeqCst) {
+            self.wait();
+            return Ok(());
+        }
+        tracing::info!("NBD server shutting down");
+        let listeners = std::mem::take(&mut inner.lock().listeners);
+        for listener in listeners {
+            // The accept loop checks `stopping` after every accept; one
+            // connection wakes it.
+            let woke = match &listener.wake {
+                WakeTarget::Unix(path) => UnixStream::connect(path).map(drop),
+                WakeTarget::Tcp(addr) => TcpStream::connect(addr).map(drop),
+            };
+            match woke {
+                Ok(()) => {
+                    let _ = listener.thread.join();
+                }
+                // Left to exit at its next accept.
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot wake an accept loop; leaving it behind")
+                }
+            }
+            if let Some(path) = &listener.socket_path {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+        // End every connection's reads: readers see end-of-file, workers
+        // answer what was already read, and the connections close.
+        let mut state = inner.lock();
+        for stream in state.connections.values() {
+            let _ = stream.shutdown(Shutdown::Read);
+        }
+        let deadline = Instant::now() + Duration::from_millis(SHUTDOWN_GRACE_MS);
+        while !state.connections.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                tracing::warn!(
+                    connections = state.connections.len(),
+                    "connections still busy after the grace period; closing them"
+                );
+                for stream in state.connections.values() {
+                    let _ = stream.shutdown(Shutdown::Both);
+                }
+                while !state.connections.is_empty() {
+                    state = inner.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+                }
+                break;
+            }
+            state = inner
+                .changed
+                .wait_timeout(state, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        drop(state);
+        let flushed = inner.pool.flush().map_err(|e| {
+            NbdError::engine(NbdErrorKind::Flush, "cannot flush the pool at shutdown", e)
+        });
+        let mut state = inner.lock();
+        state.stopped = true;
+        inner.changed.notify_all();
+        drop(state);
+        tracing::info!("NBD server stopped");
+        flushed
+    }
+
+    /// Blocks until the server has shut down.
+    pub fn wait(&self) {
+        let mut state = self.inner.lock();
+        while !state.stopped {
+            state = self
+                .inner
+                .changed
+                .wait(state)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn check_running(&self) -> Result<(), NbdError> {
+        if self.inner.stopping.load(Ordering::SeqCst) {
+            return Err(NbdError::new(
+                NbdErrorKind::ShutDown,
+                "the NBD server is shut down",
+            ));
+        }
+        Ok(())
+    }
+
+    fn start_listener(
+        &self,
+        socket: ListenerSocket,
+        wake: WakeTarget,
+        socket_path: Option<PathBuf>,
+    ) -> Result<(), NbdError> {
+        let inner = self.inner.clone();
+        let thread = thread::Builder::new()
+            .name("nbd-accept".into())
+            .spawn(move || accept_loop(&inner, socket))
+            .map_err(|e| NbdError::io(NbdErrorKind::Listen, "cannot start the accept thread", e))?;
+        self.inner.lock().listeners.push(Listener {
+            thread,
+            wake,
+            socket_path,
+        });
+        Ok(())
+    }
+}
+
+enum ListenerSocket {
+    Unix(UnixListener),
+    Tcp(TcpListener),
+}
+
+impl ListenerSocket {
+    fn accept(&self) -> io::Result<Stream> {
+        match self {
+            ListenerSocket::Unix(l) => l.accept().map(|(s, _)| Stream::Unix(s)),
+            ListenerSocket::Tcp(l) => {
+                let (s, _) = l.accept()?;
+                // Replies are whole messages already; Nagle would only
+                // delay the last piece of each.
+                s.set_nodelay(true)?;
+                Ok(Stream::Tcp(s))
+            }
+        }
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn accept_loop(inner: &Arc<Inner>, socket: ListenerSocket) {
+    loop {
+        let accepted = socket.accept();
+        if inner.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        match accepted {
+            Ok(stream) => start_connection(inner, stream),
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                thread::sleep(Duration::from_millis(ACCEPT_ERROR_BACKOFF_MS));
+            }
+        }
+    }
+}
+
+fn start_connection(inner: &Arc<Inner>, stream: Stream) {
+    let mut state = inner.lock();
+    if inner.stopping.load(Ordering::SeqCst) {
+        return;
+    }
+    if state.connections.len() >= inner.options.connections_max {
+        tracing::warn!(
+            limit = inner.options.connections_max,
+            peer = stream.peer(),
+            "too many NBD connections; refusing one"
+        );
+        return;
+    }
+    let control = match stream.try_clone() {
+        Ok(control) => control,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot clone a connection's socket; dropping it");
+            return;
+        }
+    };
+    let id = state.next_connection_id;
+    state.next_connection_id += 1;
+    state.connections.insert(id, control);
+    drop(state);
+    let thread_inner = inner.clone();
+    let spawned = thread::Builder::new()
+        .name(format!("nbd-conn-{id}"))
+        .spawn(move || {
+            let _guard = ConnectionGuard {
+                inner: &thread_inner,
+                id,
+            };
+            handle_connection(&thread_inner, stream, id);
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start a connection thread; dropping the connection");
+        inner.lock().connections.remove(&id);
+        inner.changed.notify_all();
+    }
+}
+
+/// Unregisters a connection when its thread ends, however it ends.
+struct ConnectionGuard<'a> {
+    inner: &'a Inner,
+    id: u64,
+}
+
+impl Drop for ConnectionGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(stream) = self.inner.lock().connections.remove(&self.id) {
+            let _ = stream.shutdown(Shutdown::Both);
+        }
+        self.inner.changed.notify_all();
+    }
+}
+
+fn handle_connection(inner: &Inner, stream: Stream, id: u64) {
+    let label = format!("{id} ({})", stream.peer());
+    let mut writer = match stream.try_clone() {
+        Ok(writer) => writer,
+        Err(e) => {
+            tracing::warn!(connection = label, error = %e, "cannot clone the socket");
+            return;
+        }
+    };
+    tracing::debug!(connection = label, "connected");
+    // The reader keeps its buffer from the handshake into transmission: a
+    // client may send its first request right behind NBD_OPT_GO.
+    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, stream);
+    let context = Context {
+        pool: &inner.pool,
+        options: &inner.options,
+        stopping: &inner.stopping,
+    };
+    let session = match handshake::negotiate(&mut reader, &mut writer, &context) {
+        Ok(Outcome::Transmission(session)) => session,
+        Ok(Outcome::Ended) => {
+            tracing::debug!(connection = label, "client left during the handshake");
+            return;
+        }
+        Err(e) => {
+            tracing::info!(connection = label, error = %e, "handshake ended");
+            return;
+        }
+    };
+    tracing::info!(
+        connection = label,
+        export = session.export.name,
+        read_only = session.export.read_only,
+        structured_replies = session.structured_replies,
+        base_allocation = session.base_allocation,
+        "serving export"
+    );
+    let end = transmission::serve(
+        &mut reader,
+        writer,
+        &session,
+        inner.options.workers_per_connection,
+        &label,
+    );
+    match end {
+        End::Disconnect | End::Closed => tracing::debug!(connection = label, "disconnected"),
+        End::Truncated(e) => {
+            tracing::info!(connection = label, error = %e, "client left in the middle of a request")
+        }
+        End::Protocol(e) => tracing::warn!(
+            connection = label,
+            error = e,
+            "client broke the protocol; dropping it"
+        ),
+        End::Io(e) => tracing::info!(connection = label, error = %e, "connection failed"),
+    }
+}
+
+/// Makes room for a unix socket at `path`: nothing there is fine; a socket
+/// nobody answers on is stale and removed; anything else is an error.
+fn remove_stale_socket(path: &Path) -> Result<(), NbdError> {
+    let metadata = match std::fs::symlink_metadata(path) {
+        Ok(metadata) => metadata,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => {
+            return Err(NbdError::io(
+                NbdErrorKind::Listen,
+                format!("cannot inspect {}", path.display()),
+                e,
+            ))
+        }
+    };
+    if !metadata.file_type().is_socket() {
+        return Err(NbdError::new(
+            NbdErrorKind::InvalidArgument,
+            format!("{} exists and is not a socket", path.display()),
+        ));
+    }
+    if UnixStream::connect(path).is_ok() {
+        return Err(NbdError::new(
+            NbdErrorKind::AddressInUse,
+            format!("another server is listening on {}", path.display()),
+        ));
+    }
+    std::fs::remove_file(path).map_err(|e| {
+        NbdError::io(
+            NbdErrorKind::Listen,
+            format!("cannot remove the stale socket {}", path.display()),
+            e,
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_addresses() {
+        assert_eq!(
+            parse_listen_addr("10809").unwrap(),
+            "127.0.0.1:10809".parse().unwrap()
+        );
+        assert_eq!(
+            parse_listen_addr(":2000").unwrap(),
+            "127.0.0.1:2000".parse().unwrap()
+        );
+        assert_eq!(
+            parse_listen_addr("0.0.0.0:1").unwrap(),
+            "0.0.0.0:1".parse().unwrap()
+        );
+        assert_eq!(
+            parse_listen_addr("[::1]:5").unwrap(),
+            "[::1]:5".parse().unwrap()
+        );
+        assert!(parse_listen_addr("not an address").is_err());
+    }
+}

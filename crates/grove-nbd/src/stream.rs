@@ -1,0 +1,101 @@
+//! One connected socket, unix or TCP, behind one type so the protocol code
+//! does not care which.
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::os::unix::net::UnixStream;
+
+#[derive(Debug)]
+pub(crate) enum Stream {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl Stream {
+    pub fn try_clone(&self) -> io::Result<Stream> {
+        Ok(match self {
+            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
+        })
+    }
+
+    /// Shuts one or both directions. Reading after `Shutdown::Read` (from
+    /// any clone, in any thread) returns end-of-file at once, which is how
+    /// the server tells a connection's reader to stop.
+    pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.shutdown(how),
+            Stream::Tcp(s) => s.shutdown(how),
+        }
+    }
+
+    pub fn peer(&self) -> String {
+        match self {
+            Stream::Unix(_) => "unix socket".to_string(),
+            Stream::Tcp(s) => s
+                .peer_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_else(|_| "tcp".to_string()),
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.read(buf),
+            Stream::Tcp(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.write(buf),
+            Stream::Tcp(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.flush(),
+            Stream::Tcp(s) => s.flush(),
+        }
+    }
+}
+
+/// Fills `buf`, or returns Ok(false) if the peer closed before sending a
+/// single byte: the clean end between two messages. A close inside a
+/// message is an `UnexpectedEof` error.
+pub(crate) fn read_exact_or_eof(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<bool> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match reader.read(&mut buf[filled..]) {
+            Ok(0) if filled == 0 => return Ok(false),
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("peer closed after {filled} of {} bytes", buf.len()),
+                ))
+            }
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
+/// Reads and drops `len` bytes without holding them: how a server stays in
+/// step with a client whose data it will not use.
+pub(crate) fn discard(reader: &mut impl Read, len: u64) -> io::Result<()> {
+    let copied = io::copy(&mut reader.take(len), &mut io::sink())?;
+    if copied < len {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("peer closed after {copied} of {len} bytes"),
+        ));
+    }
+    Ok(())
+}
