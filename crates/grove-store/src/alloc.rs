@@ -26,17 +26,25 @@ struct Group {
     durable: Vec<u8>,
     /// The durable copy changed since the last checkpoint wrote it.
     durable_dirty: bool,
+    /// Slots the capacity lets this group use: all of them, except in the
+    /// last group of a pool whose capacity ends inside it.
+    usable_slots: usize,
 }
 
 impl Group {
-    fn new_empty(group_blocks: u64) -> Group {
+    fn new_empty(group_blocks: u64, usable_slots: usize) -> Group {
         let mut nibbles = vec![0u8; group_blocks as usize];
         nibbles[0] = NIBBLE_ALLOCATED | NIBBLE_META;
+        Group::from_nibbles(nibbles, usable_slots, true)
+    }
+
+    fn from_nibbles(nibbles: Vec<u8>, usable_slots: usize, durable_dirty: bool) -> Group {
         Group {
+            free_blocks: nibbles[..usable_slots].iter().filter(|&&n| n == 0).count() as u64,
             durable: nibbles.clone(),
             nibbles,
-            free_blocks: group_blocks - 1,
-            durable_dirty: true,
+            durable_dirty,
+            usable_slots,
         }
     }
 }
@@ -44,8 +52,10 @@ impl Group {
 pub struct Allocator {
     data_start: u64,
     group_blocks: u64,
-    /// 0 means the store may grow while the host file system has room.
-    group_count_max: u64,
+    /// Most blocks the data area may span (map blocks included); 0 means the
+    /// store may grow while the host file system has room. The last group
+    /// may be usable only in part.
+    capacity_blocks: u64,
     groups: Vec<Group>,
     /// Groups that exist as of the last sealed transaction.
     durable_group_count: u64,
@@ -71,22 +81,21 @@ impl Allocator {
     pub fn new(
         data_start: BlockAddr,
         group_blocks: u64,
-        group_count_max: u64,
+        capacity_blocks: u64,
         group_nibbles: Vec<Vec<u8>>,
     ) -> Allocator {
         let groups: Vec<Group> = group_nibbles
             .into_iter()
-            .map(|nibbles| Group {
-                free_blocks: nibbles.iter().filter(|&&n| n == 0).count() as u64,
-                durable: nibbles.clone(),
-                nibbles,
-                durable_dirty: false,
+            .enumerate()
+            .map(|(index, nibbles)| {
+                let usable = usable_slots(group_blocks, capacity_blocks, index as u64);
+                Group::from_nibbles(nibbles, usable, false)
             })
             .collect();
         Allocator {
             data_start: data_start.0,
             group_blocks,
-            group_count_max,
+            capacity_blocks,
             durable_group_count: groups.len() as u64,
             groups,
             cursor: data_start.0,
@@ -108,12 +117,12 @@ impl Allocator {
     /// Appends an empty group whose only used block is its own map block.
     pub fn add_group(&mut self) -> Result<u64> {
         let index = self.groups.len() as u64;
-        if self.group_count_max != 0 && index >= self.group_count_max {
+        if usable_slots(self.group_blocks, self.capacity_blocks, index) <= 1 {
             return Err(Error::new(
                 ErrorKind::NoSpace,
                 format!(
-                    "the pool is full: all {} allocation groups are in use and the capacity limit allows no more",
-                    self.group_count_max
+                    "the pool is full: its capacity of {} blocks is all in use",
+                    self.capacity_blocks
                 ),
             ));
         }
@@ -124,7 +133,9 @@ impl Allocator {
                 "the store has reached its largest possible size",
             ));
         }
-        self.groups.push(Group::new_empty(self.group_blocks));
+        let usable = usable_slots(self.group_blocks, self.capacity_blocks, index);
+        self.groups
+            .push(Group::new_empty(self.group_blocks, usable));
         Ok(index)
     }
 
@@ -170,10 +181,11 @@ impl Allocator {
             if group.free_blocks == 0 {
                 continue;
             }
+            let usable = group.usable_slots;
             let range = match step {
-                0 => start_slot..group.nibbles.len(),
-                s if s == group_count => 0..start_slot,
-                _ => 0..group.nibbles.len(),
+                0 => start_slot.min(usable)..usable,
+                s if s == group_count => 0..start_slot.min(usable),
+                _ => 0..usable,
             };
             if let Some(slot) = group.nibbles[range.clone()].iter().position(|&n| n == 0) {
                 return Some(self.group_start(g as u64).0 + (range.start + slot) as u64);
@@ -275,7 +287,13 @@ impl Allocator {
     /// on an extent outside the store: the transaction is damaged.
     pub fn replay(&mut self, extents: &[AllocExtent], group_count: u64) -> Result<()> {
         while (self.groups.len() as u64) < group_count {
-            self.groups.push(Group::new_empty(self.group_blocks));
+            let usable = usable_slots(
+                self.group_blocks,
+                self.capacity_blocks,
+                self.groups.len() as u64,
+            );
+            self.groups
+                .push(Group::new_empty(self.group_blocks, usable));
         }
         self.durable_group_count = self.groups.len() as u64;
         for extent in extents {
@@ -297,7 +315,10 @@ impl Allocator {
         }
         for group in &mut self.groups {
             group.nibbles.clone_from(&group.durable);
-            group.free_blocks = group.nibbles.iter().filter(|&&n| n == 0).count() as u64;
+            group.free_blocks = group.nibbles[..group.usable_slots]
+                .iter()
+                .filter(|&&n| n == 0)
+                .count() as u64;
         }
         Ok(())
     }
@@ -368,8 +389,9 @@ impl Allocator {
         self.groups.iter().map(|g| g.free_blocks).sum()
     }
 
-    pub fn group_count_max(&self) -> u64 {
-        self.group_count_max
+    /// Most blocks the data area may span; 0 = no limit.
+    pub fn capacity_blocks(&self) -> u64 {
+        self.capacity_blocks
     }
 
     /// Encoded durable map blocks changed since the last checkpoint, as
@@ -383,6 +405,13 @@ impl Allocator {
                 (self.group_start(index as u64), block)
             })
             .collect()
+    }
+
+    /// Some durable map changed since the last checkpoint.
+    pub fn has_dirty_maps(&self) -> bool {
+        self.groups[..self.durable_group_count as usize]
+            .iter()
+            .any(|g| g.durable_dirty)
     }
 
     /// The maps from `dirty_maps` are durable.
@@ -420,4 +449,15 @@ impl Allocator {
             (relative % self.group_blocks) as usize,
         )
     }
+}
+
+/// Slots of group `index` that a capacity of `capacity_blocks` (0 = none)
+/// lets the allocator use.
+fn usable_slots(group_blocks: u64, capacity_blocks: u64, index: u64) -> usize {
+    if capacity_blocks == 0 {
+        return group_blocks as usize;
+    }
+    capacity_blocks
+        .saturating_sub(index * group_blocks)
+        .min(group_blocks) as usize
 }

@@ -105,6 +105,7 @@ impl State {
             errors: Vec::new(),
             suppressed_errors: 0,
         };
+        report.warnings.extend(self.open_warnings.iter().cloned());
         self.check_superblocks(&mut report);
 
         // The volume table's own tree.

@@ -66,6 +66,11 @@ impl Journal {
         self.used_blocks > self.blocks / 2
     }
 
+    /// No transaction has been written since the last checkpoint.
+    pub fn is_empty(&self) -> bool {
+        self.used_blocks == 0
+    }
+
     pub fn sequence(&self) -> u64 {
         self.sequence
     }

@@ -103,7 +103,9 @@ impl Drop for Inner {
         if let Ok(state) = self.state.get_mut() {
             if let Ok(frees) = state.commit() {
                 state.alloc.release(frees);
-                let _ = state.checkpoint();
+                if state.needs_checkpoint() {
+                    let _ = state.checkpoint();
+                }
             }
         }
     }
@@ -253,9 +255,11 @@ impl Pool {
             ));
         }
         let group_blocks = group::group_blocks(block_size);
-        let group_count_max = match options.capacity_bytes {
+        // The capacity counts whole blocks of the data area; at least the
+        // first group's map block and one more.
+        let capacity_blocks = match options.capacity_bytes {
             None => 0,
-            Some(bytes) => (bytes / block_bytes / group_blocks).max(1),
+            Some(bytes) => (bytes / block_bytes).max(2),
         };
         let superblock = Superblock {
             generation: 0,
@@ -265,7 +269,7 @@ impl Pool {
             data_start: BlockAddr(SUPERBLOCK_SLOTS + journal_blocks),
             group_blocks,
             group_count: 0,
-            group_count_max,
+            capacity_blocks,
             volume_table_root: BlockAddr::NONE,
             volume_table_height: 0,
             next_volume_id: VolumeId(1),
@@ -277,7 +281,7 @@ impl Pool {
         let mut alloc = Allocator::new(
             superblock.data_start,
             group_blocks,
-            group_count_max,
+            capacity_blocks,
             Vec::new(),
         );
         alloc.add_group()?;
@@ -328,7 +332,7 @@ impl Pool {
         lock: Option<File>,
     ) -> Result<Pool> {
         let what = device.describe();
-        let superblock = read_superblock(device.as_ref(), &what)?;
+        let (superblock, superblock_problems) = read_superblock(device.as_ref(), &what)?;
         let block_bytes = u64::from(superblock.block_size_bytes);
         let device_len = device
             .len_bytes()
@@ -356,10 +360,11 @@ impl Pool {
         let alloc = Allocator::new(
             superblock.data_start,
             superblock.group_blocks,
-            superblock.group_count_max,
+            superblock.capacity_blocks,
             group_nibbles,
         );
         let mut state = State::new(device, superblock, alloc);
+        state.open_warnings = superblock_problems;
         state.replay_journal()?;
         state.load_volume_table()?;
         Ok(Pool::from_state(state, dir, lock))
@@ -493,9 +498,12 @@ impl Pool {
         let state = self.state();
         let block_bytes = state.geometry.block_bytes();
         let store_blocks = state.alloc.group_count() * state.superblock.group_blocks;
-        let grow_bytes = match state.alloc.group_count_max() {
+        let group_blocks = state.superblock.group_blocks;
+        let grow_bytes = match state.alloc.capacity_blocks() {
             0 => host_available_bytes(&self.inner.dir),
-            max => (max - state.alloc.group_count()) * state.superblock.group_blocks * block_bytes,
+            capacity => {
+                capacity.saturating_sub(state.alloc.group_count() * group_blocks) * block_bytes
+            }
         };
         Ok(PoolInfo {
             path: self.inner.dir.display().to_string(),
@@ -506,9 +514,9 @@ impl Pool {
             used_bytes: state.alloc.used_blocks() * block_bytes,
             metadata_bytes: state.alloc.meta_blocks() * block_bytes,
             free_bytes: state.alloc.free_blocks() * block_bytes + grow_bytes,
-            capacity_bytes: match state.alloc.group_count_max() {
+            capacity_bytes: match state.alloc.capacity_blocks() {
                 0 => None,
-                max => Some(max * state.superblock.group_blocks * block_bytes),
+                capacity => Some(capacity * block_bytes),
             },
         })
     }
@@ -523,7 +531,10 @@ impl Pool {
     pub fn close(self) -> Result<()> {
         let mut state = self.state();
         commit_locked(&self.inner, &mut state)?;
-        state.checkpoint()
+        if state.needs_checkpoint() {
+            state.checkpoint()?;
+        }
+        Ok(())
     }
 
     /// Verifies all metadata (see `check.rs`). With `repair`, fixes leaks,
@@ -838,7 +849,7 @@ fn volume_info(state: &State, record: &VolumeRecord) -> VolumeInfo {
 /// Reads both superblock slots. Slot 1 sits one block in, and the block size
 /// is only known from a valid slot, so if slot 0 is unreadable every
 /// possible block size is tried for slot 1.
-fn read_superblock(device: &dyn BlockDevice, what: &str) -> Result<Superblock> {
+fn read_superblock(device: &dyn BlockDevice, what: &str) -> Result<(Superblock, Vec<String>)> {
     let mut buf = [0u8; SUPERBLOCK_LEN];
     let read = |buf: &mut [u8], offset: u64| {
         device
@@ -868,7 +879,19 @@ fn read_superblock(device: &dyn BlockDevice, what: &str) -> Result<Superblock> {
             Err(problem) => slot1 = Err(problem),
         }
     }
-    choose_slot([slot0, slot1], what)
+    // A slot that cannot be used is worth reporting even when the other one
+    // carries the pool: after init both are always valid.
+    let problems = [&slot0, &slot1]
+        .iter()
+        .enumerate()
+        .filter_map(|(slot, decoded)| match decoded {
+            Ok(_) => None,
+            Err(problem) => Some(format!(
+                "superblock slot {slot} was unusable at open ({problem:?}); the pool opened from the other slot"
+            )),
+        })
+        .collect();
+    Ok((choose_slot([slot0, slot1], what)?, problems))
 }
 
 fn lock_store(path: &Path) -> Result<File> {

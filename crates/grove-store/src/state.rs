@@ -121,6 +121,9 @@ pub struct State {
     /// The roots as of the last durable transaction: what a checkpoint
     /// writes into the superblock.
     committed_roots: Roots,
+    /// What opening the pool found wrong but could work around (a damaged
+    /// superblock slot); `check` reports it.
+    pub open_warnings: Vec<String>,
     /// Journaled metadata whose write to its home failed; the checkpoint
     /// writes it before it lets the journal forget the transaction.
     unwritten_homes: BTreeMap<BlockAddr, Vec<u8>>,
@@ -145,6 +148,7 @@ impl State {
             journal,
             committed_roots,
             unwritten_homes: BTreeMap::new(),
+            open_warnings: Vec::new(),
             device,
             geometry: Geometry::new(superblock.block_size_bytes),
             superblock,
@@ -1183,6 +1187,13 @@ impl State {
         }
         let bytes = descriptor.encode(block);
         self.journal.append(self.device.as_ref(), &bytes, images)
+    }
+
+    /// Something a checkpoint would write: journaled transactions, changed
+    /// maps or failed write-backs. A pool that only read needs none, so
+    /// opening and closing it writes nothing.
+    pub fn needs_checkpoint(&self) -> bool {
+        !self.journal.is_empty() || self.alloc.has_dirty_maps() || !self.unwritten_homes.is_empty()
     }
 
     /// Makes the metadata written home durable, writes the allocation maps,

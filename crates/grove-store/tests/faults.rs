@@ -237,6 +237,42 @@ fn every_single_fault_gives_a_clean_error_and_a_consistent_pool() {
 }
 
 #[test]
+fn capacity_is_exact_to_the_block() {
+    // 64 KiB blocks make 8 GiB groups; a 100 MiB capacity must still mean
+    // 100 MiB, not a whole group.
+    let options = PoolOptions {
+        block_size_bytes: 64 * 1024,
+        capacity_bytes: Some(100 << 20),
+        journal_bytes: None,
+    };
+    let pool = Pool::format(Arc::new(MemDevice::new()), &options, Path::new("cap"), None).unwrap();
+    let info = pool.info().unwrap();
+    assert_eq!(info.capacity_bytes, Some(100 << 20));
+    assert!(
+        info.free_bytes < 100 << 20,
+        "free {} exceeds the capacity",
+        info.free_bytes
+    );
+    pool.create_volume("v", 1 << 30).unwrap();
+    let volume = pool.volume("v").unwrap();
+    let chunk = vec![9u8; 1 << 20];
+    let mut written = 0u64;
+    let error = loop {
+        match volume.write_at(&chunk, written) {
+            Ok(()) => written += chunk.len() as u64,
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(error.kind(), ErrorKind::NoSpace, "{error}");
+    assert!(
+        (95 << 20..=100 << 20).contains(&written),
+        "wrote {written} bytes into 100 MiB"
+    );
+    pool.flush().unwrap();
+    assert!(pool.check(false).unwrap().is_clean());
+}
+
+#[test]
 fn enospc_from_the_host_becomes_nospace() {
     let memory = Arc::new(MemDevice::new());
     let device = Arc::new(FaultyDevice::new(memory));
@@ -264,10 +300,10 @@ fn enospc_from_the_host_becomes_nospace() {
 fn a_full_pool_refuses_allocation_but_reads_deletes_and_recovers() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("pool");
-    // One allocation group of 1 KiB blocks: about 1.9 MiB of space.
+    // 1.9 MiB of 1 KiB blocks: exactly one allocation group.
     let options = PoolOptions {
         block_size_bytes: BLOCK_SIZE_BYTES,
-        capacity_bytes: Some(1),
+        capacity_bytes: Some(1920 * 1024),
         journal_bytes: Some(64 * 1024),
     };
     let pool = Pool::create(&path, &options).unwrap();

@@ -46,3 +46,22 @@ fn snapshot_clone_write_and_reopen_keep_contents() {
         assert_eq!(err.kind(), ErrorKind::ReadOnly);
     }
 }
+
+#[test]
+fn opening_reading_and_closing_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pool");
+    let pool = Pool::create(&path, &PoolOptions::default()).unwrap();
+    pool.create_volume("v", 1 << 20).unwrap();
+    pool.volume("v").unwrap().write_at(&[5u8; 10_000], 0).unwrap();
+    pool.close().unwrap();
+    let before = std::fs::read(path.join("grove.store")).unwrap();
+    let pool = Pool::open(&path).unwrap();
+    let mut buf = vec![0u8; 10_000];
+    pool.volume("v").unwrap().read_at(&mut buf, 0).unwrap();
+    assert!(pool.check(false).unwrap().is_clean());
+    let _ = (pool.volumes(), pool.info().unwrap());
+    pool.close().unwrap();
+    let after = std::fs::read(path.join("grove.store")).unwrap();
+    assert!(before == after, "a read-only session changed the store");
+}

@@ -26,7 +26,7 @@ pub const SUPERBLOCK_SLOTS: u64 = 2;
 //   48     8    data_start: first block of allocation group 0
 //   56     8    group_blocks: blocks per allocation group (its map block included)
 //   64     8    group_count: allocation groups that exist in the store
-//   72     8    group_count_max: capacity limit in groups, 0 = grow while the host has space
+//   72     8    capacity_blocks: most blocks the data area may span, 0 = grow while the host has space
 //   80     8    volume_table_root: block of the volume table's root node, 0 = empty table
 //   88     1    volume_table_height: levels of the volume table's radix tree
 //   89     7    reserved, zero
@@ -47,8 +47,8 @@ const JOURNAL_BLOCKS_OFFSET: usize = JOURNAL_START_OFFSET + 8;
 const DATA_START_OFFSET: usize = JOURNAL_BLOCKS_OFFSET + 8;
 const GROUP_BLOCKS_OFFSET: usize = DATA_START_OFFSET + 8;
 const GROUP_COUNT_OFFSET: usize = GROUP_BLOCKS_OFFSET + 8;
-const GROUP_COUNT_MAX_OFFSET: usize = GROUP_COUNT_OFFSET + 8;
-const VOLUME_TABLE_ROOT_OFFSET: usize = GROUP_COUNT_MAX_OFFSET + 8;
+const CAPACITY_BLOCKS_OFFSET: usize = GROUP_COUNT_OFFSET + 8;
+const VOLUME_TABLE_ROOT_OFFSET: usize = CAPACITY_BLOCKS_OFFSET + 8;
 const VOLUME_TABLE_HEIGHT_OFFSET: usize = VOLUME_TABLE_ROOT_OFFSET + 8;
 const NEXT_VOLUME_ID_OFFSET: usize = VOLUME_TABLE_HEIGHT_OFFSET + 8;
 const JOURNAL_SEQUENCE_OFFSET: usize = NEXT_VOLUME_ID_OFFSET + 8;
@@ -69,7 +69,7 @@ pub struct Superblock {
     pub data_start: BlockAddr,
     pub group_blocks: u64,
     pub group_count: u64,
-    pub group_count_max: u64,
+    pub capacity_blocks: u64,
     pub volume_table_root: BlockAddr,
     pub volume_table_height: u8,
     pub next_volume_id: VolumeId,
@@ -109,7 +109,7 @@ impl Superblock {
         put_u64(&mut bytes, DATA_START_OFFSET, self.data_start.0);
         put_u64(&mut bytes, GROUP_BLOCKS_OFFSET, self.group_blocks);
         put_u64(&mut bytes, GROUP_COUNT_OFFSET, self.group_count);
-        put_u64(&mut bytes, GROUP_COUNT_MAX_OFFSET, self.group_count_max);
+        put_u64(&mut bytes, CAPACITY_BLOCKS_OFFSET, self.capacity_blocks);
         put_u64(
             &mut bytes,
             VOLUME_TABLE_ROOT_OFFSET,
@@ -158,7 +158,7 @@ impl Superblock {
             data_start: BlockAddr(get_u64(bytes, DATA_START_OFFSET)),
             group_blocks: get_u64(bytes, GROUP_BLOCKS_OFFSET),
             group_count: get_u64(bytes, GROUP_COUNT_OFFSET),
-            group_count_max: get_u64(bytes, GROUP_COUNT_MAX_OFFSET),
+            capacity_blocks: get_u64(bytes, CAPACITY_BLOCKS_OFFSET),
             volume_table_root: BlockAddr(get_u64(bytes, VOLUME_TABLE_ROOT_OFFSET)),
             volume_table_height: bytes[VOLUME_TABLE_HEIGHT_OFFSET],
             next_volume_id: VolumeId(get_u64(bytes, NEXT_VOLUME_ID_OFFSET)),
@@ -190,10 +190,12 @@ impl Superblock {
         if self.group_blocks != super::group::group_blocks(self.block_size_bytes) {
             return Err(format!("group size {} blocks", self.group_blocks));
         }
-        if self.group_count_max != 0 && self.group_count > self.group_count_max {
+        if self.capacity_blocks != 0
+            && self.group_count > self.capacity_blocks.div_ceil(self.group_blocks)
+        {
             return Err(format!(
-                "{} groups exceed the limit of {}",
-                self.group_count, self.group_count_max
+                "{} groups exceed the capacity of {} blocks",
+                self.group_count, self.capacity_blocks
             ));
         }
         if self.next_volume_id.0 == 0 {
