@@ -207,6 +207,24 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+
+    /// Verify all metadata and exit 1 if anything is wrong
+    ///
+    /// Checks both superblocks, every radix node of every volume and of the
+    /// volume table, that no block owned exclusively by one volume is
+    /// referenced twice, that the allocation map agrees with what is in use,
+    /// and every volume's space accounting. Errors are damage; warnings are
+    /// harmless leftovers, such as blocks a crash leaked.
+    Check {
+        /// Fix leaks, allocation-map disagreements, space accounting and
+        /// damaged superblock copies, then check again. Never changes what a
+        /// volume reads.
+        #[arg(long)]
+        repair: bool,
+        /// Print the report as a JSON object
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[cfg(test)]

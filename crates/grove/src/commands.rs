@@ -11,7 +11,9 @@ use grove_store::types::is_valid_block_size;
 use grove_store::{Pool, PoolOptions};
 
 use crate::cli::{Cli, Command};
-use crate::output::{format_size, write_pool_info, write_volume_table, write_volume_tree};
+use crate::output::{
+    format_size, write_check_report, write_pool_info, write_volume_table, write_volume_tree,
+};
 use crate::size::parse_size;
 use crate::transfer;
 
@@ -90,6 +92,7 @@ fn run_on_pool(pool: &Pool, command: Command) -> Result<()> {
             let length = length.map(|text| parse_size(&text, "length")).transpose()?;
             transfer::read(&pool.volume(&name)?, &name, offset, length)
         }
+        Command::Check { repair, json } => check(pool, repair, json),
         Command::Info { json } => {
             let info = pool.info()?;
             if json {
@@ -126,10 +129,10 @@ fn init(dir: &Path, block_size: &str, capacity: Option<&str>) -> Result<()> {
     );
     if let Some(capacity_bytes) = info.capacity_bytes {
         line += &format!(", capacity {}", format_size(capacity_bytes));
-        // The store grows in whole allocation groups, so the engine rounds
-        // the capacity to them: say so rather than let it surprise later.
+        // The engine counts the capacity in whole blocks: say so when
+        // that rounded it, rather than let it surprise later.
         if Some(capacity_bytes) != options.capacity_bytes {
-            line += ", rounded to whole allocation groups";
+            line += ", rounded down to whole blocks";
         }
     }
     say(format_args!("{line})"))
@@ -192,6 +195,31 @@ fn resize(pool: &Pool, name: &str, size: &str) -> Result<()> {
 }
 
 /// JSON on one line: what scripts grep and parse (pipe through `jq` to read it).
+/// Checks the pool; with `repair`, fixes what can be fixed and checks again,
+/// so the exit code says whether the pool is sound now.
+fn check(pool: &Pool, repair: bool, json: bool) -> Result<()> {
+    let report = pool.check(repair)?;
+    let after_repair = if repair && !report.repaired.is_empty() {
+        Some(pool.check(false)?)
+    } else {
+        None
+    };
+    if json {
+        print_json(&serde_json::json!({ "report": report, "after_repair": after_repair }))?;
+    } else {
+        print_with(|out| write_check_report(out, &report, after_repair.as_ref()))?;
+    }
+    let remaining = after_repair.as_ref().unwrap_or(&report);
+    if !remaining.is_clean() {
+        bail!(
+            "check found {} errors in pool {}",
+            remaining.errors.len(),
+            pool.dir().display()
+        );
+    }
+    Ok(())
+}
+
 fn print_json(value: &impl serde::Serialize) -> Result<()> {
     print_with(|out| {
         serde_json::to_writer(&mut *out, value).map_err(io::Error::from)?;

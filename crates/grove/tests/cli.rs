@@ -120,18 +120,15 @@ impl Pool {
     }
 
     /// Everything a refused command must leave alone: the listing, the
-    /// pool's space use, and the store's bytes past the two superblock slots
-    /// (every close writes a slot with a new generation, even with no
-    /// change, so those two blocks differ from run to run).
+    /// pool's space use, and every byte of the store.
     fn snapshot_state(&self) -> (Vec<Value>, Value, Vec<u8>) {
         let list = self.list();
         let mut info = self.info();
         // Free space includes what the host file system has left, which
         // other programs (and this test) change.
         info.as_object_mut().unwrap().remove("free_bytes");
-        let block_bytes = info["block_size_bytes"].as_u64().unwrap() as usize;
         let store = fs::read(self.store_path()).unwrap();
-        (list, info, store[2 * block_bytes..].to_vec())
+        (list, info, store)
     }
 
     /// Runs a command that must be refused and change nothing; returns the
@@ -237,16 +234,20 @@ fn init_with_each_block_size() {
 #[test]
 fn capacity_is_reported() {
     let pool = Pool::new(&["--capacity", "1G"]);
-    let capacity = u64_of(&pool.info(), "capacity_bytes");
-    assert!(capacity > 0 && capacity <= GIB, "{capacity}");
+    assert_eq!(u64_of(&pool.info(), "capacity_bytes"), GIB);
     assert!(Pool::new(&[]).info()["capacity_bytes"].is_null());
-    // A capacity below one allocation group becomes one group, and init
-    // says so.
+    // The capacity is exact to the block, even far below one allocation
+    // group (8 GiB at 64K blocks)...
+    let pool = Pool::new(&["--block-size", "64K", "--capacity", "1M"]);
+    assert_eq!(u64_of(&pool.info(), "capacity_bytes"), MIB);
+    // ...and one that is not a whole number of blocks is rounded down, and
+    // init says so.
     let pool = Pool::uninitialized();
     let message =
-        String::from_utf8(pool.ok(&["init", "--block-size", "64K", "--capacity", "1M"])).unwrap();
-    assert!(message.contains("rounded"), "{message}");
-    assert!(u64_of(&pool.info(), "capacity_bytes") > MIB);
+        String::from_utf8(pool.ok(&["init", "--block-size", "64K", "--capacity", "1000K"]))
+            .unwrap();
+    assert!(message.contains("rounded down"), "{message}");
+    assert_eq!(u64_of(&pool.info(), "capacity_bytes"), 15 * 64 * 1024);
 }
 
 #[test]
@@ -899,4 +900,88 @@ fn usage_errors_exit_2() {
     assert!(output.status.success());
     let help = String::from_utf8(output.stdout).unwrap();
     assert!(help.contains("Examples:"), "{help}");
+}
+
+/// Rewrites the nibble of `block` in the store's first allocation group,
+/// with a valid checksum, as damage (or a crash leftover) would.
+fn set_map_nibble(pool: &Pool, block: u64, nibble: u8) {
+    use grove_store::format::{group, superblock::Superblock};
+    let mut store = fs::read(pool.store_path()).unwrap();
+    let sb = Superblock::decode(&store[..512]).unwrap();
+    let block_bytes = u64::from(sb.block_size_bytes) as usize;
+    let map_at = sb.data_start.0 as usize * block_bytes;
+    let map = &mut store[map_at..map_at + block_bytes];
+    let mut nibbles = group::decode(0, map).unwrap();
+    nibbles[(block - sb.data_start.0) as usize] = nibble;
+    group::encode(0, &nibbles, map);
+    fs::write(pool.store_path(), store).unwrap();
+}
+
+/// A data block the volume "v" uses: the first block past the metadata.
+fn first_data_block(pool: &Pool) -> u64 {
+    use grove_store::format::superblock::Superblock;
+    let store = fs::read(pool.store_path()).unwrap();
+    let sb = Superblock::decode(&store[..512]).unwrap();
+    let block_bytes = u64::from(sb.block_size_bytes) as usize;
+    (sb.data_start.0..sb.store_blocks())
+        .find(|&b| store[b as usize * block_bytes..][..4] == [0xab; 4])
+        .expect("the written data is in the store")
+}
+
+#[test]
+fn check_reports_a_clean_pool() {
+    let pool = Pool::new(&[]);
+    pool.ok(&["create", "v", "--size", "64M"]);
+    pool.run_with_stdin(&["write", "v"], &[0xab; 100_000]);
+    pool.ok(&["snapshot", "v", "s"]);
+    let text = pool.ok_text(&["check"]);
+    assert!(text.contains("the pool is clean"), "{text}");
+    assert!(text.contains("blocks/s"), "{text}");
+    let report: Value = serde_json::from_slice(&pool.ok(&["check", "--json"])).unwrap();
+    assert!(report["report"]["errors"].as_array().unwrap().is_empty());
+    assert!(u64_of(&report["report"], "blocks_checked") > 25);
+}
+
+#[test]
+fn check_warns_of_a_leak_and_repair_frees_it() {
+    let pool = Pool::new(&[]);
+    pool.ok(&["create", "v", "--size", "64M"]);
+    pool.run_with_stdin(&["write", "v"], &[0xab; 100_000]);
+    let used = u64_of(&pool.info(), "used_bytes");
+    // A block allocated in the map that nothing uses: a leak.
+    let leaked = first_data_block(&pool) + 500;
+    set_map_nibble(&pool, leaked, 0x1);
+    let text = pool.ok_text(&["check"]);
+    assert!(
+        text.contains("warning:") && text.contains("leaked"),
+        "{text}"
+    );
+    let text = pool.ok_text(&["check", "--repair"]);
+    assert!(text.contains("repaired: freed 1 leaked blocks"), "{text}");
+    assert!(text.contains("after repair, the pool is clean"), "{text}");
+    assert_eq!(u64_of(&pool.info(), "used_bytes"), used);
+    assert_eq!(pool.read("v", 0, 100_000), vec![0xab; 100_000]);
+}
+
+#[test]
+fn check_fails_on_a_block_in_use_marked_free_and_repair_fixes_it() {
+    let pool = Pool::new(&[]);
+    pool.ok(&["create", "v", "--size", "64M"]);
+    pool.run_with_stdin(&["write", "v"], &[0xab; 100_000]);
+    let block = first_data_block(&pool);
+    set_map_nibble(&pool, block, 0x0);
+    let output = pool.run(&["check"]);
+    let line = expect_error_line(&["check"], &output);
+    assert!(line.contains("check found 1 errors"), "{line}");
+    let report = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        report.contains(&format!(
+            "block {block} is in use but the allocation map says it is free"
+        )),
+        "{report}"
+    );
+    let text = pool.ok_text(&["check", "--repair"]);
+    assert!(text.contains("after repair, the pool is clean"), "{text}");
+    pool.ok(&["check"]);
+    assert_eq!(pool.read("v", 0, 100_000), vec![0xab; 100_000]);
 }
