@@ -188,6 +188,42 @@ pub fn write_pool_info(out: &mut impl Write, info: &PoolInfo) -> io::Result<()> 
     Ok(())
 }
 
+/// The report of `grove check`: what was checked and how fast, then every
+/// error, warning and repair, and the verdict.
+pub fn write_check_report(
+    out: &mut impl Write,
+    report: &CheckReport,
+    after_repair: Option<&CheckReport>,
+) -> io::Result<()> {
+    writeln!(
+        out,
+        "checked {} blocks in {:.2} s ({} blocks/s)",
+        report.blocks_checked,
+        report.elapsed_ms as f64 / 1000.0,
+        report.blocks_per_second()
+    )?;
+    for error in &report.errors {
+        writeln!(out, "error: {error}")?;
+    }
+    for warning in &report.warnings {
+        writeln!(out, "warning: {warning}")?;
+    }
+    for repair in &report.repaired {
+        writeln!(out, "repaired: {repair}")?;
+    }
+    let verdict = after_repair.unwrap_or(report);
+    let when = if after_repair.is_some() {
+        "after repair, "
+    } else {
+        ""
+    };
+    match (verdict.errors.len(), verdict.warnings.len()) {
+        (0, 0) => writeln!(out, "{when}the pool is clean"),
+        (0, warnings) => writeln!(out, "{when}no errors ({warnings} warnings)"),
+        (errors, _) => writeln!(out, "{when}{errors} errors"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -262,41 +298,5 @@ mod tests {
         assert!(lines[1].starts_with("disk         volume    -"));
         assert!(lines[2].starts_with("disk@monday  snapshot  disk"));
         assert!(lines[2].ends_with("1.0 GiB     4.0 KiB        0 B"));
-    }
-}
-
-/// The report of `grove check`: what was checked and how fast, then every
-/// error, warning and repair, and the verdict.
-pub fn write_check_report(
-    out: &mut impl Write,
-    report: &CheckReport,
-    after_repair: Option<&CheckReport>,
-) -> io::Result<()> {
-    writeln!(
-        out,
-        "checked {} blocks in {:.2} s ({} blocks/s)",
-        report.blocks_checked,
-        report.elapsed_ms as f64 / 1000.0,
-        report.blocks_per_second()
-    )?;
-    for error in &report.errors {
-        writeln!(out, "error: {error}")?;
-    }
-    for warning in &report.warnings {
-        writeln!(out, "warning: {warning}")?;
-    }
-    for repair in &report.repaired {
-        writeln!(out, "repaired: {repair}")?;
-    }
-    let verdict = after_repair.unwrap_or(report);
-    let when = if after_repair.is_some() {
-        "after repair, "
-    } else {
-        ""
-    };
-    match (verdict.errors.len(), verdict.warnings.len()) {
-        (0, 0) => writeln!(out, "{when}the pool is clean"),
-        (0, warnings) => writeln!(out, "{when}no errors ({warnings} warnings)"),
-        (errors, _) => writeln!(out, "{when}{errors} errors"),
     }
 }
