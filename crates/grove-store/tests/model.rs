@@ -1,0 +1,881 @@
+//! Model-based test: random sequences of volume operations run against a real
+//! file pool and against a simple in-memory oracle, and after every operation
+//! the two must agree on everything a user can see: names, kinds, parents,
+//! sizes, contents, mapped extents and space accounting.
+//!
+//! The pool uses 1 KiB blocks (128 entries per node), so a 40 MiB volume has
+//! a three-level tree. I/O lands near a few hot spots that straddle node
+//! boundaries (blocks 0, 127/128, 16383/16384) and the end of the volume,
+//! and a handful of names are reused over and over, so snapshots of
+//! snapshots share nodes densely while the oracle stays small: it keeps only
+//! the blocks that were written, never a volume's full contents.
+//!
+//! Cases: 256 by default (a few seconds); set GROVE_PROPTEST_CASES (or PROPTEST_CASES) for
+//! more. A failure is shrunk and saved under proptest-regressions/, which is
+//! committed so that it is replayed first on every later run.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use grove_store::{ErrorKind, Pool, PoolOptions, VolumeKind};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
+
+const BLOCK_SIZE_BYTES: u32 = 1024;
+const BLOCK: u64 = BLOCK_SIZE_BYTES as u64;
+/// A small journal, so that checkpoints and journal wrap-around happen
+/// inside a case.
+const JOURNAL_BYTES: u64 = 128 * 1024;
+const CASES_DEFAULT: u32 = 256;
+const OPS_PER_CASE_MAX: usize = 60;
+
+/// Few names, so that operations keep hitting existing volumes.
+const NAMES: [&str; 5] = ["a", "b", "c", "d", "e"];
+
+/// Volume sizes: one level (101 blocks), two levels, exactly the capacity of
+/// two levels (16384 blocks), just past it (three levels, partial last
+/// block), and three levels.
+const SIZES_BYTES: [u64; 5] = [
+    100 * 1024 + 512,
+    2 * 1024 * 1024 - 512,
+    16 * 1024 * 1024,
+    16 * 1024 * 1024 + 2048 + 512,
+    40 * 1024 * 1024,
+];
+
+/// Blocks around which I/O clusters: the first blocks, the end of the first
+/// level-0 node and the start of the second, the end of the first level-1
+/// subtree and the start of the second.
+const HOT_BLOCKS: [u64; 7] = [0, 1, 127, 128, 255, 16383, 16384];
+/// Hot spot index that means "the end of the volume".
+const HOT_END: usize = HOT_BLOCKS.len();
+
+// ---------------------------------------------------------------- operations
+
+/// Where an I/O lands: near a hot spot (or the end), shifted by a few bytes
+/// or blocks. With `fit`, the range is pulled inside the volume; without,
+/// it may run past the end (and must then fail with OutOfRange).
+#[derive(Clone, Debug)]
+struct Range {
+    hot: usize,
+    delta_bytes: i64,
+    len_bytes: u64,
+    fit: bool,
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Create {
+        name: usize,
+        size: usize,
+    },
+    Write {
+        name: usize,
+        range: Range,
+    },
+    Read {
+        name: usize,
+        range: Range,
+    },
+    Discard {
+        name: usize,
+        range: Range,
+    },
+    Snapshot {
+        source: usize,
+        name: usize,
+    },
+    Clone {
+        source: usize,
+        name: usize,
+    },
+    Remove {
+        name: usize,
+    },
+    ResizeTo {
+        name: usize,
+        size: usize,
+    },
+    /// Grow or shrink by a few sectors: moves the end across block boundaries.
+    ResizeBy {
+        name: usize,
+        sectors: i64,
+    },
+    /// Shrink by a few sectors, then grow by a few: what was cut off must
+    /// read as zeros, also in a block that stayed mapped. With `fill_tail`,
+    /// the last 2 KiB are written first, so there is data to cut off.
+    ShrinkThenGrow {
+        name: usize,
+        fill_tail: bool,
+        shrink: u64,
+        grow: u64,
+    },
+    Rename {
+        name: usize,
+        new_name: usize,
+    },
+    /// I/O that must be refused: past the end, or with an offset that overflows.
+    BadIo {
+        name: usize,
+        what: u8,
+        how: u8,
+    },
+    Flush {
+        whole_pool: bool,
+    },
+    /// Close (or just drop) the pool and open it again from the file.
+    Reopen {
+        close: bool,
+    },
+}
+
+fn range_strategy() -> impl Strategy<Value = Range> {
+    let len = prop_oneof![
+        3 => 1u64..=16,
+        4 => 1u64..=2 * BLOCK,
+        2 => BLOCK - 8..=4 * BLOCK + 8,
+        1 => Just(0u64),
+    ];
+    let delta = prop_oneof![
+        3 => -2 * (BLOCK as i64)..=2 * (BLOCK as i64),
+        1 => (-3i64..=3).prop_map(|b| b * BLOCK as i64),
+    ];
+    (0..=HOT_END, delta, len, prop::bool::weighted(0.9)).prop_map(
+        |(hot, delta_bytes, len_bytes, fit)| Range {
+            hot,
+            delta_bytes,
+            len_bytes,
+            fit,
+        },
+    )
+}
+
+fn op_strategy() -> impl Strategy<Value = Op> {
+    let name = || 0..NAMES.len();
+    let size = || 0..SIZES_BYTES.len();
+    prop_oneof![
+        4 => (name(), size()).prop_map(|(name, size)| Op::Create { name, size }),
+        14 => (name(), range_strategy()).prop_map(|(name, range)| Op::Write { name, range }),
+        4 => (name(), range_strategy()).prop_map(|(name, range)| Op::Read { name, range }),
+        4 => (name(), range_strategy()).prop_map(|(name, range)| Op::Discard { name, range }),
+        4 => (name(), name()).prop_map(|(source, name)| Op::Snapshot { source, name }),
+        5 => (name(), name()).prop_map(|(source, name)| Op::Clone { source, name }),
+        4 => name().prop_map(|name| Op::Remove { name }),
+        2 => (name(), size()).prop_map(|(name, size)| Op::ResizeTo { name, size }),
+        2 => (name(), -6i64..=6).prop_map(|(name, sectors)| Op::ResizeBy { name, sectors }),
+        3 => (name(), any::<bool>(), 1u64..=5, 1u64..=5).prop_map(
+            |(name, fill_tail, shrink, grow)| Op::ShrinkThenGrow {
+                name,
+                fill_tail,
+                shrink,
+                grow
+            }
+        ),
+        2 => (name(), name()).prop_map(|(name, new_name)| Op::Rename { name, new_name }),
+        2 => (name(), 0u8..3, 0u8..4).prop_map(|(name, what, how)| Op::BadIo { name, what, how }),
+        1 => any::<bool>().prop_map(|whole_pool| Op::Flush { whole_pool }),
+        2 => prop::bool::weighted(0.7).prop_map(|close| Op::Reopen { close }),
+    ]
+}
+
+// -------------------------------------------------------------------- oracle
+
+#[derive(Clone, Debug)]
+struct ModelVolume {
+    name: String,
+    kind: VolumeKind,
+    /// Engine id of the volume this one was snapshotted from, if it still exists.
+    parent: Option<u64>,
+    size_bytes: u64,
+    /// Mapped blocks and their full contents. A block is mapped from its
+    /// first write until a discard covers it whole or a shrink cuts it off;
+    /// bytes past the end of the volume are kept zero.
+    blocks: BTreeMap<u64, Vec<u8>>,
+}
+
+impl ModelVolume {
+    fn read(&self, offset: u64, len: u64) -> Vec<u8> {
+        let mut out = vec![0u8; len as usize];
+        let end = offset + len;
+        let mut position = offset;
+        while position < end {
+            let index = position / BLOCK;
+            let in_block = (position % BLOCK) as usize;
+            let n = ((BLOCK - in_block as u64).min(end - position)) as usize;
+            if let Some(block) = self.blocks.get(&index) {
+                let at = (position - offset) as usize;
+                out[at..at + n].copy_from_slice(&block[in_block..in_block + n]);
+            }
+            position += n as u64;
+        }
+        out
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) {
+        let mut done = 0usize;
+        while done < data.len() {
+            let position = offset + done as u64;
+            let index = position / BLOCK;
+            let in_block = (position % BLOCK) as usize;
+            let n = (BLOCK as usize - in_block).min(data.len() - done);
+            let block = self
+                .blocks
+                .entry(index)
+                .or_insert_with(|| vec![0u8; BLOCK as usize]);
+            block[in_block..in_block + n].copy_from_slice(&data[done..done + n]);
+            done += n;
+        }
+    }
+
+    /// Whole blocks inside the range are unmapped; parts of blocks are
+    /// zeroed (and stay mapped if they were).
+    fn discard(&mut self, offset: u64, len: u64) {
+        if len == 0 {
+            return;
+        }
+        let end = offset + len;
+        for index in offset / BLOCK..=(end - 1) / BLOCK {
+            let block_start = index * BLOCK;
+            let block_end = block_start + BLOCK;
+            if offset <= block_start && block_end <= end {
+                self.blocks.remove(&index);
+            } else if let Some(block) = self.blocks.get_mut(&index) {
+                let from = (offset.max(block_start) - block_start) as usize;
+                let to = (end.min(block_end) - block_start) as usize;
+                block[from..to].fill(0);
+            }
+        }
+    }
+
+    fn resize(&mut self, new_size_bytes: u64) {
+        if new_size_bytes < self.size_bytes {
+            let keep_blocks = new_size_bytes.div_ceil(BLOCK);
+            self.blocks.retain(|&index, _| index < keep_blocks);
+            // What lies past the end can never be read back: after a later
+            // grow it reads as zeros.
+            let tail = (new_size_bytes % BLOCK) as usize;
+            if tail != 0 {
+                if let Some(block) = self.blocks.get_mut(&(keep_blocks - 1)) {
+                    block[tail..].fill(0);
+                }
+            }
+        }
+        self.size_bytes = new_size_bytes;
+    }
+}
+
+#[derive(Default, Debug)]
+struct Model {
+    /// By engine id.
+    volumes: BTreeMap<u64, ModelVolume>,
+}
+
+impl Model {
+    fn id_of(&self, name: &str) -> Option<u64> {
+        self.volumes
+            .iter()
+            .find(|(_, v)| v.name == name)
+            .map(|(&id, _)| id)
+    }
+
+    fn by_name(&self, name: &str) -> Option<&ModelVolume> {
+        self.id_of(name).map(|id| &self.volumes[&id])
+    }
+
+    fn by_name_mut(&mut self, name: &str) -> Option<&mut ModelVolume> {
+        let id = self.id_of(name)?;
+        self.volumes.get_mut(&id)
+    }
+}
+
+// ------------------------------------------------------------------- harness
+
+/// How often the interesting cases came up over the whole run, to prove
+/// that the generator reaches them.
+static REMOVED_LEAVES: AtomicU64 = AtomicU64::new(0);
+static REMOVED_INTERIOR: AtomicU64 = AtomicU64::new(0);
+static READ_ONLY_REFUSALS: AtomicU64 = AtomicU64::new(0);
+static SHRINK_THEN_GROW_TAILS: AtomicU64 = AtomicU64::new(0);
+static REOPENS: AtomicU64 = AtomicU64::new(0);
+static THREE_LEVEL_SHARING: AtomicU64 = AtomicU64::new(0);
+
+struct Harness {
+    path: PathBuf,
+    pool: Option<Pool>,
+    model: Model,
+    /// Bumped per write, so every write's bytes are distinct.
+    stamp: u64,
+    /// Volumes shrunk to a size that cuts a mapped block, since then.
+    shrunk_tails: BTreeSet<u64>,
+}
+
+fn options() -> PoolOptions {
+    PoolOptions {
+        block_size_bytes: BLOCK_SIZE_BYTES,
+        capacity_bytes: None,
+        journal_bytes: Some(JOURNAL_BYTES),
+    }
+}
+
+/// Bytes that differ between writes and along a write: a zero byte here
+/// and there is fine, but a whole block of them would not tell holes apart.
+fn pattern(stamp: u64, len: usize) -> Vec<u8> {
+    let mut state = stamp.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 24) as u8
+        })
+        .collect()
+}
+
+/// The byte range a `Range` resolves to for a volume of `size_bytes`.
+fn resolve(range: &Range, size_bytes: u64) -> (u64, u64) {
+    let base = if range.hot == HOT_END {
+        size_bytes
+    } else {
+        HOT_BLOCKS[range.hot] * BLOCK
+    };
+    let offset = base.saturating_add_signed(range.delta_bytes);
+    if !range.fit {
+        return (offset, range.len_bytes);
+    }
+    let len = range.len_bytes.min(size_bytes);
+    (offset.min(size_bytes - len), len)
+}
+
+fn expect_kind<T: std::fmt::Debug>(
+    result: grove_store::Result<T>,
+    kind: ErrorKind,
+    what: &str,
+) -> Result<(), TestCaseError> {
+    match result {
+        Err(e) if e.kind() == kind => Ok(()),
+        Err(e) => Err(TestCaseError::fail(format!(
+            "{what}: expected {kind:?}, got {:?}: {e}",
+            e.kind()
+        ))),
+        Ok(v) => Err(TestCaseError::fail(format!(
+            "{what}: expected {kind:?}, got Ok({v:?})"
+        ))),
+    }
+}
+
+impl Harness {
+    fn new(dir: &Path) -> Harness {
+        let path = dir.join("pool");
+        let pool = Pool::create(&path, &options()).expect("create pool");
+        Harness {
+            path,
+            pool: Some(pool),
+            model: Model::default(),
+            stamp: 0,
+            shrunk_tails: BTreeSet::new(),
+        }
+    }
+
+    fn pool(&self) -> &Pool {
+        self.pool.as_ref().expect("pool is open")
+    }
+
+    fn run(&mut self, op: &Op) -> Result<(), TestCaseError> {
+        match op {
+            Op::Create { name, size } => self.create(NAMES[*name], SIZES_BYTES[*size]),
+            Op::Write { name, range } => self.write(NAMES[*name], range),
+            Op::Read { name, range } => self.read(NAMES[*name], range),
+            Op::Discard { name, range } => self.discard(NAMES[*name], range),
+            Op::Snapshot { source, name } => {
+                self.snapshot(NAMES[*source], NAMES[*name], VolumeKind::Snapshot)
+            }
+            Op::Clone { source, name } => {
+                self.snapshot(NAMES[*source], NAMES[*name], VolumeKind::Clone)
+            }
+            Op::Remove { name } => self.remove(NAMES[*name]),
+            Op::ResizeTo { name, size } => self.resize(NAMES[*name], |_| SIZES_BYTES[*size]),
+            Op::ResizeBy { name, sectors } => self.resize(NAMES[*name], |old| {
+                old.saturating_add_signed(sectors * 512).max(512)
+            }),
+            Op::ShrinkThenGrow {
+                name,
+                fill_tail,
+                shrink,
+                grow,
+            } => {
+                let name = NAMES[*name];
+                if *fill_tail {
+                    let tail = Range {
+                        hot: HOT_END,
+                        delta_bytes: 0,
+                        len_bytes: 2 * BLOCK,
+                        fit: true,
+                    };
+                    self.write(name, &tail)?;
+                    self.check_invariants()?;
+                }
+                self.resize(name, |old| old.saturating_sub(shrink * 512).max(512))?;
+                self.check_invariants()?;
+                self.resize(name, |old| old + grow * 512)
+            }
+            Op::Rename { name, new_name } => self.rename(NAMES[*name], NAMES[*new_name]),
+            Op::BadIo { name, what, how } => self.bad_io(NAMES[*name], *what, *how),
+            Op::Flush { whole_pool } => {
+                if *whole_pool {
+                    self.pool().flush().map_err(fail("pool flush"))
+                } else if let Some(v) = self.model.volumes.values().next() {
+                    let handle = self.pool().volume(&v.name).map_err(fail("volume"))?;
+                    handle.flush().map_err(fail("volume flush"))
+                } else {
+                    Ok(())
+                }
+            }
+            Op::Reopen { close } => self.reopen(*close),
+        }
+    }
+
+    fn create(&mut self, name: &str, size_bytes: u64) -> Result<(), TestCaseError> {
+        let result = self.pool().create_volume(name, size_bytes);
+        if self.model.by_name(name).is_some() {
+            return expect_kind(result, ErrorKind::AlreadyExists, "create over a name");
+        }
+        let info = result.map_err(fail("create"))?;
+        prop_assert!(!self.model.volumes.contains_key(&info.id), "id reused");
+        self.model.volumes.insert(
+            info.id,
+            ModelVolume {
+                name: name.to_string(),
+                kind: VolumeKind::Volume,
+                parent: None,
+                size_bytes,
+                blocks: BTreeMap::new(),
+            },
+        );
+        Ok(())
+    }
+
+    fn write(&mut self, name: &str, range: &Range) -> Result<(), TestCaseError> {
+        let Some(volume) = self.model.by_name(name) else {
+            return expect_kind(
+                self.pool().volume(name).map(|_| ()),
+                ErrorKind::NotFound,
+                "volume",
+            );
+        };
+        let (offset, len) = resolve(range, volume.size_bytes);
+        self.stamp += 1;
+        let data = pattern(self.stamp, len as usize);
+        let handle = self.pool().volume(name).map_err(fail("volume"))?;
+        let result = handle.write_at(&data, offset);
+        if volume.kind == VolumeKind::Snapshot {
+            READ_ONLY_REFUSALS.fetch_add(1, Ordering::Relaxed);
+            return expect_kind(result, ErrorKind::ReadOnly, "write to a snapshot");
+        }
+        if offset
+            .checked_add(len)
+            .is_none_or(|end| end > volume.size_bytes)
+        {
+            return expect_kind(result, ErrorKind::OutOfRange, "write past the end");
+        }
+        result.map_err(fail("write"))?;
+        let volume = self.model.by_name_mut(name).expect("exists");
+        volume.write(offset, &data);
+        if volume.size_bytes > 16384 * BLOCK && offset + len > 16384 * BLOCK {
+            THREE_LEVEL_SHARING.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    fn read(&mut self, name: &str, range: &Range) -> Result<(), TestCaseError> {
+        let Some(volume) = self.model.by_name(name) else {
+            return expect_kind(
+                self.pool().volume(name).map(|_| ()),
+                ErrorKind::NotFound,
+                "volume",
+            );
+        };
+        let (offset, len) = resolve(range, volume.size_bytes);
+        let handle = self.pool().volume(name).map_err(fail("volume"))?;
+        let mut buf = vec![0xeeu8; len as usize];
+        let result = handle.read_at(&mut buf, offset);
+        if offset
+            .checked_add(len)
+            .is_none_or(|end| end > volume.size_bytes)
+        {
+            return expect_kind(result, ErrorKind::OutOfRange, "read past the end");
+        }
+        result.map_err(fail("read"))?;
+        let expected = volume.read(offset, len);
+        prop_assert!(
+            buf == expected,
+            "{name}: read of {len} bytes at {offset} differs from the model at byte {:?}",
+            buf.iter().zip(&expected).position(|(a, b)| a != b)
+        );
+        Ok(())
+    }
+
+    fn discard(&mut self, name: &str, range: &Range) -> Result<(), TestCaseError> {
+        let Some(volume) = self.model.by_name(name) else {
+            return expect_kind(
+                self.pool().volume(name).map(|_| ()),
+                ErrorKind::NotFound,
+                "volume",
+            );
+        };
+        let (offset, len) = resolve(range, volume.size_bytes);
+        let handle = self.pool().volume(name).map_err(fail("volume"))?;
+        let result = handle.discard(offset, len);
+        if volume.kind == VolumeKind::Snapshot {
+            return expect_kind(result, ErrorKind::ReadOnly, "discard on a snapshot");
+        }
+        if offset
+            .checked_add(len)
+            .is_none_or(|end| end > volume.size_bytes)
+        {
+            return expect_kind(result, ErrorKind::OutOfRange, "discard past the end");
+        }
+        result.map_err(fail("discard"))?;
+        self.model
+            .by_name_mut(name)
+            .expect("exists")
+            .discard(offset, len);
+        Ok(())
+    }
+
+    fn snapshot(
+        &mut self,
+        source: &str,
+        name: &str,
+        kind: VolumeKind,
+    ) -> Result<(), TestCaseError> {
+        let result = match kind {
+            VolumeKind::Snapshot => self.pool().snapshot(source, name),
+            _ => self.pool().clone_volume(source, name),
+        };
+        let Some(source_id) = self.model.id_of(source) else {
+            return expect_kind(result, ErrorKind::NotFound, "snapshot of a missing volume");
+        };
+        if self.model.by_name(name).is_some() {
+            return expect_kind(result, ErrorKind::AlreadyExists, "snapshot over a name");
+        }
+        let info = result.map_err(fail("snapshot"))?;
+        prop_assert_eq!(info.kind, kind);
+        prop_assert_eq!(info.parent.as_deref(), Some(source));
+        let mut copy = self.model.volumes[&source_id].clone();
+        copy.name = name.to_string();
+        copy.kind = kind;
+        copy.parent = Some(source_id);
+        self.model.volumes.insert(info.id, copy);
+        Ok(())
+    }
+
+    fn remove(&mut self, name: &str) -> Result<(), TestCaseError> {
+        let handle = self.pool().volume(name);
+        let result = self.pool().remove_volume(name);
+        let Some(id) = self.model.id_of(name) else {
+            expect_kind(
+                handle.map(|_| ()),
+                ErrorKind::NotFound,
+                "handle of a missing volume",
+            )?;
+            return expect_kind(result, ErrorKind::NotFound, "remove of a missing volume");
+        };
+        let freed = result.map_err(fail("remove"))?;
+        prop_assert_eq!(freed % BLOCK, 0);
+        let removed = self.model.volumes.remove(&id).expect("exists");
+        let mut children = 0;
+        for volume in self.model.volumes.values_mut() {
+            if volume.parent == Some(id) {
+                volume.parent = removed.parent;
+                children += 1;
+            }
+        }
+        if children == 0 {
+            REMOVED_LEAVES.fetch_add(1, Ordering::Relaxed);
+        } else {
+            REMOVED_INTERIOR.fetch_add(1, Ordering::Relaxed);
+        }
+        // A handle taken before the removal must not reach anything now.
+        let handle = handle.map_err(fail("handle before remove"))?;
+        let mut buf = [0u8; 1];
+        expect_kind(
+            handle.read_at(&mut buf, 0),
+            ErrorKind::NotFound,
+            "read through a stale handle",
+        )?;
+        expect_kind(
+            handle.write_at(&buf, 0),
+            ErrorKind::NotFound,
+            "write through a stale handle",
+        )?;
+        expect_kind(
+            handle.info(),
+            ErrorKind::NotFound,
+            "info through a stale handle",
+        )?;
+        Ok(())
+    }
+
+    fn resize(&mut self, name: &str, new_size: impl Fn(u64) -> u64) -> Result<(), TestCaseError> {
+        let Some(volume) = self.model.by_name(name) else {
+            let result = self.pool().resize_volume(name, 1 << 20);
+            return expect_kind(result, ErrorKind::NotFound, "resize of a missing volume");
+        };
+        let old_size = volume.size_bytes;
+        let new_size = new_size(old_size);
+        let result = self.pool().resize_volume(name, new_size);
+        if volume.kind == VolumeKind::Snapshot {
+            return expect_kind(result, ErrorKind::ReadOnly, "resize of a snapshot");
+        }
+        let info = result.map_err(fail("resize"))?;
+        prop_assert_eq!(info.size_bytes, new_size);
+        let id = self.model.id_of(name).expect("exists");
+        let volume = self.model.volumes.get_mut(&id).expect("exists");
+        if new_size < old_size
+            && !new_size.is_multiple_of(BLOCK)
+            && volume.blocks.contains_key(&(new_size / BLOCK))
+        {
+            self.shrunk_tails.insert(id);
+        }
+        if new_size > old_size && self.shrunk_tails.remove(&id) {
+            SHRINK_THEN_GROW_TAILS.fetch_add(1, Ordering::Relaxed);
+        }
+        volume.resize(new_size);
+        Ok(())
+    }
+
+    fn rename(&mut self, name: &str, new_name: &str) -> Result<(), TestCaseError> {
+        let handle = self.pool().volume(name);
+        let result = self.pool().rename_volume(name, new_name);
+        let Some(id) = self.model.id_of(name) else {
+            return expect_kind(result, ErrorKind::NotFound, "rename of a missing volume");
+        };
+        if self.model.by_name(new_name).is_some() {
+            return expect_kind(result, ErrorKind::AlreadyExists, "rename over a name");
+        }
+        let info = result.map_err(fail("rename"))?;
+        prop_assert_eq!(info.id, id);
+        self.model.volumes.get_mut(&id).expect("exists").name = new_name.to_string();
+        // Handles follow the volume, not the name.
+        let handle = handle.map_err(fail("handle before rename"))?;
+        prop_assert_eq!(handle.info().map_err(fail("info"))?.name, new_name);
+        expect_kind(
+            self.pool().volume(name).map(|_| ()),
+            ErrorKind::NotFound,
+            "old name",
+        )?;
+        Ok(())
+    }
+
+    /// I/O that must be refused, and must change nothing (the invariant
+    /// check after the operation reads everything back).
+    fn bad_io(&mut self, name: &str, what: u8, how: u8) -> Result<(), TestCaseError> {
+        let Some(volume) = self.model.by_name(name) else {
+            return expect_kind(
+                self.pool().volume(name).map(|_| ()),
+                ErrorKind::NotFound,
+                "volume",
+            );
+        };
+        let size = volume.size_bytes;
+        let (offset, len) = match how {
+            0 => (size - 7, 8),        // one byte past the end
+            1 => (size + 1, 0),        // empty, but starting past the end
+            2 => (u64::MAX, 1),        // offset at the top of u64
+            _ => (u64::MAX - 10, 100), // offset + len overflows
+        };
+        let handle = self.pool().volume(name).map_err(fail("volume"))?;
+        let data = vec![0xabu8; len as usize];
+        let mut buf = vec![0u8; len as usize];
+        let result = match what {
+            0 => handle.read_at(&mut buf, offset),
+            1 => handle.write_at(&data, offset),
+            _ => handle.discard(offset, len),
+        };
+        let expected = if what != 0 && volume.kind == VolumeKind::Snapshot {
+            READ_ONLY_REFUSALS.fetch_add(1, Ordering::Relaxed);
+            ErrorKind::ReadOnly
+        } else {
+            ErrorKind::OutOfRange
+        };
+        expect_kind(
+            result,
+            expected,
+            &format!("bad I/O {what}/{how} at {offset}+{len}"),
+        )?;
+        // The edge itself is fine: an empty request exactly at the end.
+        let mut empty = [0u8; 0];
+        handle
+            .read_at(&mut empty, size)
+            .map_err(fail("empty read at the end"))?;
+        Ok(())
+    }
+
+    fn reopen(&mut self, close: bool) -> Result<(), TestCaseError> {
+        let pool = self.pool.take().expect("pool is open");
+        if close {
+            pool.close().map_err(fail("close"))?;
+        } else {
+            drop(pool);
+        }
+        let pool = Pool::open(&self.path).map_err(fail("reopen"))?;
+        let report = pool.check(false).map_err(fail("check"))?;
+        prop_assert!(
+            report.errors.is_empty(),
+            "check after reopen: {:?}",
+            report.errors
+        );
+        self.pool = Some(pool);
+        REOPENS.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Everything a user can see agrees with the model.
+    fn check_invariants(&self) -> Result<(), TestCaseError> {
+        let pool = self.pool();
+        let listed = pool.volumes();
+        let listed_ids: Vec<u64> = listed.iter().map(|v| v.id).collect();
+        let model_ids: Vec<u64> = self.model.volumes.keys().copied().collect();
+        prop_assert_eq!(listed_ids, model_ids, "volume ids");
+        prop_assert_eq!(
+            pool.info().map_err(fail("info"))?.volume_count,
+            self.model.volumes.len() as u64
+        );
+        for info in &listed {
+            let volume = &self.model.volumes[&info.id];
+            let name = &volume.name;
+            prop_assert_eq!(&info.name, name);
+            prop_assert_eq!(info.kind, volume.kind, "{}", name);
+            prop_assert_eq!(
+                info.read_only,
+                volume.kind == VolumeKind::Snapshot,
+                "{}",
+                name
+            );
+            prop_assert_eq!(info.size_bytes, volume.size_bytes, "{}", name);
+            let parent = volume.parent.map(|p| self.model.volumes[&p].name.clone());
+            prop_assert_eq!(&info.parent, &parent, "parent of {}", name);
+
+            let handle = pool.volume(name).map_err(fail("volume"))?;
+            let extents = handle.mapped_extents().map_err(fail("mapped_extents"))?;
+            let mut mapped = BTreeSet::new();
+            let mut previous_end = 0;
+            for &(start, len) in &extents {
+                prop_assert!(
+                    len > 0 && start >= previous_end,
+                    "{name}: extents {extents:?}"
+                );
+                prop_assert!(
+                    start + len <= volume.size_bytes,
+                    "{name}: extent ({start}, {len}) past the end"
+                );
+                prop_assert_eq!(start % BLOCK, 0);
+                mapped.extend(start / BLOCK..(start + len).div_ceil(BLOCK));
+                previous_end = start + len;
+            }
+            let expected: BTreeSet<u64> = volume.blocks.keys().copied().collect();
+            prop_assert_eq!(&mapped, &expected, "mapped blocks of {}", name);
+            prop_assert_eq!(
+                info.referenced_bytes,
+                mapped.len() as u64 * BLOCK,
+                "referenced bytes of {}",
+                name
+            );
+            prop_assert!(
+                info.exclusive_bytes <= info.referenced_bytes,
+                "{name}: exclusive {} > referenced {}",
+                info.exclusive_bytes,
+                info.referenced_bytes
+            );
+
+            // Every mapped block, then the neighbourhood of every hot spot
+            // (holes must read as zeros).
+            let mut ranges: Vec<(u64, u64)> = mapped.iter().map(|&i| (i * BLOCK, BLOCK)).collect();
+            for &hot in HOT_BLOCKS.iter().chain(&[volume.size_bytes / BLOCK]) {
+                ranges.push((hot.saturating_sub(1) * BLOCK, 3 * BLOCK));
+            }
+            for (offset, len) in ranges {
+                if offset >= volume.size_bytes {
+                    continue;
+                }
+                let len = len.min(volume.size_bytes - offset);
+                let mut buf = vec![0xeeu8; len as usize];
+                handle.read_at(&mut buf, offset).map_err(fail("read"))?;
+                let expected = volume.read(offset, len);
+                prop_assert!(
+                    buf == expected,
+                    "{name}: {len} bytes at {offset} differ from the model at byte {:?}",
+                    buf.iter().zip(&expected).position(|(a, b)| a != b)
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+fn fail<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> TestCaseError {
+    move |e| TestCaseError::fail(format!("{what}: {e}"))
+}
+
+fn run_case(ops: &[Op]) -> Result<(), TestCaseError> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut harness = Harness::new(dir.path());
+    for (i, op) in ops.iter().enumerate() {
+        harness
+            .run(op)
+            .map_err(|e| TestCaseError::fail(format!("op {i} {op:?}: {e}")))?;
+        harness
+            .check_invariants()
+            .map_err(|e| TestCaseError::fail(format!("after op {i} {op:?}: {e}")))?;
+    }
+    harness.reopen(true)?;
+    harness.check_invariants()
+}
+
+fn cases() -> u32 {
+    ["GROVE_PROPTEST_CASES", "PROPTEST_CASES"]
+        .iter()
+        .find_map(|var| std::env::var(var).ok()?.parse().ok())
+        .unwrap_or(CASES_DEFAULT)
+}
+
+#[test]
+fn engine_matches_the_model() {
+    let config = Config {
+        cases: cases(),
+        source_file: Some(file!()),
+        // Relative to the package root, where cargo runs tests.
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
+            "proptest-regressions/model.txt",
+        ))),
+        ..Config::default()
+    };
+    let mut runner = TestRunner::new(config);
+    let strategy = prop::collection::vec(op_strategy(), 1..=OPS_PER_CASE_MAX);
+    if let Err(e) = runner.run(&strategy, |ops| run_case(&ops)) {
+        panic!("{e}");
+    }
+    // The generator must reach the cases this test exists for.
+    let seen = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+    let coverage = [
+        ("removed leaf volumes", seen(&REMOVED_LEAVES)),
+        ("removed interior volumes", seen(&REMOVED_INTERIOR)),
+        ("writes refused by snapshots", seen(&READ_ONLY_REFUSALS)),
+        (
+            "grows after a shrink that cut a mapped block",
+            seen(&SHRINK_THEN_GROW_TAILS),
+        ),
+        ("reopens", seen(&REOPENS)),
+        (
+            "writes past the first two levels",
+            seen(&THREE_LEVEL_SHARING),
+        ),
+    ];
+    eprintln!("coverage: {coverage:?}");
+    if cases() >= CASES_DEFAULT {
+        for (what, count) in coverage {
+            assert!(count > 0, "no {what} in {} cases", cases());
+        }
+    }
+}
