@@ -48,6 +48,9 @@ fn name(depth: u64) -> String {
 /// the previous generation's start, so every write overlaps its neighbours'
 /// and straddles block boundaries at changing offsets. Past the region's
 /// end the offsets wrap around, so late generations overwrite early ones.
+// The writes wrap around the region, so newer generations overwrite older ones.
+const _: () = assert!(DEPTH * 4001 > 2 * REGION_BYTES);
+
 fn generation_write(depth: u64) -> (u64, Vec<u8>) {
     let len = 5000 + (depth % 3) * 1000;
     let offset = (depth * 4001) % (REGION_BYTES - 8 * 1024);
@@ -183,9 +186,6 @@ fn a_chain_of_1000_clones_reads_correctly_at_depth_0_cost() {
             .write_at(&data, offset)
             .unwrap();
     }
-    // Sanity of the workload itself: the writes wrapped around the region,
-    // so newer generations overwrote older ones.
-    assert!(DEPTH * 4001 > REGION_BYTES);
 
     check_all(&pool);
     check_lookup_cost(&pool);
