@@ -49,7 +49,7 @@ fn name(depth: u64) -> String {
 /// and straddles block boundaries at changing offsets. Past the region's
 /// end the offsets wrap around, so late generations overwrite early ones.
 // The writes wrap around the region, so newer generations overwrite older ones.
-const _: () = assert!(DEPTH * 4001 > 2 * REGION_BYTES);
+const _: () = assert!(DEPTH * 4001 > REGION_BYTES);
 
 fn generation_write(depth: u64) -> (u64, Vec<u8>) {
     let len = 5000 + (depth % 3) * 1000;
