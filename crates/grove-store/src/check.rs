@@ -18,7 +18,7 @@ use crate::state::State;
 use crate::types::{BlockAddr, VolumeId};
 
 /// What a check found.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct CheckReport {
     pub errors: Vec<String>,
     pub warnings: Vec<String>,

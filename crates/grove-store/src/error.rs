@@ -4,7 +4,7 @@
 use std::io;
 
 /// What went wrong, independent of the wording.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ErrorKind {
     /// A volume or pool that does not exist.
     NotFound,

@@ -50,7 +50,7 @@ impl Default for PoolOptions {
 }
 
 /// A volume as listed.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct VolumeInfo {
     pub id: u64,
     pub name: String,
@@ -67,7 +67,7 @@ pub struct VolumeInfo {
 }
 
 /// Space and shape of a pool.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PoolInfo {
     pub path: String,
     pub format_version: u32,

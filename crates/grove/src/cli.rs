@@ -208,6 +208,38 @@ pub enum Command {
         json: bool,
     },
 
+    /// Serve the pool's volumes over NBD until SIGINT or SIGTERM
+    ///
+    /// Every volume is an export under its own name; snapshots are
+    /// read-only. Without --socket or --listen, listens on the unix socket
+    /// POOL/nbd.sock. While it runs, the other grove commands (create,
+    /// snapshot, clone, rm, resize, rename, list, tree, info, check) work on
+    /// the pool through it: a snapshot then holds every write a client had
+    /// acknowledged before it began. On SIGINT or SIGTERM the server stops
+    /// accepting, finishes the requests in flight, flushes and closes the pool.
+    #[command(
+        after_help = "Examples:\n  grove serve\n  grove serve --listen 127.0.0.1:10809 --default-export disk\n  \
+                            nbdinfo --list 'nbd+unix:///?socket=grove-pool/nbd.sock'"
+    )]
+    Serve {
+        /// Listen on this unix socket [default: POOL/nbd.sock, unless --listen is given]
+        #[arg(long, value_name = "PATH")]
+        socket: Option<PathBuf>,
+        /// Also (or instead) listen on TCP: PORT, or ADDR:PORT. A bare port
+        /// binds 127.0.0.1; give 0.0.0.0:PORT to listen on every interface
+        #[arg(long, value_name = "ADDR:PORT")]
+        listen: Option<String>,
+        /// Export every volume read-only
+        #[arg(long)]
+        read_only: bool,
+        /// Export only this volume (repeat for more) [default: every volume]
+        #[arg(long = "export", value_name = "NAME")]
+        exports: Vec<String>,
+        /// The volume a client gets when it asks for the empty export name
+        #[arg(long, value_name = "NAME")]
+        default_export: Option<String>,
+    },
+
     /// Verify all metadata and exit 1 if anything is wrong
     ///
     /// Checks both superblocks, every radix node of every volume and of the

@@ -11,51 +11,58 @@ use grove_store::types::is_valid_block_size;
 use grove_store::{Pool, PoolOptions};
 
 use crate::cli::{Cli, Command};
+use crate::control::{Admin, ControlClient};
 use crate::output::{
     format_size, write_check_report, write_pool_info, write_volume_table, write_volume_tree,
 };
+use crate::serve;
 use crate::size::parse_size;
 use crate::transfer;
 
 pub fn run(cli: Cli) -> Result<()> {
     let dir = &cli.pool_dir();
-    if let Command::Init {
-        block_size,
-        capacity,
-    } = &cli.command
-    {
-        return init(dir, block_size, capacity.as_deref());
+    match cli.command {
+        Command::Init {
+            block_size,
+            capacity,
+        } => init(dir, &block_size, capacity.as_deref()),
+        Command::Serve {
+            socket,
+            listen,
+            read_only,
+            exports,
+            default_export,
+        } => serve::run(
+            dir,
+            serve::Listen {
+                socket,
+                tcp: listen,
+            },
+            read_only,
+            exports,
+            default_export,
+        ),
+        command => match Pool::open(dir) {
+            Ok(pool) => {
+                run_local(&pool, command)?;
+                pool.close()
+                    .with_context(|| format!("cannot close pool {}", dir.display()))
+            }
+            // A running `grove serve` holds the pool: ask it instead.
+            Err(e) if e.kind() == grove_store::ErrorKind::Busy => match ControlClient::connect(dir)
+            {
+                Some(daemon) => run_admin(&daemon, command),
+                None => Err(e.into()),
+            },
+            Err(e) => Err(e.into()),
+        },
     }
-    let pool = Pool::open(dir)?;
-    run_on_pool(&pool, cli.command)?;
-    pool.close()
-        .with_context(|| format!("cannot close pool {}", dir.display()))
 }
 
-fn run_on_pool(pool: &Pool, command: Command) -> Result<()> {
+/// Commands that move data run only where the pool is open; the rest go
+/// through `run_admin`, which a daemon can answer too.
+fn run_local(pool: &Pool, command: Command) -> Result<()> {
     match command {
-        Command::Init { .. } => unreachable!("init runs without an open pool"),
-        Command::Create { name, size } => create(pool, &name, &size),
-        Command::Snapshot { source, name } => {
-            pool.snapshot(&source, &name)?;
-            say(format_args!(
-                "created snapshot {name:?} of {source:?} (read-only)"
-            ))
-        }
-        Command::Clone { source, name } => {
-            pool.clone_volume(&source, &name)?;
-            say(format_args!(
-                "created clone {name:?} of {source:?} (writable)"
-            ))
-        }
-        Command::List { json } => list(pool, json),
-        Command::Tree => print_with(|out| write_volume_tree(out, &pool.volumes())),
-        Command::Rm { name } => remove(pool, &name),
-        Command::Resize { name, size } => resize(pool, &name, &size),
-        Command::Rename { name, new_name } => {
-            pool.rename_volume(&name, &new_name)?;
-            say(format_args!("renamed {name:?} to {new_name:?}"))
-        }
         Command::Import { name, file } => {
             let size_bytes = transfer::import(pool, &name, &file)?;
             let info = pool.volume_info(&name)?;
@@ -91,6 +98,48 @@ fn run_on_pool(pool: &Pool, command: Command) -> Result<()> {
             let offset = parse_size(&offset, "offset")?;
             let length = length.map(|text| parse_size(&text, "length")).transpose()?;
             transfer::read(&pool.volume(&name)?, &name, offset, length)
+        }
+        command => run_admin(pool, command),
+    }
+}
+
+fn run_admin(pool: &dyn Admin, command: Command) -> Result<()> {
+    match command {
+        Command::Init { .. } | Command::Serve { .. } => {
+            unreachable!("init and serve open the pool themselves")
+        }
+        Command::Import { .. }
+        | Command::Export { .. }
+        | Command::Write { .. }
+        | Command::Read { .. } => {
+            bail!(
+                "pool {} is held by a running `grove serve`: read and write its volumes over NBD, or stop the server first",
+                pool.dir().display()
+            )
+        }
+        Command::Create { name, size } => create(pool, &name, &size),
+        Command::Snapshot { source, name } => {
+            pool.snapshot(&source, &name)?;
+            say(format_args!(
+                "created snapshot {name:?} of {source:?} (read-only)"
+            ))
+        }
+        Command::Clone { source, name } => {
+            pool.clone_volume(&source, &name)?;
+            say(format_args!(
+                "created clone {name:?} of {source:?} (writable)"
+            ))
+        }
+        Command::List { json } => list(pool, json),
+        Command::Tree => {
+            let volumes = pool.volumes()?;
+            print_with(|out| write_volume_tree(out, &volumes))
+        }
+        Command::Rm { name } => remove(pool, &name),
+        Command::Resize { name, size } => resize(pool, &name, &size),
+        Command::Rename { name, new_name } => {
+            pool.rename_volume(&name, &new_name)?;
+            say(format_args!("renamed {name:?} to {new_name:?}"))
         }
         Command::Check { repair, json } => check(pool, repair, json),
         Command::Info { json } => {
@@ -138,7 +187,7 @@ fn init(dir: &Path, block_size: &str, capacity: Option<&str>) -> Result<()> {
     say(format_args!("{line})"))
 }
 
-fn create(pool: &Pool, name: &str, size: &str) -> Result<()> {
+fn create(pool: &dyn Admin, name: &str, size: &str) -> Result<()> {
     let size_bytes = parse_size(size, "size")?;
     let info = pool.create_volume(name, size_bytes)?;
     say(format_args!(
@@ -147,8 +196,8 @@ fn create(pool: &Pool, name: &str, size: &str) -> Result<()> {
     ))
 }
 
-fn list(pool: &Pool, json: bool) -> Result<()> {
-    let volumes = pool.volumes();
+fn list(pool: &dyn Admin, json: bool) -> Result<()> {
+    let volumes = pool.volumes()?;
     if json {
         print_json(&volumes)
     } else {
@@ -156,10 +205,10 @@ fn list(pool: &Pool, json: bool) -> Result<()> {
     }
 }
 
-fn remove(pool: &Pool, name: &str) -> Result<()> {
+fn remove(pool: &dyn Admin, name: &str) -> Result<()> {
     let info = pool.volume_info(name)?;
     let dependents = pool
-        .volumes()
+        .volumes()?
         .iter()
         .filter(|v| v.parent.as_deref() == Some(name))
         .count();
@@ -183,7 +232,7 @@ fn remove(pool: &Pool, name: &str) -> Result<()> {
     Ok(())
 }
 
-fn resize(pool: &Pool, name: &str, size: &str) -> Result<()> {
+fn resize(pool: &dyn Admin, name: &str, size: &str) -> Result<()> {
     let size_bytes = parse_size(size, "size")?;
     let before = pool.volume_info(name)?;
     let after = pool.resize_volume(name, size_bytes)?;
@@ -194,10 +243,9 @@ fn resize(pool: &Pool, name: &str, size: &str) -> Result<()> {
     ))
 }
 
-/// JSON on one line: what scripts grep and parse (pipe through `jq` to read it).
 /// Checks the pool; with `repair`, fixes what can be fixed and checks again,
 /// so the exit code says whether the pool is sound now.
-fn check(pool: &Pool, repair: bool, json: bool) -> Result<()> {
+fn check(pool: &dyn Admin, repair: bool, json: bool) -> Result<()> {
     let report = pool.check(repair)?;
     let after_repair = if repair && !report.repaired.is_empty() {
         Some(pool.check(false)?)
@@ -220,6 +268,7 @@ fn check(pool: &Pool, repair: bool, json: bool) -> Result<()> {
     Ok(())
 }
 
+/// JSON on one line: what scripts grep and parse (pipe through `jq` to read it).
 fn print_json(value: &impl serde::Serialize) -> Result<()> {
     print_with(|out| {
         serde_json::to_writer(&mut *out, value).map_err(io::Error::from)?;

@@ -5,8 +5,10 @@
 
 mod cli;
 mod commands;
+mod control;
 mod output;
 mod progress;
+mod serve;
 mod size;
 mod transfer;
 

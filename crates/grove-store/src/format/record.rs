@@ -13,7 +13,7 @@ pub const RECORD_BYTES: usize = 256;
 pub const RECORD_MAGIC: [u8; 4] = *b"GRVR";
 
 /// How a volume came to be, which also fixes whether it is writable.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum VolumeKind {
     /// Created empty with `grove create`; writable.

@@ -1,0 +1,321 @@
+//! The control socket: how `grove` commands reach a pool that a running
+//! `grove serve` holds open. The daemon listens on `POOL/grove.control`; a
+//! command that finds the pool busy sends one request as a JSON line and
+//! reads one JSON line back. The engine runs in the daemon, so a snapshot
+//! taken this way is crash-consistent with what NBD clients wrote: it holds
+//! every write acknowledged before it began.
+//!
+//! Request, one line: {"command":"snapshot","source":"disk","name":"disk@1"}
+//! Reply, one line:   {"ok":<result>} or {"error":{"kind":"NotFound","message":"..."}}
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context, Result};
+use grove_store::{CheckReport, Error, ErrorKind, Pool, PoolInfo, VolumeInfo};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+
+/// The control socket's file name inside the pool directory.
+pub const CONTROL_SOCKET_NAME: &str = "grove.control";
+/// Longest request line the daemon reads; requests are small.
+const REQUEST_LINE_MAX_BYTES: u64 = 64 * 1024;
+/// Requests one control connection may send before it is closed.
+const REQUESTS_PER_CONNECTION_MAX: usize = 1000;
+/// A control client that sends nothing for this long is disconnected.
+const IDLE_TIMEOUT_MS: u64 = 30_000;
+
+/// What a command can ask of a pool, whether it holds the pool itself or
+/// reaches it through a daemon.
+pub trait Admin {
+    fn dir(&self) -> &Path;
+    fn create_volume(&self, name: &str, size_bytes: u64) -> grove_store::Result<VolumeInfo>;
+    fn snapshot(&self, source: &str, name: &str) -> grove_store::Result<VolumeInfo>;
+    fn clone_volume(&self, source: &str, name: &str) -> grove_store::Result<VolumeInfo>;
+    fn remove_volume(&self, name: &str) -> grove_store::Result<u64>;
+    fn resize_volume(&self, name: &str, size_bytes: u64) -> grove_store::Result<VolumeInfo>;
+    fn rename_volume(&self, name: &str, new_name: &str) -> grove_store::Result<VolumeInfo>;
+    fn volumes(&self) -> grove_store::Result<Vec<VolumeInfo>>;
+    fn volume_info(&self, name: &str) -> grove_store::Result<VolumeInfo>;
+    fn info(&self) -> grove_store::Result<PoolInfo>;
+    fn check(&self, repair: bool) -> grove_store::Result<CheckReport>;
+}
+
+impl Admin for Pool {
+    fn dir(&self) -> &Path {
+        Pool::dir(self)
+    }
+    fn create_volume(&self, name: &str, size_bytes: u64) -> grove_store::Result<VolumeInfo> {
+        Pool::create_volume(self, name, size_bytes)
+    }
+    fn snapshot(&self, source: &str, name: &str) -> grove_store::Result<VolumeInfo> {
+        Pool::snapshot(self, source, name)
+    }
+    fn clone_volume(&self, source: &str, name: &str) -> grove_store::Result<VolumeInfo> {
+        Pool::clone_volume(self, source, name)
+    }
+    fn remove_volume(&self, name: &str) -> grove_store::Result<u64> {
+        Pool::remove_volume(self, name)
+    }
+    fn resize_volume(&self, name: &str, size_bytes: u64) -> grove_store::Result<VolumeInfo> {
+        Pool::resize_volume(self, name, size_bytes)
+    }
+    fn rename_volume(&self, name: &str, new_name: &str) -> grove_store::Result<VolumeInfo> {
+        Pool::rename_volume(self, name, new_name)
+    }
+    fn volumes(&self) -> grove_store::Result<Vec<VolumeInfo>> {
+        Ok(Pool::volumes(self))
+    }
+    fn volume_info(&self, name: &str) -> grove_store::Result<VolumeInfo> {
+        Pool::volume_info(self, name)
+    }
+    fn info(&self) -> grove_store::Result<PoolInfo> {
+        Pool::info(self)
+    }
+    fn check(&self, repair: bool) -> grove_store::Result<CheckReport> {
+        Pool::check(self, repair)
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "command", rename_all = "snake_case")]
+enum Request {
+    Create { name: String, size_bytes: u64 },
+    Snapshot { source: String, name: String },
+    Clone { source: String, name: String },
+    Remove { name: String },
+    Resize { name: String, size_bytes: u64 },
+    Rename { name: String, new_name: String },
+    List,
+    VolumeInfo { name: String },
+    Info,
+    Check { repair: bool },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Reply {
+    Ok(serde_json::Value),
+    Error { kind: ErrorKind, message: String },
+}
+
+/// Runs one request against the pool and turns the result into a reply.
+fn execute(pool: &Pool, request: Request) -> Reply {
+    fn reply<T: Serialize>(result: grove_store::Result<T>) -> Reply {
+        match result {
+            Ok(value) => Reply::Ok(serde_json::to_value(value).unwrap_or(serde_json::Value::Null)),
+            Err(e) => Reply::Error {
+                kind: e.kind(),
+                message: e.message().to_string(),
+            },
+        }
+    }
+    match request {
+        Request::Create { name, size_bytes } => reply(pool.create_volume(&name, size_bytes)),
+        Request::Snapshot { source, name } => reply(pool.snapshot(&source, &name)),
+        Request::Clone { source, name } => reply(pool.clone_volume(&source, &name)),
+        Request::Remove { name } => reply(pool.remove_volume(&name)),
+        Request::Resize { name, size_bytes } => reply(pool.resize_volume(&name, size_bytes)),
+        Request::Rename { name, new_name } => reply(pool.rename_volume(&name, &new_name)),
+        Request::List => reply(Ok(pool.volumes())),
+        Request::VolumeInfo { name } => reply(pool.volume_info(&name)),
+        Request::Info => reply(pool.info()),
+        Request::Check { repair } => reply(pool.check(repair)),
+    }
+}
+
+/// The daemon's side: answers requests on the control socket until stopped.
+pub struct ControlServer {
+    path: PathBuf,
+    stopping: Arc<AtomicBool>,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+impl ControlServer {
+    /// Listens on `POOL/grove.control`. The pool is already open (and so
+    /// locked) by this process, so a socket file found there is a stale one
+    /// from a daemon that died, and is replaced.
+    pub fn start(pool: Pool) -> Result<ControlServer> {
+        let path = pool.dir().join(CONTROL_SOCKET_NAME);
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path)
+            .with_context(|| format!("cannot listen on control socket {}", path.display()))?;
+        let stopping = Arc::new(AtomicBool::new(false));
+        let acceptor = {
+            let stopping = stopping.clone();
+            std::thread::Builder::new()
+                .name("grove-control".into())
+                .spawn(move || accept_loop(listener, pool, stopping))?
+        };
+        tracing::info!(socket = %path.display(), "control socket listening");
+        Ok(ControlServer {
+            path,
+            stopping,
+            acceptor: Some(acceptor),
+        })
+    }
+
+    /// Stops accepting, lets requests in progress finish, removes the socket.
+    pub fn stop(mut self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        // Wake the blocking accept with a connection of our own.
+        let _ = UnixStream::connect(&self.path);
+        if let Some(acceptor) = self.acceptor.take() {
+            let _ = acceptor.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn accept_loop(listener: UnixListener, pool: Pool, stopping: Arc<AtomicBool>) {
+    let mut handlers: Vec<JoinHandle<()>> = Vec::new();
+    for stream in listener.incoming() {
+        if stopping.load(Ordering::SeqCst) {
+            break;
+        }
+        handlers.retain(|h| !h.is_finished());
+        let Ok(stream) = stream else { continue };
+        let pool = pool.clone();
+        if let Ok(handler) = std::thread::Builder::new()
+            .name("grove-control-conn".into())
+            .spawn(move || serve_connection(stream, &pool))
+        {
+            handlers.push(handler);
+        }
+    }
+    for handler in handlers {
+        let _ = handler.join();
+    }
+}
+
+fn serve_connection(stream: UnixStream, pool: &Pool) {
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(IDLE_TIMEOUT_MS)));
+    let Ok(mut writer) = stream.try_clone() else {
+        return;
+    };
+    let mut reader = BufReader::new(stream);
+    for _ in 0..REQUESTS_PER_CONNECTION_MAX {
+        let mut line = String::new();
+        match (&mut reader)
+            .take(REQUEST_LINE_MAX_BYTES)
+            .read_line(&mut line)
+        {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let reply = match serde_json::from_str::<Request>(&line) {
+            Ok(request) => {
+                tracing::info!(?request, "control request");
+                execute(pool, request)
+            }
+            Err(e) => Reply::Error {
+                kind: ErrorKind::InvalidArgument,
+                message: format!("malformed control request: {e}"),
+            },
+        };
+        let mut text = serde_json::to_string(&reply).unwrap_or_default();
+        text.push('\n');
+        if writer.write_all(text.as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+/// A command's side: a connection to the daemon that holds the pool.
+pub struct ControlClient {
+    dir: PathBuf,
+    stream: std::cell::RefCell<BufReader<UnixStream>>,
+}
+
+impl ControlClient {
+    /// Connects to the daemon serving `dir`, or None if there is none.
+    pub fn connect(dir: &Path) -> Option<ControlClient> {
+        let stream = UnixStream::connect(dir.join(CONTROL_SOCKET_NAME)).ok()?;
+        Some(ControlClient {
+            dir: dir.to_path_buf(),
+            stream: std::cell::RefCell::new(BufReader::new(stream)),
+        })
+    }
+
+    fn call<T: DeserializeOwned>(&self, request: Request) -> grove_store::Result<T> {
+        self.exchange(&request).map_err(|e| {
+            Error::new(
+                ErrorKind::Io,
+                format!(
+                    "cannot reach the grove serving {}: {e:#}",
+                    self.dir.display()
+                ),
+            )
+        })?
+    }
+
+    fn exchange<T: DeserializeOwned>(&self, request: &Request) -> Result<grove_store::Result<T>> {
+        let mut stream = self.stream.borrow_mut();
+        let mut line = serde_json::to_string(request)?;
+        line.push('\n');
+        stream.get_mut().write_all(line.as_bytes())?;
+        let mut answer = String::new();
+        if stream.read_line(&mut answer)? == 0 {
+            return Err(anyhow!("the daemon closed the connection"));
+        }
+        Ok(match serde_json::from_str::<Reply>(&answer)? {
+            Reply::Ok(value) => Ok(serde_json::from_value(value)?),
+            Reply::Error { kind, message } => Err(Error::new(kind, message)),
+        })
+    }
+}
+
+impl Admin for ControlClient {
+    fn dir(&self) -> &Path {
+        &self.dir
+    }
+    fn create_volume(&self, name: &str, size_bytes: u64) -> grove_store::Result<VolumeInfo> {
+        self.call(Request::Create {
+            name: name.into(),
+            size_bytes,
+        })
+    }
+    fn snapshot(&self, source: &str, name: &str) -> grove_store::Result<VolumeInfo> {
+        self.call(Request::Snapshot {
+            source: source.into(),
+            name: name.into(),
+        })
+    }
+    fn clone_volume(&self, source: &str, name: &str) -> grove_store::Result<VolumeInfo> {
+        self.call(Request::Clone {
+            source: source.into(),
+            name: name.into(),
+        })
+    }
+    fn remove_volume(&self, name: &str) -> grove_store::Result<u64> {
+        self.call(Request::Remove { name: name.into() })
+    }
+    fn resize_volume(&self, name: &str, size_bytes: u64) -> grove_store::Result<VolumeInfo> {
+        self.call(Request::Resize {
+            name: name.into(),
+            size_bytes,
+        })
+    }
+    fn rename_volume(&self, name: &str, new_name: &str) -> grove_store::Result<VolumeInfo> {
+        self.call(Request::Rename {
+            name: name.into(),
+            new_name: new_name.into(),
+        })
+    }
+    fn volumes(&self) -> grove_store::Result<Vec<VolumeInfo>> {
+        self.call(Request::List)
+    }
+    fn volume_info(&self, name: &str) -> grove_store::Result<VolumeInfo> {
+        self.call(Request::VolumeInfo { name: name.into() })
+    }
+    fn info(&self) -> grove_store::Result<PoolInfo> {
+        self.call(Request::Info)
+    }
+    fn check(&self, repair: bool) -> grove_store::Result<CheckReport> {
+        self.call(Request::Check { repair })
+    }
+}

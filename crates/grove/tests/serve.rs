@@ -1,0 +1,254 @@
+//! `grove serve` as a real process: other grove commands work through it,
+//! a snapshot taken while a client writes holds every acknowledged write,
+//! SIGTERM shuts it down cleanly, and data flushed before a SIGKILL is
+//! there after a restart. NBD clients are the real qemu-io; the tests that
+//! need it say so and skip when it is missing (scripts/test.sh installs it).
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const GROVE: &str = env!("CARGO_BIN_EXE_grove");
+/// How long a server may take to start listening.
+const STARTUP_TIMEOUT_MS: u64 = 10_000;
+
+struct Served {
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl Served {
+    /// A pool with a 64 MiB volume "disk", served on its default socket.
+    fn start() -> Served {
+        let dir = tempfile::tempdir().unwrap();
+        let served = Served { dir, child: None };
+        served.ok(&["init"]);
+        served.ok(&["create", "disk", "--size", "64M"]);
+        served.spawn()
+    }
+
+    fn spawn(mut self) -> Served {
+        let child = Command::new(GROVE)
+            .args(["--pool", self.pool().to_str().unwrap(), "serve"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let started = Instant::now();
+        while !(self.socket().exists() && self.pool().join("grove.control").exists()) {
+            assert!(
+                started.elapsed() < Duration::from_millis(STARTUP_TIMEOUT_MS),
+                "grove serve did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self
+    }
+
+    fn pool(&self) -> PathBuf {
+        self.dir.path().join("pool")
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.pool().join("nbd.sock")
+    }
+
+    fn uri(&self, export: &str) -> String {
+        format!("nbd+unix:///{export}?socket={}", self.socket().display())
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new(GROVE)
+            .arg("--pool")
+            .arg(self.pool())
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let output = self.run(args);
+        assert!(
+            output.status.success(),
+            "grove {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).unwrap()
+    }
+
+    /// Sends SIGTERM and waits: the server must exit 0.
+    fn terminate(&mut self) {
+        let mut child = self.child.take().unwrap();
+        let status = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let status = child.wait().unwrap();
+        assert!(
+            status.success(),
+            "grove serve exited with {status} after SIGTERM"
+        );
+    }
+
+    fn kill(&mut self) {
+        let mut child = self.child.take().unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn have(tool: &str) -> bool {
+    let found = Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .unwrap()
+        .status
+        .success();
+    if !found {
+        println!("skipping: {tool} is not installed (scripts/test.sh installs it)");
+    }
+    found
+}
+
+fn qemu_io(uri: &str, read_only: bool, commands: &[&str]) -> Output {
+    let mut command = Command::new("qemu-io");
+    command.args(["-f", "raw"]);
+    if read_only {
+        command.arg("-r");
+    }
+    for c in commands {
+        command.args(["-c", c]);
+    }
+    command.arg(uri).output().unwrap()
+}
+
+fn assert_qemu_io_ok(output: &Output, what: &str) {
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success()
+            && !text.contains("failed")
+            && !text.contains("Pattern verification"),
+        "{what}: {text}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[test]
+fn other_commands_work_through_the_server_and_sigterm_closes_cleanly() {
+    let mut served = Served::start();
+    served.ok(&["create", "other", "--size", "1G"]);
+    served.ok(&["snapshot", "disk", "disk@1"]);
+    served.ok(&["clone", "disk@1", "copy"]);
+    served.ok(&["rename", "copy", "copy2"]);
+    served.ok(&["resize", "copy2", "128M"]);
+    served.ok(&["rm", "other"]);
+    let list = served.ok(&["list", "--json"]);
+    for name in ["disk", "disk@1", "copy2"] {
+        assert!(list.contains(&format!("\"name\":\"{name}\"")), "{list}");
+    }
+    assert!(served.ok(&["tree"]).contains("copy2"));
+    assert!(served.ok(&["info"]).contains("volumes"));
+    assert!(served.ok(&["check"]).contains("clean"));
+    // Errors from the daemon are the engine's, one line, exit 1.
+    let output = served.run(&["snapshot", "nope", "x"]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.starts_with("grove: error: no volume named \"nope\""),
+        "{stderr}"
+    );
+    // Moving data needs the pool itself: a clear refusal.
+    let output = served.run(&["read", "disk", "--length", "10"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("held by a running `grove serve`"));
+    // A second server on the same pool is refused.
+    let output = served.run(&["serve"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("already held"));
+
+    served.terminate();
+    assert!(
+        !served.socket().exists(),
+        "the NBD socket outlived the server"
+    );
+    assert!(
+        !served.pool().join("grove.control").exists(),
+        "the control socket outlived the server"
+    );
+    assert!(served.ok(&["check"]).contains("clean"));
+    assert!(served.ok(&["list"]).contains("copy2"));
+}
+
+#[test]
+fn a_snapshot_taken_while_a_client_writes_holds_its_acknowledged_writes() {
+    if !have("qemu-io") {
+        return;
+    }
+    let mut served = Served::start();
+    for round in 1..=3u8 {
+        let pattern = format!("{:#04x}", round * 0x11);
+        let offset = format!("{}M", round * 3);
+        let output = qemu_io(
+            &served.uri("disk"),
+            false,
+            &[&format!("write -P {pattern} {offset} 2M")],
+        );
+        assert_qemu_io_ok(&output, "write");
+        // The write was acknowledged; the snapshot begins after it.
+        served.ok(&["snapshot", "disk", &format!("disk@{round}")]);
+        let output = qemu_io(
+            &served.uri(&format!("disk@{round}")),
+            true,
+            &[&format!("read -P {pattern} {offset} 2M")],
+        );
+        assert_qemu_io_ok(&output, "read back from the snapshot");
+    }
+    // The snapshot is read-only over NBD.
+    let output = qemu_io(&served.uri("disk@1"), false, &["write 0 4k"]);
+    assert!(!output.status.success() || String::from_utf8_lossy(&output.stdout).contains("failed"));
+    served.terminate();
+}
+
+#[test]
+fn data_flushed_before_a_sigkill_is_there_after_a_restart() {
+    if !have("qemu-io") {
+        return;
+    }
+    let mut served = Served::start();
+    let output = qemu_io(
+        &served.uri("disk"),
+        false,
+        &[
+            "write -P 0x5a 1M 3M",
+            "flush",
+            "write -P 0x6b 10M 1M",
+            "flush",
+        ],
+    );
+    assert_qemu_io_ok(&output, "write and flush");
+    served.kill();
+    // The pool opens without repair and holds everything flushed.
+    assert!(served.ok(&["check"]).contains("clean"));
+    let served = served.spawn();
+    let output = qemu_io(
+        &served.uri("disk"),
+        true,
+        &[
+            "read -P 0x5a 1M 3M",
+            "read -P 0x6b 10M 1M",
+            "read -P 0 0 1M",
+        ],
+    );
+    assert_qemu_io_ok(&output, "read after the restart");
+}
