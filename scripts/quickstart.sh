@@ -2,8 +2,9 @@
 # grove's main job on the embedded default pool, from a fresh checkout:
 # builds grove, creates ./grove-pool if it is missing, then walks through a
 # volume, data, a snapshot and a clone, and shows the family tree with the
-# space each volume uses. Safe to run again: each run adds a new snapshot and
-# clone of the same volume.
+# space each volume uses, and ends by serving the pool over NBD (Ctrl-C stops
+# it). Safe to run again: each run adds a new snapshot and clone of the same
+# volume.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,4 +37,6 @@ show tree
 show list
 show info
 echo
-echo "The pool is in $GROVE_POOL. Try: target/release/grove --help"
+echo "==> serving $GROVE_POOL over NBD until Ctrl-C (other grove commands keep working meanwhile)"
+echo "\$ grove serve"
+exec target/release/grove serve
