@@ -92,7 +92,15 @@ impl ShutdownHandle {
 
 struct Inner {
     pool: Pool,
-    options: ServerOptions,
+    options: Arc<ServerOptions>,
+    control: Arc<Control>,
+}
+
+/// What connection threads share with the server. It holds no pool handle:
+/// a connection thread lets go of the pool before it unregisters, so once
+/// shutdown has seen every connection leave, dropping the server closes
+/// the pool.
+struct Control {
     stopping: AtomicBool,
     state: Mutex<State>,
     changed: Condvar,
@@ -125,10 +133,12 @@ impl Server {
         Server {
             inner: Arc::new(Inner {
                 pool,
-                options,
-                stopping: AtomicBool::new(false),
-                state: Mutex::new(State::default()),
-                changed: Condvar::new(),
+                options: Arc::new(options),
+                control: Arc::new(Control {
+                    stopping: AtomicBool::new(false),
+                    state: Mutex::new(State::default()),
+                    changed: Condvar::new(),
+                }),
             }),
         }
     }
@@ -224,7 +234,7 @@ impl Server {
 
     /// Connections being served now.
     pub fn connection_count(&self) -> usize {
-        self.inner.lock().connections.len()
+        self.inner.control.lock().connections.len()
     }
 
     /// Stops the server: closes the listeners, lets every connection finish
@@ -233,12 +243,12 @@ impl Server {
     /// clone, waits for the first call to finish.
     pub fn shutdown(&self) -> Result<(), NbdError> {
         let inner = &self.inner;
-        if inner.stopping.swap(true, Ordering::SeqCst) {
+        if inner.control.stopping.swap(true, Ordering::SeqCst) {
             self.wait();
             return Ok(());
         }
         tracing::info!("NBD server shutting down");
-        let listeners = std::mem::take(&mut inner.lock().listeners);
+        let listeners = std::mem::take(&mut inner.control.lock().listeners);
         for listener in listeners {
             // The accept loop checks `stopping` after every accept; one
             // connection wakes it.
@@ -261,7 +271,7 @@ impl Server {
         }
         // End every connection's reads: readers see end-of-file, workers
         // answer what was already read, and the connections close.
-        let mut state = inner.lock();
+        let mut state = inner.control.lock();
         for stream in state.connections.values() {
             let _ = stream.shutdown(Shutdown::Read);
         }
@@ -277,11 +287,16 @@ impl Server {
                     let _ = stream.shutdown(Shutdown::Both);
                 }
                 while !state.connections.is_empty() {
-                    state = inner.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+                    state = inner
+                        .control
+                        .changed
+                        .wait(state)
+                        .unwrap_or_else(|e| e.into_inner());
                 }
                 break;
             }
             state = inner
+                .control
                 .changed
                 .wait_timeout(state, left)
                 .unwrap_or_else(|e| e.into_inner())
@@ -291,9 +306,9 @@ impl Server {
         let flushed = inner.pool.flush().map_err(|e| {
             NbdError::engine(NbdErrorKind::Flush, "cannot flush the pool at shutdown", e)
         });
-        let mut state = inner.lock();
+        let mut state = inner.control.lock();
         state.stopped = true;
-        inner.changed.notify_all();
+        inner.control.changed.notify_all();
         drop(state);
         tracing::info!("NBD server stopped");
         flushed
@@ -301,10 +316,11 @@ impl Server {
 
     /// Blocks until the server has shut down.
     pub fn wait(&self) {
-        let mut state = self.inner.lock();
+        let mut state = self.inner.control.lock();
         while !state.stopped {
             state = self
                 .inner
+                .control
                 .changed
                 .wait(state)
                 .unwrap_or_else(|e| e.into_inner());
@@ -312,7 +328,7 @@ impl Server {
     }
 
     fn check_running(&self) -> Result<(), NbdError> {
-        if self.inner.stopping.load(Ordering::SeqCst) {
+        if self.inner.control.stopping.load(Ordering::SeqCst) {
             return Err(NbdError::new(
                 NbdErrorKind::ShutDown,
                 "the NBD server is shut down",
@@ -332,7 +348,7 @@ impl Server {
             .name("nbd-accept".into())
             .spawn(move || accept_loop(&inner, socket))
             .map_err(|e| NbdError::io(NbdErrorKind::Listen, "cannot start the accept thread", e))?;
-        self.inner.lock().listeners.push(Listener {
+        self.inner.control.lock().listeners.push(Listener {
             thread,
             wake,
             socket_path,
@@ -361,7 +377,7 @@ impl ListenerSocket {
     }
 }
 
-impl Inner {
+impl Control {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -370,7 +386,7 @@ impl Inner {
 fn accept_loop(inner: &Arc<Inner>, socket: ListenerSocket) {
     loop {
         let accepted = socket.accept();
-        if inner.stopping.load(Ordering::SeqCst) {
+        if inner.control.stopping.load(Ordering::SeqCst) {
             return;
         }
         match accepted {
@@ -384,8 +400,8 @@ fn accept_loop(inner: &Arc<Inner>, socket: ListenerSocket) {
 }
 
 fn start_connection(inner: &Arc<Inner>, stream: Stream) {
-    let mut state = inner.lock();
-    if inner.stopping.load(Ordering::SeqCst) {
+    let mut state = inner.control.lock();
+    if inner.control.stopping.load(Ordering::SeqCst) {
         return;
     }
     if state.connections.len() >= inner.options.connections_max {
@@ -407,39 +423,46 @@ fn start_connection(inner: &Arc<Inner>, stream: Stream) {
     state.next_connection_id += 1;
     state.connections.insert(id, control);
     drop(state);
-    let thread_inner = inner.clone();
+    let control = inner.control.clone();
+    let pool = inner.pool.clone();
+    let options = inner.options.clone();
     let spawned = thread::Builder::new()
         .name(format!("nbd-conn-{id}"))
         .spawn(move || {
-            let _guard = ConnectionGuard {
-                inner: &thread_inner,
-                id,
-            };
-            handle_connection(&thread_inner, stream, id);
+            let guard = ConnectionGuard { control, id };
+            handle_connection(pool, &options, &guard.control.stopping, stream, id);
         });
     if let Err(e) = spawned {
         tracing::warn!(error = %e, "cannot start a connection thread; dropping the connection");
-        inner.lock().connections.remove(&id);
-        inner.changed.notify_all();
+        inner.control.lock().connections.remove(&id);
+        inner.control.changed.notify_all();
     }
 }
 
 /// Unregisters a connection when its thread ends, however it ends.
-struct ConnectionGuard<'a> {
-    inner: &'a Inner,
+struct ConnectionGuard {
+    control: Arc<Control>,
     id: u64,
 }
 
-impl Drop for ConnectionGuard<'_> {
+impl Drop for ConnectionGuard {
     fn drop(&mut self) {
-        if let Some(stream) = self.inner.lock().connections.remove(&self.id) {
+        if let Some(stream) = self.control.lock().connections.remove(&self.id) {
             let _ = stream.shutdown(Shutdown::Both);
         }
-        self.inner.changed.notify_all();
+        self.control.changed.notify_all();
     }
 }
 
-fn handle_connection(inner: &Inner, stream: Stream, id: u64) {
+/// Serves one connection. Takes the pool by value so that it is let go
+/// before the connection unregisters.
+fn handle_connection(
+    pool: Pool,
+    options: &ServerOptions,
+    stopping: &AtomicBool,
+    stream: Stream,
+    id: u64,
+) {
     let label = format!("{id} ({})", stream.peer());
     let mut writer = match stream.try_clone() {
         Ok(writer) => writer,
@@ -453,9 +476,9 @@ fn handle_connection(inner: &Inner, stream: Stream, id: u64) {
     // client may send its first request right behind NBD_OPT_GO.
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, stream);
     let context = Context {
-        pool: &inner.pool,
-        options: &inner.options,
-        stopping: &inner.stopping,
+        pool: &pool,
+        options,
+        stopping,
     };
     let session = match handshake::negotiate(&mut reader, &mut writer, &context) {
         Ok(Outcome::Transmission(session)) => session,
@@ -480,7 +503,7 @@ fn handle_connection(inner: &Inner, stream: Stream, id: u64) {
         &mut reader,
         writer,
         &session,
-        inner.options.workers_per_connection,
+        options.workers_per_connection,
         &label,
     );
     match end {

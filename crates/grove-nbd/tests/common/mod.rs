@@ -153,8 +153,27 @@ impl Reply {
 /// A client that speaks the protocol byte by byte, so tests can also send
 /// what no real client would.
 pub struct RawClient {
-    pub stream: UnixStream,
+    pub stream: Box<dyn Conn>,
     pub structured: bool,
+}
+
+/// A socket the raw client can talk over.
+pub trait Conn: Read + Write + Send {
+    /// A second handle on the same socket, for a reader and a writer in
+    /// two threads.
+    fn try_clone_conn(&self) -> std::io::Result<Box<dyn Conn>>;
+}
+
+impl Conn for UnixStream {
+    fn try_clone_conn(&self) -> std::io::Result<Box<dyn Conn>> {
+        Ok(Box::new(self.try_clone()?))
+    }
+}
+
+impl Conn for std::net::TcpStream {
+    fn try_clone_conn(&self) -> std::io::Result<Box<dyn Conn>> {
+        Ok(Box::new(self.try_clone()?))
+    }
 }
 
 impl RawClient {
@@ -163,6 +182,18 @@ impl RawClient {
         stream
             .set_read_timeout(Some(Duration::from_millis(REPLY_TIMEOUT_MS)))
             .unwrap();
+        RawClient::over(Box::new(stream))
+    }
+
+    pub fn connect_tcp(addr: std::net::SocketAddr) -> RawClient {
+        let stream = std::net::TcpStream::connect(addr).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_millis(REPLY_TIMEOUT_MS)))
+            .unwrap();
+        RawClient::over(Box::new(stream))
+    }
+
+    pub fn over(stream: Box<dyn Conn>) -> RawClient {
         RawClient {
             stream,
             structured: false,
@@ -304,9 +335,17 @@ impl RawClient {
         }
     }
 
-    /// Whether the server closed the connection (reads end-of-file).
+    /// Whether the server closed the connection: the next read sees
+    /// end-of-file (or a reset) rather than data or a timeout.
     pub fn is_closed(&mut self) -> bool {
         let mut byte = [0u8; 1];
-        matches!(self.stream.read(&mut byte), Ok(0) | Err(_))
+        match self.stream.read(&mut byte) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => matches!(
+                e.kind(),
+                std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+            ),
+        }
     }
 }
