@@ -11,6 +11,10 @@ use crate::codec::*;
 pub const WORKERS_PER_CONNECTION_DEFAULT: usize = 4;
 /// Connections served at once, by default; more are closed at accept.
 pub const CONNECTIONS_MAX_DEFAULT: usize = 128;
+/// How long a client may take over the whole handshake, by default. A
+/// client that connects and says nothing would otherwise hold a connection
+/// slot forever (qemu-nbd's limit is the same).
+pub const HANDSHAKE_TIMEOUT_MS_DEFAULT: u64 = 10_000;
 
 /// Which volumes the server exports.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -44,6 +48,8 @@ pub struct ServerOptions {
     pub workers_per_connection: usize,
     /// Connections served at once; a client over the limit is disconnected.
     pub connections_max: usize,
+    /// Time a client has to finish negotiating; 0 means no limit.
+    pub handshake_timeout_ms: u64,
 }
 
 impl Default for ServerOptions {
@@ -54,6 +60,7 @@ impl Default for ServerOptions {
             exports: ExportFilter::All,
             workers_per_connection: WORKERS_PER_CONNECTION_DEFAULT,
             connections_max: CONNECTIONS_MAX_DEFAULT,
+            handshake_timeout_ms: HANDSHAKE_TIMEOUT_MS_DEFAULT,
         }
     }
 }

@@ -38,7 +38,8 @@ pub mod validate;
 
 pub use error::{nbd_error_for, NbdError, NbdErrorKind};
 pub use export::{
-    ExportFilter, ServerOptions, CONNECTIONS_MAX_DEFAULT, WORKERS_PER_CONNECTION_DEFAULT,
+    ExportFilter, ServerOptions, CONNECTIONS_MAX_DEFAULT, HANDSHAKE_TIMEOUT_MS_DEFAULT,
+    WORKERS_PER_CONNECTION_DEFAULT,
 };
 pub use handshake::{BLOCK_SIZE_MINIMUM_BYTES, OPTION_DATA_MAX_BYTES};
 pub use server::{parse_listen_addr, Server, ShutdownHandle, DEFAULT_TCP_PORT, SHUTDOWN_GRACE_MS};

@@ -17,7 +17,7 @@ use grove_store::Pool;
 use crate::error::{NbdError, NbdErrorKind};
 use crate::export::ServerOptions;
 use crate::handshake::{self, Context, Outcome};
-use crate::stream::Stream;
+use crate::stream::{DeadlineReader, Stream};
 use crate::transmission::{self, End};
 
 /// The port IANA reserved for NBD.
@@ -472,6 +472,10 @@ fn handle_connection(
         }
     };
     tracing::debug!(connection = label, "connected");
+    // The deadline covers the whole handshake, not each read: a client
+    // that trickles one byte at a time is cut off too.
+    let deadline = (options.handshake_timeout_ms > 0)
+        .then(|| Instant::now() + Duration::from_millis(options.handshake_timeout_ms));
     // The reader keeps its buffer from the handshake into transmission: a
     // client may send its first request right behind NBD_OPT_GO.
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, stream);
@@ -480,7 +484,21 @@ fn handle_connection(
         options,
         stopping,
     };
-    let session = match handshake::negotiate(&mut reader, &mut writer, &context) {
+    let negotiated = handshake::negotiate(
+        &mut DeadlineReader {
+            reader: &mut reader,
+            deadline,
+        },
+        &mut writer,
+        &context,
+    );
+    if deadline.is_some() {
+        if let Err(e) = reader.get_ref().set_read_timeout(None) {
+            tracing::warn!(connection = label, error = %e, "cannot clear the handshake timeout");
+            return;
+        }
+    }
+    let session = match negotiated {
         Ok(Outcome::Transmission(session)) => session,
         Ok(Outcome::Ended) => {
             tracing::debug!(connection = label, "client left during the handshake");

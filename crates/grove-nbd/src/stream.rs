@@ -1,9 +1,10 @@
 //! One connected socket, unix or TCP, behind one type so the protocol code
 //! does not care which.
 
-use std::io::{self, Read, Write};
+use std::io::{self, BufReader, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::unix::net::UnixStream;
+use std::time::Instant;
 
 #[derive(Debug)]
 pub(crate) enum Stream {
@@ -26,6 +27,15 @@ impl Stream {
         match self {
             Stream::Unix(s) => s.shutdown(how),
             Stream::Tcp(s) => s.shutdown(how),
+        }
+    }
+
+    /// Limits how long a read waits (None: forever). Applies to the socket,
+    /// so to every clone of it.
+    pub fn set_read_timeout(&self, timeout: Option<std::time::Duration>) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.set_read_timeout(timeout),
+            Stream::Tcp(s) => s.set_read_timeout(timeout),
         }
     }
 
@@ -98,4 +108,28 @@ pub(crate) fn discard(reader: &mut impl Read, len: u64) -> io::Result<()> {
         ));
     }
     Ok(())
+}
+
+/// Reads from a connection until a deadline, however the reads are spread:
+/// the socket's timeout is set to what is left before each read that has
+/// to wait. Past the deadline, reads fail with `TimedOut`.
+pub(crate) struct DeadlineReader<'a> {
+    pub reader: &'a mut BufReader<Stream>,
+    pub deadline: Option<Instant>,
+}
+
+impl Read for DeadlineReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if let (Some(deadline), true) = (self.deadline, self.reader.buffer().is_empty()) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the client took too long over the handshake",
+                ));
+            }
+            self.reader.get_ref().set_read_timeout(Some(left))?;
+        }
+        self.reader.read(buf)
+    }
 }

@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::time::{Duration, Instant};
 
@@ -159,4 +160,48 @@ fn stale_socket_files_are_replaced_and_live_ones_refused() {
         "a file is never removed"
     );
     server.shutdown().unwrap();
+}
+
+#[test]
+fn a_client_that_stalls_in_the_handshake_is_cut_off() {
+    let t = TestServer::start(
+        &[("disk", 1 << 20)],
+        ServerOptions {
+            handshake_timeout_ms: 300,
+            ..Default::default()
+        },
+    );
+    // Says nothing after the greeting.
+    let mut silent = t.connect();
+    let _ = silent.recv(GREETING_BYTES);
+    // Trickles valid options, each well inside the limit but together past it.
+    let mut trickle = t.connect();
+    trickle.greet(FLAG_C_FIXED_NEWSTYLE);
+    let started = Instant::now();
+    let mut cut_off = false;
+    while started.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(100));
+        let option = encode_option_header(OptionHeader {
+            option: OPT_STRUCTURED_REPLY,
+            length: 0,
+        });
+        let mut header = [0u8; OPTION_REPLY_HEADER_BYTES];
+        let answered = trickle
+            .stream
+            .write_all(&option)
+            .and_then(|()| trickle.stream.read_exact(&mut header));
+        if answered.is_err() {
+            cut_off = true;
+            break;
+        }
+    }
+    assert!(cut_off, "a trickling client was never cut off");
+    assert!(silent.is_closed(), "a silent client is cut off");
+    // A client that completes in time is served, and the limit does not
+    // apply once transmission starts.
+    let mut c = t.connect();
+    c.handshake("disk", true);
+    std::thread::sleep(Duration::from_millis(500));
+    c.request(Command::Read, 0, 1, 0, 512);
+    assert_eq!(c.reply(None).error(), 0);
 }
