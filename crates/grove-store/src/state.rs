@@ -991,6 +991,23 @@ impl State {
         })
     }
 
+    /// Grows the device to span every allocation group, so that the store
+    /// never looks truncated to the next open (the groups' blocks may not
+    /// all have been written yet).
+    fn grow_device_to_store(&self) -> Result<()> {
+        let store_len = self.alloc.store_end() * self.geometry.block_bytes();
+        let device_len = self
+            .device
+            .len_bytes()
+            .map_err(|e| Error::io(format!("cannot stat {}", self.device.describe()), e))?;
+        if device_len < store_len {
+            self.device
+                .set_len_bytes(store_len)
+                .map_err(|e| Error::io(format!("cannot grow {}", self.device.describe()), e))?;
+        }
+        Ok(())
+    }
+
     /// Makes every change so far durable through the journal. Returns the
     /// blocks this commit freed; the caller makes them reusable once no
     /// reader can still be using them.
@@ -1029,16 +1046,7 @@ impl State {
             self.nodes[&addr].encode(&mut block);
             writes.push((addr, block));
         }
-        let store_len = self.alloc.store_end() * self.geometry.block_bytes();
-        let device_len = self
-            .device
-            .len_bytes()
-            .map_err(|e| Error::io(format!("cannot stat {}", self.device.describe()), e))?;
-        if device_len < store_len {
-            self.device
-                .set_len_bytes(store_len)
-                .map_err(|e| Error::io(format!("cannot grow {}", self.device.describe()), e))?;
-        }
+        self.grow_device_to_store()?;
         let roots = Roots {
             volume_table_root: self.superblock.volume_table_root,
             volume_table_height: self.superblock.volume_table_height,
@@ -1290,16 +1298,7 @@ impl State {
             self.superblock.next_volume_id = roots.next_volume_id;
             self.committed_roots = roots;
         }
-        let store_len = self.alloc.store_end() * self.geometry.block_bytes();
-        let device_len = self
-            .device
-            .len_bytes()
-            .map_err(|e| Error::io(format!("cannot stat {}", self.device.describe()), e))?;
-        if device_len < store_len {
-            self.device
-                .set_len_bytes(store_len)
-                .map_err(|e| Error::io(format!("cannot grow {}", self.device.describe()), e))?;
-        }
+        self.grow_device_to_store()?;
         self.checkpoint()?;
         Ok(transactions.len())
     }
