@@ -190,6 +190,9 @@ pub fn validate_volume_size(size_bytes: u64) -> Result<()> {
 impl Pool {
     /// Creates a pool in `dir` (made if missing). Fails if one is there.
     pub fn create(dir: &Path, options: &PoolOptions) -> Result<Pool> {
+        // Before anything is created: a store file left behind by a refused
+        // attempt would make the corrected retry fail with AlreadyExists.
+        check_options(options)?;
         if dir.join(CONFIG_FILE_NAME).exists() {
             return Err(Error::new(
                 ErrorKind::AlreadyExists,
@@ -239,21 +242,10 @@ impl Pool {
         dir: &Path,
         lock: Option<File>,
     ) -> Result<Pool> {
+        check_options(options)?;
         let block_size = options.block_size_bytes;
-        if !is_valid_block_size(block_size) {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!("invalid block size {block_size}: choose a power of two from 1K to 64K"),
-            ));
-        }
         let block_bytes = u64::from(block_size);
         let journal_blocks = options.journal_bytes.unwrap_or(JOURNAL_REGION_BYTES) / block_bytes;
-        if journal_blocks < JOURNAL_REGION_BLOCKS_MIN {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!("the journal needs at least {JOURNAL_REGION_BLOCKS_MIN} blocks"),
-            ));
-        }
         let group_blocks = group::group_blocks(block_size);
         // The capacity counts whole blocks of the data area; at least the
         // first group's map block and one more.
@@ -892,6 +884,26 @@ fn read_superblock(device: &dyn BlockDevice, what: &str) -> Result<(Superblock, 
         })
         .collect();
     Ok((choose_slot([slot0, slot1], what)?, problems))
+}
+
+/// Checks the settings of a new pool.
+fn check_options(options: &PoolOptions) -> Result<()> {
+    let block_size = options.block_size_bytes;
+    if !is_valid_block_size(block_size) {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!("invalid block size {block_size}: choose a power of two from 1K to 64K"),
+        ));
+    }
+    let journal_blocks =
+        options.journal_bytes.unwrap_or(JOURNAL_REGION_BYTES) / u64::from(block_size);
+    if journal_blocks < JOURNAL_REGION_BLOCKS_MIN {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!("the journal needs at least {JOURNAL_REGION_BLOCKS_MIN} blocks"),
+        ));
+    }
+    Ok(())
 }
 
 fn lock_store(path: &Path) -> Result<File> {
