@@ -1,0 +1,490 @@
+//! Bad input to the engine: every refusal has the right error kind, names
+//! what failed, never panics, and leaves the pool exactly as it was (same
+//! volumes, same contents), so that a caller can always try again.
+
+use std::path::{Path, PathBuf};
+
+use grove_store::{ErrorKind, Pool, PoolOptions, VolumeInfo};
+
+/// Not the default block size, so a test that assumes 4 KiB (for example
+/// when it looks for superblock slot 1) goes wrong. Small blocks and a small
+/// journal keep the store (one allocation group) at a few MiB, since tests
+/// here copy it whole.
+const BLOCK_SIZE_BYTES: u32 = 2048;
+const JOURNAL_BYTES: u64 = 256 * 1024;
+const DISK_BYTES: u64 = 4 << 20;
+const SUPERBLOCK_VERSION_OFFSET: u64 = 8;
+
+fn options() -> PoolOptions {
+    PoolOptions {
+        block_size_bytes: BLOCK_SIZE_BYTES,
+        capacity_bytes: None,
+        journal_bytes: Some(JOURNAL_BYTES),
+    }
+}
+
+/// A pool with a written volume, a read-only snapshot of it and a clone
+/// that differs from both. Closed; returns its directory.
+fn build_pool(dir: &Path) -> PathBuf {
+    let path = dir.join("pool");
+    let pool = Pool::create(&path, &options()).unwrap();
+    pool.create_volume("disk", DISK_BYTES).unwrap();
+    let disk = pool.volume("disk").unwrap();
+    disk.write_at(&[1u8; 20_000], 5000).unwrap();
+    disk.write_at(b"the end", DISK_BYTES - 7).unwrap();
+    pool.snapshot("disk", "snap").unwrap();
+    pool.clone_volume("snap", "clone").unwrap();
+    pool.volume("clone")
+        .unwrap()
+        .write_at(&[2u8; 3000], 100_000)
+        .unwrap();
+    disk.write_at(&[3u8; 100], 0).unwrap();
+    drop(disk);
+    pool.close().unwrap();
+    path
+}
+
+/// Everything a user can observe: the volume list and every volume's bytes.
+#[derive(Debug, PartialEq, Eq)]
+struct Observed {
+    volumes: Vec<VolumeInfo>,
+    contents: Vec<Vec<u8>>,
+}
+
+fn observe(pool: &Pool) -> Observed {
+    let volumes = pool.volumes();
+    let contents = volumes
+        .iter()
+        .map(|v| {
+            let mut buf = vec![0u8; v.size_bytes as usize];
+            pool.volume(&v.name).unwrap().read_at(&mut buf, 0).unwrap();
+            buf
+        })
+        .collect();
+    Observed { volumes, contents }
+}
+
+fn observe_closed(path: &Path) -> Observed {
+    let pool = Pool::open(path).unwrap();
+    let observed = observe(&pool);
+    pool.close().unwrap();
+    observed
+}
+
+#[track_caller]
+fn assert_kind<T: std::fmt::Debug>(result: grove_store::Result<T>, kind: ErrorKind) {
+    match result {
+        Err(e) => {
+            assert_eq!(e.kind(), kind, "wrong kind for error: {e}");
+            assert!(!e.message().is_empty() && !e.message().contains('\n'));
+        }
+        Ok(v) => panic!("expected {kind:?}, got Ok({v:?})"),
+    }
+}
+
+#[test]
+fn unknown_volumes_are_not_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = Pool::open(&build_pool(dir.path())).unwrap();
+    let before = observe(&pool);
+    assert_kind(pool.volume("nope").map(|_| ()), ErrorKind::NotFound);
+    assert_kind(pool.volume_info("nope"), ErrorKind::NotFound);
+    assert_kind(pool.remove_volume("nope"), ErrorKind::NotFound);
+    assert_kind(pool.snapshot("nope", "new"), ErrorKind::NotFound);
+    assert_kind(pool.clone_volume("nope", "new"), ErrorKind::NotFound);
+    assert_kind(pool.resize_volume("nope", 1 << 20), ErrorKind::NotFound);
+    assert_kind(pool.rename_volume("nope", "new"), ErrorKind::NotFound);
+    // Names are exact: no case folding, no prefixes.
+    assert_kind(pool.volume("Disk").map(|_| ()), ErrorKind::NotFound);
+    assert_kind(pool.volume("dis").map(|_| ()), ErrorKind::NotFound);
+    assert_eq!(observe(&pool), before);
+
+    // A handle outlives its volume only to report that it is gone.
+    let handle = pool.volume("clone").unwrap();
+    pool.remove_volume("clone").unwrap();
+    let mut buf = [0u8; 10];
+    assert_kind(handle.read_at(&mut buf, 0), ErrorKind::NotFound);
+    assert_kind(handle.write_at(&buf, 0), ErrorKind::NotFound);
+    assert_kind(handle.discard(0, 10), ErrorKind::NotFound);
+    assert_kind(handle.mapped_extents(), ErrorKind::NotFound);
+    assert_kind(handle.info(), ErrorKind::NotFound);
+    // Even when a new volume takes the name: handles follow ids.
+    pool.create_volume("clone", DISK_BYTES).unwrap();
+    assert_kind(handle.read_at(&mut buf, 0), ErrorKind::NotFound);
+}
+
+#[test]
+fn taken_names_already_exist() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = Pool::open(&build_pool(dir.path())).unwrap();
+    let before = observe(&pool);
+    assert_kind(
+        pool.create_volume("disk", 1 << 20),
+        ErrorKind::AlreadyExists,
+    );
+    assert_kind(
+        pool.create_volume("snap", 1 << 20),
+        ErrorKind::AlreadyExists,
+    );
+    assert_kind(pool.snapshot("disk", "clone"), ErrorKind::AlreadyExists);
+    assert_kind(pool.clone_volume("clone", "snap"), ErrorKind::AlreadyExists);
+    assert_kind(pool.snapshot("disk", "disk"), ErrorKind::AlreadyExists);
+    assert_kind(pool.rename_volume("disk", "snap"), ErrorKind::AlreadyExists);
+    assert_kind(pool.rename_volume("disk", "disk"), ErrorKind::AlreadyExists);
+    assert_eq!(observe(&pool), before);
+    // A pool where there is one already.
+    assert_kind(
+        Pool::create(pool.dir(), &options()).map(|_| ()),
+        ErrorKind::AlreadyExists,
+    );
+    assert_eq!(observe(&pool), before);
+}
+
+#[test]
+fn snapshots_are_read_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = Pool::open(&build_pool(dir.path())).unwrap();
+    let before = observe(&pool);
+    let snap = pool.volume("snap").unwrap();
+    assert!(snap.is_read_only().unwrap());
+    assert_kind(snap.write_at(b"x", 0), ErrorKind::ReadOnly);
+    assert_kind(snap.write_at(&[9u8; 100_000], 4096), ErrorKind::ReadOnly);
+    assert_kind(snap.discard(0, DISK_BYTES), ErrorKind::ReadOnly);
+    assert_kind(
+        pool.resize_volume("snap", 2 * DISK_BYTES),
+        ErrorKind::ReadOnly,
+    );
+    assert_kind(
+        pool.resize_volume("snap", DISK_BYTES / 2),
+        ErrorKind::ReadOnly,
+    );
+    // A read-only refusal comes before the range check.
+    assert_kind(snap.write_at(b"x", DISK_BYTES), ErrorKind::ReadOnly);
+    // A snapshot of a snapshot is read-only too; a clone of it is writable.
+    pool.snapshot("snap", "snap2").unwrap();
+    assert_kind(
+        pool.volume("snap2").unwrap().write_at(b"x", 0),
+        ErrorKind::ReadOnly,
+    );
+    pool.remove_volume("snap2").unwrap();
+    assert_eq!(observe(&pool), before);
+}
+
+#[test]
+fn io_outside_a_volume_is_out_of_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = Pool::open(&build_pool(dir.path())).unwrap();
+    let before = observe(&pool);
+    let disk = pool.volume("disk").unwrap();
+    let size = DISK_BYTES;
+    // (offset, len): one byte past the end, entirely past the end, empty
+    // but starting past the end, at the top of u64, and offset + len
+    // overflowing u64.
+    let cases = [
+        (size - 1, 2),
+        (size, 1),
+        (size + 4096, 4096),
+        (size + 1, 0),
+        (u64::MAX, 1),
+        (u64::MAX, 0),
+        (u64::MAX - 10, 100),
+        (1 << 63, 1 << 20),
+    ];
+    for (offset, len) in cases {
+        let mut buf = vec![0u8; len as usize];
+        assert_kind(disk.read_at(&mut buf, offset), ErrorKind::OutOfRange);
+        assert_kind(disk.write_at(&buf, offset), ErrorKind::OutOfRange);
+        assert_kind(disk.discard(offset, len), ErrorKind::OutOfRange);
+    }
+    // Discard lengths that overflow on their own.
+    assert_kind(disk.discard(1, u64::MAX), ErrorKind::OutOfRange);
+    assert_kind(disk.discard(0, u64::MAX), ErrorKind::OutOfRange);
+    // The edges themselves are fine.
+    let mut last = [0u8; 7];
+    disk.read_at(&mut last, size - 7).unwrap();
+    assert_eq!(&last, b"the end");
+    disk.read_at(&mut [], size).unwrap();
+    disk.write_at(&[], size).unwrap();
+    disk.discard(size, 0).unwrap();
+    assert_eq!(observe(&pool), before);
+}
+
+#[test]
+fn bad_sizes_names_and_block_sizes_are_invalid_arguments() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = Pool::open(&build_pool(dir.path())).unwrap();
+    let before = observe(&pool);
+    for size in [
+        0,
+        1,
+        511,
+        513,
+        1000,
+        (1 << 20) + 1,
+        (1 << 56) + 512,
+        u64::MAX,
+    ] {
+        assert_kind(pool.create_volume("new", size), ErrorKind::InvalidArgument);
+        assert_kind(pool.resize_volume("disk", size), ErrorKind::InvalidArgument);
+    }
+    let long = "x".repeat(129);
+    for name in [
+        "",
+        "a/b",
+        ".hidden",
+        "-flag",
+        "with space",
+        "tab\t",
+        "é",
+        long.as_str(),
+    ] {
+        assert_kind(
+            pool.create_volume(name, 1 << 20),
+            ErrorKind::InvalidArgument,
+        );
+        assert_kind(pool.snapshot("disk", name), ErrorKind::InvalidArgument);
+        assert_kind(pool.clone_volume("disk", name), ErrorKind::InvalidArgument);
+        assert_kind(pool.rename_volume("disk", name), ErrorKind::InvalidArgument);
+    }
+    // The longest allowed name and the smallest allowed size are fine.
+    let longest = "y".repeat(128);
+    pool.create_volume(&longest, 512).unwrap();
+    pool.remove_volume(&longest).unwrap();
+    assert_eq!(observe(&pool), before);
+}
+
+#[test]
+fn a_refused_create_leaves_nothing_in_the_way() {
+    // Regression: a bad block size used to be refused only after the store
+    // file was created, and the corrected retry then failed with
+    // AlreadyExists ("grove.store already exists").
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pool");
+    let bad = PoolOptions {
+        block_size_bytes: 3000,
+        ..PoolOptions::default()
+    };
+    assert_kind(
+        Pool::create(&path, &bad).map(|_| ()),
+        ErrorKind::InvalidArgument,
+    );
+    Pool::create(&path, &options()).unwrap();
+}
+
+#[test]
+fn bad_pool_options_are_invalid_arguments_and_create_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pool");
+    let block_sizes = [0, 512, 1000, 3000, 4095, 128 * 1024];
+    let bad_options = block_sizes
+        .iter()
+        .map(|&block_size_bytes| PoolOptions {
+            block_size_bytes,
+            ..PoolOptions::default()
+        })
+        .chain([PoolOptions {
+            journal_bytes: Some(4096),
+            ..PoolOptions::default()
+        }]);
+    for bad in bad_options {
+        assert_kind(
+            Pool::create(&path, &bad).map(|_| ()),
+            ErrorKind::InvalidArgument,
+        );
+        let err = Pool::open(&path).map(|_| ()).unwrap_err();
+        assert!(
+            matches!(err.kind(), ErrorKind::NotFound | ErrorKind::NotAPool),
+            "{err}"
+        );
+        assert!(!path.join("grove.store").exists(), "{bad:?} left a store");
+    }
+    let pool = Pool::create(&path, &options()).unwrap();
+    assert_eq!(pool.block_size_bytes(), BLOCK_SIZE_BYTES);
+}
+
+#[test]
+fn what_is_not_a_pool_does_not_open() {
+    let dir = tempfile::tempdir().unwrap();
+    assert_kind(
+        Pool::open(&dir.path().join("missing")).map(|_| ()),
+        ErrorKind::NotFound,
+    );
+    // An empty directory, or one with other files.
+    assert_kind(Pool::open(dir.path()).map(|_| ()), ErrorKind::NotAPool);
+    std::fs::write(dir.path().join("notes.txt"), "hello").unwrap();
+    assert_kind(Pool::open(dir.path()).map(|_| ()), ErrorKind::NotAPool);
+    // A regular file instead of a directory.
+    assert_kind(
+        Pool::open(&dir.path().join("notes.txt")).map(|_| ()),
+        ErrorKind::NotAPool,
+    );
+    // A grove.toml that is not a pool configuration.
+    let odd = dir.path().join("odd");
+    std::fs::create_dir(&odd).unwrap();
+    std::fs::write(odd.join("grove.toml"), "this is = not [valid toml").unwrap();
+    assert_kind(Pool::open(&odd).map(|_| ()), ErrorKind::NotAPool);
+    std::fs::write(odd.join("grove.toml"), "store = \"grove.store\"\n").unwrap();
+    assert_kind(Pool::open(&odd).map(|_| ()), ErrorKind::NotAPool);
+    std::fs::write(
+        odd.join("grove.toml"),
+        "format_version = 1\nstore = \"../x\"\n",
+    )
+    .unwrap();
+    assert_kind(Pool::open(&odd).map(|_| ()), ErrorKind::NotAPool);
+    // A configuration whose store is missing.
+    let path = build_pool(dir.path());
+    let store = path.join("grove.store");
+    let moved = dir.path().join("moved.store");
+    std::fs::rename(&store, &moved).unwrap();
+    assert_kind(Pool::open(&path).map(|_| ()), ErrorKind::NotAPool);
+    std::fs::rename(&moved, &store).unwrap();
+    Pool::open(&path).unwrap().close().unwrap();
+}
+
+#[test]
+fn a_pool_from_a_newer_grove_is_refused_and_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = build_pool(dir.path());
+    let before = observe_closed(&path);
+
+    // Newer in grove.toml.
+    let config_path = path.join("grove.toml");
+    let config = std::fs::read_to_string(&config_path).unwrap();
+    assert!(config.contains("format_version = 1"), "{config}");
+    let newer = config.replace("format_version = 1", "format_version = 2");
+    std::fs::write(&config_path, &newer).unwrap();
+    assert_kind(Pool::open(&path).map(|_| ()), ErrorKind::UnsupportedVersion);
+    // Also when the rest of the configuration is something this grove
+    // does not know: the version is what matters.
+    std::fs::write(
+        &config_path,
+        "format_version = 7\nbranches = [\"a\", \"b\"]\n",
+    )
+    .unwrap();
+    assert_kind(Pool::open(&path).map(|_| ()), ErrorKind::UnsupportedVersion);
+    std::fs::write(&config_path, &config).unwrap();
+    assert_eq!(observe_closed(&path), before);
+
+    // Newer in both superblock slots; slot 1 is one block in.
+    let store_path = path.join("grove.store");
+    let pristine = std::fs::read(&store_path).unwrap();
+    let mut patched = pristine.clone();
+    for slot in 0..2u64 {
+        let at = (slot * u64::from(BLOCK_SIZE_BYTES) + SUPERBLOCK_VERSION_OFFSET) as usize;
+        assert_eq!(&patched[at..at + 4], &1u32.to_le_bytes(), "slot {slot}");
+        patched[at..at + 4].copy_from_slice(&2u32.to_le_bytes());
+    }
+    std::fs::write(&store_path, &patched).unwrap();
+    let err = Pool::open(&path).map(|_| ()).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::UnsupportedVersion, "{err}");
+    assert!(err.message().contains("version 2"), "{err}");
+    // Refusing wrote nothing.
+    assert!(std::fs::read(&store_path).unwrap() == patched);
+    std::fs::write(&store_path, &pristine).unwrap();
+    assert_eq!(observe_closed(&path), before);
+}
+
+#[test]
+fn a_truncated_store_is_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = build_pool(dir.path());
+    let before = observe_closed(&path);
+    let store_path = path.join("grove.store");
+    let pristine = std::fs::read(&store_path).unwrap();
+    let block = u64::from(BLOCK_SIZE_BYTES);
+    let len = pristine.len() as u64;
+    // Both superblocks survive, but the store is shorter than they say.
+    for keep in [len - block, len / 2, 3 * block, 2 * block] {
+        std::fs::write(&store_path, &pristine[..keep as usize]).unwrap();
+        let err = Pool::open(&path).map(|_| ()).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Corrupt, "kept {keep} bytes: {err}");
+        assert!(err.message().contains("truncated"), "{err}");
+    }
+    // Cut inside the superblocks: still an error, and not "corrupt" only
+    // when nothing of a grove store is left.
+    for keep in [block + 100, 100, 0] {
+        std::fs::write(&store_path, &pristine[..keep as usize]).unwrap();
+        let err = Pool::open(&path).map(|_| ()).unwrap_err();
+        assert!(
+            matches!(err.kind(), ErrorKind::Corrupt | ErrorKind::NotAPool),
+            "kept {keep} bytes: {err}"
+        );
+    }
+    std::fs::write(&store_path, &pristine).unwrap();
+    assert_eq!(observe_closed(&path), before);
+}
+
+#[test]
+fn a_store_of_random_bytes_is_an_error_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = build_pool(dir.path());
+    let store_path = path.join("grove.store");
+    let pristine = std::fs::read(&store_path).unwrap();
+    let mut state = 0x1234_5678_9abc_def1u64;
+    let mut random = |len: usize| -> Vec<u8> {
+        (0..len)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state as u8
+            })
+            .collect()
+    };
+    for len in [1, 512, 2048, 3 * 2048, 1 << 20] {
+        std::fs::write(&store_path, random(len)).unwrap();
+        let err = Pool::open(&path).map(|_| ()).unwrap_err();
+        assert!(
+            matches!(err.kind(), ErrorKind::NotAPool | ErrorKind::Corrupt),
+            "{len} random bytes: {err}"
+        );
+    }
+    // Random bytes behind a valid pair of superblocks: open may fail or
+    // succeed (if nothing it reads is hit), but must not panic.
+    for _ in 0..4 {
+        let mut bytes = pristine.clone();
+        let superblocks = 2 * BLOCK_SIZE_BYTES as usize;
+        let noise = random(bytes.len() - superblocks);
+        bytes[superblocks..].copy_from_slice(&noise);
+        std::fs::write(&store_path, &bytes).unwrap();
+        if let Ok(pool) = Pool::open(&path) {
+            for v in pool.volumes() {
+                let mut buf = vec![0u8; 65536];
+                let _ = pool.volume(&v.name).unwrap().read_at(&mut buf, 0);
+            }
+            let _ = pool.check(false);
+        }
+    }
+    std::fs::write(&store_path, &pristine).unwrap();
+    Pool::open(&path).unwrap().close().unwrap();
+}
+
+#[test]
+fn a_second_open_is_busy_and_harmless() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = build_pool(dir.path());
+    let pool = Pool::open(&path).unwrap();
+    let before = observe(&pool);
+    assert_kind(Pool::open(&path).map(|_| ()), ErrorKind::Busy);
+    assert_kind(
+        Pool::create(&path, &options()).map(|_| ()),
+        ErrorKind::AlreadyExists,
+    );
+    // The first opener keeps working after the refused second one.
+    let disk = pool.volume("disk").unwrap();
+    disk.write_at(b"still mine", 0).unwrap();
+    disk.flush().unwrap();
+    assert_kind(Pool::open(&path).map(|_| ()), ErrorKind::Busy);
+    let mut buf = [0u8; 10];
+    disk.read_at(&mut buf, 0).unwrap();
+    assert_eq!(&buf, b"still mine");
+    // The pool is free again only when the last handle is gone.
+    drop(disk);
+    pool.close().unwrap();
+    let pool = Pool::open(&path).unwrap();
+    let mut after = observe(&pool);
+    let disk_index = after.volumes.iter().position(|v| v.name == "disk").unwrap();
+    assert_eq!(&after.contents[disk_index][..10], b"still mine");
+    after.contents[disk_index][..10].copy_from_slice(&before.contents[disk_index][..10]);
+    assert_eq!(after, before);
+}
