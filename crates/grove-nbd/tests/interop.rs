@@ -134,10 +134,25 @@ fn qemu_io_patterns_with_verification() {
         "write -P 0x44 16383k 1k",
         "read -P 0x44 16383k 1k",
     ];
+    // Zeroing by unmapping a range that starts and ends inside blocks: the
+    // partial blocks must read as zeros too, and their neighbours keep data.
+    let base = 6 * MIB;
+    let (start, len) = (base + 1000, 10_000);
+    let unaligned = [
+        format!("write -P 0x66 {base} 64k"),
+        format!("write -z -u {start} {len}"),
+        format!("read -P 0x66 {base} 1000"),
+        format!("read -P 0 {start} {len}"),
+        format!(
+            "read -P 0x66 {} {}",
+            start + len,
+            base + 65536 - start - len
+        ),
+    ];
     let mut command = Command::new("qemu-io");
     command.args(["-f", "raw"]);
-    for c in commands {
-        command.args(["-c", c]);
+    for c in commands.iter().map(|c| c.to_string()).chain(unaligned) {
+        command.args(["-c", &c]);
     }
     command.arg(t.uri("disk"));
     let output = run(&mut command);
