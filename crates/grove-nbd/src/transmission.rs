@@ -136,13 +136,23 @@ pub(crate) fn serve(
     let (sender, receiver) = mpsc::channel::<Job>();
     let receiver = Mutex::new(receiver);
     let end = thread::scope(|scope| {
+        let mut started = 0;
         for index in 0..workers.max(1) {
             let connection = &connection;
             let receiver = &receiver;
-            thread::Builder::new()
+            let spawned = thread::Builder::new()
                 .name(format!("nbd-worker-{index}"))
-                .spawn_scoped(scope, move || worker(connection, receiver))
-                .expect("cannot start an NBD worker thread");
+                .spawn_scoped(scope, move || worker(connection, receiver));
+            match spawned {
+                Ok(_) => started += 1,
+                // Out of threads: serve with the workers there are.
+                Err(e) => {
+                    tracing::warn!(connection = label, error = %e, "cannot start an NBD worker thread")
+                }
+            }
+        }
+        if started == 0 {
+            return End::Io(io::Error::other("no worker thread could be started"));
         }
         let end = read_requests(reader, &connection, &sender);
         // Closing the queue lets the workers finish what is queued and stop.
