@@ -14,6 +14,16 @@
 //! answers; the handshake, transmission and server modules are the glue
 //! that does I/O.
 //!
+//! Limits, each a named constant: option data read into memory
+//! ([`OPTION_DATA_MAX_BYTES`], longer options are read past and refused
+//! with NBD_REP_ERR_TOO_BIG), the READ/WRITE payload ([`PAYLOAD_MAX_BYTES`],
+//! advertised in NBD_INFO_BLOCK_SIZE), bytes in flight per connection
+//! ([`IN_FLIGHT_MAX_BYTES`]: past it the connection's reader stops reading),
+//! descriptors per block status reply
+//! ([`block_status::BLOCK_STATUS_DESCRIPTORS_MAX`]), and, in
+//! [`ServerOptions`], connections, workers per connection and the
+//! handshake deadline.
+//!
 //! ```no_run
 //! use grove_nbd::{Server, ServerOptions};
 //! let pool = grove_store::Pool::open("pool".as_ref())?;
