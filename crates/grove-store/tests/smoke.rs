@@ -53,7 +53,10 @@ fn opening_reading_and_closing_writes_nothing() {
     let path = dir.path().join("pool");
     let pool = Pool::create(&path, &PoolOptions::default()).unwrap();
     pool.create_volume("v", 1 << 20).unwrap();
-    pool.volume("v").unwrap().write_at(&[5u8; 10_000], 0).unwrap();
+    pool.volume("v")
+        .unwrap()
+        .write_at(&[5u8; 10_000], 0)
+        .unwrap();
     pool.close().unwrap();
     let before = std::fs::read(path.join("grove.store")).unwrap();
     let pool = Pool::open(&path).unwrap();
