@@ -335,7 +335,8 @@ fn read(connection: &Connection<'_>, request: &Request) {
 
 fn block_status(connection: &Connection<'_>, request: &Request) {
     let volume = &connection.session.export.volume;
-    let extents = match volume.mapped_extents() {
+    // Only the queried window: the cost follows the request, not the volume.
+    let extents = match volume.mapped_extents_in(request.offset, u64::from(request.length)) {
         Ok(extents) => extents,
         Err(e) => return send_engine_error(connection, request, &e),
     };

@@ -720,12 +720,25 @@ impl Volume {
     /// Byte ranges that hold data, as (offset, length), in order. Everything
     /// else is a hole that reads as zeros.
     pub fn mapped_extents(&self) -> Result<Vec<(u64, u64)>> {
+        self.mapped_extents_in(0, u64::MAX)
+    }
+
+    /// The mapped extents that overlap bytes [offset, offset + len), whole
+    /// blocks (so the first and last may reach outside the range). Costs
+    /// what the range covers, not the whole volume: an NBD BLOCK_STATUS
+    /// query asks about a small window of a large volume.
+    pub fn mapped_extents_in(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64)>> {
         let mut state = lock_state(&self.inner);
         let record = self.record(&state)?;
         let block_bytes = state.geometry.block_bytes();
-        let blocks = state.geometry.blocks_for(record.size_bytes);
+        let end_bytes = offset.saturating_add(len).min(record.size_bytes);
+        if offset >= end_bytes {
+            return Ok(Vec::new());
+        }
+        let first = offset / block_bytes;
+        let end = state.geometry.blocks_for(end_bytes);
         let mut extents = Vec::new();
-        state.mapped_blocks(record.root, record.height, 0, blocks, &mut extents)?;
+        state.mapped_blocks(record.root, record.height, first, end, &mut extents)?;
         Ok(extents
             .into_iter()
             .map(|(first, count)| {

@@ -68,3 +68,54 @@ fn opening_reading_and_closing_writes_nothing() {
     let after = std::fs::read(path.join("grove.store")).unwrap();
     assert!(before == after, "a read-only session changed the store");
 }
+
+#[test]
+fn mapped_extents_in_a_window_agree_with_the_whole_map() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = Pool::create(&dir.path().join("pool"), &options(1024)).unwrap();
+    pool.create_volume("v", 64 << 20).unwrap();
+    let v = pool.volume("v").unwrap();
+    for (i, offset) in [
+        0u64,
+        5000,
+        130_000,
+        1 << 20,
+        (16 << 20) + 300,
+        (64 << 20) - 2048,
+    ]
+    .iter()
+    .enumerate()
+    {
+        v.write_at(
+            &vec![i as u8 + 1; 3000.min(((64 << 20) - offset) as usize)],
+            *offset,
+        )
+        .unwrap();
+    }
+    let all = v.mapped_extents().unwrap();
+    for (offset, len) in [
+        (0u64, 1u64),
+        (4000, 10_000),
+        (129_000, 1 << 20),
+        (1 << 20, 16 << 20),
+        (60 << 20, 4 << 20),
+        (0, 64 << 20),
+    ] {
+        let window: Vec<(u64, u64)> = v.mapped_extents_in(offset, len).unwrap();
+        // Whole blocks of the full map that overlap the window, split where
+        // the window's blocks end.
+        let block = 1024;
+        let (first, end) = (
+            offset / block * block,
+            (offset + len).div_ceil(block) * block,
+        );
+        let expected: Vec<(u64, u64)> = all
+            .iter()
+            .filter_map(|&(start, length)| {
+                let (s, e) = (start.max(first), (start + length).min(end));
+                (s < e).then(|| (s, e - s))
+            })
+            .collect();
+        assert_eq!(window, expected, "window {offset}+{len}");
+    }
+}
