@@ -113,3 +113,84 @@ fn snapshots_taken_during_in_place_writes_are_frozen_and_whole() {
     let report = pool.check(false).unwrap();
     assert!(report.is_clean(), "{:?}", report.errors);
 }
+
+/// Counts the flushes that reach the device.
+struct FlushCounter {
+    inner: MemDevice,
+    flushes: std::sync::atomic::AtomicU64,
+}
+
+impl BlockDevice for FlushCounter {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.flushes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.flush()
+    }
+    fn len_bytes(&self) -> std::io::Result<u64> {
+        self.inner.len_bytes()
+    }
+    fn set_len_bytes(&self, len_bytes: u64) -> std::io::Result<()> {
+        self.inner.set_len_bytes(len_bytes)
+    }
+    fn describe(&self) -> String {
+        "flush-counting memory device".into()
+    }
+}
+
+/// Group commit: writers that flush at the same time share the commit's
+/// device flushes instead of paying for one commit each.
+#[test]
+fn concurrent_flushes_share_one_commit() {
+    const THREADS: usize = 8;
+    let device = Arc::new(FlushCounter {
+        inner: MemDevice::new(),
+        flushes: std::sync::atomic::AtomicU64::new(0),
+    });
+    let pool = Pool::format(
+        device.clone(),
+        &PoolOptions::default(),
+        Path::new("group"),
+        None,
+    )
+    .unwrap();
+    pool.create_volume("v", 64 << 20).unwrap();
+    let volume = pool.volume("v").unwrap();
+    let barrier = std::sync::Barrier::new(THREADS);
+    let before = std::sync::Mutex::new(0u64);
+    std::thread::scope(|scope| {
+        for thread in 0..THREADS {
+            let (volume, barrier, before, device) = (volume.clone(), &barrier, &before, &device);
+            scope.spawn(move || {
+                // Each writer allocates (new blocks, so metadata to commit).
+                volume
+                    .write_at(&[thread as u8 + 1; 64 * 1024], thread as u64 * (1 << 20))
+                    .unwrap();
+                if barrier.wait().is_leader() {
+                    *before.lock().unwrap() =
+                        device.flushes.load(std::sync::atomic::Ordering::SeqCst);
+                }
+                barrier.wait();
+                volume.flush().unwrap();
+            });
+        }
+    });
+    let flushes =
+        device.flushes.load(std::sync::atomic::Ordering::SeqCst) - *before.lock().unwrap();
+    // One commit: a data flush and a journal flush. Writers that find their
+    // writes already committed return without touching the device.
+    assert!(
+        flushes <= 2,
+        "{THREADS} concurrent flushes cost {flushes} device flushes"
+    );
+    for thread in 0..THREADS {
+        let mut buf = vec![0u8; 64 * 1024];
+        volume.read_at(&mut buf, thread as u64 * (1 << 20)).unwrap();
+        assert!(buf.iter().all(|&b| b == thread as u8 + 1));
+    }
+}
