@@ -135,6 +135,9 @@ fn range_strategy() -> impl Strategy<Value = Range> {
         3 => 1u64..=16,
         4 => 1u64..=2 * BLOCK,
         2 => BLOCK - 8..=4 * BLOCK + 8,
+        // Past a whole level-0 node, and enough new blocks that the write
+        // path commits on its own halfway (the journal is small).
+        1 => 100 * BLOCK..=300 * BLOCK,
         1 => Just(0u64),
     ];
     let delta = prop_oneof![
@@ -798,9 +801,9 @@ impl Harness {
                 info.referenced_bytes
             );
 
-            // Every mapped block, then the neighbourhood of every hot spot
+            // Every mapped extent, then the neighbourhood of every hot spot
             // (holes must read as zeros).
-            let mut ranges: Vec<(u64, u64)> = mapped.iter().map(|&i| (i * BLOCK, BLOCK)).collect();
+            let mut ranges = extents.clone();
             for &hot in HOT_BLOCKS.iter().chain(&[volume.size_bytes / BLOCK]) {
                 ranges.push((hot.saturating_sub(1) * BLOCK, 3 * BLOCK));
             }
