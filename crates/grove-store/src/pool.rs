@@ -282,7 +282,7 @@ impl Pool {
             group_count: alloc.group_count(),
             ..superblock
         };
-        let store_len = superblock.store_blocks() * block_bytes;
+        let store_len = superblock.device_blocks() * block_bytes;
         let mut state = State::new(device, superblock, alloc);
         state
             .device
@@ -329,7 +329,7 @@ impl Pool {
         let device_len = device
             .len_bytes()
             .map_err(|e| Error::io(format!("cannot stat {what}"), e))?;
-        let expected_len = superblock.store_blocks() * block_bytes;
+        let expected_len = superblock.device_blocks() * block_bytes;
         if device_len < expected_len {
             return Err(Error::corrupt(format!(
                 "store {what} is truncated: it is {device_len} bytes, but its superblock needs {expected_len}"

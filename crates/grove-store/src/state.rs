@@ -995,7 +995,13 @@ impl State {
     /// never looks truncated to the next open (the groups' blocks may not
     /// all have been written yet).
     fn grow_device_to_store(&self) -> Result<()> {
-        let store_len = self.alloc.store_end() * self.geometry.block_bytes();
+        let data_start = self.superblock.data_start.0;
+        let device_blocks = crate::format::superblock::device_blocks(
+            data_start,
+            self.alloc.store_end() - data_start,
+            self.alloc.capacity_blocks(),
+        );
+        let store_len = device_blocks * self.geometry.block_bytes();
         let device_len = self
             .device
             .len_bytes()

@@ -238,18 +238,18 @@ fn every_single_fault_gives_a_clean_error_and_a_consistent_pool() {
 
 #[test]
 fn capacity_is_exact_to_the_block() {
-    // 64 KiB blocks make 8 GiB groups; a 100 MiB capacity must still mean
-    // 100 MiB, not a whole group.
+    // 64 KiB blocks make 8 GiB groups; a 20 MiB capacity must still mean
+    // 20 MiB, not a whole group.
     let options = PoolOptions {
         block_size_bytes: 64 * 1024,
-        capacity_bytes: Some(100 << 20),
+        capacity_bytes: Some(20 << 20),
         journal_bytes: None,
     };
     let pool = Pool::format(Arc::new(MemDevice::new()), &options, Path::new("cap"), None).unwrap();
     let info = pool.info().unwrap();
-    assert_eq!(info.capacity_bytes, Some(100 << 20));
+    assert_eq!(info.capacity_bytes, Some(20 << 20));
     assert!(
-        info.free_bytes < 100 << 20,
+        info.free_bytes < 20 << 20,
         "free {} exceeds the capacity",
         info.free_bytes
     );
@@ -265,8 +265,8 @@ fn capacity_is_exact_to_the_block() {
     };
     assert_eq!(error.kind(), ErrorKind::NoSpace, "{error}");
     assert!(
-        (95 << 20..=100 << 20).contains(&written),
-        "wrote {written} bytes into 100 MiB"
+        (18 << 20..=20 << 20).contains(&written),
+        "wrote {written} bytes into 20 MiB"
     );
     pool.flush().unwrap();
     assert!(pool.check(false).unwrap().is_clean());

@@ -36,7 +36,10 @@ impl Served {
             .unwrap();
         self.child = Some(child);
         let started = Instant::now();
-        while !(self.socket().exists() && self.pool().join("grove.control").exists()) {
+        // Wait until both sockets accept: files left by a killed server
+        // exist before the new one listens on them.
+        let accepts = |path: PathBuf| std::os::unix::net::UnixStream::connect(path).is_ok();
+        while !(accepts(self.socket()) && accepts(self.pool().join("grove.control"))) {
             assert!(
                 started.elapsed() < Duration::from_millis(STARTUP_TIMEOUT_MS),
                 "grove serve did not start"

@@ -217,6 +217,17 @@ impl Superblock {
     pub fn store_blocks(&self) -> u64 {
         self.data_start.0 + self.group_count * self.group_blocks
     }
+
+    /// Blocks the store file must hold: its groups, but no further than the
+    /// capacity reaches (a group of 64 KiB blocks spans 8 GiB, and a pool
+    /// with a smaller capacity never uses the rest).
+    pub fn device_blocks(&self) -> u64 {
+        device_blocks(
+            self.data_start.0,
+            self.group_count * self.group_blocks,
+            self.capacity_blocks,
+        )
+    }
 }
 
 /// Picks the newest valid slot, or explains why neither is usable.
@@ -262,5 +273,13 @@ fn describe(slot: &Result<Superblock, SlotProblem>) -> String {
         Err(SlotProblem::NoMagic) => "no magic".into(),
         Err(SlotProblem::NewerVersion(v)) => format!("format version {v}"),
         Err(SlotProblem::Damaged(why)) => why.clone(),
+    }
+}
+
+/// See `Superblock::device_blocks`.
+pub fn device_blocks(data_start: u64, group_span_blocks: u64, capacity_blocks: u64) -> u64 {
+    match capacity_blocks {
+        0 => data_start + group_span_blocks,
+        capacity => data_start + group_span_blocks.min(capacity),
     }
 }
