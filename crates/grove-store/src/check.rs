@@ -106,7 +106,12 @@ impl State {
             suppressed_errors: 0,
         };
         report.warnings.extend(self.open_warnings.iter().cloned());
+        let warnings_before = report.warnings.len();
         self.check_superblocks(&mut report);
+        // Any superblock problem (found at open or now) is mended by writing
+        // both slots again, which the caller does after a repair.
+        let superblock_damage =
+            !self.open_warnings.is_empty() || report.warnings.len() > warnings_before;
 
         // The volume table's own tree.
         if self.superblock.volume_table_height > 0 {
@@ -241,6 +246,11 @@ impl State {
             }
             for (id, actual) in &accounting_fixes {
                 self.set_accounting(*id, actual.referenced, actual.exclusive);
+            }
+            if superblock_damage {
+                report
+                    .repaired
+                    .push("rewrote both superblock slots".to_string());
             }
             if !accounting_fixes.is_empty() {
                 report.repaired.push(format!(

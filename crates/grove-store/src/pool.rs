@@ -533,21 +533,13 @@ impl Pool {
     /// allocation-map disagreements and space accounting, and commits.
     pub fn check(&self, repair: bool) -> Result<CheckReport> {
         let mut state = self.state();
-        let mut report = state.check(repair)?;
-        let superblock_damage = report
-            .warnings
-            .iter()
-            .any(|w| w.starts_with("superblock slot"));
-        if repair && superblock_damage {
-            report
-                .repaired
-                .push("rewrote both superblock slots".to_string());
-        }
+        let report = state.check(repair)?;
         if repair && !report.repaired.is_empty() {
             commit_locked(&self.inner, &mut state)?;
             // Two checkpoints write both slots, so a damaged one is replaced.
             state.checkpoint()?;
             state.checkpoint()?;
+            state.open_warnings.clear();
         }
         Ok(report)
     }

@@ -216,3 +216,35 @@ fn arbitrary_bytes_and_random_damage_never_panic() {
         open(image);
     }
 }
+
+#[test]
+fn repair_rewrites_a_damaged_superblock_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = build_pool(dir.path());
+    let mut image = std::fs::read(path.join("grove.store")).unwrap();
+    let spare_slot = (layout(&image).superblock.generation + 1) % 2;
+    image[(spare_slot * BLOCK + 40) as usize] ^= 0x10;
+    std::fs::write(path.join("grove.store"), &image).unwrap();
+    let pool = Pool::open(&path).unwrap();
+    let report = pool.check(true).unwrap();
+    assert!(
+        report
+            .warnings
+            .iter()
+            .any(|w| w.contains("superblock slot")),
+        "{report:?}"
+    );
+    assert!(
+        report.repaired.iter().any(|r| r.contains("superblock")),
+        "{report:?}"
+    );
+    let after = pool.check(false).unwrap();
+    assert!(after.is_clean() && after.warnings.is_empty(), "{after:?}");
+    drop(pool);
+    let reopened = Pool::open(&path).unwrap();
+    let again = reopened.check(false).unwrap();
+    assert!(
+        again.is_clean() && again.warnings.is_empty(),
+        "after reopen: {again:?}"
+    );
+}

@@ -4,6 +4,8 @@
 //! clears. A full pool refuses allocations with ENOSPC but still reads,
 //! deletes and frees space.
 
+mod common;
+use common::contents;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -93,20 +95,6 @@ fn apply(model: &mut Model, step: &Step) {
         }
         Step::Read(_) | Step::Flush => {}
     }
-}
-
-fn contents(pool: &Pool) -> Model {
-    pool.volumes()
-        .into_iter()
-        .map(|info| {
-            let mut buf = vec![0u8; info.size_bytes as usize];
-            pool.volume(&info.name)
-                .unwrap()
-                .read_at(&mut buf, 0)
-                .unwrap();
-            (info.name, buf)
-        })
-        .collect()
 }
 
 /// After a step failed, the pool must hold the state before the step or

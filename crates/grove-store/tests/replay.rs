@@ -3,25 +3,13 @@
 //! recording device; a power cut at every point of that open (replay, then
 //! checkpoint), followed by another open, gives exactly the same volumes.
 
+mod common;
+use common::contents;
 use std::path::Path;
 use std::sync::Arc;
 
 use grove_store::testing::{CrashDevice, CrashImages, WriteFate};
 use grove_store::{MemDevice, Pool, PoolOptions};
-
-fn contents(pool: &Pool) -> Vec<(String, Vec<u8>)> {
-    pool.volumes()
-        .into_iter()
-        .map(|info| {
-            let mut buf = vec![0u8; info.size_bytes as usize];
-            pool.volume(&info.name)
-                .unwrap()
-                .read_at(&mut buf, 0)
-                .unwrap();
-            (info.name, buf)
-        })
-        .collect()
-}
 
 #[test]
 fn a_crash_during_replay_replays_to_the_same_state() {
