@@ -9,8 +9,8 @@
 //! - every sector of every volume holds a value it legitimately had: its
 //!   value at the last durable point, or one written after it.
 //!
-//! GROVE_CRASH_WORKLOADS sets how many workloads run (default 8, about
-//! 20,000 crash states); raise it for a soak run. GROVE_CRASH_SEED picks the
+//! GROVE_CRASH_WORKLOADS sets how many workloads run (default 10, about
+//! 24,000 crash states); raise it for a soak run. GROVE_CRASH_SEED picks the
 //! first workload's seed, to replay a failure.
 
 use std::collections::BTreeMap;
@@ -27,7 +27,7 @@ const JOURNAL_BYTES: u64 = 64 * 1024;
 const OPS_PER_WORKLOAD: usize = 36;
 /// Crash images built per crash point, besides "all lost" and "all landed".
 const RANDOM_IMAGES_PER_POINT: usize = 2;
-const WORKLOADS_DEFAULT: u64 = 8;
+const WORKLOADS_DEFAULT: u64 = 10;
 /// Volume sizes: multi-level trees at 1 KiB blocks (128 entries per node)
 /// while the model stays small.
 const VOLUME_SIZES: [u64; 3] = [64 * 1024, 200 * 1024, 1024 * 1024];
