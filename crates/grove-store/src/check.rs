@@ -113,6 +113,11 @@ impl State {
         let superblock_damage =
             !self.open_warnings.is_empty() || report.warnings.len() > warnings_before;
 
+        // The journal holds exactly what was committed since the checkpoint.
+        if let Err(e) = self.verify_journal() {
+            walk.error(e.to_string());
+        }
+
         // The volume table's own tree.
         if self.superblock.volume_table_height > 0 {
             let root = self.superblock.volume_table_root;

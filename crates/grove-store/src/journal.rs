@@ -28,6 +28,8 @@ pub struct Journal {
     block_size_bytes: usize,
     /// Where replay starts: the position after the last checkpoint.
     head: u64,
+    /// Sequence number of the transaction at the head.
+    head_sequence: u64,
     /// Where the next transaction goes, if it fits there.
     next: u64,
     /// Sequence number of the next transaction.
@@ -49,6 +51,7 @@ impl Journal {
             blocks,
             block_size_bytes: block_size_bytes as usize,
             head,
+            head_sequence: sequence,
             next: head,
             sequence,
             used_blocks: 0,
@@ -84,6 +87,7 @@ impl Journal {
     /// durable at home.
     pub fn checkpointed(&mut self) {
         self.head = self.next;
+        self.head_sequence = self.sequence;
         self.used_blocks = 0;
     }
 
@@ -158,6 +162,29 @@ impl Journal {
         self.next = position + len;
         self.sequence += 1;
         Ok(())
+    }
+
+    /// Reads the journal back from the head without changing anything, and
+    /// checks that it holds exactly the transactions written since the last
+    /// checkpoint. Returns how many there are.
+    pub fn verify(&self, device: &dyn BlockDevice, pool_uuid: &[u8; 16]) -> Result<u64> {
+        let mut reader = Journal::new(
+            self.start,
+            self.blocks,
+            self.block_size_bytes as u32,
+            self.head,
+            self.head_sequence,
+        );
+        let found = reader.scan(device, pool_uuid)?;
+        if reader.sequence != self.sequence || reader.next != self.next {
+            return Err(Error::corrupt(format!(
+                "journal: transactions {} to {} were committed but only {} can be read back (damaged journal)",
+                self.head_sequence,
+                self.sequence.saturating_sub(1),
+                found.len()
+            )));
+        }
+        Ok(found.len() as u64)
     }
 
     /// Reads every complete transaction from the head on, in order, and

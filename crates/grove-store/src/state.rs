@@ -1203,6 +1203,13 @@ impl State {
         self.journal.append(self.device.as_ref(), &bytes, images)
     }
 
+    /// Checks that the journal reads back exactly the transactions written
+    /// since the last checkpoint; returns how many.
+    pub(crate) fn verify_journal(&self) -> Result<u64> {
+        self.journal
+            .verify(self.device.as_ref(), &self.superblock.pool_uuid)
+    }
+
     /// Something a checkpoint would write: journaled transactions, changed
     /// maps or failed write-backs. A pool that only read needs none, so
     /// opening and closing it writes nothing.

@@ -248,3 +248,35 @@ fn repair_rewrites_a_damaged_superblock_slot() {
         "after reopen: {again:?}"
     );
 }
+
+#[test]
+fn check_reads_back_the_journal_and_finds_a_damaged_transaction() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pool");
+    let pool = Pool::create(&path, &PoolOptions::default()).unwrap();
+    pool.create_volume("v", 64 << 20).unwrap();
+    let v = pool.volume("v").unwrap();
+    for i in 0..4u64 {
+        v.write_at(&[i as u8 + 1; 8192], i << 20).unwrap();
+        v.flush().unwrap();
+    }
+    // The transactions since the last checkpoint read back whole.
+    assert!(pool.check(false).unwrap().is_clean());
+    // Damage the journal's first block behind the pool's back: the
+    // committed transactions no longer read back.
+    let store = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path.join("grove.store"))
+        .unwrap();
+    let journal_start = 2 * BLOCK;
+    store.write_all_at(&[0xffu8; 64], journal_start).unwrap();
+    let report = pool.check(false).unwrap();
+    assert!(
+        report
+            .errors
+            .iter()
+            .any(|e| e.contains("journal") && e.contains("read back")),
+        "{report:?}"
+    );
+}
