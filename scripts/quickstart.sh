@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 
 echo "==> building grove (release)"
 cargo build --release --quiet -p grove
-grove() { target/release/grove "$@"; }
+bin="${CARGO_TARGET_DIR:-target}/release/grove"
+grove() { "$bin" "$@"; }
 export GROVE_POOL="${GROVE_POOL:-./grove-pool}"
 
 show() { echo; echo "\$ grove $*"; grove "$@"; }
@@ -39,4 +40,4 @@ show info
 echo
 echo "==> serving $GROVE_POOL over NBD until Ctrl-C (other grove commands keep working meanwhile)"
 echo "\$ grove serve"
-exec target/release/grove serve
+exec "$bin" serve
