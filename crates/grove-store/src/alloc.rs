@@ -282,10 +282,22 @@ impl Allocator {
         }
     }
 
-    /// Replays a durable transaction's allocation extents into both copies
-    /// of the maps, growing the store to `group_count` groups first. Fails
-    /// on an extent outside the store: the transaction is damaged.
+    /// Replays a durable transaction's allocation extents into the durable
+    /// maps, growing the store to `group_count` groups first; `finish_replay`
+    /// then copies them to the live maps. Fails on an extent outside the
+    /// store or on a map block: the transaction is damaged.
     pub fn replay(&mut self, extents: &[AllocExtent], group_count: u64) -> Result<()> {
+        // A damaged (but checksummed) count must not make us allocate
+        // groups past what addresses or the capacity allow.
+        let groups_max = match self.capacity_blocks {
+            0 => (ENTRY_ADDR_MASK - self.data_start) / self.group_blocks,
+            capacity => capacity.div_ceil(self.group_blocks),
+        };
+        if group_count > groups_max {
+            return Err(Error::corrupt(format!(
+                "journal transaction claims {group_count} allocation groups; this store can have at most {groups_max}"
+            )));
+        }
         while (self.groups.len() as u64) < group_count {
             let usable = usable_slots(
                 self.group_blocks,
@@ -313,6 +325,12 @@ impl Allocator {
             }
             self.apply_durable(extent);
         }
+        Ok(())
+    }
+
+    /// After every replayed transaction: the live maps become the durable
+    /// ones (done once, not per transaction: it touches every group).
+    pub fn finish_replay(&mut self) {
         for group in &mut self.groups {
             group.nibbles.clone_from(&group.durable);
             group.free_blocks = group.nibbles[..group.usable_slots]
@@ -320,7 +338,6 @@ impl Allocator {
                 .filter(|&&n| n == 0)
                 .count() as u64;
         }
-        Ok(())
     }
 
     /// Marks a block in use as allocated with the given use (check

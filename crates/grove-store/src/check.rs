@@ -286,7 +286,7 @@ impl State {
                 ));
             }
             match Superblock::decode(&buf) {
-                Ok(sb) if sb.generation == self.superblock.generation || sb.generation + 1 == self.superblock.generation => {}
+                Ok(sb) if sb.generation == self.superblock.generation || sb.generation.saturating_add(1) == self.superblock.generation => {}
                 Ok(sb) => report.warnings.push(format!(
                     "superblock slot {slot} has generation {}, the current one is {}",
                     sb.generation, self.superblock.generation

@@ -36,6 +36,11 @@ pub struct Journal {
     sequence: u64,
     /// Blocks written (or skipped at the end of a lap) since the checkpoint.
     used_blocks: u64,
+    /// An append failed, and may have left a transaction with the current
+    /// sequence behind. That sequence is burnt, and nothing more is
+    /// appended until a checkpoint has recorded the next one: replay can
+    /// then never take the failed attempt for its retry.
+    checkpoint_required: bool,
 }
 
 impl Journal {
@@ -55,6 +60,7 @@ impl Journal {
             next: head,
             sequence,
             used_blocks: 0,
+            checkpoint_required: false,
         }
     }
 
@@ -89,12 +95,16 @@ impl Journal {
         self.head = self.next;
         self.head_sequence = self.sequence;
         self.used_blocks = 0;
+        self.checkpoint_required = false;
     }
 
     /// Where a transaction of `len` blocks would go, or None if it needs a
     /// checkpoint first.
     fn placement(&self, len: u64) -> Option<u64> {
         assert!(len <= self.max_transaction_blocks());
+        if self.checkpoint_required {
+            return None;
+        }
         if self.used_blocks == 0 {
             return Some(if self.next + len <= self.blocks {
                 self.next
@@ -102,7 +112,11 @@ impl Journal {
                 0
             });
         }
-        if self.next >= self.head {
+        // Back at the head with something written: the journal is full.
+        if self.next == self.head {
+            return None;
+        }
+        if self.next > self.head {
             if self.next + len <= self.blocks {
                 Some(self.next)
             } else if len <= self.head {
@@ -140,18 +154,27 @@ impl Journal {
             bytes.extend_from_slice(image);
         }
         let offset = (self.start.0 + position) * block as u64;
-        device.write_at(&bytes, offset).map_err(|e| {
-            Error::io(
-                format!("cannot write the journal of {}", device.describe()),
-                e,
-            )
-        })?;
-        device.flush().map_err(|e| {
-            Error::io(
-                format!("cannot flush the journal of {}", device.describe()),
-                e,
-            )
-        })?;
+        let written = device
+            .write_at(&bytes, offset)
+            .map_err(|e| {
+                Error::io(
+                    format!("cannot write the journal of {}", device.describe()),
+                    e,
+                )
+            })
+            .and_then(|()| {
+                device.flush().map_err(|e| {
+                    Error::io(
+                        format!("cannot flush the journal of {}", device.describe()),
+                        e,
+                    )
+                })
+            });
+        if let Err(e) = written {
+            self.sequence += 1;
+            self.checkpoint_required = true;
+            return Err(e);
+        }
         // A lap's unused tail counts as used until the next checkpoint.
         let skipped = if position == 0 && self.next != 0 {
             self.blocks - self.next
@@ -275,5 +298,85 @@ impl Journal {
         }
         let images = image_bytes.chunks(block).map(|c| c.to_vec()).collect();
         Ok(Some((ReplayedTransaction { descriptor, images }, len)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::MemDevice;
+    use crate::format::journal::Roots;
+    use crate::types::VolumeId;
+
+    const BLOCK: usize = 1024;
+    const UUID: [u8; 16] = [7; 16];
+
+    /// Appends a transaction of `images` images (plus its descriptor block).
+    fn append(journal: &mut Journal, device: &dyn BlockDevice, images: usize) -> Result<()> {
+        let images: Vec<Vec<u8>> = (0..images).map(|i| vec![i as u8; BLOCK]).collect();
+        let mut images_crc = 0;
+        for image in &images {
+            images_crc = crc32c::crc32c_append(images_crc, image);
+        }
+        let descriptor = Descriptor {
+            sequence: journal.sequence(),
+            pool_uuid: UUID,
+            descriptor_blocks: 1,
+            images_crc,
+            roots: Roots {
+                volume_table_root: BlockAddr(0),
+                volume_table_height: 0,
+                next_volume_id: VolumeId(1),
+                group_count: 1,
+            },
+            homes: (0..images.len() as u64)
+                .map(|i| BlockAddr(100 + i))
+                .collect(),
+            extents: Vec::new(),
+        };
+        journal.append(device, &descriptor.encode(BLOCK), &images)
+    }
+
+    /// Regression (found in review): a transaction that wraps and ends
+    /// exactly at the head fills the journal. The next one used to be placed
+    /// on top of the first transaction replay still needed.
+    #[test]
+    fn a_full_journal_asks_for_a_checkpoint_instead_of_overwriting() {
+        let device = MemDevice::new();
+        let mut journal = Journal::new(BlockAddr(2), 64, BLOCK as u32, 32, 10);
+        append(&mut journal, &device, 31).unwrap(); // blocks 32..64
+        append(&mut journal, &device, 31).unwrap(); // wraps: blocks 0..32, up to the head
+        assert!(
+            !journal.fits(2),
+            "a full journal must not take another transaction"
+        );
+        let mut reader = Journal::new(BlockAddr(2), 64, BLOCK as u32, 32, 10);
+        assert_eq!(reader.scan(&device, &UUID).unwrap().len(), 2);
+        assert_eq!(journal.verify(&device, &UUID).unwrap(), 2);
+        journal.checkpointed();
+        assert!(journal.fits(32));
+    }
+
+    /// A failed append burns its sequence and needs a checkpoint first, so
+    /// a half-written attempt is never replayed in place of its retry.
+    #[test]
+    fn a_failed_append_burns_its_sequence() {
+        let device = MemDevice::new();
+        let mut journal = Journal::new(BlockAddr(2), 64, BLOCK as u32, 0, 5);
+        append(&mut journal, &device, 3).unwrap();
+        let faulty = crate::testing::FaultyDevice::new(MemDevice::from_bytes(device.to_bytes()));
+        faulty.arm(crate::testing::Fault::FlushEio, 0, false);
+        assert!(append(&mut journal, &faulty, 3).is_err());
+        assert_eq!(
+            journal.sequence(),
+            7,
+            "the failed attempt's sequence is used up"
+        );
+        assert!(
+            !journal.fits(1),
+            "no append before a checkpoint records the new sequence"
+        );
+        journal.checkpointed();
+        assert!(journal.fits(1));
     }
 }

@@ -22,8 +22,7 @@ use crate::format::FORMAT_VERSION;
 use crate::state::State;
 use crate::types::*;
 
-/// Size of the journal region reserved at init. The journal itself arrives
-/// with the crash-consistency work; reserving it now keeps the format stable.
+/// Size of the journal region made at init, unless PoolOptions says.
 pub const JOURNAL_REGION_BYTES: u64 = 16 * 1024 * 1024;
 /// Smallest journal region: room for a few transactions of a few blocks.
 pub const JOURNAL_REGION_BLOCKS_MIN: u64 = 32;

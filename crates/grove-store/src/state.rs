@@ -901,15 +901,9 @@ impl State {
         let mut touched: BTreeMap<u64, BlockAddr> = BTreeMap::new();
         for id in dirty {
             let block_index = id.0 / per_block;
-            let addr = match touched.get(&block_index) {
-                Some(&addr) => addr,
-                None => {
-                    let addr = self.table_block_for_write(block_index)?;
-                    touched.insert(block_index, addr);
-                    addr
-                }
-            };
-            let _ = addr;
+            if let std::collections::btree_map::Entry::Vacant(slot) = touched.entry(block_index) {
+                slot.insert(self.table_block_for_write(block_index)?);
+            }
             let block_size = self.geometry.block_size_bytes as usize;
             let block = self
                 .record_blocks
@@ -1121,6 +1115,7 @@ impl State {
         // cannot be written the commit still stands: the durable maps already
         // hold the frees and the next checkpoint writes them; a crash before
         // that only leaks the blocks, which check --repair reclaims.
+        let mut frees_durable = true;
         let mut rest = &extents[first_extents..];
         while !rest.is_empty() {
             let count = self.extents_that_fit(0, rest).max(1);
@@ -1128,6 +1123,12 @@ impl State {
                 .append_transaction(roots, Vec::new(), &[], rest[..count].to_vec())
                 .is_err()
             {
+                // These frees are not in the journal: a block among them
+                // that held a journaled node must not be reused before a
+                // checkpoint, or replay could write the node over new data.
+                // Keeping them all pending (until the pool is reopened) is
+                // safe; it only holds the space back.
+                frees_durable = false;
                 break;
             }
             rest = &rest[count..];
@@ -1136,7 +1137,11 @@ impl State {
             // Opportunistic: if it fails, the next commit tries again.
             let _ = self.checkpoint();
         }
-        Ok(sealed.frees)
+        Ok(if frees_durable {
+            sealed.frees
+        } else {
+            Vec::new()
+        })
     }
 
     /// For benchmarks only (feature `unsafe-no-journal`): the commit with
@@ -1277,13 +1282,18 @@ impl State {
         }
         // An image is stale if a later transaction frees its block: the
         // block may since hold data that the journal never saw (a revoke).
+        // Only blocks that have an image can need a revoke, so only those
+        // are looked up: a large removal frees millions of blocks.
+        let homes: BTreeSet<u64> = transactions
+            .iter()
+            .flat_map(|t| t.descriptor.homes.iter().map(|home| home.0))
+            .collect();
         let mut last_freed: HashMap<u64, usize> = HashMap::new();
         for (index, transaction) in transactions.iter().enumerate() {
             for extent in &transaction.descriptor.extents {
                 if extent.change == AllocChange::Freed {
-                    for addr in
-                        extent.first.0..extent.first.0.saturating_add(u64::from(extent.count))
-                    {
+                    let end = extent.first.0.saturating_add(u64::from(extent.count));
+                    for &addr in homes.range(extent.first.0..end) {
                         last_freed.insert(addr, index);
                     }
                 }
@@ -1295,9 +1305,13 @@ impl State {
                 .replay(&transaction.descriptor.extents, roots.group_count)?;
             let store_end = self.alloc.store_end();
             for (home, image) in transaction.descriptor.homes.iter().zip(&transaction.images) {
-                if home.0 < self.superblock.data_start.0 || home.0 >= store_end {
+                let data_start = self.superblock.data_start.0;
+                if home.0 < data_start
+                    || home.0 >= store_end
+                    || (home.0 - data_start).is_multiple_of(self.superblock.group_blocks)
+                {
                     return Err(Error::corrupt(format!(
-                        "journal transaction {} writes {home}, outside the data area",
+                        "journal transaction {} writes {home}, which cannot hold journaled metadata",
                         transaction.descriptor.sequence
                     )));
                 }
@@ -1311,6 +1325,7 @@ impl State {
             self.superblock.next_volume_id = roots.next_volume_id;
             self.committed_roots = roots;
         }
+        self.alloc.finish_replay();
         self.grow_device_to_store()?;
         self.checkpoint()?;
         Ok(transactions.len())

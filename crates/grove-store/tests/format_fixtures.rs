@@ -19,7 +19,7 @@
 
 use std::path::PathBuf;
 
-use grove_store::format::group::{self, NIBBLE_ALLOCATED, NIBBLE_MARKED, NIBBLE_META};
+use grove_store::format::group::{self, NIBBLE_ALLOCATED, NIBBLE_META};
 use grove_store::format::journal::{AllocChange, AllocExtent, Descriptor, Roots};
 use grove_store::format::node::{Entry, Node, NodeKind};
 use grove_store::format::record::{VolumeKind, VolumeRecord, RECORD_BYTES};
@@ -480,8 +480,9 @@ fn sample_nibbles() -> Vec<u8> {
             0 => NIBBLE_ALLOCATED | NIBBLE_META,
             _ if i % 7 == 0 => NIBBLE_ALLOCATED | NIBBLE_META,
             _ if i % 5 == 0 => NIBBLE_ALLOCATED,
-            _ if i % 11 == 0 => NIBBLE_ALLOCATED | NIBBLE_MARKED,
-            _ if i == count - 1 => 0xf,
+            // Marks and pending frees never reach the disk: only free,
+            // data and metadata blocks appear in a map.
+            _ if i == count - 1 => NIBBLE_ALLOCATED | NIBBLE_META,
             _ => 0,
         })
         .collect()

@@ -19,6 +19,8 @@ pub const NIBBLE_META: u8 = 0x2;
 pub const NIBBLE_MARKED: u8 = 0x4;
 /// Nibble bit: freed, waiting for the commit that frees it (journal issue).
 pub const NIBBLE_PENDING_FREE: u8 = 0x8;
+/// The nibble of a block holding metadata, as stored on disk.
+const NIBBLE_META_ON_DISK: u8 = NIBBLE_ALLOCATED | NIBBLE_META;
 
 // Group map block layout:
 //
@@ -51,7 +53,12 @@ pub fn encode(group_index: u64, nibbles: &[u8], block: &mut [u8]) {
     block[MAGIC_OFFSET..MAGIC_OFFSET + 4].copy_from_slice(&GROUP_MAGIC);
     put_u64(block, INDEX_OFFSET, group_index);
     for (i, &nibble) in nibbles.iter().enumerate() {
-        assert!(nibble <= 0xf);
+        // The decoder refuses anything else: marks and pending frees are
+        // states of memory, never of the disk.
+        assert!(
+            matches!(nibble, 0 | NIBBLE_ALLOCATED | NIBBLE_META_ON_DISK),
+            "block {i} of group {group_index} has the in-memory state {nibble:#x}"
+        );
         block[GROUP_HEADER_BYTES + i / 2] |= nibble << (4 * (i % 2));
     }
     let crc = crc_with_hole(block, CRC_OFFSET);
@@ -89,6 +96,17 @@ pub fn decode(group_index: u64, block: &[u8]) -> Result<Vec<u8>> {
     let nibbles: Vec<u8> = (0..count)
         .map(|i| (block[GROUP_HEADER_BYTES + i / 2] >> (4 * (i % 2))) & 0xf)
         .collect();
+    // On disk a block is free (0), data (allocated) or metadata (allocated
+    // and meta); the other bits live only in memory.
+    if let Some(slot) = nibbles
+        .iter()
+        .position(|&n| !matches!(n, 0 | NIBBLE_ALLOCATED | NIBBLE_META_ON_DISK))
+    {
+        return Err(damaged(format!(
+            "block {slot} of the group has the state {:#x}",
+            nibbles[slot]
+        )));
+    }
     if nibbles[0] & NIBBLE_ALLOCATED == 0 || nibbles[0] & NIBBLE_META == 0 {
         return Err(damaged(
             "the map block is not marked as allocated metadata".into(),
