@@ -387,9 +387,10 @@ impl Allocator {
 
     /// Blocks in use, the groups' own map blocks included.
     pub fn used_blocks(&self) -> u64 {
+        // Slots past the capacity are neither used nor free.
         self.groups
             .iter()
-            .map(|g| self.group_blocks - g.free_blocks)
+            .map(|g| g.usable_slots as u64 - g.free_blocks)
             .sum()
     }
 

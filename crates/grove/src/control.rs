@@ -28,6 +28,8 @@ const REQUEST_LINE_MAX_BYTES: u64 = 64 * 1024;
 const REQUESTS_PER_CONNECTION_MAX: usize = 1000;
 /// A control client that sends nothing for this long is disconnected.
 const IDLE_TIMEOUT_MS: u64 = 30_000;
+/// Control connections served at once; more are closed at accept.
+const CONNECTIONS_MAX: usize = 64;
 
 /// What a command can ask of a pool, whether it holds the pool itself or
 /// reaches it through a daemon.
@@ -133,7 +135,13 @@ pub struct ControlServer {
     path: PathBuf,
     stopping: Arc<AtomicBool>,
     acceptor: Option<JoinHandle<()>>,
+    /// The open connections, so that stopping can hang up on idle clients
+    /// instead of waiting for them to time out.
+    connections: Connections,
 }
+
+/// Open connections by number; each handler removes its own when it ends.
+type Connections = Arc<std::sync::Mutex<std::collections::HashMap<u64, UnixStream>>>;
 
 impl ControlServer {
     /// Listens on `POOL/grove.control`. The pool is already open (and so
@@ -145,25 +153,38 @@ impl ControlServer {
         let listener = UnixListener::bind(&path)
             .with_context(|| format!("cannot listen on control socket {}", path.display()))?;
         let stopping = Arc::new(AtomicBool::new(false));
+        let connections = Connections::default();
         let acceptor = {
-            let stopping = stopping.clone();
+            let (stopping, connections) = (stopping.clone(), connections.clone());
             std::thread::Builder::new()
                 .name("grove-control".into())
-                .spawn(move || accept_loop(listener, pool, stopping))?
+                .spawn(move || accept_loop(listener, pool, stopping, connections))?
         };
         tracing::info!(socket = %path.display(), "control socket listening");
         Ok(ControlServer {
             path,
             stopping,
             acceptor: Some(acceptor),
+            connections,
         })
     }
 
-    /// Stops accepting, lets requests in progress finish, removes the socket.
+    /// Stops accepting, lets requests in progress finish, hangs up on idle
+    /// clients and removes the socket.
     pub fn stop(mut self) {
         self.stopping.store(true, Ordering::SeqCst);
-        // Wake the blocking accept with a connection of our own.
+        // Wake the blocking accept with a connection of our own. Shutting
+        // down only the reading side lets a request being answered still
+        // get its reply.
         let _ = UnixStream::connect(&self.path);
+        for stream in self
+            .connections
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+        {
+            let _ = stream.shutdown(std::net::Shutdown::Read);
+        }
         if let Some(acceptor) = self.acceptor.take() {
             let _ = acceptor.join();
         }
@@ -171,18 +192,42 @@ impl ControlServer {
     }
 }
 
-fn accept_loop(listener: UnixListener, pool: Pool, stopping: Arc<AtomicBool>) {
+fn accept_loop(
+    listener: UnixListener,
+    pool: Pool,
+    stopping: Arc<AtomicBool>,
+    connections: Connections,
+) {
     let mut handlers: Vec<JoinHandle<()>> = Vec::new();
+    let mut next_id = 0u64;
     for stream in listener.incoming() {
         if stopping.load(Ordering::SeqCst) {
             break;
         }
         handlers.retain(|h| !h.is_finished());
         let Ok(stream) = stream else { continue };
-        let pool = pool.clone();
+        if handlers.len() >= CONNECTIONS_MAX {
+            tracing::warn!("control connection refused: {CONNECTIONS_MAX} already open");
+            continue;
+        }
+        next_id += 1;
+        let id = next_id;
+        if let Ok(clone) = stream.try_clone() {
+            connections
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(id, clone);
+        }
+        let (pool, connections) = (pool.clone(), connections.clone());
         if let Ok(handler) = std::thread::Builder::new()
             .name("grove-control-conn".into())
-            .spawn(move || serve_connection(stream, &pool))
+            .spawn(move || {
+                serve_connection(stream, &pool);
+                connections
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&id);
+            })
         {
             handlers.push(handler);
         }
@@ -207,19 +252,29 @@ fn serve_connection(stream: UnixStream, pool: &Pool) {
             Ok(0) | Err(_) => return,
             Ok(_) => {}
         }
-        let reply = match serde_json::from_str::<Request>(&line) {
-            Ok(request) => {
-                tracing::info!(?request, "control request");
-                execute(pool, request)
-            }
-            Err(e) => Reply::Error {
+        // A line that did not end within the limit gets one answer and a
+        // hang-up, rather than have its rest read as more requests.
+        let too_long = !line.ends_with('\n');
+        let reply = if too_long {
+            Reply::Error {
                 kind: ErrorKind::InvalidArgument,
-                message: format!("malformed control request: {e}"),
-            },
+                message: format!("control request longer than {REQUEST_LINE_MAX_BYTES} bytes"),
+            }
+        } else {
+            match serde_json::from_str::<Request>(&line) {
+                Ok(request) => {
+                    tracing::info!(?request, "control request");
+                    execute(pool, request)
+                }
+                Err(e) => Reply::Error {
+                    kind: ErrorKind::InvalidArgument,
+                    message: format!("malformed control request: {e}"),
+                },
+            }
         };
         let mut text = serde_json::to_string(&reply).unwrap_or_default();
         text.push('\n');
-        if writer.write_all(text.as_bytes()).is_err() {
+        if writer.write_all(text.as_bytes()).is_err() || too_long {
             return;
         }
     }

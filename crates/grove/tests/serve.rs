@@ -255,3 +255,34 @@ fn data_flushed_before_a_sigkill_is_there_after_a_restart() {
     );
     assert_qemu_io_ok(&output, "read after the restart");
 }
+
+#[test]
+fn control_socket_refuses_overlong_requests_and_idle_clients_do_not_delay_shutdown() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixStream;
+    let mut served = Served::start();
+    let control = served.pool().join("grove.control");
+    let _idle = UnixStream::connect(&control).unwrap();
+    // A request line past the daemon's limit gets one error, then a hang-up.
+    let mut long = UnixStream::connect(&control).unwrap();
+    long.write_all(&vec![b'x'; 100_000]).unwrap();
+    let mut reader = BufReader::new(&long);
+    let mut reply = String::new();
+    reader.read_line(&mut reply).unwrap();
+    assert!(reply.contains("longer than"), "{reply}");
+    reply.clear();
+    // A hang-up with our unread bytes still queued shows as a reset.
+    match reader.read_line(&mut reply) {
+        Ok(0) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        other => panic!("more after the refusal: {other:?} {reply}"),
+    }
+    // The idle client must not hold the shutdown for its 30 s timeout.
+    let started = Instant::now();
+    served.terminate();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "shutdown took {:?}",
+        started.elapsed()
+    );
+}
