@@ -7,38 +7,25 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use grove_store::{BlockDevice, MemDevice, Pool, PoolOptions};
+use std::sync::atomic::AtomicU64;
 
-/// Makes the writer threads' writes take a while before they land, so that
-/// a snapshot that did not wait for in-flight writes would finish, and be
-/// read, while one is still on its way.
-struct SlowDevice(MemDevice);
+use grove_store::{Pool, PoolOptions};
 
-impl BlockDevice for SlowDevice {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        self.0.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+mod common;
+use common::HookedDevice;
+
+/// A device whose writes from the writer threads take a while before they
+/// land, so that a snapshot that did not wait for in-flight writes would
+/// finish, and be read, while one is still on its way.
+fn slow_device() -> HookedDevice {
+    HookedDevice::new().before_write(|_| {
         let writer = std::thread::current()
             .name()
             .is_some_and(|n| n.starts_with("writer"));
         if writer {
             std::thread::sleep(Duration::from_millis(10));
         }
-        self.0.write_at(buf, offset)
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        self.0.flush()
-    }
-    fn len_bytes(&self) -> std::io::Result<u64> {
-        self.0.len_bytes()
-    }
-    fn set_len_bytes(&self, len_bytes: u64) -> std::io::Result<()> {
-        self.0.set_len_bytes(len_bytes)
-    }
-    fn describe(&self) -> String {
-        "slow memory device".into()
-    }
+    })
 }
 
 const BLOCK_BYTES: usize = 4096;
@@ -54,7 +41,7 @@ fn read_all(pool: &Pool, name: &str) -> Vec<u8> {
 
 #[test]
 fn snapshots_taken_during_in_place_writes_are_frozen_and_whole() {
-    let device = Arc::new(SlowDevice(MemDevice::new()));
+    let device = Arc::new(slow_device());
     let pool = Pool::format(device, &PoolOptions::default(), Path::new("slow"), None).unwrap();
     pool.create_volume("v", (WRITERS * REGION_BYTES) as u64)
         .unwrap();
@@ -114,44 +101,18 @@ fn snapshots_taken_during_in_place_writes_are_frozen_and_whole() {
     assert!(report.is_clean(), "{:?}", report.errors);
 }
 
-/// Counts the flushes that reach the device.
-struct FlushCounter {
-    inner: MemDevice,
-    flushes: std::sync::atomic::AtomicU64,
-}
-
-impl BlockDevice for FlushCounter {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        self.inner.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-        self.inner.write_at(buf, offset)
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        self.flushes
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        self.inner.flush()
-    }
-    fn len_bytes(&self) -> std::io::Result<u64> {
-        self.inner.len_bytes()
-    }
-    fn set_len_bytes(&self, len_bytes: u64) -> std::io::Result<()> {
-        self.inner.set_len_bytes(len_bytes)
-    }
-    fn describe(&self) -> String {
-        "flush-counting memory device".into()
-    }
-}
-
 /// Group commit: writers that flush at the same time share the commit's
 /// device flushes instead of paying for one commit each.
 #[test]
 fn concurrent_flushes_share_one_commit() {
     const THREADS: usize = 8;
-    let device = Arc::new(FlushCounter {
-        inner: MemDevice::new(),
-        flushes: std::sync::atomic::AtomicU64::new(0),
-    });
+    let flush_count = Arc::new(AtomicU64::new(0));
+    let device = Arc::new(HookedDevice::new().before_flush({
+        let flush_count = flush_count.clone();
+        move |_| {
+            flush_count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }));
     let pool = Pool::format(
         device.clone(),
         &PoolOptions::default(),
@@ -165,23 +126,22 @@ fn concurrent_flushes_share_one_commit() {
     let before = std::sync::Mutex::new(0u64);
     std::thread::scope(|scope| {
         for thread in 0..THREADS {
-            let (volume, barrier, before, device) = (volume.clone(), &barrier, &before, &device);
+            let (volume, barrier, before, flush_count) =
+                (volume.clone(), &barrier, &before, &flush_count);
             scope.spawn(move || {
                 // Each writer allocates (new blocks, so metadata to commit).
                 volume
                     .write_at(&[thread as u8 + 1; 64 * 1024], thread as u64 * (1 << 20))
                     .unwrap();
                 if barrier.wait().is_leader() {
-                    *before.lock().unwrap() =
-                        device.flushes.load(std::sync::atomic::Ordering::SeqCst);
+                    *before.lock().unwrap() = flush_count.load(std::sync::atomic::Ordering::SeqCst);
                 }
                 barrier.wait();
                 volume.flush().unwrap();
             });
         }
     });
-    let flushes =
-        device.flushes.load(std::sync::atomic::Ordering::SeqCst) - *before.lock().unwrap();
+    let flushes = flush_count.load(std::sync::atomic::Ordering::SeqCst) - *before.lock().unwrap();
     // One commit: a data flush and a journal flush. Writers that find their
     // writes already committed return without touching the device.
     assert!(

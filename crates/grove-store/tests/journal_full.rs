@@ -8,44 +8,18 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use grove_store::{BlockDevice, MemDevice, Pool, PoolOptions};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use grove_store::{MemDevice, Pool, PoolOptions};
+
+mod common;
+use common::HookedDevice;
 
 const BLOCK_BYTES: u64 = 1024;
 const JOURNAL_BLOCKS: u64 = 64;
 
-/// Keeps a copy of the device at every flush, once armed.
-struct FlushImages {
-    inner: MemDevice,
-    armed: Mutex<bool>,
-    images: Mutex<Vec<Vec<u8>>>,
-}
-
-impl BlockDevice for FlushImages {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        self.inner.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-        self.inner.write_at(buf, offset)
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        if *self.armed.lock().unwrap() {
-            self.images.lock().unwrap().push(self.inner.to_bytes());
-        }
-        self.inner.flush()
-    }
-    fn len_bytes(&self) -> std::io::Result<u64> {
-        self.inner.len_bytes()
-    }
-    fn set_len_bytes(&self, len_bytes: u64) -> std::io::Result<()> {
-        self.inner.set_len_bytes(len_bytes)
-    }
-    fn describe(&self) -> String {
-        "flush-imaging memory device".into()
-    }
-}
-
 /// The journal head recorded in the newest superblock.
-fn journal_head(device: &FlushImages) -> u64 {
+fn journal_head(device: &HookedDevice) -> u64 {
     let bytes = device.inner.to_bytes();
     let field = |slot: usize, offset: usize| {
         let at = slot * BLOCK_BYTES as usize + offset;
@@ -58,11 +32,17 @@ fn journal_head(device: &FlushImages) -> u64 {
 #[test]
 fn removing_a_large_volume_never_overwrites_live_journal_transactions() {
     let dir = Path::new("journal-full");
-    let device = Arc::new(FlushImages {
-        inner: MemDevice::new(),
-        armed: Mutex::new(false),
-        images: Mutex::new(Vec::new()),
-    });
+    // Once armed, the device keeps a copy of itself at every flush.
+    let armed = Arc::new(AtomicBool::new(false));
+    let images = Arc::new(Mutex::new(Vec::new()));
+    let device = Arc::new(HookedDevice::new().before_flush({
+        let (armed, images) = (armed.clone(), images.clone());
+        move |inner| {
+            if armed.load(Ordering::SeqCst) {
+                images.lock().unwrap().push(inner.to_bytes());
+            }
+        }
+    }));
     let options = PoolOptions {
         block_size_bytes: BLOCK_BYTES as u32,
         capacity_bytes: None,
@@ -90,16 +70,16 @@ fn removing_a_large_volume_never_overwrites_live_journal_transactions() {
         assert!(steps < 200, "the journal head never reached its middle");
     }
     let pool = Pool::open_device(device.clone(), dir, None).unwrap();
-    *device.armed.lock().unwrap() = true;
+    armed.store(true, Ordering::SeqCst);
     pool.volume("keep")
         .unwrap()
         .write_at(&[0x22; BLOCK_BYTES as usize], 5 * BLOCK_BYTES)
         .unwrap();
     pool.flush().unwrap();
     pool.remove_volume("big").unwrap();
-    *device.armed.lock().unwrap() = false;
+    armed.store(false, Ordering::SeqCst);
     std::mem::forget(pool); // a crash: no clean close
-    let images = std::mem::take(&mut *device.images.lock().unwrap());
+    let images = std::mem::take(&mut *images.lock().unwrap());
     assert!(
         images.len() > 5,
         "too few flushes to test: {}",

@@ -1,5 +1,8 @@
 //! Helpers shared by the engine's integration tests.
 
+// Each test binary compiles this module and uses only some of it.
+#![allow(dead_code)]
+
 use std::collections::BTreeMap;
 
 use grove_store::Pool;
@@ -17,4 +20,68 @@ pub fn contents(pool: &Pool) -> BTreeMap<String, Vec<u8>> {
             (info.name, buf)
         })
         .collect()
+}
+
+/// What a test runs before a write or a flush reaches the device.
+pub type Hook = Box<dyn Fn(&grove_store::MemDevice) + Send + Sync>;
+
+/// A memory device that runs a test's hook before each write and each
+/// flush: to slow writes down, count flushes, or keep images.
+pub struct HookedDevice {
+    pub inner: grove_store::MemDevice,
+    before_write: Option<Hook>,
+    before_flush: Option<Hook>,
+}
+
+impl HookedDevice {
+    pub fn new() -> HookedDevice {
+        HookedDevice {
+            inner: grove_store::MemDevice::new(),
+            before_write: None,
+            before_flush: None,
+        }
+    }
+
+    pub fn before_write(
+        mut self,
+        hook: impl Fn(&grove_store::MemDevice) + Send + Sync + 'static,
+    ) -> Self {
+        self.before_write = Some(Box::new(hook));
+        self
+    }
+
+    pub fn before_flush(
+        mut self,
+        hook: impl Fn(&grove_store::MemDevice) + Send + Sync + 'static,
+    ) -> Self {
+        self.before_flush = Some(Box::new(hook));
+        self
+    }
+}
+
+impl grove_store::BlockDevice for HookedDevice {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        if let Some(hook) = &self.before_write {
+            hook(&self.inner);
+        }
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        if let Some(hook) = &self.before_flush {
+            hook(&self.inner);
+        }
+        self.inner.flush()
+    }
+    fn len_bytes(&self) -> std::io::Result<u64> {
+        self.inner.len_bytes()
+    }
+    fn set_len_bytes(&self, len_bytes: u64) -> std::io::Result<()> {
+        self.inner.set_len_bytes(len_bytes)
+    }
+    fn describe(&self) -> String {
+        "hooked memory device".into()
+    }
 }
