@@ -150,9 +150,12 @@ pub(crate) fn resolve(
 
 /// The exports NBD_OPT_LIST shows, as (name, description).
 pub(crate) fn list(pool: &Pool, options: &ServerOptions) -> Vec<(String, String)> {
-    pool.volumes()
+    // A volume whose accounting cannot be read (damage) is left out of the
+    // list; opening it by name reports the damage.
+    pool.volume_names()
         .into_iter()
-        .filter(|info| options.exports.allows(&info.name))
+        .filter(|name| options.exports.allows(name))
+        .filter_map(|name| pool.volume_info(&name).ok())
         .map(|info| {
             let read_only = options.read_only || info.read_only;
             (info.name.clone(), describe(&info, read_only))

@@ -3,7 +3,9 @@
 //! (RSnap §4.3), so a volume written sequentially gets contiguous blocks.
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::format::group::{self, NIBBLE_ALLOCATED, NIBBLE_META, NIBBLE_PENDING_FREE};
+use crate::format::group::{
+    self, DecodedMap, GROUP_HEADER_BLOCKS, NIBBLE_ALLOCATED, NIBBLE_META, NIBBLE_PENDING_FREE,
+};
 use crate::format::journal::{AllocChange, AllocExtent};
 use crate::format::node::ENTRY_ADDR_MASK;
 use crate::types::BlockAddr;
@@ -29,17 +31,26 @@ struct Group {
     /// Slots the capacity lets this group use: all of them, except in the
     /// last group of a pool whose capacity ends inside it.
     usable_slots: usize,
+    /// Which share-count blocks hold counts on disk (bit k = block k); part
+    /// of the map block's header.
+    shares_present: u8,
 }
 
 impl Group {
     fn new_empty(group_blocks: u64, usable_slots: usize) -> Group {
         let mut nibbles = vec![0u8; group_blocks as usize];
-        nibbles[0] = NIBBLE_ALLOCATED | NIBBLE_META;
-        Group::from_nibbles(nibbles, usable_slots, true)
+        nibbles[..GROUP_HEADER_BLOCKS as usize].fill(NIBBLE_ALLOCATED | NIBBLE_META);
+        Group::from_nibbles(nibbles, usable_slots, true, 0)
     }
 
-    fn from_nibbles(nibbles: Vec<u8>, usable_slots: usize, durable_dirty: bool) -> Group {
+    fn from_nibbles(
+        nibbles: Vec<u8>,
+        usable_slots: usize,
+        durable_dirty: bool,
+        shares_present: u8,
+    ) -> Group {
         Group {
+            shares_present,
             free_blocks: nibbles[..usable_slots].iter().filter(|&&n| n == 0).count() as u64,
             durable: nibbles.clone(),
             nibbles,
@@ -82,14 +93,14 @@ impl Allocator {
         data_start: BlockAddr,
         group_blocks: u64,
         capacity_blocks: u64,
-        group_nibbles: Vec<Vec<u8>>,
+        maps: Vec<DecodedMap>,
     ) -> Allocator {
-        let groups: Vec<Group> = group_nibbles
+        let groups: Vec<Group> = maps
             .into_iter()
             .enumerate()
-            .map(|(index, nibbles)| {
+            .map(|(index, map)| {
                 let usable = usable_slots(group_blocks, capacity_blocks, index as u64);
-                Group::from_nibbles(nibbles, usable, false)
+                Group::from_nibbles(map.nibbles, usable, false, map.shares_present)
             })
             .collect();
         Allocator {
@@ -117,7 +128,9 @@ impl Allocator {
     /// Appends an empty group whose only used block is its own map block.
     pub fn add_group(&mut self) -> Result<u64> {
         let index = self.groups.len() as u64;
-        if usable_slots(self.group_blocks, self.capacity_blocks, index) <= 1 {
+        if usable_slots(self.group_blocks, self.capacity_blocks, index) as u64
+            <= GROUP_HEADER_BLOCKS
+        {
             return Err(Error::new(
                 ErrorKind::NoSpace,
                 format!(
@@ -145,7 +158,7 @@ impl Allocator {
             Some(addr) => addr,
             None => {
                 let index = self.add_group()?;
-                self.group_start(index).0 + 1
+                self.group_start(index).0 + GROUP_HEADER_BLOCKS
             }
         };
         let (group, slot) = self.locate(BlockAddr(addr));
@@ -202,7 +215,7 @@ impl Allocator {
         // A tree that points at a free block, or at a map block, is damage on
         // disk (a crafted store can carry valid checksums): refuse quietly
         // instead of panicking; `check` reports such blocks.
-        if group.nibbles[slot] & NIBBLE_ALLOCATED == 0 || slot == 0 {
+        if group.nibbles[slot] & NIBBLE_ALLOCATED == 0 || slot < GROUP_HEADER_BLOCKS as usize {
             self.inconsistent_frees += 1;
             return;
         }
@@ -317,9 +330,9 @@ impl Allocator {
                 )));
             }
             for addr in extent.first.0..extent.first.0 + u64::from(extent.count) {
-                if (addr - self.data_start).is_multiple_of(self.group_blocks) {
+                if (addr - self.data_start) % self.group_blocks < GROUP_HEADER_BLOCKS {
                     return Err(Error::corrupt(format!(
-                        "journal transaction changes the map block {addr}"
+                        "journal transaction changes block {addr}, a group's own map or share-count block"
                     )));
                 }
             }
@@ -394,6 +407,14 @@ impl Allocator {
             .sum()
     }
 
+    /// Blocks in use that hold data.
+    pub fn data_blocks(&self) -> u64 {
+        self.groups
+            .iter()
+            .map(|g| g.nibbles.iter().filter(|&&n| n == NIBBLE_ALLOCATED).count() as u64)
+            .sum()
+    }
+
     /// Blocks in use that hold metadata.
     pub fn meta_blocks(&self) -> u64 {
         self.groups
@@ -419,7 +440,13 @@ impl Allocator {
             .filter(|&index| self.groups[index].durable_dirty)
             .map(|index| {
                 let mut block = vec![0u8; block_size_bytes as usize];
-                group::encode(index as u64, &self.groups[index].durable, &mut block);
+                let group = &self.groups[index];
+                group::encode(
+                    index as u64,
+                    &group.durable,
+                    group.shares_present,
+                    &mut block,
+                );
                 (self.group_start(index as u64), block)
             })
             .collect()
@@ -437,6 +464,27 @@ impl Allocator {
         for group in &mut self.groups[..self.durable_group_count as usize] {
             group.durable_dirty = false;
         }
+    }
+
+    /// Which share-count blocks of `group` hold counts on disk.
+    pub fn shares_present(&self, group: u64) -> u8 {
+        self.groups[group as usize].shares_present
+    }
+
+    /// Share-count block `index` of `group` now holds counts on disk: the
+    /// group's map (written after it at checkpoint) must say so.
+    pub fn mark_shares_present(&mut self, group: u64, index: u32) {
+        let group = &mut self.groups[group as usize];
+        if group.shares_present & (1 << index) == 0 {
+            group.shares_present |= 1 << index;
+            group.durable_dirty = true;
+        }
+    }
+
+    /// True if `addr` is one of a group's own blocks (map or share counts).
+    pub fn is_group_header(&self, addr: BlockAddr) -> bool {
+        addr.0 >= self.data_start
+            && (addr.0 - self.data_start) % self.group_blocks < GROUP_HEADER_BLOCKS
     }
 
     /// Groups as of the last sealed transaction.

@@ -1,10 +1,13 @@
 //! `grove check`: verifies every piece of metadata and how the pieces agree.
 //!
-//! Errors are states the consistency contract rules out (a block two owners
-//! may write, a reachable block marked free, wrong space accounting, damaged
-//! metadata). Warnings are harmless leftovers that a crash may legitimately
-//! leave (a leaked block, a torn spare superblock); `--repair` fixes those
-//! and the map disagreements, and never changes what a volume reads.
+//! Errors are states the consistency contract rules out (a share count
+//! lower than the references to a block, which would let one owner write a
+//! block others read; a reachable block marked free; a birth newer than the
+//! entry above it; wrong space accounting; damaged metadata). Warnings are
+//! harmless leftovers that a crash may legitimately leave (a leaked block, a
+//! count higher than its references, a torn spare superblock); `--repair`
+//! fixes those and the map disagreements, and never changes what a volume
+//! reads.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
@@ -47,9 +50,6 @@ const REPORT_LINES_MAX: usize = 100;
 struct BlockUseSeen {
     /// Distinct parent entries (or volume records) that point here.
     references: u32,
-    /// Some path from a root to here is exclusive all the way: its owner
-    /// may write the block in place, so nothing else may reference it.
-    exclusive_path: bool,
     is_meta: bool,
 }
 
@@ -57,10 +57,8 @@ struct Walk {
     seen: HashMap<u64, BlockUseSeen>,
     /// Table nodes already walked.
     walked: HashSet<u64>,
-    /// Nodes whose entries were already counted as references.
-    children_registered: HashSet<u64>,
-    /// Data mapped below (node, reached exclusively), once walked.
-    counts: HashMap<(u64, bool), Counts>,
+    /// Data mapped below a node, and its newest birth, once walked.
+    counts: HashMap<u64, Counts>,
     errors: Vec<String>,
     suppressed_errors: u64,
 }
@@ -76,19 +74,18 @@ impl Walk {
 
     /// Notes a path to `addr`; `counts` is false when the same parent entry
     /// is walked again (reached another way), so it is not counted twice.
-    fn reference(&mut self, addr: BlockAddr, counts: bool, exclusive_path: bool, is_meta: bool) {
+    fn reference(&mut self, addr: BlockAddr, counts: bool, is_meta: bool) {
         let seen = self.seen.entry(addr.0).or_default();
-        seen.references += u32::from(counts);
-        seen.exclusive_path |= exclusive_path;
+        seen.references = seen.references.saturating_add(u32::from(counts));
         seen.is_meta |= is_meta;
     }
 }
 
-/// Data blocks a volume's tree maps, and how many of them only it reaches.
+/// Data blocks a subtree maps, and the newest birth in it.
 #[derive(Default, Clone, Copy)]
 struct Counts {
     referenced: u64,
-    exclusive: u64,
+    newest_birth: u64,
 }
 
 impl State {
@@ -100,7 +97,6 @@ impl State {
         let mut walk = Walk {
             seen: HashMap::new(),
             walked: HashSet::new(),
-            children_registered: HashSet::new(),
             counts: HashMap::new(),
             errors: Vec::new(),
             suppressed_errors: 0,
@@ -121,36 +117,52 @@ impl State {
         // The volume table's own tree.
         if self.superblock.volume_table_height > 0 {
             let root = self.superblock.volume_table_root;
-            walk.reference(root, true, true, true);
+            walk.reference(root, true, true);
             self.walk_table(root, self.superblock.volume_table_height - 1, &mut walk);
         }
 
-        // Every volume's tree, with its space accounting.
+        // Every tree, live or being reclaimed, with its space accounting.
         let records: Vec<_> = self.volumes.values().cloned().collect();
+        let dying: Vec<_> = self
+            .removed
+            .values()
+            .filter(|r| !r.root.is_none())
+            .cloned()
+            .collect();
         let mut counts: HashMap<VolumeId, Counts> = HashMap::new();
-        for record in &records {
-            walk.reference(record.root, true, true, true);
-            let volume_counts = self.walk_volume(
-                record.root,
-                record.height - 1,
-                true,
-                &mut walk,
-                &record.name,
-            );
+        for record in records.iter().chain(&dying) {
+            walk.reference(record.root, true, true);
+            let volume_counts =
+                self.walk_volume(record.root, record.height - 1, &mut walk, &record.name);
             counts.insert(record.id, volume_counts);
         }
 
-        // Exclusive means alone.
-        let mut shared_exclusive = Vec::new();
+        // Exact sharing: every block's count is its references, less one.
+        let mut low_counts = Vec::new();
+        let mut high_counts = Vec::new();
         for (&addr, seen) in &walk.seen {
-            if seen.exclusive_path && seen.references > 1 {
-                shared_exclusive.push((addr, seen.references));
+            let counted = self.shares.extra(BlockAddr(addr)).saturating_add(1);
+            if counted < seen.references {
+                low_counts.push((addr, seen.references, counted));
+            } else if counted > seen.references {
+                high_counts.push((addr, seen.references));
             }
         }
-        shared_exclusive.sort_unstable();
-        for (addr, references) in shared_exclusive {
+        for &addr in self.shares.all().keys() {
+            if !walk.seen.contains_key(&addr) {
+                high_counts.push((addr, 0));
+            }
+        }
+        low_counts.sort_unstable();
+        for &(addr, references, counted) in &low_counts {
             walk.error(format!(
-                "block {addr} is owned exclusively by one volume but referenced {references} times"
+                "block {addr} is referenced {references} times but counted {counted}: one owner could change what others read"
+            ));
+        }
+        if !high_counts.is_empty() {
+            report.warnings.push(format!(
+                "{} blocks are counted with more references than they have (space held back; --repair corrects the counts)",
+                high_counts.len()
             ));
         }
 
@@ -162,7 +174,7 @@ impl State {
         for group in 0..self.alloc.group_count() {
             let start = self.alloc.group_start(group).0;
             let end = (start + self.superblock.group_blocks).min(store_end);
-            for addr in start + 1..end {
+            for addr in start + crate::format::group::GROUP_HEADER_BLOCKS..end {
                 let nibble = self.alloc.nibble(BlockAddr(addr)).unwrap_or(0);
                 let allocated = nibble & NIBBLE_ALLOCATED != 0;
                 match (walk.seen.get(&addr), allocated) {
@@ -198,18 +210,21 @@ impl State {
         let mut accounting_fixes = Vec::new();
         for record in &records {
             let actual = counts[&record.id];
-            if actual.referenced != record.referenced_blocks
-                || actual.exclusive != record.exclusive_blocks
-            {
+            if actual.referenced != record.referenced_blocks {
                 walk.error(format!(
-                    "volume {:?} records {} referenced and {} exclusive bytes, but its tree has {} and {}",
+                    "volume {:?} records {} referenced bytes, but its tree has {}",
                     record.name,
                     record.referenced_blocks * block_bytes,
-                    record.exclusive_blocks * block_bytes,
                     actual.referenced * block_bytes,
-                    actual.exclusive * block_bytes
                 ));
                 accounting_fixes.push((record.id, actual));
+            }
+            let generation = self.superblock.birth_generation;
+            if actual.newest_birth > generation {
+                walk.error(format!(
+                    "volume {:?} holds a mapping born in generation {}, after the pool's {generation}",
+                    record.name, actual.newest_birth
+                ));
             }
         }
 
@@ -250,7 +265,19 @@ impl State {
                 ));
             }
             for (id, actual) in &accounting_fixes {
-                self.set_accounting(*id, actual.referenced, actual.exclusive);
+                self.set_accounting(*id, actual.referenced);
+            }
+            for &(addr, references, _) in &low_counts {
+                self.shares.set_exact(BlockAddr(addr), references.saturating_sub(1));
+            }
+            for &(addr, references) in &high_counts {
+                self.shares.set_exact(BlockAddr(addr), references.saturating_sub(1));
+            }
+            if !low_counts.is_empty() || !high_counts.is_empty() {
+                report.repaired.push(format!(
+                    "corrected the share counts of {} blocks",
+                    low_counts.len() + high_counts.len()
+                ));
             }
             if superblock_damage {
                 report
@@ -312,54 +339,52 @@ impl State {
             Err(e) => return walk.error(format!("volume table: {e}")),
         };
         for entry in entries.iter().filter(|e| !e.is_empty()) {
-            if entry.is_shared() {
-                walk.error(format!("volume table node at {addr} has a shared entry"));
-            }
-            walk.reference(entry.addr(), true, true, true);
+            walk.reference(entry.addr(), true, true);
             if level > 0 {
                 self.walk_table(entry.addr(), level - 1, walk);
             }
         }
     }
 
-    /// Walks a volume subtree and returns the data it maps. Results are
-    /// memoized per (node, reached exclusively), so 100 snapshots sharing
-    /// one tree cost about what one tree costs.
-    fn walk_volume(
-        &mut self,
-        addr: BlockAddr,
-        level: u8,
-        exclusive: bool,
-        walk: &mut Walk,
-        volume: &str,
-    ) -> Counts {
-        if let Some(counts) = walk.counts.get(&(addr.0, exclusive)) {
+    /// Walks a volume subtree and returns the data it maps and its newest
+    /// birth. Results are memoized per node, so 100 snapshots sharing one
+    /// tree cost about what one tree costs; a node's entries count as
+    /// references once, however often it is reached.
+    fn walk_volume(&mut self, addr: BlockAddr, level: u8, walk: &mut Walk, volume: &str) -> Counts {
+        if let Some(counts) = walk.counts.get(&addr.0) {
             return *counts;
         }
-        // A node's entries are references once, however often it is reached.
-        let first_visit = walk.children_registered.insert(addr.0);
         let entries = match self.load_node_for_check(addr, NodeKind::VolumeData, level) {
             Ok(entries) => entries,
             Err(e) => {
                 walk.error(format!("volume {volume:?}: {e}"));
+                walk.counts.insert(addr.0, Counts::default());
                 return Counts::default();
             }
         };
         let mut counts = Counts::default();
-        for entry in entries.iter().filter(|e| !e.is_empty()) {
-            let child_exclusive = exclusive && !entry.is_shared();
-            walk.reference(entry.addr(), first_visit, child_exclusive, level > 0);
+        for entry in entries.iter() {
+            counts.newest_birth = counts.newest_birth.max(entry.birth());
+            if entry.is_empty() {
+                continue;
+            }
+            walk.reference(entry.addr(), true, level > 0);
             if level == 0 {
                 counts.referenced += 1;
-                counts.exclusive += u64::from(child_exclusive);
-            } else {
-                let child =
-                    self.walk_volume(entry.addr(), level - 1, child_exclusive, walk, volume);
-                counts.referenced += child.referenced;
-                counts.exclusive += child.exclusive;
+                continue;
+            }
+            let child = self.walk_volume(entry.addr(), level - 1, walk, volume);
+            counts.referenced += child.referenced;
+            if child.newest_birth > entry.birth() {
+                walk.error(format!(
+                    "volume {volume:?}: radix node at {addr} entry points at {} born in generation {}, but holds a mapping born in {}",
+                    entry.addr(),
+                    entry.birth(),
+                    child.newest_birth
+                ));
             }
         }
-        walk.counts.insert((addr.0, exclusive), counts);
+        walk.counts.insert(addr.0, counts);
         counts
     }
 }

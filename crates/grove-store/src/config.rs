@@ -94,6 +94,15 @@ impl PoolConfig {
                     ),
                 ))
             }
+            Some(v) if v < FORMAT_VERSION => {
+                return Err(Error::new(
+                    ErrorKind::UnsupportedVersion,
+                    format!(
+                        "pool {} uses format version {v}, which this grove no longer opens (it writes version {FORMAT_VERSION}); export its volumes with the grove that made it (`grove export NAME FILE`) and import them into a new pool (`grove init`, then `grove import NAME FILE`)",
+                        dir.display()
+                    ),
+                ))
+            }
             Some(_) => {}
         }
         let config: PoolConfig =

@@ -328,11 +328,13 @@ mod tests {
                 volume_table_height: 0,
                 next_volume_id: VolumeId(1),
                 group_count: 1,
+                birth_generation: 1,
             },
             homes: (0..images.len() as u64)
                 .map(|i| BlockAddr(100 + i))
                 .collect(),
             extents: Vec::new(),
+            share_runs: Vec::new(),
         };
         journal.append(device, &descriptor.encode(BLOCK), &images)
     }

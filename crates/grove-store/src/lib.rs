@@ -3,7 +3,8 @@
 //! Layers, bottom up: a [`BlockDevice`] (one file, or later a RAID layout
 //! over branches); the on-disk [`format`] (superblocks, radix nodes, volume
 //! records, allocation-group nibble maps); the allocator; and radix-tree
-//! volumes with recursive snapshots and dedicate-on-write (RSnap).
+//! volumes with recursive snapshots, dedicate-on-write (RSnap) and exact
+//! sharing through reference counts (dm-thin).
 //!
 //! ```no_run
 //! use grove_store::{Pool, PoolOptions};
@@ -17,23 +18,33 @@
 //! ```
 #![forbid(unsafe_code)]
 
+mod accounting;
 pub mod alloc;
 pub mod check;
 pub mod config;
 pub mod device;
+mod diff;
 pub mod error;
 pub mod format;
 mod journal;
 pub mod pool;
+mod reclaim;
+mod shares;
 mod state;
 pub mod testing;
+mod tree;
 pub mod types;
+mod volumes;
 
 pub use check::CheckReport;
 pub use device::{BlockDevice, FileDevice, MemDevice};
 pub use error::{Error, ErrorKind, Result};
 pub use format::record::VolumeKind;
+pub use diff::DiffExtent;
 pub use pool::{
-    validate_volume_name, validate_volume_size, Pool, PoolInfo, PoolOptions, Volume, VolumeInfo,
+    validate_volume_name, validate_volume_size, DiffReport, Pool, PoolInfo, PoolOptions,
+    RemoveOptions, Volume, VolumeInfo,
 };
+pub use reclaim::RECLAIM_BATCH_ENTRIES;
+pub use volumes::BOOKMARKS_PER_PARENT_MAX;
 pub use types::{BlockAddr, VolumeId};

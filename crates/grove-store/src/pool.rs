@@ -2,6 +2,7 @@
 //! through `Volume` handles. `Pool` and `Volume` are cheap to clone and safe
 //! to share between threads.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -9,6 +10,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::alloc::Allocator;
 use crate::check::CheckReport;
+use crate::diff::DiffExtent;
+use crate::reclaim::{ReclaimBatch, RECLAIM_BATCH_ENTRIES};
 use crate::config::{PoolConfig, CONFIG_FILE_NAME};
 use crate::device::{BlockDevice, FileDevice};
 use crate::error::{Error, ErrorKind, Result};
@@ -60,9 +63,17 @@ pub struct VolumeInfo {
     pub size_bytes: u64,
     /// Bytes of data this volume maps.
     pub referenced_bytes: u64,
-    /// Bytes that only this volume reaches: what removing it frees at once.
-    pub exclusive_bytes: u64,
+    /// Bytes only this volume reaches: exactly what removing it alone frees.
+    pub unique_bytes: u64,
+    /// Bytes of data written since its last snapshot (for a snapshot: what
+    /// its source wrote between the previous snapshot and this one; for a
+    /// clone: since it was made).
+    pub written_bytes: u64,
     pub created_unix_secs: u64,
+    /// The pool's birth generation when it was made: data born later is newer.
+    pub created_generation: u64,
+    /// Random and unique across pools, as 32 hex digits.
+    pub guid: String,
 }
 
 /// Space and shape of a pool.
@@ -81,6 +92,11 @@ pub struct PoolInfo {
     /// Bytes that can still be allocated: free blocks in the store plus
     /// what it can grow into (limited by the capacity or the host file system).
     pub free_bytes: u64,
+    /// Bytes that removed volumes still hold and the reclaimer will give
+    /// back (`grove gc --wait` finishes it now).
+    pub pending_free_bytes: u64,
+    /// Bytes of data the live volumes reference, counting shared data once.
+    pub referenced_bytes: u64,
     /// The capacity limit, if the pool has one.
     pub capacity_bytes: Option<u64>,
 }
@@ -94,6 +110,31 @@ struct Inner {
     io_gate: RwLock<()>,
     /// Holds the pool's exclusive lock for as long as the pool is open.
     _lock_file: Option<File>,
+    /// Open `Volume` handles per volume (NBD clients, FUSE files): a
+    /// volume in use is not removed unless forced.
+    handles: Mutex<HashMap<VolumeId, usize>>,
+}
+
+/// How `Pool::remove` treats a volume's family and its users.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RemoveOptions {
+    /// Remove every volume descended from it too.
+    pub recursive: bool,
+    /// Remove it even while a handle is open on it (an NBD client, a FUSE
+    /// file); the handle's next call fails with NotFound.
+    pub force: bool,
+}
+
+/// The extents where one volume differs from another.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DiffReport {
+    pub base: String,
+    pub newer: String,
+    /// The base is a removed snapshot, compared through birth generations.
+    pub base_removed: bool,
+    pub base_size_bytes: u64,
+    pub newer_size_bytes: u64,
+    pub extents: Vec<DiffExtent>,
 }
 
 impl Drop for Inner {
@@ -116,11 +157,40 @@ pub struct Pool {
 }
 
 /// A handle on one volume. It stays valid while the volume exists; after
-/// the volume is removed every call fails with NotFound.
-#[derive(Clone)]
+/// the volume is removed every call fails with NotFound. While a handle is
+/// open, removing its volume needs `force`.
 pub struct Volume {
     inner: Arc<Inner>,
     id: VolumeId,
+}
+
+impl Volume {
+    fn open(inner: Arc<Inner>, id: VolumeId) -> Volume {
+        *lock_handles(&inner).entry(id).or_default() += 1;
+        Volume { inner, id }
+    }
+}
+
+impl Clone for Volume {
+    fn clone(&self) -> Volume {
+        Volume::open(self.inner.clone(), self.id)
+    }
+}
+
+impl Drop for Volume {
+    fn drop(&mut self) {
+        let mut handles = lock_handles(&self.inner);
+        if let Some(count) = handles.get_mut(&self.id) {
+            *count -= 1;
+            if *count == 0 {
+                handles.remove(&self.id);
+            }
+        }
+    }
+}
+
+fn lock_handles(inner: &Inner) -> MutexGuard<'_, HashMap<VolumeId, usize>> {
+    inner.handles.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn now_unix_secs() -> u64 {
@@ -247,10 +317,10 @@ impl Pool {
         let journal_blocks = options.journal_bytes.unwrap_or(JOURNAL_REGION_BYTES) / block_bytes;
         let group_blocks = group::group_blocks(block_size);
         // The capacity counts whole blocks of the data area; at least the
-        // first group's map block and one more.
+        // first group's own blocks and one more.
         let capacity_blocks = match options.capacity_bytes {
             None => 0,
-            Some(bytes) => (bytes / block_bytes).max(2),
+            Some(bytes) => (bytes / block_bytes).max(group::GROUP_HEADER_BLOCKS + 1),
         };
         let superblock = Superblock {
             generation: 0,
@@ -268,6 +338,9 @@ impl Pool {
             journal_head: 0,
             created_unix_secs: now_unix_secs(),
             pool_uuid: random_uuid(),
+            // Generation 0 is older than anything: every volume's share
+            // floor starts there, so the first writes are born after it.
+            birth_generation: 1,
         };
         let mut alloc = Allocator::new(
             superblock.data_start,
@@ -334,7 +407,7 @@ impl Pool {
                 "store {what} is truncated: it is {device_len} bytes, but its superblock needs {expected_len}"
             )));
         }
-        let mut group_nibbles = Vec::with_capacity(superblock.group_count as usize);
+        let mut group_maps = Vec::with_capacity(superblock.group_count as usize);
         let mut block = vec![0u8; superblock.block_size_bytes as usize];
         for index in 0..superblock.group_count {
             let addr = superblock.data_start.0 + index * superblock.group_blocks;
@@ -346,16 +419,17 @@ impl Pool {
                         e,
                     )
                 })?;
-            group_nibbles.push(group::decode(index, &block)?);
+            group_maps.push(group::decode(index, &block)?);
         }
         let alloc = Allocator::new(
             superblock.data_start,
             superblock.group_blocks,
             superblock.capacity_blocks,
-            group_nibbles,
+            group_maps,
         );
         let mut state = State::new(device, superblock, alloc);
         state.open_warnings = superblock_problems;
+        state.load_share_counts()?;
         state.replay_journal()?;
         state.load_volume_table()?;
         Ok(Pool::from_state(state, dir, lock))
@@ -368,6 +442,7 @@ impl Pool {
                 state: Mutex::new(state),
                 io_gate: RwLock::new(()),
                 _lock_file: lock,
+                handles: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -384,29 +459,36 @@ impl Pool {
         self.state().geometry.block_size_bytes
     }
 
-    /// Every volume, in creation order.
-    pub fn volumes(&self) -> Vec<VolumeInfo> {
-        let state = self.state();
-        state
-            .volumes
-            .values()
-            .map(|r| volume_info(&state, r))
-            .collect()
+    /// Every volume, in creation order, with its space accounting (which
+    /// costs a walk of what each volume owns alone).
+    pub fn volumes(&self) -> Result<Vec<VolumeInfo>> {
+        let mut state = self.state();
+        let records: Vec<VolumeRecord> = state.volumes.values().cloned().collect();
+        records.iter().map(|r| volume_info(&mut state, r)).collect()
+    }
+
+    /// Names of every volume, in creation order, without the accounting.
+    pub fn volume_names(&self) -> Vec<String> {
+        self.state().volumes.values().map(|r| r.name.clone()).collect()
     }
 
     pub fn volume_info(&self, name: &str) -> Result<VolumeInfo> {
-        let state = self.state();
-        let record = state.volume_by_name(name)?;
-        Ok(volume_info(&state, record))
+        let mut state = self.state();
+        let record = state.volume_by_name(name)?.clone();
+        volume_info(&mut state, &record)
     }
 
     /// A handle for I/O on the named volume.
     pub fn volume(&self, name: &str) -> Result<Volume> {
         let id = self.state().volume_by_name(name)?.id;
-        Ok(Volume {
-            inner: self.inner.clone(),
-            id,
-        })
+        Ok(Volume::open(self.inner.clone(), id))
+    }
+
+    /// Open handles on the named volume (NBD clients, FUSE files, I/O in
+    /// progress).
+    pub fn open_handles(&self, name: &str) -> Result<usize> {
+        let id = self.state().volume_by_name(name)?.id;
+        Ok(lock_handles(&self.inner).get(&id).copied().unwrap_or(0))
     }
 
     /// Creates an empty thin volume. Durable when it returns.
@@ -414,6 +496,7 @@ impl Pool {
         validate_volume_name(name)?;
         validate_volume_size(size_bytes)?;
         self.change(|state| {
+            ensure_changes_allowed(state)?;
             ensure_name_free(state, name)?;
             state.create_volume(name, size_bytes, now_unix_secs())
         })
@@ -432,6 +515,7 @@ impl Pool {
     fn snapshot_as(&self, source: &str, name: &str, kind: VolumeKind) -> Result<VolumeInfo> {
         validate_volume_name(name)?;
         let mut state = self.state();
+        ensure_changes_allowed(&state)?;
         // Writes in flight to blocks the source owns must land before those
         // blocks become shared, or the new snapshot would change under them.
         let gate = write_gate(&self.inner);
@@ -442,39 +526,183 @@ impl Pool {
         };
         drop(gate);
         commit_locked(&self.inner, &mut state)?;
-        Ok(volume_info(&state, &state.volumes[&id]))
+        let record = state.volumes[&id].clone();
+        volume_info(&mut state, &record)
     }
 
-    /// Removes any volume. Its snapshots and clones stay and are re-parented
-    /// to its parent. Returns the bytes freed at once.
+    /// Removes any volume in O(1); its snapshots and clones keep every
+    /// byte. Returns the bytes that removing it gives back, which the
+    /// reclaimer frees (`reclaim_all`, or `grove serve`'s background
+    /// reclaimer). Refused while a handle is open on it.
     pub fn remove_volume(&self, name: &str) -> Result<u64> {
+        self.remove(name, RemoveOptions::default())
+    }
+
+    /// Removes a volume, with its descendants if `recursive`. Returns the
+    /// bytes the reclaimer will give back.
+    pub fn remove(&self, name: &str, options: RemoveOptions) -> Result<u64> {
         let mut state = self.state();
-        let id = state.volume_by_name(name)?.id;
-        let freed = state.remove_volume(id)?;
+        ensure_changes_allowed(&state)?;
+        let record = state.volume_by_name(name)?.clone();
+        let mut doomed = vec![record.id];
+        let descendants = state.live_descendants(record.id);
+        if options.recursive {
+            doomed.extend(descendants);
+        }
+        if !options.force {
+            let handles = lock_handles(&self.inner);
+            for id in &doomed {
+                if let Some(&count) = handles.get(id) {
+                    let name = &state.volumes[id].name;
+                    return Err(Error::new(
+                        ErrorKind::Busy,
+                        format!(
+                            "volume {name:?} is in use ({count} open handle{}: an NBD client, a FUSE file or I/O in progress); disconnect it first, or remove it with --force",
+                            if count == 1 { "" } else { "s" }
+                        ),
+                    ));
+                }
+            }
+        }
+        let before = state.pending_free_blocks()?;
+        // Deepest first, so each removal leaves a consistent family.
+        for id in doomed.iter().rev() {
+            state.remove_volume(*id);
+        }
+        let after = state.pending_free_blocks()?;
         commit_locked(&self.inner, &mut state)?;
-        Ok(freed)
+        Ok(after.saturating_sub(before) * state.geometry.block_bytes())
+    }
+
+    /// Resets writable volume `volume` (by default the volume `snapshot`
+    /// was taken from) to the contents of `snapshot`, in O(1). Its old
+    /// contents go to the reclaimer.
+    pub fn rollback(&self, snapshot: &str, volume: Option<&str>) -> Result<VolumeInfo> {
+        let mut state = self.state();
+        ensure_changes_allowed(&state)?;
+        let source = state.volume_by_name(snapshot)?.clone();
+        let target = match volume {
+            Some(name) => state.volume_by_name(name)?.clone(),
+            None => state.live_ancestor(&source).cloned().ok_or_else(|| {
+                Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!(
+                        "{snapshot:?} has no live parent to roll back; name the volume to reset"
+                    ),
+                )
+            })?,
+        };
+        if !target.kind.is_writable() {
+            return Err(read_only_error(&target));
+        }
+        if target.id == source.id {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("cannot roll {snapshot:?} back to itself"),
+            ));
+        }
+        let gate = write_gate(&self.inner);
+        state.rollback(source.id, target.id, now_unix_secs())?;
+        drop(gate);
+        commit_locked(&self.inner, &mut state)?;
+        let record = state.volumes[&target.id].clone();
+        volume_info(&mut state, &record)
+    }
+
+    /// The extents where `newer` differs from `base`. `base` may be a
+    /// removed snapshot of `newer`'s line (a bookmark). Costs what differs,
+    /// not what the volumes map.
+    pub fn diff(&self, base: &str, newer: &str) -> Result<DiffReport> {
+        let mut state = self.state();
+        let (base_record, base_live) = state.diff_base(base)?;
+        let newer_record = state.volume_by_name(newer)?.clone();
+        let runs = if base_live {
+            state.diff_live(&base_record, &newer_record)?
+        } else {
+            state.check_bookmark_line(&base_record, &newer_record)?;
+            state.diff_since(base_record.created_generation, &newer_record)?
+        };
+        let block_bytes = state.geometry.block_bytes();
+        let size = base_record.size_bytes.max(newer_record.size_bytes);
+        let extents = runs
+            .into_iter()
+            .map(|(first, count, data)| {
+                let offset_bytes = first * block_bytes;
+                DiffExtent {
+                    offset_bytes,
+                    length_bytes: (count * block_bytes).min(size - offset_bytes),
+                    data,
+                }
+            })
+            .collect();
+        Ok(DiffReport {
+            base: base.to_string(),
+            newer: newer.to_string(),
+            base_removed: !base_live,
+            base_size_bytes: base_record.size_bytes,
+            newer_size_bytes: newer_record.size_bytes,
+            extents,
+        })
+    }
+
+    /// Bytes removed volumes still hold; the reclaimer frees them.
+    pub fn pending_free_bytes(&self) -> Result<u64> {
+        let mut state = self.state();
+        Ok(state.pending_free_blocks()? * state.geometry.block_bytes())
+    }
+
+    /// Reclaims one bounded batch of removed trees and commits it. Other
+    /// work on the pool goes on between batches. Returns the bytes freed
+    /// and whether anything is left.
+    pub fn reclaim_batch(&self) -> Result<(u64, bool)> {
+        let mut state = self.state();
+        if !state.has_pending_reclaim() {
+            return Ok((0, true));
+        }
+        ensure_changes_allowed(&state)?;
+        let batch: ReclaimBatch = state.reclaim_batch(RECLAIM_BATCH_ENTRIES)?;
+        commit_locked(&self.inner, &mut state)?;
+        Ok((batch.freed_blocks * state.geometry.block_bytes(), batch.done))
+    }
+
+    /// Reclaims everything pending, batch by batch, calling `progress` with
+    /// the bytes freed so far. Returns the bytes freed.
+    pub fn reclaim_all(&self, mut progress: impl FnMut(u64)) -> Result<u64> {
+        let mut freed = 0;
+        loop {
+            let (bytes, done) = self.reclaim_batch()?;
+            freed += bytes;
+            progress(freed);
+            if done {
+                return Ok(freed);
+            }
+        }
     }
 
     pub fn resize_volume(&self, name: &str, size_bytes: u64) -> Result<VolumeInfo> {
         validate_volume_size(size_bytes)?;
         let mut state = self.state();
+        ensure_changes_allowed(&state)?;
         let record = state.volume_by_name(name)?.clone();
         if !record.kind.is_writable() {
             return Err(read_only_error(&record));
         }
         state.resize_volume(record.id, size_bytes)?;
         commit_locked(&self.inner, &mut state)?;
-        Ok(volume_info(&state, &state.volumes[&record.id]))
+        let record = state.volumes[&record.id].clone();
+        volume_info(&mut state, &record)
     }
 
     pub fn rename_volume(&self, name: &str, new_name: &str) -> Result<VolumeInfo> {
         validate_volume_name(new_name)?;
         let mut state = self.state();
+        ensure_changes_allowed(&state)?;
         let id = state.volume_by_name(name)?.id;
         ensure_name_free(&state, new_name)?;
         state.rename_volume(id, new_name);
         commit_locked(&self.inner, &mut state)?;
-        Ok(volume_info(&state, &state.volumes[&id]))
+        let record = state.volumes[&id].clone();
+        volume_info(&mut state, &record)
     }
 
     /// Runs a change that creates a volume, then commits it.
@@ -482,11 +710,14 @@ impl Pool {
         let mut state = self.state();
         let id = f(&mut state)?;
         commit_locked(&self.inner, &mut state)?;
-        Ok(volume_info(&state, &state.volumes[&id]))
+        let record = state.volumes[&id].clone();
+        volume_info(&mut state, &record)
     }
 
     pub fn info(&self) -> Result<PoolInfo> {
-        let state = self.state();
+        let mut state = self.state();
+        let pending_free_bytes = state.pending_free_blocks()? * state.geometry.block_bytes();
+        let referenced_bytes = state.distinct_referenced_blocks()? * state.geometry.block_bytes();
         let block_bytes = state.geometry.block_bytes();
         let store_blocks = state.alloc.group_count() * state.superblock.group_blocks;
         let group_blocks = state.superblock.group_blocks;
@@ -505,6 +736,8 @@ impl Pool {
             used_bytes: state.alloc.used_blocks() * block_bytes,
             metadata_bytes: state.alloc.meta_blocks() * block_bytes,
             free_bytes: state.alloc.free_blocks() * block_bytes + grow_bytes,
+            pending_free_bytes,
+            referenced_bytes,
             capacity_bytes: match state.alloc.capacity_blocks() {
                 0 => None,
                 capacity => Some(capacity * block_bytes),
@@ -521,6 +754,9 @@ impl Pool {
     /// Other handles keep the pool open until they are dropped.
     pub fn close(self) -> Result<()> {
         let mut state = self.state();
+        if state.failed.is_some() {
+            return ensure_changes_allowed(&state);
+        }
         commit_locked(&self.inner, &mut state)?;
         if state.needs_checkpoint() {
             state.checkpoint()?;
@@ -532,6 +768,9 @@ impl Pool {
     /// allocation-map disagreements and space accounting, and commits.
     pub fn check(&self, repair: bool) -> Result<CheckReport> {
         let mut state = self.state();
+        if repair {
+            ensure_changes_allowed(&state)?;
+        }
         let report = state.check(repair)?;
         if repair && !report.repaired.is_empty() {
             commit_locked(&self.inner, &mut state)?;
@@ -555,9 +794,9 @@ impl Volume {
     }
 
     pub fn info(&self) -> Result<VolumeInfo> {
-        let state = lock_state(&self.inner);
-        let record = state.volume_by_id(self.id)?;
-        Ok(volume_info(&state, record))
+        let mut state = lock_state(&self.inner);
+        let record = state.volume_by_id(self.id)?.clone();
+        volume_info(&mut state, &record)
     }
 
     pub fn size_bytes(&self) -> Result<u64> {
@@ -610,6 +849,7 @@ impl Volume {
     /// Writes `buf` at byte `offset`. Durable after the next flush.
     pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         let mut state = lock_state(&self.inner);
+        ensure_changes_allowed(&state)?;
         let record = self.record(&state)?;
         if !record.kind.is_writable() {
             return Err(read_only_error(&record));
@@ -628,7 +868,12 @@ impl Volume {
             let len = (block_bytes - in_block).min(buf.len() as u64 - done);
             let range = done as usize..(done + len) as usize;
             let index = position / block_bytes;
-            if let Some(addr) = state.lookup_writable_in_place(record.root, record.height, index)? {
+            if let Some(addr) = state.lookup_writable_in_place(
+                record.root,
+                record.height,
+                index,
+                record.share_floor_generation,
+            )? {
                 in_place.push((addr.0 * block_bytes + in_block, range));
                 done += len;
                 continue;
@@ -671,6 +916,7 @@ impl Volume {
     /// zeroed. Afterwards the range reads as zeros.
     pub fn discard(&self, offset: u64, len: u64) -> Result<()> {
         let mut state = lock_state(&self.inner);
+        ensure_changes_allowed(&state)?;
         let record = self.record(&state)?;
         if !record.kind.is_writable() {
             return Err(read_only_error(&record));
@@ -777,7 +1023,16 @@ fn commit(inner: &Inner) -> Result<()> {
 /// state) waits only for reads already in flight, never for a reader that
 /// waits for it.
 fn commit_locked(inner: &Inner, state: &mut State) -> Result<()> {
-    let frees = state.commit()?;
+    ensure_changes_allowed(state)?;
+    let frees = match state.commit() {
+        Ok(frees) => frees,
+        Err(e) => {
+            // What is in memory may now match nothing durable: take no
+            // more changes rather than retry with half-changed state.
+            state.failed = Some(e.to_string());
+            return Err(e);
+        }
+    };
     if !frees.is_empty() {
         let _gate = write_gate(inner);
         state.alloc.release(frees);
@@ -827,19 +1082,36 @@ fn ensure_name_free(state: &State, name: &str) -> Result<()> {
     Ok(())
 }
 
-fn volume_info(state: &State, record: &VolumeRecord) -> VolumeInfo {
+/// Refuses changes once a commit has failed (see `State::failed`).
+fn ensure_changes_allowed(state: &State) -> Result<()> {
+    match &state.failed {
+        None => Ok(()),
+        Some(cause) => Err(Error::new(
+            ErrorKind::ReadOnly,
+            format!(
+                "the pool is read-only since a commit failed ({cause}); fix the cause and open the pool again"
+            ),
+        )),
+    }
+}
+
+fn volume_info(state: &mut State, record: &VolumeRecord) -> Result<VolumeInfo> {
     let block_bytes = state.geometry.block_bytes();
-    VolumeInfo {
+    let usage = state.usage(record)?;
+    Ok(VolumeInfo {
         id: record.id.0,
         name: record.name.clone(),
         kind: record.kind,
         read_only: !record.kind.is_writable(),
-        parent: state.volumes.get(&record.parent).map(|p| p.name.clone()),
+        parent: state.live_ancestor(record).map(|p| p.name.clone()),
         size_bytes: record.size_bytes,
-        referenced_bytes: record.referenced_blocks * block_bytes,
-        exclusive_bytes: record.exclusive_blocks * block_bytes,
+        referenced_bytes: usage.referenced_blocks * block_bytes,
+        unique_bytes: usage.unique_blocks * block_bytes,
+        written_bytes: usage.written_blocks * block_bytes,
         created_unix_secs: record.created_unix_secs,
-    }
+        created_generation: record.created_generation,
+        guid: record.guid.iter().map(|b| format!("{b:02x}")).collect(),
+    })
 }
 
 /// Reads both superblock slots. Slot 1 sits one block in, and the block size
@@ -935,8 +1207,8 @@ fn host_available_bytes(dir: &Path) -> u64 {
 }
 
 /// 16 random bytes without a dependency: std's hasher is randomly keyed
-/// per process.
-fn random_uuid() -> [u8; 16] {
+/// per process (and per call).
+pub(crate) fn random_uuid() -> [u8; 16] {
     use std::hash::{BuildHasher, Hasher};
     let mut out = [0u8; 16];
     for (i, chunk) in out.chunks_mut(8).enumerate() {

@@ -1,7 +1,8 @@
-//! The engine's in-memory state and the operations on it: radix-tree walks
-//! with dedicate-on-write, snapshots, unmapping, deletion, the volume table
-//! and commit. Everything here runs under the pool's state lock; `pool.rs`
-//! holds the public API and the locking.
+//! The engine's in-memory state: the node cache, the volume table, commit,
+//! checkpoint and replay. The operations on trees and volumes live beside
+//! it (`tree.rs`, `volumes.rs`, `reclaim.rs`, `diff.rs`, `accounting.rs`).
+//! Everything here runs under the pool's state lock; `pool.rs` holds the
+//! public API and the locking.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,9 +11,11 @@ use std::sync::Arc;
 use crate::alloc::{Allocator, BlockUse};
 use crate::device::BlockDevice;
 use crate::error::{Error, ErrorKind, Result};
-use crate::format::journal::{AllocChange, AllocExtent, Descriptor, Roots};
+use crate::format::journal::{AllocChange, AllocExtent, Descriptor, Roots, ShareRun};
 use crate::format::node::{Entry, Node, NodeKind, ENTRY_BYTES, NODE_LEVELS_MAX};
-use crate::format::record::{VolumeKind, VolumeRecord, RECORD_BYTES};
+use crate::format::record::{VolumeRecord, RECORD_BYTES};
+use crate::format::shares::SHARE_BLOCKS_PER_GROUP;
+use crate::shares::Shares;
 use crate::format::superblock::{Superblock, SUPERBLOCK_LEN};
 use crate::journal::Journal;
 use crate::types::{BlockAddr, VolumeId};
@@ -84,31 +87,34 @@ impl Geometry {
     }
 }
 
-/// What dropping part of a tree removed, for space accounting.
-#[derive(Default)]
-struct Dropped {
-    /// Data blocks the tree no longer maps.
-    referenced_blocks: u64,
-    /// Of those, the ones reachable only through this tree (now freed).
-    exclusive_blocks: u64,
-    /// Blocks to free, data and nodes; collected first and freed after the
-    /// walk, so a damaged node found halfway leaves nothing half-freed.
-    to_free: Vec<BlockAddr>,
-}
+/// Share-count changes that weigh like one metadata block when deciding
+/// to commit early: a block's worth of 16-byte runs.
+const SHARE_RUNS_PER_IMAGE: usize = 256;
 
 pub struct State {
     pub device: Arc<dyn BlockDevice>,
     pub geometry: Geometry,
     pub superblock: Superblock,
     pub alloc: Allocator,
+    /// Extra reference counts: exact sharing.
+    pub shares: Shares,
     /// Decoded nodes, clean and dirty. (Issue: bounded metadata cache.)
     nodes: HashMap<BlockAddr, Node>,
     dirty_nodes: BTreeSet<BlockAddr>,
+    /// Live volumes.
     pub volumes: BTreeMap<VolumeId, VolumeRecord>,
+    /// Removed volumes whose record is still needed: a tree the reclaimer
+    /// has not given back yet, children's lineage, or a bookmark.
+    pub removed: BTreeMap<VolumeId, VolumeRecord>,
+    /// Children of every record, live or removed, by parent id.
+    pub children: HashMap<VolumeId, BTreeSet<VolumeId>>,
     pub names: HashMap<String, VolumeId>,
     /// Record blocks of the volume table by block index, as stored.
     record_blocks: HashMap<u64, Vec<u8>>,
-    dirty_records: BTreeSet<VolumeId>,
+    pub(crate) dirty_records: BTreeSet<VolumeId>,
+    /// Why the pool stopped taking changes: a commit failed, so what is
+    /// in memory may no longer match anything durable. Reads go on.
+    pub failed: Option<String>,
     /// Data was written since the last device flush.
     /// Data was written since the last device flush. Shared with writers
     /// that write in place outside the state lock: they set it after their
@@ -143,8 +149,17 @@ impl State {
             volume_table_height: superblock.volume_table_height,
             next_volume_id: superblock.next_volume_id,
             group_count: superblock.group_count,
+            birth_generation: superblock.birth_generation,
         };
         State {
+            shares: Shares::new(
+                superblock.data_start,
+                superblock.group_blocks,
+                superblock.block_size_bytes,
+            ),
+            removed: BTreeMap::new(),
+            children: HashMap::new(),
+            failed: None,
             journal,
             committed_roots,
             unwritten_homes: BTreeMap::new(),
@@ -170,7 +185,7 @@ impl State {
         addr.0 * self.geometry.block_bytes()
     }
 
-    pub fn read_block(&self, addr: BlockAddr, buf: &mut [u8], what: &str) -> Result<()> {
+    pub(crate) fn read_block(&self, addr: BlockAddr, buf: &mut [u8], what: &str) -> Result<()> {
         self.device
             .read_at(buf, self.block_offset(addr))
             .map_err(|e| {
@@ -179,6 +194,22 @@ impl State {
                     e,
                 )
             })
+    }
+
+    /// Writes `data` into block `addr` at `offset_in_block`.
+    pub(crate) fn write_device_block_at(
+        &self,
+        addr: BlockAddr,
+        offset_in_block: usize,
+        data: &[u8],
+    ) -> Result<()> {
+        let offset = self.block_offset(addr) + offset_in_block as u64;
+        self.device.write_at(data, offset).map_err(|e| {
+            Error::io(
+                format!("cannot write data at {addr} of {}", self.device.describe()),
+                e,
+            )
+        })
     }
 
     fn write_device_block(&self, addr: BlockAddr, buf: &[u8], what: &str) -> Result<()> {
@@ -198,22 +229,32 @@ impl State {
     // ----- node cache -----
 
     /// Loads (and verifies) a node into the cache.
-    fn load_node(&mut self, addr: BlockAddr, kind: NodeKind, level: u8) -> Result<&Node> {
+    pub(crate) fn load_node(
+        &mut self,
+        addr: BlockAddr,
+        kind: NodeKind,
+        level: u8,
+    ) -> Result<&Node> {
         if !self.nodes.contains_key(&addr) {
             let mut block = vec![0u8; self.geometry.block_size_bytes as usize];
             self.read_block(addr, &mut block, "radix node")?;
             let data_start = self.superblock.data_start.0;
             let valid = data_start..self.alloc.store_end();
-            let node = Node::decode(&block, addr, kind, level, valid).map_err(|e| match kind {
-                NodeKind::VolumeTable => Error::corrupt(format!("volume table: {e}")),
-                NodeKind::VolumeData => e,
+            let birth_max = self.superblock.birth_generation;
+            let node = Node::decode(&block, addr, kind, level, valid, birth_max).map_err(|e| {
+                match kind {
+                    NodeKind::VolumeTable => Error::corrupt(format!("volume table: {e}")),
+                    NodeKind::VolumeData => e,
+                }
             })?;
-            let group_blocks = self.superblock.group_blocks;
-            if let Some((slot, _)) = node.entries.iter().enumerate().find(|(_, e)| {
-                !e.is_empty() && (e.addr().0 - data_start).is_multiple_of(group_blocks)
-            }) {
+            if let Some((slot, _)) = node
+                .entries
+                .iter()
+                .enumerate()
+                .find(|(_, e)| !e.is_empty() && self.alloc.is_group_header(e.addr()))
+            {
                 return Err(Error::corrupt(format!(
-                    "radix node at {addr} is damaged: entry {slot} points at an allocation map block"
+                    "radix node at {addr} is damaged: entry {slot} points at a group's map or share-count block"
                 )));
             }
             self.nodes.insert(addr, node);
@@ -240,541 +281,36 @@ impl State {
     }
 
     /// Sets a volume's space accounting (check --repair).
-    pub(crate) fn set_accounting(
-        &mut self,
-        id: VolumeId,
-        referenced_blocks: u64,
-        exclusive_blocks: u64,
-    ) {
+    pub(crate) fn set_accounting(&mut self, id: VolumeId, referenced_blocks: u64) {
         let record = self.volumes.get_mut(&id).expect("volume exists");
         record.referenced_blocks = referenced_blocks;
-        record.exclusive_blocks = exclusive_blocks;
         self.dirty_records.insert(id);
     }
 
-    fn entry(&self, addr: BlockAddr, slot: usize) -> Entry {
+    pub(crate) fn entry(&self, addr: BlockAddr, slot: usize) -> Entry {
         self.nodes[&addr].entries[slot]
     }
 
-    fn set_entry(&mut self, addr: BlockAddr, slot: usize, entry: Entry) {
+    pub(crate) fn set_entry(&mut self, addr: BlockAddr, slot: usize, entry: Entry) {
         let node = self.nodes.get_mut(&addr).expect("node is cached");
         node.entries[slot] = entry;
         self.dirty_nodes.insert(addr);
     }
 
-    fn insert_new_node(&mut self, node: Node) -> Result<BlockAddr> {
+    pub(crate) fn insert_new_node(&mut self, node: Node) -> Result<BlockAddr> {
         let addr = self.alloc.allocate(BlockUse::Meta)?;
         self.nodes.insert(addr, node);
         self.dirty_nodes.insert(addr);
         Ok(addr)
     }
 
-    /// Frees a block and forgets any cached node in it.
-    fn free_block(&mut self, addr: BlockAddr) {
+    /// Frees a block and forgets any cached node in it. Only the last
+    /// reference may free a block.
+    pub(crate) fn free_block(&mut self, addr: BlockAddr) {
+        debug_assert!(!self.shares.is_shared(addr), "{addr} is still shared");
         self.nodes.remove(&addr);
         self.dirty_nodes.remove(&addr);
         self.alloc.free(addr);
-    }
-
-    // ----- radix trees -----
-
-    /// The level-0 entry for logical block `index`, or EMPTY for a hole.
-    /// Read-only: it copies nothing. Visits exactly one node per level down
-    /// to the first hole, whatever the volume's ancestry.
-    pub fn lookup(
-        &mut self,
-        root: BlockAddr,
-        height: u8,
-        kind: NodeKind,
-        index: u64,
-    ) -> Result<Entry> {
-        let mut addr = root;
-        for level in (0..height).rev() {
-            self.node_visits += 1;
-            let slot = self.geometry.slot(index, level);
-            let entry = self.load_node(addr, kind, level)?.entries[slot];
-            if level == 0 || entry.is_empty() {
-                return Ok(entry);
-            }
-            addr = entry.addr();
-        }
-        unreachable!("height is at least 1")
-    }
-
-    /// The block holding logical block `index` if this tree may write it in
-    /// place: mapped, and exclusive on every level of the path. An entry
-    /// under a shared node may still say "exclusive" (it did before the
-    /// node was shared), so the whole path is what counts.
-    pub fn lookup_writable_in_place(
-        &mut self,
-        root: BlockAddr,
-        height: u8,
-        index: u64,
-    ) -> Result<Option<BlockAddr>> {
-        let mut addr = root;
-        for level in (0..height).rev() {
-            self.node_visits += 1;
-            let slot = self.geometry.slot(index, level);
-            let entry = self.load_node(addr, NodeKind::VolumeData, level)?.entries[slot];
-            if entry.is_empty() || entry.is_shared() {
-                return Ok(None);
-            }
-            if level == 0 {
-                return Ok(Some(entry.addr()));
-            }
-            addr = entry.addr();
-        }
-        unreachable!("height is at least 1")
-    }
-
-    /// Makes `parent`'s child at `slot` (a level-`child_level` node) writable
-    /// by this tree: creates it if missing, copies it if shared
-    /// (dedicate-on-write). Returns the child's address.
-    fn dedicate_child(
-        &mut self,
-        parent: BlockAddr,
-        slot: usize,
-        kind: NodeKind,
-        child_level: u8,
-    ) -> Result<BlockAddr> {
-        let entry = self.entry(parent, slot);
-        let child = if entry.is_empty() {
-            self.insert_new_node(Node::empty(
-                kind,
-                child_level,
-                self.geometry.entries_per_node,
-            ))?
-        } else if entry.is_shared() {
-            // The copy's children are now reachable from two trees, so all of
-            // them become shared; the original is left untouched for the
-            // other trees that still use it.
-            let original = self.load_node(entry.addr(), kind, child_level)?;
-            let copy = Node {
-                kind,
-                level: child_level,
-                entries: original.entries.iter().map(|e| e.as_shared()).collect(),
-            };
-            self.insert_new_node(copy)?
-        } else {
-            self.load_node(entry.addr(), kind, child_level)?;
-            return Ok(entry.addr());
-        };
-        self.set_entry(parent, slot, Entry::new(child, false));
-        Ok(child)
-    }
-
-    /// Makes the whole path from `root` to the level-0 node covering `index`
-    /// writable by this tree and returns that node. The root itself always
-    /// belongs to its tree alone.
-    fn leaf_for_write(
-        &mut self,
-        root: BlockAddr,
-        height: u8,
-        kind: NodeKind,
-        index: u64,
-    ) -> Result<BlockAddr> {
-        let mut addr = root;
-        self.load_node(addr, kind, height - 1)?;
-        for level in (1..height).rev() {
-            let slot = self.geometry.slot(index, level);
-            addr = self.dedicate_child(addr, slot, kind, level - 1)?;
-        }
-        Ok(addr)
-    }
-
-    /// Collects what dropping the subtree behind `entry` (a child of a
-    /// level-`level + 1` node; `level` is the child's level, or None for a
-    /// data block) would remove. Shared parts are counted but not freed.
-    fn collect_subtree(
-        &mut self,
-        entry: Entry,
-        level: Option<u8>,
-        path_exclusive: bool,
-        dropped: &mut Dropped,
-    ) -> Result<()> {
-        if entry.is_empty() {
-            return Ok(());
-        }
-        let exclusive = path_exclusive && !entry.is_shared();
-        match level {
-            None => {
-                dropped.referenced_blocks += 1;
-                if exclusive {
-                    dropped.exclusive_blocks += 1;
-                    dropped.to_free.push(entry.addr());
-                }
-            }
-            Some(level) => {
-                let children = self
-                    .load_node(entry.addr(), NodeKind::VolumeData, level)?
-                    .entries
-                    .clone();
-                for child in children.iter() {
-                    let child_level = level.checked_sub(1);
-                    self.collect_subtree(*child, child_level, exclusive, dropped)?;
-                }
-                if exclusive {
-                    dropped.to_free.push(entry.addr());
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Unmaps logical blocks [first, end) below the level-`level` node at
-    /// `addr` (which this tree may write), whose first block is `base`.
-    fn unmap_below(
-        &mut self,
-        addr: BlockAddr,
-        level: u8,
-        base: u64,
-        first: u64,
-        end: u64,
-        dropped: &mut Dropped,
-    ) -> Result<()> {
-        let span = self.geometry.span_blocks(level);
-        let first_slot = ((first.max(base) - base) / span) as usize;
-        let last_slot = (((end - 1).min(base + span * self.geometry.entries_per_node as u64 - 1)
-            - base)
-            / span) as usize;
-        for slot in first_slot..=last_slot {
-            let entry = self.entry(addr, slot);
-            if entry.is_empty() {
-                continue;
-            }
-            let child_first = base + slot as u64 * span;
-            let child_end = child_first + span;
-            if first <= child_first && child_end <= end {
-                self.collect_subtree(entry, level.checked_sub(1), true, dropped)?;
-                self.set_entry(addr, slot, Entry::EMPTY);
-            } else {
-                // Only part of this child goes: it is a node (level > 0,
-                // since a data entry covers one block and is either in the
-                // range or not).
-                let child = self.dedicate_child(addr, slot, NodeKind::VolumeData, level - 1)?;
-                self.unmap_below(child, level - 1, child_first, first, end, dropped)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Unmaps blocks [first, end) of a volume and frees what only it used.
-    pub fn unmap(&mut self, id: VolumeId, first: u64, end: u64) -> Result<()> {
-        let record = self.volumes[&id].clone();
-        let end = end.min(self.geometry.capacity_blocks(record.height));
-        if first >= end {
-            return Ok(());
-        }
-        let mut dropped = Dropped::default();
-        self.load_node(record.root, NodeKind::VolumeData, record.height - 1)?;
-        self.unmap_below(record.root, record.height - 1, 0, first, end, &mut dropped)?;
-        for addr in std::mem::take(&mut dropped.to_free) {
-            self.free_block(addr);
-        }
-        let record = self.volumes.get_mut(&id).expect("volume exists");
-        // Saturating: a damaged (but checksummed) record must not panic.
-        record.referenced_blocks = record
-            .referenced_blocks
-            .saturating_sub(dropped.referenced_blocks);
-        record.exclusive_blocks = record
-            .exclusive_blocks
-            .saturating_sub(dropped.exclusive_blocks);
-        self.dirty_records.insert(id);
-        Ok(())
-    }
-
-    /// Writes `data` into logical block `index` of a volume at `offset`
-    /// inside the block: in place when the volume owns the block, else into
-    /// a fresh block (read-modify-write for a partial block).
-    pub fn write_block(
-        &mut self,
-        id: VolumeId,
-        index: u64,
-        offset_in_block: usize,
-        data: &[u8],
-    ) -> Result<()> {
-        let block_bytes = self.geometry.block_size_bytes as usize;
-        assert!(offset_in_block + data.len() <= block_bytes);
-        let (root, height) = {
-            let record = &self.volumes[&id];
-            (record.root, record.height)
-        };
-        let leaf = self.leaf_for_write(root, height, NodeKind::VolumeData, index)?;
-        let slot = self.geometry.slot(index, 0);
-        let entry = self.entry(leaf, slot);
-        // Set before the write: this path holds the state lock, which a
-        // commit needs, so the commit that clears it comes after the write.
-        self.data_dirty.store(true, Ordering::Release);
-        if !entry.is_empty() && !entry.is_shared() {
-            let offset = self.block_offset(entry.addr()) + offset_in_block as u64;
-            return self.device.write_at(data, offset).map_err(|e| {
-                Error::io(
-                    format!(
-                        "cannot write data at {} of {}",
-                        entry.addr(),
-                        self.device.describe()
-                    ),
-                    e,
-                )
-            });
-        }
-        // Read the old contents before allocating, so a failed read leaves
-        // nothing behind.
-        let merged = if data.len() == block_bytes {
-            None
-        } else {
-            let mut merged = vec![0u8; block_bytes];
-            if !entry.is_empty() {
-                self.read_block(entry.addr(), &mut merged, "data")?;
-            }
-            merged[offset_in_block..offset_in_block + data.len()].copy_from_slice(data);
-            Some(merged)
-        };
-        let new_block = self.alloc.allocate(BlockUse::Data)?;
-        let result = self.write_device_block(new_block, merged.as_deref().unwrap_or(data), "data");
-        if let Err(e) = result {
-            self.alloc.free(new_block);
-            return Err(e);
-        }
-        self.set_entry(leaf, slot, Entry::new(new_block, false));
-        let record = self.volumes.get_mut(&id).expect("volume exists");
-        record.exclusive_blocks += 1;
-        if entry.is_empty() {
-            record.referenced_blocks += 1;
-        }
-        self.dirty_records.insert(id);
-        Ok(())
-    }
-
-    /// Appends the mapped extents of blocks [first, end) below a node as
-    /// (first block, block count), merging neighbours.
-    pub fn mapped_blocks(
-        &mut self,
-        root: BlockAddr,
-        height: u8,
-        first: u64,
-        end: u64,
-        out: &mut Vec<(u64, u64)>,
-    ) -> Result<()> {
-        self.mapped_below(root, height - 1, 0, first, end, out)
-    }
-
-    fn mapped_below(
-        &mut self,
-        addr: BlockAddr,
-        level: u8,
-        base: u64,
-        first: u64,
-        end: u64,
-        out: &mut Vec<(u64, u64)>,
-    ) -> Result<()> {
-        let entries = self
-            .load_node(addr, NodeKind::VolumeData, level)?
-            .entries
-            .clone();
-        let span = self.geometry.span_blocks(level);
-        for (slot, entry) in entries.iter().enumerate() {
-            let child_first = base + slot as u64 * span;
-            let child_end = child_first + span;
-            if entry.is_empty() || child_end <= first || child_first >= end {
-                continue;
-            }
-            if level == 0 {
-                match out.last_mut() {
-                    Some((start, count)) if *start + *count == child_first => *count += 1,
-                    _ => out.push((child_first, 1)),
-                }
-            } else {
-                self.mapped_below(entry.addr(), level - 1, child_first, first, end, out)?;
-            }
-        }
-        Ok(())
-    }
-
-    // ----- volumes -----
-
-    pub fn volume_by_name(&self, name: &str) -> Result<&VolumeRecord> {
-        self.names
-            .get(name)
-            .map(|id| &self.volumes[id])
-            .ok_or_else(|| {
-                Error::new(
-                    ErrorKind::NotFound,
-                    format!("no volume named {name:?} in this pool"),
-                )
-            })
-    }
-
-    pub fn volume_by_id(&self, id: VolumeId) -> Result<&VolumeRecord> {
-        self.volumes.get(&id).ok_or_else(|| {
-            Error::new(
-                ErrorKind::NotFound,
-                format!("{id} no longer exists (it was removed)"),
-            )
-        })
-    }
-
-    fn next_volume_id(&mut self) -> VolumeId {
-        let id = self.superblock.next_volume_id;
-        self.superblock.next_volume_id = VolumeId(id.0 + 1);
-        id
-    }
-
-    fn add_record(&mut self, record: VolumeRecord) {
-        self.names.insert(record.name.clone(), record.id);
-        self.dirty_records.insert(record.id);
-        self.volumes.insert(record.id, record);
-    }
-
-    /// A new empty volume: just an empty root node.
-    pub fn create_volume(
-        &mut self,
-        name: &str,
-        size_bytes: u64,
-        now_unix_secs: u64,
-    ) -> Result<VolumeId> {
-        let height = self
-            .geometry
-            .height_for(self.geometry.blocks_for(size_bytes));
-        let root = self.insert_new_node(Node::empty(
-            NodeKind::VolumeData,
-            height - 1,
-            self.geometry.entries_per_node,
-        ))?;
-        let id = self.next_volume_id();
-        self.add_record(VolumeRecord {
-            id,
-            parent: VolumeId::NONE,
-            size_bytes,
-            root,
-            height,
-            kind: VolumeKind::Volume,
-            name: name.to_string(),
-            created_unix_secs: now_unix_secs,
-            referenced_blocks: 0,
-            exclusive_blocks: 0,
-        });
-        Ok(id)
-    }
-
-    /// A snapshot or clone of `source`: a copy of its root with every entry
-    /// marked shared in both roots. O(1) whatever the volume's size.
-    pub fn snapshot(
-        &mut self,
-        source: VolumeId,
-        name: &str,
-        kind: VolumeKind,
-        now_unix_secs: u64,
-    ) -> Result<VolumeId> {
-        assert_ne!(kind, VolumeKind::Volume);
-        let source_record = self.volumes[&source].clone();
-        let level = source_record.height - 1;
-        let original = self.load_node(source_record.root, NodeKind::VolumeData, level)?;
-        let shared_root = Node {
-            kind: NodeKind::VolumeData,
-            level,
-            entries: original.entries.iter().map(|e| e.as_shared()).collect(),
-        };
-        let new_root = self.insert_new_node(shared_root.clone())?;
-        self.nodes.insert(source_record.root, shared_root);
-        self.dirty_nodes.insert(source_record.root);
-        let source_mut = self.volumes.get_mut(&source).expect("source exists");
-        source_mut.exclusive_blocks = 0;
-        self.dirty_records.insert(source);
-        let id = self.next_volume_id();
-        self.add_record(VolumeRecord {
-            id,
-            parent: source,
-            size_bytes: source_record.size_bytes,
-            root: new_root,
-            height: source_record.height,
-            kind,
-            name: name.to_string(),
-            created_unix_secs: now_unix_secs,
-            referenced_blocks: source_record.referenced_blocks,
-            exclusive_blocks: 0,
-        });
-        Ok(id)
-    }
-
-    /// Removes a volume: frees what only it used; its children move up to
-    /// its parent. Shared blocks that nobody uses any more are left for the
-    /// garbage collector. Returns the bytes freed.
-    pub fn remove_volume(&mut self, id: VolumeId) -> Result<u64> {
-        let record = self.volumes[&id].clone();
-        let mut dropped = Dropped::default();
-        self.collect_subtree(
-            Entry::new(record.root, false),
-            Some(record.height - 1),
-            true,
-            &mut dropped,
-        )?;
-        for addr in std::mem::take(&mut dropped.to_free) {
-            self.free_block(addr);
-        }
-        let children: Vec<VolumeId> = self
-            .volumes
-            .values()
-            .filter(|v| v.parent == id)
-            .map(|v| v.id)
-            .collect();
-        for child in children {
-            self.volumes.get_mut(&child).expect("child exists").parent = record.parent;
-            self.dirty_records.insert(child);
-        }
-        self.volumes.remove(&id);
-        self.names.remove(&record.name);
-        self.dirty_records.insert(id);
-        Ok(dropped.exclusive_blocks * self.geometry.block_bytes())
-    }
-
-    pub fn rename_volume(&mut self, id: VolumeId, new_name: &str) {
-        let record = self.volumes.get_mut(&id).expect("volume exists");
-        let old = std::mem::replace(&mut record.name, new_name.to_string());
-        self.names.remove(&old);
-        self.names.insert(new_name.to_string(), id);
-        self.dirty_records.insert(id);
-    }
-
-    /// Grows or shrinks a volume. Shrinking unmaps the blocks past the new
-    /// end. Growing first zeroes the bytes past the old end in its last
-    /// block (a shrink leaves them as they were: until a grow they are past
-    /// the end, where nothing can read them, so a crash during the shrink
-    /// cannot show them zeroed), then adds levels above the root when the
-    /// tree cannot address the new size.
-    pub fn resize_volume(&mut self, id: VolumeId, new_size_bytes: u64) -> Result<()> {
-        let record = self.volumes[&id].clone();
-        let block_bytes = self.geometry.block_bytes();
-        if new_size_bytes < record.size_bytes {
-            let keep_blocks = self.geometry.blocks_for(new_size_bytes);
-            self.unmap(id, keep_blocks, self.geometry.blocks_for(record.size_bytes))?;
-        } else {
-            let tail = record.size_bytes % block_bytes;
-            if tail != 0 {
-                let last = record.size_bytes / block_bytes;
-                let entry = self.lookup(record.root, record.height, NodeKind::VolumeData, last)?;
-                if !entry.is_empty() {
-                    let zeros = vec![0u8; (block_bytes - tail) as usize];
-                    self.write_block(id, last, tail as usize, &zeros)?;
-                }
-            }
-            let wanted = self
-                .geometry
-                .height_for(self.geometry.blocks_for(new_size_bytes));
-            let mut root = record.root;
-            for level in record.height..wanted {
-                let mut node =
-                    Node::empty(NodeKind::VolumeData, level, self.geometry.entries_per_node);
-                node.entries[0] = Entry::new(root, false);
-                root = self.insert_new_node(node)?;
-            }
-            let record = self.volumes.get_mut(&id).expect("volume exists");
-            record.root = root;
-            record.height = record.height.max(wanted);
-        }
-        self.volumes.get_mut(&id).expect("volume exists").size_bytes = new_size_bytes;
-        self.dirty_records.insert(id);
-        Ok(())
     }
 
     // ----- the volume table -----
@@ -785,7 +321,7 @@ impl State {
         let data_start = self.superblock.data_start.0;
         if addr.0 < data_start
             || addr.0 >= self.alloc.store_end()
-            || (addr.0 - data_start).is_multiple_of(self.superblock.group_blocks)
+            || self.alloc.is_group_header(addr)
         {
             return Err(Error::corrupt(format!(
                 "{what} points at {addr}, which cannot hold a node"
@@ -824,6 +360,10 @@ impl State {
                 else {
                     continue;
                 };
+                if record.removed {
+                    self.removed.insert(id, record);
+                    continue;
+                }
                 if self.names.insert(record.name.clone(), id).is_some() {
                     return Err(Error::corrupt(format!(
                         "volume table names {:?} twice",
@@ -834,7 +374,28 @@ impl State {
             }
             self.record_blocks.insert(block_index, block);
         }
-        for record in self.volumes.values() {
+        for record in self.volumes.values().chain(self.removed.values()) {
+            if record.parent != VolumeId::NONE {
+                self.children
+                    .entry(record.parent)
+                    .or_default()
+                    .insert(record.id);
+            }
+        }
+        let generation = self.superblock.birth_generation;
+        for record in self.volumes.values().chain(self.removed.values()) {
+            if record.created_generation > generation
+                || record.share_floor_generation > generation
+                || record.written_base_generation > generation
+            {
+                return Err(Error::corrupt(format!(
+                    "volume {:?} names a generation after the pool's generation {generation}",
+                    record.name
+                )));
+            }
+            if record.root.is_none() {
+                continue;
+            }
             self.check_root(
                 record.root,
                 &format!("the root of volume {:?}", record.name),
@@ -855,7 +416,10 @@ impl State {
                     record.name, record.id.0
                 )));
             }
-            if record.parent != VolumeId::NONE && !self.volumes.contains_key(&record.parent) {
+            if record.parent != VolumeId::NONE
+                && !self.volumes.contains_key(&record.parent)
+                && !self.removed.contains_key(&record.parent)
+            {
                 return Err(Error::corrupt(format!(
                     "volume {:?} names parent #{}, which does not exist",
                     record.name, record.parent.0
@@ -910,7 +474,7 @@ impl State {
                 .entry(block_index)
                 .or_insert_with(|| vec![0u8; block_size]);
             let start = (id.0 % per_block) as usize * RECORD_BYTES;
-            match self.volumes.get(&id) {
+            match self.volumes.get(&id).or_else(|| self.removed.get(&id)) {
                 Some(record) => record.encode(&mut block[start..start + RECORD_BYTES]),
                 None => block[start..start + RECORD_BYTES].fill(0),
             }
@@ -937,12 +501,12 @@ impl State {
         {
             let level = self.superblock.volume_table_height;
             let mut node = Node::empty(NodeKind::VolumeTable, level, entries);
-            node.entries[0] = Entry::new(self.superblock.volume_table_root, false);
+            node.entries[0] = Entry::new(self.superblock.volume_table_root, 0);
             self.superblock.volume_table_root = self.insert_new_node(node)?;
             self.superblock.volume_table_height += 1;
         }
         let height = self.superblock.volume_table_height;
-        let leaf = self.leaf_for_write(
+        let (leaf, _) = self.leaf_for_write(
             self.superblock.volume_table_root,
             height,
             NodeKind::VolumeTable,
@@ -954,21 +518,29 @@ impl State {
             return Ok(entry.addr());
         }
         let addr = self.alloc.allocate(BlockUse::Meta)?;
-        self.set_entry(leaf, slot, Entry::new(addr, false));
+        self.set_entry(leaf, slot, Entry::new(addr, 0));
         Ok(addr)
     }
 
     // ----- commit -----
 
     pub fn has_changes(&self) -> bool {
-        !self.dirty_nodes.is_empty() || !self.dirty_records.is_empty() || self.alloc.has_changes()
+        !self.dirty_nodes.is_empty()
+            || !self.dirty_records.is_empty()
+            || self.alloc.has_changes()
+            || self.shares.change_count() > 0
+            || self.committed_roots.birth_generation != self.superblock.birth_generation
     }
 
     /// Dirty metadata that the next commit must write; the write path
     /// commits on its own once this passes `auto_commit_blocks`, so that
     /// a transaction always fits in the journal.
     pub fn pending_commit_blocks(&self) -> u64 {
-        (self.dirty_nodes.len() + self.dirty_records.len() + self.alloc.change_count()) as u64
+        let share_changes = self.shares.change_count().div_ceil(SHARE_RUNS_PER_IMAGE);
+        (self.dirty_nodes.len()
+            + self.dirty_records.len()
+            + self.alloc.change_count()
+            + share_changes) as u64
     }
 
     /// The pending-commit size past which the write path commits by itself.
@@ -1052,8 +624,11 @@ impl State {
             volume_table_height: self.superblock.volume_table_height,
             next_volume_id: self.superblock.next_volume_id,
             group_count: self.alloc.group_count(),
+            birth_generation: self.superblock.birth_generation,
         };
-        // Allocations must be durable with the tree that uses them; frees
+        let share_runs = self.shares.pending_runs();
+        // Allocations and share counts must be durable with the tree that
+        // uses them; frees
         // may trail in later transactions (a crash between leaks blocks,
         // which check --repair and the GC reclaim, and never frees a block
         // still in use).
@@ -1063,7 +638,7 @@ impl State {
         if cfg!(feature = "unsafe-no-journal") {
             return self.commit_in_place_unsafely(roots, homes, images);
         }
-        let first_extents = self.extents_that_fit(images.len(), &extents);
+        let first_extents = self.extents_that_fit(images.len(), share_runs.len(), &extents);
         if extents[..first_extents]
             .iter()
             .filter(|e| e.change != AllocChange::Freed)
@@ -1083,10 +658,12 @@ impl State {
             homes.clone(),
             &images,
             extents[..first_extents].to_vec(),
+            share_runs,
         )?;
         // Durable: the rest is bookkeeping and write-back.
         self.dirty_nodes.clear();
         let sealed = self.alloc.seal();
+        self.shares.seal();
         self.committed_roots = roots;
         // A freed block may be reused for data once this transaction is
         // durable: an older image must never be written over it.
@@ -1118,9 +695,9 @@ impl State {
         let mut frees_durable = true;
         let mut rest = &extents[first_extents..];
         while !rest.is_empty() {
-            let count = self.extents_that_fit(0, rest).max(1);
+            let count = self.extents_that_fit(0, 0, rest).max(1);
             if self
-                .append_transaction(roots, Vec::new(), &[], rest[..count].to_vec())
+                .append_transaction(roots, Vec::new(), &[], rest[..count].to_vec(), Vec::new())
                 .is_err()
             {
                 // These frees are not in the journal: a block among them
@@ -1158,6 +735,8 @@ impl State {
         }
         self.dirty_nodes.clear();
         let sealed = self.alloc.seal();
+        self.shares.seal();
+        self.write_count_blocks()?;
         for (addr, block) in self.alloc.dirty_maps(self.geometry.block_size_bytes) {
             self.write_device_block(addr, &block, "allocation map")?;
         }
@@ -1167,15 +746,19 @@ impl State {
         Ok(sealed.frees)
     }
 
-    /// How many of `extents` fit in one transaction beside `images` images.
-    fn extents_that_fit(&self, images: usize, extents: &[AllocExtent]) -> usize {
+    /// How many of `extents` fit in one transaction beside `images` images
+    /// and `share_runs` share-count runs.
+    fn extents_that_fit(&self, images: usize, share_runs: usize, extents: &[AllocExtent]) -> usize {
         let block = self.geometry.block_size_bytes as usize;
         let max_blocks = self.journal.max_transaction_blocks() as usize;
         let descriptor_blocks_max = max_blocks.saturating_sub(images);
         let budget_bytes = descriptor_blocks_max * block;
-        let fixed = Descriptor::encoded_len(images, 0);
-        let per_extent = Descriptor::encoded_len(0, 1) - Descriptor::encoded_len(0, 0);
-        (budget_bytes.saturating_sub(fixed) / per_extent).min(extents.len())
+        let fixed = Descriptor::encoded_len(images, 0, share_runs);
+        let per_extent = Descriptor::encoded_len(0, 1, 0) - Descriptor::encoded_len(0, 0, 0);
+        if fixed > budget_bytes {
+            return 0;
+        }
+        ((budget_bytes - fixed) / per_extent).min(extents.len())
     }
 
     fn append_transaction(
@@ -1184,6 +767,7 @@ impl State {
         homes: Vec<BlockAddr>,
         images: &[Vec<u8>],
         extents: Vec<AllocExtent>,
+        share_runs: Vec<ShareRun>,
     ) -> Result<()> {
         let block = self.geometry.block_size_bytes as usize;
         let mut images_crc = 0u32;
@@ -1193,12 +777,13 @@ impl State {
         let descriptor = Descriptor {
             sequence: self.journal.sequence(),
             pool_uuid: self.superblock.pool_uuid,
-            descriptor_blocks: Descriptor::encoded_len(homes.len(), extents.len()).div_ceil(block)
-                as u32,
+            descriptor_blocks: Descriptor::encoded_len(homes.len(), extents.len(), share_runs.len())
+                .div_ceil(block) as u32,
             images_crc,
             roots,
             homes,
             extents,
+            share_runs,
         };
         let len = u64::from(descriptor.descriptor_blocks) + images.len() as u64;
         if !self.journal.fits(len) {
@@ -1219,7 +804,44 @@ impl State {
     /// maps or failed write-backs. A pool that only read needs none, so
     /// opening and closing it writes nothing.
     pub fn needs_checkpoint(&self) -> bool {
-        !self.journal.is_empty() || self.alloc.has_dirty_maps() || !self.unwritten_homes.is_empty()
+        !self.journal.is_empty()
+            || self.alloc.has_dirty_maps()
+            || self.shares.has_dirty_count_blocks()
+            || !self.unwritten_homes.is_empty()
+    }
+
+    /// Writes the share-count blocks whose durable counts changed, and
+    /// notes in their groups' maps that they hold counts.
+    fn write_count_blocks(&mut self) -> Result<()> {
+        let dirty = self.shares.dirty_count_blocks(self.geometry.block_size_bytes);
+        for count_block in &dirty {
+            self.write_device_block(count_block.home, &count_block.block, "share counts")?;
+        }
+        for count_block in &dirty {
+            self.alloc
+                .mark_shares_present(count_block.group, count_block.index);
+        }
+        self.shares.mark_count_blocks_clean();
+        Ok(())
+    }
+
+    /// Reads the share-count blocks every group's map says it has.
+    pub fn load_share_counts(&mut self) -> Result<()> {
+        let mut block = vec![0u8; self.geometry.block_size_bytes as usize];
+        for group in 0..self.alloc.group_count() {
+            let present = self.alloc.shares_present(group);
+            for k in 0..SHARE_BLOCKS_PER_GROUP {
+                if present & (1 << k) == 0 {
+                    continue;
+                }
+                let first = self.shares.count_block_first_of(group, k);
+                let home = BlockAddr(self.alloc.group_start(group).0 + 1 + k);
+                self.read_block(home, &mut block, "share-count block")?;
+                let counts = crate::format::shares::decode(BlockAddr(first), &block)?;
+                self.shares.load(first, &counts);
+            }
+        }
+        Ok(())
     }
 
     /// Makes the metadata written home durable, writes the allocation maps,
@@ -1231,6 +853,11 @@ impl State {
         }
         self.unwritten_homes.clear();
         self.flush_device("metadata")?;
+        // Count blocks before the maps that say they hold counts: a crash
+        // between leaves a map that does not know a written count block,
+        // whose counts the journal still replays.
+        self.write_count_blocks()?;
+        self.flush_device("share counts")?;
         let maps = self.alloc.dirty_maps(self.geometry.block_size_bytes);
         for (addr, block) in &maps {
             self.write_device_block(*addr, block, "allocation map")?;
@@ -1242,6 +869,7 @@ impl State {
         superblock.volume_table_height = self.committed_roots.volume_table_height;
         superblock.next_volume_id = self.committed_roots.next_volume_id;
         superblock.group_count = self.committed_roots.group_count;
+        superblock.birth_generation = self.committed_roots.birth_generation;
         superblock.journal_head = self.journal.write_position();
         superblock.journal_sequence = self.journal.sequence();
         self.write_superblock(&mut superblock)?;
@@ -1304,12 +932,17 @@ impl State {
             self.alloc
                 .replay(&transaction.descriptor.extents, roots.group_count)?;
             let store_end = self.alloc.store_end();
+            self.shares
+                .replay(&transaction.descriptor.share_runs, store_end)?;
+            if roots.birth_generation > crate::format::node::BIRTH_GENERATION_MAX {
+                return Err(Error::corrupt(format!(
+                    "journal transaction {} claims birth generation {}",
+                    transaction.descriptor.sequence, roots.birth_generation
+                )));
+            }
             for (home, image) in transaction.descriptor.homes.iter().zip(&transaction.images) {
                 let data_start = self.superblock.data_start.0;
-                if home.0 < data_start
-                    || home.0 >= store_end
-                    || (home.0 - data_start).is_multiple_of(self.superblock.group_blocks)
-                {
+                if home.0 < data_start || home.0 >= store_end || self.alloc.is_group_header(*home) {
                     return Err(Error::corrupt(format!(
                         "journal transaction {} writes {home}, which cannot hold journaled metadata",
                         transaction.descriptor.sequence
@@ -1323,9 +956,11 @@ impl State {
             self.superblock.volume_table_root = roots.volume_table_root;
             self.superblock.volume_table_height = roots.volume_table_height;
             self.superblock.next_volume_id = roots.next_volume_id;
+            self.superblock.birth_generation = roots.birth_generation;
             self.committed_roots = roots;
         }
         self.alloc.finish_replay();
+        self.shares.finish_replay();
         self.grow_device_to_store()?;
         self.checkpoint()?;
         Ok(transactions.len())

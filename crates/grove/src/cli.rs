@@ -105,8 +105,11 @@ pub enum Command {
 
     /// List volumes, snapshots and clones with their space
     #[command(
-        long_about = "List volumes, snapshots and clones. REFERENCED is the data a volume maps; \
-                      EXCLUSIVE is the part only it reaches, which removing it frees at once."
+        long_about = "List volumes, snapshots and clones, as ZFS users know the columns. \
+                      REFERENCED is the data a volume maps; UNIQUE is the part only it \
+                      reaches, exactly what removing it alone would free; WRITTEN is the \
+                      data written since its last snapshot (for a snapshot, what its source \
+                      wrote since the snapshot before it). All three are exact when shown."
     )]
     List {
         /// Print a JSON array of volumes instead of a table
@@ -119,13 +122,71 @@ pub enum Command {
 
     /// Remove a volume, snapshot or clone (its snapshots and clones stay)
     #[command(
-        long_about = "Remove a volume, snapshot or clone. Volumes taken from it stay and \
-                      are re-parented to its parent.",
-        after_help = "Example:\n  grove rm disk@monday"
+        long_about = "Remove a volume, snapshot or clone, of any depth: its snapshots and \
+                      clones keep every byte and show under its parent. Removing takes no \
+                      time whatever the size; the space it alone held is given back by \
+                      the reclaimer, at once here (or in the background of a running \
+                      `grove serve`). A volume with an NBD client connected is refused \
+                      unless --force.",
+        after_help = "Examples:\n  grove rm disk@monday\n  grove rm --recursive disk"
     )]
     Rm {
         /// Volume to remove
         name: String,
+        /// Also remove every snapshot and clone taken from it, at any depth
+        #[arg(long, short = 'r')]
+        recursive: bool,
+        /// Remove it even while an NBD client or FUSE file has it open;
+        /// their next request fails
+        #[arg(long)]
+        force: bool,
+    },
+    /// Reset a writable volume to a snapshot, instantly
+    #[command(
+        long_about = "Reset a writable volume to the contents and size of SNAPSHOT, in O(1). \
+                      VOLUME defaults to the volume SNAPSHOT was taken from. What the volume \
+                      held since is given back like a removed volume's space; other \
+                      snapshots are not touched.",
+        after_help = "Example:\n  grove rollback disk@monday"
+    )]
+    Rollback {
+        /// Snapshot (or any volume) to copy
+        snapshot: String,
+        /// Writable volume to reset [default: the volume SNAPSHOT was taken from]
+        volume: Option<String>,
+    },
+    /// List the extents where volume B differs from volume A
+    #[command(
+        long_about = "List the byte ranges where volume B differs from volume A: data (B \
+                      maps new data there) or zero (B reads zeros where A may have had \
+                      data). Shared parts are skipped unread, so the cost follows what \
+                      changed, not the volume size. A may also be a removed snapshot of \
+                      B's line, among the newest 16 removed of its volume: grove keeps \
+                      their birth generation as a bookmark.",
+        after_help = "Example:\n  grove diff disk@monday disk@tuesday --json"
+    )]
+    Diff {
+        /// The older volume or snapshot (or a removed snapshot)
+        a: String,
+        /// The newer volume or snapshot
+        b: String,
+        /// Print a JSON object with the extents instead of a table
+        #[arg(long)]
+        json: bool,
+    },
+    /// Give back the space of removed volumes now
+    #[command(
+        long_about = "Give back the space removed volumes and rollbacks left behind. \
+                      A running `grove serve` does this in the background; this command \
+                      runs it now, in bounded batches that resume after a crash. With \
+                      --wait it returns once everything is reclaimed (with a progress bar \
+                      on a terminal).",
+        after_help = "Example:\n  grove gc --wait"
+    )]
+    Gc {
+        /// Wait until nothing is left to reclaim
+        #[arg(long)]
+        wait: bool,
     },
 
     /// Grow or shrink a writable volume
@@ -242,11 +303,12 @@ pub enum Command {
 
     /// Verify all metadata and exit 1 if anything is wrong
     ///
-    /// Checks both superblocks, every radix node of every volume and of the
-    /// volume table, that no block owned exclusively by one volume is
-    /// referenced twice, that the allocation map agrees with what is in use,
-    /// and every volume's space accounting. Errors are damage; warnings are
-    /// harmless leftovers, such as blocks a crash leaked.
+    /// Checks both superblocks, the journal, every radix node of every volume
+    /// and of the volume table, that every block's share count matches the
+    /// entries pointing at it, that births grow up each tree, that the
+    /// allocation map agrees with what is in use, and every volume's space
+    /// accounting. Errors are damage; warnings are harmless leftovers, such
+    /// as blocks a crash leaked.
     Check {
         /// Fix leaks, allocation-map disagreements, space accounting and
         /// damaged superblock copies, then check again. Never changes what a

@@ -13,7 +13,8 @@ use grove_store::{Pool, PoolOptions};
 use crate::cli::{Cli, Command};
 use crate::control::{Admin, ControlClient};
 use crate::output::{
-    format_size, write_check_report, write_pool_info, write_volume_table, write_volume_tree,
+    format_size, write_check_report, write_diff, write_pool_info, write_volume_table,
+    write_volume_tree,
 };
 use crate::serve;
 use crate::size::parse_size;
@@ -99,6 +100,26 @@ fn run_local(pool: &Pool, command: Command) -> Result<()> {
             let length = length.map(|text| parse_size(&text, "length")).transpose()?;
             transfer::read(&pool.volume(&name)?, &name, offset, length)
         }
+        // Here nothing else would reclaim: give the space back before exit.
+        Command::Rm {
+            name,
+            recursive,
+            force,
+        } => {
+            remove(pool, &name, recursive, force)?;
+            reclaim_with_progress(pool).map(drop)
+        }
+        Command::Gc { .. } => {
+            let freed = reclaim_with_progress(pool)?;
+            say(format_args!(
+                "reclaimed {}; nothing is left to reclaim",
+                format_size(freed)
+            ))
+        }
+        Command::Rollback { snapshot, volume } => {
+            rollback(pool, &snapshot, volume.as_deref())?;
+            reclaim_with_progress(pool).map(drop)
+        }
         command => run_admin(pool, command),
     }
 }
@@ -135,7 +156,33 @@ fn run_admin(pool: &dyn Admin, command: Command) -> Result<()> {
             let volumes = pool.volumes()?;
             print_with(|out| write_volume_tree(out, &volumes))
         }
-        Command::Rm { name } => remove(pool, &name),
+        Command::Rm {
+            name,
+            recursive,
+            force,
+        } => remove(pool, &name, recursive, force),
+        Command::Rollback { snapshot, volume } => rollback(pool, &snapshot, volume.as_deref()),
+        Command::Diff { a, b, json } => {
+            let report = pool.diff(&a, &b)?;
+            if json {
+                print_json(&report)
+            } else {
+                print_with(|out| write_diff(out, &report))
+            }
+        }
+        Command::Gc { wait } => {
+            let report = pool.gc(wait)?;
+            say(format_args!(
+                "reclaimed {}; {} left to reclaim{}",
+                format_size(report.freed_bytes),
+                format_size(report.pending_free_bytes),
+                if report.pending_free_bytes > 0 {
+                    " (the server goes on in the background)"
+                } else {
+                    ""
+                }
+            ))
+        }
         Command::Resize { name, size } => resize(pool, &name, &size),
         Command::Rename { name, new_name } => {
             pool.rename_volume(&name, &new_name)?;
@@ -205,21 +252,27 @@ fn list(pool: &dyn Admin, json: bool) -> Result<()> {
     }
 }
 
-fn remove(pool: &dyn Admin, name: &str) -> Result<()> {
+fn remove(pool: &dyn Admin, name: &str, recursive: bool, force: bool) -> Result<()> {
     let info = pool.volume_info(name)?;
     let dependents = pool
         .volumes()?
         .iter()
         .filter(|v| v.parent.as_deref() == Some(name))
         .count();
-    let freed_bytes = pool.remove_volume(name)?;
+    let freed_bytes = pool.remove(name, recursive, force)?;
     say(format_args!(
-        "removed {} {name:?}; freed {}",
+        "removed {} {name:?}{}; it gives back {}",
         info.kind.as_str(),
+        if recursive && dependents > 0 {
+            " and everything taken from it"
+        } else {
+            ""
+        },
         format_size(freed_bytes)
     ))?;
-    // The engine re-parents what was taken from the removed volume: say where.
+    // What was taken from the removed volume now shows under its parent.
     let subject = match dependents {
+        _ if recursive => return Ok(()),
         0 => return Ok(()),
         1 => "the volume taken from it".to_string(),
         n => format!("the {n} volumes taken from it"),
@@ -230,6 +283,26 @@ fn remove(pool: &dyn Admin, name: &str) -> Result<()> {
         None => say(format_args!("{subject} {verb} now at the top of the tree"))?,
     }
     Ok(())
+}
+
+fn rollback(pool: &dyn Admin, snapshot: &str, volume: Option<&str>) -> Result<()> {
+    let info = pool.rollback(snapshot, volume)?;
+    say(format_args!(
+        "rolled {:?} back to {snapshot:?} ({})",
+        info.name,
+        format_size(info.size_bytes)
+    ))
+}
+
+/// Reclaims everything pending in bounded batches, with a progress bar on
+/// a terminal. Returns the bytes freed.
+fn reclaim_with_progress(pool: &Pool) -> Result<u64> {
+    let pending = pool.pending_free_bytes()?;
+    if pending == 0 {
+        return Ok(0);
+    }
+    let bar = crate::progress::Progress::bytes("reclaiming", pending);
+    Ok(pool.reclaim_all(|freed| bar.set_position(freed.min(pending)))?)
 }
 
 fn resize(pool: &dyn Admin, name: &str, size: &str) -> Result<()> {

@@ -17,7 +17,9 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
-use grove_store::{CheckReport, Error, ErrorKind, Pool, PoolInfo, VolumeInfo};
+use grove_store::{
+    CheckReport, DiffReport, Error, ErrorKind, Pool, PoolInfo, RemoveOptions, VolumeInfo,
+};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
 /// The control socket's file name inside the pool directory.
@@ -38,7 +40,13 @@ pub trait Admin {
     fn create_volume(&self, name: &str, size_bytes: u64) -> grove_store::Result<VolumeInfo>;
     fn snapshot(&self, source: &str, name: &str) -> grove_store::Result<VolumeInfo>;
     fn clone_volume(&self, source: &str, name: &str) -> grove_store::Result<VolumeInfo>;
-    fn remove_volume(&self, name: &str) -> grove_store::Result<u64>;
+    /// Removes a volume (and its descendants if `recursive`); returns the
+    /// bytes the reclaimer gives back.
+    fn remove(&self, name: &str, recursive: bool, force: bool) -> grove_store::Result<u64>;
+    fn rollback(&self, snapshot: &str, volume: Option<&str>) -> grove_store::Result<VolumeInfo>;
+    fn diff(&self, a: &str, b: &str) -> grove_store::Result<DiffReport>;
+    /// Reclaims one batch, or everything with `wait`.
+    fn gc(&self, wait: bool) -> grove_store::Result<GcReport>;
     fn resize_volume(&self, name: &str, size_bytes: u64) -> grove_store::Result<VolumeInfo>;
     fn rename_volume(&self, name: &str, new_name: &str) -> grove_store::Result<VolumeInfo>;
     fn volumes(&self) -> grove_store::Result<Vec<VolumeInfo>>;
@@ -60,8 +68,25 @@ impl Admin for Pool {
     fn clone_volume(&self, source: &str, name: &str) -> grove_store::Result<VolumeInfo> {
         Pool::clone_volume(self, source, name)
     }
-    fn remove_volume(&self, name: &str) -> grove_store::Result<u64> {
-        Pool::remove_volume(self, name)
+    fn remove(&self, name: &str, recursive: bool, force: bool) -> grove_store::Result<u64> {
+        Pool::remove(self, name, RemoveOptions { recursive, force })
+    }
+    fn rollback(&self, snapshot: &str, volume: Option<&str>) -> grove_store::Result<VolumeInfo> {
+        Pool::rollback(self, snapshot, volume)
+    }
+    fn diff(&self, a: &str, b: &str) -> grove_store::Result<DiffReport> {
+        Pool::diff(self, a, b)
+    }
+    fn gc(&self, wait: bool) -> grove_store::Result<GcReport> {
+        let freed_bytes = if wait {
+            self.reclaim_all(|_| {})?
+        } else {
+            self.reclaim_batch()?.0
+        };
+        Ok(GcReport {
+            freed_bytes,
+            pending_free_bytes: self.pending_free_bytes()?,
+        })
     }
     fn resize_volume(&self, name: &str, size_bytes: u64) -> grove_store::Result<VolumeInfo> {
         Pool::resize_volume(self, name, size_bytes)
@@ -70,7 +95,7 @@ impl Admin for Pool {
         Pool::rename_volume(self, name, new_name)
     }
     fn volumes(&self) -> grove_store::Result<Vec<VolumeInfo>> {
-        Ok(Pool::volumes(self))
+        Pool::volumes(self)
     }
     fn volume_info(&self, name: &str) -> grove_store::Result<VolumeInfo> {
         Pool::volume_info(self, name)
@@ -83,13 +108,31 @@ impl Admin for Pool {
     }
 }
 
+/// What `gc` did.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct GcReport {
+    pub freed_bytes: u64,
+    /// What is still left to reclaim.
+    pub pending_free_bytes: u64,
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "command", rename_all = "snake_case")]
 enum Request {
     Create { name: String, size_bytes: u64 },
     Snapshot { source: String, name: String },
     Clone { source: String, name: String },
-    Remove { name: String },
+    Remove {
+        name: String,
+        recursive: bool,
+        force: bool,
+    },
+    Rollback {
+        snapshot: String,
+        volume: Option<String>,
+    },
+    Diff { a: String, b: String },
+    Gc { wait: bool },
     Resize { name: String, size_bytes: u64 },
     Rename { name: String, new_name: String },
     List,
@@ -120,10 +163,17 @@ fn execute(pool: &Pool, request: Request) -> Reply {
         Request::Create { name, size_bytes } => reply(pool.create_volume(&name, size_bytes)),
         Request::Snapshot { source, name } => reply(pool.snapshot(&source, &name)),
         Request::Clone { source, name } => reply(pool.clone_volume(&source, &name)),
-        Request::Remove { name } => reply(pool.remove_volume(&name)),
+        Request::Remove {
+            name,
+            recursive,
+            force,
+        } => reply(Admin::remove(pool, &name, recursive, force)),
+        Request::Rollback { snapshot, volume } => reply(pool.rollback(&snapshot, volume.as_deref())),
+        Request::Diff { a, b } => reply(pool.diff(&a, &b)),
+        Request::Gc { wait } => reply(Admin::gc(pool, wait)),
         Request::Resize { name, size_bytes } => reply(pool.resize_volume(&name, size_bytes)),
         Request::Rename { name, new_name } => reply(pool.rename_volume(&name, &new_name)),
-        Request::List => reply(Ok(pool.volumes())),
+        Request::List => reply(pool.volumes()),
         Request::VolumeInfo { name } => reply(pool.volume_info(&name)),
         Request::Info => reply(pool.info()),
         Request::Check { repair } => reply(pool.check(repair)),
@@ -346,8 +396,27 @@ impl Admin for ControlClient {
             name: name.into(),
         })
     }
-    fn remove_volume(&self, name: &str) -> grove_store::Result<u64> {
-        self.call(Request::Remove { name: name.into() })
+    fn remove(&self, name: &str, recursive: bool, force: bool) -> grove_store::Result<u64> {
+        self.call(Request::Remove {
+            name: name.into(),
+            recursive,
+            force,
+        })
+    }
+    fn rollback(&self, snapshot: &str, volume: Option<&str>) -> grove_store::Result<VolumeInfo> {
+        self.call(Request::Rollback {
+            snapshot: snapshot.into(),
+            volume: volume.map(str::to_string),
+        })
+    }
+    fn diff(&self, a: &str, b: &str) -> grove_store::Result<DiffReport> {
+        self.call(Request::Diff {
+            a: a.into(),
+            b: b.into(),
+        })
+    }
+    fn gc(&self, wait: bool) -> grove_store::Result<GcReport> {
+        self.call(Request::Gc { wait })
     }
     fn resize_volume(&self, name: &str, size_bytes: u64) -> grove_store::Result<VolumeInfo> {
         self.call(Request::Resize {

@@ -8,6 +8,7 @@ mod commands;
 mod control;
 mod output;
 mod progress;
+mod reclaimer;
 mod serve;
 mod size;
 mod transfer;

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::io::{self, Write};
 
-use grove_store::{CheckReport, PoolInfo, VolumeInfo};
+use grove_store::{CheckReport, DiffReport, PoolInfo, VolumeInfo};
 
 /// Binary units, each 1024 times the one before.
 const SIZE_UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
@@ -39,8 +39,16 @@ pub fn format_size(bytes: u64) -> String {
 
 /// The `grove list` table: one row per volume, sizes right-aligned.
 pub fn write_volume_table(out: &mut impl Write, volumes: &[VolumeInfo]) -> io::Result<()> {
-    let header = ["NAME", "KIND", "PARENT", "SIZE", "REFERENCED", "EXCLUSIVE"];
-    let rows: Vec<[String; 6]> = volumes
+    let header = [
+        "NAME",
+        "KIND",
+        "PARENT",
+        "SIZE",
+        "REFERENCED",
+        "UNIQUE",
+        "WRITTEN",
+    ];
+    let rows: Vec<[String; 7]> = volumes
         .iter()
         .map(|v| {
             [
@@ -49,7 +57,8 @@ pub fn write_volume_table(out: &mut impl Write, volumes: &[VolumeInfo]) -> io::R
                 v.parent.clone().unwrap_or_else(|| NO_PARENT.to_string()),
                 format_size(v.size_bytes),
                 format_size(v.referenced_bytes),
-                format_size(v.exclusive_bytes),
+                format_size(v.unique_bytes),
+                format_size(v.written_bytes),
             ]
         })
         .collect();
@@ -62,19 +71,21 @@ pub fn write_volume_table(out: &mut impl Write, volumes: &[VolumeInfo]) -> io::R
     let header = header.map(str::to_string);
     for row in std::iter::once(&header).chain(&rows) {
         let line = format!(
-            "{:<w0$}  {:<w1$}  {:<w2$}  {:>w3$}  {:>w4$}  {:>w5$}",
+            "{:<w0$}  {:<w1$}  {:<w2$}  {:>w3$}  {:>w4$}  {:>w5$}  {:>w6$}",
             row[0],
             row[1],
             row[2],
             row[3],
             row[4],
             row[5],
+            row[6],
             w0 = widths[0],
             w1 = widths[1],
             w2 = widths[2],
             w3 = widths[3],
             w4 = widths[4],
             w5 = widths[5],
+            w6 = widths[6],
         );
         writeln!(out, "{}", line.trim_end())?;
     }
@@ -151,12 +162,47 @@ fn child_indent(connector: &str) -> &'static str {
 
 fn tree_label(volume: &VolumeInfo) -> String {
     format!(
-        "{} ({}, {}, referenced {}, exclusive {})",
+        "{} ({}, {}, referenced {}, unique {}, written {})",
         volume.name,
         volume.kind.as_str(),
         format_size(volume.size_bytes),
         format_size(volume.referenced_bytes),
-        format_size(volume.exclusive_bytes),
+        format_size(volume.unique_bytes),
+        format_size(volume.written_bytes),
+    )
+}
+
+/// `grove diff` for people: one "offset  length  what" line per extent.
+pub fn write_diff(out: &mut impl Write, report: &DiffReport) -> io::Result<()> {
+    let mut data_bytes = 0;
+    let mut zero_bytes = 0;
+    writeln!(out, "{:>14}  {:>14}  WHAT", "OFFSET", "LENGTH")?;
+    for extent in &report.extents {
+        let what = if extent.data { "data" } else { "zero" };
+        writeln!(
+            out,
+            "{:>14}  {:>14}  {what}",
+            extent.offset_bytes, extent.length_bytes
+        )?;
+        if extent.data {
+            data_bytes += extent.length_bytes;
+        } else {
+            zero_bytes += extent.length_bytes;
+        }
+    }
+    writeln!(
+        out,
+        "{} differs from {}{}: {} of new data, {} now zero, in {} extents",
+        report.newer,
+        report.base,
+        if report.base_removed {
+            " (a removed snapshot)"
+        } else {
+            ""
+        },
+        format_size(data_bytes),
+        format_size(zero_bytes),
+        report.extents.len()
     )
 }
 
@@ -173,7 +219,9 @@ pub fn write_pool_info(out: &mut impl Write, info: &PoolInfo) -> io::Result<()> 
         ("volumes", info.volume_count.to_string()),
         ("store size", format_size(info.store_bytes)),
         ("used", format_size(info.used_bytes)),
+        ("referenced", format_size(info.referenced_bytes)),
         ("metadata", format_size(info.metadata_bytes)),
+        ("pending free", format_size(info.pending_free_bytes)),
         ("free", format_size(info.free_bytes)),
         ("capacity", capacity),
     ];
@@ -251,7 +299,10 @@ mod tests {
             parent: parent.map(str::to_string),
             size_bytes: 1 << 30,
             referenced_bytes: 4096,
-            exclusive_bytes: 0,
+            unique_bytes: 0,
+            written_bytes: 0,
+            created_generation: 1,
+            guid: String::new(),
             created_unix_secs: 0,
         }
     }
@@ -268,7 +319,7 @@ mod tests {
         let mut out = Vec::new();
         write_volume_tree(&mut out, &volumes).unwrap();
         let text = String::from_utf8(out).unwrap();
-        let tail = " (KIND, 1.0 GiB, referenced 4.0 KiB, exclusive 0 B)";
+        let tail = " (KIND, 1.0 GiB, referenced 4.0 KiB, unique 0 B, written 0 B)";
         let expected = ["a V", "├── a@1 S", "│   └── c C", "└── a@2 S", "b V"]
             .map(|line| {
                 let (name, kind) = line.rsplit_once(' ').unwrap();

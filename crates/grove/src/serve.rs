@@ -13,6 +13,7 @@ use grove_store::{ErrorKind, Pool};
 use signal_hook::consts::{SIGINT, SIGTERM};
 
 use crate::control::ControlServer;
+use crate::reclaimer::Reclaimer;
 
 /// The NBD socket's file name in the pool directory, when none is given.
 pub const NBD_SOCKET_NAME: &str = "nbd.sock";
@@ -57,6 +58,7 @@ pub fn run(
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
         .context("cannot install signal handlers")?;
     let control = ControlServer::start(pool.clone())?;
+    let reclaimer = Reclaimer::start(pool.clone()).context("cannot start the reclaimer")?;
     let exports_filter = if exports.is_empty() {
         ExportFilter::All
     } else {
@@ -89,6 +91,7 @@ pub fn run(
         "shutting down: no new connections, finishing requests in flight"
     );
     server.shutdown()?;
+    reclaimer.stop();
     control.stop();
     pool.close()
         .with_context(|| format!("cannot close pool {}", dir.display()))?;
@@ -114,7 +117,7 @@ fn print_how_to_connect(
     default_export: Option<&str>,
 ) -> Result<()> {
     let names: Vec<String> = if exports.is_empty() {
-        pool.volumes().into_iter().map(|v| v.name).collect()
+        pool.volume_names()
     } else {
         exports.to_vec()
     };

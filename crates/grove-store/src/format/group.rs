@@ -1,7 +1,8 @@
 //! Allocation groups and their nibble maps (RSnap §4.3). The data area is a
 //! run of equal groups; the first block of each group is its map block, which
 //! holds one 4-bit state per block of the group (the map block included).
-//! A store grows by appending a group, so the map never has to move.
+//! The share-count blocks follow it (`shares.rs`). A store grows by
+//! appending a group, so neither ever has to move.
 
 use super::{crc_with_hole, get_u32, get_u64, put_u32, put_u64};
 use crate::error::{Error, Result};
@@ -15,8 +16,6 @@ pub const GROUP_HEADER_BYTES: usize = 64;
 pub const NIBBLE_ALLOCATED: u8 = 0x1;
 /// Nibble bit: the block holds metadata (a node, a record block, a map block).
 pub const NIBBLE_META: u8 = 0x2;
-/// Nibble bit: set by the garbage collector's mark phase (GC issue).
-pub const NIBBLE_MARKED: u8 = 0x4;
 /// Nibble bit: freed, waiting for the commit that frees it (journal issue).
 pub const NIBBLE_PENDING_FREE: u8 = 0x8;
 /// The nibble of a block holding metadata, as stored on disk.
@@ -28,14 +27,22 @@ const NIBBLE_META_ON_DISK: u8 = NIBBLE_ALLOCATED | NIBBLE_META;
 //   0      4    magic "GRVG"
 //   4      4    crc32c of the whole block with this field zeroed
 //   8      8    group index (catches a map block written to the wrong group)
-//   16     48   reserved, zero
+//   16     1    share blocks present: bit k set = share-count block k of the
+//               group holds counts (clear = never written, no extra references)
+//   17     47   reserved, zero
 //   64     ...  nibbles: block i of the group is the low nibble of byte
 //                64 + i/2 when i is even, the high nibble when i is odd
 const MAGIC_OFFSET: usize = 0;
 const CRC_OFFSET: usize = MAGIC_OFFSET + 4;
 const INDEX_OFFSET: usize = CRC_OFFSET + 4;
-const RESERVED_OFFSET: usize = INDEX_OFFSET + 8;
-const _: () = assert!(RESERVED_OFFSET + 48 == GROUP_HEADER_BYTES);
+const SHARES_PRESENT_OFFSET: usize = INDEX_OFFSET + 8;
+const RESERVED_OFFSET: usize = SHARES_PRESENT_OFFSET + 1;
+const _: () = assert!(RESERVED_OFFSET + 47 == GROUP_HEADER_BYTES);
+const _: () = assert!(super::shares::SHARE_BLOCKS_PER_GROUP <= 8);
+
+/// Blocks at the start of every group that are its own metadata: the map
+/// block, then the share-count blocks. They are always allocated metadata.
+pub const GROUP_HEADER_BLOCKS: u64 = 1 + super::shares::SHARE_BLOCKS_PER_GROUP;
 
 /// Blocks per group for a block size: two nibbles per map byte.
 pub fn group_blocks(block_size_bytes: u32) -> u64 {
@@ -43,15 +50,18 @@ pub fn group_blocks(block_size_bytes: u32) -> u64 {
 }
 
 /// Encodes a group's map block from one nibble per block (in the low 4 bits).
-pub fn encode(group_index: u64, nibbles: &[u8], block: &mut [u8]) {
+pub fn encode(group_index: u64, nibbles: &[u8], shares_present: u8, block: &mut [u8]) {
     assert_eq!(nibbles.len() as u64, group_blocks(block.len() as u32));
     assert!(
-        nibbles[0] & NIBBLE_ALLOCATED != 0,
-        "the map block itself is in use"
+        nibbles[..GROUP_HEADER_BLOCKS as usize]
+            .iter()
+            .all(|&n| n == NIBBLE_META_ON_DISK),
+        "the map and share-count blocks are in use as metadata"
     );
     block.fill(0);
     block[MAGIC_OFFSET..MAGIC_OFFSET + 4].copy_from_slice(&GROUP_MAGIC);
     put_u64(block, INDEX_OFFSET, group_index);
+    block[SHARES_PRESENT_OFFSET] = shares_present;
     for (i, &nibble) in nibbles.iter().enumerate() {
         // The decoder refuses anything else: marks and pending frees are
         // states of memory, never of the disk.
@@ -65,8 +75,16 @@ pub fn encode(group_index: u64, nibbles: &[u8], block: &mut [u8]) {
     put_u32(block, CRC_OFFSET, crc);
 }
 
-/// Decodes and verifies group `group_index`'s map block into nibbles.
-pub fn decode(group_index: u64, block: &[u8]) -> Result<Vec<u8>> {
+/// A decoded map block.
+pub struct DecodedMap {
+    /// One state per block of the group, in the low four bits.
+    pub nibbles: Vec<u8>,
+    /// Which share-count blocks of the group hold counts (bit k = block k).
+    pub shares_present: u8,
+}
+
+/// Decodes and verifies group `group_index`'s map block.
+pub fn decode(group_index: u64, block: &[u8]) -> Result<DecodedMap> {
     let damaged = |why: String| {
         Error::corrupt(format!(
             "allocation map of group {group_index} is damaged: {why}"
@@ -107,10 +125,22 @@ pub fn decode(group_index: u64, block: &[u8]) -> Result<Vec<u8>> {
             nibbles[slot]
         )));
     }
-    if nibbles[0] & NIBBLE_ALLOCATED == 0 || nibbles[0] & NIBBLE_META == 0 {
+    if nibbles[..GROUP_HEADER_BLOCKS as usize]
+        .iter()
+        .any(|&n| n != NIBBLE_META_ON_DISK)
+    {
         return Err(damaged(
-            "the map block is not marked as allocated metadata".into(),
+            "the map and share-count blocks are not marked as allocated metadata".into(),
         ));
     }
-    Ok(nibbles)
+    let shares_present = block[SHARES_PRESENT_OFFSET];
+    if u64::from(shares_present) >> super::shares::SHARE_BLOCKS_PER_GROUP != 0 {
+        return Err(damaged(format!(
+            "it names share-count block bits {shares_present:#04x}"
+        )));
+    }
+    Ok(DecodedMap {
+        nibbles,
+        shares_present,
+    })
 }

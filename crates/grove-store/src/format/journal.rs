@@ -28,12 +28,20 @@ pub const JOURNAL_MAGIC: [u8; 4] = *b"GRVJ";
 //   57     7    reserved, zero
 //   64     8    next_volume_id after this transaction
 //   72     8    group_count after this transaction
-//   80     8*image_count   home block address of each image, in order
+//   80     8    birth_generation after this transaction
+//   88     4    share_run_count: share-count runs after the extents
+//   92     4    reserved, zero
+//   96     8*image_count   home block address of each image, in order
 //   then   16*extent_count allocation extents:
 //                 0  8  first block
 //                 8  4  block count
 //                 12 1  change: 1 = allocated as data, 2 = allocated as metadata, 3 = freed
 //                 13 3  reserved, zero
+//   then   16*share_run_count share-count runs: blocks whose extra references
+//          are now `extra` (an absolute value, so replaying twice is harmless):
+//                 0  8  first block
+//                 8  4  block count
+//                 12 4  extra references of each of them
 const MAGIC_OFFSET: usize = 0;
 const CRC_OFFSET: usize = MAGIC_OFFSET + 4;
 const SEQUENCE_OFFSET: usize = CRC_OFFSET + 4;
@@ -46,9 +54,21 @@ const VT_ROOT_OFFSET: usize = IMAGES_CRC_OFFSET + 4;
 const VT_HEIGHT_OFFSET: usize = VT_ROOT_OFFSET + 8;
 const NEXT_VOLUME_ID_OFFSET: usize = VT_HEIGHT_OFFSET + 8;
 const GROUP_COUNT_OFFSET: usize = NEXT_VOLUME_ID_OFFSET + 8;
-const HOMES_OFFSET: usize = GROUP_COUNT_OFFSET + 8;
+const BIRTH_GENERATION_OFFSET: usize = GROUP_COUNT_OFFSET + 8;
+const SHARE_RUN_COUNT_OFFSET: usize = BIRTH_GENERATION_OFFSET + 8;
+const HOMES_OFFSET: usize = SHARE_RUN_COUNT_OFFSET + 8;
 const HOME_BYTES: usize = 8;
 const EXTENT_BYTES: usize = 16;
+/// Bytes of one share-count run.
+pub const SHARE_RUN_BYTES: usize = 16;
+
+/// Blocks `first .. first + count` now have `extra` extra references each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShareRun {
+    pub first: BlockAddr,
+    pub count: u32,
+    pub extra: u32,
+}
 
 /// How an extent of blocks changed in a transaction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,6 +92,8 @@ pub struct Roots {
     pub volume_table_height: u8,
     pub next_volume_id: VolumeId,
     pub group_count: u64,
+    /// The generation new mappings are born in.
+    pub birth_generation: u64,
 }
 
 /// A decoded descriptor (the images are read separately).
@@ -84,17 +106,21 @@ pub struct Descriptor {
     pub roots: Roots,
     pub homes: Vec<BlockAddr>,
     pub extents: Vec<AllocExtent>,
+    pub share_runs: Vec<ShareRun>,
 }
 
 impl Descriptor {
     /// Bytes the descriptor needs before padding to whole blocks.
-    pub fn encoded_len(image_count: usize, extent_count: usize) -> usize {
-        HOMES_OFFSET + image_count * HOME_BYTES + extent_count * EXTENT_BYTES
+    pub fn encoded_len(image_count: usize, extent_count: usize, share_run_count: usize) -> usize {
+        HOMES_OFFSET
+            + image_count * HOME_BYTES
+            + extent_count * EXTENT_BYTES
+            + share_run_count * SHARE_RUN_BYTES
     }
 
     /// Encodes into `descriptor_blocks` whole blocks.
     pub fn encode(&self, block_size_bytes: usize) -> Vec<u8> {
-        let len = Self::encoded_len(self.homes.len(), self.extents.len());
+        let len = Self::encoded_len(self.homes.len(), self.extents.len(), self.share_runs.len());
         assert_eq!(
             len.div_ceil(block_size_bytes),
             self.descriptor_blocks as usize
@@ -116,6 +142,16 @@ impl Descriptor {
             self.roots.next_volume_id.0,
         );
         put_u64(&mut bytes, GROUP_COUNT_OFFSET, self.roots.group_count);
+        put_u64(
+            &mut bytes,
+            BIRTH_GENERATION_OFFSET,
+            self.roots.birth_generation,
+        );
+        put_u32(
+            &mut bytes,
+            SHARE_RUN_COUNT_OFFSET,
+            self.share_runs.len() as u32,
+        );
         let mut offset = HOMES_OFFSET;
         for home in &self.homes {
             assert!(!home.is_none());
@@ -128,6 +164,13 @@ impl Descriptor {
             put_u32(&mut bytes, offset + 8, extent.count);
             bytes[offset + 12] = extent.change as u8;
             offset += EXTENT_BYTES;
+        }
+        for run in &self.share_runs {
+            assert!(run.count > 0);
+            put_u64(&mut bytes, offset, run.first.0);
+            put_u32(&mut bytes, offset + 8, run.count);
+            put_u32(&mut bytes, offset + 12, run.extra);
+            offset += SHARE_RUN_BYTES;
         }
         let crc = super::crc_with_hole(&bytes, CRC_OFFSET);
         put_u32(&mut bytes, CRC_OFFSET, crc);
@@ -165,7 +208,15 @@ impl Descriptor {
         }
         let image_count = get_u32(bytes, IMAGE_COUNT_OFFSET) as usize;
         let extent_count = get_u32(bytes, EXTENT_COUNT_OFFSET) as usize;
-        if Self::encoded_len(image_count, extent_count).div_ceil(block_size_bytes) != blocks {
+        let share_run_count = get_u32(bytes, SHARE_RUN_COUNT_OFFSET) as usize;
+        if Self::encoded_len(image_count, extent_count, share_run_count)
+            .div_ceil(block_size_bytes)
+            != blocks
+            || get_u32(bytes, SHARE_RUN_COUNT_OFFSET + 4) != 0
+            || bytes[VT_HEIGHT_OFFSET + 1..NEXT_VOLUME_ID_OFFSET]
+                .iter()
+                .any(|&b| b != 0)
+        {
             return None;
         }
         let mut pool = [0u8; 16];
@@ -184,12 +235,29 @@ impl Descriptor {
                 3 => AllocChange::Freed,
                 _ => return None,
             };
+            let count = get_u32(bytes, offset + 8);
+            if count == 0 || bytes[offset + 13..offset + 16].iter().any(|&b| b != 0) {
+                return None;
+            }
             extents.push(AllocExtent {
                 first: BlockAddr(get_u64(bytes, offset)),
-                count: get_u32(bytes, offset + 8),
+                count,
                 change,
             });
             offset += EXTENT_BYTES;
+        }
+        let mut share_runs = Vec::with_capacity(share_run_count);
+        for _ in 0..share_run_count {
+            let count = get_u32(bytes, offset + 8);
+            if count == 0 {
+                return None;
+            }
+            share_runs.push(ShareRun {
+                first: BlockAddr(get_u64(bytes, offset)),
+                count,
+                extra: get_u32(bytes, offset + 12),
+            });
+            offset += SHARE_RUN_BYTES;
         }
         Some(Descriptor {
             sequence,
@@ -201,9 +269,11 @@ impl Descriptor {
                 volume_table_height: bytes[VT_HEIGHT_OFFSET],
                 next_volume_id: VolumeId(get_u64(bytes, NEXT_VOLUME_ID_OFFSET)),
                 group_count: get_u64(bytes, GROUP_COUNT_OFFSET),
+                birth_generation: get_u64(bytes, BIRTH_GENERATION_OFFSET),
             },
             homes,
             extents,
+            share_runs,
         })
     }
 }

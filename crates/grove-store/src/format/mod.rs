@@ -7,11 +7,12 @@ pub mod group;
 pub mod journal;
 pub mod node;
 pub mod record;
+pub mod shares;
 pub mod superblock;
 
 /// Version of the on-disk format written by this build. A pool with a larger
 /// number was written by a newer grove and is refused rather than misread.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 pub(crate) fn get_u32(bytes: &[u8], offset: usize) -> u32 {
     u32::from_le_bytes(bytes[offset..offset + 4].try_into().expect("4 bytes"))

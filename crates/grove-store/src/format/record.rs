@@ -46,17 +46,26 @@ impl VolumeKind {
 //   8      8    volume id (never 0 in a live record)
 //   16     8    parent id: the volume this one was snapshotted or cloned from, 0 = none
 //   24     8    size_bytes: a multiple of 512
-//   32     8    root: block of the radix tree's root node
+//   32     8    root: block of the radix tree's root node; 0 only in a removed
+//               record whose tree is all given back
 //   40     1    height: levels in the radix tree (1 = the root points at data)
 //   41     1    kind: 1 = volume, 2 = snapshot (read-only), 3 = clone
 //   42     1    name_len
-//   43     5    reserved, zero
+//   43     1    flags: bit 0 = removed (its tree, if any, is being given back;
+//               kept while it has children, or as a bookmark to diff from)
+//   44     4    reserved, zero
 //   48     8    created_unix_secs
 //   56     8    referenced_blocks: data blocks this volume maps
-//   64     8    exclusive_blocks: data blocks reachable only through this volume
-//   72     24   reserved, zero
+//   64     8    created_generation: the pool's birth generation when it was made;
+//               for a snapshot, everything born after it is newer than it
+//   72     8    share_floor_generation: the newest generation in which a
+//               snapshot, clone or rollback shared this tree; a data block
+//               born no later is never written in place
+//   80     8    written_base_generation: `written` counts data born after it
+//   88     8    reserved, zero
 //   96     128  name, UTF-8, name_len bytes, zero padded
-//   224    32   reserved, zero
+//   224    16   guid: random, unique across pools (replication will name volumes by it)
+//   240    16   reserved, zero
 const MAGIC_OFFSET: usize = 0;
 const CRC_OFFSET: usize = MAGIC_OFFSET + 4;
 const ID_OFFSET: usize = CRC_OFFSET + 4;
@@ -66,36 +75,45 @@ const ROOT_OFFSET: usize = SIZE_OFFSET + 8;
 const HEIGHT_OFFSET: usize = ROOT_OFFSET + 8;
 const KIND_OFFSET: usize = HEIGHT_OFFSET + 1;
 const NAME_LEN_OFFSET: usize = KIND_OFFSET + 1;
-const CREATED_OFFSET: usize = NAME_LEN_OFFSET + 6;
+const FLAGS_OFFSET: usize = NAME_LEN_OFFSET + 1;
+const CREATED_OFFSET: usize = FLAGS_OFFSET + 5;
 const REFERENCED_OFFSET: usize = CREATED_OFFSET + 8;
-const EXCLUSIVE_OFFSET: usize = REFERENCED_OFFSET + 8;
-const NAME_OFFSET: usize = EXCLUSIVE_OFFSET + 8 + 24;
-const TAIL_OFFSET: usize = NAME_OFFSET + VOLUME_NAME_MAX_BYTES;
-const _: () = assert!(TAIL_OFFSET + 32 == RECORD_BYTES);
+const CREATED_GENERATION_OFFSET: usize = REFERENCED_OFFSET + 8;
+const SHARE_FLOOR_OFFSET: usize = CREATED_GENERATION_OFFSET + 8;
+const WRITTEN_BASE_OFFSET: usize = SHARE_FLOOR_OFFSET + 8;
+const NAME_OFFSET: usize = WRITTEN_BASE_OFFSET + 8 + 8;
+const GUID_OFFSET: usize = NAME_OFFSET + VOLUME_NAME_MAX_BYTES;
+const TAIL_OFFSET: usize = GUID_OFFSET + 16;
+const _: () = assert!(TAIL_OFFSET + 16 == RECORD_BYTES);
+/// Flag bit: the volume was removed.
+const FLAG_REMOVED: u8 = 0x1;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VolumeRecord {
     pub id: VolumeId,
     pub parent: VolumeId,
     pub size_bytes: u64,
+    /// Root node; NONE once a removed volume's tree is given back.
     pub root: BlockAddr,
     pub height: u8,
     pub kind: VolumeKind,
     pub name: String,
+    /// Removed: not listed, its name free; see the layout above.
+    pub removed: bool,
     pub created_unix_secs: u64,
     pub referenced_blocks: u64,
-    pub exclusive_blocks: u64,
+    pub created_generation: u64,
+    pub share_floor_generation: u64,
+    pub written_base_generation: u64,
+    pub guid: [u8; 16],
 }
 
 impl VolumeRecord {
     pub fn encode(&self, out: &mut [u8]) {
         assert_eq!(out.len(), RECORD_BYTES);
-        assert_ne!(self.id, VolumeId::NONE);
-        assert!(!self.root.is_none());
-        assert!(self.height >= 1);
-        assert!(!self.name.is_empty() && self.name.len() <= VOLUME_NAME_MAX_BYTES);
-        assert!(self.size_bytes <= VOLUME_SIZE_MAX_BYTES);
-        assert!(self.exclusive_blocks <= self.referenced_blocks);
+        if let Err(problem) = self.check_fields() {
+            panic!("encoding an invalid volume record: {problem}");
+        }
         out.fill(0);
         out[MAGIC_OFFSET..MAGIC_OFFSET + 4].copy_from_slice(&RECORD_MAGIC);
         put_u64(out, ID_OFFSET, self.id.0);
@@ -105,10 +123,14 @@ impl VolumeRecord {
         out[HEIGHT_OFFSET] = self.height;
         out[KIND_OFFSET] = self.kind as u8;
         out[NAME_LEN_OFFSET] = self.name.len() as u8;
+        out[FLAGS_OFFSET] = if self.removed { FLAG_REMOVED } else { 0 };
         put_u64(out, CREATED_OFFSET, self.created_unix_secs);
         put_u64(out, REFERENCED_OFFSET, self.referenced_blocks);
-        put_u64(out, EXCLUSIVE_OFFSET, self.exclusive_blocks);
+        put_u64(out, CREATED_GENERATION_OFFSET, self.created_generation);
+        put_u64(out, SHARE_FLOOR_OFFSET, self.share_floor_generation);
+        put_u64(out, WRITTEN_BASE_OFFSET, self.written_base_generation);
         out[NAME_OFFSET..NAME_OFFSET + self.name.len()].copy_from_slice(self.name.as_bytes());
+        out[GUID_OFFSET..GUID_OFFSET + 16].copy_from_slice(&self.guid);
         let crc = crc_with_hole(out, CRC_OFFSET);
         put_u32(out, CRC_OFFSET, crc);
     }
@@ -156,6 +178,24 @@ impl VolumeRecord {
         let name = std::str::from_utf8(&bytes[NAME_OFFSET..NAME_OFFSET + name_len])
             .map_err(|_| damaged("name is not UTF-8".into()))?
             .to_string();
+        let flags = bytes[FLAGS_OFFSET];
+        if flags & !FLAG_REMOVED != 0 {
+            return Err(damaged(format!("unknown flags {flags:#04x}")));
+        }
+        let reserved = [
+            FLAGS_OFFSET + 1..CREATED_OFFSET,
+            WRITTEN_BASE_OFFSET + 8..NAME_OFFSET,
+            NAME_OFFSET + name_len..GUID_OFFSET,
+            TAIL_OFFSET..RECORD_BYTES,
+        ];
+        if reserved
+            .iter()
+            .any(|range| bytes[range.clone()].iter().any(|&b| b != 0))
+        {
+            return Err(damaged("reserved bytes are not zero".into()));
+        }
+        let mut guid = [0u8; 16];
+        guid.copy_from_slice(&bytes[GUID_OFFSET..GUID_OFFSET + 16]);
         let record = VolumeRecord {
             id,
             parent: VolumeId(get_u64(bytes, PARENT_OFFSET)),
@@ -164,27 +204,48 @@ impl VolumeRecord {
             height: bytes[HEIGHT_OFFSET],
             kind,
             name,
+            removed: flags & FLAG_REMOVED != 0,
             created_unix_secs: get_u64(bytes, CREATED_OFFSET),
             referenced_blocks: get_u64(bytes, REFERENCED_OFFSET),
-            exclusive_blocks: get_u64(bytes, EXCLUSIVE_OFFSET),
+            created_generation: get_u64(bytes, CREATED_GENERATION_OFFSET),
+            share_floor_generation: get_u64(bytes, SHARE_FLOOR_OFFSET),
+            written_base_generation: get_u64(bytes, WRITTEN_BASE_OFFSET),
+            guid,
         };
-        if record.root.is_none()
-            || record.height == 0
-            || record.height >= super::node::NODE_LEVELS_MAX
-        {
-            return Err(damaged(format!(
-                "root {} at height {}",
-                record.root.0, record.height
-            )));
-        }
-        if record.size_bytes > VOLUME_SIZE_MAX_BYTES
-            || !record.size_bytes.is_multiple_of(crate::types::SECTOR_BYTES)
-        {
-            return Err(damaged(format!("size {} bytes", record.size_bytes)));
-        }
-        if record.exclusive_blocks > record.referenced_blocks {
-            return Err(damaged("more exclusive than referenced blocks".into()));
-        }
+        record.check_fields().map_err(damaged)?;
         Ok(Some(record))
+    }
+
+    /// Checks shared by the encoder (as assertions) and the decoder (as
+    /// errors): a well-checksummed record can still be impossible.
+    fn check_fields(&self) -> std::result::Result<(), String> {
+        if self.id == VolumeId::NONE {
+            return Err("id 0".into());
+        }
+        if self.parent == self.id {
+            return Err("it is its own parent".into());
+        }
+        if self.root.is_none() && !self.removed {
+            return Err("a live volume without a root".into());
+        }
+        if self.height == 0 || self.height >= super::node::NODE_LEVELS_MAX {
+            return Err(format!("a tree of {} levels", self.height));
+        }
+        if self.name.is_empty() || self.name.len() > VOLUME_NAME_MAX_BYTES {
+            return Err(format!("name length {}", self.name.len()));
+        }
+        if self.size_bytes > VOLUME_SIZE_MAX_BYTES
+            || !self.size_bytes.is_multiple_of(crate::types::SECTOR_BYTES)
+        {
+            return Err(format!("size {} bytes", self.size_bytes));
+        }
+        let generation_max = super::node::BIRTH_GENERATION_MAX;
+        if self.created_generation > generation_max
+            || self.share_floor_generation > generation_max
+            || self.written_base_generation > generation_max
+        {
+            return Err("a generation past the largest one".into());
+        }
+        Ok(())
     }
 }

@@ -35,7 +35,9 @@ pub const SUPERBLOCK_SLOTS: u64 = 2;
 //   112    8    journal_head: block offset in the journal where replay starts (issue 4)
 //   120    8    created_unix_secs
 //   128    16   pool_uuid: random at init; journal records carry it
-//   144    368  reserved, zero
+//   144    8    birth_generation: the generation new mappings are born in; it
+//               advances at every snapshot, clone and rollback
+//   152    360  reserved, zero
 //   512         end (SUPERBLOCK_LEN)
 const MAGIC_OFFSET: usize = 0;
 const VERSION_OFFSET: usize = MAGIC_OFFSET + 8;
@@ -55,7 +57,11 @@ const JOURNAL_SEQUENCE_OFFSET: usize = NEXT_VOLUME_ID_OFFSET + 8;
 const JOURNAL_HEAD_OFFSET: usize = JOURNAL_SEQUENCE_OFFSET + 8;
 const CREATED_OFFSET: usize = JOURNAL_HEAD_OFFSET + 8;
 const UUID_OFFSET: usize = CREATED_OFFSET + 8;
-const RESERVED_OFFSET: usize = UUID_OFFSET + 16;
+const BIRTH_GENERATION_OFFSET: usize = UUID_OFFSET + 16;
+const RESERVED_OFFSET: usize = BIRTH_GENERATION_OFFSET + 8;
+/// Largest journal region a superblock may name: 1 GiB at 4 KiB blocks.
+/// A larger number is damage, not a choice grove ever makes.
+pub const JOURNAL_BLOCKS_MAX: u64 = 1 << 18;
 /// Bytes of a superblock slot that carry data; the smallest block size (1 KiB)
 /// holds it with room to spare.
 pub const SUPERBLOCK_LEN: usize = 512;
@@ -77,6 +83,7 @@ pub struct Superblock {
     pub journal_head: u64,
     pub created_unix_secs: u64,
     pub pool_uuid: [u8; 16],
+    pub birth_generation: u64,
 }
 
 /// Why one superblock slot could not be used. Open reports these only when
@@ -87,6 +94,8 @@ pub enum SlotProblem {
     NoMagic,
     /// Written by a newer grove.
     NewerVersion(u32),
+    /// Written by an older grove, in a format this one no longer reads.
+    OlderVersion(u32),
     /// Magic present but the checksum or a field is wrong.
     Damaged(String),
 }
@@ -121,6 +130,7 @@ impl Superblock {
         put_u64(&mut bytes, JOURNAL_HEAD_OFFSET, self.journal_head);
         put_u64(&mut bytes, CREATED_OFFSET, self.created_unix_secs);
         bytes[UUID_OFFSET..UUID_OFFSET + 16].copy_from_slice(&self.pool_uuid);
+        put_u64(&mut bytes, BIRTH_GENERATION_OFFSET, self.birth_generation);
         let crc = crc_with_hole(&bytes, CRC_OFFSET);
         put_u32(&mut bytes, CRC_OFFSET, crc);
         bytes
@@ -137,6 +147,9 @@ impl Superblock {
         let version = get_u32(bytes, VERSION_OFFSET);
         if version > FORMAT_VERSION {
             return Err(SlotProblem::NewerVersion(version));
+        }
+        if (1..FORMAT_VERSION).contains(&version) {
+            return Err(SlotProblem::OlderVersion(version));
         }
         let stored_crc = get_u32(bytes, CRC_OFFSET);
         let actual_crc = crc_with_hole(bytes, CRC_OFFSET);
@@ -166,6 +179,7 @@ impl Superblock {
             journal_head: get_u64(bytes, JOURNAL_HEAD_OFFSET),
             created_unix_secs: get_u64(bytes, CREATED_OFFSET),
             pool_uuid,
+            birth_generation: get_u64(bytes, BIRTH_GENERATION_OFFSET),
         };
         superblock.check_fields().map_err(SlotProblem::Damaged)?;
         if bytes[RESERVED_OFFSET..].iter().any(|&b| b != 0) {
@@ -180,6 +194,36 @@ impl Superblock {
     fn check_fields(&self) -> Result<(), String> {
         if !is_valid_block_size(self.block_size_bytes) {
             return Err(format!("invalid block size {}", self.block_size_bytes));
+        }
+        if !(crate::pool::JOURNAL_REGION_BLOCKS_MIN..=JOURNAL_BLOCKS_MAX)
+            .contains(&self.journal_blocks)
+        {
+            return Err(format!("a journal of {} blocks", self.journal_blocks));
+        }
+        // Every block address must fit a radix-tree entry.
+        let groups_max =
+            (super::node::ENTRY_ADDR_MASK - self.data_start.0.min(super::node::ENTRY_ADDR_MASK))
+                / self.group_blocks.max(1);
+        if self.group_count > groups_max {
+            return Err(format!(
+                "{} allocation groups; a store can have at most {groups_max}",
+                self.group_count
+            ));
+        }
+        if self.capacity_blocks > super::node::ENTRY_ADDR_MASK {
+            return Err(format!("a capacity of {} blocks", self.capacity_blocks));
+        }
+        if self.volume_table_height >= super::node::NODE_LEVELS_MAX {
+            return Err(format!(
+                "a volume table of {} levels",
+                self.volume_table_height
+            ));
+        }
+        if self.birth_generation > super::node::BIRTH_GENERATION_MAX {
+            return Err(format!("birth generation {}", self.birth_generation));
+        }
+        if self.journal_head >= self.journal_blocks {
+            return Err(format!("journal head {} is past the journal", self.journal_head));
         }
         if self.journal_start.0 != SUPERBLOCK_SLOTS {
             return Err(format!("journal starts at {}", self.journal_start));
@@ -254,6 +298,16 @@ pub fn choose_slot(slots: [Result<Superblock, SlotProblem>; 2], what: &str) -> R
             ));
         }
     }
+    for slot in &slots {
+        if let Err(SlotProblem::OlderVersion(version)) = slot {
+            return Err(Error::new(
+                ErrorKind::UnsupportedVersion,
+                format!(
+                    "{what} uses on-disk format version {version}, which this grove no longer opens (it writes version {FORMAT_VERSION}); export the volumes with the grove that made it and import them into a new pool"
+                ),
+            ));
+        }
+    }
     match &slots {
         [Err(SlotProblem::NoMagic), Err(SlotProblem::NoMagic)] => Err(Error::new(
             ErrorKind::NotAPool,
@@ -271,7 +325,9 @@ fn describe(slot: &Result<Superblock, SlotProblem>) -> String {
     match slot {
         Ok(_) => "valid".into(),
         Err(SlotProblem::NoMagic) => "no magic".into(),
-        Err(SlotProblem::NewerVersion(v)) => format!("format version {v}"),
+        Err(SlotProblem::NewerVersion(v)) | Err(SlotProblem::OlderVersion(v)) => {
+            format!("format version {v}")
+        }
         Err(SlotProblem::Damaged(why)) => why.clone(),
     }
 }

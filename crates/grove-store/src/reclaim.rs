@@ -1,0 +1,140 @@
+//! The reclaimer: gives back the trees of removed volumes (and of volumes
+//! rolled back) in bounded batches. It takes a removed tree apart from the
+//! left, in place: each entry it handles either drops a reference on a
+//! shared child or frees an unshared one, and is then cleared. The nodes it
+//! clears belong to the removed tree alone, so changing them affects no
+//! live volume, and they record its progress: each batch commits as one
+//! journal transaction, so after a crash the next batch resumes exactly
+//! where the last durable one ended.
+
+use crate::error::Result;
+use crate::format::node::{Entry, NodeKind};
+use crate::state::State;
+use crate::types::{BlockAddr, VolumeId};
+
+/// Entries one reclaim batch handles: bounds the transaction (one free or
+/// count change each, plus the nodes it clears) and the time the state
+/// lock is held.
+pub const RECLAIM_BATCH_ENTRIES: usize = 2048;
+
+/// What one batch did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReclaimBatch {
+    /// Blocks this batch freed.
+    pub freed_blocks: u64,
+    /// Nothing is left to reclaim.
+    pub done: bool,
+}
+
+impl State {
+    /// The first removed record whose tree is not given back yet.
+    fn next_dying(&self) -> Option<VolumeId> {
+        self.removed
+            .values()
+            .find(|r| !r.root.is_none())
+            .map(|r| r.id)
+    }
+
+    pub fn has_pending_reclaim(&self) -> bool {
+        self.next_dying().is_some()
+    }
+
+    /// Reclaims up to `budget_entries` entries of removed trees.
+    pub fn reclaim_batch(&mut self, budget_entries: usize) -> Result<ReclaimBatch> {
+        let mut budget = budget_entries.max(1);
+        let mut freed_blocks = 0;
+        while budget > 0 {
+            let Some(id) = self.next_dying() else { break };
+            let record = self.removed[&id].clone();
+            let root = record.root;
+            let emptied = if self.shares.is_shared(root) {
+                self.shares.decrement(root);
+                true
+            } else if self.reclaim_node(root, record.height - 1, &mut budget, &mut freed_blocks)? {
+                self.free_block(root);
+                freed_blocks += 1;
+                true
+            } else {
+                false
+            };
+            if emptied {
+                let record = self.removed.get_mut(&id).expect("removed record");
+                record.root = BlockAddr::NONE;
+                self.dirty_records.insert(id);
+                self.prune_removed(id);
+            }
+        }
+        Ok(ReclaimBatch {
+            freed_blocks,
+            done: !self.has_pending_reclaim(),
+        })
+    }
+
+    /// Empties the removed node at `addr` from the left, within `budget`.
+    /// Returns true once it is all empty (the caller frees it).
+    fn reclaim_node(
+        &mut self,
+        addr: BlockAddr,
+        level: u8,
+        budget: &mut usize,
+        freed_blocks: &mut u64,
+    ) -> Result<bool> {
+        self.load_node(addr, NodeKind::VolumeData, level)?;
+        for slot in 0..self.geometry.entries_per_node {
+            let entry = self.entry(addr, slot);
+            if entry.is_empty() {
+                continue;
+            }
+            if *budget == 0 {
+                return Ok(false);
+            }
+            let child = entry.addr();
+            if self.shares.is_shared(child) {
+                self.shares.decrement(child);
+            } else if level == 0 {
+                self.free_block(child);
+                *freed_blocks += 1;
+            } else if self.reclaim_node(child, level - 1, budget, freed_blocks)? {
+                self.free_block(child);
+                *freed_blocks += 1;
+            } else {
+                return Ok(false);
+            }
+            self.set_entry(addr, slot, Entry::EMPTY);
+            *budget -= 1;
+        }
+        Ok(true)
+    }
+
+    /// Blocks the reclaimer will still free: the unshared part of every
+    /// removed tree not given back yet.
+    pub fn pending_free_blocks(&mut self) -> Result<u64> {
+        let dying: Vec<(BlockAddr, u8)> = self
+            .removed
+            .values()
+            .filter(|r| !r.root.is_none())
+            .map(|r| (r.root, r.height))
+            .collect();
+        let mut total = 0;
+        for (root, height) in dying {
+            total += self.unique_blocks_below(root, height, true)?;
+        }
+        Ok(total)
+    }
+
+    /// Data blocks the live volumes reach, shared ones counted once: the
+    /// allocated data blocks less those only removed trees hold.
+    pub fn distinct_referenced_blocks(&mut self) -> Result<u64> {
+        let dying: Vec<(BlockAddr, u8)> = self
+            .removed
+            .values()
+            .filter(|r| !r.root.is_none())
+            .map(|r| (r.root, r.height))
+            .collect();
+        let mut dying_data = 0;
+        for (root, height) in dying {
+            dying_data += self.unique_blocks_below(root, height, false)?;
+        }
+        Ok(self.alloc.data_blocks().saturating_sub(dying_data))
+    }
+}

@@ -1,0 +1,245 @@
+//! Exact sharing: the extra reference count of every block (see
+//! `format/shares.rs`). Kept like the allocation maps: a live copy with
+//! every change, a durable copy with what sealed transactions did, and the
+//! changes since the last seal, which ride in the next journal descriptor
+//! as runs. Checkpoints write the count blocks from the durable copy.
+//!
+//! Only blocks with extra references are kept in memory, so a pool whose
+//! blocks are mostly unshared costs almost nothing here.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use crate::error::{Error, Result};
+use crate::format::group::GROUP_HEADER_BLOCKS;
+use crate::format::journal::ShareRun;
+use crate::format::shares::{self, SHARE_BLOCKS_PER_GROUP};
+use crate::types::BlockAddr;
+
+/// Most extra references one block may have: far beyond any snapshot count
+/// the generation counter allows, and checked rather than wrapped.
+pub const EXTRA_REFERENCES_MAX: u32 = u32::MAX - 1;
+
+pub struct Shares {
+    data_start: u64,
+    group_blocks: u64,
+    counts_per_block: u64,
+    /// Extra references of every block that has some, as of now.
+    live: HashMap<u64, u32>,
+    /// The same as of the last sealed transaction.
+    durable: HashMap<u64, u32>,
+    /// Blocks whose count changed since the last seal, with the new count.
+    changes: BTreeMap<u64, u32>,
+    /// Count blocks (by first covered block) whose durable counts changed
+    /// since the last checkpoint wrote them.
+    dirty_count_blocks: BTreeSet<u64>,
+}
+
+impl Shares {
+    pub fn new(data_start: BlockAddr, group_blocks: u64, block_size_bytes: u32) -> Shares {
+        let counts_per_block = shares::counts_per_block(block_size_bytes);
+        assert!(counts_per_block * SHARE_BLOCKS_PER_GROUP >= group_blocks);
+        Shares {
+            data_start: data_start.0,
+            group_blocks,
+            counts_per_block,
+            live: HashMap::new(),
+            durable: HashMap::new(),
+            changes: BTreeMap::new(),
+            dirty_count_blocks: BTreeSet::new(),
+        }
+    }
+
+    /// Extra references of `addr`: 0 for a block only one entry points at.
+    pub fn extra(&self, addr: BlockAddr) -> u32 {
+        self.live.get(&addr.0).copied().unwrap_or(0)
+    }
+
+    /// True if more than one entry or record points at `addr`.
+    pub fn is_shared(&self, addr: BlockAddr) -> bool {
+        self.live.contains_key(&addr.0)
+    }
+
+    /// One more entry points at `addr`.
+    pub fn increment(&mut self, addr: BlockAddr) -> Result<()> {
+        let extra = self.extra(addr);
+        if extra >= EXTRA_REFERENCES_MAX {
+            return Err(Error::corrupt(format!(
+                "{addr} already has {extra} extra references"
+            )));
+        }
+        self.set(addr, extra + 1);
+        Ok(())
+    }
+
+    /// One entry that pointed at `addr` is gone; `addr` must have been shared.
+    pub fn decrement(&mut self, addr: BlockAddr) {
+        let extra = self.extra(addr);
+        assert!(extra > 0, "{addr} is not shared");
+        self.set(addr, extra - 1);
+    }
+
+    fn set(&mut self, addr: BlockAddr, extra: u32) {
+        if extra == 0 {
+            self.live.remove(&addr.0);
+        } else {
+            self.live.insert(addr.0, extra);
+        }
+        self.changes.insert(addr.0, extra);
+    }
+
+    /// Sets a block's count outright (check --repair).
+    pub fn set_exact(&mut self, addr: BlockAddr, extra: u32) {
+        self.set(addr, extra);
+    }
+
+    /// Blocks with extra references, and how many (for `check`).
+    pub fn all(&self) -> &HashMap<u64, u32> {
+        &self.live
+    }
+
+    pub fn change_count(&self) -> usize {
+        self.changes.len()
+    }
+
+    /// The changes since the last seal as runs of neighbours with the same count.
+    pub fn pending_runs(&self) -> Vec<ShareRun> {
+        let mut runs: Vec<ShareRun> = Vec::new();
+        for (&addr, &extra) in &self.changes {
+            match runs.last_mut() {
+                Some(run)
+                    if run.extra == extra && run.first.0 + u64::from(run.count) == addr =>
+                {
+                    run.count += 1
+                }
+                _ => runs.push(ShareRun {
+                    first: BlockAddr(addr),
+                    count: 1,
+                    extra,
+                }),
+            }
+        }
+        runs
+    }
+
+    /// The changes since the last seal are durable: fold them into the
+    /// durable copy.
+    pub fn seal(&mut self) {
+        let changes = std::mem::take(&mut self.changes);
+        for (addr, extra) in changes {
+            self.set_durable(addr, extra);
+        }
+    }
+
+    fn set_durable(&mut self, addr: u64, extra: u32) {
+        if extra == 0 {
+            self.durable.remove(&addr);
+        } else {
+            self.durable.insert(addr, extra);
+        }
+        let first = self.count_block_first(addr);
+        self.dirty_count_blocks.insert(first);
+    }
+
+    /// Applies a replayed transaction's runs to the durable copy. A run
+    /// outside the store or on a group's own blocks is damage.
+    pub fn replay(&mut self, runs: &[ShareRun], store_end: u64) -> Result<()> {
+        for run in runs {
+            let end = run.first.0.saturating_add(u64::from(run.count));
+            if run.first.0 < self.data_start || end > store_end {
+                return Err(Error::corrupt(format!(
+                    "a journal share-count run covers blocks {}..{end}, outside the store",
+                    run.first.0
+                )));
+            }
+            for addr in run.first.0..end {
+                if self.is_group_header(addr) {
+                    return Err(Error::corrupt(format!(
+                        "a journal share-count run counts block {addr}, a group's own block"
+                    )));
+                }
+                self.set_durable(addr, run.extra);
+            }
+        }
+        Ok(())
+    }
+
+    /// After replay, the live counts start from the durable ones.
+    pub fn finish_replay(&mut self) {
+        self.live = self.durable.clone();
+    }
+
+    fn is_group_header(&self, addr: u64) -> bool {
+        (addr - self.data_start) % self.group_blocks < GROUP_HEADER_BLOCKS
+    }
+
+    /// First block covered by the count block that holds `addr`'s count.
+    fn count_block_first(&self, addr: u64) -> u64 {
+        let group_start = addr - (addr - self.data_start) % self.group_blocks;
+        let slot = addr - group_start;
+        group_start + slot / self.counts_per_block * self.counts_per_block
+    }
+
+    /// Where the count block covering blocks from `first` lives, and which
+    /// of its group's count blocks it is.
+    pub fn count_block_home(&self, first: u64) -> (u64, BlockAddr, u32) {
+        let group = (first - self.data_start) / self.group_blocks;
+        let group_start = self.data_start + group * self.group_blocks;
+        let k = (first - group_start) / self.counts_per_block;
+        assert!(k < SHARE_BLOCKS_PER_GROUP);
+        (group, BlockAddr(group_start + 1 + k), k as u32)
+    }
+
+    /// Loads the counts of one count block read at open.
+    pub fn load(&mut self, first: u64, counts: &[u32]) {
+        for (i, &extra) in counts.iter().enumerate() {
+            if extra != 0 {
+                self.durable.insert(first + i as u64, extra);
+                self.live.insert(first + i as u64, extra);
+            }
+        }
+    }
+
+    /// First covered block of count block `k` of group `group`.
+    pub fn count_block_first_of(&self, group: u64, k: u64) -> u64 {
+        self.data_start + group * self.group_blocks + k * self.counts_per_block
+    }
+
+    /// Count blocks to write at checkpoint: (first covered block, home,
+    /// group, index in group, encoded block), from the durable counts.
+    pub fn dirty_count_blocks(&self, block_size_bytes: u32) -> Vec<DirtyCountBlock> {
+        self.dirty_count_blocks
+            .iter()
+            .map(|&first| {
+                let counts: Vec<u32> = (0..self.counts_per_block)
+                    .map(|i| self.durable.get(&(first + i)).copied().unwrap_or(0))
+                    .collect();
+                let mut block = vec![0u8; block_size_bytes as usize];
+                shares::encode(BlockAddr(first), &counts, &mut block);
+                let (group, home, index) = self.count_block_home(first);
+                DirtyCountBlock {
+                    home,
+                    group,
+                    index,
+                    block,
+                }
+            })
+            .collect()
+    }
+
+    pub fn mark_count_blocks_clean(&mut self) {
+        self.dirty_count_blocks.clear();
+    }
+
+    pub fn has_dirty_count_blocks(&self) -> bool {
+        !self.dirty_count_blocks.is_empty()
+    }
+}
+
+/// A count block a checkpoint must write.
+pub struct DirtyCountBlock {
+    pub home: BlockAddr,
+    pub group: u64,
+    /// Which of the group's count blocks (0..SHARE_BLOCKS_PER_GROUP).
+    pub index: u32,
+    pub block: Vec<u8>,
+}

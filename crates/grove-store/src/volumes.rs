@@ -1,0 +1,388 @@
+//! Volumes: creating, snapshotting, removing, renaming, resizing and
+//! rolling back, and the family bookkeeping (children, removed records and
+//! bookmarks). Everything here is O(1) in the volume's size: removal hands
+//! the tree to the reclaimer (`reclaim.rs`) instead of walking it.
+
+use std::collections::BTreeSet;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::format::node::{Entry, Node, NodeKind, BIRTH_GENERATION_MAX};
+use crate::format::record::{VolumeKind, VolumeRecord};
+use crate::state::State;
+use crate::types::{BlockAddr, VolumeId};
+
+/// Removed snapshots kept per parent as bookmarks, newest first, so that
+/// `diff` still works from a snapshot that was removed after a later one
+/// was taken (incremental replication from a deleted base).
+pub const BOOKMARKS_PER_PARENT_MAX: usize = 16;
+
+impl State {
+    pub fn volume_by_name(&self, name: &str) -> Result<&VolumeRecord> {
+        self.names
+            .get(name)
+            .map(|id| &self.volumes[id])
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::NotFound,
+                    format!("no volume named {name:?} in this pool"),
+                )
+            })
+    }
+
+    pub fn volume_by_id(&self, id: VolumeId) -> Result<&VolumeRecord> {
+        self.volumes.get(&id).ok_or_else(|| {
+            Error::new(
+                ErrorKind::NotFound,
+                format!("{id} no longer exists (it was removed)"),
+            )
+        })
+    }
+
+    /// A live or removed record.
+    pub(crate) fn any_record(&self, id: VolumeId) -> Option<&VolumeRecord> {
+        self.volumes.get(&id).or_else(|| self.removed.get(&id))
+    }
+
+    /// The nearest live ancestor of a volume: its parent, or the parent's
+    /// parent if the parent was removed, and so on.
+    pub fn live_ancestor(&self, record: &VolumeRecord) -> Option<&VolumeRecord> {
+        let mut parent = record.parent;
+        // Ids only grow down a family, so the walk ends; the bound guards
+        // against a damaged table all the same.
+        for _ in 0..=self.volumes.len() + self.removed.len() {
+            let ancestor = self.any_record(parent)?;
+            if !ancestor.removed {
+                return Some(ancestor);
+            }
+            parent = ancestor.parent;
+        }
+        None
+    }
+
+    /// Live descendants of `id`, children before grandchildren.
+    pub fn live_descendants(&self, id: VolumeId) -> Vec<VolumeId> {
+        let mut out = Vec::new();
+        let mut queue = vec![id];
+        let mut seen = BTreeSet::new();
+        while let Some(next) = queue.pop() {
+            for &child in self.children.get(&next).into_iter().flatten() {
+                if !seen.insert(child) {
+                    continue;
+                }
+                if self.volumes.contains_key(&child) {
+                    out.push(child);
+                }
+                queue.push(child);
+            }
+        }
+        out
+    }
+
+    fn next_volume_id(&mut self) -> VolumeId {
+        let id = self.superblock.next_volume_id;
+        self.superblock.next_volume_id = VolumeId(id.0 + 1);
+        id
+    }
+
+    fn add_record(&mut self, record: VolumeRecord) {
+        if record.parent != VolumeId::NONE {
+            self.children
+                .entry(record.parent)
+                .or_default()
+                .insert(record.id);
+        }
+        self.dirty_records.insert(record.id);
+        if record.removed {
+            self.removed.insert(record.id, record);
+        } else {
+            self.names.insert(record.name.clone(), record.id);
+            self.volumes.insert(record.id, record);
+        }
+    }
+
+    /// The generation a snapshot, clone or rollback takes; the pool moves
+    /// on to the next one so that every later write is born after it.
+    fn take_generation(&mut self) -> Result<u64> {
+        let generation = self.superblock.birth_generation;
+        if generation >= BIRTH_GENERATION_MAX {
+            return Err(Error::new(
+                ErrorKind::NoSpace,
+                format!(
+                    "this pool has used all {BIRTH_GENERATION_MAX} snapshot generations its format allows"
+                ),
+            ));
+        }
+        self.superblock.birth_generation = generation + 1;
+        Ok(generation)
+    }
+
+    /// A new empty volume: just an empty root node.
+    pub fn create_volume(
+        &mut self,
+        name: &str,
+        size_bytes: u64,
+        now_unix_secs: u64,
+    ) -> Result<VolumeId> {
+        let height = self
+            .geometry
+            .height_for(self.geometry.blocks_for(size_bytes));
+        let root = self.insert_new_node(Node::empty(
+            NodeKind::VolumeData,
+            height - 1,
+            self.geometry.entries_per_node,
+        ))?;
+        let id = self.next_volume_id();
+        let generation = self.superblock.birth_generation;
+        self.add_record(VolumeRecord {
+            id,
+            parent: VolumeId::NONE,
+            size_bytes,
+            root,
+            height,
+            kind: VolumeKind::Volume,
+            name: name.to_string(),
+            removed: false,
+            created_unix_secs: now_unix_secs,
+            referenced_blocks: 0,
+            created_generation: generation,
+            share_floor_generation: 0,
+            written_base_generation: 0,
+            guid: crate::pool::random_uuid(),
+        });
+        Ok(id)
+    }
+
+    /// A new root that points at everything `source_root` points at: one
+    /// block written and one reference taken per child, whatever the size.
+    fn copy_root(&mut self, source_root: BlockAddr, height: u8) -> Result<BlockAddr> {
+        let copy = self
+            .load_node(source_root, NodeKind::VolumeData, height - 1)?
+            .clone();
+        self.reference_children(&copy)?;
+        self.insert_new_node(copy)
+    }
+
+    /// A snapshot or clone of `source`. O(1) whatever the volume's size.
+    pub fn snapshot(
+        &mut self,
+        source: VolumeId,
+        name: &str,
+        kind: VolumeKind,
+        now_unix_secs: u64,
+    ) -> Result<VolumeId> {
+        assert_ne!(kind, VolumeKind::Volume);
+        let source_record = self.volumes[&source].clone();
+        let new_root = self.copy_root(source_record.root, source_record.height)?;
+        let generation = self.take_generation()?;
+        let source_mut = self.volumes.get_mut(&source).expect("source exists");
+        source_mut.share_floor_generation = generation;
+        // ZFS's `written`: a snapshot counts what its source wrote since the
+        // source's previous snapshot, and the source starts counting anew.
+        let written_base_generation = match kind {
+            VolumeKind::Snapshot => std::mem::replace(
+                &mut source_mut.written_base_generation,
+                generation,
+            ),
+            _ => generation,
+        };
+        self.dirty_records.insert(source);
+        let id = self.next_volume_id();
+        self.add_record(VolumeRecord {
+            id,
+            parent: source,
+            size_bytes: source_record.size_bytes,
+            root: new_root,
+            height: source_record.height,
+            kind,
+            name: name.to_string(),
+            removed: false,
+            created_unix_secs: now_unix_secs,
+            referenced_blocks: source_record.referenced_blocks,
+            created_generation: generation,
+            share_floor_generation: generation,
+            written_base_generation,
+            guid: crate::pool::random_uuid(),
+        });
+        Ok(id)
+    }
+
+    /// Removes a volume in O(1): its record is marked removed and its tree
+    /// is left for the reclaimer, which gives back every block no other
+    /// volume reaches. Its children keep their parent link to the removed
+    /// record, which stays while they need it.
+    pub fn remove_volume(&mut self, id: VolumeId) {
+        let mut record = self.volumes.remove(&id).expect("volume exists");
+        self.names.remove(&record.name);
+        record.removed = true;
+        self.removed.insert(id, record);
+        self.dirty_records.insert(id);
+    }
+
+    /// Resets writable volume `target` to the contents of `source` in O(1):
+    /// `target` gets a copy of `source`'s root, and its old tree goes to the
+    /// reclaimer under a hidden removed record.
+    pub fn rollback(
+        &mut self,
+        source: VolumeId,
+        target: VolumeId,
+        now_unix_secs: u64,
+    ) -> Result<()> {
+        let source_record = self.volumes[&source].clone();
+        let old = self.volumes[&target].clone();
+        let new_root = self.copy_root(source_record.root, source_record.height)?;
+        let generation = self.take_generation()?;
+        let hidden = self.next_volume_id();
+        self.add_record(VolumeRecord {
+            id: hidden,
+            parent: VolumeId::NONE,
+            kind: VolumeKind::Volume,
+            removed: true,
+            created_unix_secs: now_unix_secs,
+            created_generation: generation,
+            share_floor_generation: generation,
+            written_base_generation: generation,
+            guid: crate::pool::random_uuid(),
+            ..old.clone()
+        });
+        let target_mut = self.volumes.get_mut(&target).expect("target exists");
+        target_mut.root = new_root;
+        target_mut.height = source_record.height;
+        target_mut.size_bytes = source_record.size_bytes;
+        target_mut.referenced_blocks = source_record.referenced_blocks;
+        target_mut.share_floor_generation = generation;
+        target_mut.written_base_generation = generation;
+        self.dirty_records.insert(target);
+        let source_mut = self.volumes.get_mut(&source).expect("source exists");
+        source_mut.share_floor_generation = generation;
+        self.dirty_records.insert(source);
+        Ok(())
+    }
+
+    pub fn rename_volume(&mut self, id: VolumeId, new_name: &str) {
+        let record = self.volumes.get_mut(&id).expect("volume exists");
+        let old = std::mem::replace(&mut record.name, new_name.to_string());
+        self.names.remove(&old);
+        self.names.insert(new_name.to_string(), id);
+        self.dirty_records.insert(id);
+    }
+
+    /// Grows or shrinks a volume. Shrinking unmaps the blocks past the new
+    /// end. Growing first zeroes the bytes past the old end in its last
+    /// block (a shrink leaves them as they were: until a grow they are past
+    /// the end, where nothing can read them, so a crash during the shrink
+    /// cannot show them zeroed), then adds levels above the root when the
+    /// tree cannot address the new size.
+    pub fn resize_volume(&mut self, id: VolumeId, new_size_bytes: u64) -> Result<()> {
+        let record = self.volumes[&id].clone();
+        let block_bytes = self.geometry.block_bytes();
+        if new_size_bytes < record.size_bytes {
+            let keep_blocks = self.geometry.blocks_for(new_size_bytes);
+            self.unmap(id, keep_blocks, self.geometry.blocks_for(record.size_bytes))?;
+        } else {
+            let tail = record.size_bytes % block_bytes;
+            if tail != 0 {
+                let last = record.size_bytes / block_bytes;
+                let entry = self.lookup(record.root, record.height, NodeKind::VolumeData, last)?;
+                if !entry.is_empty() {
+                    let zeros = vec![0u8; (block_bytes - tail) as usize];
+                    self.write_block(id, last, tail as usize, &zeros)?;
+                }
+            }
+            let wanted = self
+                .geometry
+                .height_for(self.geometry.blocks_for(new_size_bytes));
+            let now = self.superblock.birth_generation;
+            let mut root = self.volumes[&id].root;
+            for level in record.height..wanted {
+                let mut node =
+                    Node::empty(NodeKind::VolumeData, level, self.geometry.entries_per_node);
+                node.entries[0] = Entry::new(root, now);
+                root = self.insert_new_node(node)?;
+            }
+            let record = self.volumes.get_mut(&id).expect("volume exists");
+            record.root = root;
+            record.height = record.height.max(wanted);
+        }
+        self.volumes.get_mut(&id).expect("volume exists").size_bytes = new_size_bytes;
+        self.dirty_records.insert(id);
+        Ok(())
+    }
+
+    /// Drops removed records nobody needs any more, starting from `id` and
+    /// its removed children, and then up the family as parents empty out.
+    /// A removed record stays while its tree is being given back, while it
+    /// has children (their lineage goes through it), or as one of its
+    /// parent's newest BOOKMARKS_PER_PARENT_MAX removed snapshots while the
+    /// parent's line lives on.
+    pub(crate) fn prune_removed(&mut self, id: VolumeId) {
+        let mut todo: Vec<VolumeId> = vec![id];
+        todo.extend(self.children.get(&id).into_iter().flatten().copied());
+        // Every record is dropped at most once, and each drop queues at
+        // most its parent and siblings: the loop is bounded by the table.
+        let bound = 4 * (self.volumes.len() + self.removed.len() + 1);
+        for _ in 0..bound {
+            let Some(next) = todo.pop() else { break };
+            if !self.removed_record_is_needed(next) && self.removed.contains_key(&next) {
+                let record = self.removed.remove(&next).expect("removed record");
+                self.dirty_records.insert(next);
+                self.children.remove(&next);
+                if let Some(siblings) = self.children.get_mut(&record.parent) {
+                    siblings.remove(&next);
+                    todo.extend(siblings.iter().copied());
+                }
+                todo.push(record.parent);
+            }
+        }
+    }
+
+    fn removed_record_is_needed(&self, id: VolumeId) -> bool {
+        let Some(record) = self.removed.get(&id) else {
+            return true;
+        };
+        if !record.root.is_none() {
+            return true;
+        }
+        let has_children = self.children.get(&id).is_some_and(|c| !c.is_empty());
+        if has_children {
+            return true;
+        }
+        record.kind == VolumeKind::Snapshot && self.is_useful_bookmark(record)
+    }
+
+    /// A removed snapshot is worth keeping to diff from while a later
+    /// volume of its line lives: its parent, or a later sibling.
+    fn is_useful_bookmark(&self, record: &VolumeRecord) -> bool {
+        let siblings: Vec<&VolumeRecord> = self
+            .children
+            .get(&record.parent)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.any_record(*id))
+            .collect();
+        let newer_bookmarks = siblings
+            .iter()
+            .filter(|s| {
+                s.removed
+                    && s.root.is_none()
+                    && s.kind == VolumeKind::Snapshot
+                    && s.created_generation > record.created_generation
+            })
+            .count();
+        if newer_bookmarks >= BOOKMARKS_PER_PARENT_MAX {
+            return false;
+        }
+        let parent_lives = self.volumes.contains_key(&record.parent);
+        parent_lives
+            || siblings
+                .iter()
+                .any(|s| !s.removed && s.created_generation > record.created_generation)
+    }
+
+    /// The newest removed snapshot (a bookmark) named `name`, if any.
+    pub(crate) fn bookmark_by_name(&self, name: &str) -> Option<&VolumeRecord> {
+        self.removed
+            .values()
+            .filter(|r| r.name == name && r.kind == VolumeKind::Snapshot)
+            .max_by_key(|r| r.created_generation)
+    }
+}
