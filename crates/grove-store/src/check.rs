@@ -268,10 +268,12 @@ impl State {
                 self.set_accounting(*id, actual.referenced);
             }
             for &(addr, references, _) in &low_counts {
-                self.shares.set_exact(BlockAddr(addr), references.saturating_sub(1));
+                self.shares
+                    .set_exact(BlockAddr(addr), references.saturating_sub(1));
             }
             for &(addr, references) in &high_counts {
-                self.shares.set_exact(BlockAddr(addr), references.saturating_sub(1));
+                self.shares
+                    .set_exact(BlockAddr(addr), references.saturating_sub(1));
             }
             if !low_counts.is_empty() || !high_counts.is_empty() {
                 report.repaired.push(format!(

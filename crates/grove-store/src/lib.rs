@@ -38,13 +38,13 @@ mod volumes;
 
 pub use check::CheckReport;
 pub use device::{BlockDevice, FileDevice, MemDevice};
+pub use diff::DiffExtent;
 pub use error::{Error, ErrorKind, Result};
 pub use format::record::VolumeKind;
-pub use diff::DiffExtent;
 pub use pool::{
     validate_volume_name, validate_volume_size, DiffReport, Pool, PoolInfo, PoolOptions,
     RemoveOptions, Volume, VolumeInfo,
 };
 pub use reclaim::RECLAIM_BATCH_ENTRIES;
-pub use volumes::BOOKMARKS_PER_PARENT_MAX;
 pub use types::{BlockAddr, VolumeId};
+pub use volumes::BOOKMARKS_PER_PARENT_MAX;

@@ -10,10 +10,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::alloc::Allocator;
 use crate::check::CheckReport;
-use crate::diff::DiffExtent;
-use crate::reclaim::{ReclaimBatch, RECLAIM_BATCH_ENTRIES};
 use crate::config::{PoolConfig, CONFIG_FILE_NAME};
 use crate::device::{BlockDevice, FileDevice};
+use crate::diff::DiffExtent;
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::group;
 use crate::format::node::NodeKind;
@@ -22,6 +21,7 @@ use crate::format::superblock::{
     choose_slot, SlotProblem, Superblock, SUPERBLOCK_LEN, SUPERBLOCK_SLOTS,
 };
 use crate::format::FORMAT_VERSION;
+use crate::reclaim::{ReclaimBatch, RECLAIM_BATCH_ENTRIES};
 use crate::state::State;
 use crate::types::*;
 
@@ -139,8 +139,12 @@ pub struct DiffReport {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        // Best effort: an explicit close() or flush() reports errors.
+        // Best effort: an explicit close() or flush() reports errors. A pool
+        // whose commit failed writes nothing more.
         if let Ok(state) = self.state.get_mut() {
+            if state.failed.is_some() {
+                return;
+            }
             if let Ok(frees) = state.commit() {
                 state.alloc.release(frees);
                 if state.needs_checkpoint() {
@@ -430,8 +434,12 @@ impl Pool {
         let mut state = State::new(device, superblock, alloc);
         state.open_warnings = superblock_problems;
         state.load_share_counts()?;
-        state.replay_journal()?;
+        let replayed = state.replay_journal()?;
         state.load_volume_table()?;
+        let rebuilt = state.rebuild_share_counts_if_damaged()?;
+        if replayed > 0 || rebuilt {
+            state.checkpoint()?;
+        }
         Ok(Pool::from_state(state, dir, lock))
     }
 
@@ -469,7 +477,11 @@ impl Pool {
 
     /// Names of every volume, in creation order, without the accounting.
     pub fn volume_names(&self) -> Vec<String> {
-        self.state().volumes.values().map(|r| r.name.clone()).collect()
+        self.state()
+            .volumes
+            .values()
+            .map(|r| r.name.clone())
+            .collect()
     }
 
     pub fn volume_info(&self, name: &str) -> Result<VolumeInfo> {
@@ -539,7 +551,8 @@ impl Pool {
     }
 
     /// Removes a volume, with its descendants if `recursive`. Returns the
-    /// bytes the reclaimer will give back.
+    /// bytes of data the reclaimer will give back (its unique bytes; the
+    /// tree's own nodes come back too).
     pub fn remove(&self, name: &str, options: RemoveOptions) -> Result<u64> {
         let mut state = self.state();
         ensure_changes_allowed(&state)?;
@@ -564,12 +577,12 @@ impl Pool {
                 }
             }
         }
-        let before = state.pending_free_blocks()?;
+        let before = state.pending_free_blocks(false)?;
         // Deepest first, so each removal leaves a consistent family.
         for id in doomed.iter().rev() {
             state.remove_volume(*id);
         }
-        let after = state.pending_free_blocks()?;
+        let after = state.pending_free_blocks(false)?;
         commit_locked(&self.inner, &mut state)?;
         Ok(after.saturating_sub(before) * state.geometry.block_bytes())
     }
@@ -645,10 +658,16 @@ impl Pool {
         })
     }
 
+    /// Why the pool takes no more changes, if a commit failed: it must be
+    /// opened again (after fixing the cause) to go on.
+    pub fn failure(&self) -> Option<String> {
+        self.state().failed.clone()
+    }
+
     /// Bytes removed volumes still hold; the reclaimer frees them.
     pub fn pending_free_bytes(&self) -> Result<u64> {
         let mut state = self.state();
-        Ok(state.pending_free_blocks()? * state.geometry.block_bytes())
+        Ok(state.pending_free_blocks(true)? * state.geometry.block_bytes())
     }
 
     /// Reclaims one bounded batch of removed trees and commits it. Other
@@ -662,7 +681,10 @@ impl Pool {
         ensure_changes_allowed(&state)?;
         let batch: ReclaimBatch = state.reclaim_batch(RECLAIM_BATCH_ENTRIES)?;
         commit_locked(&self.inner, &mut state)?;
-        Ok((batch.freed_blocks * state.geometry.block_bytes(), batch.done))
+        Ok((
+            batch.freed_blocks * state.geometry.block_bytes(),
+            batch.done,
+        ))
     }
 
     /// Reclaims everything pending, batch by batch, calling `progress` with
@@ -716,7 +738,7 @@ impl Pool {
 
     pub fn info(&self) -> Result<PoolInfo> {
         let mut state = self.state();
-        let pending_free_bytes = state.pending_free_blocks()? * state.geometry.block_bytes();
+        let pending_free_bytes = state.pending_free_blocks(true)? * state.geometry.block_bytes();
         let referenced_bytes = state.distinct_referenced_blocks()? * state.geometry.block_bytes();
         let block_bytes = state.geometry.block_bytes();
         let store_blocks = state.alloc.group_count() * state.superblock.group_blocks;

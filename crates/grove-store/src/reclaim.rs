@@ -7,6 +7,8 @@
 //! journal transaction, so after a crash the next batch resumes exactly
 //! where the last durable one ended.
 
+use std::collections::HashMap;
+
 use crate::error::Result;
 use crate::format::node::{Entry, NodeKind};
 use crate::state::State;
@@ -91,10 +93,8 @@ impl State {
             let child = entry.addr();
             if self.shares.is_shared(child) {
                 self.shares.decrement(child);
-            } else if level == 0 {
-                self.free_block(child);
-                *freed_blocks += 1;
-            } else if self.reclaim_node(child, level - 1, budget, freed_blocks)? {
+            } else if level == 0 || self.reclaim_node(child, level - 1, budget, freed_blocks)? {
+                // A data block, or a node now emptied: ours alone, so freed.
                 self.free_block(child);
                 *freed_blocks += 1;
             } else {
@@ -106,35 +106,65 @@ impl State {
         Ok(true)
     }
 
-    /// Blocks the reclaimer will still free: the unshared part of every
-    /// removed tree not given back yet.
-    pub fn pending_free_blocks(&mut self) -> Result<u64> {
+    /// Blocks only removed trees still reach, which the reclaimer will
+    /// free: (data blocks, nodes). A block counts once every reference to it
+    /// comes from a removed tree, so blocks shared between removed trees
+    /// are counted too, once. Costs what the removed trees hold.
+    pub fn dying_only_blocks(&mut self) -> Result<(u64, u64)> {
         let dying: Vec<(BlockAddr, u8)> = self
             .removed
             .values()
             .filter(|r| !r.root.is_none())
             .map(|r| (r.root, r.height))
             .collect();
-        let mut total = 0;
+        let mut tally: HashMap<BlockAddr, u32> = HashMap::new();
+        let mut counts = (0, 0);
         for (root, height) in dying {
-            total += self.unique_blocks_below(root, height, true)?;
+            self.tally_reference(root, Some(height - 1), &mut tally, &mut counts)?;
         }
-        Ok(total)
+        Ok(counts)
+    }
+
+    /// Notes one reference from a removed tree to `addr` (a level-`level`
+    /// node, or data for None); once all of its references are, it is
+    /// removed-only and its own children are walked.
+    fn tally_reference(
+        &mut self,
+        addr: BlockAddr,
+        level: Option<u8>,
+        tally: &mut HashMap<BlockAddr, u32>,
+        counts: &mut (u64, u64),
+    ) -> Result<()> {
+        let seen = tally.entry(addr).or_default();
+        *seen += 1;
+        if *seen != self.shares.extra(addr).saturating_add(1) {
+            return Ok(());
+        }
+        let Some(level) = level else {
+            counts.0 += 1;
+            return Ok(());
+        };
+        counts.1 += 1;
+        let entries = self
+            .load_node(addr, NodeKind::VolumeData, level)?
+            .entries
+            .clone();
+        for entry in entries.iter().filter(|e| !e.is_empty()) {
+            self.tally_reference(entry.addr(), level.checked_sub(1), tally, counts)?;
+        }
+        Ok(())
+    }
+
+    /// Blocks the reclaimer will still free (data only, or nodes too).
+    pub fn pending_free_blocks(&mut self, with_nodes: bool) -> Result<u64> {
+        let (data, nodes) = self.dying_only_blocks()?;
+        Ok(if with_nodes { data + nodes } else { data })
     }
 
     /// Data blocks the live volumes reach, shared ones counted once: the
     /// allocated data blocks less those only removed trees hold.
     pub fn distinct_referenced_blocks(&mut self) -> Result<u64> {
-        let dying: Vec<(BlockAddr, u8)> = self
-            .removed
-            .values()
-            .filter(|r| !r.root.is_none())
-            .map(|r| (r.root, r.height))
-            .collect();
-        let mut dying_data = 0;
-        for (root, height) in dying {
-            dying_data += self.unique_blocks_below(root, height, false)?;
-        }
+        let (dying_data, _) = self.dying_only_blocks()?;
         Ok(self.alloc.data_blocks().saturating_sub(dying_data))
     }
 }

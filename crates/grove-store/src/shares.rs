@@ -92,6 +92,26 @@ impl Shares {
         self.set(addr, extra);
     }
 
+    /// Replaces every count with `extra` (rebuilt from the trees), live and
+    /// durable alike, and marks every count block that held or now holds a
+    /// count for the next checkpoint. Counts already on their way to the
+    /// journal are overwritten too: the trees are the truth.
+    pub fn rebuild(&mut self, extra: HashMap<u64, u32>) {
+        let mut touched: BTreeSet<u64> = BTreeSet::new();
+        for addr in self.durable.keys().chain(extra.keys()) {
+            touched.insert(self.count_block_first(*addr));
+        }
+        self.live = extra.clone();
+        self.durable = extra;
+        self.changes.clear();
+        self.dirty_count_blocks.extend(touched);
+    }
+
+    /// Marks the count block covering blocks from `first` for rewriting.
+    pub fn mark_count_block_dirty(&mut self, first: u64) {
+        self.dirty_count_blocks.insert(first);
+    }
+
     /// Blocks with extra references, and how many (for `check`).
     pub fn all(&self) -> &HashMap<u64, u32> {
         &self.live
@@ -106,9 +126,7 @@ impl Shares {
         let mut runs: Vec<ShareRun> = Vec::new();
         for (&addr, &extra) in &self.changes {
             match runs.last_mut() {
-                Some(run)
-                    if run.extra == extra && run.first.0 + u64::from(run.count) == addr =>
-                {
+                Some(run) if run.extra == extra && run.first.0 + u64::from(run.count) == addr => {
                     run.count += 1
                 }
                 _ => runs.push(ShareRun {

@@ -15,9 +15,9 @@ use crate::format::journal::{AllocChange, AllocExtent, Descriptor, Roots, ShareR
 use crate::format::node::{Entry, Node, NodeKind, ENTRY_BYTES, NODE_LEVELS_MAX};
 use crate::format::record::{VolumeRecord, RECORD_BYTES};
 use crate::format::shares::SHARE_BLOCKS_PER_GROUP;
-use crate::shares::Shares;
 use crate::format::superblock::{Superblock, SUPERBLOCK_LEN};
 use crate::journal::Journal;
+use crate::shares::Shares;
 use crate::types::{BlockAddr, VolumeId};
 
 /// Shape of the radix trees for one block size.
@@ -115,6 +115,9 @@ pub struct State {
     /// Why the pool stopped taking changes: a commit failed, so what is
     /// in memory may no longer match anything durable. Reads go on.
     pub failed: Option<String>,
+    /// Count blocks that could not be decoded at open (torn by a crash
+    /// during a checkpoint); the counts are rebuilt from the trees.
+    share_counts_damaged: Vec<(u64, String)>,
     /// Data was written since the last device flush.
     /// Data was written since the last device flush. Shared with writers
     /// that write in place outside the state lock: they set it after their
@@ -160,6 +163,7 @@ impl State {
             removed: BTreeMap::new(),
             children: HashMap::new(),
             failed: None,
+            share_counts_damaged: Vec::new(),
             journal,
             committed_roots,
             unwritten_homes: BTreeMap::new(),
@@ -241,12 +245,13 @@ impl State {
             let data_start = self.superblock.data_start.0;
             let valid = data_start..self.alloc.store_end();
             let birth_max = self.superblock.birth_generation;
-            let node = Node::decode(&block, addr, kind, level, valid, birth_max).map_err(|e| {
-                match kind {
-                    NodeKind::VolumeTable => Error::corrupt(format!("volume table: {e}")),
-                    NodeKind::VolumeData => e,
-                }
-            })?;
+            let node =
+                Node::decode(&block, addr, kind, level, valid, birth_max).map_err(
+                    |e| match kind {
+                        NodeKind::VolumeTable => Error::corrupt(format!("volume table: {e}")),
+                        NodeKind::VolumeData => e,
+                    },
+                )?;
             if let Some((slot, _)) = node
                 .entries
                 .iter()
@@ -813,7 +818,9 @@ impl State {
     /// Writes the share-count blocks whose durable counts changed, and
     /// notes in their groups' maps that they hold counts.
     fn write_count_blocks(&mut self) -> Result<()> {
-        let dirty = self.shares.dirty_count_blocks(self.geometry.block_size_bytes);
+        let dirty = self
+            .shares
+            .dirty_count_blocks(self.geometry.block_size_bytes);
         for count_block in &dirty {
             self.write_device_block(count_block.home, &count_block.block, "share counts")?;
         }
@@ -837,9 +844,72 @@ impl State {
                 let first = self.shares.count_block_first_of(group, k);
                 let home = BlockAddr(self.alloc.group_start(group).0 + 1 + k);
                 self.read_block(home, &mut block, "share-count block")?;
-                let counts = crate::format::shares::decode(BlockAddr(first), &block)?;
-                self.shares.load(first, &counts);
+                match crate::format::shares::decode(BlockAddr(first), &block) {
+                    Ok(counts) => self.shares.load(first, &counts),
+                    // Count blocks are rewritten in place at checkpoint, so
+                    // a crash can tear one. The trees say what the counts
+                    // must be: they are rebuilt once the table is loaded.
+                    Err(e) => self.share_counts_damaged.push((first, e.to_string())),
+                }
             }
+        }
+        Ok(())
+    }
+
+    /// Recomputes every share count from the trees, if opening found a
+    /// count block it could not use. Every reference is an entry of a node
+    /// (each node's entries counted once) or a record's root.
+    /// Returns whether it rebuilt them (a checkpoint must then follow).
+    pub fn rebuild_share_counts_if_damaged(&mut self) -> Result<bool> {
+        if self.share_counts_damaged.is_empty() {
+            return Ok(false);
+        }
+        let mut references: HashMap<BlockAddr, u32> = HashMap::new();
+        let roots: Vec<(BlockAddr, u8)> = self
+            .volumes
+            .values()
+            .chain(self.removed.values())
+            .filter(|r| !r.root.is_none())
+            .map(|r| (r.root, r.height))
+            .collect();
+        for (root, height) in roots {
+            self.count_references(root, Some(height - 1), &mut references)?;
+        }
+        let extra: HashMap<u64, u32> = references
+            .into_iter()
+            .filter(|&(_, n)| n > 1)
+            .map(|(addr, n)| (addr.0, n - 1))
+            .collect();
+        self.shares.rebuild(extra);
+        let damaged = std::mem::take(&mut self.share_counts_damaged);
+        for (first, _) in &damaged {
+            self.shares.mark_count_block_dirty(*first);
+        }
+        self.open_warnings.push(format!(
+            "{} share-count blocks were unusable ({}); all share counts were rebuilt from the trees",
+            damaged.len(),
+            damaged[0].1
+        ));
+        Ok(true)
+    }
+
+    fn count_references(
+        &mut self,
+        addr: BlockAddr,
+        level: Option<u8>,
+        references: &mut HashMap<BlockAddr, u32>,
+    ) -> Result<()> {
+        let seen = references.entry(addr).or_default();
+        *seen += 1;
+        let (Some(level), 1) = (level, *seen) else {
+            return Ok(());
+        };
+        let entries = self
+            .load_node(addr, NodeKind::VolumeData, level)?
+            .entries
+            .clone();
+        for entry in entries.iter().filter(|e| !e.is_empty()) {
+            self.count_references(entry.addr(), level.checked_sub(1), references)?;
         }
         Ok(())
     }
@@ -897,8 +967,9 @@ impl State {
         result
     }
 
-    /// Redoes every complete transaction after the last checkpoint, then
-    /// checkpoints, so the next open finds an empty journal. Replaying twice
+    /// Redoes every complete transaction after the last checkpoint; the
+    /// caller then checkpoints (after the share counts are known good), so
+    /// the next open finds an empty journal. Replaying twice
     /// gives the same result: images are whole blocks and extents set
     /// states, so applying them again changes nothing.
     pub fn replay_journal(&mut self) -> Result<usize> {
@@ -962,7 +1033,6 @@ impl State {
         self.alloc.finish_replay();
         self.shares.finish_replay();
         self.grow_device_to_store()?;
-        self.checkpoint()?;
         Ok(transactions.len())
     }
 }

@@ -84,8 +84,8 @@ impl State {
                 return Ok(None);
             }
             if level == 0 {
-                let writable = !self.shares.is_shared(entry.addr())
-                    && entry.birth() > share_floor_generation;
+                let writable =
+                    !self.shares.is_shared(entry.addr()) && entry.birth() > share_floor_generation;
                 return Ok(writable.then_some(entry.addr()));
             }
             addr = entry.addr();

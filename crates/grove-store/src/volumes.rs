@@ -176,15 +176,16 @@ impl State {
         let generation = self.take_generation()?;
         let source_mut = self.volumes.get_mut(&source).expect("source exists");
         source_mut.share_floor_generation = generation;
-        // ZFS's `written`: a snapshot counts what its source wrote since the
-        // source's previous snapshot, and the source starts counting anew.
-        let written_base_generation = match kind {
-            VolumeKind::Snapshot => std::mem::replace(
-                &mut source_mut.written_base_generation,
-                generation,
-            ),
-            _ => generation,
-        };
+        // ZFS's `written`: a snapshot of a writable volume counts what the
+        // volume wrote since its previous snapshot, and the volume starts
+        // counting anew. A clone counts from now, and so does a snapshot of
+        // a snapshot (nothing was written between them).
+        let written_base_generation =
+            if kind == VolumeKind::Snapshot && source_record.kind.is_writable() {
+                std::mem::replace(&mut source_mut.written_base_generation, generation)
+            } else {
+                generation
+            };
         self.dirty_records.insert(source);
         let id = self.next_volume_id();
         self.add_record(VolumeRecord {

@@ -65,6 +65,7 @@ fn layout(image: &[u8]) -> Layout {
         NodeKind::VolumeTable,
         0,
         valid.clone(),
+        superblock.birth_generation,
     )
     .unwrap();
     let record_block = table.entries[0].addr().0;
@@ -80,6 +81,7 @@ fn layout(image: &[u8]) -> Layout {
         NodeKind::VolumeData,
         disk.height - 1,
         valid,
+        superblock.birth_generation,
     )
     .unwrap();
     let leaf = root
@@ -99,7 +101,7 @@ fn layout(image: &[u8]) -> Layout {
 }
 
 fn read_all(pool: &Pool) -> Result<(), grove_store::Error> {
-    for info in pool.volumes() {
+    for info in pool.volumes()? {
         let volume = pool.volume(&info.name)?;
         for (offset, len) in volume.mapped_extents()? {
             let mut buf = vec![0u8; len as usize];

@@ -341,7 +341,7 @@ fn check_image(image: Vec<u8>, candidates: &[&Model], context: &str) {
         "{context}: check found errors: {:?}",
         report.errors
     );
-    let volumes = pool.volumes();
+    let volumes = pool.volumes().unwrap();
     for name in candidates[0].keys() {
         if candidates.iter().all(|m| m.contains_key(name)) {
             assert!(

@@ -193,7 +193,7 @@ fn a_chain_of_1000_clones_reads_correctly_at_depth_0_cost() {
     pool.close().unwrap();
     let pool = Pool::open(&path).unwrap();
     assert_eq!(
-        pool.volumes().len() as u64,
+        pool.volumes().unwrap().len() as u64,
         DEPTH + 1 + DEPTH / SNAPSHOT_EVERY
     );
     check_all(&pool);

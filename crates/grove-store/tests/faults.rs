@@ -97,14 +97,26 @@ fn apply(model: &mut Model, step: &Step) {
     }
 }
 
+impl Step {
+    /// Steps that commit before they return: admin steps and flushes.
+    fn commits(&self) -> bool {
+        !matches!(self, Step::Write(..) | Step::Discard(..) | Step::Read(_))
+    }
+}
+
 /// After a step failed, the pool must hold the state before the step or
 /// after it, sector by sector (a failed write may have landed in part).
 fn assert_old_or_new(actual: &Model, before: &Model, after: &Model, context: &str) {
+    assert_one_of(actual, &[before.clone(), after.clone()], context)
+}
+
+/// Every sector of every volume holds its value in one of `states`; a
+/// volume that all of them have is there, and none comes from nowhere.
+fn assert_one_of(actual: &Model, states: &[Model], context: &str) {
+    let before = &states[0];
+    let after = states.last().expect("at least one state");
     for (name, data) in actual {
-        let candidates: Vec<&Vec<u8>> = [before.get(name), after.get(name)]
-            .into_iter()
-            .flatten()
-            .collect();
+        let candidates: Vec<&Vec<u8>> = states.iter().filter_map(|s| s.get(name)).collect();
         assert!(
             !candidates.is_empty(),
             "{context}: volume {name} appeared from nowhere"
@@ -118,7 +130,7 @@ fn assert_old_or_new(actual: &Model, before: &Model, after: &Model, context: &st
         }
     }
     for name in before.keys() {
-        if after.contains_key(name) {
+        if states.iter().all(|s| s.contains_key(name)) && after.contains_key(name) {
             assert!(
                 actual.contains_key(name),
                 "{context}: volume {name} vanished"
@@ -138,14 +150,23 @@ fn run_with_fault(fault: Fault, skip: u64) -> bool {
         journal_bytes: Some(64 * 1024),
     };
     let dir = Path::new("faults");
-    let pool = Pool::format(device.clone(), &options, dir, None).unwrap();
+    let mut pool = Pool::format(device.clone(), &options, dir, None).unwrap();
     device.arm(fault, skip, false);
     let mut model = Model::new();
+    // Every state since the last commit that succeeded: after a failed
+    // commit, what the device holds is one of them, sector by sector.
+    let mut since_commit: Vec<Model> = vec![model.clone()];
     for (index, step) in workload().iter().enumerate() {
         let context = format!("{fault:?} after {skip} ops, step {index} {step:?}");
         let before = model.clone();
         match run_step(&pool, step) {
-            Ok(()) => apply(&mut model, step),
+            Ok(()) => {
+                apply(&mut model, step);
+                if step.commits() {
+                    since_commit.clear();
+                }
+                since_commit.push(model.clone());
+            }
             Err(error) => {
                 assert!(
                     matches!(error.kind(), ErrorKind::Io | ErrorKind::NoSpace),
@@ -156,15 +177,46 @@ fn run_with_fault(fault: Fault, skip: u64) -> bool {
                     !error.to_string().contains('\n'),
                     "{context}: error is not one line"
                 );
-                // The fault was one-shot: flushing again must now work, and
-                // the step left either the old or the new state.
-                pool.flush()
-                    .unwrap_or_else(|e| panic!("{context}: flush after the fault cleared: {e}"));
                 let mut after = model.clone();
                 apply(&mut after, step);
+                if pool.failure().is_some() {
+                    // A failed commit: the pool takes no more changes and
+                    // says why, and opening it again recovers.
+                    let refused = pool.create_volume("refused", VOLUME_BYTES).unwrap_err();
+                    assert_eq!(refused.kind(), ErrorKind::ReadOnly, "{context}: {refused}");
+                    assert!(refused.to_string().contains("commit failed"), "{refused}");
+                    drop(pool);
+                    device.clear();
+                    pool = Pool::open_device(device.clone(), dir, None)
+                        .unwrap_or_else(|e| panic!("{context}: reopen: {e}"));
+                    since_commit.push(after);
+                    let actual = contents(&pool);
+                    assert_one_of(&actual, &since_commit, &context);
+                    model = actual;
+                    // Do the step again, so the rest of the workload finds
+                    // what it expects; if it had taken effect before, redoing
+                    // it is refused or changes nothing.
+                    match run_step(&pool, step) {
+                        Ok(()) => apply(&mut model, step),
+                        Err(e)
+                            if matches!(
+                                e.kind(),
+                                ErrorKind::AlreadyExists | ErrorKind::NotFound
+                            ) => {}
+                        Err(e) => panic!("{context}: step again after reopen: {e}"),
+                    }
+                    pool.flush().unwrap();
+                    since_commit = vec![model.clone()];
+                    continue;
+                }
+                // Not a commit: the fault was one-shot, flushing again must
+                // now work, and the step left either the old or the new state.
+                pool.flush()
+                    .unwrap_or_else(|e| panic!("{context}: flush after the fault cleared: {e}"));
                 let actual = contents(&pool);
                 assert_old_or_new(&actual, &before, &after, &context);
                 model = actual;
+                since_commit = vec![model.clone()];
             }
         }
     }
@@ -280,6 +332,13 @@ fn enospc_from_the_host_becomes_nospace() {
         .unwrap_err();
     assert_eq!(error.kind(), ErrorKind::NoSpace, "{error}");
     device.clear();
+    // If the failure hit a commit the pool went read-only: open it again.
+    let pool = if pool.failure().is_some() {
+        drop(pool);
+        Pool::open_device(device.clone(), Path::new("faults"), None).unwrap()
+    } else {
+        pool
+    };
     pool.volume("v").unwrap().write_at(&[7u8; 4096], 0).unwrap();
     pool.flush().unwrap();
 }
@@ -316,9 +375,19 @@ fn a_full_pool_refuses_allocation_but_reads_deletes_and_recovers() {
     let mut buf = vec![0u8; 100_000];
     keep.read_at(&mut buf, 0).unwrap();
     assert!(buf.iter().all(|&b| b == 1));
-    // Removing a volume frees its space and writing works again.
-    let freed = pool.remove_volume("fill").unwrap();
+    // Removing a volume frees its space and writing works again. It is
+    // open here, so that takes --force.
+    assert_eq!(
+        pool.remove_volume("fill").unwrap_err().kind(),
+        ErrorKind::Busy
+    );
+    let options = grove_store::RemoveOptions {
+        recursive: false,
+        force: true,
+    };
+    let freed = pool.remove("fill", options).unwrap();
     assert!(freed > 0);
+    assert!(pool.reclaim_all(|_| {}).unwrap() >= freed);
     pool.create_volume("again", 1 << 20).unwrap();
     pool.volume("again")
         .unwrap()

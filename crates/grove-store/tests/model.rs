@@ -1,7 +1,17 @@
 //! Model-based test: random sequences of volume operations run against a real
 //! file pool and against a simple in-memory oracle, and after every operation
 //! the two must agree on everything a user can see: names, kinds, parents,
-//! sizes, contents, mapped extents and space accounting.
+//! sizes, contents, mapped extents, diffs and space accounting (referenced,
+//! unique, written, and the pool's distinct referenced data).
+//!
+//! The oracle gives every written block an identity, shared by the
+//! snapshots and clones that copy it, and the birth generation it was
+//! written in. That is enough to know exactly what is unique to a volume,
+//! what it wrote since its last snapshot, and where two volumes differ.
+//! Removed volumes hold their blocks until a GC op runs the reclaimer;
+//! after it, nothing is pending and `check` finds no leaked block and no
+//! share count above its references: the allocated blocks are exactly the
+//! reachable ones.
 //!
 //! The pool uses 1 KiB blocks (128 entries per node), so a 40 MiB volume has
 //! a three-level tree. I/O lands near a few hot spots that straddle node
@@ -18,7 +28,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use grove_store::{ErrorKind, Pool, PoolOptions, VolumeKind};
+use grove_store::{ErrorKind, Pool, PoolOptions, RemoveOptions, VolumeKind};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
 
@@ -92,6 +102,23 @@ enum Op {
     },
     Remove {
         name: usize,
+        recursive: bool,
+    },
+    Rollback {
+        snapshot: usize,
+        volume: usize,
+    },
+    Diff {
+        a: usize,
+        b: usize,
+    },
+    /// Run the reclaimer until nothing is pending.
+    Gc,
+    /// Snapshot, remove the previous snapshot, write: what rolling
+    /// snapshots do all day.
+    Roll {
+        name: usize,
+        range: Range,
     },
     ResizeTo {
         name: usize,
@@ -164,7 +191,12 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         4 => (name(), range_strategy()).prop_map(|(name, range)| Op::Discard { name, range }),
         4 => (name(), name()).prop_map(|(source, name)| Op::Snapshot { source, name }),
         5 => (name(), name()).prop_map(|(source, name)| Op::Clone { source, name }),
-        4 => name().prop_map(|name| Op::Remove { name }),
+        4 => (name(), prop::bool::weighted(0.2))
+            .prop_map(|(name, recursive)| Op::Remove { name, recursive }),
+        2 => (name(), name()).prop_map(|(snapshot, volume)| Op::Rollback { snapshot, volume }),
+        2 => (name(), name()).prop_map(|(a, b)| Op::Diff { a, b }),
+        2 => Just(Op::Gc),
+        2 => (name(), range_strategy()).prop_map(|(name, range)| Op::Roll { name, range }),
         2 => (name(), size()).prop_map(|(name, size)| Op::ResizeTo { name, size }),
         2 => (name(), -6i64..=6).prop_map(|(name, sectors)| Op::ResizeBy { name, sectors }),
         3 => (name(), any::<bool>(), 1u64..=5, 1u64..=5).prop_map(
@@ -184,6 +216,15 @@ fn op_strategy() -> impl Strategy<Value = Op> {
 
 // -------------------------------------------------------------------- oracle
 
+/// One mapped block: its contents, which physical block it stands for
+/// (shared by the snapshots that copy it), and when it was written.
+#[derive(Clone, Debug)]
+struct ModelBlock {
+    data: Vec<u8>,
+    identity: u64,
+    birth: u64,
+}
+
 #[derive(Clone, Debug)]
 struct ModelVolume {
     name: String,
@@ -191,10 +232,12 @@ struct ModelVolume {
     /// Engine id of the volume this one was snapshotted from, if it still exists.
     parent: Option<u64>,
     size_bytes: u64,
-    /// Mapped blocks and their full contents. A block is mapped from its
-    /// first write until a discard covers it whole or a shrink cuts it off;
-    /// bytes past the end of the volume are kept zero.
-    blocks: BTreeMap<u64, Vec<u8>>,
+    /// Mapped blocks. A block is mapped from its first write until a
+    /// discard covers it whole or a shrink cuts it off; bytes past the end
+    /// of the volume are kept zero.
+    blocks: BTreeMap<u64, ModelBlock>,
+    /// `written` counts blocks born after this generation.
+    written_base: u64,
 }
 
 impl ModelVolume {
@@ -208,32 +251,47 @@ impl ModelVolume {
             let n = ((BLOCK - in_block as u64).min(end - position)) as usize;
             if let Some(block) = self.blocks.get(&index) {
                 let at = (position - offset) as usize;
-                out[at..at + n].copy_from_slice(&block[in_block..in_block + n]);
+                out[at..at + n].copy_from_slice(&block.data[in_block..in_block + n]);
             }
             position += n as u64;
         }
         out
     }
 
-    fn write(&mut self, offset: u64, data: &[u8]) {
+    /// Every block written gets a new identity born now: the engine either
+    /// copies it to a new block or writes in place a block nobody else has,
+    /// born after the last snapshot, and both look the same from outside.
+    fn write(&mut self, offset: u64, data: &[u8], clock: &mut Clock) {
         let mut done = 0usize;
         while done < data.len() {
             let position = offset + done as u64;
             let index = position / BLOCK;
             let in_block = (position % BLOCK) as usize;
             let n = (BLOCK as usize - in_block).min(data.len() - done);
-            let block = self
-                .blocks
-                .entry(index)
-                .or_insert_with(|| vec![0u8; BLOCK as usize]);
-            block[in_block..in_block + n].copy_from_slice(&data[done..done + n]);
+            let block = self.blocks.entry(index).or_insert_with(|| ModelBlock {
+                data: vec![0u8; BLOCK as usize],
+                identity: 0,
+                birth: 0,
+            });
+            block.data[in_block..in_block + n].copy_from_slice(&data[done..done + n]);
+            block.identity = clock.new_identity();
+            block.birth = clock.generation;
             done += n;
+        }
+    }
+
+    /// Rewrites bytes of block `index` with zeros, if it is mapped.
+    fn zero(&mut self, index: u64, from: usize, to: usize, clock: &mut Clock) {
+        if let Some(block) = self.blocks.get_mut(&index) {
+            block.data[from..to].fill(0);
+            block.identity = clock.new_identity();
+            block.birth = clock.generation;
         }
     }
 
     /// Whole blocks inside the range are unmapped; parts of blocks are
     /// zeroed (and stay mapped if they were).
-    fn discard(&mut self, offset: u64, len: u64) {
+    fn discard(&mut self, offset: u64, len: u64, clock: &mut Clock) {
         if len == 0 {
             return;
         }
@@ -243,28 +301,57 @@ impl ModelVolume {
             let block_end = block_start + BLOCK;
             if offset <= block_start && block_end <= end {
                 self.blocks.remove(&index);
-            } else if let Some(block) = self.blocks.get_mut(&index) {
+            } else {
                 let from = (offset.max(block_start) - block_start) as usize;
                 let to = (end.min(block_end) - block_start) as usize;
-                block[from..to].fill(0);
+                self.zero(index, from, to, clock);
             }
         }
     }
 
-    fn resize(&mut self, new_size_bytes: u64) {
+    fn resize(&mut self, new_size_bytes: u64, clock: &mut Clock) {
+        let tail = (self.size_bytes % BLOCK) as usize;
         if new_size_bytes < self.size_bytes {
             let keep_blocks = new_size_bytes.div_ceil(BLOCK);
             self.blocks.retain(|&index, _| index < keep_blocks);
-            // What lies past the end can never be read back: after a later
-            // grow it reads as zeros.
-            let tail = (new_size_bytes % BLOCK) as usize;
-            if tail != 0 {
-                if let Some(block) = self.blocks.get_mut(&(keep_blocks - 1)) {
-                    block[tail..].fill(0);
-                }
-            }
+        } else if tail != 0 {
+            // A grow zeroes what lay past the old end in its last block.
+            self.zero(self.size_bytes / BLOCK, tail, BLOCK as usize, clock);
         }
         self.size_bytes = new_size_bytes;
+    }
+
+    fn identity_at(&self, index: u64) -> Option<u64> {
+        self.blocks.get(&index).map(|b| b.identity)
+    }
+}
+
+/// The pool's birth generation, and identities for new blocks.
+#[derive(Debug)]
+struct Clock {
+    generation: u64,
+    identities: u64,
+}
+
+impl Default for Clock {
+    fn default() -> Clock {
+        Clock {
+            generation: 1,
+            identities: 0,
+        }
+    }
+}
+
+impl Clock {
+    fn new_identity(&mut self) -> u64 {
+        self.identities += 1;
+        self.identities
+    }
+
+    /// A snapshot, clone or rollback takes the current generation.
+    fn take_generation(&mut self) -> u64 {
+        self.generation += 1;
+        self.generation - 1
     }
 }
 
@@ -272,6 +359,9 @@ impl ModelVolume {
 struct Model {
     /// By engine id.
     volumes: BTreeMap<u64, ModelVolume>,
+    /// Blocks of removed volumes that the reclaimer has not given back.
+    dying: Vec<BTreeSet<u64>>,
+    clock: Clock,
 }
 
 impl Model {
@@ -286,9 +376,67 @@ impl Model {
         self.id_of(name).map(|id| &self.volumes[&id])
     }
 
-    fn by_name_mut(&mut self, name: &str) -> Option<&mut ModelVolume> {
+    fn by_name_mut(&mut self, name: &str) -> Option<(&mut ModelVolume, &mut Clock)> {
         let id = self.id_of(name)?;
-        self.volumes.get_mut(&id)
+        Some((self.volumes.get_mut(&id)?, &mut self.clock))
+    }
+
+    /// Identities held by anything but volume `except`: other live volumes
+    /// and removed trees not reclaimed yet.
+    fn held_elsewhere(&self, except: &[u64]) -> BTreeSet<u64> {
+        let mut held: BTreeSet<u64> = self.dying.iter().flatten().copied().collect();
+        for (id, volume) in &self.volumes {
+            if !except.contains(id) {
+                held.extend(volume.blocks.values().map(|b| b.identity));
+            }
+        }
+        held
+    }
+
+    /// Blocks only volume `id` holds: what removing it alone gives back.
+    fn unique_blocks(&self, ids: &[u64]) -> u64 {
+        let elsewhere = self.held_elsewhere(ids);
+        let mine: BTreeSet<u64> = ids
+            .iter()
+            .flat_map(|id| self.volumes[id].blocks.values().map(|b| b.identity))
+            .collect();
+        mine.difference(&elsewhere).count() as u64
+    }
+
+    /// Data blocks the live volumes reference, each counted once.
+    fn distinct_live_blocks(&self) -> u64 {
+        let live: BTreeSet<u64> = self
+            .volumes
+            .values()
+            .flat_map(|v| v.blocks.values().map(|b| b.identity))
+            .collect();
+        live.len() as u64
+    }
+
+    /// Data blocks only removed trees hold: what the reclaimer will free.
+    fn pending_blocks(&self) -> u64 {
+        let live: BTreeSet<u64> = self
+            .volumes
+            .values()
+            .flat_map(|v| v.blocks.values().map(|b| b.identity))
+            .collect();
+        let dying: BTreeSet<u64> = self.dying.iter().flatten().copied().collect();
+        dying.difference(&live).count() as u64
+    }
+
+    /// Live descendants of `id`, by parent links.
+    fn descendants(&self, id: u64) -> Vec<u64> {
+        let mut out = Vec::new();
+        let mut queue = vec![id];
+        while let Some(next) = queue.pop() {
+            for (&child, volume) in &self.volumes {
+                if volume.parent == Some(next) && !out.contains(&child) {
+                    out.push(child);
+                    queue.push(child);
+                }
+            }
+        }
+        out
     }
 }
 
@@ -297,6 +445,10 @@ impl Model {
 /// How often the interesting cases came up over the whole run, to prove
 /// that the generator reaches them.
 static REMOVED_LEAVES: AtomicU64 = AtomicU64::new(0);
+static REMOVED_RECURSIVE: AtomicU64 = AtomicU64::new(0);
+static ROLLBACKS: AtomicU64 = AtomicU64::new(0);
+static DIFFS_WITH_CHANGES: AtomicU64 = AtomicU64::new(0);
+static RECLAIMED: AtomicU64 = AtomicU64::new(0);
 static REMOVED_INTERIOR: AtomicU64 = AtomicU64::new(0);
 static READ_ONLY_REFUSALS: AtomicU64 = AtomicU64::new(0);
 static SHRINK_THEN_GROW_TAILS: AtomicU64 = AtomicU64::new(0);
@@ -396,7 +548,21 @@ impl Harness {
             Op::Clone { source, name } => {
                 self.snapshot(NAMES[*source], NAMES[*name], VolumeKind::Clone)
             }
-            Op::Remove { name } => self.remove(NAMES[*name]),
+            Op::Remove { name, recursive } => self.remove(NAMES[*name], *recursive),
+            Op::Rollback { snapshot, volume } => self.rollback(NAMES[*snapshot], NAMES[*volume]),
+            Op::Diff { a, b } => self.diff(NAMES[*a], NAMES[*b]),
+            Op::Gc => self.gc(),
+            Op::Roll { name, range } => {
+                // Snapshot into a spare name, drop the old one, keep writing.
+                let name = NAMES[*name];
+                let spare = "rolling";
+                if self.model.by_name(name).is_none() {
+                    return Ok(());
+                }
+                self.remove(spare, false)?;
+                self.snapshot(name, spare, VolumeKind::Snapshot)?;
+                self.write(name, range)
+            }
             Op::ResizeTo { name, size } => self.resize(NAMES[*name], |_| SIZES_BYTES[*size]),
             Op::ResizeBy { name, sectors } => self.resize(NAMES[*name], |old| {
                 old.saturating_add_signed(sectors * 512).max(512)
@@ -453,6 +619,7 @@ impl Harness {
                 parent: None,
                 size_bytes,
                 blocks: BTreeMap::new(),
+                written_base: 0,
             },
         );
         Ok(())
@@ -482,8 +649,8 @@ impl Harness {
             return expect_kind(result, ErrorKind::OutOfRange, "write past the end");
         }
         result.map_err(fail("write"))?;
-        let volume = self.model.by_name_mut(name).expect("exists");
-        volume.write(offset, &data);
+        let (volume, clock) = self.model.by_name_mut(name).expect("exists");
+        volume.write(offset, &data, clock);
         if volume.size_bytes > 16384 * BLOCK && offset + len > 16384 * BLOCK {
             THREE_LEVEL_SHARING.fetch_add(1, Ordering::Relaxed);
         }
@@ -539,10 +706,8 @@ impl Harness {
             return expect_kind(result, ErrorKind::OutOfRange, "discard past the end");
         }
         result.map_err(fail("discard"))?;
-        self.model
-            .by_name_mut(name)
-            .expect("exists")
-            .discard(offset, len);
+        let (volume, clock) = self.model.by_name_mut(name).expect("exists");
+        volume.discard(offset, len, clock);
         Ok(())
     }
 
@@ -565,21 +730,127 @@ impl Harness {
         let info = result.map_err(fail("snapshot"))?;
         prop_assert_eq!(info.kind, kind);
         prop_assert_eq!(info.parent.as_deref(), Some(source));
-        let mut copy = self.model.volumes[&source_id].clone();
+        let generation = self.model.clock.take_generation();
+        prop_assert_eq!(info.created_generation, generation);
+        let source_volume = self.model.volumes.get_mut(&source_id).expect("exists");
+        let mut copy = source_volume.clone();
         copy.name = name.to_string();
         copy.kind = kind;
         copy.parent = Some(source_id);
+        // ZFS's `written`: a snapshot counts what its source wrote since the
+        // snapshot before; the source and a clone count from now.
+        if kind == VolumeKind::Snapshot && source_volume.kind != VolumeKind::Snapshot {
+            source_volume.written_base = generation;
+        } else {
+            copy.written_base = generation;
+        }
         self.model.volumes.insert(info.id, copy);
         Ok(())
     }
 
-    fn remove(&mut self, name: &str) -> Result<(), TestCaseError> {
+    fn rollback(&mut self, snapshot: &str, volume: &str) -> Result<(), TestCaseError> {
+        let result = self.pool().rollback(snapshot, Some(volume));
+        let (Some(source_id), Some(target_id)) =
+            (self.model.id_of(snapshot), self.model.id_of(volume))
+        else {
+            return expect_kind(result, ErrorKind::NotFound, "rollback of a missing volume");
+        };
+        if self.model.volumes[&target_id].kind == VolumeKind::Snapshot {
+            return expect_kind(result, ErrorKind::ReadOnly, "rollback of a snapshot");
+        }
+        if source_id == target_id {
+            return expect_kind(result, ErrorKind::InvalidArgument, "rollback onto itself");
+        }
+        let info = result.map_err(fail("rollback"))?;
+        ROLLBACKS.fetch_add(1, Ordering::Relaxed);
+        let generation = self.model.clock.take_generation();
+        let source = self.model.volumes[&source_id].clone();
+        let target = self.model.volumes.get_mut(&target_id).expect("exists");
+        let old_blocks = std::mem::replace(&mut target.blocks, source.blocks);
+        target.size_bytes = source.size_bytes;
+        target.written_base = generation;
+        self.shrunk_tails.remove(&target_id);
+        self.model
+            .dying
+            .push(old_blocks.values().map(|b| b.identity).collect());
+        prop_assert_eq!(info.size_bytes, source.size_bytes);
+        Ok(())
+    }
+
+    /// The engine's diff against the oracle's identities: a block differs
+    /// exactly when the two volumes do not hold the same physical block.
+    fn diff(&mut self, a: &str, b: &str) -> Result<(), TestCaseError> {
+        let result = self.pool().diff(a, b);
+        let (Some(a_volume), Some(b_volume)) = (self.model.by_name(a), self.model.by_name(b))
+        else {
+            // A removed snapshot may still diff as a bookmark; the
+            // bookmark test covers that.
+            return Ok(());
+        };
+        let report = result.map_err(fail("diff"))?;
+        let blocks = a_volume.size_bytes.max(b_volume.size_bytes).div_ceil(BLOCK);
+        let mut expected: Vec<(u64, bool)> = Vec::new();
+        for index in 0..blocks {
+            let (x, y) = (a_volume.identity_at(index), b_volume.identity_at(index));
+            if x != y {
+                expected.push((index, y.is_some()));
+            }
+        }
+        let mut actual: Vec<(u64, bool)> = Vec::new();
+        for extent in &report.extents {
+            prop_assert_eq!(extent.offset_bytes % BLOCK, 0);
+            let first = extent.offset_bytes / BLOCK;
+            for index in first..(extent.offset_bytes + extent.length_bytes).div_ceil(BLOCK) {
+                actual.push((index, extent.data));
+            }
+        }
+        prop_assert_eq!(actual, expected.clone(), "diff {} {}", a, b);
+        if !expected.is_empty() {
+            DIFFS_WITH_CHANGES.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Runs the reclaimer to the end: nothing stays pending, and the
+    /// allocated blocks are exactly the reachable ones.
+    fn gc(&mut self) -> Result<(), TestCaseError> {
+        let freed = self.pool().reclaim_all(|_| {}).map_err(fail("reclaim"))?;
+        if freed > 0 {
+            RECLAIMED.fetch_add(1, Ordering::Relaxed);
+        }
+        self.model.dying.clear();
+        prop_assert_eq!(
+            self.pool().pending_free_bytes().map_err(fail("pending"))?,
+            0
+        );
+        let report = self.pool().check(false).map_err(fail("check"))?;
+        prop_assert!(
+            report.warnings.is_empty(),
+            "after gc, check warns: {:?}",
+            report.warnings
+        );
+        Ok(())
+    }
+
+    fn remove(&mut self, name: &str, recursive: bool) -> Result<(), TestCaseError> {
         let handle = self.pool().volume(name);
-        let exclusive_bytes = self
+        // A handle open on it makes removal refuse, unless forced.
+        if let Ok(handle) = &handle {
+            let refused = self.pool().remove(name, RemoveOptions::default());
+            expect_kind(refused, ErrorKind::Busy, "remove of a volume in use")?;
+            let _ = handle;
+        }
+        let unique_bytes = self
             .pool()
             .volume_info(name)
-            .map_or(0, |info| info.exclusive_bytes);
-        let result = self.pool().remove_volume(name);
+            .map_or(0, |info| info.unique_bytes);
+        let result = self.pool().remove(
+            name,
+            RemoveOptions {
+                recursive,
+                force: true,
+            },
+        );
         let Some(id) = self.model.id_of(name) else {
             expect_kind(
                 handle.map(|_| ()),
@@ -588,16 +859,41 @@ impl Harness {
             )?;
             return expect_kind(result, ErrorKind::NotFound, "remove of a missing volume");
         };
+        let mut doomed = vec![id];
+        if recursive {
+            doomed.extend(self.model.descendants(id));
+        }
+        let pending_before = self.model.pending_blocks();
+        let was_clean = self.model.dying.is_empty();
         let freed = result.map_err(fail("remove"))?;
-        // What removal frees at once is what the volume said it alone used.
-        prop_assert_eq!(freed, exclusive_bytes, "bytes freed by removing {}", name);
-        let removed = self.model.volumes.remove(&id).expect("exists");
+        if recursive && doomed.len() > 1 {
+            REMOVED_RECURSIVE.fetch_add(1, Ordering::Relaxed);
+        }
         let mut children = 0;
-        for volume in self.model.volumes.values_mut() {
-            if volume.parent == Some(id) {
-                volume.parent = removed.parent;
-                children += 1;
+        for &gone in &doomed {
+            let removed = self.model.volumes.remove(&gone).expect("exists");
+            self.model
+                .dying
+                .push(removed.blocks.values().map(|b| b.identity).collect());
+            for volume in self.model.volumes.values_mut() {
+                if volume.parent == Some(gone) {
+                    volume.parent = removed.parent;
+                    children += 1;
+                }
             }
+        }
+        // What removal gives back: the data that only removed trees hold
+        // now and did not before; with nothing else pending, that is what
+        // the volume said it alone held.
+        let expected_freed = (self.model.pending_blocks() - pending_before) * BLOCK;
+        prop_assert_eq!(
+            freed,
+            expected_freed,
+            "bytes given back by removing {}",
+            name
+        );
+        if !recursive && was_clean {
+            prop_assert_eq!(freed, unique_bytes, "unique bytes of {}", name);
         }
         if children == 0 {
             REMOVED_LEAVES.fetch_add(1, Ordering::Relaxed);
@@ -639,7 +935,7 @@ impl Harness {
         let info = result.map_err(fail("resize"))?;
         prop_assert_eq!(info.size_bytes, new_size);
         let id = self.model.id_of(name).expect("exists");
-        let volume = self.model.volumes.get_mut(&id).expect("exists");
+        let (volume, clock) = self.model.by_name_mut(name).expect("exists");
         if new_size < old_size
             && !new_size.is_multiple_of(BLOCK)
             && volume.blocks.contains_key(&(new_size / BLOCK))
@@ -649,7 +945,7 @@ impl Harness {
         if new_size > old_size && self.shrunk_tails.remove(&id) {
             SHRINK_THEN_GROW_TAILS.fetch_add(1, Ordering::Relaxed);
         }
-        volume.resize(new_size);
+        volume.resize(new_size, clock);
         Ok(())
     }
 
@@ -746,13 +1042,16 @@ impl Harness {
         let pool = self.pool();
         let report = pool.check(false).map_err(fail("check"))?;
         prop_assert!(report.errors.is_empty(), "check: {:?}", report.errors);
-        let listed = pool.volumes();
+        let listed = pool.volumes().unwrap();
         let listed_ids: Vec<u64> = listed.iter().map(|v| v.id).collect();
         let model_ids: Vec<u64> = self.model.volumes.keys().copied().collect();
         prop_assert_eq!(listed_ids, model_ids, "volume ids");
+        let info = pool.info().map_err(fail("info"))?;
+        prop_assert_eq!(info.volume_count, self.model.volumes.len() as u64);
         prop_assert_eq!(
-            pool.info().map_err(fail("info"))?.volume_count,
-            self.model.volumes.len() as u64
+            info.referenced_bytes,
+            self.model.distinct_live_blocks() * BLOCK,
+            "pool referenced bytes"
         );
         for info in &listed {
             let volume = &self.model.volumes[&info.id];
@@ -794,11 +1093,22 @@ impl Harness {
                 "referenced bytes of {}",
                 name
             );
-            prop_assert!(
-                info.exclusive_bytes <= info.referenced_bytes,
-                "{name}: exclusive {} > referenced {}",
-                info.exclusive_bytes,
-                info.referenced_bytes
+            prop_assert_eq!(
+                info.unique_bytes,
+                self.model.unique_blocks(&[info.id]) * BLOCK,
+                "unique bytes of {}",
+                name
+            );
+            let written = volume
+                .blocks
+                .values()
+                .filter(|b| b.birth > volume.written_base)
+                .count() as u64;
+            prop_assert_eq!(
+                info.written_bytes,
+                written * BLOCK,
+                "written bytes of {}",
+                name
             );
 
             // Every mapped extent, then the neighbourhood of every hot spot
@@ -872,6 +1182,10 @@ fn engine_matches_the_model() {
     let seen = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
     let coverage = [
         ("removed leaf volumes", seen(&REMOVED_LEAVES)),
+        ("recursive removals", seen(&REMOVED_RECURSIVE)),
+        ("rollbacks", seen(&ROLLBACKS)),
+        ("diffs that found changes", seen(&DIFFS_WITH_CHANGES)),
+        ("reclaims that freed space", seen(&RECLAIMED)),
         ("removed interior volumes", seen(&REMOVED_INTERIOR)),
         ("writes refused by snapshots", seen(&READ_ONLY_REFUSALS)),
         (

@@ -63,7 +63,7 @@ fn opening_reading_and_closing_writes_nothing() {
     let mut buf = vec![0u8; 10_000];
     pool.volume("v").unwrap().read_at(&mut buf, 0).unwrap();
     assert!(pool.check(false).unwrap().is_clean());
-    let _ = (pool.volumes(), pool.info().unwrap());
+    let _ = (pool.volumes().unwrap(), pool.info().unwrap());
     pool.close().unwrap();
     let after = std::fs::read(path.join("grove.store")).unwrap();
     assert!(before == after, "a read-only session changed the store");

@@ -119,9 +119,18 @@ pub struct GcReport {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "command", rename_all = "snake_case")]
 enum Request {
-    Create { name: String, size_bytes: u64 },
-    Snapshot { source: String, name: String },
-    Clone { source: String, name: String },
+    Create {
+        name: String,
+        size_bytes: u64,
+    },
+    Snapshot {
+        source: String,
+        name: String,
+    },
+    Clone {
+        source: String,
+        name: String,
+    },
     Remove {
         name: String,
         recursive: bool,
@@ -131,14 +140,29 @@ enum Request {
         snapshot: String,
         volume: Option<String>,
     },
-    Diff { a: String, b: String },
-    Gc { wait: bool },
-    Resize { name: String, size_bytes: u64 },
-    Rename { name: String, new_name: String },
+    Diff {
+        a: String,
+        b: String,
+    },
+    Gc {
+        wait: bool,
+    },
+    Resize {
+        name: String,
+        size_bytes: u64,
+    },
+    Rename {
+        name: String,
+        new_name: String,
+    },
     List,
-    VolumeInfo { name: String },
+    VolumeInfo {
+        name: String,
+    },
     Info,
-    Check { repair: bool },
+    Check {
+        repair: bool,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -168,7 +192,9 @@ fn execute(pool: &Pool, request: Request) -> Reply {
             recursive,
             force,
         } => reply(Admin::remove(pool, &name, recursive, force)),
-        Request::Rollback { snapshot, volume } => reply(pool.rollback(&snapshot, volume.as_deref())),
+        Request::Rollback { snapshot, volume } => {
+            reply(pool.rollback(&snapshot, volume.as_deref()))
+        }
         Request::Diff { a, b } => reply(pool.diff(&a, &b)),
         Request::Gc { wait } => reply(Admin::gc(pool, wait)),
         Request::Resize { name, size_bytes } => reply(pool.resize_volume(&name, size_bytes)),

@@ -348,6 +348,9 @@ mod tests {
         assert!(lines[0].starts_with("NAME         KIND      PARENT"));
         assert!(lines[1].starts_with("disk         volume    -"));
         assert!(lines[2].starts_with("disk@monday  snapshot  disk"));
-        assert!(lines[2].ends_with("1.0 GiB     4.0 KiB        0 B"));
+        assert!(
+            lines[2].ends_with("1.0 GiB     4.0 KiB     0 B      0 B"),
+            "{text}"
+        );
     }
 }

@@ -219,7 +219,7 @@ fn init_with_each_block_size() {
         let pool = Pool::new(args);
         let info = pool.info();
         assert_eq!(u64_of(&info, "block_size_bytes"), block_bytes, "{args:?}");
-        assert_eq!(u64_of(&info, "format_version"), 1);
+        assert_eq!(u64_of(&info, "format_version"), 2);
         assert_eq!(u64_of(&info, "volume_count"), 0);
         assert!(pool.path.join("grove.toml").exists());
         // Volumes work in every block size.
@@ -331,15 +331,16 @@ fn snapshot_clone_list_and_tree() {
     }
     assert_eq!(u64_of(&list[4], "referenced_bytes"), 0);
     // The 64 KiB rewritten in the clone are its own; all else is shared.
-    assert_eq!(u64_of(&list[2], "exclusive_bytes"), 64 * KIB);
+    assert_eq!(u64_of(&list[2], "unique_bytes"), 64 * KIB);
     for index in [0, 1, 3, 4] {
-        assert_eq!(
-            u64_of(&list[index], "exclusive_bytes"),
-            0,
-            "{}",
-            list[index]
-        );
+        assert_eq!(u64_of(&list[index], "unique_bytes"), 0, "{}", list[index]);
     }
+    // Written: the base wrote 1 MiB before its snapshot, which counts it;
+    // the clone wrote 64 KiB after its own snapshot, so they are its own.
+    assert_eq!(u64_of(&list[0], "written_bytes"), 0);
+    assert_eq!(u64_of(&list[1], "written_bytes"), MIB);
+    assert_eq!(u64_of(&list[2], "written_bytes"), 64 * KIB);
+    assert_eq!(u64_of(&list[3], "written_bytes"), 0);
 
     // JSON comes on one line, so that scripts can grep it.
     let json = pool.ok_text(&["list", "--json"]);
@@ -350,7 +351,15 @@ fn snapshot_clone_list_and_tree() {
     let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
     assert_eq!(
         header,
-        ["NAME", "KIND", "PARENT", "SIZE", "REFERENCED", "EXCLUSIVE"]
+        [
+            "NAME",
+            "KIND",
+            "PARENT",
+            "SIZE",
+            "REFERENCED",
+            "UNIQUE",
+            "WRITTEN"
+        ]
     );
     assert!(table.contains("1.0 GiB"), "{table}");
     assert!(table.contains("64.0 KiB"), "{table}");
@@ -368,7 +377,7 @@ fn snapshot_clone_list_and_tree() {
     );
     assert!(lines[4].starts_with("other (volume, 64.0 MiB, "), "{tree}");
     assert!(
-        lines[2].contains("referenced 1.0 MiB, exclusive 64.0 KiB"),
+        lines[2].contains("referenced 1.0 MiB, unique 64.0 KiB, written 64.0 KiB"),
         "{tree}"
     );
 }
@@ -405,7 +414,7 @@ fn rm_rename_and_resize() {
     let used_before = u64_of(&pool.info(), "used_bytes");
     let message = pool.ok_text(&["rm", "leaf"]);
     assert!(message.contains("removed clone \"leaf\""), "{message}");
-    assert!(message.contains("freed 8.0 KiB"), "{message}");
+    assert!(message.contains("it gives back 8.0 KiB"), "{message}");
     assert!(u64_of(&pool.info(), "used_bytes") < used_before);
     let names: Vec<Value> = pool.list().iter().map(|v| v["name"].clone()).collect();
     assert_eq!(names, ["disk", "disk@1"]);
@@ -633,7 +642,7 @@ fn snapshot_of_a_big_volume_takes_no_space() {
         used_after - used_before
     );
     let snapshot = pool.volume("big@1");
-    assert_eq!(u64_of(&snapshot, "exclusive_bytes"), 0);
+    assert_eq!(u64_of(&snapshot, "unique_bytes"), 0);
     assert_eq!(u64_of(&snapshot, "referenced_bytes"), 32 * MIB);
     assert_eq!(
         pool.read("big@1", 5 * GIB + 12345, 1000),
@@ -846,8 +855,8 @@ fn newer_format_version_is_refused() {
     pool.ok(&["create", "v", "--size", "1M"]);
     let config_path = pool.path.join("grove.toml");
     let config = fs::read_to_string(&config_path).unwrap();
-    assert!(config.contains("format_version = 1\n"), "{config}");
-    let newer = config.replace("format_version = 1\n", "format_version = 99\n");
+    assert!(config.contains("format_version = 2\n"), "{config}");
+    let newer = config.replace("format_version = 2\n", "format_version = 99\n");
     fs::write(&config_path, &newer).unwrap();
     let store = fs::read(pool.store_path()).unwrap();
     for args in [&["list"][..], &["create", "w", "--size", "1M"], &["info"]] {
@@ -911,9 +920,9 @@ fn set_map_nibble(pool: &Pool, block: u64, nibble: u8) {
     let block_bytes = u64::from(sb.block_size_bytes) as usize;
     let map_at = sb.data_start.0 as usize * block_bytes;
     let map = &mut store[map_at..map_at + block_bytes];
-    let mut nibbles = group::decode(0, map).unwrap();
-    nibbles[(block - sb.data_start.0) as usize] = nibble;
-    group::encode(0, &nibbles, map);
+    let mut decoded = group::decode(0, map).unwrap();
+    decoded.nibbles[(block - sb.data_start.0) as usize] = nibble;
+    group::encode(0, &decoded.nibbles, decoded.shares_present, map);
     fs::write(pool.store_path(), store).unwrap();
 }
 

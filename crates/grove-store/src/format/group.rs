@@ -134,7 +134,7 @@ pub fn decode(group_index: u64, block: &[u8]) -> Result<DecodedMap> {
         ));
     }
     let shares_present = block[SHARES_PRESENT_OFFSET];
-    if u64::from(shares_present) >> super::shares::SHARE_BLOCKS_PER_GROUP != 0 {
+    if u32::from(shares_present) >> super::shares::SHARE_BLOCKS_PER_GROUP != 0 {
         return Err(damaged(format!(
             "it names share-count block bits {shares_present:#04x}"
         )));

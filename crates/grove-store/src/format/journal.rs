@@ -209,8 +209,7 @@ impl Descriptor {
         let image_count = get_u32(bytes, IMAGE_COUNT_OFFSET) as usize;
         let extent_count = get_u32(bytes, EXTENT_COUNT_OFFSET) as usize;
         let share_run_count = get_u32(bytes, SHARE_RUN_COUNT_OFFSET) as usize;
-        if Self::encoded_len(image_count, extent_count, share_run_count)
-            .div_ceil(block_size_bytes)
+        if Self::encoded_len(image_count, extent_count, share_run_count).div_ceil(block_size_bytes)
             != blocks
             || get_u32(bytes, SHARE_RUN_COUNT_OFFSET + 4) != 0
             || bytes[VT_HEIGHT_OFFSET + 1..NEXT_VOLUME_ID_OFFSET]
@@ -224,7 +223,11 @@ impl Descriptor {
         let mut offset = HOMES_OFFSET;
         let mut homes = Vec::with_capacity(image_count);
         for _ in 0..image_count {
-            homes.push(BlockAddr(get_u64(bytes, offset)));
+            let home = BlockAddr(get_u64(bytes, offset));
+            if home.is_none() {
+                return None;
+            }
+            homes.push(home);
             offset += HOME_BYTES;
         }
         let mut extents = Vec::with_capacity(extent_count);
@@ -259,18 +262,32 @@ impl Descriptor {
             });
             offset += SHARE_RUN_BYTES;
         }
+        // The layout says the rest is zero: anything else is damage.
+        if bytes[offset..].iter().any(|&b| b != 0) {
+            return None;
+        }
+        let roots = Roots {
+            volume_table_root: BlockAddr(get_u64(bytes, VT_ROOT_OFFSET)),
+            volume_table_height: bytes[VT_HEIGHT_OFFSET],
+            next_volume_id: VolumeId(get_u64(bytes, NEXT_VOLUME_ID_OFFSET)),
+            group_count: get_u64(bytes, GROUP_COUNT_OFFSET),
+            birth_generation: get_u64(bytes, BIRTH_GENERATION_OFFSET),
+        };
+        // Roots a superblock could not hold would fail at the next
+        // checkpoint; refuse them here, where they are read.
+        if roots.next_volume_id.0 == 0
+            || roots.volume_table_height >= super::node::NODE_LEVELS_MAX
+            || roots.volume_table_root.is_none() != (roots.volume_table_height == 0)
+            || roots.birth_generation > super::node::BIRTH_GENERATION_MAX
+        {
+            return None;
+        }
         Some(Descriptor {
             sequence,
             pool_uuid: pool,
             descriptor_blocks: blocks as u32,
             images_crc: get_u32(bytes, IMAGES_CRC_OFFSET),
-            roots: Roots {
-                volume_table_root: BlockAddr(get_u64(bytes, VT_ROOT_OFFSET)),
-                volume_table_height: bytes[VT_HEIGHT_OFFSET],
-                next_volume_id: VolumeId(get_u64(bytes, NEXT_VOLUME_ID_OFFSET)),
-                group_count: get_u64(bytes, GROUP_COUNT_OFFSET),
-                birth_generation: get_u64(bytes, BIRTH_GENERATION_OFFSET),
-            },
+            roots,
             homes,
             extents,
             share_runs,

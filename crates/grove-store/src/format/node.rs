@@ -167,7 +167,10 @@ impl Node {
         let damaged =
             |why: String| Error::corrupt(format!("radix node at {addr} is damaged: {why}"));
         if block.len() < NODE_HEADER_LEN * 8 * ENTRY_BYTES {
-            return Err(damaged(format!("a node of {} bytes is too small", block.len())));
+            return Err(damaged(format!(
+                "a node of {} bytes is too small",
+                block.len()
+            )));
         }
         let mut header = [0u8; NODE_HEADER_LEN];
         header_bytes(block, 0, &mut header);
@@ -190,6 +193,9 @@ impl Node {
             return Err(damaged(format!(
                 "a {kind:?} node where a {expected_kind:?} node belongs"
             )));
+        }
+        if header[HEADER_LEVEL_OFFSET + 1..].iter().any(|&b| b != 0) {
+            return Err(damaged("reserved header bytes are not zero".into()));
         }
         let level = header[HEADER_LEVEL_OFFSET];
         if level != expected_level {

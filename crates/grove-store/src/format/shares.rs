@@ -74,7 +74,9 @@ pub fn decode(first: BlockAddr, block: &[u8]) -> Result<Vec<u32>> {
     }
     let stored_first = get_u64(block, FIRST_OFFSET);
     if stored_first != first.0 {
-        return Err(damaged(format!("it holds the counts of blocks from {stored_first}")));
+        return Err(damaged(format!(
+            "it holds the counts of blocks from {stored_first}"
+        )));
     }
     let n = counts_per_block(block.len() as u32) as usize;
     Ok((0..n)

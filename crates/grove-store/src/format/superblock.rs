@@ -182,7 +182,15 @@ impl Superblock {
             birth_generation: get_u64(bytes, BIRTH_GENERATION_OFFSET),
         };
         superblock.check_fields().map_err(SlotProblem::Damaged)?;
-        if bytes[RESERVED_OFFSET..].iter().any(|&b| b != 0) {
+        let reserved = [
+            BLOCK_SIZE_OFFSET + 4..JOURNAL_START_OFFSET,
+            VOLUME_TABLE_HEIGHT_OFFSET + 1..NEXT_VOLUME_ID_OFFSET,
+            RESERVED_OFFSET..SUPERBLOCK_LEN,
+        ];
+        if reserved
+            .iter()
+            .any(|range| bytes[range.clone()].iter().any(|&b| b != 0))
+        {
             return Err(SlotProblem::Damaged("reserved bytes are not zero".into()));
         }
         Ok(superblock)
@@ -201,9 +209,9 @@ impl Superblock {
             return Err(format!("a journal of {} blocks", self.journal_blocks));
         }
         // Every block address must fit a radix-tree entry.
-        let groups_max =
-            (super::node::ENTRY_ADDR_MASK - self.data_start.0.min(super::node::ENTRY_ADDR_MASK))
-                / self.group_blocks.max(1);
+        let groups_max = (super::node::ENTRY_ADDR_MASK
+            - self.data_start.0.min(super::node::ENTRY_ADDR_MASK))
+            / self.group_blocks.max(1);
         if self.group_count > groups_max {
             return Err(format!(
                 "{} allocation groups; a store can have at most {groups_max}",
@@ -222,8 +230,11 @@ impl Superblock {
         if self.birth_generation > super::node::BIRTH_GENERATION_MAX {
             return Err(format!("birth generation {}", self.birth_generation));
         }
-        if self.journal_head >= self.journal_blocks {
-            return Err(format!("journal head {} is past the journal", self.journal_head));
+        if self.journal_head > self.journal_blocks {
+            return Err(format!(
+                "journal head {} is past the journal",
+                self.journal_head
+            ));
         }
         if self.journal_start.0 != SUPERBLOCK_SLOTS {
             return Err(format!("journal starts at {}", self.journal_start));

@@ -10,6 +10,7 @@ use grove_store::Pool;
 /// Every volume's whole contents, by name.
 pub fn contents(pool: &Pool) -> BTreeMap<String, Vec<u8>> {
     pool.volumes()
+        .unwrap()
         .into_iter()
         .map(|info| {
             let mut buf = vec![0u8; info.size_bytes as usize];
