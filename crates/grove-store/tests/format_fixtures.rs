@@ -46,6 +46,9 @@ use grove_store::{BlockAddr, ErrorKind, VolumeId};
 
 /// Node, group, share-count and journal fixtures use the smallest block
 /// size, to keep the files (and the number of bit flips) small.
+/// Named byte patches of an encoding: (what, [(offset, new bytes)]).
+type Patches = Vec<(&'static str, Vec<(usize, Vec<u8>)>)>;
+
 const SMALL_BLOCK_BYTES: usize = 1024;
 
 /// Every fixture this file uses; the fixture directory holds exactly these.
@@ -168,7 +171,7 @@ fn format_constants_fit_together() {
     assert_eq!(ENTRY_ADDR_MASK, (1 << 37) - 1);
     // Every block of a group has a count slot in the group's count blocks,
     // and the group map's one-byte bitmap names every count block.
-    assert!(SHARE_BLOCKS_PER_GROUP <= 8);
+    const { assert!(SHARE_BLOCKS_PER_GROUP <= 8) };
     let mut block_size = 1024u32;
     while block_size <= 64 * 1024 {
         assert!(
@@ -426,7 +429,7 @@ fn a_well_checksummed_superblock_with_an_impossible_field_is_damaged() {
     // Limits that hold: the same patching, with values just inside.
     let (j_min, d_min) = journal(JOURNAL_REGION_BLOCKS_MIN);
     let (j_max, d_max) = journal(JOURNAL_BLOCKS_MAX);
-    let fine: Vec<(&str, Vec<(usize, Vec<u8>)>)> = vec![
+    let fine: Patches = vec![
         ("unchanged", vec![]),
         (
             "smallest journal",
@@ -475,7 +478,7 @@ fn a_well_checksummed_superblock_with_an_impossible_field_is_damaged() {
     let (j_small, d_small) = journal(JOURNAL_REGION_BLOCKS_MIN - 1);
     let (j_large, d_large) = journal(JOURNAL_BLOCKS_MAX + 1);
     let (j_zero, d_zero) = journal(0);
-    let damaged: Vec<(&str, Vec<(usize, Vec<u8>)>)> = vec![
+    let damaged: Patches = vec![
         ("block size 3000", vec![p(sb::BLOCK_SIZE, &u32le(3000))]),
         (
             "block size 128 KiB",
@@ -1053,7 +1056,7 @@ fn a_well_checksummed_record_with_an_impossible_field_is_rejected() {
     let too_new = u64le(BIRTH_GENERATION_MAX + 1);
 
     // Limits that hold, through the same patching.
-    let fine: Vec<(&str, Vec<(usize, Vec<u8>)>)> = vec![
+    let fine: Patches = vec![
         ("unchanged", vec![]),
         ("removed", vec![p(rec::FLAGS, &[1])]),
         (
@@ -1085,7 +1088,7 @@ fn a_well_checksummed_record_with_an_impossible_field_is_rejected() {
     }
 
     let name_end = rec::NAME + SAMPLE_NAME.len();
-    let mut damaged: Vec<(&str, Vec<(usize, Vec<u8>)>)> = vec![
+    let mut damaged: Patches = vec![
         ("size not in sectors", vec![p(rec::SIZE, &u64le(1000))]),
         ("size 513", vec![p(rec::SIZE, &u64le(513))]),
         (
@@ -1124,7 +1127,7 @@ fn a_well_checksummed_record_with_an_impossible_field_is_rejected() {
             vec![p(rec::CREATED_GENERATION, &[0xff; 8])],
         ),
         ("its own parent", vec![p(rec::PARENT, &u64le(42))]),
-        ("name padding", vec![p(name_end, &[b'!'])]),
+        ("name padding", vec![p(name_end, b"!")]),
         ("last byte of the name field", vec![p(rec::GUID - 1, &[1])]),
     ];
     for range in rec::RESERVED {
@@ -1555,7 +1558,7 @@ fn a_well_checksummed_journal_descriptor_with_an_impossible_field_ends_replay() 
     let decoded = decode(&[p(runs + 12, &u32le(7))]).expect("a valid descriptor");
     assert_eq!(decoded.share_runs[0].extra, 7);
 
-    let cases: Vec<(&str, Vec<(usize, Vec<u8>)>)> = vec![
+    let cases: Patches = vec![
         ("descriptor blocks 0", vec![p(32, &u32le(0))]),
         ("descriptor blocks 1", vec![p(32, &u32le(1))]),
         ("descriptor blocks 3", vec![p(32, &u32le(3))]),
