@@ -7,7 +7,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{have, pattern, run, stdout, TestServer};
+use common::{have, pattern, run, skip, stdout, TestServer};
 use grove_nbd::ServerOptions;
 
 const MIB: u64 = 1024 * 1024;
@@ -315,7 +315,7 @@ fn fio_nbd_engine_random_and_sequential_with_crc32c_verify() {
     }
     let engines = run(Command::new("fio").arg("--enghelp"));
     if !stdout(&engines).lines().any(|l| l.trim() == "nbd") {
-        eprintln!("SKIP: this fio has no nbd engine (fio --enghelp); skipping");
+        skip("this fio has no nbd engine (fio --enghelp)");
         return;
     }
     let t = TestServer::start(&[("disk", 32 * MIB)], ServerOptions::default());
