@@ -43,15 +43,18 @@ mod export;
 mod handshake;
 mod server;
 mod stream;
+mod tls;
 mod transmission;
 pub mod validate;
 
 pub use error::{nbd_error_for, NbdError, NbdErrorKind};
 pub use export::{
     ExportFilter, ServerOptions, CONNECTIONS_MAX_DEFAULT, HANDSHAKE_TIMEOUT_MS_DEFAULT,
-    WORKERS_PER_CONNECTION_DEFAULT,
+    INFLIGHT_LIMIT_BYTES_DEFAULT, REQUEST_TIMEOUT_MS_DEFAULT, SHUTDOWN_GRACE_MS_DEFAULT,
+    SOCKET_MODE_DEFAULT, WORKERS_PER_CONNECTION_DEFAULT,
 };
 pub use handshake::{BLOCK_SIZE_MINIMUM_BYTES, OPTION_DATA_MAX_BYTES};
-pub use server::{parse_listen_addr, Server, ShutdownHandle, DEFAULT_TCP_PORT, SHUTDOWN_GRACE_MS};
-pub use transmission::{IN_FLIGHT_MAX_BYTES, REQUEST_OVERHEAD_BYTES};
+pub use server::{bind_unix_socket, parse_listen_addr, Server, ShutdownHandle, DEFAULT_TCP_PORT};
+pub use tls::{TlsMode, TlsOptions};
+pub use transmission::{INFLIGHT_LIMIT_MIN_BYTES, IN_FLIGHT_MAX_BYTES, REQUEST_OVERHEAD_BYTES};
 pub use validate::PAYLOAD_MAX_BYTES;

@@ -222,7 +222,10 @@ fn a_client_that_stalls_in_the_handshake_is_cut_off() {
         closed_by_server(&cut_off),
         "the trickling client must be cut off by the server, not fail otherwise: {cut_off:?}"
     );
-    assert!(answered_options >= 1, "options inside the limit are answered");
+    assert!(
+        answered_options >= 1,
+        "options inside the limit are answered"
+    );
     assert!(
         started.elapsed() >= Duration::from_millis(STALL_HANDSHAKE_TIMEOUT_MS / 2),
         "cut off before the limit"

@@ -32,6 +32,7 @@ pub fn run(cli: Cli) -> Result<()> {
             read_only,
             exports,
             default_export,
+            limits,
         } => serve::run(
             dir,
             serve::Listen {
@@ -41,6 +42,7 @@ pub fn run(cli: Cli) -> Result<()> {
             read_only,
             exports,
             default_export,
+            limits,
         ),
         command => match Pool::open(dir) {
             Ok(pool) => {
