@@ -264,15 +264,24 @@ fn nbdinfo_lists_exports_and_details() {
     assert!(info.contains("can_trim: true"), "{info}");
     assert!(info.contains("can_zero: true"), "{info}");
     assert!(info.contains("can_fua: true"), "{info}");
+    assert!(
+        info.contains("can_cache: true"),
+        "NBD_CMD_CACHE is advertised:\n{info}"
+    );
     assert!(info.contains("is_read_only: false"), "{info}");
     assert!(info.contains("block_size_preferred: 4096"), "{info}");
     assert!(info.contains("block_size_maximum: 33554432"), "{info}");
     assert!(info.contains("base:allocation"), "{info}");
 
     let out = run(Command::new("nbdinfo").arg(t.uri("disk@1")));
+    let info = stdout(&out);
     assert!(
-        stdout(&out).contains("is_read_only: true"),
+        info.contains("is_read_only: true"),
         "snapshots are read-only exports"
+    );
+    assert!(
+        info.contains("can_cache: true"),
+        "read-only exports cache too:\n{info}"
     );
 }
 

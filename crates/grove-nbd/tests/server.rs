@@ -239,3 +239,137 @@ fn a_client_that_stalls_in_the_handshake_is_cut_off() {
     c.request(Command::Read, 0, 1, 0, 512);
     assert_eq!(c.reply(None).error(), 0);
 }
+
+/// The request timeout in the timeout tests: short, so the tests are quick,
+/// but far above what any step of an honest client takes.
+const TEST_REQUEST_TIMEOUT_MS: u64 = 1_500;
+
+/// Waits (at most `limit`) until the server serves `count` connections.
+fn wait_for_connections(t: &TestServer, count: usize, limit: Duration) {
+    let started = Instant::now();
+    while t.server.connection_count() != count {
+        assert!(
+            started.elapsed() < limit,
+            "{} connections, not {count}, after {limit:?}",
+            t.server.connection_count()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn stalled_requests_and_unread_replies_time_out_but_idle_clients_stay() {
+    let t = TestServer::start(
+        &[("disk", 64 << 20)],
+        ServerOptions {
+            request_timeout_ms: TEST_REQUEST_TIMEOUT_MS,
+            ..Default::default()
+        },
+    );
+    // Idle between requests, for longer than the timeout: legitimate.
+    let mut idle = t.connect();
+    idle.handshake("disk", true);
+    // Half a request header, then nothing.
+    let mut half_header = t.connect();
+    half_header.handshake("disk", false);
+    let header = encode_request(&Request {
+        flags: 0,
+        command: Command::Write,
+        cookie: 1,
+        offset: 0,
+        length: 4096,
+    });
+    half_header.send(&header[..10]);
+    // A whole write header, then half its data.
+    let mut half_payload = t.connect();
+    half_payload.handshake("disk", false);
+    half_payload.send(&header);
+    half_payload.send(&[0x55; 2048]);
+    // Many reads whose replies are never read: the server's writes block.
+    let mut deaf = t.connect();
+    deaf.handshake("disk", false);
+    for cookie in 0..200u64 {
+        deaf.request(Command::Read, 0, cookie, 0, 1 << 20);
+    }
+    assert!(
+        t.server.inflight_bytes() > 0,
+        "the unread replies are in flight"
+    );
+    // The three misbehaving clients are closed; the idle one stays.
+    wait_for_connections(&t, 1, Duration::from_millis(20 * TEST_REQUEST_TIMEOUT_MS));
+    assert!(half_header.is_closed(), "a stalled header is cut off");
+    assert!(half_payload.is_closed(), "stalled data is cut off");
+    wait_for_inflight_zero(&t);
+    assert_eq!(
+        t.read_volume("disk", 0, 4096),
+        vec![0u8; 4096],
+        "a write whose data never all came is not applied"
+    );
+    idle.request(Command::Read, 0, 7, 0, 4096);
+    let reply = idle.reply(Some(4096));
+    assert_eq!((reply.cookie(), reply.error()), (7, 0));
+}
+
+#[test]
+fn greedy_clients_wait_for_the_server_wide_budget_and_are_not_failed() {
+    const LIMIT_BYTES: u64 = 40 << 20;
+    let t = TestServer::start(
+        &[("disk", 64 << 20)],
+        ServerOptions {
+            inflight_limit_bytes: LIMIT_BYTES,
+            ..Default::default()
+        },
+    );
+    // Three clients each send a 16 MiB write header, and the first two
+    // part of their data: those two fit in the budget and their readers
+    // wait for the rest; the third's reader must wait for room before it
+    // takes any of its data.
+    let mut greedy: Vec<RawClient> = (0..3).map(|_| t.connect()).collect();
+    for (i, c) in greedy.iter_mut().enumerate() {
+        c.handshake("disk", false);
+        c.request(Command::Write, 0, i as u64, (i as u64) << 24, 16 << 20);
+        if i < 2 {
+            c.send(&vec![0x60 + i as u8; 1 << 20]);
+        }
+    }
+    let started = Instant::now();
+    while t.server.inflight_bytes() < 2 * (16 << 20) {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the writes never got room: {} bytes in flight",
+            t.server.inflight_bytes()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        t.server.inflight_bytes() <= LIMIT_BYTES,
+        "{} bytes in flight over a {LIMIT_BYTES}-byte budget",
+        t.server.inflight_bytes()
+    );
+    // Finishing the first two writes makes room for the third, which is
+    // then read; none fails.
+    for c in greedy.iter_mut().take(2) {
+        c.send(&vec![0x70; (16 << 20) - (1 << 20)]);
+    }
+    greedy[2].send(&vec![0x72; 16 << 20]);
+    for (i, c) in greedy.iter_mut().enumerate() {
+        let reply = c.reply(None);
+        assert_eq!((reply.cookie(), reply.error()), (i as u64, 0));
+    }
+    assert_eq!(t.read_volume("disk", 2 << 24, 4), vec![0x72; 4]);
+    // A worker gives its budget back just after its reply has gone.
+    wait_for_inflight_zero(&t);
+}
+
+fn wait_for_inflight_zero(t: &TestServer) {
+    let started = Instant::now();
+    while t.server.inflight_bytes() != 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{} bytes still in flight",
+            t.server.inflight_bytes()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
