@@ -125,7 +125,9 @@ fn have(tool: &str) -> bool {
         if std::env::var_os("GROVE_REQUIRE_TOOLS").is_some_and(|v| v != "0") {
             panic!("{tool} is not installed, and GROVE_REQUIRE_TOOLS is set: install it (scripts/test.sh does)");
         }
-        eprintln!("SKIP: {tool} is not installed; skipping this test (scripts/test.sh installs it)");
+        eprintln!(
+            "SKIP: {tool} is not installed; skipping this test (scripts/test.sh installs it)"
+        );
     }
     found
 }
