@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # Runs grove's whole test suite. First installs what the tests need, from the
 # package registries only: the real NBD clients the interop tests drive
-# (qemu-img, qemu-io, nbdinfo, nbdcopy, fio) and the tools for file systems on
-# loop devices. Safe to run again: it installs only what is missing.
+# (qemu-img, qemu-io, qemu-nbd, nbdinfo, nbdcopy, fio), openssl for the TLS
+# tests' certificates, and the tools for file systems on loop devices. Safe
+# to run again: it installs only what is missing, and stops with an error
+# when it cannot.
 #
-#   scripts/test.sh            everything
+# It sets GROVE_REQUIRE_TOOLS=1, so a test whose tool is missing fails with
+# the tool's name instead of passing after a printed "SKIP". Run alone (plain
+# cargo test), such tests still skip, visibly.
+#
+#   scripts/test.sh            everything, then the doc tests
 #   scripts/test.sh model      only tests whose name contains "model"
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,37 +19,62 @@ cd "$(dirname "$0")/.."
 declare -A NEEDED=(
   [qemu-img]=qemu-utils
   [qemu-io]=qemu-utils
+  [qemu-nbd]=qemu-utils
   [nbdinfo]=libnbd-bin
   [nbdcopy]=libnbd-bin
   [fio]=fio
   [nbdkit]=nbdkit
   [mkfs.ext4]=e2fsprogs
   [mkfs.xfs]=xfsprogs
+  [openssl]=openssl
 )
 
-install_missing() {
-  local missing=()
+missing_tools() {
   for tool in "${!NEEDED[@]}"; do
-    command -v "$tool" >/dev/null 2>&1 || missing+=("${NEEDED[$tool]}")
+    command -v "$tool" >/dev/null 2>&1 || echo "$tool"
   done
-  [ ${#missing[@]} -eq 0 ] && return 0
-  mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
+}
+
+install_missing() {
+  local tools packages
+  mapfile -t tools < <(missing_tools | sort)
+  [ ${#tools[@]} -eq 0 ] && return 0
+  mapfile -t packages < <(for t in "${tools[@]}"; do echo "${NEEDED[$t]}"; done | sort -u)
   if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
-    echo "test.sh: cannot install ${missing[*]} (needs root and apt-get); tests that need them will say they skip" >&2
-    return 0
+    echo "test.sh: error: the tests need ${tools[*]} (Debian packages: ${packages[*]})," \
+      "and installing them needs root and apt-get. Install them, then run again." >&2
+    exit 1
   fi
-  echo "test.sh: installing ${missing[*]}" >&2
+  echo "test.sh: installing ${packages[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >/dev/null
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  if ! apt-get update -qq >/dev/null || \
+     ! apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null; then
+    echo "test.sh: error: apt-get could not install ${packages[*]}" >&2
+    exit 1
+  fi
+  mapfile -t tools < <(missing_tools | sort)
+  if [ ${#tools[@]} -ne 0 ]; then
+    echo "test.sh: error: still missing after installing: ${tools[*]}" >&2
+    exit 1
+  fi
 }
 
 install_missing
 
-# nextest runs each test in its own process and the binaries in parallel;
-# plain cargo test is the fallback on machines without it.
+# Every test whose tool is missing now fails instead of skipping.
+export GROVE_REQUIRE_TOOLS=1
+
+# nextest runs each test in its own process and the binaries in parallel,
+# with the slow-test warnings and hard timeouts of .config/nextest.toml;
+# plain cargo test is the fallback on machines without it. nextest does not
+# run doc tests, so they run after it.
+status=0
 if cargo nextest --version >/dev/null 2>&1; then
-  exec cargo nextest run --workspace --no-fail-fast "$@"
+  cargo nextest run --workspace --no-fail-fast "$@" || status=$?
 else
-  exec cargo test --workspace --no-fail-fast "$@"
+  cargo test --workspace --no-fail-fast "$@" || status=$?
 fi
+if [ $# -eq 0 ]; then
+  cargo test --doc --workspace || status=$?
+fi
+exit $status

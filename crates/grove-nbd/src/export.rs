@@ -15,6 +15,20 @@ pub const CONNECTIONS_MAX_DEFAULT: usize = 128;
 /// client that connects and says nothing would otherwise hold a connection
 /// slot forever (qemu-nbd's limit is the same).
 pub const HANDSHAKE_TIMEOUT_MS_DEFAULT: u64 = 10_000;
+/// Bytes of request payloads and replies the whole server holds at once, by
+/// default. Past it, connections stop reading new requests until replies
+/// drain; nothing fails.
+pub const INFLIGHT_LIMIT_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
+/// How long a request's header and payload may take to arrive once it has
+/// begun, and a reply or handshake message to be taken by the client, by
+/// default. A client idle between requests is not limited.
+pub const REQUEST_TIMEOUT_MS_DEFAULT: u64 = 30_000;
+/// How long shutdown waits for connections to finish their in-flight
+/// requests before it closes their sockets outright, by default.
+pub const SHUTDOWN_GRACE_MS_DEFAULT: u64 = 10_000;
+/// Permissions of the unix socket files the server creates, by default:
+/// owner and group may connect, nobody else.
+pub const SOCKET_MODE_DEFAULT: u32 = 0o660;
 
 /// Which volumes the server exports.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -50,6 +64,18 @@ pub struct ServerOptions {
     pub connections_max: usize,
     /// Time a client has to finish negotiating; 0 means no limit.
     pub handshake_timeout_ms: u64,
+    /// Bytes of request payloads and replies held by the whole server at
+    /// once (see [`INFLIGHT_LIMIT_BYTES_DEFAULT`]).
+    pub inflight_limit_bytes: u64,
+    /// Time a started request's data, or a reply, may take; 0 means no
+    /// limit. Past it the connection is closed.
+    pub request_timeout_ms: u64,
+    /// Time shutdown waits for connections before closing them.
+    pub shutdown_grace_ms: u64,
+    /// Permissions of unix socket files the server creates.
+    pub socket_mode: u32,
+    /// TLS for TCP connections (NBD_OPT_STARTTLS); None: plaintext only.
+    pub tls: Option<crate::tls::TlsOptions>,
 }
 
 impl Default for ServerOptions {
@@ -61,6 +87,11 @@ impl Default for ServerOptions {
             workers_per_connection: WORKERS_PER_CONNECTION_DEFAULT,
             connections_max: CONNECTIONS_MAX_DEFAULT,
             handshake_timeout_ms: HANDSHAKE_TIMEOUT_MS_DEFAULT,
+            inflight_limit_bytes: INFLIGHT_LIMIT_BYTES_DEFAULT,
+            request_timeout_ms: REQUEST_TIMEOUT_MS_DEFAULT,
+            shutdown_grace_ms: SHUTDOWN_GRACE_MS_DEFAULT,
+            socket_mode: SOCKET_MODE_DEFAULT,
+            tls: None,
         }
     }
 }
@@ -166,7 +197,8 @@ pub(crate) fn list(pool: &Pool, options: &ServerOptions) -> Vec<(String, String)
 /// The transmission flags of an export. Read-only exports leave out the
 /// write features, so clients do not offer them to their users.
 pub(crate) fn transmission_flags(read_only: bool, structured_replies: bool) -> u16 {
-    let mut flags = FLAG_HAS_FLAGS | FLAG_SEND_FLUSH | FLAG_CAN_MULTI_CONN;
+    // CACHE is a read-ahead, which read-only exports take as well.
+    let mut flags = FLAG_HAS_FLAGS | FLAG_SEND_FLUSH | FLAG_CAN_MULTI_CONN | FLAG_SEND_CACHE;
     // Every connection goes through the same engine, whose flush commits
     // the whole pool: what one connection flushes is durable for all, which
     // is what CAN_MULTI_CONN promises.

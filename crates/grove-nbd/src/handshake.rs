@@ -9,6 +9,7 @@ use grove_store::Pool;
 use crate::codec::*;
 use crate::export::{self, Export, ServerOptions};
 use crate::stream::{discard, read_exact_or_eof};
+use crate::tls::{TlsMode, TlsOptions};
 use crate::validate::PAYLOAD_MAX_BYTES;
 
 /// Largest option data read into memory. GO and INFO carry a name of at
@@ -48,6 +49,10 @@ pub(crate) enum Outcome {
     Transmission(Session),
     /// The client aborted or went away between options.
     Ended,
+    /// NBD_OPT_STARTTLS was acknowledged: the caller runs the TLS handshake,
+    /// then negotiation starts over (options agreed so far are forgotten)
+    /// with [`negotiate_options`] on the TLS stream.
+    StartTls,
 }
 
 /// What the negotiation has agreed so far.
@@ -63,19 +68,24 @@ pub(crate) struct Context<'a> {
     pub pool: &'a Pool,
     pub options: &'a ServerOptions,
     pub stopping: &'a AtomicBool,
+    /// TLS this connection may start (TCP connections of a server with
+    /// TLS settings); None: NBD_OPT_STARTTLS is unsupported.
+    pub tls: Option<&'a TlsOptions>,
+    /// Whether this connection already runs over TLS.
+    pub tls_active: bool,
 }
 
-/// Runs the handshake on a fresh connection.
-pub(crate) fn negotiate(
+/// Sends the greeting and reads the client's flags; None if the client
+/// left first.
+pub(crate) fn greet(
     reader: &mut impl Read,
     writer: &mut impl Write,
-    context: &Context<'_>,
-) -> Result<Outcome, HandshakeError> {
+) -> Result<Option<u32>, HandshakeError> {
     writer.write_all(&encode_greeting(HANDSHAKE_FLAGS))?;
     writer.flush()?;
     let mut flags = [0u8; CLIENT_FLAGS_BYTES];
     if !read_exact_or_eof(reader, &mut flags)? {
-        return Ok(Outcome::Ended);
+        return Ok(None);
     }
     let client_flags = decode_client_flags(&flags).expect("exactly four bytes");
     // proto.md: the server MUST close the connection on unknown client flags.
@@ -88,7 +98,20 @@ pub(crate) fn negotiate(
         // Allowed by the protocol; every client of the last decade sets it.
         tracing::debug!("client did not set NBD_FLAG_C_FIXED_NEWSTYLE; continuing anyway");
     }
+    Ok(Some(client_flags))
+}
+
+/// Answers options until the client picks an export, leaves, or starts
+/// TLS.
+pub(crate) fn negotiate_options(
+    reader: &mut impl Read,
+    writer: &mut impl Write,
+    context: &Context<'_>,
+    client_flags: u32,
+) -> Result<Outcome, HandshakeError> {
     let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
+    let tls_required =
+        context.tls.is_some_and(|tls| tls.mode == TlsMode::Require) && !context.tls_active;
     let mut state = State::default();
     loop {
         let mut header = [0u8; OPTION_HEADER_BYTES];
@@ -136,7 +159,42 @@ pub(crate) fn negotiate(
             continue;
         }
         tracing::trace!(option, length = data.len(), "option");
+        if tls_required && !matches!(option, OPT_STARTTLS | OPT_ABORT) {
+            if option == OPT_EXPORT_NAME {
+                // No error reply exists for it: proto.md has the server
+                // close the connection.
+                return Err(HandshakeError::Protocol(
+                    "NBD_OPT_EXPORT_NAME before NBD_OPT_STARTTLS on a server that requires TLS"
+                        .into(),
+                ));
+            }
+            send_reply(
+                writer,
+                option,
+                REP_ERR_TLS_REQD,
+                "this server requires TLS: send NBD_OPT_STARTTLS first",
+            )?;
+            continue;
+        }
         match option {
+            OPT_STARTTLS => {
+                let refusal = if context.tls.is_none() {
+                    Some((REP_ERR_UNSUP, "this server has no TLS on this listener"))
+                } else if context.tls_active {
+                    Some((REP_ERR_INVALID, "TLS is already running on this connection"))
+                } else if !data.is_empty() {
+                    Some((REP_ERR_INVALID, "NBD_OPT_STARTTLS takes no data"))
+                } else {
+                    None
+                };
+                match refusal {
+                    Some((reply_type, message)) => send_reply(writer, option, reply_type, message)?,
+                    None => {
+                        send(writer, &encode_option_reply(option, REP_ACK, &[]))?;
+                        return Ok(Outcome::StartTls);
+                    }
+                }
+            }
             OPT_EXPORT_NAME => {
                 let name = decode_string("export name", &data)
                     .map_err(|e| HandshakeError::Protocol(e.to_string()))?;
@@ -199,8 +257,6 @@ pub(crate) fn negotiate(
                 let out = meta_context(option, &data, context, &mut state);
                 send(writer, &out)?;
             }
-            // STARTTLS included: this server has no TLS, and proto.md lets a
-            // server without it answer NBD_REP_ERR_UNSUP.
             _ => {
                 send_reply(
                     writer,

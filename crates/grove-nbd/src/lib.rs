@@ -4,9 +4,10 @@
 //! everything, with [`ServerOptions::read_only`]) are read-only exports.
 //! The server speaks fixed newstyle negotiation with NBD_OPT_GO, INFO, LIST,
 //! EXPORT_NAME, ABORT, STRUCTURED_REPLY and the `base:allocation` metadata
-//! context, and serves READ, WRITE, FLUSH, TRIM, WRITE_ZEROES, DISC and
-//! BLOCK_STATUS with FUA, on many connections at once (CAN_MULTI_CONN), with
-//! the requests of each connection running concurrently.
+//! context, and serves READ, WRITE, FLUSH, TRIM, WRITE_ZEROES, CACHE, DISC
+//! and BLOCK_STATUS with FUA, on many connections at once (CAN_MULTI_CONN),
+//! with the requests of each connection running concurrently. TCP
+//! connections can be encrypted with NBD_OPT_STARTTLS ([`TlsOptions`]).
 //!
 //! Layout: [`codec`] is the wire format as pure functions over bytes (what a
 //! fuzz target drives); [`validate`] decides what the protocol allows of a
@@ -21,8 +22,10 @@
 //! ([`IN_FLIGHT_MAX_BYTES`]: past it the connection's reader stops reading),
 //! descriptors per block status reply
 //! ([`block_status::BLOCK_STATUS_DESCRIPTORS_MAX`]), and, in
-//! [`ServerOptions`], connections, workers per connection and the
-//! handshake deadline.
+//! [`ServerOptions`], bytes in flight across the whole server, connections,
+//! workers per connection, the handshake deadline, the request timeout (a
+//! started request's data, or a reply, that does not move closes the
+//! connection) and the shutdown grace.
 //!
 //! ```no_run
 //! use grove_nbd::{Server, ServerOptions};
@@ -43,15 +46,18 @@ mod export;
 mod handshake;
 mod server;
 mod stream;
+mod tls;
 mod transmission;
 pub mod validate;
 
 pub use error::{nbd_error_for, NbdError, NbdErrorKind};
 pub use export::{
     ExportFilter, ServerOptions, CONNECTIONS_MAX_DEFAULT, HANDSHAKE_TIMEOUT_MS_DEFAULT,
-    WORKERS_PER_CONNECTION_DEFAULT,
+    INFLIGHT_LIMIT_BYTES_DEFAULT, REQUEST_TIMEOUT_MS_DEFAULT, SHUTDOWN_GRACE_MS_DEFAULT,
+    SOCKET_MODE_DEFAULT, WORKERS_PER_CONNECTION_DEFAULT,
 };
 pub use handshake::{BLOCK_SIZE_MINIMUM_BYTES, OPTION_DATA_MAX_BYTES};
-pub use server::{parse_listen_addr, Server, ShutdownHandle, DEFAULT_TCP_PORT, SHUTDOWN_GRACE_MS};
-pub use transmission::{IN_FLIGHT_MAX_BYTES, REQUEST_OVERHEAD_BYTES};
+pub use server::{bind_unix_socket, parse_listen_addr, Server, ShutdownHandle, DEFAULT_TCP_PORT};
+pub use tls::{TlsMode, TlsOptions};
+pub use transmission::{INFLIGHT_LIMIT_MIN_BYTES, IN_FLIGHT_MAX_BYTES, REQUEST_OVERHEAD_BYTES};
 pub use validate::PAYLOAD_MAX_BYTES;

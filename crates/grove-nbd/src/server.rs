@@ -16,17 +16,20 @@ use grove_store::Pool;
 
 use crate::error::{NbdError, NbdErrorKind};
 use crate::export::ServerOptions;
-use crate::handshake::{self, Context, Outcome};
+use crate::handshake::{self, Context, HandshakeError, Outcome};
 use crate::stream::{DeadlineReader, Stream};
-use crate::transmission::{self, End};
+use crate::transmission::{self, Budget, End, Limits};
 
 /// The port IANA reserved for NBD.
 pub const DEFAULT_TCP_PORT: u16 = 10809;
 
-/// How long shutdown waits for connections to finish their in-flight
-/// requests before it closes their sockets outright (a client that stopped
-/// reading its replies would otherwise hold the server forever).
-pub const SHUTDOWN_GRACE_MS: u64 = 10_000;
+/// TCP keepalive: a connection silent this long is probed, every
+/// KEEPALIVE_INTERVAL_MS, and dropped after KEEPALIVE_PROBES unanswered
+/// probes. An idle client is legitimate; a dead peer (a crashed or
+/// unplugged machine) is found in about two minutes this way.
+const KEEPALIVE_IDLE_MS: u64 = 60_000;
+const KEEPALIVE_INTERVAL_MS: u64 = 10_000;
+const KEEPALIVE_PROBES: u32 = 6;
 
 /// Pause after a failed accept (out of file descriptors, say) before the
 /// next, so a persistent failure does not spin a core.
@@ -102,6 +105,8 @@ struct Inner {
 /// the pool.
 struct Control {
     stopping: AtomicBool,
+    /// Request payloads and replies in flight across all connections.
+    budget: Budget,
     state: Mutex<State>,
     changed: Condvar,
 }
@@ -130,12 +135,14 @@ enum WakeTarget {
 
 impl Server {
     pub fn new(pool: Pool, options: ServerOptions) -> Server {
+        let budget = Budget::new(options.inflight_limit_bytes);
         Server {
             inner: Arc::new(Inner {
                 pool,
                 options: Arc::new(options),
                 control: Arc::new(Control {
                     stopping: AtomicBool::new(false),
+                    budget,
                     state: Mutex::new(State::default()),
                     changed: Condvar::new(),
                 }),
@@ -147,13 +154,14 @@ impl Server {
         &self.inner.options
     }
 
-    /// Listens on a unix socket at `path`. A stale socket file left by a
-    /// server that died is replaced; a live one is an error. The file is
-    /// removed at shutdown.
+    /// Listens on a unix socket at `path`, created with the permissions of
+    /// [`ServerOptions::socket_mode`]. A stale socket file left by a server
+    /// that died is replaced; a live one is an error. The file is removed
+    /// at shutdown.
     pub fn serve_unix(&self, path: &Path) -> Result<(), NbdError> {
         self.check_running()?;
         remove_stale_socket(path)?;
-        let listener = UnixListener::bind(path).map_err(|e| {
+        let listener = bind_unix_socket(path, self.inner.options.socket_mode).map_err(|e| {
             NbdError::io(
                 NbdErrorKind::Listen,
                 format!("cannot listen on unix socket {}", path.display()),
@@ -237,6 +245,13 @@ impl Server {
         self.inner.control.lock().connections.len()
     }
 
+    /// Bytes of request payloads and replies in flight now, across all
+    /// connections (at most [`ServerOptions::inflight_limit_bytes`], but
+    /// for one request alone).
+    pub fn inflight_bytes(&self) -> u64 {
+        self.inner.control.budget.used_bytes()
+    }
+
     /// Stops the server: closes the listeners, lets every connection finish
     /// the requests it has read (no new ones are read), then flushes the
     /// pool. Returns when all of that is done. Calling it again, from any
@@ -275,7 +290,7 @@ impl Server {
         for stream in state.connections.values() {
             let _ = stream.shutdown(Shutdown::Read);
         }
-        let deadline = Instant::now() + Duration::from_millis(SHUTDOWN_GRACE_MS);
+        let deadline = Instant::now() + Duration::from_millis(inner.options.shutdown_grace_ms);
         while !state.connections.is_empty() {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -371,10 +386,39 @@ impl ListenerSocket {
                 // Replies are whole messages already; Nagle would only
                 // delay the last piece of each.
                 s.set_nodelay(true)?;
+                set_keepalive(&s)?;
                 Ok(Stream::Tcp(s))
             }
         }
     }
+}
+
+fn set_keepalive(socket: &TcpStream) -> io::Result<()> {
+    use rustix::net::sockopt;
+    sockopt::set_socket_keepalive(socket, true)?;
+    sockopt::set_tcp_keepidle(socket, Duration::from_millis(KEEPALIVE_IDLE_MS))?;
+    sockopt::set_tcp_keepintvl(socket, Duration::from_millis(KEEPALIVE_INTERVAL_MS))?;
+    sockopt::set_tcp_keepcnt(socket, KEEPALIVE_PROBES)?;
+    Ok(())
+}
+
+/// Binds a unix socket at `path` whose file has permissions `mode` from
+/// the start: it is bound under a temporary name in the same directory,
+/// given its mode, and renamed into place, so no client can connect while
+/// the umask's permissions are on it.
+pub fn bind_unix_socket(path: &Path, mode: u32) -> io::Result<UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let temporary = dir.join(format!(".grove-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&temporary);
+    let listener = UnixListener::bind(&temporary)?;
+    let placed = std::fs::set_permissions(&temporary, std::fs::Permissions::from_mode(mode))
+        .and_then(|()| std::fs::rename(&temporary, path));
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(&temporary);
+        return Err(e);
+    }
+    Ok(listener)
 }
 
 impl Control {
@@ -412,6 +456,14 @@ fn start_connection(inner: &Arc<Inner>, stream: Stream) {
         );
         return;
     }
+    // A reply or handshake message the client does not take within the
+    // request timeout ends the connection.
+    let timeout = (inner.options.request_timeout_ms > 0)
+        .then(|| Duration::from_millis(inner.options.request_timeout_ms));
+    if let Err(e) = stream.set_write_timeout(timeout) {
+        tracing::warn!(error = %e, "cannot set a connection's write timeout; dropping it");
+        return;
+    }
     let control = match stream.try_clone() {
         Ok(control) => control,
         Err(e) => {
@@ -430,7 +482,14 @@ fn start_connection(inner: &Arc<Inner>, stream: Stream) {
         .name(format!("nbd-conn-{id}"))
         .spawn(move || {
             let guard = ConnectionGuard { control, id };
-            handle_connection(pool, &options, &guard.control.stopping, stream, id);
+            handle_connection(
+                pool,
+                &options,
+                &guard.control.stopping,
+                &guard.control.budget,
+                stream,
+                id,
+            );
         });
     if let Err(e) = spawned {
         tracing::warn!(error = %e, "cannot start a connection thread; dropping the connection");
@@ -460,10 +519,17 @@ fn handle_connection(
     pool: Pool,
     options: &ServerOptions,
     stopping: &AtomicBool,
+    budget: &Budget,
     stream: Stream,
     id: u64,
 ) {
     let label = format!("{id} ({})", stream.peer());
+    // TLS is offered on TCP connections only: a unix socket is guarded by
+    // its file's permissions.
+    let tls = match &stream {
+        Stream::Tcp(_) => options.tls.as_ref(),
+        _ => None,
+    };
     let mut writer = match stream.try_clone() {
         Ok(writer) => writer,
         Err(e) => {
@@ -479,19 +545,41 @@ fn handle_connection(
     // The reader keeps its buffer from the handshake into transmission: a
     // client may send its first request right behind NBD_OPT_GO.
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, stream);
-    let context = Context {
-        pool: &pool,
-        options,
-        stopping,
-    };
-    let negotiated = handshake::negotiate(
-        &mut DeadlineReader {
+    let mut client_flags = None;
+    let negotiated = loop {
+        let tls_active = reader.get_ref().is_tls();
+        let mut timed = DeadlineReader {
             reader: &mut reader,
             deadline,
-        },
-        &mut writer,
-        &context,
-    );
+            what: "the handshake",
+        };
+        let flags = match client_flags {
+            Some(flags) => flags,
+            None => match handshake::greet(&mut timed, &mut writer) {
+                Ok(Some(flags)) => *client_flags.insert(flags),
+                Ok(None) => break Ok(Outcome::Ended),
+                Err(e) => break Err(e),
+            },
+        };
+        let context = Context {
+            pool: &pool,
+            options,
+            stopping,
+            tls,
+            tls_active,
+        };
+        match handshake::negotiate_options(&mut timed, &mut writer, &context, flags) {
+            Ok(Outcome::StartTls) => {}
+            other => break other,
+        }
+        match start_tls(&mut reader, tls) {
+            Ok(tls_stream) => {
+                writer = tls_stream;
+                tracing::debug!(connection = label, "TLS started");
+            }
+            Err(e) => break Err(e),
+        }
+    };
     if deadline.is_some() {
         if let Err(e) = reader.get_ref().set_read_timeout(None) {
             tracing::warn!(connection = label, error = %e, "cannot clear the handshake timeout");
@@ -500,7 +588,7 @@ fn handle_connection(
     }
     let session = match negotiated {
         Ok(Outcome::Transmission(session)) => session,
-        Ok(Outcome::Ended) => {
+        Ok(Outcome::Ended | Outcome::StartTls) => {
             tracing::debug!(connection = label, "client left during the handshake");
             return;
         }
@@ -515,20 +603,28 @@ fn handle_connection(
         read_only = session.export.read_only,
         structured_replies = session.structured_replies,
         base_allocation = session.base_allocation,
+        tls = reader.get_ref().is_tls(),
         "serving export"
     );
-    let end = transmission::serve(
-        &mut reader,
-        writer,
-        &session,
-        options.workers_per_connection,
-        &label,
-    );
+    let limits = Limits {
+        server_budget: budget,
+        stopping,
+        request_timeout: (options.request_timeout_ms > 0)
+            .then(|| Duration::from_millis(options.request_timeout_ms)),
+        workers: options.workers_per_connection,
+    };
+    let end = transmission::serve(&mut reader, writer, &session, &limits, &label);
     match end {
         End::Disconnect | End::Closed => tracing::debug!(connection = label, "disconnected"),
+        End::Stopped => tracing::debug!(connection = label, "stopped while waiting for room"),
         End::Truncated(e) => {
             tracing::info!(connection = label, error = %e, "client left in the middle of a request")
         }
+        End::TimedOut(e) => tracing::warn!(
+            connection = label,
+            error = %e,
+            "client stopped sending in the middle of a request; closing the connection"
+        ),
         End::Protocol(e) => tracing::warn!(
             connection = label,
             error = e,
@@ -536,6 +632,32 @@ fn handle_connection(
         ),
         End::Io(e) => tracing::info!(connection = label, error = %e, "connection failed"),
     }
+}
+
+/// Runs the TLS handshake after NBD_OPT_STARTTLS was acknowledged, and
+/// puts the reader on the TLS stream. Returns the writer's end.
+fn start_tls(
+    reader: &mut BufReader<Stream>,
+    tls: Option<&crate::tls::TlsOptions>,
+) -> Result<Stream, HandshakeError> {
+    // A client must wait for the ACK before it starts TLS; bytes already
+    // here were sent in plaintext behind the option, and would be read as
+    // if they came over TLS (the STARTTLS injection attack).
+    if !reader.buffer().is_empty() {
+        return Err(HandshakeError::Protocol(
+            "the client sent data behind NBD_OPT_STARTTLS before the reply".into(),
+        ));
+    }
+    let (Some(tls), Stream::Tcp(socket)) = (tls, reader.get_ref()) else {
+        return Err(HandshakeError::Protocol(
+            "NBD_OPT_STARTTLS on a connection without TLS".into(),
+        ));
+    };
+    let mut stream = tls.accept(socket.try_clone()?)?;
+    stream.handshake()?;
+    let writer = Stream::Tls(stream.try_clone());
+    *reader = BufReader::with_capacity(READ_BUFFER_BYTES, Stream::Tls(stream));
+    Ok(writer)
 }
 
 /// Makes room for a unix socket at `path`: nothing there is fine; a socket

@@ -1,15 +1,18 @@
-//! One connected socket, unix or TCP, behind one type so the protocol code
-//! does not care which.
+//! One connected socket, unix, TCP or TLS over TCP, behind one type so the
+//! protocol code does not care which.
 
 use std::io::{self, BufReader, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::time::Instant;
 
+use crate::tls::TlsStream;
+
 #[derive(Debug)]
 pub(crate) enum Stream {
     Unix(UnixStream),
     Tcp(TcpStream),
+    Tls(TlsStream),
 }
 
 impl Stream {
@@ -17,7 +20,22 @@ impl Stream {
         Ok(match self {
             Stream::Unix(s) => Stream::Unix(s.try_clone()?),
             Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
+            Stream::Tls(s) => Stream::Tls(s.try_clone()),
         })
+    }
+
+    /// Limits how long a write waits for the peer to take data (None:
+    /// forever). Applies to the socket, so to every clone of it.
+    pub fn set_write_timeout(&self, timeout: Option<std::time::Duration>) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.set_write_timeout(timeout),
+            Stream::Tcp(s) => s.set_write_timeout(timeout),
+            Stream::Tls(s) => s.socket().set_write_timeout(timeout),
+        }
+    }
+
+    pub fn is_tls(&self) -> bool {
+        matches!(self, Stream::Tls(_))
     }
 
     /// Shuts one or both directions. Reading after `Shutdown::Read` (from
@@ -27,6 +45,7 @@ impl Stream {
         match self {
             Stream::Unix(s) => s.shutdown(how),
             Stream::Tcp(s) => s.shutdown(how),
+            Stream::Tls(s) => s.socket().shutdown(how),
         }
     }
 
@@ -36,6 +55,7 @@ impl Stream {
         match self {
             Stream::Unix(s) => s.set_read_timeout(timeout),
             Stream::Tcp(s) => s.set_read_timeout(timeout),
+            Stream::Tls(s) => s.socket().set_read_timeout(timeout),
         }
     }
 
@@ -46,6 +66,11 @@ impl Stream {
                 .peer_addr()
                 .map(|a| a.to_string())
                 .unwrap_or_else(|_| "tcp".to_string()),
+            Stream::Tls(s) => s
+                .socket()
+                .peer_addr()
+                .map(|a| format!("{a}, TLS"))
+                .unwrap_or_else(|_| "tls".to_string()),
         }
     }
 }
@@ -55,6 +80,7 @@ impl Read for Stream {
         match self {
             Stream::Unix(s) => s.read(buf),
             Stream::Tcp(s) => s.read(buf),
+            Stream::Tls(s) => s.read(buf),
         }
     }
 }
@@ -64,6 +90,7 @@ impl Write for Stream {
         match self {
             Stream::Unix(s) => s.write(buf),
             Stream::Tcp(s) => s.write(buf),
+            Stream::Tls(s) => s.write(buf),
         }
     }
 
@@ -71,6 +98,7 @@ impl Write for Stream {
         match self {
             Stream::Unix(s) => s.flush(),
             Stream::Tcp(s) => s.flush(),
+            Stream::Tls(s) => s.flush(),
         }
     }
 }
@@ -116,6 +144,16 @@ pub(crate) fn discard(reader: &mut impl Read, len: u64) -> io::Result<()> {
 pub(crate) struct DeadlineReader<'a> {
     pub reader: &'a mut BufReader<Stream>,
     pub deadline: Option<Instant>,
+    /// What the client was too slow with, for the error.
+    pub what: &'static str,
+}
+
+/// Whether an I/O error is a socket timeout (Linux reports EAGAIN).
+pub(crate) fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+    )
 }
 
 impl Read for DeadlineReader<'_> {
@@ -125,11 +163,20 @@ impl Read for DeadlineReader<'_> {
             if left.is_zero() {
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
-                    "the client took too long over the handshake",
+                    format!("the client took too long over {}", self.what),
                 ));
             }
             self.reader.get_ref().set_read_timeout(Some(left))?;
         }
-        self.reader.read(buf)
+        self.reader.read(buf).map_err(|e| {
+            if is_timeout(&e) {
+                io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("the client took too long over {}", self.what),
+                )
+            } else {
+                e
+            }
+        })
     }
 }

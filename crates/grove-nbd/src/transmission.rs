@@ -3,17 +3,18 @@
 //! volume and send replies in whatever order they finish. Replies go out
 //! whole, one at a time, through a mutex on the socket.
 
-use std::io::{self, BufReader, Read, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Condvar, Mutex};
 use std::thread;
+use std::time::{Duration, Instant};
 
 use crate::block_status::{allocation_descriptors, BLOCK_STATUS_DESCRIPTORS_MAX};
 use crate::codec::*;
 use crate::error::nbd_error_for;
 use crate::handshake::{Session, BASE_ALLOCATION_CONTEXT_ID};
-use crate::stream::{discard, read_exact_or_eof, Stream};
+use crate::stream::{discard, is_timeout, DeadlineReader, Stream};
 use crate::validate::{validate_request, Negotiated, Rejection, PAYLOAD_MAX_BYTES};
 
 /// Bytes of requests one connection may have in the server at once: write
@@ -25,6 +26,24 @@ pub const IN_FLIGHT_MAX_BYTES: u64 = 64 * 1024 * 1024;
 /// What every request counts against the in-flight limit besides its data,
 /// so that a flood of requests without data (trims, flushes) is bounded too.
 pub const REQUEST_OVERHEAD_BYTES: u64 = 4096;
+
+/// Smallest server-wide in-flight limit: one request of the largest
+/// payload must fit, or it could never be read.
+pub const INFLIGHT_LIMIT_MIN_BYTES: u64 = PAYLOAD_MAX_BYTES as u64 + REQUEST_OVERHEAD_BYTES;
+
+/// Bytes read per engine call for NBD_CMD_CACHE, which reads ahead in
+/// pieces of this size rather than all at once.
+const CACHE_CHUNK_BYTES: usize = 1024 * 1024;
+
+/// The largest block status reply: every descriptor, with its headers.
+const BLOCK_STATUS_REPLY_MAX_BYTES: u64 = (STRUCTURED_REPLY_HEADER_BYTES
+    + 4
+    + BLOCK_STATUS_DESCRIPTORS_MAX * BLOCK_STATUS_DESCRIPTOR_BYTES)
+    as u64;
+
+/// How often a reader waiting for room in a budget checks whether its
+/// connection or the server is stopping.
+const BUDGET_POLL_MS: u64 = 100;
 
 /// Zeros written per engine call for NBD_CMD_WRITE_ZEROES with NO_HOLE.
 const ZERO_CHUNK_BYTES: usize = 1024 * 1024;
@@ -43,18 +62,25 @@ pub(crate) enum End {
     Truncated(io::Error),
     /// The stream lost its framing; nothing after can be trusted.
     Protocol(String),
+    /// A request's header or data stopped arriving for longer than the
+    /// request timeout.
+    TimedOut(io::Error),
+    /// The server is shutting down, or the connection broke, while the
+    /// reader waited for room in the in-flight budget.
+    Stopped,
     Io(io::Error),
 }
 
-/// A counter of in-flight bytes with a limit; takers wait for room.
-struct Budget {
+/// A counter of in-flight bytes with a limit; takers wait for room. One
+/// per connection, and one for the whole server.
+pub(crate) struct Budget {
     used_bytes: Mutex<u64>,
     freed: Condvar,
     max_bytes: u64,
 }
 
 impl Budget {
-    fn new(max_bytes: u64) -> Self {
+    pub fn new(max_bytes: u64) -> Self {
         Budget {
             used_bytes: Mutex::new(0),
             freed: Condvar::new(),
@@ -62,14 +88,29 @@ impl Budget {
         }
     }
 
-    /// Waits until `bytes` fit. A request alone always fits, even one over
-    /// the limit, so that the reader can never wait for itself.
-    fn acquire(&self, bytes: u64) {
+    /// Waits until `bytes` fit, and takes them. A request alone always
+    /// fits, even one over the limit, so that the reader can never wait for
+    /// itself. Gives up, taking nothing, and returns false once `cancelled`
+    /// says so.
+    fn acquire(&self, bytes: u64, cancelled: &dyn Fn() -> bool) -> bool {
         let mut used = self.used_bytes.lock().unwrap_or_else(|e| e.into_inner());
         while *used > 0 && *used + bytes > self.max_bytes {
-            used = self.freed.wait(used).unwrap_or_else(|e| e.into_inner());
+            if cancelled() {
+                return false;
+            }
+            used = self
+                .freed
+                .wait_timeout(used, Duration::from_millis(BUDGET_POLL_MS))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
         *used += bytes;
+        true
+    }
+
+    /// Bytes taken now.
+    pub fn used_bytes(&self) -> u64 {
+        *self.used_bytes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn release(&self, bytes: u64) {
@@ -100,7 +141,40 @@ struct Connection<'a> {
     /// when it ends.
     wrote: AtomicBool,
     budget: Budget,
+    /// The budget all connections of the server share.
+    server_budget: &'a Budget,
+    /// Set when the server shuts down.
+    stopping: &'a AtomicBool,
     label: &'a str,
+}
+
+impl Connection<'_> {
+    fn acquire(&self, bytes: u64) -> bool {
+        let cancelled =
+            || self.stopping.load(Ordering::SeqCst) || self.broken.load(Ordering::SeqCst);
+        if !self.budget.acquire(bytes, &cancelled) {
+            return false;
+        }
+        if !self.server_budget.acquire(bytes, &cancelled) {
+            self.budget.release(bytes);
+            return false;
+        }
+        true
+    }
+
+    fn release(&self, bytes: u64) {
+        self.server_budget.release(bytes);
+        self.budget.release(bytes);
+    }
+}
+
+/// What a connection's transmission phase shares with the server.
+pub(crate) struct Limits<'a> {
+    pub server_budget: &'a Budget,
+    pub stopping: &'a AtomicBool,
+    /// How long a started request may take to arrive; None: forever.
+    pub request_timeout: Option<Duration>,
+    pub workers: usize,
 }
 
 /// Serves requests until the client disconnects or breaks the protocol.
@@ -110,9 +184,10 @@ pub(crate) fn serve(
     reader: &mut BufReader<Stream>,
     writer: Stream,
     session: &Session,
-    workers: usize,
+    limits: &Limits<'_>,
     label: &str,
 ) -> End {
+    let workers = limits.workers;
     let export = &session.export;
     let negotiated = Negotiated {
         size_bytes: export.size_bytes,
@@ -131,6 +206,8 @@ pub(crate) fn serve(
         broken: AtomicBool::new(false),
         wrote: AtomicBool::new(false),
         budget: Budget::new(IN_FLIGHT_MAX_BYTES),
+        server_budget: limits.server_budget,
+        stopping: limits.stopping,
         label,
     };
     let (sender, receiver) = mpsc::channel::<Job>();
@@ -154,7 +231,7 @@ pub(crate) fn serve(
         if started == 0 {
             return End::Io(io::Error::other("no worker thread could be started"));
         }
-        let end = read_requests(reader, &connection, &sender);
+        let end = read_requests(reader, &connection, &sender, limits.request_timeout);
         // Closing the queue lets the workers finish what is queued and stop.
         drop(sender);
         end
@@ -169,18 +246,54 @@ pub(crate) fn serve(
     end
 }
 
+/// What a request holds in the budgets while it is in the server: its data
+/// or its reply, plus a fixed overhead.
+fn cost_bytes(request: &Request, accepted: bool) -> u64 {
+    let data_bytes = match request.command {
+        _ if !accepted => 0,
+        Command::Read | Command::Write => u64::from(request.length),
+        Command::Cache => CACHE_CHUNK_BYTES as u64,
+        // Reserved at its largest; the worker gives back what the real
+        // reply does not use as soon as it has built it.
+        Command::BlockStatus => BLOCK_STATUS_REPLY_MAX_BYTES,
+        _ => 0,
+    };
+    REQUEST_OVERHEAD_BYTES + data_bytes
+}
+
 fn read_requests(
     reader: &mut BufReader<Stream>,
     connection: &Connection<'_>,
     sender: &mpsc::Sender<Job>,
+    request_timeout: Option<Duration>,
 ) -> End {
+    let deadline_after = |timeout: Option<Duration>| timeout.map(|t| Instant::now() + t);
     loop {
+        // Waiting for the next request has no time limit: a client idle
+        // between requests (a mounted disk) is legitimate. Once its first
+        // byte is in, the rest of the request has `request_timeout`.
+        if reader.buffer().is_empty() {
+            if request_timeout.is_some() {
+                if let Err(e) = reader.get_ref().set_read_timeout(None) {
+                    return End::Io(e);
+                }
+            }
+            match reader.fill_buf() {
+                Ok([]) => return End::Closed,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return End::Io(e),
+            }
+        }
         let mut header = [0u8; REQUEST_BYTES];
-        match read_exact_or_eof(reader, &mut header) {
-            Ok(true) => {}
-            Ok(false) => return End::Closed,
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return End::Truncated(e),
-            Err(e) => return End::Io(e),
+        let read = DeadlineReader {
+            reader: &mut *reader,
+            deadline: deadline_after(request_timeout),
+            what: "a request header",
+        }
+        .read_exact(&mut header);
+        if let Err(e) = read {
+            return truncated(e);
         }
         let request = match decode_request(&header) {
             Ok(request) => request,
@@ -191,31 +304,32 @@ fn read_requests(
             return End::Disconnect;
         }
         let rejection = validate_request(&request, &connection.negotiated).err();
-        let carries_data =
-            rejection.is_none() && matches!(request.command, Command::Read | Command::Write);
-        let cost_bytes = REQUEST_OVERHEAD_BYTES
-            + if carries_data {
-                u64::from(request.length)
-            } else {
-                0
-            };
-        connection.budget.acquire(cost_bytes);
+        let cost_bytes = cost_bytes(&request, rejection.is_none());
+        if !connection.acquire(cost_bytes) {
+            return End::Stopped;
+        }
         let payload_bytes = request.payload_bytes();
+        // The payload's time starts once there is room for it.
+        let mut payload_reader = DeadlineReader {
+            reader: &mut *reader,
+            deadline: deadline_after(request_timeout),
+            what: "a request's data",
+        };
         let payload = if payload_bytes == 0 {
             None
         } else if rejection.is_some() {
             // A refused write's data still follows its header; read past it
             // (without keeping it) to stay in step with the client.
-            if let Err(e) = discard(reader, u64::from(payload_bytes)) {
-                connection.budget.release(cost_bytes);
-                return End::Truncated(e);
+            if let Err(e) = discard(&mut payload_reader, u64::from(payload_bytes)) {
+                connection.release(cost_bytes);
+                return truncated(e);
             }
             None
         } else {
             let mut data = vec![0u8; payload_bytes as usize];
-            if let Err(e) = reader.read_exact(&mut data) {
-                connection.budget.release(cost_bytes);
-                return End::Truncated(e);
+            if let Err(e) = payload_reader.read_exact(&mut data) {
+                connection.release(cost_bytes);
+                return truncated(e);
             }
             Some(data)
         };
@@ -232,6 +346,17 @@ fn read_requests(
     }
 }
 
+/// How a read inside a request failed.
+fn truncated(e: io::Error) -> End {
+    if is_timeout(&e) {
+        End::TimedOut(e)
+    } else if e.kind() == io::ErrorKind::UnexpectedEof {
+        End::Truncated(e)
+    } else {
+        End::Io(e)
+    }
+}
+
 fn worker(connection: &Connection<'_>, receiver: &Mutex<mpsc::Receiver<Job>>) {
     loop {
         let job = {
@@ -242,24 +367,29 @@ fn worker(connection: &Connection<'_>, receiver: &Mutex<mpsc::Receiver<Job>>) {
             }
         };
         let cost_bytes = job.cost_bytes;
-        run(connection, job);
-        connection.budget.release(cost_bytes);
+        let released_early_bytes = run(connection, job);
+        connection.release(cost_bytes - released_early_bytes);
     }
 }
 
-/// Runs one request and sends its reply.
-fn run(connection: &Connection<'_>, job: Job) {
+/// Runs one request and sends its reply. Returns the bytes of its budget
+/// it gave back early.
+fn run(connection: &Connection<'_>, job: Job) -> u64 {
     let request = job.request;
     if let Some(rejection) = job.rejection {
         tracing::debug!(connection = connection.label, %request.command, error = rejection.error, message = rejection.message, "request refused");
         send_error(connection, &request, rejection.error, &rejection.message);
-        return;
+        return 0;
     }
     let volume = &connection.session.export.volume;
     let fua = request.flags & CMD_FLAG_FUA != 0;
     let result = match request.command {
-        Command::Read => return read(connection, &request),
+        Command::Read => {
+            read(connection, &request);
+            return 0;
+        }
         Command::BlockStatus => return block_status(connection, &request),
+        Command::Cache => cache(volume, request.offset, u64::from(request.length)),
         Command::Write => {
             let data = job
                 .payload
@@ -279,13 +409,13 @@ fn run(connection: &Connection<'_>, job: Job) {
                     NBD_ENOTSUP,
                     "zeroing without holes is not faster than writing",
                 );
-                return;
+                return 0;
             }
             write_zeros(volume, request.offset, u64::from(request.length))
         }
         // Unmapping reads back as zeros and frees space: the fast way.
         Command::WriteZeroes => volume.discard(request.offset, u64::from(request.length)),
-        Command::Disc | Command::Cache | Command::Unknown(_) => {
+        Command::Disc | Command::Unknown(_) => {
             unreachable!("validate_request refuses {}", request.command)
         }
     };
@@ -306,6 +436,25 @@ fn run(connection: &Connection<'_>, job: Job) {
         Ok(()) => send(connection, &encode_simple_reply(request.cookie, 0)),
         Err(e) => send_engine_error(connection, &request, &e),
     }
+    0
+}
+
+/// NBD_CMD_CACHE: reads the mapped parts of a range ahead of use, so that
+/// the engine's metadata and the host's page cache hold them. Holes read
+/// as zeros without I/O and are skipped.
+fn cache(volume: &grove_store::Volume, offset: u64, len: u64) -> grove_store::Result<()> {
+    let mut scratch = vec![0u8; CACHE_CHUNK_BYTES];
+    for (start, extent_len) in volume.mapped_extents_in(offset, len)? {
+        let from = start.max(offset);
+        let to = (start + extent_len).min(offset + len);
+        let mut at = from;
+        while at < to {
+            let chunk = (to - at).min(CACHE_CHUNK_BYTES as u64) as usize;
+            volume.read_at(&mut scratch[..chunk], at)?;
+            at += chunk as u64;
+        }
+    }
+    Ok(())
 }
 
 fn write_zeros(volume: &grove_store::Volume, offset: u64, len: u64) -> grove_store::Result<()> {
@@ -333,12 +482,17 @@ fn read(connection: &Connection<'_>, request: &Request) {
     }
 }
 
-fn block_status(connection: &Connection<'_>, request: &Request) {
+/// Answers BLOCK_STATUS. Returns the part of its reserved budget that the
+/// real reply did not need, which it gave back before sending.
+fn block_status(connection: &Connection<'_>, request: &Request) -> u64 {
     let volume = &connection.session.export.volume;
     // Only the queried window: the cost follows the request, not the volume.
     let extents = match volume.mapped_extents_in(request.offset, u64::from(request.length)) {
         Ok(extents) => extents,
-        Err(e) => return send_engine_error(connection, request, &e),
+        Err(e) => {
+            send_engine_error(connection, request, &e);
+            return 0;
+        }
     };
     let req_one = request.flags & CMD_FLAG_REQ_ONE != 0;
     let descriptors = allocation_descriptors(
@@ -354,7 +508,10 @@ fn block_status(connection: &Connection<'_>, request: &Request) {
         BASE_ALLOCATION_CONTEXT_ID,
         &descriptors,
     );
+    let unused_bytes = BLOCK_STATUS_REPLY_MAX_BYTES.saturating_sub(chunk.len() as u64);
+    connection.release(unused_bytes);
     send(connection, &chunk);
+    unused_bytes
 }
 
 fn send_engine_error(connection: &Connection<'_>, request: &Request, error: &grove_store::Error) {
@@ -393,7 +550,14 @@ fn send(connection: &Connection<'_>, bytes: &[u8]) {
     let mut writer = connection.writer.lock().unwrap_or_else(|e| e.into_inner());
     if let Err(e) = writer.write_all(bytes).and_then(|()| writer.flush()) {
         if !connection.broken.swap(true, Ordering::SeqCst) {
-            tracing::debug!(connection = connection.label, error = %e, "cannot send reply; dropping the connection");
+            if is_timeout(&e) {
+                tracing::warn!(
+                    connection = connection.label,
+                    "the client did not take a reply within the request timeout; closing the connection"
+                );
+            } else {
+                tracing::debug!(connection = connection.label, error = %e, "cannot send reply; dropping the connection");
+            }
             let _ = writer.shutdown(Shutdown::Both);
         }
     }

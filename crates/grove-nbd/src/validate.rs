@@ -76,10 +76,10 @@ pub fn validate_request(request: &Request, negotiated: &Negotiated) -> Result<()
         | Command::Flush
         | Command::Trim
         | Command::WriteZeroes
-        | Command::BlockStatus => {}
+        | Command::BlockStatus
+        | Command::Cache => {}
         Command::Disc => return Ok(()),
-        // CACHE is never advertised, so it is as unknown as any other.
-        Command::Cache | Command::Unknown(_) => {
+        Command::Unknown(_) => {
             return reject(NBD_EINVAL, format!("{command} is not supported"));
         }
     }
@@ -223,8 +223,13 @@ mod tests {
             error_of(request(Command::Unknown(99), 0, 0, 1), n),
             Some(NBD_EINVAL)
         );
+        assert_eq!(error_of(request(Command::Cache, 0, 0, 1), n), None);
         assert_eq!(
-            error_of(request(Command::Cache, 0, 0, 1), n),
+            error_of(request(Command::Cache, 0, end - 1, 2), n),
+            Some(NBD_EINVAL)
+        );
+        assert_eq!(
+            error_of(request(Command::Cache, CMD_FLAG_DF, 0, 1), n),
             Some(NBD_EINVAL)
         );
         assert_eq!(

@@ -7,7 +7,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{have, pattern, run, stdout, TestServer};
+use common::{have, pattern, run, skip, stdout, TestServer};
 use grove_nbd::ServerOptions;
 
 const MIB: u64 = 1024 * 1024;
@@ -264,15 +264,24 @@ fn nbdinfo_lists_exports_and_details() {
     assert!(info.contains("can_trim: true"), "{info}");
     assert!(info.contains("can_zero: true"), "{info}");
     assert!(info.contains("can_fua: true"), "{info}");
+    assert!(
+        info.contains("can_cache: true"),
+        "NBD_CMD_CACHE is advertised:\n{info}"
+    );
     assert!(info.contains("is_read_only: false"), "{info}");
     assert!(info.contains("block_size_preferred: 4096"), "{info}");
     assert!(info.contains("block_size_maximum: 33554432"), "{info}");
     assert!(info.contains("base:allocation"), "{info}");
 
     let out = run(Command::new("nbdinfo").arg(t.uri("disk@1")));
+    let info = stdout(&out);
     assert!(
-        stdout(&out).contains("is_read_only: true"),
+        info.contains("is_read_only: true"),
         "snapshots are read-only exports"
+    );
+    assert!(
+        info.contains("can_cache: true"),
+        "read-only exports cache too:\n{info}"
     );
 }
 
@@ -315,7 +324,7 @@ fn fio_nbd_engine_random_and_sequential_with_crc32c_verify() {
     }
     let engines = run(Command::new("fio").arg("--enghelp"));
     if !stdout(&engines).lines().any(|l| l.trim() == "nbd") {
-        eprintln!("SKIP: this fio has no nbd engine (fio --enghelp); skipping");
+        skip("this fio has no nbd engine (fio --enghelp)");
         return;
     }
     let t = TestServer::start(&[("disk", 32 * MIB)], ServerOptions::default());

@@ -365,9 +365,11 @@ fn bad_requests_get_the_errors_the_protocol_requires() {
         c.send(&vec![0x42; too_long as usize]);
         let reply = c.reply(None);
         assert_eq!((reply.cookie(), reply.error()), (5000, NBD_EINVAL));
-        // Unknown commands and flags, and commands never advertised.
+        // Unknown commands and flags; CACHE is checked like a read.
         expect(&mut c, Command::Unknown(99), 0, 0, 512, NBD_EINVAL);
-        expect(&mut c, Command::Cache, 0, 0, 512, NBD_EINVAL);
+        expect(&mut c, Command::Cache, 0, 0, 512, 0);
+        expect(&mut c, Command::Cache, 0, size - 1, 2, NBD_EINVAL);
+        expect(&mut c, Command::Cache, CMD_FLAG_DF, 0, 512, NBD_EINVAL);
         expect(&mut c, Command::Read, 1 << 12, 0, 512, NBD_EINVAL);
         expect(&mut c, Command::Write, CMD_FLAG_REQ_ONE, 0, 512, NBD_EINVAL);
         expect(&mut c, Command::Flush, 0, 0, 512, NBD_EINVAL);

@@ -162,25 +162,48 @@ fn stale_socket_files_are_replaced_and_live_ones_refused() {
     server.shutdown().unwrap();
 }
 
+/// The handshake limit in the stall test: long enough that a loaded 2-core
+/// machine finishes an honest handshake well inside it.
+const STALL_HANDSHAKE_TIMEOUT_MS: u64 = 3_000;
+
+/// Whether an I/O result shows the server closed the connection (end of
+/// file, reset, broken pipe), as opposed to any other failure, such as the
+/// test's own read timeout.
+fn closed_by_server<T>(result: &std::io::Result<T>) -> bool {
+    match result {
+        Ok(_) => false,
+        Err(e) => matches!(
+            e.kind(),
+            std::io::ErrorKind::UnexpectedEof
+                | std::io::ErrorKind::ConnectionReset
+                | std::io::ErrorKind::BrokenPipe
+        ),
+    }
+}
+
 #[test]
 fn a_client_that_stalls_in_the_handshake_is_cut_off() {
     let t = TestServer::start(
         &[("disk", 1 << 20)],
         ServerOptions {
-            handshake_timeout_ms: 300,
+            handshake_timeout_ms: STALL_HANDSHAKE_TIMEOUT_MS,
             ..Default::default()
         },
     );
     // Says nothing after the greeting.
     let mut silent = t.connect();
-    let _ = silent.recv(GREETING_BYTES);
+    silent.recv(GREETING_BYTES);
     // Trickles valid options, each well inside the limit but together past it.
     let mut trickle = t.connect();
     trickle.greet(FLAG_C_FIXED_NEWSTYLE);
     let started = Instant::now();
-    let mut cut_off = false;
-    while started.elapsed() < Duration::from_secs(5) {
-        std::thread::sleep(Duration::from_millis(100));
+    let mut answered_options = 0;
+    let cut_off = loop {
+        assert!(
+            started.elapsed() < Duration::from_millis(10 * STALL_HANDSHAKE_TIMEOUT_MS),
+            "a trickling client was never cut off ({answered_options} options answered)"
+        );
+        std::thread::sleep(Duration::from_millis(STALL_HANDSHAKE_TIMEOUT_MS / 10));
         let option = encode_option_header(OptionHeader {
             option: OPT_STRUCTURED_REPLY,
             length: 0,
@@ -191,17 +214,162 @@ fn a_client_that_stalls_in_the_handshake_is_cut_off() {
             .write_all(&option)
             .and_then(|()| trickle.stream.read_exact(&mut header));
         if answered.is_err() {
-            cut_off = true;
-            break;
+            break answered;
         }
-    }
-    assert!(cut_off, "a trickling client was never cut off");
+        answered_options += 1;
+    };
+    assert!(
+        closed_by_server(&cut_off),
+        "the trickling client must be cut off by the server, not fail otherwise: {cut_off:?}"
+    );
+    assert!(
+        answered_options >= 1,
+        "options inside the limit are answered"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(STALL_HANDSHAKE_TIMEOUT_MS / 2),
+        "cut off before the limit"
+    );
     assert!(silent.is_closed(), "a silent client is cut off");
     // A client that completes in time is served, and the limit does not
     // apply once transmission starts.
     let mut c = t.connect();
     c.handshake("disk", true);
-    std::thread::sleep(Duration::from_millis(500));
+    std::thread::sleep(Duration::from_millis(STALL_HANDSHAKE_TIMEOUT_MS + 500));
     c.request(Command::Read, 0, 1, 0, 512);
     assert_eq!(c.reply(None).error(), 0);
+}
+
+/// The request timeout in the timeout tests: short, so the tests are quick,
+/// but far above what any step of an honest client takes.
+const TEST_REQUEST_TIMEOUT_MS: u64 = 1_500;
+
+/// Waits (at most `limit`) until the server serves `count` connections.
+fn wait_for_connections(t: &TestServer, count: usize, limit: Duration) {
+    let started = Instant::now();
+    while t.server.connection_count() != count {
+        assert!(
+            started.elapsed() < limit,
+            "{} connections, not {count}, after {limit:?}",
+            t.server.connection_count()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn stalled_requests_and_unread_replies_time_out_but_idle_clients_stay() {
+    let t = TestServer::start(
+        &[("disk", 64 << 20)],
+        ServerOptions {
+            request_timeout_ms: TEST_REQUEST_TIMEOUT_MS,
+            ..Default::default()
+        },
+    );
+    // Idle between requests, for longer than the timeout: legitimate.
+    let mut idle = t.connect();
+    idle.handshake("disk", true);
+    // Half a request header, then nothing.
+    let mut half_header = t.connect();
+    half_header.handshake("disk", false);
+    let header = encode_request(&Request {
+        flags: 0,
+        command: Command::Write,
+        cookie: 1,
+        offset: 0,
+        length: 4096,
+    });
+    half_header.send(&header[..10]);
+    // A whole write header, then half its data.
+    let mut half_payload = t.connect();
+    half_payload.handshake("disk", false);
+    half_payload.send(&header);
+    half_payload.send(&[0x55; 2048]);
+    // Many reads whose replies are never read: the server's writes block.
+    let mut deaf = t.connect();
+    deaf.handshake("disk", false);
+    for cookie in 0..200u64 {
+        deaf.request(Command::Read, 0, cookie, 0, 1 << 20);
+    }
+    assert!(
+        t.server.inflight_bytes() > 0,
+        "the unread replies are in flight"
+    );
+    // The three misbehaving clients are closed; the idle one stays.
+    wait_for_connections(&t, 1, Duration::from_millis(20 * TEST_REQUEST_TIMEOUT_MS));
+    assert!(half_header.is_closed(), "a stalled header is cut off");
+    assert!(half_payload.is_closed(), "stalled data is cut off");
+    wait_for_inflight_zero(&t);
+    assert_eq!(
+        t.read_volume("disk", 0, 4096),
+        vec![0u8; 4096],
+        "a write whose data never all came is not applied"
+    );
+    idle.request(Command::Read, 0, 7, 0, 4096);
+    let reply = idle.reply(Some(4096));
+    assert_eq!((reply.cookie(), reply.error()), (7, 0));
+}
+
+#[test]
+fn greedy_clients_wait_for_the_server_wide_budget_and_are_not_failed() {
+    const LIMIT_BYTES: u64 = 40 << 20;
+    let t = TestServer::start(
+        &[("disk", 64 << 20)],
+        ServerOptions {
+            inflight_limit_bytes: LIMIT_BYTES,
+            ..Default::default()
+        },
+    );
+    // Three clients each send a 16 MiB write header, and the first two
+    // part of their data: those two fit in the budget and their readers
+    // wait for the rest; the third's reader must wait for room before it
+    // takes any of its data.
+    let mut greedy: Vec<RawClient> = (0..3).map(|_| t.connect()).collect();
+    for (i, c) in greedy.iter_mut().enumerate() {
+        c.handshake("disk", false);
+        c.request(Command::Write, 0, i as u64, (i as u64) << 24, 16 << 20);
+        if i < 2 {
+            c.send(&vec![0x60 + i as u8; 1 << 20]);
+        }
+    }
+    let started = Instant::now();
+    while t.server.inflight_bytes() < 2 * (16 << 20) {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the writes never got room: {} bytes in flight",
+            t.server.inflight_bytes()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        t.server.inflight_bytes() <= LIMIT_BYTES,
+        "{} bytes in flight over a {LIMIT_BYTES}-byte budget",
+        t.server.inflight_bytes()
+    );
+    // Finishing the first two writes makes room for the third, which is
+    // then read; none fails.
+    for c in greedy.iter_mut().take(2) {
+        c.send(&vec![0x70; (16 << 20) - (1 << 20)]);
+    }
+    greedy[2].send(&vec![0x72; 16 << 20]);
+    for (i, c) in greedy.iter_mut().enumerate() {
+        let reply = c.reply(None);
+        assert_eq!((reply.cookie(), reply.error()), (i as u64, 0));
+    }
+    assert_eq!(t.read_volume("disk", 2 << 24, 4), vec![0x72; 4]);
+    // A worker gives its budget back just after its reply has gone.
+    wait_for_inflight_zero(&t);
+}
+
+fn wait_for_inflight_zero(t: &TestServer) {
+    let started = Instant::now();
+    while t.server.inflight_bytes() != 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{} bytes still in flight",
+            t.server.inflight_bytes()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

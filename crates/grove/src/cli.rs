@@ -299,6 +299,9 @@ pub enum Command {
         /// The volume a client gets when it asks for the empty export name
         #[arg(long, value_name = "NAME")]
         default_export: Option<String>,
+        /// Limits, timeouts, socket permissions and TLS
+        #[command(flatten)]
+        limits: crate::serve::ServeArgs,
     },
 
     /// Verify all metadata and exit 1 if anything is wrong

@@ -33,6 +33,7 @@ pub fn run(cli: Cli) -> Result<()> {
             read_only,
             exports,
             default_export,
+            limits,
         } => serve::run(
             dir,
             serve::Listen {
@@ -42,6 +43,7 @@ pub fn run(cli: Cli) -> Result<()> {
             read_only,
             exports,
             default_export,
+            limits,
         ),
         command => match Pool::open(dir) {
             Ok(pool) => {

@@ -32,6 +32,11 @@ const REQUESTS_PER_CONNECTION_MAX: usize = 1000;
 const IDLE_TIMEOUT_MS: u64 = 30_000;
 /// Control connections served at once; more are closed at accept.
 const CONNECTIONS_MAX: usize = 64;
+/// A control client that does not take a reply for this long is
+/// disconnected.
+const WRITE_TIMEOUT_MS: u64 = 30_000;
+/// How often stopping checks whether the connections have finished.
+const STOP_POLL_MS: u64 = 20;
 
 /// What a command can ask of a pool, whether it holds the pool itself or
 /// reaches it through a daemon.
@@ -223,10 +228,10 @@ impl ControlServer {
     /// Listens on `POOL/grove.control`. The pool is already open (and so
     /// locked) by this process, so a socket file found there is a stale one
     /// from a daemon that died, and is replaced.
-    pub fn start(pool: Pool) -> Result<ControlServer> {
+    pub fn start(pool: Pool, socket_mode: u32) -> Result<ControlServer> {
         let path = pool.dir().join(CONTROL_SOCKET_NAME);
         let _ = std::fs::remove_file(&path);
-        let listener = UnixListener::bind(&path)
+        let listener = grove_nbd::bind_unix_socket(&path, socket_mode)
             .with_context(|| format!("cannot listen on control socket {}", path.display()))?;
         let stopping = Arc::new(AtomicBool::new(false));
         let connections = Connections::default();
@@ -245,26 +250,49 @@ impl ControlServer {
         })
     }
 
-    /// Stops accepting, lets requests in progress finish, hangs up on idle
-    /// clients and removes the socket.
-    pub fn stop(mut self) {
-        self.stopping.store(true, Ordering::SeqCst);
-        // Wake the blocking accept with a connection of our own. Shutting
-        // down only the reading side lets a request being answered still
-        // get its reply.
+    /// Stops accepting and hangs up on idle clients: shutting down only
+    /// the reading side lets a request being answered still get its reply.
+    /// Returns at once; [`ControlServer::stop`] finishes the job.
+    pub fn begin_stop(&self) {
+        if self.stopping.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        // Wake the blocking accept with a connection of our own.
         let _ = UnixStream::connect(&self.path);
-        for stream in self
-            .connections
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-        {
+        for stream in self.lock_connections().values() {
             let _ = stream.shutdown(std::net::Shutdown::Read);
         }
+    }
+
+    /// Stops: lets requests in progress finish until `deadline`, then
+    /// closes both directions of every connection left (a client that does
+    /// not read its replies cannot hold the daemon), and removes the socket.
+    pub fn stop(mut self, deadline: std::time::Instant) {
+        self.begin_stop();
+        while !self.lock_connections().is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(STOP_POLL_MS));
+        }
+        let left = self.lock_connections();
+        if !left.is_empty() {
+            tracing::warn!(
+                connections = left.len(),
+                "control clients still busy after the grace period; closing them"
+            );
+        }
+        for stream in left.values() {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
+        drop(left);
         if let Some(acceptor) = self.acceptor.take() {
             let _ = acceptor.join();
         }
         let _ = std::fs::remove_file(&self.path);
+    }
+
+    fn lock_connections(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, UnixStream>> {
+        self.connections.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -315,6 +343,7 @@ fn accept_loop(
 
 fn serve_connection(stream: UnixStream, pool: &Pool) {
     let _ = stream.set_read_timeout(Some(Duration::from_millis(IDLE_TIMEOUT_MS)));
+    let _ = stream.set_write_timeout(Some(Duration::from_millis(WRITE_TIMEOUT_MS)));
     let Ok(mut writer) = stream.try_clone() else {
         return;
     };

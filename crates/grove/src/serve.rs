@@ -7,8 +7,11 @@ use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, Context, Result};
-use grove_nbd::{parse_listen_addr, ExportFilter, Server, ServerOptions};
+use anyhow::{anyhow, bail, Context, Result};
+use grove_nbd::{
+    parse_listen_addr, ExportFilter, Server, ServerOptions, TlsMode, TlsOptions,
+    CONNECTIONS_MAX_DEFAULT, INFLIGHT_LIMIT_MIN_BYTES,
+};
 use grove_store::{ErrorKind, Pool};
 use signal_hook::consts::{SIGINT, SIGTERM};
 
@@ -19,6 +22,86 @@ use crate::reclaimer::Reclaimer;
 pub const NBD_SOCKET_NAME: &str = "nbd.sock";
 /// Log filter when $GROVE_LOG does not say (tracing's EnvFilter syntax).
 const LOG_FILTER_DEFAULT: &str = "info";
+
+/// Exit code when a second SIGINT or SIGTERM cuts the shutdown short.
+const EXIT_CODE_FORCED: i32 = 130;
+
+/// `grove serve`'s limits, timeouts, socket permissions and TLS.
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Bytes of request data and replies held at once over all connections;
+    /// past it the server stops reading requests until replies drain
+    #[arg(long, value_name = "SIZE", default_value = "256M")]
+    pub inflight_limit: String,
+    /// Connections served at once; more are closed as they arrive
+    #[arg(long, value_name = "N", default_value_t = CONNECTIONS_MAX_DEFAULT)]
+    pub max_connections: usize,
+    /// Seconds a started request, a reply or a handshake message may take
+    /// before the connection is closed (0: no limit). A client idle
+    /// between requests is not limited
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    pub request_timeout: u64,
+    /// Permissions of the NBD and control sockets, in octal
+    #[arg(long, value_name = "MODE", default_value = "0660", value_parser = parse_socket_mode)]
+    pub socket_mode: u32,
+    /// TLS certificate chain (PEM) for TCP connections (NBD_OPT_STARTTLS)
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The TLS certificate's private key (PEM)
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// CA certificates (PEM): TCP clients must show a certificate it signed
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_ca: Option<PathBuf>,
+    /// With --tls-cert: require TLS of every TCP client, or allow plaintext too
+    #[arg(long, value_name = "MODE", value_parser = ["require", "allow"], default_value = "require")]
+    pub tls: String,
+}
+
+/// Socket permissions for --socket-mode: octal, at most 0777.
+fn parse_socket_mode(text: &str) -> std::result::Result<u32, String> {
+    let mode = u32::from_str_radix(text.trim_start_matches("0o"), 8)
+        .map_err(|_| format!("{text:?} is not an octal mode such as 0660"))?;
+    if mode > 0o777 {
+        return Err(format!("{text:?} is more than 0777"));
+    }
+    Ok(mode)
+}
+
+impl ServeArgs {
+    fn server_options(&self) -> Result<ServerOptions> {
+        let inflight_limit_bytes =
+            crate::size::parse_size(&self.inflight_limit, "--inflight-limit")?;
+        if inflight_limit_bytes < INFLIGHT_LIMIT_MIN_BYTES {
+            bail!(
+                "--inflight-limit {} is below {INFLIGHT_LIMIT_MIN_BYTES} bytes: one request of the largest size must fit",
+                self.inflight_limit
+            );
+        }
+        if self.max_connections == 0 {
+            bail!("--max-connections must be at least 1");
+        }
+        let tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => {
+                let mode = if self.tls == "allow" {
+                    TlsMode::Allow
+                } else {
+                    TlsMode::Require
+                };
+                Some(TlsOptions::load(cert, key, self.tls_ca.as_deref(), mode)?)
+            }
+            _ => None,
+        };
+        Ok(ServerOptions {
+            inflight_limit_bytes,
+            connections_max: self.max_connections,
+            request_timeout_ms: self.request_timeout.saturating_mul(1000),
+            socket_mode: self.socket_mode,
+            tls,
+            ..ServerOptions::default()
+        })
+    }
+}
 
 /// Where to listen.
 pub struct Listen {
@@ -32,8 +115,13 @@ pub fn run(
     read_only: bool,
     exports: Vec<String>,
     default_export: Option<String>,
+    limits: ServeArgs,
 ) -> Result<()> {
     init_logging();
+    let base_options = limits.server_options()?;
+    if base_options.tls.is_some() && listen.tcp.is_none() {
+        bail!("--tls-cert applies to TCP connections: give --listen too");
+    }
     let pool = Pool::open(dir).map_err(|e| match e.kind() {
         ErrorKind::Busy => anyhow!(
             "pool {} is already held by another grove process (is `grove serve` running?)",
@@ -57,7 +145,8 @@ pub fn run(
     // Signals are caught before anything listens, so none is lost.
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
         .context("cannot install signal handlers")?;
-    let control = ControlServer::start(pool.clone())?;
+    let control = ControlServer::start(pool.clone(), base_options.socket_mode)?;
+    let shutdown_grace_ms = base_options.shutdown_grace_ms;
     let reclaimer = Reclaimer::start(pool.clone()).context("cannot start the reclaimer")?;
     let exports_filter = if exports.is_empty() {
         ExportFilter::All
@@ -70,7 +159,7 @@ pub fn run(
             read_only,
             default_export: default_export.clone(),
             exports: exports_filter,
-            ..ServerOptions::default()
+            ..base_options
         },
     );
     if let Some(path) = &socket {
@@ -90,9 +179,23 @@ pub fn run(
         ?signal,
         "shutting down: no new connections, finishing requests in flight"
     );
+    // A second signal means "now": exit without waiting for the grace
+    // period. What clients had flushed is on disk; the journal covers the rest.
+    std::thread::Builder::new()
+        .name("grove-signals".into())
+        .spawn(move || {
+            if let Some(signal) = signals.forever().next() {
+                tracing::warn!(signal, "second signal: exiting without a clean shutdown");
+                std::process::exit(EXIT_CODE_FORCED);
+            }
+        })
+        .context("cannot start the signal thread")?;
+    // Both servers stop within one grace period, whatever clients do.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(shutdown_grace_ms);
+    control.begin_stop();
     server.shutdown()?;
     reclaimer.stop();
-    control.stop();
+    control.stop(deadline);
     pool.close()
         .with_context(|| format!("cannot close pool {}", dir.display()))?;
     tracing::info!("pool flushed and closed");

@@ -70,8 +70,16 @@ impl Pool {
             .spawn()
             .unwrap();
         // The child may refuse before reading all of it; a broken pipe
-        // here is its business, and the test checks its exit status.
-        let _ = child.stdin.take().unwrap().write_all(input);
+        // here is its business, and the test checks its exit status. Any
+        // other failure to feed it is the test's own, and fails it.
+        let fed = child.stdin.take().unwrap().write_all(input);
+        if let Err(e) = &fed {
+            assert_eq!(
+                e.kind(),
+                std::io::ErrorKind::BrokenPipe,
+                "cannot feed the child its input: {e}"
+            );
+        }
         child.wait_with_output().unwrap()
     }
 

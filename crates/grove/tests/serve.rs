@@ -2,7 +2,8 @@
 //! a snapshot taken while a client writes holds every acknowledged write,
 //! SIGTERM shuts it down cleanly, and data flushed before a SIGKILL is
 //! there after a restart. NBD clients are the real qemu-io; the tests that
-//! need it say so and skip when it is missing (scripts/test.sh installs it).
+//! need it say so and skip when it is missing; under scripts/test.sh
+//! ($GROVE_REQUIRE_TOOLS) a missing tool fails them instead.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
@@ -119,7 +120,14 @@ fn have(tool: &str) -> bool {
         .status
         .success();
     if !found {
-        println!("skipping: {tool} is not installed (scripts/test.sh installs it)");
+        // scripts/test.sh sets GROVE_REQUIRE_TOOLS: there a missing tool is
+        // a failure, not a quiet pass.
+        if std::env::var_os("GROVE_REQUIRE_TOOLS").is_some_and(|v| v != "0") {
+            panic!("{tool} is not installed, and GROVE_REQUIRE_TOOLS is set: install it (scripts/test.sh does)");
+        }
+        eprintln!(
+            "SKIP: {tool} is not installed; skipping this test (scripts/test.sh installs it)"
+        );
     }
     found
 }

@@ -68,8 +68,27 @@ impl Drop for TestServer {
     }
 }
 
+/// Set (to anything but "0") by scripts/test.sh: a test whose tool is
+/// missing then fails, naming the tool, instead of passing after a "SKIP".
+pub const REQUIRE_TOOLS_ENV: &str = "GROVE_REQUIRE_TOOLS";
+
+/// Whether missing tools fail tests ($GROVE_REQUIRE_TOOLS).
+pub fn tools_required() -> bool {
+    std::env::var_os(REQUIRE_TOOLS_ENV).is_some_and(|v| v != "0")
+}
+
+/// Skips a test for a missing prerequisite: prints why and returns, or,
+/// under scripts/test.sh ($GROVE_REQUIRE_TOOLS), fails the test.
+pub fn skip(why: &str) {
+    if tools_required() {
+        panic!("{why}, and {REQUIRE_TOOLS_ENV} is set: install it (scripts/test.sh does)");
+    }
+    eprintln!("SKIP: {why}; skipping this test (scripts/test.sh installs it)");
+}
+
 /// Whether a command-line tool is installed. Tests that need a missing one
-/// print why they skip and return; CI installs them (scripts/test.sh).
+/// print why they skip and return; scripts/test.sh installs them and sets
+/// $GROVE_REQUIRE_TOOLS, so there a missing tool fails the test.
 pub fn have(tool: &str) -> bool {
     let found = process::Command::new("sh")
         .arg("-c")
@@ -78,7 +97,7 @@ pub fn have(tool: &str) -> bool {
         .map(|o| o.status.success())
         .unwrap_or(false);
     if !found {
-        eprintln!("SKIP: {tool} is not installed (apt-get install qemu-utils libnbd-bin fio); skipping this test");
+        skip(&format!("{tool} is not installed"));
     }
     found
 }
