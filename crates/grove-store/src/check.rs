@@ -242,8 +242,12 @@ impl State {
         report.errors = walk.errors;
 
         if repair {
+            // Each fix may add to the next commit; one that grows past what
+            // a transaction may hold is committed on the way, so a repair of
+            // any size fits the journal.
             for &addr in &leaks {
                 self.alloc.free(BlockAddr(addr));
+                self.commit_if_large_during_repair()?;
             }
             if !leaks.is_empty() {
                 report
@@ -257,6 +261,7 @@ impl State {
                     BlockUse::Data
                 };
                 self.alloc.set_allocated(BlockAddr(addr), usage);
+                self.commit_if_large_during_repair()?;
             }
             if !unmarked.is_empty() || !wrong_kind.is_empty() {
                 report.repaired.push(format!(
@@ -266,14 +271,16 @@ impl State {
             }
             for (id, actual) in &accounting_fixes {
                 self.set_accounting(*id, actual.referenced);
+                self.commit_if_large_during_repair()?;
             }
-            for &(addr, references, _) in &low_counts {
+            let count_fixes = low_counts
+                .iter()
+                .map(|&(addr, references, _)| (addr, references))
+                .chain(high_counts.iter().copied());
+            for (addr, references) in count_fixes {
                 self.shares
                     .set_exact(BlockAddr(addr), references.saturating_sub(1));
-            }
-            for &(addr, references) in &high_counts {
-                self.shares
-                    .set_exact(BlockAddr(addr), references.saturating_sub(1));
+                self.commit_if_large_during_repair()?;
             }
             if !low_counts.is_empty() || !high_counts.is_empty() {
                 report.repaired.push(format!(

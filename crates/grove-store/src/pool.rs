@@ -21,7 +21,7 @@ use crate::format::superblock::{
     choose_slot, SlotProblem, Superblock, SUPERBLOCK_LEN, SUPERBLOCK_SLOTS,
 };
 use crate::format::FORMAT_VERSION;
-use crate::reclaim::{ReclaimBatch, RECLAIM_BATCH_ENTRIES};
+use crate::reclaim::ReclaimBatch;
 use crate::state::State;
 use crate::types::*;
 
@@ -679,7 +679,8 @@ impl Pool {
             return Ok((0, true));
         }
         ensure_changes_allowed(&state)?;
-        let batch: ReclaimBatch = state.reclaim_batch(RECLAIM_BATCH_ENTRIES)?;
+        let budget = state.reclaim_budget();
+        let batch: ReclaimBatch = state.reclaim_batch(budget)?;
         commit_locked(&self.inner, &mut state)?;
         Ok((
             batch.freed_blocks * state.geometry.block_bytes(),
@@ -793,7 +794,13 @@ impl Pool {
         if repair {
             ensure_changes_allowed(&state)?;
         }
-        let report = state.check(repair)?;
+        let report = state.check(repair);
+        let deferred = state.take_deferred_frees();
+        if !deferred.is_empty() {
+            let _gate = write_gate(&self.inner);
+            state.alloc.release(deferred);
+        }
+        let report = report?;
         if repair && !report.repaired.is_empty() {
             commit_locked(&self.inner, &mut state)?;
             // Two checkpoints write both slots, so a damaged one is replaced.
@@ -802,6 +809,16 @@ impl Pool {
             state.open_warnings.clear();
         }
         Ok(report)
+    }
+
+    /// Sets a volume's recorded referenced bytes outright and commits: a
+    /// crafted store with valid checksums, for tests of `check --repair`.
+    #[doc(hidden)]
+    pub fn damage_accounting_for_tests(&self, name: &str, referenced_blocks: u64) -> Result<()> {
+        let mut state = self.state();
+        let id = state.volume_by_name(name)?.id;
+        state.set_accounting(id, referenced_blocks);
+        commit_locked(&self.inner, &mut state)
     }
 
     /// Radix nodes visited by lookups since the pool was opened.
@@ -1027,8 +1044,17 @@ fn zero_partial(state: &mut State, record: &VolumeRecord, start: u64, end: u64) 
 
 fn lock_state(inner: &Inner) -> MutexGuard<'_, State> {
     // A panic while the lock was held leaves the in-memory state suspect,
-    // but the on-disk state is only ever changed by whole commits.
-    inner.state.lock().unwrap_or_else(|e| e.into_inner())
+    // but the on-disk state is only ever changed by whole commits: go on
+    // reading, and take no more changes (as after a failed commit).
+    inner.state.lock().unwrap_or_else(|poisoned| {
+        let mut state = poisoned.into_inner();
+        if state.failed.is_none() {
+            state.failed = Some(
+                "an operation on the pool panicked; what it left in memory is not trusted".into(),
+            );
+        }
+        state
+    })
 }
 
 fn write_gate(inner: &Inner) -> std::sync::RwLockWriteGuard<'_, ()> {

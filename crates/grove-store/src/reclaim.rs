@@ -14,9 +14,9 @@ use crate::format::node::{Entry, NodeKind};
 use crate::state::State;
 use crate::types::{BlockAddr, VolumeId};
 
-/// Entries one reclaim batch handles: bounds the transaction (one free or
-/// count change each, plus the nodes it clears) and the time the state
-/// lock is held.
+/// Most entries one reclaim batch handles: bounds the transaction (one free
+/// or count change each, plus the nodes it clears) and the time the state
+/// lock is held. A small journal lowers it further (`reclaim_budget`).
 pub const RECLAIM_BATCH_ENTRIES: usize = 2048;
 
 /// What one batch did.
@@ -35,6 +35,21 @@ impl State {
             .values()
             .find(|r| !r.root.is_none())
             .map(|r| r.id)
+    }
+
+    /// Entries a batch may handle so that its transaction fits the journal
+    /// with room to spare: every entry may become a free extent or a share
+    /// run (16 bytes each) and may clear one node image, so a quarter of a
+    /// transaction goes to each kind.
+    pub fn reclaim_budget(&self) -> usize {
+        let transaction_bytes =
+            self.max_transaction_blocks() as usize * self.geometry.block_size_bytes as usize;
+        let by_records = transaction_bytes / 4 / crate::format::journal::SHARE_RUN_BYTES;
+        let by_images = self.max_transaction_blocks() as usize / 4;
+        RECLAIM_BATCH_ENTRIES
+            .min(by_records)
+            .min(by_images * self.geometry.entries_per_node)
+            .max(1)
     }
 
     pub fn has_pending_reclaim(&self) -> bool {

@@ -118,6 +118,8 @@ pub struct State {
     /// Count blocks that could not be decoded at open (torn by a crash
     /// during a checkpoint); the counts are rebuilt from the trees.
     share_counts_damaged: Vec<(u64, String)>,
+    /// Blocks freed by commits made in the middle of a repair.
+    deferred_frees: Vec<BlockAddr>,
     /// Data was written since the last device flush.
     /// Data was written since the last device flush. Shared with writers
     /// that write in place outside the state lock: they set it after their
@@ -164,6 +166,7 @@ impl State {
             children: HashMap::new(),
             failed: None,
             share_counts_damaged: Vec::new(),
+            deferred_frees: Vec::new(),
             journal,
             committed_roots,
             unwritten_homes: BTreeMap::new(),
@@ -546,6 +549,36 @@ impl State {
             + self.dirty_records.len()
             + self.alloc.change_count()
             + share_changes) as u64
+    }
+
+    /// Commits in the middle of a repair once the pending changes near what
+    /// one transaction may hold. The blocks it frees are kept for the pool
+    /// to make reusable (`take_deferred_frees`); a failed commit stops the
+    /// pool taking changes, as any failed commit does.
+    pub(crate) fn commit_if_large_during_repair(&mut self) -> Result<()> {
+        if self.pending_commit_blocks() <= self.auto_commit_blocks() {
+            return Ok(());
+        }
+        match self.commit() {
+            Ok(frees) => {
+                self.deferred_frees.extend(frees);
+                Ok(())
+            }
+            Err(e) => {
+                self.failed = Some(e.to_string());
+                Err(e)
+            }
+        }
+    }
+
+    /// Frees of commits made during a repair, to release after it.
+    pub(crate) fn take_deferred_frees(&mut self) -> Vec<BlockAddr> {
+        std::mem::take(&mut self.deferred_frees)
+    }
+
+    /// Blocks one journal transaction may span.
+    pub fn max_transaction_blocks(&self) -> u64 {
+        self.journal.max_transaction_blocks()
     }
 
     /// The pending-commit size past which the write path commits by itself.

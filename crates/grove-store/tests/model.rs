@@ -1173,6 +1173,7 @@ fn engine_matches_the_model() {
         ))),
         ..Config::default()
     };
+    assert!(config.cases > 0, "0 proptest cases would test nothing");
     let mut runner = TestRunner::new(config);
     let strategy = prop::collection::vec(op_strategy(), 1..=OPS_PER_CASE_MAX);
     if let Err(e) = runner.run(&strategy, |ops| run_case(&ops)) {
