@@ -458,6 +458,103 @@ fn rm_rename_and_resize() {
     );
 }
 
+/// The lifecycle from the issue that made grove leak: snapshot, remove the
+/// snapshot, keep writing. Space must come back every cycle.
+#[test]
+fn rolling_snapshots_give_their_space_back() {
+    let pool = Pool::new(&[]);
+    pool.ok(&["create", "v", "--size", "128M"]);
+    let data = pattern(64 * MIB as usize, 11);
+    write_file(&pool.file("data"), &data);
+    for cycle in 0..5 {
+        pool.ok(&["snapshot", "v", "s"]);
+        let message = pool.ok_text(&["rm", "s"]);
+        assert!(message.contains("removed snapshot \"s\""), "{message}");
+        pool.ok(&["write", "v", "data"]);
+        let info = pool.info();
+        let used = u64_of(&info, "used_bytes");
+        let referenced = u64_of(&info, "referenced_bytes");
+        assert_eq!(referenced, 64 * MIB, "cycle {cycle}");
+        assert_eq!(u64_of(&info, "pending_free_bytes"), 0, "cycle {cycle}");
+        // Data plus its metadata: well within 2% and a few MiB.
+        assert!(
+            used <= referenced + referenced / 50 + 4 * MIB,
+            "cycle {cycle}: {used} used for {referenced} referenced"
+        );
+    }
+    assert!(pool.ok_text(&["check"]).contains("clean"));
+    assert!(!pool.ok_text(&["check"]).contains("leaked"));
+}
+
+#[test]
+fn rm_recursive_rollback_diff_and_gc() {
+    let pool = Pool::new(&[]);
+    pool.ok(&["create", "disk", "--size", "16M"]);
+    let first = pattern(MIB as usize, 21);
+    write_file(&pool.file("first"), &first);
+    pool.ok(&["write", "disk", "first"]);
+    pool.ok(&["snapshot", "disk", "disk@1"]);
+    let second = pattern(64 * KIB as usize, 22);
+    write_file(&pool.file("second"), &second);
+    pool.ok(&["write", "disk", "--offset", "4M", "second"]);
+
+    // diff: the 64 KiB written at 4 MiB, as data.
+    let diff: Value =
+        serde_json::from_slice(&pool.ok(&["diff", "disk@1", "disk", "--json"])).unwrap();
+    let extents = diff["extents"].as_array().unwrap();
+    assert_eq!(extents.len(), 1, "{diff}");
+    assert_eq!(u64_of(&extents[0], "offset_bytes"), 4 * MIB);
+    assert_eq!(u64_of(&extents[0], "length_bytes"), 64 * KIB);
+    assert_eq!(extents[0]["data"], true);
+    let table = pool.ok_text(&["diff", "disk@1", "disk"]);
+    assert!(table.contains("64.0 KiB of new data"), "{table}");
+
+    // rollback: back to the snapshot, in place.
+    let message = pool.ok_text(&["rollback", "disk@1"]);
+    assert!(
+        message.contains("rolled \"disk\" back to \"disk@1\""),
+        "{message}"
+    );
+    assert_eq!(
+        pool.read("disk", 4 * MIB, 64 * KIB),
+        vec![0u8; 64 * KIB as usize]
+    );
+    assert_eq!(pool.read("disk", 0, MIB), first);
+    let diff: Value =
+        serde_json::from_slice(&pool.ok(&["diff", "disk@1", "disk", "--json"])).unwrap();
+    assert!(diff["extents"].as_array().unwrap().is_empty(), "{diff}");
+    let line = pool.refused(&["rollback", "disk@1", "disk@1"]);
+    assert!(line.contains("read-only"), "{line}");
+
+    // rm --recursive: a subtree goes, the rest stays.
+    pool.ok(&["clone", "disk@1", "work"]);
+    pool.ok(&["snapshot", "work", "work@1"]);
+    let message = pool.ok_text(&["rm", "--recursive", "disk@1"]);
+    assert!(
+        message.contains("and everything taken from it"),
+        "{message}"
+    );
+    let names: Vec<Value> = pool.list().iter().map(|v| v["name"].clone()).collect();
+    assert_eq!(names, ["disk"]);
+    assert_eq!(pool.read("disk", 0, MIB), first);
+
+    // Nothing is pending after a command that removes: the CLI reclaims.
+    assert_eq!(u64_of(&pool.info(), "pending_free_bytes"), 0);
+    let message = pool.ok_text(&["gc", "--wait"]);
+    assert!(message.contains("nothing is left"), "{message}");
+    let report = pool.ok_text(&["check"]);
+    assert!(
+        report.contains("clean") && !report.contains("leaked"),
+        "{report}"
+    );
+
+    // Help says what the new commands do.
+    for command in ["rollback", "diff", "gc", "rm"] {
+        let help = pool.ok_text(&[command, "--help"]);
+        assert!(help.contains("Example"), "{command}: {help}");
+    }
+}
+
 #[test]
 fn info_reports_the_pool() {
     let pool = Pool::new(&["--block-size", "8K"]);

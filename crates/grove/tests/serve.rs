@@ -294,3 +294,52 @@ fn control_socket_refuses_overlong_requests_and_idle_clients_do_not_delay_shutdo
         started.elapsed()
     );
 }
+
+#[test]
+fn a_volume_with_a_connected_client_is_not_removed_unless_forced() {
+    if !have("qemu-io") {
+        return;
+    }
+    let served = Served::start();
+    served.ok(&["create", "scratch", "--size", "64M"]);
+    // A client that writes, then stays connected for a while.
+    let mut client = Command::new("qemu-io")
+        .args(["-f", "raw", "-c", "write -P 7 0 64k", "-c", "sleep 60000"])
+        .arg(served.uri("disk"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Its write shows in the accounting once it is connected.
+    let started = Instant::now();
+    while !served
+        .ok(&["list", "--json"])
+        .contains("\"referenced_bytes\":65536")
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the client never wrote"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let output = served.run(&["rm", "disk"]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("in use") && stderr.contains("--force"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    // A volume nobody has open goes, and so does a busy one with --force.
+    served.ok(&["rm", "scratch"]);
+    served.ok(&["rm", "--force", "disk"]);
+    let _ = client.kill();
+    let _ = client.wait();
+    // The server's reclaimer gives the space back in the background;
+    // gc --wait waits for it.
+    let message = served.ok(&["gc", "--wait"]);
+    assert!(message.contains("0 B left to reclaim"), "{message}");
+    let info = served.ok(&["info", "--json"]);
+    assert!(info.contains("\"pending_free_bytes\":0"), "{info}");
+    assert!(info.contains("\"referenced_bytes\":0"), "{info}");
+}
