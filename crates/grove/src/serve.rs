@@ -7,9 +7,9 @@ use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{Context, Result};
 use grove_nbd::{parse_listen_addr, ExportFilter, Server, ServerOptions};
-use grove_store::{ErrorKind, Pool};
+use grove_store::Pool;
 use signal_hook::consts::{SIGINT, SIGTERM};
 
 use crate::control::ControlServer;
@@ -31,15 +31,13 @@ pub fn run(
     read_only: bool,
     exports: Vec<String>,
     default_export: Option<String>,
+    mount: Option<PathBuf>,
 ) -> Result<()> {
     init_logging();
-    let pool = Pool::open(dir).map_err(|e| match e.kind() {
-        ErrorKind::Busy => anyhow!(
-            "pool {} is already held by another grove process (is `grove serve` running?)",
-            dir.display()
-        ),
-        _ => e.into(),
-    })?;
+    if let Some(mountpoint) = &mount {
+        grove_fuse::check_mount_possible(mountpoint)?;
+    }
+    let pool = crate::control::open_pool_exclusive(dir)?;
     for name in exports.iter().chain(&default_export) {
         pool.volume_info(name)
             .with_context(|| format!("cannot export {name:?}"))?;
@@ -83,11 +81,19 @@ pub fn run(
         default_export.as_deref(),
     )?;
 
+    // FUSE files next to NBD, over the same pool (grove serve --mount).
+    let mounted = mount
+        .map(|mountpoint| crate::mount::mount_for_serve(&pool, &mountpoint, read_only))
+        .transpose()?;
+
     let signal = signals.forever().next();
     tracing::info!(
         ?signal,
         "shutting down: no new connections, finishing requests in flight"
     );
+    if let Some(mounted) = mounted {
+        crate::mount::unmount_for_shutdown(mounted);
+    }
     server.shutdown()?;
     control.stop();
     pool.close()
@@ -96,7 +102,7 @@ pub fn run(
     Ok(())
 }
 
-fn init_logging() {
+pub(crate) fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("GROVE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(LOG_FILTER_DEFAULT));
     let _ = tracing_subscriber::fmt()
