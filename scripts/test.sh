@@ -2,7 +2,8 @@
 # Runs grove's whole test suite. First installs what the tests need, from the
 # package registries only: the real NBD clients the interop tests drive
 # (qemu-img, qemu-io, nbdinfo, nbdcopy, fio) and the tools for file systems on
-# loop devices. Safe to run again: it installs only what is missing.
+# loop devices over `grove mount` files (fuse3, util-linux, e2fsprogs, xfsprogs).
+# Building needs none of them: fuser mounts in pure Rust. Safe to run again: it installs only what is missing.
 #
 #   scripts/test.sh            everything
 #   scripts/test.sh model      only tests whose name contains "model"
@@ -19,6 +20,12 @@ declare -A NEEDED=(
   [nbdkit]=nbdkit
   [mkfs.ext4]=e2fsprogs
   [mkfs.xfs]=xfsprogs
+  [xfs_repair]=xfsprogs
+  [fusermount3]=fuse3
+  [losetup]=util-linux
+  [fsfreeze]=util-linux
+  [setpriv]=util-linux
+  [unshare]=util-linux
 )
 
 install_missing() {
