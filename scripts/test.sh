@@ -2,9 +2,10 @@
 # Runs grove's whole test suite. First installs what the tests need, from the
 # package registries only: the real NBD clients the interop tests drive
 # (qemu-img, qemu-io, qemu-nbd, nbdinfo, nbdcopy, fio), openssl for the TLS
-# tests' certificates, and the tools for file systems on loop devices. Safe
-# to run again: it installs only what is missing, and stops with an error
-# when it cannot.
+# tests' certificates, and the tools for file systems on loop devices over
+# `grove mount` files (fuse3, util-linux, e2fsprogs, xfsprogs). Building needs
+# none of them: fuser mounts in pure Rust. Safe to run again: it installs only
+# what is missing, and stops with an error when it cannot.
 #
 # It sets GROVE_REQUIRE_TOOLS=1, so a test whose tool is missing fails with
 # the tool's name instead of passing after a printed "SKIP". Run alone (plain
@@ -27,6 +28,12 @@ declare -A NEEDED=(
   [mkfs.ext4]=e2fsprogs
   [mkfs.xfs]=xfsprogs
   [openssl]=openssl
+  [xfs_repair]=xfsprogs
+  [fusermount3]=fuse3
+  [losetup]=util-linux
+  [fsfreeze]=util-linux
+  [setpriv]=util-linux
+  [unshare]=util-linux
 )
 
 missing_tools() {

@@ -101,6 +101,9 @@ impl Default for ServerOptions {
 pub(crate) struct Export {
     pub name: String,
     pub volume: Volume,
+    /// The connection's claim on the volume: removing it is refused while
+    /// a client is connected, unless forced. Held, never read.
+    pub _claim: std::sync::Arc<grove_store::VolumeClaim>,
     pub size_bytes: u64,
     pub read_only: bool,
     pub description: String,
@@ -174,6 +177,7 @@ pub(crate) fn resolve(
         description: describe(&info, read_only),
         size_bytes: info.size_bytes,
         read_only,
+        _claim: std::sync::Arc::new(volume.claim()),
         volume,
         block_size_bytes: pool.block_size_bytes(),
     })

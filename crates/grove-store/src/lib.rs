@@ -43,7 +43,7 @@ pub use error::{Error, ErrorKind, Result};
 pub use format::record::VolumeKind;
 pub use pool::{
     validate_volume_name, validate_volume_size, DiffReport, Pool, PoolInfo, PoolOptions,
-    RemoveOptions, Volume, VolumeInfo,
+    RemoveOptions, Volume, VolumeClaim, VolumeInfo,
 };
 pub use reclaim::RECLAIM_BATCH_ENTRIES;
 pub use types::{BlockAddr, VolumeId};

@@ -110,8 +110,8 @@ struct Inner {
     io_gate: RwLock<()>,
     /// Holds the pool's exclusive lock for as long as the pool is open.
     _lock_file: Option<File>,
-    /// Open `Volume` handles per volume (NBD clients, FUSE files): a
-    /// volume in use is not removed unless forced.
+    /// Claims per volume (NBD clients, open FUSE files): a volume in use
+    /// is not removed unless forced.
     handles: Mutex<HashMap<VolumeId, usize>>,
 }
 
@@ -120,8 +120,8 @@ struct Inner {
 pub struct RemoveOptions {
     /// Remove every volume descended from it too.
     pub recursive: bool,
-    /// Remove it even while a handle is open on it (an NBD client, a FUSE
-    /// file); the handle's next call fails with NotFound.
+    /// Remove it even while it is claimed (an NBD client, an open FUSE
+    /// file); the claimant's next call fails with NotFound.
     pub force: bool,
 }
 
@@ -161,27 +161,33 @@ pub struct Pool {
 }
 
 /// A handle on one volume. It stays valid while the volume exists; after
-/// the volume is removed every call fails with NotFound. While a handle is
-/// open, removing its volume needs `force`.
+/// the volume is removed every call fails with NotFound.
+#[derive(Clone)]
 pub struct Volume {
     inner: Arc<Inner>,
     id: VolumeId,
 }
 
+/// Marks a volume as in use by someone outside the pool (an NBD client's
+/// connection, an open FUSE file) for as long as it lives: removing the
+/// volume is then refused unless forced.
+pub struct VolumeClaim {
+    inner: Arc<Inner>,
+    id: VolumeId,
+}
+
 impl Volume {
-    fn open(inner: Arc<Inner>, id: VolumeId) -> Volume {
-        *lock_handles(&inner).entry(id).or_default() += 1;
-        Volume { inner, id }
+    /// Claims the volume until the claim is dropped.
+    pub fn claim(&self) -> VolumeClaim {
+        *lock_handles(&self.inner).entry(self.id).or_default() += 1;
+        VolumeClaim {
+            inner: self.inner.clone(),
+            id: self.id,
+        }
     }
 }
 
-impl Clone for Volume {
-    fn clone(&self) -> Volume {
-        Volume::open(self.inner.clone(), self.id)
-    }
-}
-
-impl Drop for Volume {
+impl Drop for VolumeClaim {
     fn drop(&mut self) {
         let mut handles = lock_handles(&self.inner);
         if let Some(count) = handles.get_mut(&self.id) {
@@ -493,12 +499,14 @@ impl Pool {
     /// A handle for I/O on the named volume.
     pub fn volume(&self, name: &str) -> Result<Volume> {
         let id = self.state().volume_by_name(name)?.id;
-        Ok(Volume::open(self.inner.clone(), id))
+        Ok(Volume {
+            inner: self.inner.clone(),
+            id,
+        })
     }
 
-    /// Open handles on the named volume (NBD clients, FUSE files, I/O in
-    /// progress).
-    pub fn open_handles(&self, name: &str) -> Result<usize> {
+    /// Claims on the named volume (NBD clients, open FUSE files).
+    pub fn claims(&self, name: &str) -> Result<usize> {
         let id = self.state().volume_by_name(name)?.id;
         Ok(lock_handles(&self.inner).get(&id).copied().unwrap_or(0))
     }
@@ -570,7 +578,7 @@ impl Pool {
                     return Err(Error::new(
                         ErrorKind::Busy,
                         format!(
-                            "volume {name:?} is in use ({count} open handle{}: an NBD client, a FUSE file or I/O in progress); disconnect it first, or remove it with --force",
+                            "volume {name:?} is in use ({count} NBD client{} or open FUSE file{0}); disconnect or close it first, or remove it with --force",
                             if count == 1 { "" } else { "s" }
                         ),
                     ));

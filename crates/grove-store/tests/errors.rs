@@ -101,7 +101,8 @@ fn unknown_volumes_are_not_found() {
 
     // A handle outlives its volume only to report that it is gone.
     let handle = pool.volume("clone").unwrap();
-    // An open handle keeps a volume from being removed, unless forced.
+    // A claim keeps a volume from being removed, unless forced.
+    let claim = handle.claim();
     assert_kind(pool.remove_volume("clone"), ErrorKind::Busy);
     pool.remove(
         "clone",
@@ -111,6 +112,7 @@ fn unknown_volumes_are_not_found() {
         },
     )
     .unwrap();
+    drop(claim);
     let mut buf = [0u8; 10];
     assert_kind(handle.read_at(&mut buf, 0), ErrorKind::NotFound);
     assert_kind(handle.write_at(&buf, 0), ErrorKind::NotFound);

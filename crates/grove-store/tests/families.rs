@@ -144,7 +144,7 @@ fn recursive_removal_takes_the_subtree_and_spares_the_rest() {
     pool.snapshot("c1", "c1s").unwrap();
     pool.clone_volume("base", "other").unwrap();
     pool.volume("c1").unwrap().write_at(&[2; 4096], 0).unwrap();
-    let open = pool.volume("c1s").unwrap();
+    let open = pool.volume("c1s").unwrap().claim();
     let refused = pool.remove(
         "s1",
         RemoveOptions {

@@ -376,7 +376,8 @@ fn a_full_pool_refuses_allocation_but_reads_deletes_and_recovers() {
     keep.read_at(&mut buf, 0).unwrap();
     assert!(buf.iter().all(|&b| b == 1));
     // Removing a volume frees its space and writing works again. It is
-    // open here, so that takes --force.
+    // claimed here (as by a client), so that takes --force.
+    let claim = fill.claim();
     assert_eq!(
         pool.remove_volume("fill").unwrap_err().kind(),
         ErrorKind::Busy
@@ -396,7 +397,7 @@ fn a_full_pool_refuses_allocation_but_reads_deletes_and_recovers() {
     pool.flush().unwrap();
     let report = pool.check(false).unwrap();
     assert!(report.is_clean(), "{:?}", report.errors);
-    drop((keep, fill));
+    drop((keep, fill, claim));
     pool.close().unwrap();
     let reopened = Pool::open(&path).unwrap();
     assert!(reopened.check(false).unwrap().is_clean());

@@ -834,11 +834,13 @@ impl Harness {
 
     fn remove(&mut self, name: &str, recursive: bool) -> Result<(), TestCaseError> {
         let handle = self.pool().volume(name);
-        // A handle open on it makes removal refuse, unless forced.
+        // A claim on it (an NBD client, an open FUSE file) makes removal
+        // refuse, unless forced; a plain handle does not.
         if let Ok(handle) = &handle {
+            let claim = handle.claim();
             let refused = self.pool().remove(name, RemoveOptions::default());
             expect_kind(refused, ErrorKind::Busy, "remove of a volume in use")?;
-            let _ = handle;
+            drop(claim);
         }
         let unique_bytes = self
             .pool()
@@ -848,7 +850,7 @@ impl Harness {
             name,
             RemoveOptions {
                 recursive,
-                force: true,
+                force: false,
             },
         );
         let Some(id) = self.model.id_of(name) else {

@@ -302,6 +302,39 @@ pub enum Command {
         /// Limits, timeouts, socket permissions and TLS
         #[command(flatten)]
         limits: crate::serve::ServeArgs,
+        /// Also mount the volumes as files here with FUSE, as `grove mount` does
+        #[arg(long, value_name = "MOUNTPOINT")]
+        mount: Option<PathBuf>,
+    },
+
+    /// Mount the pool with FUSE: one regular file per volume and snapshot
+    ///
+    /// MOUNTPOINT/NAME is a file of the volume's size; snapshots are
+    /// read-only (mode 0444). A loop device on a file carries ext4 or xfs
+    /// (losetup --direct-io=on works). Volumes created, resized or removed
+    /// while mounted appear, change and disappear, and the other grove
+    /// commands work on the pool through the mount's control socket.
+    /// fsync flushes. The mount goes to the background once it is ready;
+    /// `umount MOUNTPOINT` or `fusermount3 -u MOUNTPOINT` (or SIGTERM to the
+    /// mount process) unmounts, flushes and closes the pool.
+    #[command(
+        after_help = "Examples:\n  grove mount /mnt/grove\n  losetup --find --show --direct-io=on /mnt/grove/disk\n  \
+                            umount /mnt/grove"
+    )]
+    Mount {
+        /// An existing empty directory
+        mountpoint: PathBuf,
+        /// Stay attached to the terminal and log to stderr until unmounted
+        /// or interrupted
+        #[arg(long)]
+        foreground: bool,
+        /// Mount every volume read-only
+        #[arg(long)]
+        read_only: bool,
+        /// Let users other than the one mounting reach the files (needs
+        /// user_allow_other in /etc/fuse.conf for non-root users)
+        #[arg(long)]
+        allow_other: bool,
     },
 
     /// Verify all metadata and exit 1 if anything is wrong

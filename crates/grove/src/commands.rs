@@ -34,6 +34,7 @@ pub fn run(cli: Cli) -> Result<()> {
             exports,
             default_export,
             limits,
+            mount,
         } => serve::run(
             dir,
             serve::Listen {
@@ -44,6 +45,21 @@ pub fn run(cli: Cli) -> Result<()> {
             exports,
             default_export,
             limits,
+            mount,
+        ),
+        Command::Mount {
+            mountpoint,
+            foreground,
+            read_only,
+            allow_other,
+        } => crate::mount::run(
+            dir,
+            &mountpoint,
+            foreground,
+            grove_fuse::MountOptions {
+                read_only,
+                allow_other,
+            },
         ),
         command => match Pool::open(dir) {
             Ok(pool) => {
@@ -128,15 +144,15 @@ fn run_local(pool: &Pool, command: Command) -> Result<()> {
 
 fn run_admin(pool: &dyn Admin, command: Command) -> Result<()> {
     match command {
-        Command::Init { .. } | Command::Serve { .. } => {
-            unreachable!("init and serve open the pool themselves")
+        Command::Init { .. } | Command::Serve { .. } | Command::Mount { .. } => {
+            unreachable!("init, serve and mount open the pool themselves")
         }
         Command::Import { .. }
         | Command::Export { .. }
         | Command::Write { .. }
         | Command::Read { .. } => {
             bail!(
-                "pool {} is held by a running `grove serve`: read and write its volumes over NBD, or stop the server first",
+                "pool {} is held by a running `grove serve` or `grove mount`: read and write its volumes over NBD or through the mounted files, or stop it first",
                 pool.dir().display()
             )
         }

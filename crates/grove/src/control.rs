@@ -168,6 +168,8 @@ enum Request {
     Check {
         repair: bool,
     },
+    /// Which process holds the pool, so that a refused open can name it.
+    Holder,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -208,7 +210,54 @@ fn execute(pool: &Pool, request: Request) -> Reply {
         Request::VolumeInfo { name } => reply(pool.volume_info(&name)),
         Request::Info => reply(pool.info()),
         Request::Check { repair } => reply(pool.check(repair)),
+        Request::Holder => reply(Ok(Holder::this_process())),
     }
+}
+
+/// The process holding a pool open: its pid and command line.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Holder {
+    pub pid: u32,
+    pub command: String,
+}
+
+impl Holder {
+    fn this_process() -> Holder {
+        let mut args = std::env::args();
+        let program = args
+            .next()
+            .map(|arg0| {
+                Path::new(&arg0)
+                    .file_name()
+                    .map_or(arg0.clone(), |name| name.to_string_lossy().into_owned())
+            })
+            .unwrap_or_else(|| "grove".into());
+        Holder {
+            pid: std::process::id(),
+            command: std::iter::once(program)
+                .chain(args)
+                .collect::<Vec<_>>()
+                .join(" "),
+        }
+    }
+}
+
+/// Opens the pool in `dir` for a daemon (`grove serve`, `grove mount`). A
+/// pool another process holds is refused with that process named, as its
+/// control socket reports it.
+pub fn open_pool_exclusive(dir: &Path) -> Result<Pool> {
+    Pool::open(dir).map_err(|e| match e.kind() {
+        ErrorKind::Busy => {
+            let holder = ControlClient::connect(dir)
+                .and_then(|client| client.holder().ok())
+                .map_or_else(
+                    || "another grove process".to_string(),
+                    |h| format!("`{}` (pid {})", h.command, h.pid),
+                );
+            anyhow!("pool {} is already held by {holder}", dir.display())
+        }
+        _ => e.into(),
+    })
 }
 
 /// The daemon's side: answers requests on the control socket until stopped.
@@ -411,6 +460,11 @@ impl ControlClient {
                 ),
             )
         })?
+    }
+
+    /// The process serving the pool.
+    pub fn holder(&self) -> grove_store::Result<Holder> {
+        self.call(Request::Holder)
     }
 
     fn exchange<T: DeserializeOwned>(&self, request: &Request) -> Result<grove_store::Result<T>> {

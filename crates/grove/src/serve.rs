@@ -7,12 +7,12 @@ use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 use grove_nbd::{
     parse_listen_addr, ExportFilter, Server, ServerOptions, TlsMode, TlsOptions,
     CONNECTIONS_MAX_DEFAULT, INFLIGHT_LIMIT_MIN_BYTES,
 };
-use grove_store::{ErrorKind, Pool};
+use grove_store::Pool;
 use signal_hook::consts::{SIGINT, SIGTERM};
 
 use crate::control::ControlServer;
@@ -116,19 +116,17 @@ pub fn run(
     exports: Vec<String>,
     default_export: Option<String>,
     limits: ServeArgs,
+    mount: Option<PathBuf>,
 ) -> Result<()> {
     init_logging();
     let base_options = limits.server_options()?;
     if base_options.tls.is_some() && listen.tcp.is_none() {
         bail!("--tls-cert applies to TCP connections: give --listen too");
     }
-    let pool = Pool::open(dir).map_err(|e| match e.kind() {
-        ErrorKind::Busy => anyhow!(
-            "pool {} is already held by another grove process (is `grove serve` running?)",
-            dir.display()
-        ),
-        _ => e.into(),
-    })?;
+    if let Some(mountpoint) = &mount {
+        grove_fuse::check_mount_possible(mountpoint)?;
+    }
+    let pool = crate::control::open_pool_exclusive(dir)?;
     for name in exports.iter().chain(&default_export) {
         pool.volume_info(name)
             .with_context(|| format!("cannot export {name:?}"))?;
@@ -174,6 +172,11 @@ pub fn run(
         default_export.as_deref(),
     )?;
 
+    // FUSE files next to NBD, over the same pool (grove serve --mount).
+    let mounted = mount
+        .map(|mountpoint| crate::mount::mount_for_serve(&pool, &mountpoint, read_only))
+        .transpose()?;
+
     let signal = signals.forever().next();
     tracing::info!(
         ?signal,
@@ -193,6 +196,9 @@ pub fn run(
     // Both servers stop within one grace period, whatever clients do.
     let deadline = std::time::Instant::now() + std::time::Duration::from_millis(shutdown_grace_ms);
     control.begin_stop();
+    if let Some(mounted) = mounted {
+        crate::mount::unmount_for_shutdown(mounted);
+    }
     server.shutdown()?;
     reclaimer.stop();
     control.stop(deadline);
@@ -202,7 +208,7 @@ pub fn run(
     Ok(())
 }
 
-fn init_logging() {
+pub(crate) fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("GROVE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(LOG_FILTER_DEFAULT));
     let _ = tracing_subscriber::fmt()

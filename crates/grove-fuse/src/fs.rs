@@ -1,0 +1,640 @@
+//! The FUSE file system: a root directory holding one regular file per
+//! volume. Inode numbers are handed out per mount, one per volume id, and
+//! never reused while mounted, so a removed volume's inode cannot come back
+//! as another volume.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::io;
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
+    Request, TimeOrNow, WriteFlags,
+};
+use grove_store::types::VOLUME_NAME_MAX_BYTES;
+use grove_store::{Pool, Volume, VolumeInfo};
+
+use crate::errno::{data_errno, errno_for};
+use crate::mount::{MAX_BACKGROUND_REQUESTS, MAX_WRITE_BYTES};
+use crate::seek::{fallocate_action, seek_data_hole, Fallocate, SeekError};
+
+/// Attributes and entries are not cached: a volume resized or removed
+/// through the control socket must show at once.
+const TTL: Duration = Duration::ZERO;
+/// The first inode number given to a volume (1 is the root directory).
+const FIRST_VOLUME_INO: u64 = 2;
+/// Mode bits of a writable volume, of a snapshot (or anything on a
+/// read-only mount), and of the root directory.
+const MODE_WRITABLE: u16 = 0o644;
+const MODE_READ_ONLY: u16 = 0o444;
+const MODE_ROOT: u16 = 0o755;
+/// stat's st_blocks counts 512-byte units.
+const STAT_BLOCK_BYTES: u64 = 512;
+
+/// Claims of the open files, by file handle.
+#[derive(Default)]
+struct OpenFiles {
+    claims: HashMap<u64, grove_store::VolumeClaim>,
+    next_fh: u64,
+}
+
+/// Volumes seen during this mount, by inode and by volume id.
+#[derive(Default)]
+struct Inodes {
+    by_ino: HashMap<u64, Volume>,
+    by_id: HashMap<u64, u64>,
+    next_ino: u64,
+}
+
+pub(crate) struct VolumeFs {
+    pool: Pool,
+    read_only: bool,
+    uid: u32,
+    gid: u32,
+    block_size_bytes: u32,
+    mounted_at: SystemTime,
+    inodes: Mutex<Inodes>,
+    /// Open files, by file handle: each claims its volume, so that removing
+    /// a volume with an open file is refused unless forced.
+    open_files: Mutex<OpenFiles>,
+    /// Called once, when the session ends (unmounted, or the connection
+    /// aborted), after the pool is flushed.
+    on_end: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl VolumeFs {
+    pub(crate) fn new(pool: Pool, read_only: bool, on_end: Box<dyn FnOnce() + Send>) -> VolumeFs {
+        VolumeFs {
+            block_size_bytes: pool.block_size_bytes(),
+            pool,
+            read_only,
+            uid: rustix::process::getuid().as_raw(),
+            gid: rustix::process::getgid().as_raw(),
+            mounted_at: SystemTime::now(),
+            open_files: Mutex::new(OpenFiles::default()),
+            inodes: Mutex::new(Inodes {
+                next_ino: FIRST_VOLUME_INO,
+                ..Inodes::default()
+            }),
+            on_end: Mutex::new(Some(on_end)),
+        }
+    }
+
+    fn inodes(&self) -> std::sync::MutexGuard<'_, Inodes> {
+        self.inodes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The inode of a volume, given one the first time it is seen.
+    fn ino_for(&self, info: &VolumeInfo) -> Result<u64, Errno> {
+        if let Some(ino) = self.inodes().by_id.get(&info.id) {
+            return Ok(*ino);
+        }
+        let volume = self
+            .pool
+            .volume(&info.name)
+            .map_err(|e| errno_for(e.kind()))?;
+        // The name may have moved to another volume since `info` was read.
+        if volume.info().map_err(|e| errno_for(e.kind()))?.id != info.id {
+            return Err(Errno::ENOENT);
+        }
+        let mut inodes = self.inodes();
+        if let Some(ino) = inodes.by_id.get(&info.id) {
+            return Ok(*ino);
+        }
+        let ino = inodes.next_ino;
+        inodes.next_ino += 1;
+        inodes.by_ino.insert(ino, volume);
+        inodes.by_id.insert(info.id, ino);
+        Ok(ino)
+    }
+
+    fn volume(&self, ino: INodeNo) -> Result<Volume, Errno> {
+        self.inodes().by_ino.get(&ino.0).cloned().ok_or_else(|| {
+            if ino == INodeNo::ROOT {
+                Errno::EISDIR
+            } else {
+                Errno::ENOENT
+            }
+        })
+    }
+
+    fn root_attr(&self) -> FileAttr {
+        FileAttr {
+            ino: INodeNo::ROOT,
+            size: 0,
+            blocks: 0,
+            atime: self.mounted_at,
+            mtime: self.mounted_at,
+            ctime: self.mounted_at,
+            crtime: self.mounted_at,
+            kind: FileType::Directory,
+            perm: MODE_ROOT,
+            nlink: 2,
+            uid: self.uid,
+            gid: self.gid,
+            rdev: 0,
+            blksize: self.block_size_bytes,
+            flags: 0,
+        }
+    }
+
+    fn file_attr(&self, ino: u64, info: &VolumeInfo) -> FileAttr {
+        let created = UNIX_EPOCH + Duration::from_secs(info.created_unix_secs);
+        let writable = !info.read_only && !self.read_only;
+        FileAttr {
+            ino: INodeNo(ino),
+            size: info.size_bytes,
+            blocks: info.referenced_bytes.div_ceil(STAT_BLOCK_BYTES),
+            atime: created,
+            mtime: created,
+            ctime: created,
+            crtime: created,
+            kind: FileType::RegularFile,
+            perm: if writable {
+                MODE_WRITABLE
+            } else {
+                MODE_READ_ONLY
+            },
+            nlink: 1,
+            uid: self.uid,
+            gid: self.gid,
+            rdev: 0,
+            blksize: self.block_size_bytes,
+            flags: 0,
+        }
+    }
+
+    fn attr(&self, ino: INodeNo) -> Result<FileAttr, Errno> {
+        if ino == INodeNo::ROOT {
+            return Ok(self.root_attr());
+        }
+        let info = self.volume(ino)?.info().map_err(|e| errno_for(e.kind()))?;
+        Ok(self.file_attr(ino.0, &info))
+    }
+
+    /// The errno for a request that would change the directory.
+    fn refuse_change(&self) -> Errno {
+        if self.read_only {
+            Errno::EROFS
+        } else {
+            Errno::EPERM
+        }
+    }
+
+    /// A writable volume, or EROFS.
+    fn writable(&self, ino: INodeNo) -> Result<Volume, Errno> {
+        let volume = self.volume(ino)?;
+        if self.read_only || volume.is_read_only().map_err(|e| data_errno(e.kind()))? {
+            return Err(Errno::EROFS);
+        }
+        Ok(volume)
+    }
+
+    fn do_read(&self, ino: INodeNo, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
+        let volume = self.volume(ino)?;
+        let size_bytes = volume.size_bytes().map_err(|e| data_errno(e.kind()))?;
+        if offset >= size_bytes {
+            return Ok(Vec::new());
+        }
+        let len = u64::from(size).min(size_bytes - offset);
+        let mut buf = vec![0u8; len as usize];
+        volume
+            .read_at(&mut buf, offset)
+            .map_err(|e| log_data_error("read", &e))?;
+        Ok(buf)
+    }
+
+    fn do_write(&self, ino: INodeNo, offset: u64, data: &[u8]) -> Result<u32, Errno> {
+        let volume = self.writable(ino)?;
+        let size_bytes = volume.size_bytes().map_err(|e| data_errno(e.kind()))?;
+        // A volume does not grow: like a block device, nothing fits past
+        // its end, and a write across the end is cut short.
+        if offset >= size_bytes {
+            return Err(Errno::ENOSPC);
+        }
+        let len = (data.len() as u64).min(size_bytes - offset) as usize;
+        volume
+            .write_at(&data[..len], offset)
+            .map_err(|e| log_data_error("write", &e))?;
+        Ok(len as u32)
+    }
+
+    fn do_flush(&self, ino: INodeNo) -> Result<(), Errno> {
+        if self.read_only {
+            return Ok(());
+        }
+        self.volume(ino)?
+            .flush()
+            .map_err(|e| log_data_error("flush", &e))
+    }
+
+    fn do_fallocate(&self, ino: INodeNo, offset: u64, len: u64, mode: i32) -> Result<(), Errno> {
+        let volume = self.writable(ino)?;
+        let size_bytes = volume.size_bytes().map_err(|e| data_errno(e.kind()))?;
+        match fallocate_action(mode, offset, len, size_bytes) {
+            Fallocate::Nothing => Ok(()),
+            Fallocate::Unsupported => Err(Errno::EOPNOTSUPP),
+            Fallocate::Discard { offset, len } => volume
+                .discard(offset, len)
+                .map_err(|e| log_data_error("discard", &e)),
+        }
+    }
+
+    fn do_lseek(&self, ino: INodeNo, offset: i64, whence: i32) -> Result<u64, Errno> {
+        let volume = self.volume(ino)?;
+        let size_bytes = volume.size_bytes().map_err(|e| data_errno(e.kind()))?;
+        let start = u64::try_from(offset).unwrap_or(0).min(size_bytes);
+        let extents = volume
+            .mapped_extents_in(start, size_bytes - start)
+            .map_err(|e| log_data_error("seek", &e))?;
+        seek_data_hole(whence, offset, size_bytes, &extents).map_err(|e| match e {
+            SeekError::NoSuchOffset => Errno::ENXIO,
+            SeekError::InvalidWhence => Errno::EINVAL,
+        })
+    }
+
+    fn do_readdir(&self, offset: u64, reply: &mut ReplyDirectory) -> Result<(), Errno> {
+        let mut entries = vec![
+            (INodeNo::ROOT, FileType::Directory, ".".to_string()),
+            (INodeNo::ROOT, FileType::Directory, "..".to_string()),
+        ];
+        let mut volumes = self.pool.volumes().map_err(|e| errno_for(e.kind()))?;
+        volumes.sort_by(|a, b| a.name.cmp(&b.name));
+        for info in volumes {
+            // A volume removed since the listing is left out.
+            if let Ok(ino) = self.ino_for(&info) {
+                entries.push((INodeNo(ino), FileType::RegularFile, info.name));
+            }
+        }
+        for (index, (ino, kind, name)) in entries.into_iter().enumerate().skip(offset as usize) {
+            if reply.add(ino, index as u64 + 1, kind, name) {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Logs an engine error on the data path (the caller only sees an errno)
+/// and returns the errno.
+fn log_data_error(what: &str, error: &grove_store::Error) -> Errno {
+    let errno = data_errno(error.kind());
+    if error.kind() != grove_store::ErrorKind::NotFound {
+        tracing::warn!(%error, "FUSE {what} failed");
+    }
+    errno
+}
+
+impl fuser::Filesystem for VolumeFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        // What the kernel cannot do is left at its default: each setting
+        // only widens how much is in flight.
+        let _ = config.set_max_write(MAX_WRITE_BYTES);
+        let _ = config.set_max_background(MAX_BACKGROUND_REQUESTS);
+        let _ = config.add_capabilities(InitFlags::FUSE_ASYNC_DIO);
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        if !self.read_only {
+            if let Err(error) = self.pool.flush() {
+                tracing::error!(%error, "cannot flush the pool after unmount");
+            }
+        }
+        let on_end = self.on_end.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(on_end) = on_end {
+            on_end();
+        }
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        if parent != INodeNo::ROOT {
+            return reply.error(Errno::ENOTDIR);
+        }
+        let Some(name) = name.to_str() else {
+            return reply.error(Errno::ENOENT);
+        };
+        let found = self
+            .pool
+            .volume_info(name)
+            .map_err(|e| errno_for(e.kind()))
+            .and_then(|info| Ok((self.ino_for(&info)?, info)));
+        match found {
+            Ok((ino, info)) => reply.entry(&TTL, &self.file_attr(ino, &info), Generation(0)),
+            Err(errno) => reply.error(errno),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.attr(ino) {
+            Ok(attr) => reply.attr(&TTL, &attr),
+            Err(errno) => reply.error(errno),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        _mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let attr = match self.attr(ino) {
+            Ok(attr) => attr,
+            Err(errno) => return reply.error(errno),
+        };
+        // Sizes change with `grove resize`, never by truncation: an
+        // O_TRUNC open must not wipe a disk. Owners and modes are the
+        // pool's, not the file's. Times are accepted and not kept.
+        if size.is_some_and(|size| size != attr.size)
+            || mode.is_some()
+            || uid.is_some()
+            || gid.is_some()
+        {
+            return reply.error(if self.read_only {
+                Errno::EROFS
+            } else {
+                Errno::EPERM
+            });
+        }
+        reply.attr(&TTL, &attr)
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let opened = if flags.acc_mode() == OpenAccMode::O_RDONLY {
+            self.attr(ino).map(|_| ())
+        } else {
+            self.writable(ino).map(|_| ()).map_err(|errno| {
+                // A removed volume is not found, rather than an I/O error.
+                if errno == Errno::EIO {
+                    Errno::ENOENT
+                } else {
+                    errno
+                }
+            })
+        };
+        let claimed = opened.and_then(|()| self.volume(ino)).map(|volume| {
+            let mut open_files = self.open_files.lock().unwrap_or_else(|e| e.into_inner());
+            open_files.next_fh += 1;
+            let fh = open_files.next_fh;
+            open_files.claims.insert(fh, volume.claim());
+            fh
+        });
+        match claimed {
+            // Direct I/O: no page cache between the file and the engine.
+            Ok(fh) => reply.opened(
+                FileHandle(fh),
+                FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES,
+            ),
+            Err(errno) => reply.error(errno),
+        }
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let mut open_files = self.open_files.lock().unwrap_or_else(|e| e.into_inner());
+        open_files.claims.remove(&fh.0);
+        reply.ok()
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.do_read(ino, offset, size) {
+            Ok(data) => reply.data(&data),
+            Err(errno) => reply.error(errno),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self.do_write(ino, offset, data) {
+            Ok(written) => reply.written(written),
+            Err(errno) => reply.error(errno),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        // Called on every close: a volume removed under an open file has
+        // nothing left to flush, and close should not fail for it.
+        match self.do_flush(ino) {
+            Ok(()) => reply.ok(),
+            Err(_) if self.volume(ino).is_ok_and(|v| v.info().is_err()) => reply.ok(),
+            Err(errno) => reply.error(errno),
+        }
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.do_flush(ino) {
+            Ok(()) => reply.ok(),
+            Err(errno) => reply.error(errno),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        if ino != INodeNo::ROOT {
+            return reply.error(Errno::ENOTDIR);
+        }
+        match self.do_readdir(offset, &mut reply) {
+            Ok(()) => reply.ok(),
+            Err(errno) => reply.error(errno),
+        }
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let info = match self.pool.info() {
+            Ok(info) => info,
+            Err(e) => return reply.error(errno_for(e.kind())),
+        };
+        let block_bytes = u64::from(info.block_size_bytes);
+        let free_blocks = info.free_bytes / block_bytes;
+        reply.statfs(
+            (info.used_bytes + info.free_bytes) / block_bytes,
+            free_blocks,
+            free_blocks,
+            info.volume_count,
+            0,
+            info.block_size_bytes,
+            VOLUME_NAME_MAX_BYTES as u32,
+            info.block_size_bytes,
+        )
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        match self.do_fallocate(ino, offset, length, mode) {
+            Ok(()) => reply.ok(),
+            Err(errno) => reply.error(errno),
+        }
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        match self.do_lseek(ino, offset, whence) {
+            Ok(position) => reply.offset(position as i64),
+            Err(errno) => reply.error(errno),
+        }
+    }
+
+    // The directory's entries are the pool's volumes: they are made and
+    // removed with `grove create`, `snapshot`, `clone` and `rm`.
+
+    fn mknod(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        reply.error(self.refuse_change())
+    }
+
+    fn mkdir(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        reply.error(self.refuse_change())
+    }
+
+    fn unlink(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(self.refuse_change())
+    }
+
+    fn rmdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(self.refuse_change())
+    }
+
+    fn symlink(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _link_name: &OsStr,
+        _target: &Path,
+        reply: ReplyEntry,
+    ) {
+        reply.error(self.refuse_change())
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        _flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(self.refuse_change())
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        reply.error(self.refuse_change())
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: fuser::ReplyCreate,
+    ) {
+        reply.error(self.refuse_change())
+    }
+}
