@@ -902,7 +902,16 @@ fn mount_errors_are_one_line() {
         .open(grove.file("gone"))
         .unwrap();
     file.write_all_at(b"data", 0).unwrap();
-    pool.ok(&["rm", "gone"]);
+    // An open file claims its volume: removing it needs --force.
+    let output = pool.grove(&["rm", "gone"]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("in use") && stderr.contains("--force"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    pool.ok(&["rm", "--force", "gone"]);
     let mut buf = [0u8; 4];
     let error = file.read_exact_at(&mut buf, 0).unwrap_err();
     assert_eq!(
