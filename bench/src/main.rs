@@ -11,7 +11,10 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use grove_store::{Pool, PoolOptions};
 
-const BLOCK_BYTES: u64 = 4096;
+mod lifecycle;
+mod sparse_device;
+
+pub(crate) const BLOCK_BYTES: u64 = 4096;
 
 #[derive(Parser)]
 #[command(about = "grove benchmark workloads")]
@@ -61,13 +64,46 @@ enum Command {
         #[arg(long, default_value_t = 100)]
         snapshots: u64,
     },
+    /// Rolling snapshots: snapshot, remove the previous one, rewrite
+    /// --write-mib at random, --cycles times; prints used against referenced.
+    Rolling {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long, default_value_t = 100)]
+        cycles: u64,
+        #[arg(long, default_value_t = 1024)]
+        size_mib: u64,
+        #[arg(long, default_value_t = 64)]
+        write_mib: u64,
+    },
+    /// Removes a snapshot holding --unique-mib of its own data, then reclaims
+    /// it in the background while another volume takes random 4 KiB writes;
+    /// prints rm and reclaim times and foreground IOPS during against without.
+    Reclaim {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long, default_value_t = 1024)]
+        unique_mib: u64,
+        /// Seconds of foreground writes measured without reclaim (and at
+        /// most that long during it).
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
+    },
+    /// Diff of a --size-gib volume against its snapshot after --changed-mib
+    /// were rewritten (on a memory device that stores no zero data).
+    Diff {
+        #[arg(long, default_value_t = 64)]
+        size_gib: u64,
+        #[arg(long, default_value_t = 1)]
+        changed_mib: u64,
+    },
 }
 
 /// xorshift64*: the same offsets in every run and for every peer.
-struct Rng(u64);
+pub(crate) struct Rng(pub u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -75,7 +111,7 @@ impl Rng {
     }
 }
 
-fn fresh_dir(dir: &Path, name: &str) -> Result<PathBuf> {
+pub(crate) fn fresh_dir(dir: &Path, name: &str) -> Result<PathBuf> {
     let path = dir.join(name);
     if path.exists() {
         std::fs::remove_dir_all(&path)
@@ -226,5 +262,20 @@ fn main() -> Result<()> {
             data_gib,
             snapshots,
         } => snapshot_cost(&dir, size_gib, data_gib, snapshots),
+        Command::Rolling {
+            dir,
+            cycles,
+            size_mib,
+            write_mib,
+        } => lifecycle::rolling(&dir, cycles, size_mib, write_mib),
+        Command::Reclaim {
+            dir,
+            unique_mib,
+            seconds,
+        } => lifecycle::reclaim(&dir, unique_mib, seconds),
+        Command::Diff {
+            size_gib,
+            changed_mib,
+        } => lifecycle::diff(size_gib, changed_mib),
     }
 }
