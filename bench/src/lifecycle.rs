@@ -55,22 +55,29 @@ pub fn rolling(dir: &Path, cycles: u64, size_mib: u64, write_mib: u64) -> Result
     Ok(())
 }
 
-/// Random 4 KiB writes into `volume` for `seconds`, flushing every
-/// FLUSH_EVERY_WRITES; returns writes per second.
-fn random_writes(volume: &Volume, size_bytes: u64, seconds: f64, seed: u64) -> Result<f64> {
+/// Random 4 KiB writes into `volume` for at most `seconds` or until
+/// `stop` says so, flushing every FLUSH_EVERY_WRITES; returns writes per
+/// second and how many.
+fn random_writes(
+    volume: &Volume,
+    size_bytes: u64,
+    seconds: f64,
+    seed: u64,
+    stop: impl Fn() -> bool,
+) -> Result<(f64, u64)> {
     let block = vec![0x17u8; BLOCK_BYTES as usize];
     let mut rng = Rng(seed);
     let started = Instant::now();
     let mut writes = 0u64;
-    while started.elapsed().as_secs_f64() < seconds {
+    while !stop() && started.elapsed().as_secs_f64() < seconds {
         let offset = rng.next() % (size_bytes / BLOCK_BYTES) * BLOCK_BYTES;
         volume.write_at(&block, offset)?;
         writes += 1;
-        if writes % FLUSH_EVERY_WRITES == 0 {
+        if writes.is_multiple_of(FLUSH_EVERY_WRITES) {
             volume.flush()?;
         }
     }
-    Ok(writes as f64 / started.elapsed().as_secs_f64())
+    Ok((writes as f64 / started.elapsed().as_secs_f64(), writes))
 }
 
 /// A snapshot holding `unique_mib` of data no other volume has is removed;
@@ -101,7 +108,7 @@ pub fn reclaim(dir: &Path, unique_mib: u64, seconds: f64) -> Result<()> {
     pool.flush()?;
     let unique = pool.volume_info("old@1")?.unique_bytes;
 
-    let baseline = random_writes(&busy, 1 << 30, seconds, 1)?;
+    let (baseline, _) = random_writes(&busy, 1 << 30, seconds, 1, || false)?;
 
     let started = Instant::now();
     pool.remove_volume("old@1")?;
@@ -120,19 +127,8 @@ pub fn reclaim(dir: &Path, unique_mib: u64, seconds: f64) -> Result<()> {
         })
     };
     // Foreground writes while the reclaimer runs (at most `seconds`).
-    let block = vec![0x17u8; BLOCK_BYTES as usize];
-    let mut rng = Rng(2);
-    let fg_started = Instant::now();
-    let mut writes = 0u64;
-    while !done.load(Ordering::Acquire) && fg_started.elapsed().as_secs_f64() < seconds {
-        let offset = rng.next() % ((1 << 30) / BLOCK_BYTES) * BLOCK_BYTES;
-        busy.write_at(&block, offset)?;
-        writes += 1;
-        if writes % FLUSH_EVERY_WRITES == 0 {
-            busy.flush()?;
-        }
-    }
-    let during = writes as f64 / fg_started.elapsed().as_secs_f64();
+    let (during, writes) =
+        random_writes(&busy, 1 << 30, seconds, 2, || done.load(Ordering::Acquire))?;
     let reclaim_s = reclaimer.join().expect("reclaimer thread")?;
     println!(
         "remove a snapshot holding {} MiB unique: rm {remove_ms:.2} ms, reclaim {reclaim_s:.2} s in the background; foreground random 4K writes: {baseline:.0}/s without, {during:.0}/s during reclaim ({writes} writes), ratio {:.2}",
