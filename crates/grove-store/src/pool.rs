@@ -571,19 +571,7 @@ impl Pool {
             doomed.extend(descendants);
         }
         if !options.force {
-            let handles = lock_handles(&self.inner);
-            for id in &doomed {
-                if let Some(&count) = handles.get(id) {
-                    let name = &state.volumes[id].name;
-                    return Err(Error::new(
-                        ErrorKind::Busy,
-                        format!(
-                            "volume {name:?} is in use ({count} NBD client{} or open FUSE file{0}); disconnect or close it first, or remove it with --force",
-                            if count == 1 { "" } else { "s" }
-                        ),
-                    ));
-                }
-            }
+            self.ensure_unclaimed(&state, &doomed, "remove it")?;
         }
         let before = state.pending_free_blocks(false)?;
         // Deepest first, so each removal leaves a consistent family.
@@ -595,10 +583,36 @@ impl Pool {
         Ok(after.saturating_sub(before) * state.geometry.block_bytes())
     }
 
+    /// Refuses when any of `ids` is claimed (an NBD client, an open FUSE
+    /// file), naming it and what would help.
+    fn ensure_unclaimed(&self, state: &State, ids: &[VolumeId], what: &str) -> Result<()> {
+        let handles = lock_handles(&self.inner);
+        for id in ids {
+            if let Some(&count) = handles.get(id) {
+                let name = &state.volumes[id].name;
+                return Err(Error::new(
+                    ErrorKind::Busy,
+                    format!(
+                        "volume {name:?} is in use ({count} NBD client{} or open FUSE file{0}); disconnect or close it first, or {what} with --force",
+                        if count == 1 { "" } else { "s" }
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Resets writable volume `volume` (by default the volume `snapshot`
     /// was taken from) to the contents of `snapshot`, in O(1). Its old
     /// contents go to the reclaimer.
-    pub fn rollback(&self, snapshot: &str, volume: Option<&str>) -> Result<VolumeInfo> {
+    /// A volume in use (claimed by an NBD client or an open FUSE file) is
+    /// refused unless `force`: its contents would change under the client.
+    pub fn rollback(
+        &self,
+        snapshot: &str,
+        volume: Option<&str>,
+        force: bool,
+    ) -> Result<VolumeInfo> {
         let mut state = self.state();
         ensure_changes_allowed(&state)?;
         let source = state.volume_by_name(snapshot)?.clone();
@@ -621,6 +635,9 @@ impl Pool {
                 ErrorKind::InvalidArgument,
                 format!("cannot roll {snapshot:?} back to itself"),
             ));
+        }
+        if !force {
+            self.ensure_unclaimed(&state, &[target.id], "roll it back")?;
         }
         let gate = write_gate(&self.inner);
         state.rollback(source.id, target.id, now_unix_secs())?;

@@ -749,7 +749,7 @@ impl Harness {
     }
 
     fn rollback(&mut self, snapshot: &str, volume: &str) -> Result<(), TestCaseError> {
-        let result = self.pool().rollback(snapshot, Some(volume));
+        let result = self.pool().rollback(snapshot, Some(volume), false);
         let (Some(source_id), Some(target_id)) =
             (self.model.id_of(snapshot), self.model.id_of(volume))
         else {

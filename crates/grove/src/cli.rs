@@ -146,7 +146,8 @@ pub enum Command {
         long_about = "Reset a writable volume to the contents and size of SNAPSHOT, in O(1). \
                       VOLUME defaults to the volume SNAPSHOT was taken from. What the volume \
                       held since is given back like a removed volume's space; other \
-                      snapshots are not touched.",
+                      snapshots are not touched. A volume with an NBD client connected is \
+                      refused unless --force.",
         after_help = "Example:\n  grove rollback disk@monday"
     )]
     Rollback {
@@ -154,6 +155,10 @@ pub enum Command {
         snapshot: String,
         /// Writable volume to reset [default: the volume SNAPSHOT was taken from]
         volume: Option<String>,
+        /// Reset it even while an NBD client or FUSE file has it open: what
+        /// the client cached no longer matches the volume
+        #[arg(long)]
+        force: bool,
     },
     /// List the extents where volume B differs from volume A
     #[command(

@@ -134,8 +134,12 @@ fn run_local(pool: &Pool, command: Command) -> Result<()> {
                 format_size(freed)
             ))
         }
-        Command::Rollback { snapshot, volume } => {
-            rollback(pool, &snapshot, volume.as_deref())?;
+        Command::Rollback {
+            snapshot,
+            volume,
+            force,
+        } => {
+            rollback(pool, &snapshot, volume.as_deref(), force)?;
             reclaim_with_progress(pool).map(drop)
         }
         command => run_admin(pool, command),
@@ -179,7 +183,11 @@ fn run_admin(pool: &dyn Admin, command: Command) -> Result<()> {
             recursive,
             force,
         } => remove(pool, &name, recursive, force),
-        Command::Rollback { snapshot, volume } => rollback(pool, &snapshot, volume.as_deref()),
+        Command::Rollback {
+            snapshot,
+            volume,
+            force,
+        } => rollback(pool, &snapshot, volume.as_deref(), force),
         Command::Diff { a, b, json } => {
             let report = pool.diff(&a, &b)?;
             if json {
@@ -303,8 +311,8 @@ fn remove(pool: &dyn Admin, name: &str, recursive: bool, force: bool) -> Result<
     Ok(())
 }
 
-fn rollback(pool: &dyn Admin, snapshot: &str, volume: Option<&str>) -> Result<()> {
-    let info = pool.rollback(snapshot, volume)?;
+fn rollback(pool: &dyn Admin, snapshot: &str, volume: Option<&str>, force: bool) -> Result<()> {
+    let info = pool.rollback(snapshot, volume, force)?;
     say(format_args!(
         "rolled {:?} back to {snapshot:?} ({})",
         info.name,

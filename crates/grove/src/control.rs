@@ -48,7 +48,13 @@ pub trait Admin {
     /// Removes a volume (and its descendants if `recursive`); returns the
     /// bytes the reclaimer gives back.
     fn remove(&self, name: &str, recursive: bool, force: bool) -> grove_store::Result<u64>;
-    fn rollback(&self, snapshot: &str, volume: Option<&str>) -> grove_store::Result<VolumeInfo>;
+    /// Resets a volume to a snapshot; one in use needs `force`.
+    fn rollback(
+        &self,
+        snapshot: &str,
+        volume: Option<&str>,
+        force: bool,
+    ) -> grove_store::Result<VolumeInfo>;
     fn diff(&self, a: &str, b: &str) -> grove_store::Result<DiffReport>;
     /// Reclaims one batch, or everything with `wait`.
     fn gc(&self, wait: bool) -> grove_store::Result<GcReport>;
@@ -76,8 +82,13 @@ impl Admin for Pool {
     fn remove(&self, name: &str, recursive: bool, force: bool) -> grove_store::Result<u64> {
         Pool::remove(self, name, RemoveOptions { recursive, force })
     }
-    fn rollback(&self, snapshot: &str, volume: Option<&str>) -> grove_store::Result<VolumeInfo> {
-        Pool::rollback(self, snapshot, volume)
+    fn rollback(
+        &self,
+        snapshot: &str,
+        volume: Option<&str>,
+        force: bool,
+    ) -> grove_store::Result<VolumeInfo> {
+        Pool::rollback(self, snapshot, volume, force)
     }
     fn diff(&self, a: &str, b: &str) -> grove_store::Result<DiffReport> {
         Pool::diff(self, a, b)
@@ -144,6 +155,7 @@ enum Request {
     Rollback {
         snapshot: String,
         volume: Option<String>,
+        force: bool,
     },
     Diff {
         a: String,
@@ -199,9 +211,11 @@ fn execute(pool: &Pool, request: Request) -> Reply {
             recursive,
             force,
         } => reply(Admin::remove(pool, &name, recursive, force)),
-        Request::Rollback { snapshot, volume } => {
-            reply(pool.rollback(&snapshot, volume.as_deref()))
-        }
+        Request::Rollback {
+            snapshot,
+            volume,
+            force,
+        } => reply(pool.rollback(&snapshot, volume.as_deref(), force)),
         Request::Diff { a, b } => reply(pool.diff(&a, &b)),
         Request::Gc { wait } => reply(Admin::gc(pool, wait)),
         Request::Resize { name, size_bytes } => reply(pool.resize_volume(&name, size_bytes)),
@@ -512,10 +526,16 @@ impl Admin for ControlClient {
             force,
         })
     }
-    fn rollback(&self, snapshot: &str, volume: Option<&str>) -> grove_store::Result<VolumeInfo> {
+    fn rollback(
+        &self,
+        snapshot: &str,
+        volume: Option<&str>,
+        force: bool,
+    ) -> grove_store::Result<VolumeInfo> {
         self.call(Request::Rollback {
             snapshot: snapshot.into(),
             volume: volume.map(str::to_string),
+            force,
         })
     }
     fn diff(&self, a: &str, b: &str) -> grove_store::Result<DiffReport> {
