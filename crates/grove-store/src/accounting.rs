@@ -52,10 +52,7 @@ impl State {
     }
 
     fn unique_in_node(&mut self, addr: BlockAddr, level: u8, with_nodes: bool) -> Result<u64> {
-        let entries = self
-            .load_node(addr, NodeKind::VolumeData, level)?
-            .entries
-            .clone();
+        let entries = self.node_entries(addr, NodeKind::VolumeData, level)?;
         let mut count = 0;
         for entry in entries.iter().filter(|e| !e.is_empty()) {
             if self.shares.is_shared(entry.addr()) {
@@ -71,10 +68,7 @@ impl State {
     }
 
     fn written_blocks_below(&mut self, addr: BlockAddr, level: u8, base: u64) -> Result<u64> {
-        let entries = self
-            .load_node(addr, NodeKind::VolumeData, level)?
-            .entries
-            .clone();
+        let entries = self.node_entries(addr, NodeKind::VolumeData, level)?;
         let mut count = 0;
         for entry in entries.iter().filter(|e| !e.is_empty() && e.birth() > base) {
             count += if level == 0 {

@@ -17,6 +17,10 @@ pub struct PoolConfig {
     pub format_version: u32,
     /// The store file, relative to the pool directory.
     pub store: String,
+    /// Bytes of decoded metadata the cache keeps, as "256M" (K, M, G, T
+    /// are powers of 1024); absent means CACHE_SIZE_DEFAULT_BYTES.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_size: Option<String>,
 }
 
 impl PoolConfig {
@@ -24,7 +28,13 @@ impl PoolConfig {
         PoolConfig {
             format_version: FORMAT_VERSION,
             store: STORE_FILE_NAME.to_string(),
+            cache_size: None,
         }
+    }
+
+    /// The cache size this configuration asks for, in bytes.
+    pub fn cache_size_bytes(&self) -> Option<u64> {
+        self.cache_size.as_deref().and_then(parse_size_bytes)
     }
 
     pub fn to_toml(&self) -> String {
@@ -117,6 +127,13 @@ impl PoolConfig {
                 config.store
             )));
         }
+        if let Some(text) = &config.cache_size {
+            if parse_size_bytes(text).is_none() {
+                return Err(bad(format!(
+                    "cache_size {text:?} is not a size: write it like \"256M\" or \"1G\""
+                )));
+            }
+        }
         Ok(config)
     }
 }
@@ -130,4 +147,36 @@ impl Default for PoolConfig {
 /// toml's errors span several lines with a source excerpt; grove's errors are one line.
 fn one_line(message: &str) -> String {
     message.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// "4096", "64K", "256M", "1G", "1T" (powers of 1024) as bytes; None if it
+/// is not a size or does not fit.
+pub fn parse_size_bytes(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let (digits, shift) = match text.chars().last()? {
+        'K' | 'k' => (&text[..text.len() - 1], 10),
+        'M' | 'm' => (&text[..text.len() - 1], 20),
+        'G' | 'g' => (&text[..text.len() - 1], 30),
+        'T' | 't' => (&text[..text.len() - 1], 40),
+        _ => (text, 0),
+    };
+    let value: u64 = digits.parse().ok()?;
+    value.checked_mul(1u64 << shift)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size_bytes;
+
+    #[test]
+    fn sizes_parse_in_powers_of_1024() {
+        assert_eq!(parse_size_bytes("4096"), Some(4096));
+        assert_eq!(parse_size_bytes("64K"), Some(64 << 10));
+        assert_eq!(parse_size_bytes("256M"), Some(256 << 20));
+        assert_eq!(parse_size_bytes("1g"), Some(1 << 30));
+        assert_eq!(parse_size_bytes("2T"), Some(2 << 40));
+        assert_eq!(parse_size_bytes("x"), None);
+        assert_eq!(parse_size_bytes("M"), None);
+        assert_eq!(parse_size_bytes("99999999999T"), None);
+    }
 }

@@ -83,8 +83,7 @@ impl State {
                 children
             }
             Side::Node(addr) => self
-                .load_node(addr, NodeKind::VolumeData, level)?
-                .entries
+                .node_entries(addr, NodeKind::VolumeData, level)?
                 .iter()
                 .map(|e| match e.is_empty() {
                     true => Side::Hole,
@@ -174,8 +173,7 @@ impl State {
         out: &mut Vec<(u64, u64, bool)>,
     ) -> Result<()> {
         let entries: Vec<Entry> = self
-            .load_node(addr, NodeKind::VolumeData, level)?
-            .entries
+            .node_entries(addr, NodeKind::VolumeData, level)?
             .to_vec();
         let span = self.geometry.span_blocks(level);
         for (slot, entry) in entries.into_iter().enumerate() {

@@ -20,6 +20,7 @@
 
 mod accounting;
 pub mod alloc;
+mod cache;
 pub mod check;
 pub mod config;
 pub mod device;
@@ -36,14 +37,15 @@ mod tree;
 pub mod types;
 mod volumes;
 
+pub use cache::{CACHE_NODES_MIN, CACHE_SIZE_DEFAULT_BYTES};
 pub use check::CheckReport;
 pub use device::{BlockDevice, FileDevice, MemDevice};
 pub use diff::DiffExtent;
 pub use error::{Error, ErrorKind, Result};
 pub use format::record::VolumeKind;
 pub use pool::{
-    validate_volume_name, validate_volume_size, DiffReport, Pool, PoolInfo, PoolOptions,
-    RemoveOptions, Volume, VolumeClaim, VolumeInfo,
+    validate_volume_name, validate_volume_size, CacheStats, DiffReport, Pool, PoolInfo,
+    PoolOptions, RemoveOptions, Volume, VolumeClaim, VolumeInfo,
 };
 pub use reclaim::RECLAIM_BATCH_ENTRIES;
 pub use types::{BlockAddr, VolumeId};

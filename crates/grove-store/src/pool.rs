@@ -115,6 +115,15 @@ struct Inner {
     handles: Mutex<HashMap<VolumeId, usize>>,
 }
 
+/// The metadata cache's state (`Pool::cache_stats`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CacheStats {
+    pub cached_nodes: usize,
+    pub capacity_nodes: usize,
+    pub hits: u64,
+    pub misses: u64,
+}
+
 /// How `Pool::remove` treats a volume's family and its users.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RemoveOptions {
@@ -396,7 +405,11 @@ impl Pool {
             }
         })?;
         let lock = lock_store(&store_path)?;
-        Pool::open_device(Arc::new(device), dir, Some(lock))
+        let pool = Pool::open_device(Arc::new(device), dir, Some(lock))?;
+        if let Some(bytes) = config.cache_size_bytes() {
+            pool.set_cache_size(bytes);
+        }
+        Ok(pool)
     }
 
     /// Opens a store on any device (tests, the crash simulator).
@@ -836,6 +849,23 @@ impl Pool {
         Ok(report)
     }
 
+    /// Sets how many bytes of decoded metadata nodes the cache keeps (at
+    /// least `CACHE_NODES_MIN` nodes). Dirty nodes stay until committed.
+    pub fn set_cache_size(&self, size_bytes: u64) {
+        self.state().set_cache_size(size_bytes);
+    }
+
+    /// The metadata cache: nodes cached, the most it keeps, hits and misses.
+    pub fn cache_stats(&self) -> CacheStats {
+        let (cached_nodes, capacity_nodes, hits, misses) = self.state().cache_stats();
+        CacheStats {
+            cached_nodes,
+            capacity_nodes,
+            hits,
+            misses,
+        }
+    }
+
     /// Sets a volume's recorded referenced bytes outright and commits: a
     /// crafted store with valid checksums, for tests of `check --repair`.
     #[doc(hidden)]
@@ -1071,7 +1101,7 @@ fn lock_state(inner: &Inner) -> MutexGuard<'_, State> {
     // A panic while the lock was held leaves the in-memory state suspect,
     // but the on-disk state is only ever changed by whole commits: go on
     // reading, and take no more changes (as after a failed commit).
-    inner.state.lock().unwrap_or_else(|poisoned| {
+    let mut state = inner.state.lock().unwrap_or_else(|poisoned| {
         let mut state = poisoned.into_inner();
         if state.failed.is_none() {
             state.failed = Some(
@@ -1079,7 +1109,9 @@ fn lock_state(inner: &Inner) -> MutexGuard<'_, State> {
             );
         }
         state
-    })
+    });
+    state.begin_operation();
+    state
 }
 
 fn write_gate(inner: &Inner) -> std::sync::RwLockWriteGuard<'_, ()> {

@@ -163,10 +163,9 @@ impl State {
         // A damaged removed tree must not stop `info` or removals of other
         // volumes: what cannot be read is not counted (`check` reports it,
         // and the reclaimer stops there with an error).
-        let Ok(node) = self.load_node(addr, NodeKind::VolumeData, level) else {
+        let Ok(entries) = self.node_entries(addr, NodeKind::VolumeData, level) else {
             return Ok(());
         };
-        let entries = node.entries.clone();
         for entry in entries.iter().filter(|e| !e.is_empty()) {
             self.tally_reference(entry.addr(), level.checked_sub(1), tally, counts)?;
         }

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::alloc::{Allocator, BlockUse};
+use crate::cache::NodeCache;
 use crate::device::BlockDevice;
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::journal::{AllocChange, AllocExtent, Descriptor, Roots, ShareRun};
@@ -98,9 +99,8 @@ pub struct State {
     pub alloc: Allocator,
     /// Extra reference counts: exact sharing.
     pub shares: Shares,
-    /// Decoded nodes, clean and dirty. (Issue: bounded metadata cache.)
-    nodes: HashMap<BlockAddr, Node>,
-    dirty_nodes: BTreeSet<BlockAddr>,
+    /// Decoded nodes, clean and dirty, bounded (ESnap).
+    cache: NodeCache,
     /// Live volumes.
     pub volumes: BTreeMap<VolumeId, VolumeRecord>,
     /// Removed volumes whose record is still needed: a tree the reclaimer
@@ -156,6 +156,7 @@ impl State {
             group_count: superblock.group_count,
             birth_generation: superblock.birth_generation,
         };
+        let geometry = Geometry::new(superblock.block_size_bytes);
         State {
             shares: Shares::new(
                 superblock.data_start,
@@ -172,11 +173,13 @@ impl State {
             unwritten_homes: BTreeMap::new(),
             open_warnings: Vec::new(),
             device,
-            geometry: Geometry::new(superblock.block_size_bytes),
+            geometry,
             superblock,
             alloc,
-            nodes: HashMap::new(),
-            dirty_nodes: BTreeSet::new(),
+            cache: NodeCache::new(NodeCache::nodes_for(
+                crate::cache::CACHE_SIZE_DEFAULT_BYTES,
+                geometry.block_bytes(),
+            )),
             volumes: BTreeMap::new(),
             names: HashMap::new(),
             record_blocks: HashMap::new(),
@@ -235,57 +238,114 @@ impl State {
 
     // ----- node cache -----
 
-    /// Loads (and verifies) a node into the cache.
-    pub(crate) fn load_node(
-        &mut self,
-        addr: BlockAddr,
-        kind: NodeKind,
-        level: u8,
-    ) -> Result<&Node> {
-        if !self.nodes.contains_key(&addr) {
-            let mut block = vec![0u8; self.geometry.block_size_bytes as usize];
-            self.read_block(addr, &mut block, "radix node")?;
-            let data_start = self.superblock.data_start.0;
-            let valid = data_start..self.alloc.store_end();
-            let birth_max = self.superblock.birth_generation;
-            let node =
-                Node::decode(&block, addr, kind, level, valid, birth_max).map_err(
-                    |e| match kind {
-                        NodeKind::VolumeTable => Error::corrupt(format!("volume table: {e}")),
-                        NodeKind::VolumeData => e,
-                    },
-                )?;
-            if let Some((slot, _)) = node
-                .entries
-                .iter()
-                .enumerate()
-                .find(|(_, e)| !e.is_empty() && self.alloc.is_group_header(e.addr()))
-            {
-                return Err(Error::corrupt(format!(
-                    "radix node at {addr} is damaged: entry {slot} points at a group's map or share-count block"
-                )));
-            }
-            self.nodes.insert(addr, node);
+    /// Reads and verifies the node at `addr` from the device (or from a
+    /// journaled image whose write home failed: the disk is older).
+    fn read_node(&self, addr: BlockAddr, kind: NodeKind, level: u8) -> Result<Node> {
+        let mut block = vec![0u8; self.geometry.block_size_bytes as usize];
+        match self.unwritten_homes.get(&addr) {
+            Some(image) => block.copy_from_slice(image),
+            None => self.read_block(addr, &mut block, "radix node")?,
         }
-        let node = &self.nodes[&addr];
+        let data_start = self.superblock.data_start.0;
+        let valid = data_start..self.alloc.store_end();
+        let birth_max = self.superblock.birth_generation;
+        let node =
+            Node::decode(&block, addr, kind, level, valid, birth_max).map_err(|e| match kind {
+                NodeKind::VolumeTable => Error::corrupt(format!("volume table: {e}")),
+                NodeKind::VolumeData => e,
+            })?;
+        if let Some((slot, _)) = node
+            .entries
+            .iter()
+            .enumerate()
+            .find(|(_, e)| !e.is_empty() && self.alloc.is_group_header(e.addr()))
+        {
+            return Err(Error::corrupt(format!(
+                "radix node at {addr} is damaged: entry {slot} points at a group's map or share-count block"
+            )));
+        }
+        Ok(node)
+    }
+
+    fn check_shape(node: &Node, addr: BlockAddr, kind: NodeKind, level: u8) -> Result<()> {
         if node.kind != kind || node.level != level {
             return Err(Error::corrupt(format!(
                 "radix node at {addr} is damaged: a {:?} level-{} node reached as a {kind:?} level-{level} node",
                 node.kind, node.level
             )));
         }
+        Ok(())
+    }
+
+    /// Loads (and verifies) a node into the cache, for an operation that
+    /// may change it or will soon read it again. It stays cached at least
+    /// until the operation ends.
+    pub(crate) fn load_node(
+        &mut self,
+        addr: BlockAddr,
+        kind: NodeKind,
+        level: u8,
+    ) -> Result<&Node> {
+        if !self.cache.contains(addr) {
+            let node = self.read_node(addr, kind, level)?;
+            self.cache.insert(addr, node, false);
+        }
+        let node = self.cache.get(addr).expect("just cached");
+        Self::check_shape(node, addr, kind, level)?;
         Ok(node)
     }
 
-    /// A node's entries for the checker: the cached copy if there is one
-    /// (it may be newer than the disk), else verified from the device.
+    /// A node's entries for walks that only read (check, accounting, diff,
+    /// extents, dropping references): the cached copy if there is one (it
+    /// may be newer than the disk), else read from the device without
+    /// filling the cache, so a walk over a whole pool stays in bounded
+    /// memory.
+    pub(crate) fn node_entries(
+        &mut self,
+        addr: BlockAddr,
+        kind: NodeKind,
+        level: u8,
+    ) -> Result<Box<[Entry]>> {
+        if let Some(node) = self.cache.peek(addr) {
+            Self::check_shape(node, addr, kind, level)?;
+            return Ok(node.entries.clone());
+        }
+        Ok(self.read_node(addr, kind, level)?.entries)
+    }
+
+    /// A node's entries for the checker (see `node_entries`).
     pub(crate) fn load_node_for_check(
         &mut self,
         addr: BlockAddr,
         kind: NodeKind,
         level: u8,
     ) -> Result<Box<[Entry]>> {
-        Ok(self.load_node(addr, kind, level)?.entries.clone())
+        self.node_entries(addr, kind, level)
+    }
+
+    /// A new operation holds the pool lock: nodes the last one used may be
+    /// evicted from now on.
+    pub(crate) fn begin_operation(&mut self) {
+        self.cache.begin_operation();
+    }
+
+    /// Sets how many bytes of decoded nodes the cache keeps.
+    pub fn set_cache_size(&mut self, size_bytes: u64) {
+        let nodes = NodeCache::nodes_for(size_bytes, self.geometry.block_bytes());
+        let mut cache = NodeCache::new(nodes);
+        std::mem::swap(&mut cache, &mut self.cache);
+        // Dirty nodes move over pinned; clean ones are read again if needed.
+        for addr in cache.dirty().clone() {
+            if let Some(node) = cache.peek(addr) {
+                self.cache.insert(addr, node.clone(), true);
+            }
+        }
+    }
+
+    /// (cached nodes, capacity, hits, misses).
+    pub fn cache_stats(&self) -> (usize, usize, u64, u64) {
+        let (hits, misses) = self.cache.hits_and_misses();
+        (self.cache.len(), self.cache.capacity_nodes(), hits, misses)
     }
 
     /// Sets a volume's space accounting (check --repair).
@@ -295,20 +355,20 @@ impl State {
         self.dirty_records.insert(id);
     }
 
+    /// An entry of a node this operation loaded.
     pub(crate) fn entry(&self, addr: BlockAddr, slot: usize) -> Entry {
-        self.nodes[&addr].entries[slot]
+        self.cache.entry(addr, slot)
     }
 
+    /// Changes an entry of a node this operation loaded; it is dirty (and
+    /// pinned in the cache) until the next commit.
     pub(crate) fn set_entry(&mut self, addr: BlockAddr, slot: usize, entry: Entry) {
-        let node = self.nodes.get_mut(&addr).expect("node is cached");
-        node.entries[slot] = entry;
-        self.dirty_nodes.insert(addr);
+        self.cache.set_entry(addr, slot, entry);
     }
 
     pub(crate) fn insert_new_node(&mut self, node: Node) -> Result<BlockAddr> {
         let addr = self.alloc.allocate(BlockUse::Meta)?;
-        self.nodes.insert(addr, node);
-        self.dirty_nodes.insert(addr);
+        self.cache.insert(addr, node, true);
         Ok(addr)
     }
 
@@ -316,8 +376,7 @@ impl State {
     /// reference may free a block.
     pub(crate) fn free_block(&mut self, addr: BlockAddr) {
         debug_assert!(!self.shares.is_shared(addr), "{addr} is still shared");
-        self.nodes.remove(&addr);
-        self.dirty_nodes.remove(&addr);
+        self.cache.remove(addr);
         self.alloc.free(addr);
     }
 
@@ -444,10 +503,7 @@ impl State {
         base: u64,
         out: &mut Vec<(u64, BlockAddr)>,
     ) -> Result<()> {
-        let entries = self
-            .load_node(addr, NodeKind::VolumeTable, level)?
-            .entries
-            .clone();
+        let entries = self.node_entries(addr, NodeKind::VolumeTable, level)?;
         let span = self.geometry.span_blocks(level);
         for (slot, entry) in entries.iter().enumerate() {
             if entry.is_empty() {
@@ -533,7 +589,7 @@ impl State {
     // ----- commit -----
 
     pub fn has_changes(&self) -> bool {
-        !self.dirty_nodes.is_empty()
+        !self.cache.dirty().is_empty()
             || !self.dirty_records.is_empty()
             || self.alloc.has_changes()
             || self.shares.change_count() > 0
@@ -545,7 +601,7 @@ impl State {
     /// a transaction always fits in the journal.
     pub fn pending_commit_blocks(&self) -> u64 {
         let share_changes = self.shares.change_count().div_ceil(SHARE_RUNS_PER_IMAGE);
-        (self.dirty_nodes.len()
+        (self.cache.dirty().len()
             + self.dirty_records.len()
             + self.alloc.change_count()
             + share_changes) as u64
@@ -651,9 +707,12 @@ impl State {
         // The table first: it may allocate nodes and blocks, which must ride
         // in this same transaction.
         let mut writes = self.persist_volume_table()?;
-        for &addr in &self.dirty_nodes {
+        for &addr in self.cache.dirty() {
             let mut block = vec![0u8; block_size];
-            self.nodes[&addr].encode(&mut block);
+            self.cache
+                .peek(addr)
+                .expect("dirty nodes are pinned")
+                .encode(&mut block);
             writes.push((addr, block));
         }
         self.grow_device_to_store()?;
@@ -699,7 +758,7 @@ impl State {
             share_runs,
         )?;
         // Durable: the rest is bookkeeping and write-back.
-        self.dirty_nodes.clear();
+        self.cache.mark_all_clean();
         let sealed = self.alloc.seal();
         self.shares.seal();
         self.committed_roots = roots;
@@ -771,7 +830,7 @@ impl State {
         for (home, image) in homes.iter().zip(&images) {
             self.write_device_block(*home, image, "metadata")?;
         }
-        self.dirty_nodes.clear();
+        self.cache.mark_all_clean();
         let sealed = self.alloc.seal();
         self.shares.seal();
         self.write_count_blocks()?;
@@ -937,10 +996,7 @@ impl State {
         let (Some(level), 1) = (level, *seen) else {
             return Ok(());
         };
-        let entries = self
-            .load_node(addr, NodeKind::VolumeData, level)?
-            .entries
-            .clone();
+        let entries = self.node_entries(addr, NodeKind::VolumeData, level)?;
         for entry in entries.iter().filter(|e| !e.is_empty()) {
             self.count_references(entry.addr(), level.checked_sub(1), references)?;
         }

@@ -188,10 +188,7 @@ impl State {
             return Ok(());
         }
         if let Some(level) = level {
-            let children = self
-                .load_node(addr, NodeKind::VolumeData, level)?
-                .entries
-                .clone();
+            let children = self.node_entries(addr, NodeKind::VolumeData, level)?;
             for child in children.iter().filter(|e| !e.is_empty()) {
                 self.drop_reference(child.addr(), level.checked_sub(1), dropped)?;
             }
@@ -216,10 +213,7 @@ impl State {
     /// block for None).
     pub(crate) fn count_mapped(&mut self, addr: BlockAddr, level: Option<u8>) -> Result<u64> {
         let Some(level) = level else { return Ok(1) };
-        let entries = self
-            .load_node(addr, NodeKind::VolumeData, level)?
-            .entries
-            .clone();
+        let entries = self.node_entries(addr, NodeKind::VolumeData, level)?;
         let mut count = 0;
         for entry in entries.iter().filter(|e| !e.is_empty()) {
             count += self.count_mapped(entry.addr(), level.checked_sub(1))?;
@@ -376,10 +370,7 @@ impl State {
         end: u64,
         out: &mut Vec<(u64, u64)>,
     ) -> Result<()> {
-        let entries = self
-            .load_node(addr, NodeKind::VolumeData, level)?
-            .entries
-            .clone();
+        let entries = self.node_entries(addr, NodeKind::VolumeData, level)?;
         let span = self.geometry.span_blocks(level);
         for (slot, entry) in entries.iter().enumerate() {
             let child_first = base + slot as u64 * span;

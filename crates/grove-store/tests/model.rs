@@ -38,6 +38,8 @@ const BLOCK: u64 = BLOCK_SIZE_BYTES as u64;
 /// inside a case.
 const JOURNAL_BYTES: u64 = 128 * 1024;
 const CASES_DEFAULT: u32 = 256;
+/// A cache of the fewest nodes it keeps (64 at 1 KiB blocks).
+const SMALL_CACHE_BYTES: u64 = grove_store::CACHE_NODES_MIN as u64 * BLOCK;
 const OPS_PER_CASE_MAX: usize = 60;
 
 /// Few names, so that operations keep hitting existing volumes.
@@ -523,6 +525,9 @@ impl Harness {
     fn new(dir: &Path) -> Harness {
         let path = dir.join("pool");
         let pool = Pool::create(&path, &options()).expect("create pool");
+        // The smallest metadata cache, so that nodes are evicted and read
+        // again all the time.
+        pool.set_cache_size(SMALL_CACHE_BYTES);
         Harness {
             path,
             pool: Some(pool),
@@ -1026,6 +1031,7 @@ impl Harness {
             drop(pool);
         }
         let pool = Pool::open(&self.path).map_err(fail("reopen"))?;
+        pool.set_cache_size(SMALL_CACHE_BYTES);
         let report = pool.check(false).map_err(fail("check"))?;
         prop_assert!(
             report.errors.is_empty(),

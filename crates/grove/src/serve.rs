@@ -56,6 +56,10 @@ pub struct ServeArgs {
     /// With --tls-cert: require TLS of every TCP client, or allow plaintext too
     #[arg(long, value_name = "MODE", value_parser = ["require", "allow"], default_value = "require")]
     pub tls: String,
+    /// Memory for decoded metadata (the cache of radix nodes); clean nodes
+    /// past it are evicted [default: cache_size in grove.toml, else 64M]
+    #[arg(long, value_name = "SIZE")]
+    pub cache_size: Option<String>,
 }
 
 /// Socket permissions for --socket-mode: octal, at most 0777.
@@ -126,7 +130,15 @@ pub fn run(
     if let Some(mountpoint) = &mount {
         grove_fuse::check_mount_possible(mountpoint)?;
     }
+    let cache_size = limits
+        .cache_size
+        .as_deref()
+        .map(|text| crate::size::parse_size(text, "cache size"))
+        .transpose()?;
     let pool = crate::control::open_pool_exclusive(dir)?;
+    if let Some(bytes) = cache_size {
+        pool.set_cache_size(bytes);
+    }
     for name in exports.iter().chain(&default_export) {
         pool.volume_info(name)
             .with_context(|| format!("cannot export {name:?}"))?;

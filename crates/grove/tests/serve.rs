@@ -28,9 +28,14 @@ impl Served {
         served.spawn()
     }
 
-    fn spawn(mut self) -> Served {
+    fn spawn(self) -> Served {
+        self.spawn_with(&[])
+    }
+
+    fn spawn_with(mut self, extra: &[&str]) -> Served {
         let child = Command::new(GROVE)
             .args(["--pool", self.pool().to_str().unwrap(), "serve"])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -342,4 +347,33 @@ fn a_volume_with_a_connected_client_is_not_removed_unless_forced() {
     let info = served.ok(&["info", "--json"]);
     assert!(info.contains("\"pending_free_bytes\":0"), "{info}");
     assert!(info.contains("\"referenced_bytes\":0"), "{info}");
+}
+
+#[test]
+fn a_small_metadata_cache_serves_a_volume_larger_than_it_maps() {
+    if !have("qemu-io") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let served = Served { dir, child: None };
+    served.ok(&["init"]);
+    served.ok(&["create", "disk", "--size", "256M"]);
+    // 256 KiB of nodes is 64 of them; 256 MiB of data needs 128 leaves.
+    let served = served.spawn_with(&["--cache-size", "256K"]);
+    let uri = served.uri("disk");
+    let writes: Vec<String> = (0..128)
+        .map(|i| format!("write -P {} {}M 4k", i % 250 + 1, 2 * i))
+        .collect();
+    let commands: Vec<&str> = writes.iter().map(String::as_str).collect();
+    assert_qemu_io_ok(&qemu_io(&uri, false, &commands), "writes");
+    let reads: Vec<String> = (0..128)
+        .map(|i| format!("read -P {} {}M 4k", i % 250 + 1, 2 * i))
+        .collect();
+    let commands: Vec<&str> = reads.iter().map(String::as_str).collect();
+    assert_qemu_io_ok(&qemu_io(&uri, true, &commands), "reads");
+    assert!(served.ok(&["check"]).contains("clean"));
+    // A size that is not one is refused before anything starts.
+    let output = served.run(&["serve", "--cache-size", "lots"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("cache size"));
 }
