@@ -306,7 +306,7 @@ pub enum Command {
         default_export: Option<String>,
         /// Limits, timeouts, socket permissions and TLS
         #[command(flatten)]
-        limits: crate::serve::ServeArgs,
+        limits: Box<crate::serve::ServeArgs>,
         /// Also mount the volumes as files here with FUSE, as `grove mount` does
         #[arg(long, value_name = "MOUNTPOINT")]
         mount: Option<PathBuf>,

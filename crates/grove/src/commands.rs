@@ -44,7 +44,7 @@ pub fn run(cli: Cli) -> Result<()> {
             read_only,
             exports,
             default_export,
-            limits,
+            *limits,
             mount,
         ),
         Command::Mount {
