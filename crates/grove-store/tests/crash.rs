@@ -97,7 +97,7 @@ fn run_workload(seed: u64) -> usize {
     let pool = Pool::format(device.clone(), &options, dir, None).unwrap();
     // Every other workload runs with the smallest metadata cache, so that
     // nodes are evicted and read back between commits.
-    if seed % 2 == 0 {
+    if seed.is_multiple_of(2) {
         pool.set_cache_size(grove_store::CACHE_NODES_MIN as u64 * u64::from(BLOCK_SIZE_BYTES));
     }
     let mut model = Model::new();
