@@ -17,17 +17,54 @@ pub enum BlockUse {
     Meta,
 }
 
+/// Four bits per block, two blocks a byte: block i is the low nibble of
+/// byte i / 2 when i is even, the high nibble when odd (as in the map block).
+#[derive(Clone)]
+struct Nibbles(Vec<u8>);
+
+impl Nibbles {
+    fn from_unpacked(unpacked: &[u8]) -> Nibbles {
+        let mut packed = Nibbles(vec![0u8; unpacked.len().div_ceil(2)]);
+        for (i, &nibble) in unpacked.iter().enumerate() {
+            packed.set(i, nibble);
+        }
+        packed
+    }
+
+    fn get(&self, i: usize) -> u8 {
+        (self.0[i / 2] >> (4 * (i % 2))) & 0xf
+    }
+
+    fn set(&mut self, i: usize, nibble: u8) {
+        debug_assert!(nibble <= 0xf);
+        let shift = 4 * (i % 2);
+        let byte = &mut self.0[i / 2];
+        *byte = (*byte & !(0xf << shift)) | (nibble << shift);
+    }
+
+    fn unpacked(&self, count: usize) -> Vec<u8> {
+        (0..count).map(|i| self.get(i)).collect()
+    }
+
+    /// The first free slot (nibble 0) in `range`.
+    fn first_free(&self, range: std::ops::Range<usize>) -> Option<usize> {
+        range.into_iter().find(|&i| self.get(i) == 0)
+    }
+}
+
 struct Group {
-    /// One state per block of the group, in the low four bits: the live
-    /// state, including changes no commit has made durable yet.
-    nibbles: Vec<u8>,
+    /// The live state of every block, including changes no commit has made
+    /// durable yet; packed, half a byte per block.
+    nibbles: Nibbles,
     free_blocks: u64,
-    /// The state as of the last sealed transaction: what the journal says.
-    /// Checkpoints write this copy, never the live one, so a map on disk
-    /// never shows an allocation or a free that no durable commit made.
-    durable: Vec<u8>,
-    /// The durable copy changed since the last checkpoint wrote it.
-    durable_dirty: bool,
+    data_blocks: u64,
+    meta_blocks: u64,
+    /// The state as of the last sealed transaction, kept only for a group
+    /// changed since the last checkpoint: checkpoints write this copy, never
+    /// the live one, so a map on disk never shows an allocation or a free
+    /// that no durable commit made. A group without one is on disk as the
+    /// live state says, less the changes not sealed yet (`durable_base`).
+    durable: Option<Nibbles>,
     /// Slots the capacity lets this group use: all of them, except in the
     /// last group of a pool whose capacity ends inside it.
     usable_slots: usize,
@@ -40,23 +77,62 @@ impl Group {
     fn new_empty(group_blocks: u64, usable_slots: usize) -> Group {
         let mut nibbles = vec![0u8; group_blocks as usize];
         nibbles[..GROUP_HEADER_BLOCKS as usize].fill(NIBBLE_ALLOCATED | NIBBLE_META);
-        Group::from_nibbles(nibbles, usable_slots, true, 0)
+        let mut group = Group::from_nibbles(&nibbles, usable_slots, 0);
+        // A new group's map must be written: it is dirty from the start.
+        group.durable = Some(group.nibbles.clone());
+        group
     }
 
-    fn from_nibbles(
-        nibbles: Vec<u8>,
-        usable_slots: usize,
-        durable_dirty: bool,
-        shares_present: u8,
-    ) -> Group {
-        Group {
-            shares_present,
-            free_blocks: nibbles[..usable_slots].iter().filter(|&&n| n == 0).count() as u64,
-            durable: nibbles.clone(),
-            nibbles,
-            durable_dirty,
+    fn from_nibbles(unpacked: &[u8], usable_slots: usize, shares_present: u8) -> Group {
+        let mut group = Group {
+            nibbles: Nibbles::from_unpacked(unpacked),
+            free_blocks: 0,
+            data_blocks: 0,
+            meta_blocks: 0,
+            durable: None,
             usable_slots,
+            shares_present,
+        };
+        group.recount(unpacked.len());
+        group
+    }
+
+    /// Recomputes the counters from the nibbles (at open and after replay).
+    fn recount(&mut self, group_blocks: usize) {
+        self.free_blocks = 0;
+        self.data_blocks = 0;
+        self.meta_blocks = 0;
+        for slot in 0..group_blocks {
+            match self.nibbles.get(slot) {
+                0 if slot < self.usable_slots => self.free_blocks += 1,
+                NIBBLE_ALLOCATED => self.data_blocks += 1,
+                n if n & NIBBLE_META != 0 => self.meta_blocks += 1,
+                _ => {}
+            }
         }
+    }
+
+    /// Sets a live nibble, keeping the counters.
+    fn set(&mut self, slot: usize, nibble: u8) {
+        let old = self.nibbles.get(slot);
+        let usable = slot < self.usable_slots;
+        match old {
+            0 if usable => self.free_blocks -= 1,
+            NIBBLE_ALLOCATED => self.data_blocks -= 1,
+            n if n & NIBBLE_META != 0 => self.meta_blocks -= 1,
+            _ => {}
+        }
+        match nibble {
+            0 if usable => self.free_blocks += 1,
+            NIBBLE_ALLOCATED => self.data_blocks += 1,
+            n if n & NIBBLE_META != 0 => self.meta_blocks += 1,
+            _ => {}
+        }
+        self.nibbles.set(slot, nibble);
+    }
+
+    fn is_durable_dirty(&self) -> bool {
+        self.durable.is_some()
     }
 }
 
@@ -72,8 +148,9 @@ pub struct Allocator {
     durable_group_count: u64,
     /// Next-fit position: the block after the last one handed out.
     cursor: u64,
-    /// Every allocation and free since the last seal, in order.
-    changes: Vec<(BlockAddr, AllocChange)>,
+    /// Every allocation and free since the last seal, in order, with the
+    /// block's nibble before it (to know the durable state).
+    changes: Vec<(BlockAddr, AllocChange, u8)>,
     /// Blocks freed since the last seal. They stay unusable until the
     /// transaction that frees them is durable (consistency contract, point 5).
     open_frees: Vec<BlockAddr>,
@@ -100,7 +177,7 @@ impl Allocator {
             .enumerate()
             .map(|(index, map)| {
                 let usable = usable_slots(group_blocks, capacity_blocks, index as u64);
-                Group::from_nibbles(map.nibbles, usable, false, map.shares_present)
+                Group::from_nibbles(&map.nibbles, usable, map.shares_present)
             })
             .collect();
         Allocator {
@@ -163,14 +240,13 @@ impl Allocator {
         };
         let (group, slot) = self.locate(BlockAddr(addr));
         let group = &mut self.groups[group];
-        debug_assert_eq!(group.nibbles[slot], 0);
+        assert_eq!(group.nibbles.get(slot), 0, "block {addr} handed out twice");
         let (nibble, change) = match usage {
             BlockUse::Meta => (NIBBLE_ALLOCATED | NIBBLE_META, AllocChange::AllocatedMeta),
             BlockUse::Data => (NIBBLE_ALLOCATED, AllocChange::AllocatedData),
         };
-        group.nibbles[slot] = nibble;
-        group.free_blocks -= 1;
-        self.changes.push((BlockAddr(addr), change));
+        group.set(slot, nibble);
+        self.changes.push((BlockAddr(addr), change, 0));
         self.cursor = addr + 1;
         Ok(BlockAddr(addr))
     }
@@ -200,8 +276,8 @@ impl Allocator {
                 s if s == group_count => 0..start_slot.min(usable),
                 _ => 0..usable,
             };
-            if let Some(slot) = group.nibbles[range.clone()].iter().position(|&n| n == 0) {
-                return Some(self.group_start(g as u64).0 + (range.start + slot) as u64);
+            if let Some(slot) = group.nibbles.first_free(range) {
+                return Some(self.group_start(g as u64).0 + slot as u64);
             }
         }
         None
@@ -215,12 +291,13 @@ impl Allocator {
         // A tree that points at a free block, or at a map block, is damage on
         // disk (a crafted store can carry valid checksums): refuse quietly
         // instead of panicking; `check` reports such blocks.
-        if group.nibbles[slot] & NIBBLE_ALLOCATED == 0 || slot < GROUP_HEADER_BLOCKS as usize {
+        let old = group.nibbles.get(slot);
+        if old & NIBBLE_ALLOCATED == 0 || slot < GROUP_HEADER_BLOCKS as usize {
             self.inconsistent_frees += 1;
             return;
         }
-        group.nibbles[slot] = NIBBLE_PENDING_FREE;
-        self.changes.push((addr, AllocChange::Freed));
+        group.set(slot, NIBBLE_PENDING_FREE);
+        self.changes.push((addr, AllocChange::Freed, old));
         self.open_frees.push(addr);
     }
 
@@ -248,7 +325,7 @@ impl Allocator {
     /// a block wins when they are applied.
     pub fn pending_extents(&self) -> Vec<AllocExtent> {
         let mut extents: Vec<AllocExtent> = Vec::new();
-        for &(addr, change) in &self.changes {
+        for &(addr, change, _) in &self.changes {
             match extents.last_mut() {
                 Some(last)
                     if last.change == change
@@ -290,9 +367,36 @@ impl Allocator {
         };
         for addr in extent.first.0..extent.first.0 + u64::from(extent.count) {
             let (group, slot) = self.locate(BlockAddr(addr));
-            self.groups[group].durable[slot] = nibble;
-            self.groups[group].durable_dirty = true;
+            self.durable_copy(group).set(slot, nibble);
         }
+    }
+
+    /// The durable copy of a group's map, made on first need from the live
+    /// state: a pending free is free on disk, and a change not sealed yet
+    /// is not on disk (its old nibble is).
+    fn durable_copy(&mut self, group: usize) -> &mut Nibbles {
+        if self.groups[group].durable.is_none() {
+            let base = self.durable_base(group);
+            self.groups[group].durable = Some(base);
+        }
+        self.groups[group].durable.as_mut().expect("just made")
+    }
+
+    fn durable_base(&self, group: usize) -> Nibbles {
+        let mut base = self.groups[group].nibbles.clone();
+        for slot in 0..self.group_blocks as usize {
+            if base.get(slot) == NIBBLE_PENDING_FREE {
+                base.set(slot, 0);
+            }
+        }
+        // The earliest change to a block holds its durable nibble.
+        for &(addr, _, old) in self.changes.iter().rev() {
+            let (g, slot) = self.locate(addr);
+            if g == group {
+                base.set(slot, if old == NIBBLE_PENDING_FREE { 0 } else { old });
+            }
+        }
+        base
     }
 
     /// Replays a durable transaction's allocation extents into the durable
@@ -344,12 +448,12 @@ impl Allocator {
     /// After every replayed transaction: the live maps become the durable
     /// ones (done once, not per transaction: it touches every group).
     pub fn finish_replay(&mut self) {
+        let group_blocks = self.group_blocks as usize;
         for group in &mut self.groups {
-            group.nibbles.clone_from(&group.durable);
-            group.free_blocks = group.nibbles[..group.usable_slots]
-                .iter()
-                .filter(|&&n| n == 0)
-                .count() as u64;
+            if let Some(durable) = &group.durable {
+                group.nibbles = durable.clone();
+                group.recount(group_blocks);
+            }
         }
     }
 
@@ -358,15 +462,13 @@ impl Allocator {
     pub fn set_allocated(&mut self, addr: BlockAddr, usage: BlockUse) {
         let (group, slot) = self.locate(addr);
         let group = &mut self.groups[group];
-        if group.nibbles[slot] == 0 {
-            group.free_blocks -= 1;
-        }
+        let old = group.nibbles.get(slot);
         let (nibble, change) = match usage {
             BlockUse::Meta => (NIBBLE_ALLOCATED | NIBBLE_META, AllocChange::AllocatedMeta),
             BlockUse::Data => (NIBBLE_ALLOCATED, AllocChange::AllocatedData),
         };
-        group.nibbles[slot] = nibble;
-        self.changes.push((addr, change));
+        group.set(slot, nibble);
+        self.changes.push((addr, change, old));
     }
 
     /// Makes blocks freed by a now-durable transaction reusable.
@@ -374,9 +476,8 @@ impl Allocator {
         for addr in frees {
             let (group, slot) = self.locate(addr);
             let group = &mut self.groups[group];
-            if group.nibbles[slot] == NIBBLE_PENDING_FREE {
-                group.nibbles[slot] = 0;
-                group.free_blocks += 1;
+            if group.nibbles.get(slot) == NIBBLE_PENDING_FREE {
+                group.set(slot, 0);
             }
         }
     }
@@ -390,7 +491,7 @@ impl Allocator {
             return None;
         }
         let (group, slot) = self.locate(addr);
-        Some(self.groups[group].nibbles[slot])
+        Some(self.groups[group].nibbles.get(slot))
     }
 
     /// One past the last block of the store.
@@ -411,7 +512,7 @@ impl Allocator {
     pub fn data_blocks(&self) -> u64 {
         self.groups
             .iter()
-            .map(|g| g.nibbles.iter().filter(|&&n| n == NIBBLE_ALLOCATED).count() as u64)
+            .map(|g| g.data_blocks)
             .sum()
     }
 
@@ -419,7 +520,7 @@ impl Allocator {
     pub fn meta_blocks(&self) -> u64 {
         self.groups
             .iter()
-            .map(|g| g.nibbles.iter().filter(|&&n| n & NIBBLE_META != 0).count() as u64)
+            .map(|g| g.meta_blocks)
             .sum()
     }
 
@@ -436,14 +537,16 @@ impl Allocator {
     /// Encoded durable map blocks changed since the last checkpoint, as
     /// (address, block bytes).
     pub fn dirty_maps(&self, block_size_bytes: u32) -> Vec<(BlockAddr, Vec<u8>)> {
+        let group_blocks = self.group_blocks as usize;
         (0..self.durable_group_count as usize)
-            .filter(|&index| self.groups[index].durable_dirty)
+            .filter(|&index| self.groups[index].is_durable_dirty())
             .map(|index| {
                 let mut block = vec![0u8; block_size_bytes as usize];
                 let group = &self.groups[index];
+                let durable = group.durable.as_ref().expect("dirty groups have a copy");
                 group::encode(
                     index as u64,
-                    &group.durable,
+                    &durable.unpacked(group_blocks),
                     group.shares_present,
                     &mut block,
                 );
@@ -456,13 +559,13 @@ impl Allocator {
     pub fn has_dirty_maps(&self) -> bool {
         self.groups[..self.durable_group_count as usize]
             .iter()
-            .any(|g| g.durable_dirty)
+            .any(|g| g.is_durable_dirty())
     }
 
     /// The maps from `dirty_maps` are durable.
     pub fn mark_maps_clean(&mut self) {
         for group in &mut self.groups[..self.durable_group_count as usize] {
-            group.durable_dirty = false;
+            group.durable = None;
         }
     }
 
@@ -474,10 +577,10 @@ impl Allocator {
     /// Share-count block `index` of `group` now holds counts on disk: the
     /// group's map (written after it at checkpoint) must say so.
     pub fn mark_shares_present(&mut self, group: u64, index: u32) {
-        let group = &mut self.groups[group as usize];
-        if group.shares_present & (1 << index) == 0 {
-            group.shares_present |= 1 << index;
-            group.durable_dirty = true;
+        let group = group as usize;
+        if self.groups[group].shares_present & (1 << index) == 0 {
+            self.groups[group].shares_present |= 1 << index;
+            self.durable_copy(group);
         }
     }
 
@@ -490,17 +593,6 @@ impl Allocator {
     /// Groups as of the last sealed transaction.
     pub fn durable_group_count(&self) -> u64 {
         self.durable_group_count
-    }
-
-    /// The durable nibble of a block (for the checker).
-    pub fn durable_nibble(&self, addr: BlockAddr) -> Option<u8> {
-        if addr.0 < self.data_start
-            || addr.0 >= self.data_start + self.durable_group_count * self.group_blocks
-        {
-            return None;
-        }
-        let (group, slot) = self.locate(addr);
-        Some(self.groups[group].durable[slot])
     }
 
     /// (group index, slot in the group) of a block in the data area.
