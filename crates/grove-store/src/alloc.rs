@@ -510,18 +510,12 @@ impl Allocator {
 
     /// Blocks in use that hold data.
     pub fn data_blocks(&self) -> u64 {
-        self.groups
-            .iter()
-            .map(|g| g.data_blocks)
-            .sum()
+        self.groups.iter().map(|g| g.data_blocks).sum()
     }
 
     /// Blocks in use that hold metadata.
     pub fn meta_blocks(&self) -> u64 {
-        self.groups
-            .iter()
-            .map(|g| g.meta_blocks)
-            .sum()
+        self.groups.iter().map(|g| g.meta_blocks).sum()
     }
 
     /// Blocks free in the groups that exist (the store can also grow).

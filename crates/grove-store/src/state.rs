@@ -543,10 +543,35 @@ impl State {
                 None => block[start..start + RECORD_BYTES].fill(0),
             }
         }
-        Ok(touched
-            .into_iter()
-            .map(|(index, addr)| (addr, self.record_blocks[&index].clone()))
-            .collect())
+        // A record block whose every slot is empty is given back, so that
+        // a pool that made and removed many volumes does not keep (or read
+        // at open) their empty blocks.
+        let mut writes = Vec::with_capacity(touched.len());
+        for (index, addr) in touched {
+            if self.record_blocks[&index].iter().all(|&b| b == 0) {
+                self.release_table_block(index, addr)?;
+                self.record_blocks.remove(&index);
+            } else {
+                writes.push((addr, self.record_blocks[&index].clone()));
+            }
+        }
+        Ok(writes)
+    }
+
+    /// Unlinks record block `block_index` (at `addr`) from the volume
+    /// table and frees it.
+    fn release_table_block(&mut self, block_index: u64, addr: BlockAddr) -> Result<()> {
+        let (leaf, _) = self.leaf_for_write(
+            self.superblock.volume_table_root,
+            self.superblock.volume_table_height,
+            NodeKind::VolumeTable,
+            block_index,
+        )?;
+        let slot = self.geometry.slot(block_index, 0);
+        debug_assert_eq!(self.entry(leaf, slot).addr(), addr);
+        self.set_entry(leaf, slot, Entry::EMPTY);
+        self.free_block(addr);
+        Ok(())
     }
 
     /// The address of record block `block_index`, allocating it and the

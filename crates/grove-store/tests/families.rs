@@ -310,3 +310,29 @@ fn a_repair_larger_than_one_transaction_is_committed_in_parts() {
         .iter()
         .all(|v| v.referenced_bytes == 0));
 }
+
+#[test]
+fn emptied_volume_table_blocks_are_given_back() {
+    let pool = memory_pool(256 * 1024);
+    pool.create_volume("keep", VOLUME_BYTES).unwrap();
+    let metadata_before = pool.info().unwrap().metadata_bytes;
+    // 1 KiB blocks hold 4 records: 400 volumes fill 100 record blocks.
+    for i in 0..400 {
+        pool.create_volume(&format!("v{i}"), VOLUME_BYTES).unwrap();
+    }
+    let metadata_full = pool.info().unwrap().metadata_bytes;
+    assert!(metadata_full >= metadata_before + 400 * BLOCK);
+    for i in 0..400 {
+        pool.remove_volume(&format!("v{i}")).unwrap();
+    }
+    pool.reclaim_all(|_| {}).unwrap();
+    let metadata_after = pool.info().unwrap().metadata_bytes;
+    // Roots and record blocks are back; a few table nodes may stay.
+    assert!(
+        metadata_after <= metadata_before + 4 * BLOCK,
+        "{metadata_before} before, {metadata_full} full, {metadata_after} after"
+    );
+    assert_clean(&pool, "after emptying the table");
+    pool.create_volume("again", VOLUME_BYTES).unwrap();
+    assert_eq!(pool.volumes().unwrap().len(), 2);
+}
