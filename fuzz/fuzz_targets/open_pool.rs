@@ -15,12 +15,17 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let _ = pool.check(false);
-    for info in pool.volumes() {
-        if let Ok(volume) = pool.volume(&info.name) {
+    let _ = pool.volumes();
+    let _ = pool.info();
+    for name in pool.volume_names() {
+        if let Ok(volume) = pool.volume(&name) {
             let mut buf = vec![0u8; 4096];
             let _ = volume.read_at(&mut buf, 0);
             let _ = volume.write_at(&buf, 0);
         }
+        // Removing and reclaiming walk whatever the store says.
+        let _ = pool.remove_volume(&name);
     }
+    let _ = pool.reclaim_all(|_| {});
     let _ = pool.flush();
 });
