@@ -197,7 +197,21 @@ fn arbitrary_bytes_and_random_damage_never_panic() {
         ) {
             let _ = pool.check(false);
             let _ = read_all(&pool);
+            let _ = pool.info();
             let _ = pool.create_volume("new", 1 << 20);
+            // Everything that walks, counts or gives back trees, on
+            // whatever the damaged store holds.
+            let names = pool.volume_names();
+            if let [a, b, ..] = names.as_slice() {
+                let _ = pool.diff(a, b);
+                let _ = pool.rollback(a, Some(b), true);
+            }
+            for name in &names {
+                let _ = pool.snapshot(name, &format!("{name}-snap"));
+                let _ = pool.remove_volume(name);
+            }
+            let _ = pool.reclaim_all(|_| {});
+            let _ = pool.check(true);
             let _ = pool.flush();
         }
     };
