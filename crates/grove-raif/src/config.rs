@@ -1,0 +1,1 @@
+//! The TOML configuration (see below).
