@@ -32,6 +32,7 @@
 mod errno;
 mod fs;
 mod mount;
+pub mod raif;
 pub mod seek;
 
 pub use errno::{data_errno, errno_for};

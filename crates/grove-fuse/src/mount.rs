@@ -48,6 +48,8 @@ pub enum MountError {
     NoFuseDevice,
     #[error("no permission to mount on {path}: {reason}")]
     PermissionDenied { path: PathBuf, reason: String },
+    #[error("branch {label} ({}) is missing or not a directory", path.display())]
+    BranchMissing { label: String, path: PathBuf },
     #[error("cannot unmount {0}: it is busy (a loop device or an open file still uses it)")]
     Busy(PathBuf),
     #[error("{context}: {source}")]
@@ -188,6 +190,13 @@ pub fn mount(
 }
 
 impl Mount {
+    pub(crate) fn from_session(session: BackgroundSession, mountpoint: PathBuf) -> Mount {
+        Mount {
+            session,
+            mountpoint,
+        }
+    }
+
     pub fn mountpoint(&self) -> &Path {
         &self.mountpoint
     }

@@ -60,6 +60,11 @@ impl Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// RAIF: a file system striped, mirrored or parity-protected over branch directories
+    Raif {
+        #[command(subcommand)]
+        command: crate::raif::RaifCommand,
+    },
     /// Create a pool (an error if one exists)
     #[command(
         after_help = "Example:\n  grove --pool /srv/pool init --block-size 16K --capacity 100G"

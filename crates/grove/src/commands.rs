@@ -23,6 +23,7 @@ use crate::transfer;
 pub fn run(cli: Cli) -> Result<()> {
     let dir = &cli.pool_dir();
     match cli.command {
+        Command::Raif { command } => crate::raif::run(command),
         Command::Init {
             block_size,
             capacity,
@@ -148,7 +149,10 @@ fn run_local(pool: &Pool, command: Command) -> Result<()> {
 
 fn run_admin(pool: &dyn Admin, command: Command) -> Result<()> {
     match command {
-        Command::Init { .. } | Command::Serve { .. } | Command::Mount { .. } => {
+        Command::Init { .. }
+        | Command::Serve { .. }
+        | Command::Mount { .. }
+        | Command::Raif { .. } => {
             unreachable!("init, serve and mount open the pool themselves")
         }
         Command::Import { .. }

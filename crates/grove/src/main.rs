@@ -9,6 +9,7 @@ mod control;
 mod mount;
 mod output;
 mod progress;
+mod raif;
 mod reclaimer;
 mod serve;
 mod size;

@@ -1,0 +1,691 @@
+//! The RAIF file system's state, apart from the FUSE glue: branches and
+//! their health, the inode table (inode number to path below the mount),
+//! open files with their component handles, and the operations on
+//! files, directories and symlinks across the branches.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::Instant;
+
+use grove_raif::config::{Config, FileFacts};
+use grove_raif::{raid, start_branch, Balancer, BranchIo, Layout};
+
+use super::meta::{self, Meta, META_FORMAT, RESERVED_PREFIX};
+
+/// Mode bits of a component file on a branch: only root reads it there.
+const COMPONENT_MODE: u32 = 0o600;
+/// The root directory's inode.
+pub const ROOT_INO: u64 = 1;
+
+/// Branches, their health and read latencies: shared by every open file.
+pub struct Branches {
+    pub config: Config,
+    failed: Vec<AtomicBool>,
+    pub balancer: Balancer,
+}
+
+impl Branches {
+    pub fn new(config: Config) -> Branches {
+        let n = config.branches.len();
+        Branches {
+            config,
+            failed: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            balancer: Balancer::new(n),
+        }
+    }
+
+    pub fn root(&self, branch: usize) -> &Path {
+        &self.config.branches[branch].path
+    }
+
+    pub fn count(&self) -> usize {
+        self.config.branches.len()
+    }
+
+    pub fn is_failed(&self, branch: usize) -> bool {
+        self.failed[branch].load(Ordering::Relaxed)
+    }
+
+    /// Marks a branch failed, once, with a log line: the mount is degraded.
+    pub fn fail(&self, branch: usize, error: &io::Error) {
+        if !self.failed[branch].swap(true, Ordering::Relaxed) {
+            tracing::error!(
+                "branch {} ({}) failed: {error}; the mount is degraded (see `grove raif status`)",
+                self.config.branches[branch].label,
+                self.root(branch).display()
+            );
+        }
+    }
+
+    pub fn healthy(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.count()).filter(|&b| !self.is_failed(b))
+    }
+
+    /// Whether an error on a branch means the branch itself is gone: its
+    /// root directory vanished, or the lower file system fails I/O.
+    pub fn check_error(&self, branch: usize, error: &io::Error) {
+        let gone = !self.root(branch).is_dir();
+        let fatal =
+            matches!(error.raw_os_error(), Some(libc_eio) if libc_eio == 5 || libc_eio == 30);
+        if gone || fatal {
+            self.fail(branch, error);
+        }
+    }
+
+    /// The authoritative branch of a file name, and the one metadata copy.
+    pub fn meta_branches(&self, rel: &Path) -> [usize; 2] {
+        let n = self.count();
+        let name = rel.file_name().map(|n| n.as_encoded_bytes()).unwrap_or(b"");
+        let a = start_branch(name, n);
+        [a, (a + 1) % n]
+    }
+}
+
+/// An open regular file: its metadata and one handle per subset branch.
+pub struct OpenFile {
+    pub meta: RwLock<Meta>,
+    /// Global branch indices of the layout's subset, in layout order.
+    pub subset: Vec<usize>,
+    pub components: Vec<Option<File>>,
+    pub opens: Mutex<usize>,
+    pub dirty: AtomicBool,
+    pub unlinked: AtomicBool,
+}
+
+impl OpenFile {
+    pub fn layout(meta: &Meta) -> io::Result<Layout> {
+        Layout::new(
+            meta.level,
+            meta.branches.len(),
+            meta.stripe_unit_bytes,
+            meta.start,
+        )
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
+    }
+}
+
+/// The components of one open file as the layout code sees them.
+pub struct FileIo<'a> {
+    pub branches: &'a Branches,
+    pub file: &'a OpenFile,
+}
+
+impl BranchIo for FileIo<'_> {
+    fn read_at(&self, branch: usize, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let file = self.file.components[branch]
+            .as_ref()
+            .ok_or_else(|| io::Error::other("no component"))?;
+        let started = Instant::now();
+        let mut done = 0;
+        while done < buf.len() {
+            let n = file.read_at(&mut buf[done..], offset + done as u64)?;
+            if n == 0 {
+                break;
+            }
+            done += n;
+        }
+        buf[done..].fill(0);
+        self.branches
+            .balancer
+            .record(self.file.subset[branch], started.elapsed());
+        Ok(())
+    }
+
+    fn write_at(&self, branch: usize, offset: u64, data: &[u8]) -> io::Result<()> {
+        let file = self.file.components[branch]
+            .as_ref()
+            .ok_or_else(|| io::Error::other("no component"))?;
+        file.write_all_at(data, offset)
+    }
+
+    fn is_failed(&self, branch: usize) -> bool {
+        self.file.components[branch].is_none() || self.branches.is_failed(self.file.subset[branch])
+    }
+
+    fn fail(&self, branch: usize, error: &io::Error) {
+        self.branches.fail(self.file.subset[branch], error);
+    }
+
+    fn choose(&self, copies: &[usize]) -> usize {
+        let global: Vec<usize> = copies.iter().map(|&b| self.file.subset[b]).collect();
+        let chosen = self.branches.balancer.choose(&global);
+        copies[global.iter().position(|&g| g == chosen).unwrap_or(0)]
+    }
+}
+
+/// Inode numbers for paths below the mount, never reused while mounted.
+#[derive(Default)]
+pub struct Inodes {
+    pub by_ino: HashMap<u64, PathBuf>,
+    pub by_path: HashMap<PathBuf, u64>,
+    pub next: u64,
+}
+
+impl Inodes {
+    pub fn new() -> Inodes {
+        let mut inodes = Inodes {
+            next: ROOT_INO + 1,
+            ..Inodes::default()
+        };
+        inodes.by_ino.insert(ROOT_INO, PathBuf::new());
+        inodes.by_path.insert(PathBuf::new(), ROOT_INO);
+        inodes
+    }
+
+    pub fn ino_for(&mut self, rel: &Path) -> u64 {
+        if let Some(ino) = self.by_path.get(rel) {
+            return *ino;
+        }
+        let ino = self.next;
+        self.next += 1;
+        self.by_ino.insert(ino, rel.to_path_buf());
+        self.by_path.insert(rel.to_path_buf(), ino);
+        ino
+    }
+
+    pub fn forget_path(&mut self, rel: &Path) {
+        if let Some(ino) = self.by_path.remove(rel) {
+            self.by_ino.remove(&ino);
+        }
+    }
+
+    /// Moves `from` and everything below it to `to`.
+    pub fn rename(&mut self, from: &Path, to: &Path) {
+        self.forget_path(to);
+        let moved: Vec<(PathBuf, u64)> = self
+            .by_path
+            .iter()
+            .filter(|(p, _)| p.starts_with(from))
+            .map(|(p, i)| (p.clone(), *i))
+            .collect();
+        for (old, ino) in moved {
+            // join("") would add a trailing slash: the renamed entry itself is `to`.
+            let rest = old.strip_prefix(from).unwrap_or(Path::new(""));
+            let new = if rest.as_os_str().is_empty() {
+                to.to_path_buf()
+            } else {
+                to.join(rest)
+            };
+            self.by_path.remove(&old);
+            self.by_path.insert(new.clone(), ino);
+            self.by_ino.insert(ino, new);
+        }
+    }
+}
+
+/// What a path below the mount is.
+pub enum Node {
+    File(Meta),
+    /// A directory or symlink: the lower entry's metadata on one branch.
+    Plain(std::fs::Metadata),
+}
+
+pub struct Core {
+    pub branches: Arc<Branches>,
+    pub inodes: Mutex<Inodes>,
+    pub open: Mutex<HashMap<u64, Arc<OpenFile>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub fn is_reserved(name: &std::ffi::OsStr) -> bool {
+    name.as_encoded_bytes()
+        .starts_with(RESERVED_PREFIX.as_bytes())
+}
+
+impl Core {
+    pub fn new(config: Config) -> Core {
+        Core {
+            branches: Arc::new(Branches::new(config)),
+            inodes: Mutex::new(Inodes::new()),
+            open: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn path_of(&self, ino: u64) -> io::Result<PathBuf> {
+        lock(&self.inodes)
+            .by_ino
+            .get(&ino)
+            .cloned()
+            .ok_or_else(|| io::Error::from_raw_os_error(2))
+    }
+
+    pub fn ino_for(&self, rel: &Path) -> u64 {
+        lock(&self.inodes).ino_for(rel)
+    }
+
+    pub fn open_file(&self, ino: u64) -> Option<Arc<OpenFile>> {
+        lock(&self.open).get(&ino).cloned()
+    }
+
+    /// The metadata of a file: the authoritative branch, its copy, then
+    /// any branch (a file whose metadata branches failed).
+    pub fn read_meta(&self, rel: &Path) -> io::Result<Option<Meta>> {
+        let b = &self.branches;
+        let preferred = b.meta_branches(rel);
+        let order = preferred
+            .into_iter()
+            .chain((0..b.count()).filter(|x| !preferred.contains(x)));
+        let mut last_error = None;
+        for branch in order.filter(|&x| !b.is_failed(x)) {
+            match meta::read(b.root(branch), rel) {
+                Ok(Some(m)) => return Ok(Some(m)),
+                Ok(None) => {}
+                Err(e) => {
+                    b.check_error(branch, &e);
+                    last_error = Some(e);
+                }
+            }
+        }
+        last_error.map_or(Ok(None), Err)
+    }
+
+    /// Writes a file's metadata to its authoritative branch and the copy.
+    pub fn write_meta(&self, rel: &Path, m: &Meta, durable: bool) -> io::Result<()> {
+        let b = &self.branches;
+        let mut written = 0;
+        let mut last_error = None;
+        for branch in b.meta_branches(rel) {
+            if b.is_failed(branch) {
+                continue;
+            }
+            match meta::write(b.root(branch), rel, m, durable) {
+                Ok(()) => written += 1,
+                Err(e) => {
+                    b.check_error(branch, &e);
+                    last_error = Some(e);
+                }
+            }
+        }
+        if written == 0 {
+            // Both metadata branches are lost: keep it on any healthy one.
+            if let Some(branch) = b.healthy().next() {
+                return meta::write(b.root(branch), rel, m, durable);
+            }
+            return Err(last_error.unwrap_or_else(|| io::Error::from_raw_os_error(5)));
+        }
+        Ok(())
+    }
+
+    pub fn node(&self, rel: &Path) -> io::Result<Node> {
+        if let Some(ino) = lock(&self.inodes).by_path.get(rel).copied() {
+            if let Some(file) = self.open_file(ino) {
+                return Ok(Node::File(
+                    file.meta.read().unwrap_or_else(|e| e.into_inner()).clone(),
+                ));
+            }
+        }
+        if rel.as_os_str().is_empty() {
+            return self.lower_metadata(rel).map(Node::Plain);
+        }
+        if let Some(m) = self.read_meta(rel)? {
+            return Ok(Node::File(m));
+        }
+        self.lower_metadata(rel).map(Node::Plain)
+    }
+
+    /// lstat of a directory or symlink on the first healthy branch with it.
+    pub fn lower_metadata(&self, rel: &Path) -> io::Result<std::fs::Metadata> {
+        let mut last = io::Error::from_raw_os_error(2);
+        for branch in self.branches.healthy() {
+            match std::fs::symlink_metadata(self.branches.root(branch).join(rel)) {
+                Ok(m) if m.is_dir() || m.file_type().is_symlink() => return Ok(m),
+                Ok(_) => {}
+                Err(e) => {
+                    self.branches.check_error(branch, &e);
+                    last = e;
+                }
+            }
+        }
+        Err(last)
+    }
+
+    /// Names in a directory, over every healthy branch: sidecars stand for
+    /// their files; component files and grove's own files are hidden.
+    pub fn list(&self, rel: &Path) -> io::Result<BTreeMap<String, bool>> {
+        let mut names = BTreeMap::new();
+        let mut any = false;
+        for branch in self.branches.healthy() {
+            let Ok(entries) = std::fs::read_dir(self.branches.root(branch).join(rel)) else {
+                continue;
+            };
+            any = true;
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let kind = entry.file_type()?;
+                if let Some(file) = name.strip_prefix(RESERVED_PREFIX) {
+                    if !file.starts_with("tmp.") && kind.is_file() {
+                        names.insert(file.to_string(), true);
+                    }
+                } else if kind.is_dir() || kind.is_symlink() {
+                    names.entry(name).or_insert(false);
+                }
+            }
+        }
+        if !any {
+            return Err(io::Error::from_raw_os_error(2));
+        }
+        Ok(names)
+    }
+
+    /// Creates an empty file with the layout its rule gives.
+    pub fn create(&self, rel: &Path, mode: u32, uid: u32, gid: u32) -> io::Result<Meta> {
+        if self.read_meta(rel)?.is_some() || self.lower_metadata(rel).is_ok() {
+            return Err(io::Error::from_raw_os_error(17));
+        }
+        let config = &self.branches.config;
+        let path_text = rel.to_string_lossy();
+        let rule = config.rule_for(&FileFacts {
+            path: &path_text,
+            uid,
+            gid,
+            size_bytes: 0,
+        });
+        let name = rel.file_name().map(|n| n.as_encoded_bytes()).unwrap_or(b"");
+        let now = meta::now_ns();
+        let m = Meta {
+            format: META_FORMAT,
+            level: rule.level,
+            stripe_unit_bytes: rule.stripe_unit_bytes,
+            start: start_branch(name, rule.branches.len()),
+            branches: rule
+                .branches
+                .iter()
+                .map(|&b| config.branches[b].label.clone())
+                .collect(),
+            rule: rule.name.clone(),
+            size_bytes: 0,
+            mode: libc_s_ifreg() | (mode & 0o7777),
+            uid,
+            gid,
+            atime_ns: now,
+            mtime_ns: now,
+            ctime_ns: now,
+        };
+        let layout = OpenFile::layout(&m)?;
+        let mut made = 0;
+        for &branch in &rule.branches {
+            if self.branches.is_failed(branch) {
+                continue;
+            }
+            match create_component(&self.branches.root(branch).join(rel)) {
+                Ok(_) => made += 1,
+                Err(e) => self.branches.check_error(branch, &e),
+            }
+        }
+        let lost = rule.branches.len() - made;
+        if lost > 0 && !raid::survives(&layout, &lost_positions(&self.branches, &rule.branches)) {
+            return Err(io::Error::from_raw_os_error(5));
+        }
+        self.write_meta(rel, &m, false)?;
+        Ok(m)
+    }
+
+    /// Opens (or shares) the file state of a regular file.
+    pub fn open(&self, ino: u64, rel: &Path) -> io::Result<Arc<OpenFile>> {
+        let mut open = lock(&self.open);
+        if let Some(file) = open.get(&ino) {
+            *lock(&file.opens) += 1;
+            return Ok(file.clone());
+        }
+        let m = self
+            .read_meta(rel)?
+            .ok_or_else(|| io::Error::from_raw_os_error(2))?;
+        let subset = self.subset_of(&m)?;
+        let components = subset
+            .iter()
+            .map(|&branch| {
+                if self.branches.is_failed(branch) {
+                    return None;
+                }
+                let path = self.branches.root(branch).join(rel);
+                match std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&path)
+                {
+                    Ok(f) => Some(f),
+                    Err(e) => {
+                        tracing::warn!("cannot open {}: {e}", path.display());
+                        self.branches.check_error(branch, &e);
+                        None
+                    }
+                }
+            })
+            .collect();
+        let file = Arc::new(OpenFile {
+            meta: RwLock::new(m),
+            subset,
+            components,
+            opens: Mutex::new(1),
+            dirty: AtomicBool::new(false),
+            unlinked: AtomicBool::new(false),
+        });
+        open.insert(ino, file.clone());
+        Ok(file)
+    }
+
+    /// Global branch indices of a file's subset, from its labels.
+    pub fn subset_of(&self, m: &Meta) -> io::Result<Vec<usize>> {
+        m.branches
+            .iter()
+            .map(|label| {
+                self.branches.config.branch_index(label).ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("unknown branch {label}"),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// Lets go of one open; the last one writes metadata back.
+    pub fn release(&self, ino: u64) -> io::Result<()> {
+        let mut open = lock(&self.open);
+        let Some(file) = open.get(&ino).cloned() else {
+            return Ok(());
+        };
+        let mut opens = lock(&file.opens);
+        *opens = opens.saturating_sub(1);
+        if *opens == 0 {
+            open.remove(&ino);
+        }
+        drop(opens);
+        drop(open);
+        self.persist(ino, &file, false)
+    }
+
+    /// Writes a dirty file's metadata back (durably for fsync).
+    pub fn persist(&self, ino: u64, file: &OpenFile, durable: bool) -> io::Result<()> {
+        if file.unlinked.load(Ordering::Relaxed)
+            || !(file.dirty.swap(false, Ordering::Relaxed) || durable)
+        {
+            return Ok(());
+        }
+        let rel = self.path_of(ino)?;
+        let m = file.meta.read().unwrap_or_else(|e| e.into_inner()).clone();
+        self.write_meta(&rel, &m, durable)
+    }
+
+    pub fn read(&self, file: &OpenFile, offset: u64, len: u64) -> io::Result<Vec<u8>> {
+        let m = file.meta.read().unwrap_or_else(|e| e.into_inner());
+        if offset >= m.size_bytes {
+            return Ok(Vec::new());
+        }
+        let mut buf = vec![0u8; len.min(m.size_bytes - offset) as usize];
+        let layout = OpenFile::layout(&m)?;
+        let io = FileIo {
+            branches: &self.branches,
+            file,
+        };
+        raid::read(&layout, &io, offset, &mut buf).map_err(raid_error)?;
+        Ok(buf)
+    }
+
+    pub fn write(&self, file: &OpenFile, offset: u64, data: &[u8]) -> io::Result<()> {
+        let mut m = file.meta.write().unwrap_or_else(|e| e.into_inner());
+        let layout = OpenFile::layout(&m)?;
+        let io = FileIo {
+            branches: &self.branches,
+            file,
+        };
+        raid::write(&layout, &io, offset, data).map_err(raid_error)?;
+        m.size_bytes = m.size_bytes.max(offset + data.len() as u64);
+        m.mtime_ns = meta::now_ns();
+        m.ctime_ns = m.mtime_ns;
+        file.dirty.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Sets a file's size. Shrinking zeroes the rest of the last stripe
+    /// first, so that parity stays right and growing again reads zeros.
+    pub fn truncate(&self, file: &OpenFile, size_bytes: u64) -> io::Result<()> {
+        let mut m = file.meta.write().unwrap_or_else(|e| e.into_inner());
+        let layout = OpenFile::layout(&m)?;
+        let io = FileIo {
+            branches: &self.branches,
+            file,
+        };
+        if size_bytes < m.size_bytes {
+            let stripe_end = layout.stripe_count(size_bytes) * layout.stripe_data_bytes();
+            let zero_end = stripe_end.min(m.size_bytes);
+            if zero_end > size_bytes {
+                let zeros = vec![0u8; (zero_end - size_bytes) as usize];
+                raid::write(&layout, &io, size_bytes, &zeros).map_err(raid_error)?;
+            }
+            let component_bytes = layout.component_bytes(size_bytes);
+            for (b, component) in file.components.iter().enumerate() {
+                if let Some(c) = component {
+                    if let Err(e) = c.set_len(component_bytes) {
+                        io.fail(b, &e);
+                    }
+                }
+            }
+        }
+        m.size_bytes = size_bytes;
+        m.mtime_ns = meta::now_ns();
+        m.ctime_ns = m.mtime_ns;
+        file.dirty.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    pub fn fsync(&self, ino: u64, file: &OpenFile) -> io::Result<()> {
+        for (b, component) in file.components.iter().enumerate() {
+            if let Some(c) = component {
+                if let Err(e) = c.sync_all() {
+                    self.branches.fail(file.subset[b], &e);
+                }
+            }
+        }
+        self.persist(ino, file, true)
+    }
+
+    /// Does `op` on every healthy branch; fine if it worked on one.
+    pub fn on_all(&self, mut op: impl FnMut(&Path) -> io::Result<()>) -> io::Result<()> {
+        let mut ok = 0;
+        let mut last = None;
+        for branch in self.branches.healthy().collect::<Vec<_>>() {
+            match op(self.branches.root(branch)) {
+                Ok(()) => ok += 1,
+                Err(e)
+                    if e.kind() == io::ErrorKind::NotFound
+                        && self.branches.root(branch).is_dir() => {}
+                Err(e) => {
+                    self.branches.check_error(branch, &e);
+                    last = Some(e);
+                }
+            }
+        }
+        match (ok, last) {
+            (0, Some(e)) => Err(e),
+            (0, None) => Err(io::Error::from_raw_os_error(2)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Removes a regular file's components and sidecars everywhere.
+    pub fn unlink_file(&self, rel: &Path) -> io::Result<()> {
+        let sidecar = |root: &Path| meta::sidecar_path(root, rel);
+        self.on_all(|root| {
+            let a = remove_if_there(&root.join(rel));
+            let b = remove_if_there(&sidecar(root));
+            a.and(b)
+        })?;
+        let ino = lock(&self.inodes).by_path.get(rel).copied();
+        if let Some(file) = ino.and_then(|i| self.open_file(i)) {
+            file.unlinked.store(true, Ordering::Relaxed);
+            lock(&self.open).remove(&ino.unwrap_or(0));
+        }
+        lock(&self.inodes).forget_path(rel);
+        Ok(())
+    }
+
+    /// Renames a regular file: components on every branch, and metadata
+    /// to the new name's authoritative branch and copy.
+    pub fn rename_file(&self, from: &Path, to: &Path, m: &Meta) -> io::Result<()> {
+        self.write_meta(to, m, false)?;
+        let new_meta = self.branches.meta_branches(to);
+        self.on_all(|root| {
+            if root.join(from).exists() {
+                std::fs::rename(root.join(from), root.join(to))?;
+            }
+            Ok(())
+        })?;
+        for branch in self.branches.healthy().collect::<Vec<_>>() {
+            let root = self.branches.root(branch);
+            let _ = remove_if_there(&meta::sidecar_path(root, from));
+            if !new_meta.contains(&branch) {
+                let _ = remove_if_there(&meta::sidecar_path(root, to));
+            }
+        }
+        lock(&self.inodes).rename(from, to);
+        Ok(())
+    }
+}
+
+fn remove_if_there(path: &Path) -> io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+fn create_component(path: &Path) -> io::Result<File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(COMPONENT_MODE)
+        .open(path)
+}
+
+/// Positions within a subset whose branches are failed.
+pub fn lost_positions(branches: &Branches, subset: &[usize]) -> Vec<usize> {
+    (0..subset.len())
+        .filter(|&p| branches.is_failed(subset[p]))
+        .collect()
+}
+
+pub fn raid_error(e: raid::RaidError) -> io::Error {
+    tracing::error!("{e}");
+    io::Error::from_raw_os_error(5)
+}
+
+/// S_IFREG: st_mode's type bits of a regular file.
+pub fn libc_s_ifreg() -> u32 {
+    0o100_000
+}
+
+/// st_mode of a lower entry.
+pub fn lower_mode(m: &std::fs::Metadata) -> u32 {
+    m.mode()
+}

@@ -1,0 +1,718 @@
+//! The FUSE glue of the RAIF file system: each request turned into an
+//! operation of [`Core`], errors into errnos. Two virtual extended
+//! attributes answer `grove raif status` (on the root) and `grove raif
+//! explain` (on a file); they are computed, never stored.
+
+use std::ffi::OsStr;
+use std::io;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, KernelConfig,
+    LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    WriteFlags,
+};
+
+use super::core::{is_reserved, lower_mode, Core, Node, OpenFile};
+use super::meta::{self, Meta};
+use super::report;
+
+/// Attributes are not cached: metadata lives in sidecars that only this
+/// process changes, but a branch may fail between two requests.
+const TTL: Duration = Duration::ZERO;
+/// The virtual attribute that holds the mount's status (on the root).
+pub const XATTR_STATUS: &str = "user.grove.raif.status";
+/// The virtual attribute that explains a file's layout.
+pub const XATTR_EXPLAIN: &str = "user.grove.raif.explain";
+/// st_blocks counts 512-byte units.
+const STAT_BLOCK_BYTES: u64 = 512;
+/// statfs's block size, whatever the branches use.
+const STATFS_BLOCK_BYTES: u64 = 4096;
+/// Longest name a branch takes, less the sidecar prefix.
+const NAME_MAX_BYTES: u32 = 255 - meta::RESERVED_PREFIX.len() as u32 - 4;
+
+pub struct RaifFs {
+    pub core: Core,
+    on_end: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+fn errno(e: io::Error) -> Errno {
+    Errno::from(e)
+}
+
+fn file_attr(ino: u64, m: &Meta) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(ino),
+        size: m.size_bytes,
+        blocks: m.size_bytes.div_ceil(STAT_BLOCK_BYTES),
+        atime: meta::from_ns(m.atime_ns),
+        mtime: meta::from_ns(m.mtime_ns),
+        ctime: meta::from_ns(m.ctime_ns),
+        crtime: meta::from_ns(m.ctime_ns),
+        kind: FileType::RegularFile,
+        perm: (m.mode & 0o7777) as u16,
+        nlink: 1,
+        uid: m.uid,
+        gid: m.gid,
+        rdev: 0,
+        blksize: m.stripe_unit_bytes.min(u64::from(u32::MAX)) as u32,
+        flags: 0,
+    }
+}
+
+fn lower_attr(ino: u64, m: &std::fs::Metadata) -> FileAttr {
+    let time = |s: i64, ns: i64| {
+        SystemTime::UNIX_EPOCH + Duration::new(s.max(0) as u64, ns.clamp(0, 999_999_999) as u32)
+    };
+    FileAttr {
+        ino: INodeNo(ino),
+        size: m.size(),
+        blocks: m.blocks(),
+        atime: time(m.atime(), m.atime_nsec()),
+        mtime: time(m.mtime(), m.mtime_nsec()),
+        ctime: time(m.ctime(), m.ctime_nsec()),
+        crtime: time(m.ctime(), m.ctime_nsec()),
+        kind: if m.is_dir() {
+            FileType::Directory
+        } else {
+            FileType::Symlink
+        },
+        perm: (lower_mode(m) & 0o7777) as u16,
+        nlink: if m.is_dir() { 2 } else { 1 },
+        uid: m.uid(),
+        gid: m.gid(),
+        rdev: 0,
+        blksize: m.blksize() as u32,
+        flags: 0,
+    }
+}
+
+fn to_ns(t: TimeOrNow) -> u64 {
+    match t {
+        TimeOrNow::Now => meta::now_ns(),
+        TimeOrNow::SpecificTime(t) => meta::to_ns(t),
+    }
+}
+
+impl RaifFs {
+    pub fn new(core: Core, on_end: Box<dyn FnOnce() + Send>) -> RaifFs {
+        RaifFs {
+            core,
+            on_end: Mutex::new(Some(on_end)),
+        }
+    }
+
+    fn child(&self, parent: INodeNo, name: &OsStr) -> Result<PathBuf, Errno> {
+        if is_reserved(name) {
+            return Err(Errno::EPERM);
+        }
+        if name.len() > NAME_MAX_BYTES as usize {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        Ok(self.core.path_of(parent.0).map_err(errno)?.join(name))
+    }
+
+    fn attr_of(&self, rel: &Path) -> Result<FileAttr, Errno> {
+        let ino = self.core.ino_for(rel);
+        match self.core.node(rel).map_err(errno)? {
+            Node::File(m) => Ok(file_attr(ino, &m)),
+            Node::Plain(m) => Ok(lower_attr(ino, &m)),
+        }
+    }
+
+    fn entry(&self, rel: &Path, reply: ReplyEntry) {
+        match self.attr_of(rel) {
+            Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn file(&self, ino: INodeNo) -> Result<std::sync::Arc<OpenFile>, Errno> {
+        self.core.open_file(ino.0).ok_or(Errno::EBADF)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn do_setattr(
+        &self,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+    ) -> Result<FileAttr, Errno> {
+        let rel = self.core.path_of(ino.0).map_err(errno)?;
+        match self.core.node(&rel).map_err(errno)? {
+            Node::File(_) => {
+                let file = self.core.open(ino.0, &rel).map_err(errno)?;
+                let result = (|| {
+                    if let Some(size) = size {
+                        self.core.truncate(&file, size)?;
+                    }
+                    {
+                        let mut m = file.meta.write().unwrap_or_else(|e| e.into_inner());
+                        if let Some(mode) = mode {
+                            m.mode = (m.mode & !0o7777) | (mode & 0o7777);
+                        }
+                        m.uid = uid.unwrap_or(m.uid);
+                        m.gid = gid.unwrap_or(m.gid);
+                        if let Some(t) = atime {
+                            m.atime_ns = to_ns(t);
+                        }
+                        if let Some(t) = mtime {
+                            m.mtime_ns = to_ns(t);
+                        }
+                        m.ctime_ns = meta::now_ns();
+                    }
+                    file.dirty.store(true, std::sync::atomic::Ordering::Relaxed);
+                    self.core.persist(ino.0, &file, false)
+                })();
+                let _ = self.core.release(ino.0);
+                result.map_err(errno)?;
+            }
+            Node::Plain(lower) => {
+                let is_dir = lower.is_dir();
+                self.core
+                    .on_all(|root| {
+                        let path = root.join(&rel);
+                        if let (Some(mode), true) = (mode, is_dir) {
+                            std::fs::set_permissions(
+                                &path,
+                                std::fs::Permissions::from_mode(mode & 0o7777),
+                            )?;
+                        }
+                        if uid.is_some() || gid.is_some() {
+                            std::os::unix::fs::lchown(&path, uid, gid)?;
+                        }
+                        if is_dir && (atime.is_some() || mtime.is_some()) {
+                            let mut times = std::fs::FileTimes::new();
+                            if let Some(t) = atime {
+                                times = times.set_accessed(meta::from_ns(to_ns(t)));
+                            }
+                            if let Some(t) = mtime {
+                                times = times.set_modified(meta::from_ns(to_ns(t)));
+                            }
+                            std::fs::File::open(&path)?.set_times(times)?;
+                        }
+                        Ok(())
+                    })
+                    .map_err(errno)?;
+            }
+        }
+        self.attr_of(&rel)
+    }
+
+    fn do_rename(&self, from: &Path, to: &Path, flags: RenameFlags) -> Result<(), Errno> {
+        if flags.contains(RenameFlags::RENAME_EXCHANGE) {
+            return Err(Errno::EINVAL);
+        }
+        let source = self.core.node(from).map_err(errno)?;
+        let target = self.core.node(to).ok();
+        if target.is_some() && flags.contains(RenameFlags::RENAME_NOREPLACE) {
+            return Err(Errno::EEXIST);
+        }
+        match (&source, &target) {
+            (Node::File(_), Some(Node::Plain(t))) if t.is_dir() => return Err(Errno::EISDIR),
+            (Node::Plain(s), Some(Node::File(_))) if s.is_dir() => return Err(Errno::ENOTDIR),
+            (Node::Plain(s), Some(Node::Plain(t))) if s.is_dir() && !t.is_dir() => {
+                return Err(Errno::ENOTDIR)
+            }
+            (Node::Plain(s), Some(Node::Plain(t))) if !s.is_dir() && t.is_dir() => {
+                return Err(Errno::EISDIR)
+            }
+            (Node::Plain(s), _) if s.is_dir() && to.starts_with(from) && to != from => {
+                return Err(Errno::EINVAL)
+            }
+            _ => {}
+        }
+        if from == to {
+            return Ok(());
+        }
+        if let Some(Node::File(_)) = target {
+            self.core.unlink_file(to).map_err(errno)?;
+        }
+        match source {
+            Node::File(m) => {
+                let ino = self.core.ino_for(from);
+                let current = self
+                    .core
+                    .open_file(ino)
+                    .map(|f| f.meta.read().unwrap_or_else(|e| e.into_inner()).clone());
+                self.core
+                    .rename_file(from, to, &current.unwrap_or(m))
+                    .map_err(errno)
+            }
+            Node::Plain(_) => {
+                self.core
+                    .on_all(|root| std::fs::rename(root.join(from), root.join(to)))
+                    .map_err(errno)?;
+                self.core
+                    .inodes
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .rename(from, to);
+                Ok(())
+            }
+        }
+    }
+
+    fn xattr(&self, ino: INodeNo, name: &OsStr) -> Result<Vec<u8>, Errno> {
+        let rel = self.core.path_of(ino.0).map_err(errno)?;
+        match name.to_str() {
+            Some(XATTR_STATUS) if ino.0 == super::core::ROOT_INO => {
+                Ok(report::status(&self.core).into_bytes())
+            }
+            Some(XATTR_EXPLAIN) => report::explain(&self.core, &rel)
+                .map(String::into_bytes)
+                .map_err(errno),
+            _ => Err(Errno::NO_XATTR),
+        }
+    }
+}
+
+fn reply_xattr(data: Result<Vec<u8>, Errno>, size: u32, reply: ReplyXattr) {
+    match data {
+        Err(e) => reply.error(e),
+        Ok(d) if size == 0 => reply.size(d.len() as u32),
+        Ok(d) if d.len() > size as usize => reply.error(Errno::ERANGE),
+        Ok(d) => reply.data(&d),
+    }
+}
+
+impl fuser::Filesystem for RaifFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        let _ = config.set_max_write(crate::MAX_WRITE_BYTES);
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        let open: Vec<(u64, std::sync::Arc<OpenFile>)> = self
+            .core
+            .open
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain()
+            .collect();
+        for (ino, file) in open {
+            if let Err(e) = self.core.fsync(ino, &file) {
+                tracing::error!("cannot write metadata back at unmount: {e}");
+            }
+        }
+        if let Some(on_end) = self.on_end.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            on_end();
+        }
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self.child(parent, name) {
+            Ok(rel) => self.entry(&rel, reply),
+            Err(Errno::EPERM) => reply.error(Errno::ENOENT),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self
+            .core
+            .path_of(ino.0)
+            .map_err(errno)
+            .and_then(|rel| self.attr_of(&rel))
+        {
+            Ok(attr) => reply.attr(&TTL, &attr),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        match self.do_setattr(ino, mode, uid, gid, size, atime, mtime) {
+            Ok(attr) => reply.attr(&TTL, &attr),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let found = self.core.path_of(ino.0).and_then(|rel| {
+            let mut last = io::Error::from_raw_os_error(2);
+            for b in self.core.branches.healthy() {
+                match std::fs::read_link(self.core.branches.root(b).join(&rel)) {
+                    Ok(target) => return Ok(target),
+                    Err(e) => last = e,
+                }
+            }
+            Err(last)
+        });
+        match found {
+            Ok(target) => reply.data(target.as_os_str().as_encoded_bytes()),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let made = self.child(parent, name).and_then(|rel| {
+            if self.core.node(&rel).is_ok() {
+                return Err(Errno::EEXIST);
+            }
+            let (uid, gid) = (req.uid(), req.gid());
+            self.core
+                .on_all(|root| {
+                    let path = root.join(&rel);
+                    std::fs::create_dir(&path)?;
+                    std::fs::set_permissions(
+                        &path,
+                        std::fs::Permissions::from_mode(mode & !umask & 0o7777),
+                    )?;
+                    std::os::unix::fs::lchown(&path, Some(uid), Some(gid))
+                })
+                .map_err(errno)?;
+            Ok(rel)
+        });
+        match made {
+            Ok(rel) => self.entry(&rel, reply),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let made = self.child(parent, link_name).and_then(|rel| {
+            if self.core.node(&rel).is_ok() {
+                return Err(Errno::EEXIST);
+            }
+            let (uid, gid) = (req.uid(), req.gid());
+            self.core
+                .on_all(|root| {
+                    let path = root.join(&rel);
+                    std::os::unix::fs::symlink(target, &path)?;
+                    std::os::unix::fs::lchown(&path, Some(uid), Some(gid))
+                })
+                .map_err(errno)?;
+            Ok(rel)
+        });
+        match made {
+            Ok(rel) => self.entry(&rel, reply),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let done =
+            self.child(parent, name)
+                .and_then(|rel| match self.core.node(&rel).map_err(errno)? {
+                    Node::File(_) => self.core.unlink_file(&rel).map_err(errno),
+                    Node::Plain(m) if m.is_dir() => Err(Errno::EISDIR),
+                    Node::Plain(_) => {
+                        self.core
+                            .on_all(|root| std::fs::remove_file(root.join(&rel)))
+                            .map_err(errno)?;
+                        self.core
+                            .inodes
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .forget_path(&rel);
+                        Ok(())
+                    }
+                });
+        match done {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let done = self.child(parent, name).and_then(|rel| {
+            match self.core.node(&rel).map_err(errno)? {
+                Node::Plain(m) if m.is_dir() => {}
+                _ => return Err(Errno::ENOTDIR),
+            }
+            if !self.core.list(&rel).map_err(errno)?.is_empty() {
+                return Err(Errno::ENOTEMPTY);
+            }
+            self.core
+                .on_all(|root| std::fs::remove_dir(root.join(&rel)))
+                .map_err(errno)?;
+            self.core
+                .inodes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .forget_path(&rel);
+            Ok(())
+        });
+        match done {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let done = self
+            .child(parent, name)
+            .and_then(|from| Ok((from, self.child(newparent, newname)?)))
+            .and_then(|(from, to)| self.do_rename(&from, &to, flags));
+        match done {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        // A file's units live at its path on several branches; a second
+        // name would need its own sidecar pair kept in step. Not supported.
+        reply.error(Errno::EPERM)
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let opened = self
+            .core
+            .path_of(ino.0)
+            .and_then(|rel| self.core.open(ino.0, &rel));
+        match opened {
+            Ok(file) => {
+                if flags.0 & 0o1000 != 0 {
+                    // O_TRUNC
+                    if let Err(e) = self.core.truncate(&file, 0) {
+                        let _ = self.core.release(ino.0);
+                        return reply.error(errno(e));
+                    }
+                }
+                reply.opened(FileHandle(ino.0), FopenFlags::FOPEN_DIRECT_IO)
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let made = self.child(parent, name).and_then(|rel| {
+            self.core
+                .create(&rel, mode & !umask, req.uid(), req.gid())
+                .map_err(errno)?;
+            let ino = self.core.ino_for(&rel);
+            let file = self.core.open(ino, &rel).map_err(errno)?;
+            let m = file.meta.read().unwrap_or_else(|e| e.into_inner()).clone();
+            Ok(file_attr(ino, &m))
+        });
+        match made {
+            Ok(attr) => reply.created(
+                &TTL,
+                &attr,
+                Generation(0),
+                FileHandle(attr.ino.0),
+                FopenFlags::FOPEN_DIRECT_IO,
+            ),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.core.release(ino.0) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self
+            .file(ino)
+            .and_then(|f| self.core.read(&f, offset, u64::from(size)).map_err(errno))
+        {
+            Ok(data) => reply.data(&data),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self
+            .file(ino)
+            .and_then(|f| self.core.write(&f, offset, data).map_err(errno))
+        {
+            Ok(()) => reply.written(data.len() as u32),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        let done = self
+            .file(ino)
+            .and_then(|f| self.core.persist(ino.0, &f, false).map_err(errno));
+        match done {
+            Ok(()) | Err(Errno::EBADF) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self
+            .file(ino)
+            .and_then(|f| self.core.fsync(ino.0, &f).map_err(errno))
+        {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let listed = self
+            .core
+            .path_of(ino.0)
+            .and_then(|rel| Ok((self.core.list(&rel)?, rel)));
+        let (names, rel) = match listed {
+            Ok(x) => x,
+            Err(e) => return reply.error(errno(e)),
+        };
+        let mut entries = vec![
+            (ino.0, FileType::Directory, ".".to_string()),
+            (ino.0, FileType::Directory, "..".to_string()),
+        ];
+        for (name, is_file) in names {
+            let child = rel.join(&name);
+            let kind = if is_file {
+                FileType::RegularFile
+            } else {
+                match self.core.lower_metadata(&child) {
+                    Ok(m) if m.is_dir() => FileType::Directory,
+                    _ => FileType::Symlink,
+                }
+            };
+            entries.push((self.core.ino_for(&child), kind, name));
+        }
+        for (index, (ino, kind, name)) in entries.into_iter().enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(ino), index as u64 + 1, kind, name) {
+                break;
+            }
+        }
+        reply.ok()
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let (mut total, mut free, mut files, mut ffree) = (0u64, 0u64, 0u64, 0u64);
+        for b in self.core.branches.healthy() {
+            if let Ok(s) = rustix::fs::statvfs(self.core.branches.root(b)) {
+                total += s.f_blocks * s.f_frsize / STATFS_BLOCK_BYTES;
+                free += s.f_bavail * s.f_frsize / STATFS_BLOCK_BYTES;
+                files += s.f_files;
+                ffree += s.f_ffree;
+            }
+        }
+        let bs = STATFS_BLOCK_BYTES as u32;
+        reply.statfs(total, free, free, files, ffree, bs, NAME_MAX_BYTES, bs)
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        reply_xattr(self.xattr(ino, name), size, reply)
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
+        reply_xattr(Ok(Vec::new()), size, reply)
+    }
+}

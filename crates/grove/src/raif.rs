@@ -1,0 +1,263 @@
+//! `grove raif`: the RAIF file system over branch directories. `mount`
+//! backgrounds itself as `grove mount` does (it starts itself again with
+//! --foreground and waits for the ready line); `status` and `explain` ask
+//! the running mount through its virtual extended attributes.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Subcommand;
+use grove_raif::config::Config;
+use grove_raif::Level;
+use signal_hook::consts::{SIGINT, SIGTERM};
+
+/// Set for the foreground copy a backgrounding mount starts.
+const DAEMON_ENV: &str = "GROVE_RAIF_DAEMON";
+/// What the foreground copy prints once mounted.
+const READY_LINE: &str = "grove-raif-ready";
+const ERROR_PREFIX: &str = "grove: error: ";
+/// Largest status or explain answer read from the mount.
+const XATTR_MAX_BYTES: usize = 1024 * 1024;
+
+#[derive(Debug, Subcommand)]
+pub enum RaifCommand {
+    /// Mount a RAIF file system: each file striped, mirrored or parity-protected
+    /// over branch directories by the first rule that matches it
+    #[command(
+        after_help = "Examples:\n  grove raif mount --config raif.toml /mnt/raif\n  \
+                            grove raif mount --level raif5 --stripe-unit 64K /srv/b1 /srv/b2 /srv/b3 /mnt/raif\n  \
+                            fusermount3 -u /mnt/raif"
+    )]
+    Mount {
+        /// A TOML file with branches and rules (see docs/DEVELOPMENT.md)
+        #[arg(long, value_name = "FILE", conflicts_with_all = ["level", "stripe_unit"])]
+        config: Option<PathBuf>,
+        /// Without --config: the level of the one default rule
+        #[arg(long)]
+        level: Option<String>,
+        /// Without --config: the stripe unit (a power of two, 512 to 64M)
+        #[arg(long, value_name = "SIZE")]
+        stripe_unit: Option<String>,
+        /// Stay attached to the terminal and log to stderr until unmounted
+        #[arg(long)]
+        foreground: bool,
+        /// Without --config: BRANCH_DIR... then the mount point; with it, the mount point
+        #[arg(required = true, num_args = 1..)]
+        paths: Vec<PathBuf>,
+    },
+    /// The mount's branches: health, read latency and reads; exit 1 if degraded
+    Status {
+        mountpoint: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Which rule laid a file out, and where its metadata and units live
+    Explain { path: PathBuf },
+}
+
+pub fn run(command: RaifCommand) -> Result<()> {
+    match command {
+        RaifCommand::Mount {
+            config,
+            level,
+            stripe_unit,
+            foreground,
+            paths,
+        } => {
+            let (config, mountpoint) = load_config(config.as_deref(), level, stripe_unit, paths)?;
+            mount(config, &mountpoint, foreground)
+        }
+        RaifCommand::Status { mountpoint, json } => status(&mountpoint, json),
+        RaifCommand::Explain { path } => {
+            let text = xattr(&path, grove_fuse::raif::XATTR_EXPLAIN)?;
+            let value: serde_json::Value = serde_json::from_str(&text)?;
+            println!("{}", serde_json::to_string_pretty(&value)?);
+            Ok(())
+        }
+    }
+}
+
+fn load_config(
+    file: Option<&Path>,
+    level: Option<String>,
+    stripe_unit: Option<String>,
+    mut paths: Vec<PathBuf>,
+) -> Result<(Config, PathBuf)> {
+    let mountpoint = paths.pop().ok_or_else(|| anyhow!("no mount point given"))?;
+    if let Some(file) = file {
+        if !paths.is_empty() {
+            bail!("with --config the branches come from the file: give only the mount point");
+        }
+        return Ok((Config::load(file)?, mountpoint));
+    }
+    let level: Level = level
+        .ok_or_else(|| anyhow!("give --config FILE, or --level and the branch directories"))?
+        .parse()
+        .map_err(|e: String| anyhow!(e))?;
+    let unit = match stripe_unit {
+        Some(text) => crate::size::parse_size(&text, "stripe unit")?,
+        None => grove_raif::layout::STRIPE_UNIT_DEFAULT_BYTES,
+    };
+    let paths: Vec<PathBuf> = paths
+        .iter()
+        .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone()))
+        .collect();
+    Ok((Config::simple(level, unit, &paths)?, mountpoint))
+}
+
+fn mount(config: Config, mountpoint: &Path, foreground: bool) -> Result<()> {
+    grove_fuse::check_mount_possible(mountpoint)?;
+    grove_fuse::raif::check_branches(&config)?;
+    let daemon = std::env::var_os(DAEMON_ENV).is_some();
+    if !foreground && !daemon {
+        return start_in_background();
+    }
+    if daemon {
+        let _ = rustix::process::setsid();
+        let _ = std::env::set_current_dir("/");
+    }
+    crate::serve::init_logging();
+    let signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
+        .context("cannot install signal handlers")?;
+    let (events, received) = mpsc::channel();
+    let ended = events.clone();
+    let mount = grove_fuse::raif::mount_raif(config, mountpoint, false, move || {
+        let _ = ended.send(None);
+    })
+    .with_context(|| format!("cannot mount RAIF on {}", mountpoint.display()))?;
+    announce(mountpoint, daemon)?;
+    let handle = signals.handle();
+    let mut signals = signals;
+    std::thread::spawn(move || {
+        for signal in signals.forever() {
+            if events.send(Some(signal)).is_err() {
+                break;
+            }
+        }
+    });
+    while let Ok(Some(signal)) = received.recv() {
+        tracing::info!(signal, "unmounting {}", mountpoint.display());
+        if let Err(e) = mount.unmount() {
+            tracing::warn!("{e}; detaching it");
+            let _ = mount.unmount_lazily();
+            handle.close();
+            return Ok(());
+        }
+    }
+    handle.close();
+    mount.join()?;
+    tracing::info!("unmounted");
+    Ok(())
+}
+
+fn announce(mountpoint: &Path, daemon: bool) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    if daemon {
+        writeln!(out, "{READY_LINE}")?;
+        out.flush()?;
+        drop(out);
+        let null = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/null")?;
+        rustix::stdio::dup2_stdout(&null)?;
+        rustix::stdio::dup2_stderr(&null)?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "mounted RAIF on {}; unmount with `fusermount3 -u {0}` or Ctrl-C",
+        mountpoint.display()
+    )?;
+    Ok(())
+}
+
+/// Runs this same command again with --foreground, detached, and waits
+/// until it is mounted or has failed.
+fn start_in_background() -> Result<()> {
+    let exe = std::env::current_exe().context("cannot find the grove executable")?;
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    // Paths are made absolute: the background copy works from /.
+    for arg in args.iter_mut() {
+        let path = Path::new(arg.as_os_str());
+        if path.exists() {
+            *arg = std::path::absolute(path)
+                .unwrap_or_else(|_| path.to_path_buf())
+                .into_os_string();
+        }
+    }
+    let mut child = Command::new(exe)
+        .args(&args)
+        .arg("--foreground")
+        .env(DAEMON_ENV, "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("cannot start the background grove raif mount")?;
+    let stdout = child.stdout.take().context("no stdout")?;
+    let ready = BufReader::new(stdout)
+        .lines()
+        .map_while(|l| l.ok())
+        .any(|l| l == READY_LINE);
+    if ready {
+        println!(
+            "mounted RAIF (grove raif mount, pid {}); unmount with `fusermount3 -u MOUNTPOINT`",
+            child.id()
+        );
+        return Ok(());
+    }
+    let mut stderr = String::new();
+    if let Some(mut pipe) = child.stderr.take() {
+        let _ = pipe.read_to_string(&mut stderr);
+    }
+    let status = child.wait()?;
+    match stderr.lines().find_map(|l| l.strip_prefix(ERROR_PREFIX)) {
+        Some(message) => bail!("{message}"),
+        None => bail!("the background grove raif mount exited with {status} before mounting"),
+    }
+}
+
+/// A virtual extended attribute of the mount.
+fn xattr(path: &Path, name: &str) -> Result<String> {
+    let mut buf = vec![0u8; XATTR_MAX_BYTES];
+    let len = rustix::fs::getxattr(path, name, &mut buf).map_err(|e| {
+        anyhow!(
+            "{} is not in a grove raif mount, or the mount does not answer: {e}",
+            path.display()
+        )
+    })?;
+    buf.truncate(len);
+    Ok(String::from_utf8(buf)?)
+}
+
+fn status(mountpoint: &Path, json: bool) -> Result<()> {
+    let text = xattr(mountpoint, grove_fuse::raif::XATTR_STATUS)?;
+    let value: serde_json::Value = serde_json::from_str(&text)?;
+    if json {
+        println!("{text}");
+    } else {
+        println!("state: {}", value["state"].as_str().unwrap_or("?"));
+        println!(
+            "{:<12} {:<8} {:>12} {:>10}  path",
+            "branch", "state", "latency_us", "reads"
+        );
+        for b in value["branches"].as_array().into_iter().flatten() {
+            println!(
+                "{:<12} {:<8} {:>12} {:>10}  {}",
+                b["label"].as_str().unwrap_or(""),
+                b["state"].as_str().unwrap_or(""),
+                b["latency_us"].as_u64().unwrap_or(0),
+                b["reads"].as_u64().unwrap_or(0),
+                b["path"].as_str().unwrap_or("")
+            );
+        }
+    }
+    if value["state"] == "degraded" {
+        bail!("{} is degraded: a branch failed", mountpoint.display());
+    }
+    Ok(())
+}
