@@ -24,33 +24,37 @@ impl SparseMemDevice {
     }
 }
 
+/// Calls `f(page, offset in the page, range of the buffer)` for each page
+/// that `len` bytes from `offset` touch.
+fn for_each_page(offset: u64, len: usize, mut f: impl FnMut(u64, usize, std::ops::Range<usize>)) {
+    let mut done = 0usize;
+    while done < len {
+        let position = offset + done as u64;
+        let in_page = (position % PAGE_BYTES) as usize;
+        let n = (PAGE_BYTES as usize - in_page).min(len - done);
+        f(position / PAGE_BYTES, in_page, done..done + n);
+        done += n;
+    }
+}
+
 impl BlockDevice for SparseMemDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let pages = self.pages.lock().expect("pages");
-        let mut done = 0usize;
-        while done < buf.len() {
-            let position = offset + done as u64;
-            let page = position / PAGE_BYTES;
-            let in_page = (position % PAGE_BYTES) as usize;
-            let n = (PAGE_BYTES as usize - in_page).min(buf.len() - done);
+        for_each_page(offset, buf.len(), |page, in_page, range| {
+            let n = range.len();
             match pages.get(&page) {
-                Some(bytes) => buf[done..done + n].copy_from_slice(&bytes[in_page..in_page + n]),
-                None => buf[done..done + n].fill(0),
+                Some(bytes) => buf[range].copy_from_slice(&bytes[in_page..in_page + n]),
+                None => buf[range].fill(0),
             }
-            done += n;
-        }
+        });
         Ok(())
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         let mut pages = self.pages.lock().expect("pages");
-        let mut done = 0usize;
-        while done < buf.len() {
-            let position = offset + done as u64;
-            let page = position / PAGE_BYTES;
-            let in_page = (position % PAGE_BYTES) as usize;
-            let n = (PAGE_BYTES as usize - in_page).min(buf.len() - done);
-            let data = &buf[done..done + n];
+        for_each_page(offset, buf.len(), |page, in_page, range| {
+            let n = range.len();
+            let data = &buf[range];
             let zero = data.iter().all(|&b| b == 0);
             match pages.get_mut(&page) {
                 Some(bytes) => {
@@ -66,8 +70,7 @@ impl BlockDevice for SparseMemDevice {
                     pages.insert(page, bytes);
                 }
             }
-            done += n;
-        }
+        });
         let mut len = self.len_bytes.lock().expect("len");
         *len = (*len).max(offset + buf.len() as u64);
         Ok(())
