@@ -17,7 +17,7 @@ use fuser::{
     Request, TimeOrNow, WriteFlags,
 };
 use grove_store::types::VOLUME_NAME_MAX_BYTES;
-use grove_store::{Pool, Volume, VolumeInfo};
+use grove_store::{Pool, Volume, VolumeSummary};
 
 use crate::errno::{data_errno, errno_for};
 use crate::mount::{MAX_BACKGROUND_REQUESTS, MAX_WRITE_BYTES};
@@ -90,7 +90,7 @@ impl VolumeFs {
     }
 
     /// The inode of a volume, given one the first time it is seen.
-    fn ino_for(&self, info: &VolumeInfo) -> Result<u64, Errno> {
+    fn ino_for(&self, info: &VolumeSummary) -> Result<u64, Errno> {
         if let Some(ino) = self.inodes().by_id.get(&info.id) {
             return Ok(*ino);
         }
@@ -99,7 +99,7 @@ impl VolumeFs {
             .volume(&info.name)
             .map_err(|e| errno_for(e.kind()))?;
         // The name may have moved to another volume since `info` was read.
-        if volume.info().map_err(|e| errno_for(e.kind()))?.id != info.id {
+        if volume.summary().map_err(|e| errno_for(e.kind()))?.id != info.id {
             return Err(Errno::ENOENT);
         }
         let mut inodes = self.inodes();
@@ -143,7 +143,7 @@ impl VolumeFs {
         }
     }
 
-    fn file_attr(&self, ino: u64, info: &VolumeInfo) -> FileAttr {
+    fn file_attr(&self, ino: u64, info: &VolumeSummary) -> FileAttr {
         let created = UNIX_EPOCH + Duration::from_secs(info.created_unix_secs);
         let writable = !info.read_only && !self.read_only;
         FileAttr {
@@ -173,7 +173,10 @@ impl VolumeFs {
         if ino == INodeNo::ROOT {
             return Ok(self.root_attr());
         }
-        let info = self.volume(ino)?.info().map_err(|e| errno_for(e.kind()))?;
+        let info = self
+            .volume(ino)?
+            .summary()
+            .map_err(|e| errno_for(e.kind()))?;
         Ok(self.file_attr(ino.0, &info))
     }
 
@@ -263,7 +266,7 @@ impl VolumeFs {
             (INodeNo::ROOT, FileType::Directory, ".".to_string()),
             (INodeNo::ROOT, FileType::Directory, "..".to_string()),
         ];
-        let mut volumes = self.pool.volumes().map_err(|e| errno_for(e.kind()))?;
+        let mut volumes = self.pool.volume_summaries();
         volumes.sort_by(|a, b| a.name.cmp(&b.name));
         for info in volumes {
             // A volume removed since the listing is left out.
@@ -321,7 +324,7 @@ impl fuser::Filesystem for VolumeFs {
         };
         let found = self
             .pool
-            .volume_info(name)
+            .volume_summary(name)
             .map_err(|e| errno_for(e.kind()))
             .and_then(|info| Ok((self.ino_for(&info)?, info)));
         match found {
@@ -468,7 +471,7 @@ impl fuser::Filesystem for VolumeFs {
         // nothing left to flush, and close should not fail for it.
         match self.do_flush(ino) {
             Ok(()) => reply.ok(),
-            Err(_) if self.volume(ino).is_ok_and(|v| v.info().is_err()) => reply.ok(),
+            Err(_) if self.volume(ino).is_ok_and(|v| v.summary().is_err()) => reply.ok(),
             Err(errno) => reply.error(errno),
         }
     }

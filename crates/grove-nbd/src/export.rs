@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use grove_store::{ErrorKind, Pool, Volume, VolumeInfo, VolumeKind};
+use grove_store::{ErrorKind, Pool, Volume, VolumeKind, VolumeSummary};
 
 use crate::codec::*;
 
@@ -116,7 +116,7 @@ pub(crate) struct Refusal {
     pub message: String,
 }
 
-pub(crate) fn describe(info: &VolumeInfo, read_only: bool) -> String {
+pub(crate) fn describe(info: &VolumeSummary, read_only: bool) -> String {
     let what = match (info.kind, &info.parent) {
         (VolumeKind::Volume, _) => "volume".to_string(),
         (kind, Some(parent)) => format!("{} of {parent}", kind.as_str()),
@@ -155,7 +155,7 @@ pub(crate) fn resolve(
         return Err(unknown(format!("no export named {name:?}")));
     }
     let lookup = pool.volume(name).and_then(|volume| {
-        let info = volume.info()?;
+        let info = volume.summary()?;
         Ok((volume, info))
     });
     let (volume, info) = match lookup {
@@ -185,12 +185,9 @@ pub(crate) fn resolve(
 
 /// The exports NBD_OPT_LIST shows, as (name, description).
 pub(crate) fn list(pool: &Pool, options: &ServerOptions) -> Vec<(String, String)> {
-    // A volume whose accounting cannot be read (damage) is left out of the
-    // list; opening it by name reports the damage.
-    pool.volume_names()
+    pool.volume_summaries()
         .into_iter()
-        .filter(|name| options.exports.allows(name))
-        .filter_map(|name| pool.volume_info(&name).ok())
+        .filter(|info| options.exports.allows(&info.name))
         .map(|info| {
             let read_only = options.read_only || info.read_only;
             (info.name.clone(), describe(&info, read_only))

@@ -76,6 +76,23 @@ pub struct VolumeInfo {
     pub guid: String,
 }
 
+/// What a volume is, without the space accounting (`VolumeInfo`), which
+/// costs a walk of what the volume owns alone: for paths that ask often,
+/// such as a FUSE getattr or an NBD handshake.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct VolumeSummary {
+    pub id: u64,
+    pub name: String,
+    pub kind: VolumeKind,
+    pub read_only: bool,
+    /// Name of the nearest live volume this one was taken from.
+    pub parent: Option<String>,
+    pub size_bytes: u64,
+    /// Bytes of data this volume maps (kept as it changes, so cheap).
+    pub referenced_bytes: u64,
+    pub created_unix_secs: u64,
+}
+
 /// Space and shape of a pool.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PoolInfo {
@@ -503,6 +520,21 @@ impl Pool {
             .collect()
     }
 
+    /// Every volume, in creation order, without the accounting.
+    pub fn volume_summaries(&self) -> Vec<VolumeSummary> {
+        let state = self.state();
+        state
+            .volumes
+            .values()
+            .map(|r| volume_summary(&state, r))
+            .collect()
+    }
+
+    pub fn volume_summary(&self, name: &str) -> Result<VolumeSummary> {
+        let state = self.state();
+        Ok(volume_summary(&state, state.volume_by_name(name)?))
+    }
+
     pub fn volume_info(&self, name: &str) -> Result<VolumeInfo> {
         let mut state = self.state();
         let record = state.volume_by_name(name)?.clone();
@@ -893,6 +925,12 @@ impl Volume {
         volume_info(&mut state, &record)
     }
 
+    /// What the volume is, without the accounting (cheap).
+    pub fn summary(&self) -> Result<VolumeSummary> {
+        let state = lock_state(&self.inner);
+        Ok(volume_summary(&state, state.volume_by_id(self.id)?))
+    }
+
     pub fn size_bytes(&self) -> Result<u64> {
         Ok(self.record(&lock_state(&self.inner))?.size_bytes)
     }
@@ -1197,6 +1235,19 @@ fn ensure_changes_allowed(state: &State) -> Result<()> {
                 "the pool is read-only since a commit failed ({cause}); fix the cause and open the pool again"
             ),
         )),
+    }
+}
+
+fn volume_summary(state: &State, record: &VolumeRecord) -> VolumeSummary {
+    VolumeSummary {
+        id: record.id.0,
+        name: record.name.clone(),
+        kind: record.kind,
+        read_only: !record.kind.is_writable(),
+        parent: state.live_ancestor(record).map(|p| p.name.clone()),
+        size_bytes: record.size_bytes,
+        referenced_bytes: record.referenced_blocks * state.geometry.block_bytes(),
+        created_unix_secs: record.created_unix_secs,
     }
 }
 
