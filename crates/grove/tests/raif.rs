@@ -65,6 +65,8 @@ struct Raif {
     dir: tempfile::TempDir,
     branches: Vec<PathBuf>,
     mnt: PathBuf,
+    level: String,
+    unit: String,
 }
 
 impl Raif {
@@ -76,18 +78,61 @@ impl Raif {
         branches.iter().for_each(|b| fs::create_dir(b).unwrap());
         let mnt = dir.path().join("mnt");
         fs::create_dir(&mnt).unwrap();
-        let raif = Raif { dir, branches, mnt };
-        let mut args = vec!["raif", "mount", "--level", level, "--stripe-unit", unit];
-        args.extend(raif.branches.iter().map(|b| b.to_str().unwrap()));
-        args.push(raif.mnt.to_str().unwrap());
+        let raif = Raif {
+            dir,
+            branches,
+            mnt,
+            level: level.into(),
+            unit: unit.into(),
+        };
+        raif.mount();
+        raif
+    }
+
+    /// Mounts (again) over the current branch directories.
+    fn mount(&self) {
+        let mut args = vec![
+            "raif",
+            "mount",
+            "--level",
+            &self.level,
+            "--stripe-unit",
+            &self.unit,
+        ];
+        args.extend(self.branches.iter().map(|b| b.to_str().unwrap()));
+        args.push(self.mnt.to_str().unwrap());
         let out = grove(&args);
         assert!(
             out.status.success(),
             "mount: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        assert!(is_mounted(&raif.mnt));
-        raif
+        assert!(is_mounted(&self.mnt));
+    }
+
+    /// `grove raif SUBCOMMAND ARGS... MOUNTPOINT`.
+    fn run(&self, args: &[&str]) -> Output {
+        let mut all = vec!["raif"];
+        all.extend(args);
+        all.push(self.mnt.to_str().unwrap());
+        grove(&all)
+    }
+
+    /// What `explain` says about a file.
+    fn explain(&self, rel: &str) -> serde_json::Value {
+        let out = grove(&["raif", "explain", self.p(rel).to_str().unwrap()]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// The directory of the branch labelled `label` (b0, b1, ...).
+    fn branch(&self, label: &serde_json::Value) -> &Path {
+        let index: usize = label.as_str().unwrap()[1..].parse().unwrap();
+        &self.branches[index]
     }
 
     fn p(&self, rel: &str) -> PathBuf {
@@ -409,5 +454,105 @@ fn bad_input_gets_one_line_errors() {
             "{stderr} should say {expected}"
         );
         assert!(!is_mounted(&mnt));
+    }
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn rebuild_restores_full_redundancy() {
+    require!();
+    for (level, width) in [("raif1", 2), ("raif5", 3), ("raif6", 4), ("raif10", 4)] {
+        let mut r = Raif::new(level, width, "4K");
+        fs::create_dir(r.p("d")).unwrap();
+        std::os::unix::fs::symlink("../f1", r.p("d/l")).unwrap();
+        let mut files: Vec<(String, Vec<u8>)> = (0..6)
+            .map(|i| (format!("f{i}"), pattern(1 + i * 37_001, i as u64)))
+            .collect();
+        files.push(("d/g".into(), pattern(70_000, 99)));
+        for (name, data) in &files {
+            fs::write(r.p(name), data).unwrap();
+        }
+        fs::remove_dir_all(&r.branches[1]).unwrap();
+        // A degraded write, which the rebuild must carry onto the new branch.
+        files[0].1 = pattern(50_000, 7);
+        fs::write(r.p("f0"), &files[0].1).unwrap();
+        assert_eq!(r.status()["state"], "degraded", "{level}");
+        let new = r.dir.path().join("new1");
+        fs::create_dir(&new).unwrap();
+        fs::write(new.join("stray"), b"x").unwrap();
+        let out = r.run(&["rebuild", "--branch", "b1", "--to", new.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+        assert!(text(&out).contains("is not empty"), "{}", text(&out));
+        fs::remove_file(new.join("stray")).unwrap();
+        let out = r.run(&["rebuild", "--branch", "b1", "--to", new.to_str().unwrap()]);
+        assert!(out.status.success(), "{level}: {}", text(&out));
+        assert!(text(&out).contains("rebuilt branch b1"), "{}", text(&out));
+        assert_eq!(r.status()["state"], "ok", "{level}: {}", r.status());
+        r.branches[1] = new;
+        // Full redundancy: every file survives the loss of any other branch.
+        for lost in (0..width).filter(|&i| i != 1) {
+            r.unmount();
+            r.mount();
+            let away = r.dir.path().join("away");
+            fs::rename(&r.branches[lost], &away).unwrap();
+            for (name, data) in &files {
+                assert_eq!(
+                    &fs::read(r.p(name)).unwrap(),
+                    data,
+                    "{level}: {name} without b{lost} after the rebuild"
+                );
+            }
+            assert_eq!(fs::read_link(r.p("d/l")).unwrap(), Path::new("../f1"));
+            r.unmount();
+            fs::rename(&away, &r.branches[lost]).unwrap();
+        }
+    }
+}
+
+#[test]
+fn scrub_finds_and_repairs_a_corrupt_unit() {
+    require!();
+    for level in ["raif5", "raif1"] {
+        let r = Raif::new(level, 3, "4K");
+        let data = pattern(50_000, 3);
+        fs::write(r.p("a"), &data).unwrap();
+        let out = r.run(&["scrub"]);
+        assert!(out.status.success(), "{level}: {}", text(&out));
+        // Stripe 1's parity (RAIF5) or second mirror copy (RAIF1), which the
+        // repair rewrites from the data or the first copy.
+        let stripe = &r.explain("a")["stripes"][1];
+        let label = if level == "raif5" {
+            stripe["parity"][0].clone()
+        } else {
+            stripe["data"][0][1].clone()
+        };
+        let component = OpenOptions::new()
+            .write(true)
+            .open(r.branch(&label).join("a"))
+            .unwrap();
+        component.write_all_at(&[0xa5; 100], 4096 + 10).unwrap();
+        drop(component);
+        let out = r.run(&["scrub"]);
+        assert_eq!(out.status.code(), Some(1), "{level}: {}", text(&out));
+        let expected = format!(
+            "a: stripe 1 (offset {}): {} disagree",
+            if level == "raif5" { 8192 } else { 4096 },
+            label.as_str().unwrap()
+        );
+        assert!(text(&out).contains(&expected), "{level}: {}", text(&out));
+        let out = r.run(&["scrub", "--repair"]);
+        assert_eq!(out.status.code(), Some(1), "{level}: {}", text(&out));
+        assert!(text(&out).contains("repaired"), "{}", text(&out));
+        let out = r.run(&["scrub"]);
+        assert!(out.status.success(), "{level}: {}", text(&out));
+        assert!(text(&out).contains("0 mismatches"), "{}", text(&out));
+        assert_eq!(fs::read(r.p("a")).unwrap(), data, "{level}");
     }
 }
