@@ -21,6 +21,13 @@ const SETTLE_TIMEOUT_MS: u64 = 20_000;
 const FSX_OPERATIONS: usize = 1500;
 /// Largest file the random checker makes.
 const FSX_FILE_MAX_BYTES: u64 = 300_000;
+/// Mount processes killed by the crash test, each at another moment.
+const CRASH_ITERATIONS: u64 = 3;
+/// Bytes each writer step appends and fsyncs (not a multiple of the
+/// stripe, so that steps share stripes and parity is read-modify-written).
+const CRASH_CHUNK_BYTES: usize = 6000;
+/// Steps the writer takes at most.
+const CRASH_CHUNKS: usize = 400;
 
 fn skip_reason() -> Option<String> {
     if !rustix::process::geteuid().is_root() {
@@ -89,8 +96,9 @@ impl Raif {
         raif
     }
 
-    /// Mounts (again) over the current branch directories.
-    fn mount(&self) {
+    /// Mounts (again) over the current branch directories; the pid of the
+    /// background mount process.
+    fn mount(&self) -> u32 {
         let mut args = vec![
             "raif",
             "mount",
@@ -108,6 +116,14 @@ impl Raif {
             String::from_utf8_lossy(&out.stderr)
         );
         assert!(is_mounted(&self.mnt));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let pid = stdout.split("pid ").nth(1).and_then(|rest| {
+            rest.split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
+        });
+        pid.unwrap_or_else(|| panic!("no pid in {stdout:?}"))
     }
 
     /// `grove raif SUBCOMMAND ARGS... MOUNTPOINT`.
@@ -554,5 +570,82 @@ fn scrub_finds_and_repairs_a_corrupt_unit() {
         assert!(out.status.success(), "{level}: {}", text(&out));
         assert!(text(&out).contains("0 mismatches"), "{}", text(&out));
         assert_eq!(fs::read(r.p("a")).unwrap(), data, "{level}");
+    }
+}
+
+#[test]
+fn kill_9_of_the_mount_keeps_every_fsync() {
+    require!();
+    for iteration in 0..CRASH_ITERATIONS {
+        let r = Raif::new("raif5", 3, "4K");
+        r.unmount();
+        let pid = r.mount();
+        let src = r.dir.path().join("src");
+        let data = pattern(CRASH_CHUNK_BYTES * CRASH_CHUNKS, iteration);
+        fs::write(&src, &data).unwrap();
+        fs::write(r.p("log"), b"").unwrap();
+        // A writer process: each step appends a chunk with dd, fsyncs it
+        // (conv=fsync) and then prints the step's number.
+        let script = format!(
+            "i=0; while [ $i -lt {CRASH_CHUNKS} ]; do \
+             dd if={src} of={dst} bs={CRASH_CHUNK_BYTES} count=1 skip=$i seek=$i \
+             conv=notrunc,fsync status=none || exit 1; echo $i; i=$((i+1)); done",
+            src = src.display(),
+            dst = r.p("log").display()
+        );
+        let mut writer = Command::new("sh")
+            .args(["-c", &script])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines =
+            std::io::BufRead::lines(std::io::BufReader::new(writer.stdout.take().unwrap()));
+        // A pseudo-random moment: after some steps, some milliseconds in.
+        let steps = 10 + (pattern(1, iteration + 11)[0] as usize) % 60;
+        let mut synced: Option<usize> = None;
+        for _ in 0..steps {
+            match lines.next() {
+                Some(Ok(line)) => synced = Some(line.parse().unwrap()),
+                _ => break,
+            }
+        }
+        std::thread::sleep(Duration::from_millis(
+            pattern(1, iteration + 5)[0] as u64 % 20,
+        ));
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        // The steps the writer finished after the kill count too.
+        for line in lines.map_while(Result::ok) {
+            synced = Some(line.parse().unwrap());
+        }
+        let _ = writer.kill();
+        let _ = writer.wait();
+        r.unmount();
+        r.mount();
+        let found = fs::read(r.p("log")).unwrap();
+        let synced_bytes = synced.map_or(0, |s| (s + 1) * CRASH_CHUNK_BYTES);
+        assert!(
+            found.len() >= synced_bytes,
+            "iteration {iteration}: {} bytes after the crash, {synced_bytes} were fsynced",
+            found.len()
+        );
+        assert!(
+            found[..synced_bytes] == data[..synced_bytes],
+            "iteration {iteration}: fsynced data differs after the crash"
+        );
+        // A stripe the crash tore (data written, parity not) is found and
+        // repaired; after the repair everything agrees.
+        let out = r.run(&["scrub", "--repair"]);
+        eprintln!(
+            "iteration {iteration}, {synced_bytes} bytes fsynced: {}",
+            text(&out)
+        );
+        let out = r.run(&["scrub"]);
+        assert!(
+            out.status.success(),
+            "iteration {iteration}: {}",
+            text(&out)
+        );
+        assert_eq!(fs::read(r.p("log")).unwrap(), found);
     }
 }
