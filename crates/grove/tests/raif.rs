@@ -21,6 +21,8 @@ const SETTLE_TIMEOUT_MS: u64 = 20_000;
 const FSX_OPERATIONS: usize = 1500;
 /// Largest file the random checker makes.
 const FSX_FILE_MAX_BYTES: u64 = 300_000;
+/// Whole-file reads through the mount in the slow-branch test.
+const SLOW_BRANCH_PASSES: usize = 30;
 /// Mount processes killed by the crash test, each at another moment.
 const CRASH_ITERATIONS: u64 = 3;
 /// Bytes each writer step appends and fsyncs (not a multiple of the
@@ -52,9 +54,14 @@ macro_rules! require {
 }
 
 fn grove(args: &[&str]) -> Output {
+    grove_with_env(args, &[])
+}
+
+fn grove_with_env(args: &[&str], env: &[(String, String)]) -> Output {
     Command::new("timeout")
         .args(["-k", "5", "60", GROVE])
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .output()
         .unwrap()
 }
@@ -74,10 +81,16 @@ struct Raif {
     mnt: PathBuf,
     level: String,
     unit: String,
+    /// Environment of the mount process (test hooks).
+    env: Vec<(String, String)>,
 }
 
 impl Raif {
     fn new(level: &str, width: usize, unit: &str) -> Raif {
+        Raif::with_env(level, width, unit, &[])
+    }
+
+    fn with_env(level: &str, width: usize, unit: &str, env: &[(&str, &str)]) -> Raif {
         let dir = tempfile::tempdir().unwrap();
         let branches: Vec<PathBuf> = (0..width)
             .map(|i| dir.path().join(format!("b{i}")))
@@ -91,6 +104,10 @@ impl Raif {
             mnt,
             level: level.into(),
             unit: unit.into(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
         raif.mount();
         raif
@@ -109,7 +126,7 @@ impl Raif {
         ];
         args.extend(self.branches.iter().map(|b| b.to_str().unwrap()));
         args.push(self.mnt.to_str().unwrap());
-        let out = grove(&args);
+        let out = grove_with_env(&args, &self.env);
         assert!(
             out.status.success(),
             "mount: {}",
@@ -648,4 +665,27 @@ fn kill_9_of_the_mount_keeps_every_fsync() {
         );
         assert_eq!(fs::read(r.p("log")).unwrap(), found);
     }
+}
+
+#[test]
+fn a_slow_branch_gets_fewer_reads() {
+    require!();
+    // Every read of branch b0 is delayed by the mount's test hook.
+    let r = Raif::with_env("raif1", 2, "64K", &[("GROVE_RAIF_READ_DELAY", "b0=3")]);
+    let data = pattern(8 * 65536, 4);
+    fs::write(r.p("a"), &data).unwrap();
+    for _ in 0..SLOW_BRANCH_PASSES {
+        assert_eq!(fs::read(r.p("a")).unwrap(), data);
+    }
+    let status = r.status();
+    let reads = |i: usize| status["branches"][i]["reads"].as_u64().unwrap();
+    assert!(reads(0) > 0, "the slow branch is still measured: {status}");
+    assert!(
+        reads(0) * 4 < reads(1),
+        "the slow branch got too many reads: {status}"
+    );
+    assert!(
+        status["branches"][0]["latency_us"].as_u64().unwrap()
+            > status["branches"][1]["latency_us"].as_u64().unwrap()
+    );
 }
