@@ -83,6 +83,11 @@ struct Raif {
     unit: String,
     /// Environment of the mount process (test hooks).
     env: Vec<(String, String)>,
+    /// A config file to mount with instead of --level.
+    config: Option<PathBuf>,
+    /// The background mount process: an unmount waits for its exit, since
+    /// a process still ending could take a new mount on the same path down.
+    pid: std::cell::Cell<u32>,
 }
 
 impl Raif {
@@ -108,6 +113,8 @@ impl Raif {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            config: None,
+            pid: std::cell::Cell::new(0),
         };
         raif.mount();
         raif
@@ -126,6 +133,15 @@ impl Raif {
         ];
         args.extend(self.branches.iter().map(|b| b.to_str().unwrap()));
         args.push(self.mnt.to_str().unwrap());
+        if let Some(config) = &self.config {
+            args = vec![
+                "raif",
+                "mount",
+                "--config",
+                config.to_str().unwrap(),
+                self.mnt.to_str().unwrap(),
+            ];
+        }
         let out = grove_with_env(&args, &self.env);
         assert!(
             out.status.success(),
@@ -140,7 +156,9 @@ impl Raif {
                 .parse()
                 .ok()
         });
-        pid.unwrap_or_else(|| panic!("no pid in {stdout:?}"))
+        let pid = pid.unwrap_or_else(|| panic!("no pid in {stdout:?}"));
+        self.pid.set(pid);
+        pid
     }
 
     /// `grove raif SUBCOMMAND ARGS... MOUNTPOINT`.
@@ -160,6 +178,22 @@ impl Raif {
             String::from_utf8_lossy(&out.stderr)
         );
         serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// What `explain` says once `done` holds (or after the settle timeout).
+    fn explain_when(
+        &self,
+        rel: &str,
+        done: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let started = Instant::now();
+        loop {
+            let v = self.explain(rel);
+            if done(&v) || started.elapsed() > Duration::from_millis(SETTLE_TIMEOUT_MS) {
+                return v;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// The directory of the branch labelled `label` (b0, b1, ...).
@@ -189,6 +223,14 @@ impl Raif {
             {
                 std::thread::sleep(Duration::from_millis(20));
             }
+        }
+        let started = Instant::now();
+        let process = PathBuf::from(format!("/proc/{}", self.pid.get()));
+        while self.pid.get() != 0
+            && process.exists()
+            && started.elapsed() < Duration::from_millis(SETTLE_TIMEOUT_MS)
+        {
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 }
@@ -688,4 +730,71 @@ fn a_slow_branch_gets_fewer_reads() {
         status["branches"][0]["latency_us"].as_u64().unwrap()
             > status["branches"][1]["latency_us"].as_u64().unwrap()
     );
+}
+
+#[test]
+fn a_file_growing_past_a_size_threshold_is_laid_out_again_at_close() {
+    require!();
+    let mut r = Raif::new("raif1", 3, "4K");
+    r.unmount();
+    let config = r.dir.path().join("raif.toml");
+    let mut toml = String::new();
+    for (i, b) in r.branches.iter().enumerate() {
+        toml += &format!("[[branch]]\nlabel = \"b{i}\"\npath = \"{}\"\n", b.display());
+    }
+    toml +=
+        "[[rule]]\nname = \"big\"\nmin_size = \"64K\"\nlevel = \"raif5\"\nstripe_unit = \"4K\"\n";
+    toml += "[default]\nlevel = \"raif1\"\nstripe_unit = \"4K\"\n";
+    fs::write(&config, toml).unwrap();
+    r.config = Some(config);
+    r.mount();
+    let data = pattern(100_000, 8);
+    let f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(r.p("grows"))
+        .unwrap();
+    f.write_all_at(&data, 0).unwrap();
+    // While open it keeps the layout it was created with (empty: default).
+    let v = r.explain("grows");
+    assert_eq!(
+        (v["rule"].as_str(), v["rule_now"].as_str()),
+        (Some("default"), Some("big"))
+    );
+    drop(f);
+    // The last close laid it out by the rule for its size (the kernel
+    // sends the release after close(2) returns, hence the wait).
+    let v = r.explain_when("grows", |v| v["rule"] == "big");
+    assert_eq!(
+        (v["rule"].as_str(), v["level"].as_str()),
+        (Some("big"), Some("raif5")),
+        "{v}"
+    );
+    assert_eq!(fs::read(r.p("grows")).unwrap(), data);
+    let mut names: Vec<String> = fs::read_dir(&r.mnt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, vec!["grows"], "no temporary file shows");
+    // Every branch holds a RAIF5 component: about half the file each.
+    for b in &r.branches {
+        let len = fs::metadata(b.join("grows")).unwrap().len();
+        assert!(len < 60_000, "{}: {len} bytes", b.display());
+    }
+    // Shrunk below the threshold, it goes back to the default at close.
+    OpenOptions::new()
+        .write(true)
+        .open(r.p("grows"))
+        .unwrap()
+        .set_len(1000)
+        .unwrap();
+    let v = r.explain_when("grows", |v| v["level"] == "raif1");
+    assert_eq!(v["level"], "raif1", "{v}");
+    r.unmount();
+    r.mount();
+    assert_eq!(fs::read(r.p("grows")).unwrap(), &data[..1000]);
+    let out = r.run(&["scrub"]);
+    assert!(out.status.success(), "{}", text(&out));
 }

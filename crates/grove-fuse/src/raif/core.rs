@@ -24,6 +24,8 @@ pub const ROOT_INO: u64 = 1;
 /// A test hook: `LABEL=MS[,LABEL=MS...]` delays every component read on
 /// those branches, so that tests can make a branch slow through a real mount.
 pub const READ_DELAY_ENV: &str = "GROVE_RAIF_READ_DELAY";
+/// Bytes copied at a time when a file is laid out again.
+const RELAYOUT_CHUNK_BYTES: u64 = 1024 * 1024;
 
 /// Branches, their health and read latencies: shared by every open file.
 pub struct Branches {
@@ -535,9 +537,157 @@ impl Core {
             .collect()
     }
 
-    /// Lets go of one open; the last one writes metadata back.
+    /// Lets go of one open; the last one writes metadata back and, if a
+    /// rule with a size threshold now picks another layout for the file,
+    /// lays it out again (see [`Core::relayout`]).
     pub fn release(&self, ino: u64) -> io::Result<()> {
-        self.close(ino)
+        let rel = self.path_of(ino)?;
+        // Held to the end: nobody opens the file while it is laid out
+        // again. Nothing below takes the inode lock (node() takes that
+        // one first, then this one).
+        let mut open = lock(&self.open);
+        let Some(file) = open.get(&ino).cloned() else {
+            return Ok(());
+        };
+        let mut opens = lock(&file.opens);
+        *opens = opens.saturating_sub(1);
+        let last = *opens == 0;
+        drop(opens);
+        if !last {
+            drop(open);
+            return self.persist_at(&rel, &file, false);
+        }
+        let result = self.persist_at(&rel, &file, false);
+        if result.is_ok() && !file.unlinked.load(Ordering::Relaxed) {
+            if let Err(e) = self.relayout(&rel, &file) {
+                tracing::warn!(
+                    "{}: kept its layout, cannot lay it out again: {e}",
+                    rel.display()
+                );
+            }
+        }
+        open.remove(&ino);
+        result
+    }
+
+    /// Lays a closed file out again when the rule that applies to it now
+    /// (its size having crossed a rule's `min_size`) is not the one that
+    /// laid it out: the data is copied into hidden components
+    /// (`.grove-raif.tmp..grove-raif.NAME`, a name no file or sidecar can
+    /// have) on the new rule's branches and synced; then the components are
+    /// renamed into place, the old rule's other components removed, and the
+    /// sidecars rewritten durably. A crash during those last renames can
+    /// leave sidecars and components of different layouts: the same window
+    /// as a rename's.
+    pub fn relayout(&self, rel: &Path, file: &OpenFile) -> io::Result<()> {
+        let old = file.meta.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let config = &self.branches.config;
+        let text = rel.to_string_lossy();
+        let rule = config.rule_for(&FileFacts {
+            path: &text,
+            uid: old.uid,
+            gid: old.gid,
+            size_bytes: old.size_bytes,
+        });
+        if rule.name == old.rule {
+            return Ok(());
+        }
+        let name = rel.file_name().unwrap_or_default();
+        let mut new = old.clone();
+        new.level = rule.level;
+        new.stripe_unit_bytes = rule.stripe_unit_bytes;
+        new.start = start_branch(name.as_encoded_bytes(), rule.branches.len());
+        new.branches = rule
+            .branches
+            .iter()
+            .map(|&b| config.branches[b].label.clone())
+            .collect();
+        new.rule = rule.name.clone();
+        let tmp_rel = rel.with_file_name(format!(
+            "{}{RESERVED_PREFIX}{}",
+            meta::TMP_PREFIX,
+            name.to_string_lossy()
+        ));
+        let temp = OpenFile {
+            meta: RwLock::new(new.clone()),
+            subset: rule.branches.clone(),
+            components: rule
+                .branches
+                .iter()
+                .map(|&b| {
+                    let made = (!self.branches.is_failed(b))
+                        .then(|| create_component(&self.branches.root(b).join(&tmp_rel)).ok());
+                    RwLock::new(made.flatten())
+                })
+                .collect(),
+            opens: Mutex::new(1),
+            dirty: AtomicBool::new(false),
+            unlinked: AtomicBool::new(false),
+        };
+        let copied = self.copy_into(file, &old, &temp, &new);
+        let remove_temps = || {
+            for &b in &rule.branches {
+                let _ = remove_if_there(&self.branches.root(b).join(&tmp_rel));
+            }
+        };
+        if let Err(e) = copied {
+            remove_temps();
+            return Err(e);
+        }
+        for (position, &b) in rule.branches.iter().enumerate() {
+            let made = temp.components[position]
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_some();
+            if made {
+                let root = self.branches.root(b);
+                std::fs::rename(root.join(&tmp_rel), root.join(rel))?;
+            }
+        }
+        for b in self.subset_of(&old)? {
+            if !rule.branches.contains(&b) && !self.branches.is_failed(b) {
+                let _ = remove_if_there(&self.branches.root(b).join(rel));
+            }
+        }
+        self.write_meta(rel, &new, true)?;
+        *file.meta.write().unwrap_or_else(|e| e.into_inner()) = new;
+        tracing::info!("{}: laid out again by rule {}", rel.display(), rule.name);
+        Ok(())
+    }
+
+    /// Copies a file's data from its layout into another one, and syncs it.
+    fn copy_into(&self, from: &OpenFile, old: &Meta, to: &OpenFile, new: &Meta) -> io::Result<()> {
+        let lost = lost_positions(&self.branches, &to.subset);
+        let new_layout = OpenFile::layout(new)?;
+        if !raid::survives(&new_layout, &lost) {
+            return Err(io::Error::from_raw_os_error(5));
+        }
+        let old_layout = OpenFile::layout(old)?;
+        let (source, target) = (
+            FileIo {
+                branches: &self.branches,
+                file: from,
+            },
+            FileIo {
+                branches: &self.branches,
+                file: to,
+            },
+        );
+        let mut offset = 0;
+        while offset < old.size_bytes {
+            let len = RELAYOUT_CHUNK_BYTES.min(old.size_bytes - offset);
+            let mut buf = vec![0u8; len as usize];
+            raid::read(&old_layout, &source, offset, &mut buf).map_err(raid_error)?;
+            raid::write(&new_layout, &target, offset, &buf).map_err(raid_error)?;
+            offset += len;
+        }
+        for c in &to.components {
+            if let Some(c) = c.read().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                c.set_len(new_layout.component_bytes(new.size_bytes))?;
+                c.sync_all()?;
+            }
+        }
+        Ok(())
     }
 
     /// Lets go of one open without anything else (maintenance jobs).
@@ -558,14 +708,22 @@ impl Core {
 
     /// Writes a dirty file's metadata back (durably for fsync).
     pub fn persist(&self, ino: u64, file: &OpenFile, durable: bool) -> io::Result<()> {
+        if file.unlinked.load(Ordering::Relaxed) || !(file.dirty.load(Ordering::Relaxed) || durable)
+        {
+            return Ok(());
+        }
+        self.persist_at(&self.path_of(ino)?, file, durable)
+    }
+
+    /// [`Core::persist`] for a file whose path is known.
+    fn persist_at(&self, rel: &Path, file: &OpenFile, durable: bool) -> io::Result<()> {
         if file.unlinked.load(Ordering::Relaxed)
             || !(file.dirty.swap(false, Ordering::Relaxed) || durable)
         {
             return Ok(());
         }
-        let rel = self.path_of(ino)?;
         let m = file.meta.read().unwrap_or_else(|e| e.into_inner()).clone();
-        self.write_meta(&rel, &m, durable)
+        self.write_meta(rel, &m, durable)
     }
 
     pub fn read(&self, file: &OpenFile, offset: u64, len: u64) -> io::Result<Vec<u8>> {
