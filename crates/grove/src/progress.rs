@@ -39,6 +39,11 @@ impl Progress {
         self.bar.inc(bytes);
     }
 
+    /// Sets the total when it becomes known after the bar was made.
+    pub fn set_length(&self, total_bytes: u64) {
+        self.bar.set_length(total_bytes);
+    }
+
     pub fn set_position(&self, bytes: u64) {
         self.bar.set_position(bytes);
     }

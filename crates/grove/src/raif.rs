@@ -21,6 +21,8 @@ const READY_LINE: &str = "grove-raif-ready";
 const ERROR_PREFIX: &str = "grove: error: ";
 /// Largest status or explain answer read from the mount.
 const XATTR_MAX_BYTES: usize = 1024 * 1024;
+/// How often a rebuild or scrub asks the mount how far it got.
+const JOB_POLL_MS: u64 = 100;
 
 #[derive(Debug, Subcommand)]
 pub enum RaifCommand {
@@ -56,6 +58,30 @@ pub enum RaifCommand {
     },
     /// Which rule laid a file out, and where its metadata and units live
     Explain { path: PathBuf },
+    /// Restore redundancy: refill an empty directory that replaces a branch
+    /// (failed or not) from the other branches, on a mounted RAIF
+    #[command(
+        after_help = "The mount goes on serving reads meanwhile; requests that change \
+                      something wait until the rebuild ends.\n\nExample:\n  \
+                      grove raif rebuild --branch b1 --to /srv/new-b1 /mnt/raif"
+    )]
+    Rebuild {
+        /// Label of the branch to replace
+        #[arg(long, value_name = "LABEL")]
+        branch: String,
+        /// The empty replacement directory
+        #[arg(long, value_name = "NEWDIR")]
+        to: PathBuf,
+        mountpoint: PathBuf,
+    },
+    /// Check that mirrors and parity agree with the data over every file; one
+    /// line per mismatch, exit 1 if any
+    Scrub {
+        /// Rewrite disagreeing mirrors (from the first copy) and parity (from the data)
+        #[arg(long)]
+        repair: bool,
+        mountpoint: PathBuf,
+    },
 }
 
 pub fn run(command: RaifCommand) -> Result<()> {
@@ -71,6 +97,12 @@ pub fn run(command: RaifCommand) -> Result<()> {
             mount(config, &mountpoint, foreground)
         }
         RaifCommand::Status { mountpoint, json } => status(&mountpoint, json),
+        RaifCommand::Rebuild {
+            branch,
+            to,
+            mountpoint,
+        } => rebuild(&mountpoint, branch, &to),
+        RaifCommand::Scrub { repair, mountpoint } => scrub(&mountpoint, repair),
         RaifCommand::Explain { path } => {
             let text = xattr(&path, grove_fuse::raif::XATTR_EXPLAIN)?;
             let value: serde_json::Value = serde_json::from_str(&text)?;
@@ -258,6 +290,123 @@ fn status(mountpoint: &Path, json: bool) -> Result<()> {
     }
     if value["state"] == "degraded" {
         bail!("{} is degraded: a branch failed", mountpoint.display());
+    }
+    Ok(())
+}
+
+/// Starts a rebuild or scrub in the mount and follows it with a progress
+/// bar until it ends.
+fn run_job(
+    mountpoint: &Path,
+    request: &grove_fuse::raif::Request,
+    id: &str,
+    what: &str,
+) -> Result<grove_fuse::raif::Job> {
+    let value = serde_json::to_vec(request)?;
+    rustix::fs::setxattr(
+        mountpoint,
+        grove_fuse::raif::XATTR_CONTROL,
+        &value,
+        rustix::fs::XattrFlags::empty(),
+    )
+    .map_err(|e| match e {
+        rustix::io::Errno::BUSY => anyhow!(
+            "a rebuild or scrub is already running on {}",
+            mountpoint.display()
+        ),
+        e => anyhow!(
+            "{} is not a grove raif mount, or the mount does not answer: {e}",
+            mountpoint.display()
+        ),
+    })?;
+    let progress = crate::progress::Progress::bytes(what, 0);
+    loop {
+        std::thread::sleep(std::time::Duration::from_millis(JOB_POLL_MS));
+        let status: serde_json::Value =
+            serde_json::from_str(&xattr(mountpoint, grove_fuse::raif::XATTR_STATUS)?)?;
+        let job = &status["job"];
+        if job["id"] != id {
+            bail!("the {what} was replaced by another job");
+        }
+        progress.set_length(job["total_bytes"].as_u64().unwrap_or(0));
+        progress.set_position(job["done_bytes"].as_u64().unwrap_or(0));
+        if job["finished"] == true {
+            let job: grove_fuse::raif::Job = serde_json::from_value(job.clone())?;
+            return Ok(job);
+        }
+    }
+}
+
+fn job_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{}-{nanos}", std::process::id())
+}
+
+fn print_problems(job: &grove_fuse::raif::Job) {
+    for line in &job.lines {
+        println!("{line}");
+    }
+    let more = job.problems.saturating_sub(job.lines.len() as u64);
+    if more > 0 {
+        println!("... and {more} more (see the mount's log)");
+    }
+}
+
+fn rebuild(mountpoint: &Path, branch: String, to: &Path) -> Result<()> {
+    let to = std::path::absolute(to).with_context(|| format!("cannot resolve {}", to.display()))?;
+    let id = job_id();
+    let request = grove_fuse::raif::Request::Rebuild {
+        id: id.clone(),
+        branch: branch.clone(),
+        to: to.clone(),
+    };
+    let job = run_job(mountpoint, &request, &id, "rebuild")?;
+    if let Some(error) = job.error {
+        bail!("rebuild of branch {branch}: {error}");
+    }
+    print_problems(&job);
+    if job.problems > 0 {
+        bail!("rebuild of branch {branch} onto {}: {} problems; the files named above lack redundancy", to.display(), job.problems);
+    }
+    println!(
+        "rebuilt branch {branch} onto {}: {} files, {} bytes",
+        to.display(),
+        job.files,
+        job.done_bytes
+    );
+    Ok(())
+}
+
+fn scrub(mountpoint: &Path, repair: bool) -> Result<()> {
+    let id = job_id();
+    let request = grove_fuse::raif::Request::Scrub {
+        id: id.clone(),
+        repair,
+    };
+    let job = run_job(mountpoint, &request, &id, "scrub")?;
+    if let Some(error) = job.error {
+        bail!("scrub: {error}");
+    }
+    print_problems(&job);
+    println!(
+        "scrubbed {} files, {} bytes: {} mismatches{}",
+        job.files,
+        job.done_bytes,
+        job.problems,
+        if repair && job.problems > 0 {
+            ", repaired"
+        } else {
+            ""
+        }
+    );
+    if job.problems > 0 {
+        bail!(
+            "scrub found {} mismatches on {}",
+            job.problems,
+            mountpoint.display()
+        );
     }
     Ok(())
 }

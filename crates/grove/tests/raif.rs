@@ -21,6 +21,15 @@ const SETTLE_TIMEOUT_MS: u64 = 20_000;
 const FSX_OPERATIONS: usize = 1500;
 /// Largest file the random checker makes.
 const FSX_FILE_MAX_BYTES: u64 = 300_000;
+/// Whole-file reads through the mount in the slow-branch test.
+const SLOW_BRANCH_PASSES: usize = 30;
+/// Mount processes killed by the crash test, each at another moment.
+const CRASH_ITERATIONS: u64 = 3;
+/// Bytes each writer step appends and fsyncs (not a multiple of the
+/// stripe, so that steps share stripes and parity is read-modify-written).
+const CRASH_CHUNK_BYTES: usize = 6000;
+/// Steps the writer takes at most.
+const CRASH_CHUNKS: usize = 400;
 
 fn skip_reason() -> Option<String> {
     if !rustix::process::geteuid().is_root() {
@@ -45,9 +54,14 @@ macro_rules! require {
 }
 
 fn grove(args: &[&str]) -> Output {
+    grove_with_env(args, &[])
+}
+
+fn grove_with_env(args: &[&str], env: &[(String, String)]) -> Output {
     Command::new("timeout")
         .args(["-k", "5", "60", GROVE])
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .output()
         .unwrap()
 }
@@ -65,10 +79,23 @@ struct Raif {
     dir: tempfile::TempDir,
     branches: Vec<PathBuf>,
     mnt: PathBuf,
+    level: String,
+    unit: String,
+    /// Environment of the mount process (test hooks).
+    env: Vec<(String, String)>,
+    /// A config file to mount with instead of --level.
+    config: Option<PathBuf>,
+    /// The background mount process: an unmount waits for its exit, since
+    /// a process still ending could take a new mount on the same path down.
+    pid: std::cell::Cell<u32>,
 }
 
 impl Raif {
     fn new(level: &str, width: usize, unit: &str) -> Raif {
+        Raif::with_env(level, width, unit, &[])
+    }
+
+    fn with_env(level: &str, width: usize, unit: &str, env: &[(&str, &str)]) -> Raif {
         let dir = tempfile::tempdir().unwrap();
         let branches: Vec<PathBuf> = (0..width)
             .map(|i| dir.path().join(format!("b{i}")))
@@ -76,18 +103,103 @@ impl Raif {
         branches.iter().for_each(|b| fs::create_dir(b).unwrap());
         let mnt = dir.path().join("mnt");
         fs::create_dir(&mnt).unwrap();
-        let raif = Raif { dir, branches, mnt };
-        let mut args = vec!["raif", "mount", "--level", level, "--stripe-unit", unit];
-        args.extend(raif.branches.iter().map(|b| b.to_str().unwrap()));
-        args.push(raif.mnt.to_str().unwrap());
-        let out = grove(&args);
+        let raif = Raif {
+            dir,
+            branches,
+            mnt,
+            level: level.into(),
+            unit: unit.into(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            config: None,
+            pid: std::cell::Cell::new(0),
+        };
+        raif.mount();
+        raif
+    }
+
+    /// Mounts (again) over the current branch directories; the pid of the
+    /// background mount process.
+    fn mount(&self) -> u32 {
+        let mut args = vec![
+            "raif",
+            "mount",
+            "--level",
+            &self.level,
+            "--stripe-unit",
+            &self.unit,
+        ];
+        args.extend(self.branches.iter().map(|b| b.to_str().unwrap()));
+        args.push(self.mnt.to_str().unwrap());
+        if let Some(config) = &self.config {
+            args = vec![
+                "raif",
+                "mount",
+                "--config",
+                config.to_str().unwrap(),
+                self.mnt.to_str().unwrap(),
+            ];
+        }
+        let out = grove_with_env(&args, &self.env);
         assert!(
             out.status.success(),
             "mount: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        assert!(is_mounted(&raif.mnt));
-        raif
+        assert!(is_mounted(&self.mnt));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let pid = stdout.split("pid ").nth(1).and_then(|rest| {
+            rest.split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
+        });
+        let pid = pid.unwrap_or_else(|| panic!("no pid in {stdout:?}"));
+        self.pid.set(pid);
+        pid
+    }
+
+    /// `grove raif SUBCOMMAND ARGS... MOUNTPOINT`.
+    fn run(&self, args: &[&str]) -> Output {
+        let mut all = vec!["raif"];
+        all.extend(args);
+        all.push(self.mnt.to_str().unwrap());
+        grove(&all)
+    }
+
+    /// What `explain` says about a file.
+    fn explain(&self, rel: &str) -> serde_json::Value {
+        let out = grove(&["raif", "explain", self.p(rel).to_str().unwrap()]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// What `explain` says once `done` holds (or after the settle timeout).
+    fn explain_when(
+        &self,
+        rel: &str,
+        done: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let started = Instant::now();
+        loop {
+            let v = self.explain(rel);
+            if done(&v) || started.elapsed() > Duration::from_millis(SETTLE_TIMEOUT_MS) {
+                return v;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The directory of the branch labelled `label` (b0, b1, ...).
+    fn branch(&self, label: &serde_json::Value) -> &Path {
+        let index: usize = label.as_str().unwrap()[1..].parse().unwrap();
+        &self.branches[index]
     }
 
     fn p(&self, rel: &str) -> PathBuf {
@@ -111,6 +223,14 @@ impl Raif {
             {
                 std::thread::sleep(Duration::from_millis(20));
             }
+        }
+        let started = Instant::now();
+        let process = PathBuf::from(format!("/proc/{}", self.pid.get()));
+        while self.pid.get() != 0
+            && process.exists()
+            && started.elapsed() < Duration::from_millis(SETTLE_TIMEOUT_MS)
+        {
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 }
@@ -410,4 +530,271 @@ fn bad_input_gets_one_line_errors() {
         );
         assert!(!is_mounted(&mnt));
     }
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn rebuild_restores_full_redundancy() {
+    require!();
+    for (level, width) in [("raif1", 2), ("raif5", 3), ("raif6", 4), ("raif10", 4)] {
+        let mut r = Raif::new(level, width, "4K");
+        fs::create_dir(r.p("d")).unwrap();
+        std::os::unix::fs::symlink("../f1", r.p("d/l")).unwrap();
+        let mut files: Vec<(String, Vec<u8>)> = (0..6)
+            .map(|i| (format!("f{i}"), pattern(1 + i * 37_001, i as u64)))
+            .collect();
+        files.push(("d/g".into(), pattern(70_000, 99)));
+        for (name, data) in &files {
+            fs::write(r.p(name), data).unwrap();
+        }
+        fs::remove_dir_all(&r.branches[1]).unwrap();
+        // A degraded write, which the rebuild must carry onto the new branch.
+        files[0].1 = pattern(50_000, 7);
+        fs::write(r.p("f0"), &files[0].1).unwrap();
+        assert_eq!(r.status()["state"], "degraded", "{level}");
+        let new = r.dir.path().join("new1");
+        fs::create_dir(&new).unwrap();
+        fs::write(new.join("stray"), b"x").unwrap();
+        let out = r.run(&["rebuild", "--branch", "b1", "--to", new.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+        assert!(text(&out).contains("is not empty"), "{}", text(&out));
+        fs::remove_file(new.join("stray")).unwrap();
+        let out = r.run(&["rebuild", "--branch", "b1", "--to", new.to_str().unwrap()]);
+        assert!(out.status.success(), "{level}: {}", text(&out));
+        assert!(text(&out).contains("rebuilt branch b1"), "{}", text(&out));
+        assert_eq!(r.status()["state"], "ok", "{level}: {}", r.status());
+        r.branches[1] = new;
+        // Full redundancy: every file survives the loss of any other branch.
+        for lost in (0..width).filter(|&i| i != 1) {
+            r.unmount();
+            r.mount();
+            let away = r.dir.path().join("away");
+            fs::rename(&r.branches[lost], &away).unwrap();
+            for (name, data) in &files {
+                assert_eq!(
+                    &fs::read(r.p(name)).unwrap(),
+                    data,
+                    "{level}: {name} without b{lost} after the rebuild"
+                );
+            }
+            assert_eq!(fs::read_link(r.p("d/l")).unwrap(), Path::new("../f1"));
+            r.unmount();
+            fs::rename(&away, &r.branches[lost]).unwrap();
+        }
+    }
+}
+
+#[test]
+fn scrub_finds_and_repairs_a_corrupt_unit() {
+    require!();
+    for level in ["raif5", "raif1"] {
+        let r = Raif::new(level, 3, "4K");
+        let data = pattern(50_000, 3);
+        fs::write(r.p("a"), &data).unwrap();
+        let out = r.run(&["scrub"]);
+        assert!(out.status.success(), "{level}: {}", text(&out));
+        // Stripe 1's parity (RAIF5) or second mirror copy (RAIF1), which the
+        // repair rewrites from the data or the first copy.
+        let stripe = &r.explain("a")["stripes"][1];
+        let label = if level == "raif5" {
+            stripe["parity"][0].clone()
+        } else {
+            stripe["data"][0][1].clone()
+        };
+        let component = OpenOptions::new()
+            .write(true)
+            .open(r.branch(&label).join("a"))
+            .unwrap();
+        component.write_all_at(&[0xa5; 100], 4096 + 10).unwrap();
+        drop(component);
+        let out = r.run(&["scrub"]);
+        assert_eq!(out.status.code(), Some(1), "{level}: {}", text(&out));
+        let expected = format!(
+            "a: stripe 1 (offset {}): {} disagree",
+            if level == "raif5" { 8192 } else { 4096 },
+            label.as_str().unwrap()
+        );
+        assert!(text(&out).contains(&expected), "{level}: {}", text(&out));
+        let out = r.run(&["scrub", "--repair"]);
+        assert_eq!(out.status.code(), Some(1), "{level}: {}", text(&out));
+        assert!(text(&out).contains("repaired"), "{}", text(&out));
+        let out = r.run(&["scrub"]);
+        assert!(out.status.success(), "{level}: {}", text(&out));
+        assert!(text(&out).contains("0 mismatches"), "{}", text(&out));
+        assert_eq!(fs::read(r.p("a")).unwrap(), data, "{level}");
+    }
+}
+
+#[test]
+fn kill_9_of_the_mount_keeps_every_fsync() {
+    require!();
+    for iteration in 0..CRASH_ITERATIONS {
+        let r = Raif::new("raif5", 3, "4K");
+        r.unmount();
+        let pid = r.mount();
+        let src = r.dir.path().join("src");
+        let data = pattern(CRASH_CHUNK_BYTES * CRASH_CHUNKS, iteration);
+        fs::write(&src, &data).unwrap();
+        fs::write(r.p("log"), b"").unwrap();
+        // A writer process: each step appends a chunk with dd, fsyncs it
+        // (conv=fsync) and then prints the step's number.
+        let script = format!(
+            "i=0; while [ $i -lt {CRASH_CHUNKS} ]; do \
+             dd if={src} of={dst} bs={CRASH_CHUNK_BYTES} count=1 skip=$i seek=$i \
+             conv=notrunc,fsync status=none || exit 1; echo $i; i=$((i+1)); done",
+            src = src.display(),
+            dst = r.p("log").display()
+        );
+        let mut writer = Command::new("sh")
+            .args(["-c", &script])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines =
+            std::io::BufRead::lines(std::io::BufReader::new(writer.stdout.take().unwrap()));
+        // A pseudo-random moment: after some steps, some milliseconds in.
+        let steps = 10 + (pattern(1, iteration + 11)[0] as usize) % 60;
+        let mut synced: Option<usize> = None;
+        for _ in 0..steps {
+            match lines.next() {
+                Some(Ok(line)) => synced = Some(line.parse().unwrap()),
+                _ => break,
+            }
+        }
+        std::thread::sleep(Duration::from_millis(
+            pattern(1, iteration + 5)[0] as u64 % 20,
+        ));
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        // The steps the writer finished after the kill count too.
+        for line in lines.map_while(Result::ok) {
+            synced = Some(line.parse().unwrap());
+        }
+        let _ = writer.kill();
+        let _ = writer.wait();
+        r.unmount();
+        r.mount();
+        let found = fs::read(r.p("log")).unwrap();
+        let synced_bytes = synced.map_or(0, |s| (s + 1) * CRASH_CHUNK_BYTES);
+        assert!(
+            found.len() >= synced_bytes,
+            "iteration {iteration}: {} bytes after the crash, {synced_bytes} were fsynced",
+            found.len()
+        );
+        assert!(
+            found[..synced_bytes] == data[..synced_bytes],
+            "iteration {iteration}: fsynced data differs after the crash"
+        );
+        // A stripe the crash tore (data written, parity not) is found and
+        // repaired; after the repair everything agrees.
+        let out = r.run(&["scrub", "--repair"]);
+        eprintln!(
+            "iteration {iteration}, {synced_bytes} bytes fsynced: {}",
+            text(&out)
+        );
+        let out = r.run(&["scrub"]);
+        assert!(
+            out.status.success(),
+            "iteration {iteration}: {}",
+            text(&out)
+        );
+        assert_eq!(fs::read(r.p("log")).unwrap(), found);
+    }
+}
+
+#[test]
+fn a_slow_branch_gets_fewer_reads() {
+    require!();
+    // Every read of branch b0 is delayed by the mount's test hook.
+    let r = Raif::with_env("raif1", 2, "64K", &[("GROVE_RAIF_READ_DELAY", "b0=3")]);
+    let data = pattern(8 * 65536, 4);
+    fs::write(r.p("a"), &data).unwrap();
+    for _ in 0..SLOW_BRANCH_PASSES {
+        assert_eq!(fs::read(r.p("a")).unwrap(), data);
+    }
+    let status = r.status();
+    let reads = |i: usize| status["branches"][i]["reads"].as_u64().unwrap();
+    assert!(reads(0) > 0, "the slow branch is still measured: {status}");
+    assert!(
+        reads(0) * 4 < reads(1),
+        "the slow branch got too many reads: {status}"
+    );
+    assert!(
+        status["branches"][0]["latency_us"].as_u64().unwrap()
+            > status["branches"][1]["latency_us"].as_u64().unwrap()
+    );
+}
+
+#[test]
+fn a_file_growing_past_a_size_threshold_is_laid_out_again_at_close() {
+    require!();
+    let mut r = Raif::new("raif1", 3, "4K");
+    r.unmount();
+    let config = r.dir.path().join("raif.toml");
+    let mut toml = String::new();
+    for (i, b) in r.branches.iter().enumerate() {
+        toml += &format!("[[branch]]\nlabel = \"b{i}\"\npath = \"{}\"\n", b.display());
+    }
+    toml +=
+        "[[rule]]\nname = \"big\"\nmin_size = \"64K\"\nlevel = \"raif5\"\nstripe_unit = \"4K\"\n";
+    toml += "[default]\nlevel = \"raif1\"\nstripe_unit = \"4K\"\n";
+    fs::write(&config, toml).unwrap();
+    r.config = Some(config);
+    r.mount();
+    let data = pattern(100_000, 8);
+    let f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(r.p("grows"))
+        .unwrap();
+    f.write_all_at(&data, 0).unwrap();
+    // While open it keeps the layout it was created with (empty: default).
+    let v = r.explain("grows");
+    assert_eq!(
+        (v["rule"].as_str(), v["rule_now"].as_str()),
+        (Some("default"), Some("big"))
+    );
+    drop(f);
+    // The last close laid it out by the rule for its size (the kernel
+    // sends the release after close(2) returns, hence the wait).
+    let v = r.explain_when("grows", |v| v["rule"] == "big");
+    assert_eq!(
+        (v["rule"].as_str(), v["level"].as_str()),
+        (Some("big"), Some("raif5")),
+        "{v}"
+    );
+    assert_eq!(fs::read(r.p("grows")).unwrap(), data);
+    let mut names: Vec<String> = fs::read_dir(&r.mnt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, vec!["grows"], "no temporary file shows");
+    // Every branch holds a RAIF5 component: about half the file each.
+    for b in &r.branches {
+        let len = fs::metadata(b.join("grows")).unwrap().len();
+        assert!(len < 60_000, "{}: {len} bytes", b.display());
+    }
+    // Shrunk below the threshold, it goes back to the default at close.
+    OpenOptions::new()
+        .write(true)
+        .open(r.p("grows"))
+        .unwrap()
+        .set_len(1000)
+        .unwrap();
+    let v = r.explain_when("grows", |v| v["level"] == "raif1");
+    assert_eq!(v["level"], "raif1", "{v}");
+    r.unmount();
+    r.mount();
+    assert_eq!(fs::read(r.p("grows")).unwrap(), &data[..1000]);
+    let out = r.run(&["scrub"]);
+    assert!(out.status.success(), "{}", text(&out));
 }

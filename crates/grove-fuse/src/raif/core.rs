@@ -10,7 +10,7 @@ use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use grove_raif::config::{Config, FileFacts};
 use grove_raif::{raid, start_branch, Balancer, BranchIo, Layout};
@@ -21,26 +21,53 @@ use super::meta::{self, Meta, META_FORMAT, RESERVED_PREFIX};
 const COMPONENT_MODE: u32 = 0o600;
 /// The root directory's inode.
 pub const ROOT_INO: u64 = 1;
+/// A test hook: `LABEL=MS[,LABEL=MS...]` delays every component read on
+/// those branches, so that tests can make a branch slow through a real mount.
+pub const READ_DELAY_ENV: &str = "GROVE_RAIF_READ_DELAY";
+/// Bytes copied at a time when a file is laid out again.
+const RELAYOUT_CHUNK_BYTES: u64 = 1024 * 1024;
 
 /// Branches, their health and read latencies: shared by every open file.
 pub struct Branches {
     pub config: Config,
+    /// Each branch's directory: the config's, until a rebuild replaces it.
+    roots: RwLock<Vec<PathBuf>>,
     failed: Vec<AtomicBool>,
     pub balancer: Balancer,
+    /// Injected read delay per branch ([`READ_DELAY_ENV`]), zero normally.
+    read_delay: Vec<Duration>,
 }
 
 impl Branches {
     pub fn new(config: Config) -> Branches {
         let n = config.branches.len();
+        let read_delay = read_delays(&config);
         Branches {
+            roots: RwLock::new(config.branches.iter().map(|b| b.path.clone()).collect()),
             config,
             failed: (0..n).map(|_| AtomicBool::new(false)).collect(),
             balancer: Balancer::new(n),
+            read_delay,
         }
     }
 
-    pub fn root(&self, branch: usize) -> &Path {
-        &self.config.branches[branch].path
+    pub fn root(&self, branch: usize) -> PathBuf {
+        self.roots.read().unwrap_or_else(|e| e.into_inner())[branch].clone()
+    }
+
+    /// Points a branch at a new directory (a rebuild's replacement).
+    pub fn set_root(&self, branch: usize, path: PathBuf) {
+        self.roots.write().unwrap_or_else(|e| e.into_inner())[branch] = path;
+    }
+
+    /// Marks a rebuilt branch healthy again.
+    pub fn revive(&self, branch: usize) {
+        self.failed[branch].store(false, Ordering::Relaxed);
+        tracing::info!(
+            "branch {} ({}) rebuilt: redundancy restored",
+            self.config.branches[branch].label,
+            self.root(branch).display()
+        );
     }
 
     pub fn count(&self) -> usize {
@@ -91,7 +118,8 @@ pub struct OpenFile {
     pub meta: RwLock<Meta>,
     /// Global branch indices of the layout's subset, in layout order.
     pub subset: Vec<usize>,
-    pub components: Vec<Option<File>>,
+    /// One handle per subset branch (None: failed); a rebuild replaces one.
+    pub components: Vec<RwLock<Option<File>>>,
     pub opens: Mutex<usize>,
     pub dirty: AtomicBool,
     pub unlinked: AtomicBool,
@@ -117,10 +145,17 @@ pub struct FileIo<'a> {
 
 impl BranchIo for FileIo<'_> {
     fn read_at(&self, branch: usize, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        let file = self.file.components[branch]
+        let guard = self.file.components[branch]
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        let file = guard
             .as_ref()
             .ok_or_else(|| io::Error::other("no component"))?;
         let started = Instant::now();
+        let delay = self.branches.read_delay[self.file.subset[branch]];
+        if !delay.is_zero() {
+            std::thread::sleep(delay);
+        }
         let mut done = 0;
         while done < buf.len() {
             let n = file.read_at(&mut buf[done..], offset + done as u64)?;
@@ -137,14 +172,21 @@ impl BranchIo for FileIo<'_> {
     }
 
     fn write_at(&self, branch: usize, offset: u64, data: &[u8]) -> io::Result<()> {
-        let file = self.file.components[branch]
+        let guard = self.file.components[branch]
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        let file = guard
             .as_ref()
             .ok_or_else(|| io::Error::other("no component"))?;
         file.write_all_at(data, offset)
     }
 
     fn is_failed(&self, branch: usize) -> bool {
-        self.file.components[branch].is_none() || self.branches.is_failed(self.file.subset[branch])
+        self.file.components[branch]
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_none()
+            || self.branches.is_failed(self.file.subset[branch])
     }
 
     fn fail(&self, branch: usize, error: &io::Error) {
@@ -229,9 +271,14 @@ pub struct Core {
     pub branches: Arc<Branches>,
     pub inodes: Mutex<Inodes>,
     pub open: Mutex<HashMap<u64, Arc<OpenFile>>>,
+    /// Taken shared by every FUSE request that changes something, and
+    /// exclusively by a rebuild: a rebuild sees no write it could miss.
+    pub gate: RwLock<()>,
+    /// The last maintenance job (rebuild or scrub) and its progress.
+    pub job: Mutex<Option<super::maintain::Job>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -246,6 +293,8 @@ impl Core {
             branches: Arc::new(Branches::new(config)),
             inodes: Mutex::new(Inodes::new()),
             open: Mutex::new(HashMap::new()),
+            gate: RwLock::new(()),
+            job: Mutex::new(None),
         }
     }
 
@@ -275,7 +324,7 @@ impl Core {
             .chain((0..b.count()).filter(|x| !preferred.contains(x)));
         let mut last_error = None;
         for branch in order.filter(|&x| !b.is_failed(x)) {
-            match meta::read(b.root(branch), rel) {
+            match meta::read(&b.root(branch), rel) {
                 Ok(Some(m)) => return Ok(Some(m)),
                 Ok(None) => {}
                 Err(e) => {
@@ -296,7 +345,7 @@ impl Core {
             if b.is_failed(branch) {
                 continue;
             }
-            match meta::write(b.root(branch), rel, m, durable) {
+            match meta::write(&b.root(branch), rel, m, durable) {
                 Ok(()) => written += 1,
                 Err(e) => {
                     b.check_error(branch, &e);
@@ -307,7 +356,7 @@ impl Core {
         if written == 0 {
             // Both metadata branches are lost: keep it on any healthy one.
             if let Some(branch) = b.healthy().next() {
-                return meta::write(b.root(branch), rel, m, durable);
+                return meta::write(&b.root(branch), rel, m, durable);
             }
             return Err(last_error.unwrap_or_else(|| io::Error::from_raw_os_error(5)));
         }
@@ -459,6 +508,7 @@ impl Core {
                     }
                 }
             })
+            .map(RwLock::new)
             .collect();
         let file = Arc::new(OpenFile {
             meta: RwLock::new(m),
@@ -487,8 +537,161 @@ impl Core {
             .collect()
     }
 
-    /// Lets go of one open; the last one writes metadata back.
+    /// Lets go of one open; the last one writes metadata back and, if a
+    /// rule with a size threshold now picks another layout for the file,
+    /// lays it out again (see [`Core::relayout`]).
     pub fn release(&self, ino: u64) -> io::Result<()> {
+        let rel = self.path_of(ino)?;
+        // Held to the end: nobody opens the file while it is laid out
+        // again. Nothing below takes the inode lock (node() takes that
+        // one first, then this one).
+        let mut open = lock(&self.open);
+        let Some(file) = open.get(&ino).cloned() else {
+            return Ok(());
+        };
+        let mut opens = lock(&file.opens);
+        *opens = opens.saturating_sub(1);
+        let last = *opens == 0;
+        drop(opens);
+        if !last {
+            drop(open);
+            return self.persist_at(&rel, &file, false);
+        }
+        let result = self.persist_at(&rel, &file, false);
+        if result.is_ok() && !file.unlinked.load(Ordering::Relaxed) {
+            if let Err(e) = self.relayout(&rel, &file) {
+                tracing::warn!(
+                    "{}: kept its layout, cannot lay it out again: {e}",
+                    rel.display()
+                );
+            }
+        }
+        open.remove(&ino);
+        result
+    }
+
+    /// Lays a closed file out again when the rule that applies to it now
+    /// (its size having crossed a rule's `min_size`) is not the one that
+    /// laid it out: the data is copied into hidden components
+    /// (`.grove-raif.tmp..grove-raif.NAME`, a name no file or sidecar can
+    /// have) on the new rule's branches and synced; then the components are
+    /// renamed into place, the old rule's other components removed, and the
+    /// sidecars rewritten durably. A crash during those last renames can
+    /// leave sidecars and components of different layouts: the same window
+    /// as a rename's.
+    pub fn relayout(&self, rel: &Path, file: &OpenFile) -> io::Result<()> {
+        let old = file.meta.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let config = &self.branches.config;
+        let text = rel.to_string_lossy();
+        let rule = config.rule_for(&FileFacts {
+            path: &text,
+            uid: old.uid,
+            gid: old.gid,
+            size_bytes: old.size_bytes,
+        });
+        if rule.name == old.rule {
+            return Ok(());
+        }
+        let name = rel.file_name().unwrap_or_default();
+        let mut new = old.clone();
+        new.level = rule.level;
+        new.stripe_unit_bytes = rule.stripe_unit_bytes;
+        new.start = start_branch(name.as_encoded_bytes(), rule.branches.len());
+        new.branches = rule
+            .branches
+            .iter()
+            .map(|&b| config.branches[b].label.clone())
+            .collect();
+        new.rule = rule.name.clone();
+        let tmp_rel = rel.with_file_name(format!(
+            "{}{RESERVED_PREFIX}{}",
+            meta::TMP_PREFIX,
+            name.to_string_lossy()
+        ));
+        let temp = OpenFile {
+            meta: RwLock::new(new.clone()),
+            subset: rule.branches.clone(),
+            components: rule
+                .branches
+                .iter()
+                .map(|&b| {
+                    let made = (!self.branches.is_failed(b))
+                        .then(|| create_component(&self.branches.root(b).join(&tmp_rel)).ok());
+                    RwLock::new(made.flatten())
+                })
+                .collect(),
+            opens: Mutex::new(1),
+            dirty: AtomicBool::new(false),
+            unlinked: AtomicBool::new(false),
+        };
+        let copied = self.copy_into(file, &old, &temp, &new);
+        let remove_temps = || {
+            for &b in &rule.branches {
+                let _ = remove_if_there(&self.branches.root(b).join(&tmp_rel));
+            }
+        };
+        if let Err(e) = copied {
+            remove_temps();
+            return Err(e);
+        }
+        for (position, &b) in rule.branches.iter().enumerate() {
+            let made = temp.components[position]
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_some();
+            if made {
+                let root = self.branches.root(b);
+                std::fs::rename(root.join(&tmp_rel), root.join(rel))?;
+            }
+        }
+        for b in self.subset_of(&old)? {
+            if !rule.branches.contains(&b) && !self.branches.is_failed(b) {
+                let _ = remove_if_there(&self.branches.root(b).join(rel));
+            }
+        }
+        self.write_meta(rel, &new, true)?;
+        *file.meta.write().unwrap_or_else(|e| e.into_inner()) = new;
+        tracing::info!("{}: laid out again by rule {}", rel.display(), rule.name);
+        Ok(())
+    }
+
+    /// Copies a file's data from its layout into another one, and syncs it.
+    fn copy_into(&self, from: &OpenFile, old: &Meta, to: &OpenFile, new: &Meta) -> io::Result<()> {
+        let lost = lost_positions(&self.branches, &to.subset);
+        let new_layout = OpenFile::layout(new)?;
+        if !raid::survives(&new_layout, &lost) {
+            return Err(io::Error::from_raw_os_error(5));
+        }
+        let old_layout = OpenFile::layout(old)?;
+        let (source, target) = (
+            FileIo {
+                branches: &self.branches,
+                file: from,
+            },
+            FileIo {
+                branches: &self.branches,
+                file: to,
+            },
+        );
+        let mut offset = 0;
+        while offset < old.size_bytes {
+            let len = RELAYOUT_CHUNK_BYTES.min(old.size_bytes - offset);
+            let mut buf = vec![0u8; len as usize];
+            raid::read(&old_layout, &source, offset, &mut buf).map_err(raid_error)?;
+            raid::write(&new_layout, &target, offset, &buf).map_err(raid_error)?;
+            offset += len;
+        }
+        for c in &to.components {
+            if let Some(c) = c.read().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                c.set_len(new_layout.component_bytes(new.size_bytes))?;
+                c.sync_all()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Lets go of one open without anything else (maintenance jobs).
+    pub fn close(&self, ino: u64) -> io::Result<()> {
         let mut open = lock(&self.open);
         let Some(file) = open.get(&ino).cloned() else {
             return Ok(());
@@ -505,14 +708,22 @@ impl Core {
 
     /// Writes a dirty file's metadata back (durably for fsync).
     pub fn persist(&self, ino: u64, file: &OpenFile, durable: bool) -> io::Result<()> {
+        if file.unlinked.load(Ordering::Relaxed) || !(file.dirty.load(Ordering::Relaxed) || durable)
+        {
+            return Ok(());
+        }
+        self.persist_at(&self.path_of(ino)?, file, durable)
+    }
+
+    /// [`Core::persist`] for a file whose path is known.
+    fn persist_at(&self, rel: &Path, file: &OpenFile, durable: bool) -> io::Result<()> {
         if file.unlinked.load(Ordering::Relaxed)
             || !(file.dirty.swap(false, Ordering::Relaxed) || durable)
         {
             return Ok(());
         }
-        let rel = self.path_of(ino)?;
         let m = file.meta.read().unwrap_or_else(|e| e.into_inner()).clone();
-        self.write_meta(&rel, &m, durable)
+        self.write_meta(rel, &m, durable)
     }
 
     pub fn read(&self, file: &OpenFile, offset: u64, len: u64) -> io::Result<Vec<u8>> {
@@ -563,7 +774,7 @@ impl Core {
             }
             let component_bytes = layout.component_bytes(size_bytes);
             for (b, component) in file.components.iter().enumerate() {
-                if let Some(c) = component {
+                if let Some(c) = component.read().unwrap_or_else(|e| e.into_inner()).as_ref() {
                     if let Err(e) = c.set_len(component_bytes) {
                         io.fail(b, &e);
                     }
@@ -579,7 +790,7 @@ impl Core {
 
     pub fn fsync(&self, ino: u64, file: &OpenFile) -> io::Result<()> {
         for (b, component) in file.components.iter().enumerate() {
-            if let Some(c) = component {
+            if let Some(c) = component.read().unwrap_or_else(|e| e.into_inner()).as_ref() {
                 if let Err(e) = c.sync_all() {
                     self.branches.fail(file.subset[b], &e);
                 }
@@ -593,7 +804,7 @@ impl Core {
         let mut ok = 0;
         let mut last = None;
         for branch in self.branches.healthy().collect::<Vec<_>>() {
-            match op(self.branches.root(branch)) {
+            match op(&self.branches.root(branch)) {
                 Ok(()) => ok += 1,
                 Err(e)
                     if e.kind() == io::ErrorKind::NotFound
@@ -641,9 +852,9 @@ impl Core {
         })?;
         for branch in self.branches.healthy().collect::<Vec<_>>() {
             let root = self.branches.root(branch);
-            let _ = remove_if_there(&meta::sidecar_path(root, from));
+            let _ = remove_if_there(&meta::sidecar_path(&root, from));
             if !new_meta.contains(&branch) {
-                let _ = remove_if_there(&meta::sidecar_path(root, to));
+                let _ = remove_if_there(&meta::sidecar_path(&root, to));
             }
         }
         lock(&self.inodes).rename(from, to);
@@ -651,14 +862,30 @@ impl Core {
     }
 }
 
-fn remove_if_there(path: &Path) -> io::Result<()> {
+/// Parses [`READ_DELAY_ENV`]: a delay per branch, zero where not named.
+fn read_delays(config: &Config) -> Vec<Duration> {
+    let mut delays = vec![Duration::ZERO; config.branches.len()];
+    let text = std::env::var(READ_DELAY_ENV).unwrap_or_default();
+    for item in text.split(',').filter(|i| !i.is_empty()) {
+        let parsed = item
+            .split_once('=')
+            .and_then(|(label, ms)| Some((config.branch_index(label)?, ms.parse::<u64>().ok()?)));
+        match parsed {
+            Some((branch, ms)) => delays[branch] = Duration::from_millis(ms),
+            None => tracing::warn!("{READ_DELAY_ENV}: ignoring {item:?} (want LABEL=MS)"),
+        }
+    }
+    delays
+}
+
+pub fn remove_if_there(path: &Path) -> io::Result<()> {
     match std::fs::remove_file(path) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         other => other,
     }
 }
 
-fn create_component(path: &Path) -> io::Result<File> {
+pub fn create_component(path: &Path) -> io::Result<File> {
     std::fs::OpenOptions::new()
         .read(true)
         .write(true)

@@ -7,7 +7,7 @@ use std::ffi::OsStr;
 use std::io;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, RwLockReadGuard};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
@@ -36,7 +36,7 @@ const STATFS_BLOCK_BYTES: u64 = 4096;
 const NAME_MAX_BYTES: u32 = 255 - meta::RESERVED_PREFIX.len() as u32 - 4;
 
 pub struct RaifFs {
-    pub core: Core,
+    pub core: Arc<Core>,
     on_end: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
@@ -101,9 +101,14 @@ fn to_ns(t: TimeOrNow) -> u64 {
 impl RaifFs {
     pub fn new(core: Core, on_end: Box<dyn FnOnce() + Send>) -> RaifFs {
         RaifFs {
-            core,
+            core: Arc::new(core),
             on_end: Mutex::new(Some(on_end)),
         }
+    }
+
+    /// Held by every request that changes something: see [`Core::gate`].
+    fn gate(&self) -> RwLockReadGuard<'_, ()> {
+        self.core.gate.read().unwrap_or_else(|e| e.into_inner())
     }
 
     fn child(&self, parent: INodeNo, name: &OsStr) -> Result<PathBuf, Errno> {
@@ -346,6 +351,7 @@ impl fuser::Filesystem for RaifFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let _gate = self.gate();
         match self.do_setattr(ino, mode, uid, gid, size, atime, mtime) {
             Ok(attr) => reply.attr(&TTL, &attr),
             Err(e) => reply.error(e),
@@ -378,6 +384,7 @@ impl fuser::Filesystem for RaifFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
+        let _gate = self.gate();
         let made = self.child(parent, name).and_then(|rel| {
             if self.core.node(&rel).is_ok() {
                 return Err(Errno::EEXIST);
@@ -410,6 +417,7 @@ impl fuser::Filesystem for RaifFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        let _gate = self.gate();
         let made = self.child(parent, link_name).and_then(|rel| {
             if self.core.node(&rel).is_ok() {
                 return Err(Errno::EEXIST);
@@ -431,6 +439,7 @@ impl fuser::Filesystem for RaifFs {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _gate = self.gate();
         let done =
             self.child(parent, name)
                 .and_then(|rel| match self.core.node(&rel).map_err(errno)? {
@@ -455,6 +464,7 @@ impl fuser::Filesystem for RaifFs {
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _gate = self.gate();
         let done = self.child(parent, name).and_then(|rel| {
             match self.core.node(&rel).map_err(errno)? {
                 Node::Plain(m) if m.is_dir() => {}
@@ -489,6 +499,7 @@ impl fuser::Filesystem for RaifFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        let _gate = self.gate();
         let done = self
             .child(parent, name)
             .and_then(|from| Ok((from, self.child(newparent, newname)?)))
@@ -513,6 +524,9 @@ impl fuser::Filesystem for RaifFs {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        // Only O_TRUNC changes anything; a rebuild gives files opened
+        // meanwhile their new component when it ends.
+        let _gate = (flags.0 & 0o1000 != 0).then(|| self.gate());
         let opened = self
             .core
             .path_of(ino.0)
@@ -542,6 +556,7 @@ impl fuser::Filesystem for RaifFs {
         _flags: i32,
         reply: ReplyCreate,
     ) {
+        let _gate = self.gate();
         let made = self.child(parent, name).and_then(|rel| {
             self.core
                 .create(&rel, mode & !umask, req.uid(), req.gid())
@@ -573,6 +588,7 @@ impl fuser::Filesystem for RaifFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        let _gate = self.gate();
         match self.core.release(ino.0) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),
@@ -611,6 +627,7 @@ impl fuser::Filesystem for RaifFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        let _gate = self.gate();
         match self
             .file(ino)
             .and_then(|f| self.core.write(&f, offset, data).map_err(errno))
@@ -628,6 +645,7 @@ impl fuser::Filesystem for RaifFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        let _gate = self.gate();
         let done = self
             .file(ino)
             .and_then(|f| self.core.persist(ino.0, &f, false).map_err(errno));
@@ -645,6 +663,7 @@ impl fuser::Filesystem for RaifFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        let _gate = self.gate();
         match self
             .file(ino)
             .and_then(|f| self.core.fsync(ino.0, &f).map_err(errno))
@@ -710,6 +729,25 @@ impl fuser::Filesystem for RaifFs {
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         reply_xattr(self.xattr(ino, name), size, reply)
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        if ino.0 != super::core::ROOT_INO || name.to_str() != Some(super::maintain::XATTR_CONTROL) {
+            return reply.error(Errno::ENOTSUP);
+        }
+        match super::maintain::start(&self.core, value) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
     }
 
     fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {

@@ -38,7 +38,7 @@ use serde::{Deserialize, Serialize};
 /// Names of grove's own files on the branches begin with this.
 pub const RESERVED_PREFIX: &str = ".grove-raif.";
 /// What a temporary sidecar is called before it is renamed into place.
-const TMP_PREFIX: &str = ".grove-raif.tmp.";
+pub const TMP_PREFIX: &str = ".grove-raif.tmp.";
 /// The version of the sidecar format.
 pub const META_FORMAT: u32 = 1;
 /// Largest sidecar read: anything bigger is not one of ours.

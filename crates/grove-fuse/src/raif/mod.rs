@@ -2,10 +2,12 @@
 //! striped, mirrored or parity-protected over branch directories by the
 //! rule that matches it; directories and symlinks replicated on every
 //! branch. `core` holds the state and the operations, `fs` the FUSE glue,
-//! `meta` the sidecar format, `report` status and explain.
+//! `meta` the sidecar format, `report` status and explain, `maintain`
+//! the rebuild and scrub jobs.
 
 mod core;
 mod fs;
+mod maintain;
 pub mod meta;
 mod report;
 
@@ -14,7 +16,9 @@ use std::path::Path;
 use fuser::{Config as FuseConfig, MountOption, SessionACL};
 use grove_raif::config::Config;
 
+pub use core::READ_DELAY_ENV;
 pub use fs::{XATTR_EXPLAIN, XATTR_STATUS};
+pub use maintain::{Job, Request, XATTR_CONTROL};
 
 use crate::mount::{Mount, MountError};
 

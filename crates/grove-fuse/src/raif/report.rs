@@ -31,6 +31,7 @@ pub fn status(core: &Core) -> String {
         "state": if degraded { "degraded" } else { "ok" },
         "branches": branches,
         "rules": b.config.rules.iter().map(|r| r.name.clone()).collect::<Vec<_>>(),
+        "job": *super::core::lock(&core.job),
     })
     .to_string()
 }

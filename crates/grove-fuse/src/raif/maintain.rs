@@ -1,0 +1,405 @@
+//! Maintenance jobs that run inside the mount, where the open files, their
+//! in-memory sizes and the branches' health live: `rebuild` refills a
+//! replacement branch directory, `scrub` checks that mirrors and parity
+//! agree with the data (and with `repair` rewrites what does not).
+//!
+//! `grove raif rebuild|scrub` starts a job by setting the virtual attribute
+//! [`XATTR_CONTROL`] on the mount's root to a JSON request. The job runs on
+//! a thread of its own, so that neither a FUSE request nor the root's inode
+//! lock is held meanwhile; its progress and result are part of the status
+//! attribute, which the command polls. One job runs at a time.
+//!
+//! Consistency: a rebuild holds [`Core::gate`] exclusively from start to
+//! end, so every request that changes something (writes, creates, renames,
+//! metadata) waits until the new branch is complete; reads go on, degraded.
+//! A scrub holds each file's lock for [`JOB_STRIPES_PER_LOCK`] stripes at a
+//! time, so writes to that file wait only for those stripes.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use grove_raif::{raid, BranchIo};
+use serde::{Deserialize, Serialize};
+
+use super::core::{self, lock, Core, FileIo, Node, OpenFile};
+use super::meta;
+
+/// The virtual attribute (on the root) that starts a job.
+pub const XATTR_CONTROL: &str = "user.grove.raif.control";
+/// Stripes of one file checked under one hold of its lock.
+pub const JOB_STRIPES_PER_LOCK: u64 = 64;
+/// Problem lines a job keeps: the status attribute must stay below the
+/// kernel's 64 KiB limit for an extended attribute value.
+pub const JOB_LINES_MAX: usize = 200;
+
+/// What `grove raif rebuild|scrub` asks for.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(tag = "op", rename_all = "lowercase")]
+pub enum Request {
+    Rebuild {
+        id: String,
+        branch: String,
+        to: PathBuf,
+    },
+    Scrub {
+        id: String,
+        repair: bool,
+    },
+}
+
+/// A job's progress and outcome, as the status attribute shows it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Job {
+    pub id: String,
+    pub op: String,
+    pub done_bytes: u64,
+    pub total_bytes: u64,
+    pub finished: bool,
+    pub files: u64,
+    /// Problems found: mismatches, stripes or files that could not be read.
+    pub problems: u64,
+    /// The first [`JOB_LINES_MAX`] problems, one line each.
+    pub lines: Vec<String>,
+    /// Why the job as a whole failed, if it did.
+    pub error: Option<String>,
+}
+
+/// Starts the job `value` asks for; EBUSY while another one runs.
+pub fn start(core: &Arc<Core>, value: &[u8]) -> io::Result<()> {
+    let request: Request = serde_json::from_slice(value)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+    let mut job = lock(&core.job);
+    if job.as_ref().is_some_and(|j| !j.finished) {
+        return Err(io::Error::from_raw_os_error(16));
+    }
+    let (id, op) = match &request {
+        Request::Rebuild { id, .. } => (id.clone(), "rebuild"),
+        Request::Scrub { id, .. } => (id.clone(), "scrub"),
+    };
+    *job = Some(Job {
+        id,
+        op: op.into(),
+        ..Job::default()
+    });
+    drop(job);
+    let core = core.clone();
+    std::thread::spawn(move || {
+        let outcome = match request {
+            Request::Rebuild { branch, to, .. } => rebuild(&core, &branch, &to),
+            Request::Scrub { repair, .. } => scrub(&core, repair),
+        };
+        update(&core, |j| {
+            j.error = outcome.err();
+            j.finished = true;
+        });
+    });
+    Ok(())
+}
+
+fn update(core: &Core, change: impl FnOnce(&mut Job)) {
+    if let Some(job) = lock(&core.job).as_mut() {
+        change(job);
+    }
+}
+
+fn problem(core: &Core, line: String) {
+    tracing::warn!("{line}");
+    update(core, |j| {
+        j.problems += 1;
+        if j.lines.len() < JOB_LINES_MAX {
+            j.lines.push(line);
+        }
+    });
+}
+
+/// Everything below the mount, parents before children.
+#[derive(Default)]
+struct Tree {
+    dirs: Vec<PathBuf>,
+    symlinks: Vec<PathBuf>,
+    files: Vec<(PathBuf, u64)>,
+}
+
+fn walk(core: &Core) -> Result<Tree, String> {
+    let mut tree = Tree::default();
+    let mut pending = vec![PathBuf::new()];
+    while let Some(dir) = pending.pop() {
+        let names = core
+            .list(&dir)
+            .map_err(|e| format!("cannot list /{}: {e}", dir.display()))?;
+        for (name, is_file) in names {
+            let rel = dir.join(name);
+            match core.node(&rel) {
+                Ok(Node::File(m)) if is_file => tree.files.push((rel, m.size_bytes)),
+                Ok(Node::Plain(m)) if m.is_dir() => {
+                    tree.dirs.push(rel.clone());
+                    pending.push(rel);
+                }
+                Ok(Node::Plain(_)) => tree.symlinks.push(rel),
+                Ok(Node::File(_)) => {}
+                Err(e) => problem(core, format!("{}: {e}", rel.display())),
+            }
+        }
+    }
+    let total = tree.files.iter().map(|(_, size)| size).sum();
+    update(core, |j| j.total_bytes = total);
+    Ok(tree)
+}
+
+/// Refills branch `label` in the empty directory `to` from the others:
+/// directories, symlinks, sidecars and every unit the branch holds.
+fn rebuild(core: &Core, label: &str, to: &Path) -> Result<(), String> {
+    let b = &core.branches;
+    let branch = b
+        .config
+        .branch_index(label)
+        .ok_or_else(|| format!("the mount has no branch labelled {label:?}"))?;
+    if !to.is_absolute() {
+        return Err(format!("{} is not an absolute path", to.display()));
+    }
+    let mut entries =
+        std::fs::read_dir(to).map_err(|e| format!("cannot use {}: {e}", to.display()))?;
+    if entries.next().is_some() {
+        return Err(format!(
+            "{} is not empty: a rebuild fills an empty directory",
+            to.display()
+        ));
+    }
+    if (0..b.count()).any(|i| i != branch && b.root(i) == to) {
+        return Err(format!("{} is already a branch", to.display()));
+    }
+    let _gate = core.gate.write().unwrap_or_else(|e| e.into_inner());
+    b.fail(
+        branch,
+        &io::Error::other(format!("replaced by {} for a rebuild", to.display())),
+    );
+    b.set_root(branch, to.to_path_buf());
+    let tree = walk(core)?;
+    for dir in &tree.dirs {
+        copy_dir(core, to, dir).map_err(|e| format!("cannot make /{}: {e}", dir.display()))?;
+    }
+    for link in &tree.symlinks {
+        if let Err(e) = copy_symlink(core, to, link) {
+            problem(core, format!("{}: {e}", link.display()));
+        }
+    }
+    for (rel, size_bytes) in &tree.files {
+        if let Err(e) = rebuild_file(core, branch, rel) {
+            problem(core, format!("{}: cannot rebuild: {e}", rel.display()));
+            let _ = core::remove_if_there(&to.join(rel));
+        }
+        update(core, |j| {
+            j.files += 1;
+            j.done_bytes += size_bytes;
+        });
+    }
+    // Times last: making the children changed the directories' mtimes.
+    for dir in tree.dirs.iter().rev() {
+        if let Ok(m) = core.lower_metadata(dir) {
+            let times = std::fs::FileTimes::new()
+                .set_accessed(m.accessed().unwrap_or(std::time::UNIX_EPOCH))
+                .set_modified(m.modified().unwrap_or(std::time::UNIX_EPOCH));
+            let _ = std::fs::File::open(to.join(dir)).and_then(|f| f.set_times(times));
+        }
+    }
+    install_open_components(core, branch, to);
+    b.revive(branch);
+    Ok(())
+}
+
+fn copy_dir(core: &Core, to: &Path, dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let m = core.lower_metadata(dir)?;
+    let path = to.join(dir);
+    match std::fs::create_dir(&path) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(m.mode() & 0o7777))?;
+    std::os::unix::fs::lchown(&path, Some(m.uid()), Some(m.gid()))
+}
+
+fn copy_symlink(core: &Core, to: &Path, link: &Path) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let m = core.lower_metadata(link)?;
+    let target = core
+        .branches
+        .healthy()
+        .find_map(|b| std::fs::read_link(core.branches.root(b).join(link)).ok())
+        .ok_or_else(|| io::Error::from_raw_os_error(2))?;
+    let path = to.join(link);
+    std::os::unix::fs::symlink(target, &path)?;
+    std::os::unix::fs::lchown(&path, Some(m.uid()), Some(m.gid()))
+}
+
+/// One file's sidecar (if the branch keeps one) and component, rebuilt.
+fn rebuild_file(core: &Core, branch: usize, rel: &Path) -> io::Result<()> {
+    let ino = core.ino_for(rel);
+    let file = core.open(ino, rel)?;
+    let result = (|| {
+        let m = file.meta.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let root = core.branches.root(branch);
+        if core.branches.meta_branches(rel).contains(&branch) {
+            meta::write(&root, rel, &m, true)?;
+        }
+        let Some(target) = file.subset.iter().position(|&g| g == branch) else {
+            return Ok(());
+        };
+        let layout = OpenFile::layout(&m)?;
+        let component = core::create_component(&root.join(rel))?;
+        let io = RebuildIo {
+            inner: FileIo {
+                branches: &core.branches,
+                file: &file,
+            },
+            target,
+            component: &component,
+            error: Mutex::new(None),
+        };
+        for stripe in 0..layout.stripe_count(m.size_bytes) {
+            raid::rebuild_stripe(&layout, &io, stripe, target)
+                .map_err(|e| io::Error::other(e.to_string()))?;
+            if let Some(e) = lock(&io.error).take() {
+                return Err(e);
+            }
+        }
+        component.set_len(layout.component_bytes(m.size_bytes))?;
+        component.sync_all()
+    })();
+    let _ = core.close(ino);
+    result
+}
+
+/// A file's components as the rebuild sees them: the replacement branch
+/// (`target`, a position in the subset) is written, never read.
+struct RebuildIo<'a> {
+    inner: FileIo<'a>,
+    target: usize,
+    component: &'a std::fs::File,
+    error: Mutex<Option<io::Error>>,
+}
+
+impl BranchIo for RebuildIo<'_> {
+    fn read_at(&self, branch: usize, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        if branch == self.target {
+            return Err(io::Error::other("the branch being rebuilt is not read"));
+        }
+        self.inner.read_at(branch, offset, buf)
+    }
+
+    fn write_at(&self, branch: usize, offset: u64, data: &[u8]) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        if branch == self.target {
+            return self.component.write_all_at(data, offset);
+        }
+        self.inner.write_at(branch, offset, data)
+    }
+
+    fn is_failed(&self, branch: usize) -> bool {
+        branch != self.target && self.inner.is_failed(branch)
+    }
+
+    fn fail(&self, branch: usize, error: &io::Error) {
+        if branch == self.target {
+            *lock(&self.error) = Some(io::Error::new(error.kind(), error.to_string()));
+        } else {
+            self.inner.fail(branch, error);
+        }
+    }
+
+    fn choose(&self, copies: &[usize]) -> usize {
+        self.inner.choose(copies)
+    }
+}
+
+/// Files open during the rebuild get a handle on their new component.
+fn install_open_components(core: &Core, branch: usize, to: &Path) {
+    let open: Vec<(u64, Arc<OpenFile>)> = lock(&core.open)
+        .iter()
+        .map(|(ino, f)| (*ino, f.clone()))
+        .collect();
+    for (ino, file) in open {
+        let Some(position) = file.subset.iter().position(|&g| g == branch) else {
+            continue;
+        };
+        let Ok(rel) = core.path_of(ino) else { continue };
+        let opened = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(to.join(&rel));
+        match opened {
+            Ok(handle) => {
+                *file.components[position]
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner()) = Some(handle)
+            }
+            Err(e) => problem(core, format!("{}: cannot reopen: {e}", rel.display())),
+        }
+    }
+}
+
+/// Checks every stripe of every file; with `repair`, rewrites mirrors
+/// from the first copy and parity from the data.
+fn scrub(core: &Core, repair: bool) -> Result<(), String> {
+    let tree = walk(core)?;
+    for (rel, size_bytes) in &tree.files {
+        if let Err(e) = scrub_file(core, rel, repair) {
+            problem(core, format!("{}: cannot scrub: {e}", rel.display()));
+        }
+        update(core, |j| {
+            j.files += 1;
+            j.done_bytes += size_bytes;
+        });
+    }
+    Ok(())
+}
+
+fn scrub_file(core: &Core, rel: &Path, repair: bool) -> io::Result<()> {
+    let ino = core.ino_for(rel);
+    let file = core.open(ino, rel)?;
+    let mut stripe = 0;
+    let result = loop {
+        // The write lock keeps writers of this file off the stripes checked.
+        let m = file.meta.write().unwrap_or_else(|e| e.into_inner());
+        let layout = match OpenFile::layout(&m) {
+            Ok(l) => l,
+            Err(e) => break Err(e),
+        };
+        let count = layout.stripe_count(m.size_bytes);
+        if stripe >= count {
+            break Ok(());
+        }
+        let end = (stripe + JOB_STRIPES_PER_LOCK).min(count);
+        let io = FileIo {
+            branches: &core.branches,
+            file: &file,
+        };
+        for s in stripe..end {
+            match raid::scrub_stripe(&layout, &io, s, repair) {
+                Ok(None) => {}
+                Ok(Some(mismatch)) => {
+                    let labels: Vec<&str> = mismatch
+                        .branches
+                        .iter()
+                        .map(|&p| m.branches[p].as_str())
+                        .collect();
+                    problem(
+                        core,
+                        format!(
+                            "{}: stripe {s} (offset {}): {} disagree{}",
+                            rel.display(),
+                            s * layout.stripe_data_bytes(),
+                            labels.join(","),
+                            if repair { "; repaired" } else { "" }
+                        ),
+                    );
+                }
+                Err(e) => problem(core, format!("{}: {e}", rel.display())),
+            }
+        }
+        stripe = end;
+    };
+    let _ = core.close(ino);
+    result
+}
