@@ -13,10 +13,10 @@
 //! bound for a while; the write path commits on its own long before that
 //! matters (`State::auto_commit_blocks`).
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 
 use crate::format::node::{Entry, Node};
-use crate::types::BlockAddr;
+use crate::types::{AddrMap, BlockAddr};
 
 /// Default cache size: 64 MiB of nodes (16,384 at 4 KiB), which maps 32 GiB
 /// of data at 4 KiB blocks with every node cached.
@@ -33,7 +33,7 @@ struct Slot {
 }
 
 pub(crate) struct NodeCache {
-    slots: HashMap<BlockAddr, Slot>,
+    slots: AddrMap<BlockAddr, Slot>,
     /// The CLOCK: every cached address once, the hand at the front.
     clock: VecDeque<BlockAddr>,
     dirty: BTreeSet<BlockAddr>,
@@ -46,7 +46,7 @@ pub(crate) struct NodeCache {
 impl NodeCache {
     pub fn new(capacity_nodes: usize) -> NodeCache {
         NodeCache {
-            slots: HashMap::new(),
+            slots: AddrMap::default(),
             clock: VecDeque::new(),
             dirty: BTreeSet::new(),
             capacity_nodes: capacity_nodes.max(CACHE_NODES_MIN),

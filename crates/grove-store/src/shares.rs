@@ -9,6 +9,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use crate::types::AddrMap;
+
 use crate::error::{Error, Result};
 use crate::format::group::GROUP_HEADER_BLOCKS;
 use crate::format::journal::ShareRun;
@@ -24,9 +26,9 @@ pub struct Shares {
     group_blocks: u64,
     counts_per_block: u64,
     /// Extra references of every block that has some, as of now.
-    live: HashMap<u64, u32>,
+    live: AddrMap<u64, u32>,
     /// The same as of the last sealed transaction.
-    durable: HashMap<u64, u32>,
+    durable: AddrMap<u64, u32>,
     /// Blocks whose count changed since the last seal, with the new count.
     changes: BTreeMap<u64, u32>,
     /// Count blocks (by first covered block) whose durable counts changed
@@ -42,8 +44,8 @@ impl Shares {
             data_start: data_start.0,
             group_blocks,
             counts_per_block,
-            live: HashMap::new(),
-            durable: HashMap::new(),
+            live: AddrMap::default(),
+            durable: AddrMap::default(),
             changes: BTreeMap::new(),
             dirty_count_blocks: BTreeSet::new(),
         }
@@ -101,8 +103,8 @@ impl Shares {
         for addr in self.durable.keys().chain(extra.keys()) {
             touched.insert(self.count_block_first(*addr));
         }
-        self.live = extra.clone();
-        self.durable = extra;
+        self.live = extra.iter().map(|(&a, &n)| (a, n)).collect();
+        self.durable = self.live.clone();
         self.changes.clear();
         self.dirty_count_blocks.extend(touched);
     }
@@ -113,7 +115,7 @@ impl Shares {
     }
 
     /// Blocks with extra references, and how many (for `check`).
-    pub fn all(&self) -> &HashMap<u64, u32> {
+    pub fn all(&self) -> &AddrMap<u64, u32> {
         &self.live
     }
 
