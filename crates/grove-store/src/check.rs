@@ -88,9 +88,26 @@ struct Counts {
     newest_birth: u64,
 }
 
+/// What a check found that `--repair` can fix.
+#[derive(Default)]
+struct Findings {
+    superblock_damage: bool,
+    /// Blocks counted with fewer references than they have: (block,
+    /// references, counted). An error: one owner could write in place.
+    low_counts: Vec<(u64, u32, u32)>,
+    /// Blocks counted with more: (block, references). Space held back.
+    high_counts: Vec<(u64, u32)>,
+    leaks: Vec<u64>,
+    /// Reachable blocks the map says are free, or of the wrong kind:
+    /// (block, is metadata).
+    unmarked: Vec<(u64, bool)>,
+    wrong_kind: Vec<(u64, bool)>,
+    accounting_fixes: Vec<(VolumeId, Counts)>,
+}
+
 impl State {
-    /// Verifies all metadata; with `repair`, fixes leaks, map disagreements
-    /// and space accounting, then commits.
+    /// Verifies all metadata; with `repair`, fixes leaks, map disagreements,
+    /// share counts and space accounting, committing as it goes.
     pub fn check(&mut self, repair: bool) -> Result<CheckReport> {
         let started = Instant::now();
         let mut report = CheckReport::default();
@@ -101,133 +118,22 @@ impl State {
             errors: Vec::new(),
             suppressed_errors: 0,
         };
+        let mut findings = Findings::default();
         report.warnings.extend(self.open_warnings.iter().cloned());
         let warnings_before = report.warnings.len();
         self.check_superblocks(&mut report);
         // Any superblock problem (found at open or now) is mended by writing
         // both slots again, which the caller does after a repair.
-        let superblock_damage =
+        findings.superblock_damage =
             !self.open_warnings.is_empty() || report.warnings.len() > warnings_before;
-
         // The journal holds exactly what was committed since the checkpoint.
         if let Err(e) = self.verify_journal() {
             walk.error(e.to_string());
         }
-
-        // The volume table's own tree.
-        if self.superblock.volume_table_height > 0 {
-            let root = self.superblock.volume_table_root;
-            walk.reference(root, true, true);
-            self.walk_table(root, self.superblock.volume_table_height - 1, &mut walk);
-        }
-
-        // Every tree, live or being reclaimed, with its space accounting.
-        let records: Vec<_> = self.volumes.values().cloned().collect();
-        let dying: Vec<_> = self
-            .removed
-            .values()
-            .filter(|r| !r.root.is_none())
-            .cloned()
-            .collect();
-        let mut counts: HashMap<VolumeId, Counts> = HashMap::new();
-        for record in records.iter().chain(&dying) {
-            walk.reference(record.root, true, true);
-            let volume_counts =
-                self.walk_volume(record.root, record.height - 1, &mut walk, &record.name);
-            counts.insert(record.id, volume_counts);
-        }
-
-        // Exact sharing: every block's count is its references, less one.
-        let mut low_counts = Vec::new();
-        let mut high_counts = Vec::new();
-        for (&addr, seen) in &walk.seen {
-            let counted = self.shares.extra(BlockAddr(addr)).saturating_add(1);
-            if counted < seen.references {
-                low_counts.push((addr, seen.references, counted));
-            } else if counted > seen.references {
-                high_counts.push((addr, seen.references));
-            }
-        }
-        for &addr in self.shares.all().keys() {
-            if !walk.seen.contains_key(&addr) {
-                high_counts.push((addr, 0));
-            }
-        }
-        low_counts.sort_unstable();
-        for &(addr, references, counted) in &low_counts {
-            walk.error(format!(
-                "block {addr} is referenced {references} times but counted {counted}: one owner could change what others read"
-            ));
-        }
-        if !high_counts.is_empty() {
-            report.warnings.push(format!(
-                "{} blocks are counted with more references than they have (space held back; --repair corrects the counts)",
-                high_counts.len()
-            ));
-        }
-
-        // The allocation map against reachability, over the whole store.
-        let mut leaks = Vec::new();
-        let mut unmarked = Vec::new();
-        let mut wrong_kind = Vec::new();
-        let store_end = self.alloc.store_end();
-        for group in 0..self.alloc.group_count() {
-            let start = self.alloc.group_start(group).0;
-            let end = (start + self.superblock.group_blocks).min(store_end);
-            for addr in start + crate::format::group::GROUP_HEADER_BLOCKS..end {
-                let nibble = self.alloc.nibble(BlockAddr(addr)).unwrap_or(0);
-                let allocated = nibble & NIBBLE_ALLOCATED != 0;
-                match (walk.seen.get(&addr), allocated) {
-                    (None, true) => leaks.push(addr),
-                    (Some(seen), false) => unmarked.push((addr, seen.is_meta)),
-                    (Some(seen), true) if seen.is_meta != (nibble & NIBBLE_META != 0) => {
-                        wrong_kind.push((addr, seen.is_meta))
-                    }
-                    _ => {}
-                }
-            }
-        }
-        for &(addr, _) in &unmarked {
-            walk.error(format!(
-                "block {addr} is in use but the allocation map says it is free"
-            ));
-        }
-        if !leaks.is_empty() {
-            report.warnings.push(format!(
-                "{} blocks are allocated but used by nothing (leaked; --repair frees them)",
-                leaks.len()
-            ));
-        }
-        if !wrong_kind.is_empty() {
-            report.warnings.push(format!(
-                "{} blocks are marked in the allocation map as the wrong kind (data/metadata)",
-                wrong_kind.len()
-            ));
-        }
-
-        // Space accounting in the volume table.
-        let block_bytes = self.geometry.block_bytes();
-        let mut accounting_fixes = Vec::new();
-        for record in &records {
-            let actual = counts[&record.id];
-            if actual.referenced != record.referenced_blocks {
-                walk.error(format!(
-                    "volume {:?} records {} referenced bytes, but its tree has {}",
-                    record.name,
-                    record.referenced_blocks * block_bytes,
-                    actual.referenced * block_bytes,
-                ));
-                accounting_fixes.push((record.id, actual));
-            }
-            let generation = self.superblock.birth_generation;
-            if actual.newest_birth > generation {
-                walk.error(format!(
-                    "volume {:?} holds a mapping born in generation {}, after the pool's {generation}",
-                    record.name, actual.newest_birth
-                ));
-            }
-        }
-
+        let counts = self.walk_everything(&mut walk);
+        self.compare_share_counts(&mut walk, &mut report, &mut findings);
+        self.compare_maps(&mut walk, &mut report, &mut findings);
+        self.compare_accounting(&counts, &mut walk, &mut findings);
         if self.alloc.inconsistent_frees() > 0 {
             walk.error(format!(
                 "{} frees this session found their block already free (a damaged tree)",
@@ -240,68 +146,198 @@ impl State {
                 .push(format!("... and {} more errors", walk.suppressed_errors));
         }
         report.errors = walk.errors;
-
         if repair {
-            // Each fix may add to the next commit; one that grows past what
-            // a transaction may hold is committed on the way, so a repair of
-            // any size fits the journal.
-            for &addr in &leaks {
-                self.alloc.free(BlockAddr(addr));
-                self.commit_if_large_during_repair()?;
-            }
-            if !leaks.is_empty() {
-                report
-                    .repaired
-                    .push(format!("freed {} leaked blocks", leaks.len()));
-            }
-            for &(addr, is_meta) in unmarked.iter().chain(&wrong_kind) {
-                let usage = if is_meta {
-                    BlockUse::Meta
-                } else {
-                    BlockUse::Data
-                };
-                self.alloc.set_allocated(BlockAddr(addr), usage);
-                self.commit_if_large_during_repair()?;
-            }
-            if !unmarked.is_empty() || !wrong_kind.is_empty() {
-                report.repaired.push(format!(
-                    "marked {} blocks in use as allocated with the right kind",
-                    unmarked.len() + wrong_kind.len()
-                ));
-            }
-            for (id, actual) in &accounting_fixes {
-                self.set_accounting(*id, actual.referenced);
-                self.commit_if_large_during_repair()?;
-            }
-            let count_fixes = low_counts
-                .iter()
-                .map(|&(addr, references, _)| (addr, references))
-                .chain(high_counts.iter().copied());
-            for (addr, references) in count_fixes {
-                self.shares
-                    .set_exact(BlockAddr(addr), references.saturating_sub(1));
-                self.commit_if_large_during_repair()?;
-            }
-            if !low_counts.is_empty() || !high_counts.is_empty() {
-                report.repaired.push(format!(
-                    "corrected the share counts of {} blocks",
-                    low_counts.len() + high_counts.len()
-                ));
-            }
-            if superblock_damage {
-                report
-                    .repaired
-                    .push("rewrote both superblock slots".to_string());
-            }
-            if !accounting_fixes.is_empty() {
-                report.repaired.push(format!(
-                    "corrected the space accounting of {} volumes",
-                    accounting_fixes.len()
-                ));
-            }
+            self.repair(&findings, &mut report)?;
         }
         report.elapsed_ms = started.elapsed().as_millis() as u64;
         Ok(report)
+    }
+
+    /// Walks the volume table and every tree, live or being reclaimed,
+    /// counting references; returns each volume's data and newest birth.
+    fn walk_everything(&mut self, walk: &mut Walk) -> HashMap<VolumeId, Counts> {
+        if self.superblock.volume_table_height > 0 {
+            let root = self.superblock.volume_table_root;
+            walk.reference(root, true, true);
+            self.walk_table(root, self.superblock.volume_table_height - 1, walk);
+        }
+        let trees: Vec<(VolumeId, BlockAddr, u8, String)> = self
+            .volumes
+            .values()
+            .chain(self.removed.values().filter(|r| !r.root.is_none()))
+            .map(|r| (r.id, r.root, r.height, r.name.clone()))
+            .collect();
+        let mut counts = HashMap::new();
+        for (id, root, height, name) in trees {
+            walk.reference(root, true, true);
+            counts.insert(id, self.walk_volume(root, height - 1, walk, &name));
+        }
+        counts
+    }
+
+    /// Exact sharing: every block's count is its references, less one.
+    fn compare_share_counts(
+        &self,
+        walk: &mut Walk,
+        report: &mut CheckReport,
+        findings: &mut Findings,
+    ) {
+        for (&addr, seen) in &walk.seen {
+            let counted = self.shares.extra(BlockAddr(addr)).saturating_add(1);
+            if counted < seen.references {
+                findings.low_counts.push((addr, seen.references, counted));
+            } else if counted > seen.references {
+                findings.high_counts.push((addr, seen.references));
+            }
+        }
+        for &addr in self.shares.all().keys() {
+            if !walk.seen.contains_key(&addr) {
+                findings.high_counts.push((addr, 0));
+            }
+        }
+        findings.low_counts.sort_unstable();
+        for &(addr, references, counted) in &findings.low_counts {
+            walk.error(format!(
+                "block {addr} is referenced {references} times but counted {counted}: one owner could change what others read"
+            ));
+        }
+        if !findings.high_counts.is_empty() {
+            report.warnings.push(format!(
+                "{} blocks are counted with more references than they have (space held back; --repair corrects the counts)",
+                findings.high_counts.len()
+            ));
+        }
+    }
+
+    /// The allocation map against reachability, over the whole store.
+    fn compare_maps(&self, walk: &mut Walk, report: &mut CheckReport, findings: &mut Findings) {
+        let store_end = self.alloc.store_end();
+        for group in 0..self.alloc.group_count() {
+            let start = self.alloc.group_start(group).0;
+            let end = (start + self.superblock.group_blocks).min(store_end);
+            for addr in start + crate::format::group::GROUP_HEADER_BLOCKS..end {
+                let nibble = self.alloc.nibble(BlockAddr(addr)).unwrap_or(0);
+                let allocated = nibble & NIBBLE_ALLOCATED != 0;
+                match (walk.seen.get(&addr), allocated) {
+                    (None, true) => findings.leaks.push(addr),
+                    (Some(seen), false) => findings.unmarked.push((addr, seen.is_meta)),
+                    (Some(seen), true) if seen.is_meta != (nibble & NIBBLE_META != 0) => {
+                        findings.wrong_kind.push((addr, seen.is_meta))
+                    }
+                    _ => {}
+                }
+            }
+        }
+        for &(addr, _) in &findings.unmarked {
+            walk.error(format!(
+                "block {addr} is in use but the allocation map says it is free"
+            ));
+        }
+        if !findings.leaks.is_empty() {
+            report.warnings.push(format!(
+                "{} blocks are allocated but used by nothing (leaked; --repair frees them)",
+                findings.leaks.len()
+            ));
+        }
+        if !findings.wrong_kind.is_empty() {
+            report.warnings.push(format!(
+                "{} blocks are marked in the allocation map as the wrong kind (data/metadata)",
+                findings.wrong_kind.len()
+            ));
+        }
+    }
+
+    /// Space accounting in the volume table, and births against the pool's.
+    fn compare_accounting(
+        &self,
+        counts: &HashMap<VolumeId, Counts>,
+        walk: &mut Walk,
+        findings: &mut Findings,
+    ) {
+        let block_bytes = self.geometry.block_bytes();
+        let generation = self.superblock.birth_generation;
+        for record in self.volumes.values() {
+            let actual = counts[&record.id];
+            if actual.referenced != record.referenced_blocks {
+                walk.error(format!(
+                    "volume {:?} records {} referenced bytes, but its tree has {}",
+                    record.name,
+                    record.referenced_blocks * block_bytes,
+                    actual.referenced * block_bytes,
+                ));
+                findings.accounting_fixes.push((record.id, actual));
+            }
+            if actual.newest_birth > generation {
+                walk.error(format!(
+                    "volume {:?} holds a mapping born in generation {}, after the pool's {generation}",
+                    record.name, actual.newest_birth
+                ));
+            }
+        }
+    }
+
+    /// Fixes what the check found, never changing what a volume reads. Each
+    /// fix may add to the next commit; one that grows past what a
+    /// transaction may hold is committed on the way, so a repair of any
+    /// size fits the journal.
+    fn repair(&mut self, findings: &Findings, report: &mut CheckReport) -> Result<()> {
+        for &addr in &findings.leaks {
+            self.alloc.free(BlockAddr(addr));
+            self.commit_if_large_during_repair()?;
+        }
+        if !findings.leaks.is_empty() {
+            report
+                .repaired
+                .push(format!("freed {} leaked blocks", findings.leaks.len()));
+        }
+        let remarked = findings.unmarked.iter().chain(&findings.wrong_kind);
+        for &(addr, is_meta) in remarked {
+            let usage = if is_meta {
+                BlockUse::Meta
+            } else {
+                BlockUse::Data
+            };
+            self.alloc.set_allocated(BlockAddr(addr), usage);
+            self.commit_if_large_during_repair()?;
+        }
+        let remarked_count = findings.unmarked.len() + findings.wrong_kind.len();
+        if remarked_count > 0 {
+            report.repaired.push(format!(
+                "marked {remarked_count} blocks in use as allocated with the right kind"
+            ));
+        }
+        for (id, actual) in &findings.accounting_fixes {
+            self.set_accounting(*id, actual.referenced);
+            self.commit_if_large_during_repair()?;
+        }
+        let count_fixes = findings
+            .low_counts
+            .iter()
+            .map(|&(addr, references, _)| (addr, references))
+            .chain(findings.high_counts.iter().copied());
+        for (addr, references) in count_fixes {
+            self.shares
+                .set_exact(BlockAddr(addr), references.saturating_sub(1));
+            self.commit_if_large_during_repair()?;
+        }
+        let count_fix_count = findings.low_counts.len() + findings.high_counts.len();
+        if count_fix_count > 0 {
+            report.repaired.push(format!(
+                "corrected the share counts of {count_fix_count} blocks"
+            ));
+        }
+        if findings.superblock_damage {
+            report
+                .repaired
+                .push("rewrote both superblock slots".to_string());
+        }
+        if !findings.accounting_fixes.is_empty() {
+            report.repaired.push(format!(
+                "corrected the space accounting of {} volumes",
+                findings.accounting_fixes.len()
+            ));
+        }
+        Ok(())
     }
 
     fn check_superblocks(&self, report: &mut CheckReport) {
