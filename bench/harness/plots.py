@@ -61,11 +61,10 @@ def servers_plot(servers, path):
 
 
 def targets_plot(checks, path):
-    ratio_checks = [c for c in checks if isinstance(c["value"], float) and "RSS" not in c["target"]
-                    and "metadata" not in c["target"]]
+    goals = {">= 0.9": 0.9, ">= 0.5": 0.5, ">= 1.0 on each": 1.0, "<= 2.0": 2.0}
+    ratio_checks = [c for c in checks if isinstance(c["value"], float) and c["goal"] in goals]
     if not ratio_checks:
         return False
-    goals = {">= 0.9": 0.9, ">= 0.5": 0.5, ">= 1.0 on each": 1.0}
     fig, ax = plt.subplots(figsize=(7, 3.6))
     names = [c["target"].split(",")[0][:40] for c in ratio_checks]
     colors = ["tab:green" if c["met"] else "tab:red" for c in ratio_checks]

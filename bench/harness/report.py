@@ -4,9 +4,20 @@ run, each row with its cache mode, then the targets met or not."""
 MIB = 1 << 20
 
 
+def _numeric(cell):
+    text = str(cell).replace(",", "").replace("%", "").replace(" MiB", "").split(" (")[0]
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return text == "–"
+
+
 def _table(header, rows):
-    lines = ["| " + " | ".join(header) + " |",
-             "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|"]
+    """A markdown table; columns of numbers are aligned right."""
+    align = [":---" if not all(_numeric(row[i]) for row in rows) else "---:"
+             for i in range(len(header))]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return lines
 
@@ -64,15 +75,17 @@ def depth_section(d, p):
 
 def nsnaps_section(n, p):
     rows = [[x["snapshot"], "buffered", _n(x["no_snapshot_iops"]),
-             _n(x["after_snapshot_iops"]), _f(x["ratio"])] for x in n["pairs"]]
+             _n(x["after_snapshot_iops"]), _f(x["ratio"]),
+             "yes" if x["first_writes_only"] else "no"] for x in n["pairs"]]
     rows.append(["median", "buffered", _n(n["no_snapshot_iops"]),
-                 _n(n["after_snapshot_iops"]), _f(n["ratio_median"])])
+                 _n(n["after_snapshot_iops"]), _f(n["ratio_median"]), ""])
     return ["## Write after snapshot (ddsnap's nsnaps)", "",
             "Random 4K writes for the same time into a volume right after a snapshot of "
             "it, and into a volume with no snapshot (same data, written whole), in turns "
             f"in one `grove serve`; {n['image_bytes'] / MIB:.0f} MiB volumes; each job has its "
             "own quarter and writes no block twice.", ""] + _table(
-        ["snapshot", "cache", "no snapshot IOPS", "after snapshot IOPS", "ratio"], rows)
+        ["snapshot", "cache", "no snapshot IOPS", "after snapshot IOPS", "ratio",
+         "first writes only"], rows)
 
 
 def memory_section(m, p):
