@@ -36,7 +36,7 @@ class Profile:
     # Snapshot count: checkpoints, and how many snapshots each one times.
     snapcount_checkpoints: tuple = (1, 1000, 10_000, 100_000)
     snapcount_window: int = 5
-    snapcount_budget_s: float = 900.0
+    snapcount_budget_s: float = 720.0
     workloads: tuple = ("servers", "depth", "nsnaps", "memory", "snapcount")
 
     def as_dict(self):

@@ -124,6 +124,12 @@ enum Command {
         to: u64,
         #[arg(long, default_value_t = 1)]
         report_from: u64,
+        /// How many of the last snapshots' times to print.
+        #[arg(long, default_value_t = 5)]
+        window: usize,
+        /// Stop making snapshots after this long, whatever the count.
+        #[arg(long, default_value_t = f64::INFINITY)]
+        max_seconds: f64,
     },
     /// bench/run: a fresh pool with a --size-gib volume, a 4 KiB block every
     /// --stride-kib, and --snapshots snapshots with --writes-between random
@@ -332,7 +338,9 @@ fn main() -> Result<()> {
             volume,
             to,
             report_from,
-        } => suite::snapshots(&pool, &volume, to, report_from),
+            window,
+            max_seconds,
+        } => suite::snapshots(&pool, &volume, to, report_from, window, max_seconds),
         Command::MemoryPool {
             pool,
             size_gib,

@@ -4,7 +4,7 @@
 //! for the harness to read; the harness measures everything a user sees
 //! (NBD I/O, `grove list`) with the real binaries.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
 use std::time::Instant;
 
@@ -77,9 +77,18 @@ pub fn chain(
 
 /// Snapshots `VOLUME@1`, `VOLUME@2`, ... of one volume until there are
 /// `to` of them (continuing from those already there), with one 4 KiB write
-/// into the volume between two snapshots. Prints the time each snapshot
-/// numbered `report_from` or more took, and the time to open the pool.
-pub fn snapshots(pool_dir: &Path, volume_name: &str, to: u64, report_from: u64) -> Result<()> {
+/// into the volume between two snapshots, or until `max_seconds` have gone
+/// by. Prints the time each snapshot numbered `report_from` or more took,
+/// the times of the last `window` snapshots made, and the time to open the
+/// pool.
+pub fn snapshots(
+    pool_dir: &Path,
+    volume_name: &str,
+    to: u64,
+    report_from: u64,
+    window: usize,
+    max_seconds: f64,
+) -> Result<()> {
     let opening = Instant::now();
     let pool = Pool::open(pool_dir).with_context(|| format!("open {}", pool_dir.display()))?;
     let open_ms = elapsed_ms(opening);
@@ -94,7 +103,13 @@ pub fn snapshots(pool_dir: &Path, volume_name: &str, to: u64, report_from: u64) 
     let mut rng = Rng(0x5eed_5a95_0000_0001 ^ count);
     let building = Instant::now();
     let mut reported: BTreeMap<String, f64> = BTreeMap::new();
+    let mut last_ms: VecDeque<f64> = VecDeque::with_capacity(window + 1);
+    let mut stopped = false;
     while count < to {
+        if building.elapsed().as_secs_f64() > max_seconds {
+            stopped = true;
+            break;
+        }
         count += 1;
         let started = Instant::now();
         pool.snapshot(volume_name, &format!("{prefix}{count}"))?;
@@ -102,13 +117,24 @@ pub fn snapshots(pool_dir: &Path, volume_name: &str, to: u64, report_from: u64) 
         if count >= report_from {
             reported.insert(count.to_string(), ms);
         }
+        last_ms.push_back(ms);
+        if last_ms.len() > window {
+            last_ms.pop_front();
+        }
         volume.write_at(&block_pattern(count), (rng.next() % blocks) * BLOCK_BYTES)?;
     }
     volume.flush()?;
     pool.close()?;
     println!(
         "{}",
-        json!({ "count": count, "open_ms": open_ms, "build_ms": elapsed_ms(building), "snapshot_ms": reported })
+        json!({
+            "count": count,
+            "stopped": stopped,
+            "open_ms": open_ms,
+            "build_ms": elapsed_ms(building),
+            "snapshot_ms": reported,
+            "last_ms": last_ms,
+        })
     );
     Ok(())
 }

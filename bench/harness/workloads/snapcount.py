@@ -21,21 +21,31 @@ def run(ctx):
     rows = []
     stopped = None
     for checkpoint in p.snapcount_checkpoints:
-        elapsed = time.monotonic() - started
-        if elapsed > p.snapcount_budget_s:
-            stopped = f"stopped before {checkpoint} after {elapsed:.0f} s (budget {p.snapcount_budget_s:.0f} s)"
+        left_s = p.snapcount_budget_s - (time.monotonic() - started)
+        if left_s <= 0:
+            stopped = f"stopped before {checkpoint:,}: its {p.snapcount_budget_s:.0f} s budget was spent"
             break
         ctx.log(f"snapcount: {checkpoint}")
         last = checkpoint + p.snapcount_window - 1
         made = ctx.grove.bench_json("snapshots", "--pool", pool, "--volume", "v",
                                     "--to", last, "--report-from", checkpoint,
-                                    timeout=max(60, p.snapcount_budget_s * 4))
-        window = list(made["snapshot_ms"].values())
+                                    "--window", p.snapcount_window,
+                                    "--max-seconds", f"{left_s:.1f}",
+                                    timeout=left_s + 600)
+        if made["stopped"] or str(checkpoint) not in made["snapshot_ms"]:
+            # The budget ran out on the way: report the last snapshots made.
+            number = made["count"]
+            window = made["last_ms"]
+            stopped = (f"stopped at {number:,} snapshots on the way to {checkpoint:,}: "
+                       f"its {p.snapcount_budget_s:.0f} s budget was spent")
+        else:
+            number = checkpoint
+            window = list(made["snapshot_ms"].values())
         list_s = ctx.grove.timed(pool, "list", "--json", repeat=LIST_REPEAT)
         cli_snapshot_s = ctx.grove.timed(pool, "snapshot", "v", f"cli-{checkpoint}")
         rows.append({
-            "snapshot_number": checkpoint,
-            "snapshot_ms": made["snapshot_ms"][str(checkpoint)],
+            "snapshot_number": number,
+            "snapshot_ms": made["snapshot_ms"].get(str(number), window[-1]),
             "window_median_ms": statistics.median(window),
             "window": len(window),
             "open_ms": made["open_ms"],
@@ -43,6 +53,8 @@ def run(ctx):
             "list_s": list_s,
             "cli_snapshot_s": cli_snapshot_s,
         })
+        if stopped:
+            break
     first = rows[0]
     for row in rows:
         row["window_vs_first"] = row["window_median_ms"] / first["window_median_ms"]
