@@ -81,13 +81,26 @@ def parse_args(argv):
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="the suite in under 5 minutes")
     size.add_argument("--smoke", action="store_true", help="a tiny run that checks the harness")
-    parser.add_argument("--grove", required=True)
-    parser.add_argument("--grove-bench", required=True)
+    parser.add_argument("--grove", help="the grove binary (bench/run passes it)")
+    parser.add_argument("--grove-bench", help="the grove-bench binary (bench/run passes it)")
     parser.add_argument("--out", default=None, help="results directory [bench/results]")
     parser.add_argument("--only", default=None, help="comma-separated workloads to run")
     parser.add_argument("--work-dir", default=os.environ.get("TMPDIR", "/var/tmp"))
     parser.add_argument("--keep-work", action="store_true")
+    parser.add_argument("--report-only", metavar="JSON", default=None,
+                        help="rewrite latest.md and the plots from a results JSON; run nothing")
     return parser.parse_args(argv)
+
+
+def write_outputs(results, out, stem):
+    """Targets, plots, <stem>.json and latest.md from a run's results."""
+    checks = targets.evaluate({"workloads": {k: v for k, v in results["workloads"].items()
+                                             if "error" not in v}})
+    results["targets"] = checks
+    made = plots.write_all(results, checks, out, stem)
+    (out / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / "latest.md").write_text(report.render(results, checks, made) + "\n")
+    return made
 
 
 def on_signal(signum, _frame):
@@ -100,6 +113,12 @@ def main(argv):
     profile = PROFILES["smoke" if args.smoke else "quick" if args.quick else "full"]
     out = pathlib.Path(args.out) if args.out else repo / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
+    if args.report_only:
+        results = json.loads(pathlib.Path(args.report_only).read_text())
+        write_outputs(results, out, results["json_name"].removesuffix(".json"))
+        return 0
+    if not (args.grove and args.grove_bench):
+        sys.exit("bench/run: --grove and --grove-bench are needed to run workloads")
     names = args.only.split(",") if args.only else list(profile.workloads)
     unknown = [n for n in names if n not in WORKLOADS]
     if unknown:
@@ -143,14 +162,9 @@ def main(argv):
         else:
             shutil.rmtree(work, ignore_errors=True)
     results["elapsed_s"] = time.monotonic() - ctx.started
-    checks = targets.evaluate({"workloads": {k: v for k, v in results["workloads"].items()
-                                             if "error" not in v}})
-    results["targets"] = checks
-    made = plots.write_all(results, checks, out, stem)
+    made = write_outputs(results, out, stem)
     if not plots.available():
         ctx.log("matplotlib is missing (apt-get install python3-matplotlib): no plots")
-    (out / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
-    (out / "latest.md").write_text(report.render(results, checks, made) + "\n")
     ctx.log(f"wrote {out / (stem + '.json')}, {out / 'latest.md'} and {len(made)} plot(s)")
     if failed:
         ctx.log(f"failed: {', '.join(failed)}")

@@ -66,9 +66,11 @@ def targets_plot(checks, path):
     if not ratio_checks:
         return False
     fig, ax = plt.subplots(figsize=(7, 3.6))
-    names = [c["target"].split(",")[0][:40] for c in ratio_checks]
+    names = [c.get("short", c["target"][:30]) for c in ratio_checks]
     colors = ["tab:green" if c["met"] else "tab:red" for c in ratio_checks]
     ax.barh(names, [c["value"] for c in ratio_checks], color=colors)
+    for k, c in enumerate(ratio_checks):
+        ax.text(c["value"], k, f" {c['value']:.2f}", va="center", fontsize=8)
     for k, c in enumerate(ratio_checks):
         goal = goals.get(c["goal"])
         if goal is not None:
