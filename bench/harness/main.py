@@ -87,6 +87,9 @@ def parse_args(argv):
     parser.add_argument("--only", default=None, help="comma-separated workloads to run")
     parser.add_argument("--work-dir", default=os.environ.get("TMPDIR", "/var/tmp"))
     parser.add_argument("--keep-work", action="store_true")
+    parser.add_argument("--rerun-because", default=None,
+                        help="with --only: put these workloads' new figures into today's "
+                             "JSON of the same profile, noting why they were run again")
     parser.add_argument("--report-only", metavar="JSON", default=None,
                         help="rewrite latest.md and the plots from a results JSON; run nothing")
     return parser.parse_args(argv)
@@ -162,6 +165,15 @@ def main(argv):
         else:
             shutil.rmtree(work, ignore_errors=True)
     results["elapsed_s"] = time.monotonic() - ctx.started
+    previous = out / f"{stem}.json"
+    if args.rerun_because and args.only and previous.exists():
+        merged = json.loads(previous.read_text())
+        for name in names:
+            merged["workloads"][name] = results["workloads"][name]
+            merged.setdefault("reruns", []).append(
+                {"workload": name, "date": results["date"], "why": args.rerun_because,
+                 "elapsed_s": results["elapsed_s"]})
+        results = merged
     made = write_outputs(results, out, stem)
     if not plots.available():
         ctx.log("matplotlib is missing (apt-get install python3-matplotlib): no plots")

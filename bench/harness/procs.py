@@ -49,6 +49,8 @@ class Server:
         self.log_path = log_path
         self.proc = None
         self.ready_s = None
+        # The exit status if the server had died before it was stopped.
+        self.died = None
 
     def __enter__(self):
         if os.path.exists(self.sock):
@@ -101,6 +103,8 @@ class Server:
 
     def stop(self):
         if self.proc is None or self.proc.poll() is not None:
+            if self.proc is not None and self.died is None:
+                self.died = self.proc.returncode
             self._forget()
             return
         self.proc.send_signal(signal.SIGTERM)

@@ -23,6 +23,7 @@ class Profile:
     depth_image_bytes: int = GIB
     depths: tuple = (0, 1, 8, 32, 128, 1000)
     qcow2_max_depth: int = 1000
+    depth_rounds: int = 3
     depth_writes_per_level: int = 16
     # Write after snapshot: volume size and number of snapshots.
     nsnaps_image_bytes: int = GIB
@@ -35,7 +36,8 @@ class Profile:
     memory_small_cache: str = "64M"
     # Snapshot count: checkpoints, and how many snapshots each one times.
     snapcount_checkpoints: tuple = (1, 1000, 10_000, 100_000)
-    snapcount_window: int = 5
+    # Single snapshot timings swing with fsync latency: a median of this many.
+    snapcount_window: int = 25
     snapcount_budget_s: float = 720.0
     workloads: tuple = ("servers", "depth", "nsnaps", "memory", "snapcount")
 
@@ -53,6 +55,7 @@ QUICK = Profile(
     # Opening a 1,000-deep qcow2 chain alone takes about 30 s (qemu opens
     # the chain in quadratic time), so the quick run stops qcow2 at 128.
     qcow2_max_depth=128,
+    depth_rounds=1,
     nsnaps_image_bytes=512 * MIB,
     # 16 writes after each of 1,000 snapshots build in ~7 s; 64 take ~40 s.
     memory_writes_between=16,
@@ -70,6 +73,7 @@ SMOKE = Profile(
     depth_image_bytes=16 * MIB,
     depths=(0, 2),
     qcow2_max_depth=2,
+    depth_rounds=1,
     depth_writes_per_level=4,
     nsnaps_image_bytes=16 * MIB,
     nsnaps_snapshots=2,

@@ -61,16 +61,18 @@ def depth_section(d, p):
     rows = []
     for r in d["rows"]:
         ratio = (r["grove_iops"] / r["qcow2_iops"]) if r["qcow2_iops"] else None
+        qcow2 = "failed" if r.get("qcow2_error") else _n(r["qcow2_iops"])
         rows.append([r["depth"], r["cache"], _n(r["grove_iops"]), _f(r["grove_vs_depth0"]),
-                     _n(r["qcow2_iops"]), _f(r["qcow2_vs_depth0"]), _f(ratio),
-                     _f(r["qcow2_ready_s"], 1)])
+                     qcow2, _f(r["qcow2_vs_depth0"]), _f(ratio), _f(r["qcow2_ready_s"], 1)])
+    failed = [r for r in d["rows"] if r.get("qcow2_error")]
     return ["## Snapshot depth", "",
             f"Random 4K reads of the tip of a chain of clones ({d['writes_per_level']} "
             f"random 4K writes at each level, over {d['image_bytes'] / MIB:.0f} MiB of data) "
-            "through a fresh `grove serve`, against qemu-nbd on the top of a qcow2 chain "
+            f"through a fresh `grove serve` (median of {d.get('rounds', 1)} round(s)), against qemu-nbd on the top of a qcow2 chain "
             f"with the same writes (whole 64K clusters), up to depth {d['qcow2_max_depth']}.", ""
             ] + _table(["depth", "cache", "grove IOPS", "grove / depth 0", "qcow2 IOPS",
-                        "qcow2 / depth 0", "grove / qcow2", "qemu-nbd start s"], rows)
+                        "qcow2 / depth 0", "grove / qcow2", "qemu-nbd start s"], rows) + [
+            f"\nqcow2 at depth {r['depth']} failed: `{r['qcow2_error']}`." for r in failed]
 
 
 def nsnaps_section(n, p):
@@ -154,13 +156,16 @@ def render(results, checks, plots):
              f"grove {m['grove_commit']}; {m['fio']}, {m['qemu_nbd']}, {m['nbdkit']}. "
              f"The whole run took {results['elapsed_s'] / 60:.1f} min. Raw figures: "
              f"`{results['json_name']}`. Every ratio compares figures from this one run.", ""]
+    for rerun in results.get("reruns", []):
+        lines += [f"The {rerun['workload']} workload was run again alone at {rerun['date']} "
+                  f"({rerun['why']}); its figures and their peers come from that run.", ""]
     lines += targets_section(checks) + [""]
     for name, section in SECTIONS.items():
         w = results["workloads"].get(name)
         if w is None:
             continue
         if "error" in w:
-            lines += [f"## {name}", "", f"Failed: {w['error']}", ""]
+            lines += [f"## {name}", "", f"Failed: `{w['error'].splitlines()[0][:300]}`", ""]
             continue
         lines += section(w, p) + [""]
     lines += metadata_section(results) + [""]
