@@ -13,6 +13,7 @@ use grove_store::{Pool, PoolOptions};
 
 mod lifecycle;
 mod sparse_device;
+mod suite;
 
 pub(crate) const BLOCK_BYTES: u64 = 4096;
 
@@ -96,6 +97,54 @@ enum Command {
         size_gib: u64,
         #[arg(long, default_value_t = 1)]
         changed_mib: u64,
+    },
+    /// bench/run: a chain of --depth clones of volume --base in an existing
+    /// pool, each with --writes-per-level random 4 KiB writes; the offsets
+    /// go to --offsets-out as JSON.
+    Chain {
+        #[arg(long)]
+        pool: PathBuf,
+        #[arg(long)]
+        base: String,
+        #[arg(long)]
+        depth: u64,
+        #[arg(long, default_value_t = 16)]
+        writes_per_level: u64,
+        #[arg(long)]
+        offsets_out: PathBuf,
+    },
+    /// bench/run: snapshots of --volume in an existing pool until there are
+    /// --to of them; prints the time of each numbered --report-from or more.
+    Snapshots {
+        #[arg(long)]
+        pool: PathBuf,
+        #[arg(long)]
+        volume: String,
+        #[arg(long)]
+        to: u64,
+        #[arg(long, default_value_t = 1)]
+        report_from: u64,
+        /// How many of the last snapshots' times to print.
+        #[arg(long, default_value_t = 5)]
+        window: usize,
+        /// Stop making snapshots after this long, whatever the count.
+        #[arg(long, default_value_t = f64::INFINITY)]
+        max_seconds: f64,
+    },
+    /// bench/run: a fresh pool with a --size-gib volume, a 4 KiB block every
+    /// --stride-kib, and --snapshots snapshots with --writes-between random
+    /// writes after each.
+    MemoryPool {
+        #[arg(long)]
+        pool: PathBuf,
+        #[arg(long, default_value_t = 64)]
+        size_gib: u64,
+        #[arg(long, default_value_t = 1024)]
+        stride_kib: u64,
+        #[arg(long, default_value_t = 1000)]
+        snapshots: u64,
+        #[arg(long, default_value_t = 64)]
+        writes_between: u64,
     },
 }
 
@@ -277,5 +326,27 @@ fn main() -> Result<()> {
             size_gib,
             changed_mib,
         } => lifecycle::diff(size_gib, changed_mib),
+        Command::Chain {
+            pool,
+            base,
+            depth,
+            writes_per_level,
+            offsets_out,
+        } => suite::chain(&pool, &base, depth, writes_per_level, &offsets_out),
+        Command::Snapshots {
+            pool,
+            volume,
+            to,
+            report_from,
+            window,
+            max_seconds,
+        } => suite::snapshots(&pool, &volume, to, report_from, window, max_seconds),
+        Command::MemoryPool {
+            pool,
+            size_gib,
+            stride_kib,
+            snapshots,
+            writes_between,
+        } => suite::memory_pool(&pool, size_gib, stride_kib, snapshots, writes_between),
     }
 }

@@ -1,0 +1,89 @@
+"""The three sizes of the suite: smoke (the `cargo test` check that the
+harness works, seconds), quick (under 5 minutes) and full (under 45).
+Every figure of a run comes from one profile, so peers always share it."""
+
+from dataclasses import dataclass, field, asdict
+
+MIB = 1 << 20
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    # fio: every job runs this long, 4 jobs x iodepth 16, as in nbd-vs-qemu.sh.
+    runtime_s: float
+    numjobs: int = 4
+    iodepth: int = 16
+    # The limit and the NBD servers: image size, jobs, alternating rounds.
+    servers_image_bytes: int = GIB
+    servers_jobs: tuple = ("seq-read", "seq-write", "rand-read", "rand-write")
+    servers_rounds: int = 1
+    # Snapshot depth: grove chain depths, and how deep the qcow2 chain goes.
+    depth_image_bytes: int = GIB
+    depths: tuple = (0, 1, 8, 32, 128, 1000)
+    qcow2_max_depth: int = 1000
+    depth_rounds: int = 3
+    depth_writes_per_level: int = 16
+    # Write after snapshot: volume size and number of snapshots.
+    nsnaps_image_bytes: int = GIB
+    nsnaps_snapshots: int = 10
+    # Memory: volume size, snapshots, and the small cache to try.
+    memory_volume_gib: int = 64
+    memory_snapshots: int = 1000
+    memory_stride_kib: int = 1024
+    memory_writes_between: int = 64
+    memory_small_cache: str = "64M"
+    # Snapshot count: checkpoints, and how many snapshots each one times.
+    snapcount_checkpoints: tuple = (1, 1000, 10_000, 100_000)
+    # Single snapshot timings swing with fsync latency: a median of this many.
+    snapcount_window: int = 25
+    snapcount_budget_s: float = 720.0
+    workloads: tuple = ("servers", "depth", "nsnaps", "memory", "snapcount")
+
+    def as_dict(self):
+        return asdict(self)
+
+
+FULL = Profile(name="full", runtime_s=10, servers_rounds=3)
+
+QUICK = Profile(
+    name="quick",
+    runtime_s=2.5,
+    servers_image_bytes=512 * MIB,
+    depth_image_bytes=256 * MIB,
+    # Building a 1,000-deep qcow2 chain takes about 30 s (a qemu-img process
+    # per layer), and qemu-nbd dies of SIGSEGV reading through it anyway (the
+    # full run records that), so the quick run stops qcow2 at 128.
+    qcow2_max_depth=128,
+    depth_rounds=1,
+    nsnaps_image_bytes=512 * MIB,
+    # 16 writes after each of 1,000 snapshots build in ~7 s; 64 take ~40 s.
+    memory_writes_between=16,
+    snapcount_checkpoints=(1, 1000, 10_000),
+    snapcount_budget_s=120.0,
+)
+
+SMOKE = Profile(
+    name="smoke",
+    runtime_s=0.5,
+    numjobs=2,
+    iodepth=4,
+    servers_image_bytes=16 * MIB,
+    servers_jobs=("rand-read", "rand-write"),
+    depth_image_bytes=16 * MIB,
+    depths=(0, 2),
+    qcow2_max_depth=2,
+    depth_rounds=1,
+    depth_writes_per_level=4,
+    nsnaps_image_bytes=16 * MIB,
+    nsnaps_snapshots=2,
+    memory_volume_gib=1,
+    memory_snapshots=4,
+    memory_writes_between=4,
+    snapcount_checkpoints=(1, 10),
+    snapcount_window=2,
+    snapcount_budget_s=30.0,
+)
+
+PROFILES = {p.name: p for p in (SMOKE, QUICK, FULL)}

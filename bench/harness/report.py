@@ -1,0 +1,174 @@
+"""bench/results/latest.md: every figure next to its peer from the same
+run, each row with its cache mode, then the targets met or not."""
+
+MIB = 1 << 20
+
+
+def _numeric(cell):
+    text = str(cell).replace(",", "").replace("%", "").replace(" MiB", "").split(" (")[0]
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return text == "–"
+
+
+def _table(header, rows):
+    """A markdown table; columns of numbers are aligned right."""
+    align = [":---" if not all(_numeric(row[i]) for row in rows) else "---:"
+             for i in range(len(header))]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def _f(value, digits=2):
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _n(value):
+    return "–" if value is None else f"{value:,.0f}"
+
+
+def targets_section(checks):
+    rows = [[c["target"], _f(c["value"], 3) if isinstance(c["value"], float) else "–",
+             c["goal"], "**met**" if c["met"] else "not met", c["detail"], c["blocker"] or ""]
+            for c in checks]
+    return ["## Targets", ""] + _table(
+        ["target", "value", "goal", "met?", "figures", "what blocks it"], rows)
+
+
+def servers_section(s, p):
+    by = {(r["job"], r["target"]): r for r in s["rows"]}
+    rows = []
+    for r in s["rows"]:
+        limit = by[(r["job"], "plain-direct")]["iops"]
+        nbdkit = by[(r["job"], "nbdkit-file")]["iops"]
+        same_cache_qemu = by[(r["job"], f"qemu-nbd-{r['cache']}")]["iops"]
+        rows.append([r["job"], r["label"], r["cache"], _n(r["iops"]), _f(r["mib_s"], 1),
+                     _f(r["iops"] / limit), _f(r["iops"] / nbdkit),
+                     _f(r["iops"] / same_cache_qemu)])
+    return [f"## The limit and the NBD servers", "",
+            f"fio, {p['numjobs']} jobs x iodepth {p['iodepth']}, {p['runtime_s']} s a job, "
+            f"{s['rounds']} round(s) taking turns (median), image "
+            f"{s['image_bytes'] / MIB:.0f} MiB of random data; NBD over a unix socket "
+            "with fio's nbd engine.", ""] + _table(
+        ["job", "target", "cache", "IOPS", "MiB/s", "/ limit", "/ nbdkit",
+         "/ qemu-nbd same cache"], rows)
+
+
+def depth_section(d, p):
+    rows = []
+    for r in d["rows"]:
+        ratio = (r["grove_iops"] / r["qcow2_iops"]) if r["qcow2_iops"] else None
+        qcow2 = "failed" if r.get("qcow2_error") else _n(r["qcow2_iops"])
+        rows.append([r["depth"], r["cache"], _n(r["grove_iops"]), _f(r["grove_vs_depth0"]),
+                     qcow2, _f(r["qcow2_vs_depth0"]), _f(ratio), _f(r["qcow2_ready_s"], 1)])
+    failed = [r for r in d["rows"] if r.get("qcow2_error")]
+    return ["## Snapshot depth", "",
+            f"Random 4K reads of the tip of a chain of clones ({d['writes_per_level']} "
+            f"random 4K writes at each level, over {d['image_bytes'] / MIB:.0f} MiB of data) "
+            f"through a fresh `grove serve` (median of {d.get('rounds', 1)} round(s)), against qemu-nbd on the top of a qcow2 chain "
+            f"with the same writes (whole 64K clusters), up to depth {d['qcow2_max_depth']}.", ""
+            ] + _table(["depth", "cache", "grove IOPS", "grove / depth 0", "qcow2 IOPS",
+                        "qcow2 / depth 0", "grove / qcow2", "qemu-nbd start s"], rows) + [
+            f"\nqcow2 at depth {r['depth']} failed: `{r['qcow2_error']}`." for r in failed]
+
+
+def nsnaps_section(n, p):
+    rows = [[x["snapshot"], "buffered", _n(x["no_snapshot_iops"]),
+             _n(x["after_snapshot_iops"]), _f(x["ratio"]),
+             "yes" if x["first_writes_only"] else "no"] for x in n["pairs"]]
+    rows.append(["median", "buffered", _n(n["no_snapshot_iops"]),
+                 _n(n["after_snapshot_iops"]), _f(n["ratio_median"]), ""])
+    return ["## Write after snapshot (ddsnap's nsnaps)", "",
+            "Random 4K writes for the same time into a volume right after a snapshot of "
+            "it, and into a volume with no snapshot (same data, written whole), in turns "
+            f"in one `grove serve`; {n['image_bytes'] / MIB:.0f} MiB volumes; each job has its "
+            "own quarter and writes no block twice.", ""] + _table(
+        ["snapshot", "cache", "no snapshot IOPS", "after snapshot IOPS", "ratio",
+         "first writes only"], rows)
+
+
+def memory_section(m, p):
+    rows = []
+    for r in m["rows"]:
+        cache = "–" if r["cache_bytes"] is None else f"{r['cache_bytes'] / MIB:.0f} MiB"
+        over = "–" if r["cache_bytes"] is None else f"{(r['peak_hwm_bytes'] - r['cache_bytes']) / MIB:.0f} MiB"
+        rows.append([r["cache"], cache, f"{r['idle_hwm_bytes'] / MIB:.0f} MiB",
+                     f"{r['peak_hwm_bytes'] / MIB:.0f} MiB", over, _n(r["iops"])])
+    return ["## Memory", "",
+            f"Peak RSS (VmHWM) of `grove serve` over a {m['volume_gib']} GiB volume (a 4K "
+            f"block every {p['memory_stride_kib']} KiB, so every radix leaf exists) with "
+            f"{m['snapshots']} snapshots, under random 4K reads of "
+            f"{', '.join(m['exports_read'])} at once. Cache setting: {m['cache_setting']}.", ""
+            ] + _table(["cache", "cache size", "VmHWM idle", "VmHWM peak", "peak - cache",
+                        "read IOPS"], rows)
+
+
+def snapcount_section(s, p):
+    rows = [[f"{r['snapshot_number']:,}", _f(r["snapshot_ms"], 3),
+             f"{_f(r['window_median_ms'], 3)} (of {r['window']})", _f(r["window_vs_first"]),
+             _f(r["open_ms"], 1), _f(r["cli_snapshot_s"], 3), _f(r["list_s"], 3),
+             f"{r['volumes']:,}"] for r in s["rows"]]
+    lines = ["## Snapshot count", "",
+             "Snapshots of one 1 GiB volume, one 4K write between two, through the "
+             "engine's API (timed there); `grove snapshot` and `grove list --json` timed as "
+             "processes, opening the pool included.", ""] + _table(
+        ["snapshot #", "that one ms", "median ms", "/ snapshot 1", "open ms (API)",
+         "`grove snapshot` s", "`grove list` s", "volumes"], rows)
+    if s["stopped"]:
+        lines += ["", f"The run {s['stopped']}."]
+    return lines
+
+
+def metadata_section(results):
+    rows = []
+    for name, w in results["workloads"].items():
+        m = w.get("metadata") if isinstance(w, dict) else None
+        if not m:
+            continue
+        rows.append([m["workload"], f"{m['metadata_bytes'] / MIB:.2f}",
+                     f"{m['used_bytes'] / MIB:.1f}", f"{m['referenced_bytes'] / MIB:.1f}",
+                     f"{m['volume_count']:,}",
+                     "–" if m["metadata_over_data"] is None else f"{m['metadata_over_data'] * 100:.3f}%"])
+    return ["## Metadata over data", "",
+            "From `grove info --json` after each workload: data is `referenced_bytes` "
+            "(what live volumes map, shared data once).", ""] + _table(
+        ["after", "metadata MiB", "used MiB", "referenced MiB", "volumes",
+         "metadata / data"], rows)
+
+
+SECTIONS = {
+    "servers": servers_section,
+    "depth": depth_section,
+    "nsnaps": nsnaps_section,
+    "memory": memory_section,
+    "snapcount": snapcount_section,
+}
+
+
+def render(results, checks, plots):
+    p = results["profile"]
+    m = results["machine"]
+    lines = [f"# grove benchmarks: {results['date']} ({p['name']} run)", "",
+             f"`{results['command']}` on {m['cpus']} CPUs ({m['cpu']}), kernel {m['kernel']}, "
+             f"grove {m['grove_commit']}; {m['fio']}, {m['qemu_nbd']}, {m['nbdkit']}. "
+             f"The whole run took {results['elapsed_s'] / 60:.1f} min. Raw figures: "
+             f"`{results['json_name']}`. Every ratio compares figures from this one run.", ""]
+    for rerun in results.get("reruns", []):
+        lines += [f"The {rerun['workload']} workload was run again alone at {rerun['date']} "
+                  f"({rerun['why']}); its figures and their peers come from that run.", ""]
+    lines += targets_section(checks) + [""]
+    for name, section in SECTIONS.items():
+        w = results["workloads"].get(name)
+        if w is None:
+            continue
+        if "error" in w:
+            lines += [f"## {name}", "", f"Failed: `{w['error'].splitlines()[0][:300]}`", ""]
+            continue
+        lines += section(w, p) + [""]
+    lines += metadata_section(results) + [""]
+    if plots:
+        lines += ["## Plots", ""] + [f"![{title}]({path})" for title, path in plots] + [""]
+    return "\n".join(lines)

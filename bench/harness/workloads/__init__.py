@@ -1,0 +1,1 @@
+"""One module per workload of the suite; each has run(ctx) -> dict."""

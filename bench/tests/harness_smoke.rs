@@ -1,0 +1,121 @@
+//! Runs bench/run's harness on its tiny `--smoke` profile (seconds): every
+//! workload against every peer, the targets and the report. It checks that
+//! the harness works, not how fast anything is: CI runs no benchmark.
+//! Needs fio, qemu-img, qemu-nbd, qemu-io and nbdkit; without them it
+//! prints SKIP, except under scripts/test.sh ($GROVE_REQUIRE_TOOLS).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const TOOLS: [&str; 5] = ["fio", "qemu-img", "qemu-nbd", "qemu-io", "nbdkit"];
+const WORKLOADS: [&str; 5] = ["servers", "depth", "nsnaps", "memory", "snapcount"];
+const TARGET_COUNT: usize = 7;
+
+fn tools_required() -> bool {
+    std::env::var_os("GROVE_REQUIRE_TOOLS").is_some_and(|v| v != "0")
+}
+
+fn have(tool: &str) -> bool {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool}"))
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// The distribution's python3 (where python3-matplotlib goes), else any.
+fn python() -> Option<PathBuf> {
+    let system = PathBuf::from("/usr/bin/python3");
+    if system.exists() {
+        return Some(system);
+    }
+    have("python3").then(|| PathBuf::from("python3"))
+}
+
+/// The grove binary beside grove-bench, built in the same profile if the
+/// workspace has not built it yet (`cargo test -p grove-bench` alone).
+fn grove_binary(bench_binary: &Path) -> PathBuf {
+    let dir = bench_binary.parent().expect("grove-bench has a directory");
+    let grove = dir.join("grove");
+    if !grove.exists() {
+        let mut build = Command::new(env!("CARGO"));
+        build.args(["build", "-p", "grove"]);
+        if dir.file_name().is_some_and(|name| name == "release") {
+            build.arg("--release");
+        }
+        let status = build
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+            .status()
+            .expect("run cargo build -p grove");
+        assert!(status.success(), "cargo build -p grove failed");
+    }
+    grove
+}
+
+#[test]
+fn smoke_profile_runs_every_workload_and_reports() {
+    let missing: Vec<&str> = TOOLS.into_iter().filter(|t| !have(t)).collect();
+    let python = python();
+    if !missing.is_empty() || python.is_none() {
+        let why = format!("bench harness smoke test needs {missing:?} and python3");
+        assert!(!tools_required(), "{why}, and GROVE_REQUIRE_TOOLS is set");
+        eprintln!("SKIP: {why}");
+        return;
+    }
+    let bench = PathBuf::from(env!("CARGO_BIN_EXE_grove-bench"));
+    let grove = grove_binary(&bench);
+    let out = tempfile::tempdir().expect("temp dir");
+    let harness = concat!(env!("CARGO_MANIFEST_DIR"), "/harness/main.py");
+    let output = Command::new(python.unwrap())
+        .arg(harness)
+        .arg("--smoke")
+        .arg("--grove")
+        .arg(&grove)
+        .arg("--grove-bench")
+        .arg(&bench)
+        .arg("--out")
+        .arg(out.path())
+        .arg("--work-dir")
+        .arg(out.path())
+        .output()
+        .expect("run the harness");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "harness failed:\n{stderr}");
+
+    let report = std::fs::read_to_string(out.path().join("latest.md")).expect("latest.md");
+    assert!(report.contains("## Targets"), "{report}");
+    let json_name = std::fs::read_dir(out.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|name| name.ends_with("-smoke.json"))
+        .expect("a <date>-smoke.json");
+    let text = std::fs::read_to_string(out.path().join(json_name)).unwrap();
+    let results: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    for workload in WORKLOADS {
+        let w = &results["workloads"][workload];
+        assert!(w.is_object(), "{workload} missing:\n{text}");
+        assert!(
+            w.get("error").is_none(),
+            "{workload} failed: {}",
+            w["error"]
+        );
+        assert!(w["metadata"]["metadata_bytes"].is_u64(), "{workload}: {w}");
+    }
+    let targets = results["targets"].as_array().expect("targets");
+    assert_eq!(targets.len(), TARGET_COUNT, "{text}");
+    for target in targets {
+        assert!(target["met"].is_boolean(), "{target}");
+        assert!(
+            target["met"] == true || target["blocker"].is_string(),
+            "a target not met says what blocks it: {target}"
+        );
+    }
+    // The harness removes its work directory: no pool, image or socket stays.
+    let leftovers: Vec<_> = std::fs::read_dir(out.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("grove-bench."))
+        .collect();
+    assert!(leftovers.is_empty(), "work directory left behind");
+}
