@@ -39,8 +39,6 @@ pub(crate) struct NodeCache {
     dirty: BTreeSet<BlockAddr>,
     capacity_nodes: usize,
     operation: u64,
-    hits: u64,
-    misses: u64,
 }
 
 impl NodeCache {
@@ -51,8 +49,6 @@ impl NodeCache {
             dirty: BTreeSet::new(),
             capacity_nodes: capacity_nodes.max(CACHE_NODES_MIN),
             operation: 0,
-            hits: 0,
-            misses: 0,
         }
     }
 
@@ -69,18 +65,10 @@ impl NodeCache {
     /// The cached node at `addr`, marked used.
     pub fn get(&mut self, addr: BlockAddr) -> Option<&Node> {
         let operation = self.operation;
-        match self.slots.get_mut(&addr) {
-            Some(slot) => {
-                self.hits += 1;
-                slot.referenced = true;
-                slot.operation = operation;
-                Some(&slot.node)
-            }
-            None => {
-                self.misses += 1;
-                None
-            }
-        }
+        let slot = self.slots.get_mut(&addr)?;
+        slot.referenced = true;
+        slot.operation = operation;
+        Some(&slot.node)
     }
 
     /// The cached node at `addr`, without marking it used (for walks that
@@ -139,17 +127,9 @@ impl NodeCache {
         self.dirty.clear();
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.slots.len()
-    }
-
-    pub fn capacity_nodes(&self) -> usize {
-        self.capacity_nodes
-    }
-
-    /// (hits, misses) since the pool was opened.
-    pub fn hits_and_misses(&self) -> (u64, u64) {
-        (self.hits, self.misses)
     }
 
     /// CLOCK: the hand gives a used node a second chance and skips dirty

@@ -44,8 +44,8 @@ pub use diff::DiffExtent;
 pub use error::{Error, ErrorKind, Result};
 pub use format::record::VolumeKind;
 pub use pool::{
-    validate_volume_name, validate_volume_size, CacheStats, DiffReport, Pool, PoolInfo,
-    PoolOptions, RemoveOptions, Volume, VolumeClaim, VolumeInfo, VolumeSummary,
+    validate_volume_name, validate_volume_size, DiffReport, Pool, PoolInfo, PoolOptions,
+    RemoveOptions, Volume, VolumeClaim, VolumeInfo, VolumeSummary,
 };
 pub use reclaim::RECLAIM_BATCH_ENTRIES;
 pub use types::{BlockAddr, VolumeId};

@@ -132,15 +132,6 @@ struct Inner {
     handles: Mutex<HashMap<VolumeId, usize>>,
 }
 
-/// The metadata cache's state (`Pool::cache_stats`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct CacheStats {
-    pub cached_nodes: usize,
-    pub capacity_nodes: usize,
-    pub hits: u64,
-    pub misses: u64,
-}
-
 /// How `Pool::remove` treats a volume's family and its users.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RemoveOptions {
@@ -550,12 +541,6 @@ impl Pool {
         })
     }
 
-    /// Claims on the named volume (NBD clients, open FUSE files).
-    pub fn claims(&self, name: &str) -> Result<usize> {
-        let id = self.state().volume_by_name(name)?.id;
-        Ok(lock_handles(&self.inner).get(&id).copied().unwrap_or(0))
-    }
-
     /// Creates an empty thin volume. Durable when it returns.
     pub fn create_volume(&self, name: &str, size_bytes: u64) -> Result<VolumeInfo> {
         validate_volume_name(name)?;
@@ -809,8 +794,12 @@ impl Pool {
 
     pub fn info(&self) -> Result<PoolInfo> {
         let mut state = self.state();
-        let pending_free_bytes = state.pending_free_blocks(true)? * state.geometry.block_bytes();
-        let referenced_bytes = state.distinct_referenced_blocks()? * state.geometry.block_bytes();
+        // One walk of the removed trees gives both what they will free and
+        // how much of the allocated data only they hold.
+        let (dying_data, dying_nodes) = state.dying_only_blocks()?;
+        let pending_free_bytes = (dying_data + dying_nodes) * state.geometry.block_bytes();
+        let referenced_bytes =
+            state.alloc.data_blocks().saturating_sub(dying_data) * state.geometry.block_bytes();
         let block_bytes = state.geometry.block_bytes();
         let store_blocks = state.alloc.group_count() * state.superblock.group_blocks;
         let group_blocks = state.superblock.group_blocks;
@@ -885,17 +874,6 @@ impl Pool {
     /// least `CACHE_NODES_MIN` nodes). Dirty nodes stay until committed.
     pub fn set_cache_size(&self, size_bytes: u64) {
         self.state().set_cache_size(size_bytes);
-    }
-
-    /// The metadata cache: nodes cached, the most it keeps, hits and misses.
-    pub fn cache_stats(&self) -> CacheStats {
-        let (cached_nodes, capacity_nodes, hits, misses) = self.state().cache_stats();
-        CacheStats {
-            cached_nodes,
-            capacity_nodes,
-            hits,
-            misses,
-        }
     }
 
     /// Sets a volume's recorded referenced bytes outright and commits: a
@@ -1251,20 +1229,22 @@ fn volume_summary(state: &State, record: &VolumeRecord) -> VolumeSummary {
     }
 }
 
+/// The summary plus the accounting, which walks what the volume owns alone.
 fn volume_info(state: &mut State, record: &VolumeRecord) -> Result<VolumeInfo> {
     let block_bytes = state.geometry.block_bytes();
     let usage = state.usage(record)?;
+    let summary = volume_summary(state, record);
     Ok(VolumeInfo {
-        id: record.id.0,
-        name: record.name.clone(),
-        kind: record.kind,
-        read_only: !record.kind.is_writable(),
-        parent: state.live_ancestor(record).map(|p| p.name.clone()),
-        size_bytes: record.size_bytes,
-        referenced_bytes: usage.referenced_blocks * block_bytes,
+        id: summary.id,
+        name: summary.name,
+        kind: summary.kind,
+        read_only: summary.read_only,
+        parent: summary.parent,
+        size_bytes: summary.size_bytes,
+        referenced_bytes: summary.referenced_bytes,
         unique_bytes: usage.unique_blocks * block_bytes,
         written_bytes: usage.written_blocks * block_bytes,
-        created_unix_secs: record.created_unix_secs,
+        created_unix_secs: summary.created_unix_secs,
         created_generation: record.created_generation,
         guid: record.guid.iter().map(|b| format!("{b:02x}")).collect(),
     })

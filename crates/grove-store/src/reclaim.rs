@@ -177,11 +177,4 @@ impl State {
         let (data, nodes) = self.dying_only_blocks()?;
         Ok(if with_nodes { data + nodes } else { data })
     }
-
-    /// Data blocks the live volumes reach, shared ones counted once: the
-    /// allocated data blocks less those only removed trees hold.
-    pub fn distinct_referenced_blocks(&mut self) -> Result<u64> {
-        let (dying_data, _) = self.dying_only_blocks()?;
-        Ok(self.alloc.data_blocks().saturating_sub(dying_data))
-    }
 }

@@ -342,12 +342,6 @@ impl State {
         }
     }
 
-    /// (cached nodes, capacity, hits, misses).
-    pub fn cache_stats(&self) -> (usize, usize, u64, u64) {
-        let (hits, misses) = self.cache.hits_and_misses();
-        (self.cache.len(), self.cache.capacity_nodes(), hits, misses)
-    }
-
     /// Sets a volume's space accounting (check --repair).
     pub(crate) fn set_accounting(&mut self, id: VolumeId, referenced_blocks: u64) {
         let record = self.volumes.get_mut(&id).expect("volume exists");

@@ -176,6 +176,8 @@ impl State {
     /// Drops one reference to the block at `addr` (a level-`level` node, or
     /// a data block for None). While others remain only the count goes
     /// down; the last one frees the block and drops its children in turn.
+    /// Either way the data blocks below leave this tree's view, and are
+    /// counted in `dropped.referenced_blocks`.
     pub(crate) fn drop_reference(
         &mut self,
         addr: BlockAddr,
@@ -184,13 +186,18 @@ impl State {
     ) -> Result<()> {
         let pending = dropped.decrements.get(&addr).copied().unwrap_or(0);
         if self.shares.extra(addr) > pending {
+            // Shared: only counted, its subtree stays for the others.
+            dropped.referenced_blocks += self.count_mapped(addr, level)?;
             *dropped.decrements.entry(addr).or_default() += 1;
             return Ok(());
         }
-        if let Some(level) = level {
-            let children = self.node_entries(addr, NodeKind::VolumeData, level)?;
-            for child in children.iter().filter(|e| !e.is_empty()) {
-                self.drop_reference(child.addr(), level.checked_sub(1), dropped)?;
+        match level {
+            None => dropped.referenced_blocks += 1,
+            Some(level) => {
+                let children = self.node_entries(addr, NodeKind::VolumeData, level)?;
+                for child in children.iter().filter(|e| !e.is_empty()) {
+                    self.drop_reference(child.addr(), level.checked_sub(1), dropped)?;
+                }
             }
         }
         dropped.to_free.push(addr);
@@ -249,9 +256,7 @@ impl State {
             let child_first = base + slot as u64 * span;
             let child_end = child_first + span;
             if first <= child_first && child_end <= end {
-                let child_level = level.checked_sub(1);
-                dropped.referenced_blocks += self.count_mapped(entry.addr(), child_level)?;
-                self.drop_reference(entry.addr(), child_level, dropped)?;
+                self.drop_reference(entry.addr(), level.checked_sub(1), dropped)?;
                 self.set_entry(addr, slot, Entry::hole(now));
                 changed = true;
             } else {

@@ -285,7 +285,7 @@ fn list(pool: &dyn Admin, json: bool) -> Result<()> {
 fn remove(pool: &dyn Admin, name: &str, recursive: bool, force: bool) -> Result<()> {
     let info = pool.volume_info(name)?;
     let dependents = pool
-        .volumes()?
+        .summaries()?
         .iter()
         .filter(|v| v.parent.as_deref() == Some(name))
         .count();

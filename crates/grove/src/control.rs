@@ -19,6 +19,7 @@ use std::time::Duration;
 use anyhow::{anyhow, Context, Result};
 use grove_store::{
     CheckReport, DiffReport, Error, ErrorKind, Pool, PoolInfo, RemoveOptions, VolumeInfo,
+    VolumeSummary,
 };
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
@@ -61,6 +62,8 @@ pub trait Admin {
     fn resize_volume(&self, name: &str, size_bytes: u64) -> grove_store::Result<VolumeInfo>;
     fn rename_volume(&self, name: &str, new_name: &str) -> grove_store::Result<VolumeInfo>;
     fn volumes(&self) -> grove_store::Result<Vec<VolumeInfo>>;
+    /// Every volume without the accounting (cheap at any pool size).
+    fn summaries(&self) -> grove_store::Result<Vec<VolumeSummary>>;
     fn volume_info(&self, name: &str) -> grove_store::Result<VolumeInfo>;
     fn info(&self) -> grove_store::Result<PoolInfo>;
     fn check(&self, repair: bool) -> grove_store::Result<CheckReport>;
@@ -112,6 +115,9 @@ impl Admin for Pool {
     }
     fn volumes(&self) -> grove_store::Result<Vec<VolumeInfo>> {
         Pool::volumes(self)
+    }
+    fn summaries(&self) -> grove_store::Result<Vec<VolumeSummary>> {
+        Ok(Pool::volume_summaries(self))
     }
     fn volume_info(&self, name: &str) -> grove_store::Result<VolumeInfo> {
         Pool::volume_info(self, name)
@@ -173,6 +179,7 @@ enum Request {
         new_name: String,
     },
     List,
+    Summaries,
     VolumeInfo {
         name: String,
     },
@@ -221,6 +228,7 @@ fn execute(pool: &Pool, request: Request) -> Reply {
         Request::Resize { name, size_bytes } => reply(pool.resize_volume(&name, size_bytes)),
         Request::Rename { name, new_name } => reply(pool.rename_volume(&name, &new_name)),
         Request::List => reply(pool.volumes()),
+        Request::Summaries => reply(Ok(pool.volume_summaries())),
         Request::VolumeInfo { name } => reply(pool.volume_info(&name)),
         Request::Info => reply(pool.info()),
         Request::Check { repair } => reply(pool.check(repair)),
@@ -561,6 +569,9 @@ impl Admin for ControlClient {
     }
     fn volumes(&self) -> grove_store::Result<Vec<VolumeInfo>> {
         self.call(Request::List)
+    }
+    fn summaries(&self) -> grove_store::Result<Vec<VolumeSummary>> {
+        self.call(Request::Summaries)
     }
     fn volume_info(&self, name: &str) -> grove_store::Result<VolumeInfo> {
         self.call(Request::VolumeInfo { name: name.into() })
