@@ -338,6 +338,10 @@ pub enum Command {
         /// or interrupted
         #[arg(long)]
         foreground: bool,
+        /// Where the background mount appends its log (by default it is
+        /// discarded); GROVE_LOG sets the level, e.g. GROVE_LOG=debug
+        #[arg(long, value_name = "FILE")]
+        log: Option<PathBuf>,
         /// Mount every volume read-only
         #[arg(long)]
         read_only: bool,

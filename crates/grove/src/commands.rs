@@ -51,12 +51,14 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Mount {
             mountpoint,
             foreground,
+            log,
             read_only,
             allow_other,
         } => crate::mount::run(
             dir,
             &mountpoint,
             foreground,
+            log.as_deref(),
             grove_fuse::MountOptions {
                 read_only,
                 allow_other,

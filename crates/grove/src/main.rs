@@ -6,6 +6,7 @@
 mod cli;
 mod commands;
 mod control;
+mod daemon;
 mod mount;
 mod output;
 mod progress;

@@ -31,11 +31,23 @@ enum Event {
     Unmounted,
 }
 
-pub fn run(dir: &Path, mountpoint: &Path, foreground: bool, options: MountOptions) -> Result<()> {
+pub fn run(
+    dir: &Path,
+    mountpoint: &Path,
+    foreground: bool,
+    log: Option<&Path>,
+    options: MountOptions,
+) -> Result<()> {
     grove_fuse::check_mount_possible(mountpoint)?;
+    // Absolute before the background copy leaves the working directory.
+    let log = log.map(|p| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf()));
+    if let Some(log) = &log {
+        crate::daemon::open_log(log)?;
+    }
+    let log = log.as_deref();
     let daemon = std::env::var_os(DAEMON_ENV).is_some();
     if !foreground && !daemon {
-        return start_in_background(dir, mountpoint, &options);
+        return start_in_background(dir, mountpoint, log, &options);
     }
     if daemon {
         // A session of its own: the terminal's hang-up and Ctrl-C no longer
@@ -71,7 +83,7 @@ pub fn run(dir: &Path, mountpoint: &Path, foreground: bool, options: MountOption
             )));
         }
     };
-    announce(&pool, &mountpoint, daemon)?;
+    announce(&pool, &mountpoint, daemon, log)?;
 
     let signal_handle = signals.handle();
     let mut signals = signals;
@@ -127,21 +139,10 @@ pub fn run(dir: &Path, mountpoint: &Path, foreground: bool, options: MountOption
 
 /// Says the mount is ready: on stdout for a user, or to the waiting parent,
 /// after which the background copy stops writing to the parent's pipes.
-fn announce(pool: &Pool, mountpoint: &Path, daemon: bool) -> Result<()> {
+fn announce(pool: &Pool, mountpoint: &Path, daemon: bool, log: Option<&Path>) -> Result<()> {
     let names: Vec<String> = pool.volume_names();
     if daemon {
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "{READY_LINE}")?;
-        out.flush()?;
-        drop(out);
-        let null = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open("/dev/null")
-            .context("cannot open /dev/null")?;
-        rustix::stdio::dup2_stdout(&null).context("cannot detach stdout")?;
-        rustix::stdio::dup2_stderr(&null).context("cannot detach stderr")?;
-        return Ok(());
+        return crate::daemon::announce_and_detach(READY_LINE, log);
     }
     let mut out = std::io::stdout().lock();
     writeln!(
@@ -167,7 +168,12 @@ fn announce(pool: &Pool, mountpoint: &Path, daemon: bool) -> Result<()> {
 
 /// Starts `grove mount --foreground` as a background process and waits
 /// until it is mounted or has failed.
-fn start_in_background(dir: &Path, mountpoint: &Path, options: &MountOptions) -> Result<()> {
+fn start_in_background(
+    dir: &Path,
+    mountpoint: &Path,
+    log: Option<&Path>,
+    options: &MountOptions,
+) -> Result<()> {
     let exe = std::env::current_exe().context("cannot find the grove executable")?;
     let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
     let mountpoint = std::path::absolute(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
@@ -178,6 +184,9 @@ fn start_in_background(dir: &Path, mountpoint: &Path, options: &MountOptions) ->
         .arg("mount")
         .arg(&mountpoint)
         .arg("--foreground");
+    if let Some(log) = log {
+        command.arg("--log").arg(log);
+    }
     if options.read_only {
         command.arg("--read-only");
     }

@@ -46,6 +46,10 @@ pub enum RaifCommand {
         /// Stay attached to the terminal and log to stderr until unmounted
         #[arg(long)]
         foreground: bool,
+        /// Where the background mount appends its log (by default it is
+        /// discarded); GROVE_LOG sets the level, e.g. GROVE_LOG=debug
+        #[arg(long, value_name = "FILE")]
+        log: Option<PathBuf>,
         /// Without --config: BRANCH_DIR... then the mount point; with it, the mount point
         #[arg(required = true, num_args = 1..)]
         paths: Vec<PathBuf>,
@@ -91,10 +95,11 @@ pub fn run(command: RaifCommand) -> Result<()> {
             level,
             stripe_unit,
             foreground,
+            log,
             paths,
         } => {
             let (config, mountpoint) = load_config(config.as_deref(), level, stripe_unit, paths)?;
-            mount(config, &mountpoint, foreground)
+            mount(config, &mountpoint, foreground, log.as_deref())
         }
         RaifCommand::Status { mountpoint, json } => status(&mountpoint, json),
         RaifCommand::Rebuild {
@@ -140,9 +145,15 @@ fn load_config(
     Ok((Config::simple(level, unit, &paths)?, mountpoint))
 }
 
-fn mount(config: Config, mountpoint: &Path, foreground: bool) -> Result<()> {
+fn mount(config: Config, mountpoint: &Path, foreground: bool, log: Option<&Path>) -> Result<()> {
     grove_fuse::check_mount_possible(mountpoint)?;
     grove_fuse::raif::check_branches(&config)?;
+    // Absolute before the background copy leaves the working directory.
+    let log = log.map(|p| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf()));
+    if let Some(log) = &log {
+        crate::daemon::open_log(log)?;
+    }
+    let log = log.as_deref();
     let daemon = std::env::var_os(DAEMON_ENV).is_some();
     if !foreground && !daemon {
         return start_in_background();
@@ -160,7 +171,7 @@ fn mount(config: Config, mountpoint: &Path, foreground: bool) -> Result<()> {
         let _ = ended.send(None);
     })
     .with_context(|| format!("cannot mount RAIF on {}", mountpoint.display()))?;
-    announce(mountpoint, daemon)?;
+    announce(mountpoint, daemon, log)?;
     let handle = signals.handle();
     let mut signals = signals;
     std::thread::spawn(move || {
@@ -185,20 +196,11 @@ fn mount(config: Config, mountpoint: &Path, foreground: bool) -> Result<()> {
     Ok(())
 }
 
-fn announce(mountpoint: &Path, daemon: bool) -> Result<()> {
-    let mut out = std::io::stdout().lock();
+fn announce(mountpoint: &Path, daemon: bool, log: Option<&Path>) -> Result<()> {
     if daemon {
-        writeln!(out, "{READY_LINE}")?;
-        out.flush()?;
-        drop(out);
-        let null = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open("/dev/null")?;
-        rustix::stdio::dup2_stdout(&null)?;
-        rustix::stdio::dup2_stderr(&null)?;
-        return Ok(());
+        return crate::daemon::announce_and_detach(READY_LINE, log);
     }
+    let mut out = std::io::stdout().lock();
     writeln!(
         out,
         "mounted RAIF on {}; unmount with `fusermount3 -u {0}` or Ctrl-C",

@@ -142,6 +142,8 @@ impl Raif {
                 self.mnt.to_str().unwrap(),
             ];
         }
+        let log = self.log_path();
+        args.extend(["--log", log.to_str().unwrap()]);
         let out = grove_with_env(&args, &self.env);
         assert!(
             out.status.success(),
@@ -202,6 +204,11 @@ impl Raif {
         &self.branches[index]
     }
 
+    /// Every mount of this test appends its log here (printed on failure).
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("mount.log")
+    }
+
     fn p(&self, rel: &str) -> PathBuf {
         self.mnt.join(rel)
     }
@@ -238,6 +245,10 @@ impl Raif {
 impl Drop for Raif {
     fn drop(&mut self) {
         self.unmount();
+        if std::thread::panicking() {
+            let log = fs::read_to_string(self.log_path()).unwrap_or_default();
+            eprintln!("--- log of the RAIF mount ---\n{log}--- end of the log ---");
+        }
         if is_mounted(&self.mnt) {
             let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
         }
