@@ -136,45 +136,13 @@ impl Journal {
         self.placement(len).is_some()
     }
 
-    /// Writes a transaction (descriptor blocks then images, as one write)
-    /// and makes it durable. The caller checked `fits`.
-    pub fn append(
-        &mut self,
-        device: &dyn BlockDevice,
-        descriptor: &[u8],
-        images: &[Vec<u8>],
-    ) -> Result<()> {
-        let block = self.block_size_bytes;
-        let len = ((descriptor.len() + images.len() * block) / block) as u64;
+    /// Claims room for a transaction of `len` blocks and moves past it as
+    /// if it were written; returns the byte offset where it goes. The
+    /// caller checked `fits`, then writes the transaction with
+    /// [`write_transaction`] (perhaps without the pool's state lock) and
+    /// calls [`Journal::append_failed`] if that fails.
+    pub fn reserve(&mut self, len: u64) -> u64 {
         let position = self.placement(len).expect("the caller made room");
-        let mut bytes = Vec::with_capacity(len as usize * block);
-        bytes.extend_from_slice(descriptor);
-        for image in images {
-            assert_eq!(image.len(), block);
-            bytes.extend_from_slice(image);
-        }
-        let offset = (self.start.0 + position) * block as u64;
-        let written = device
-            .write_at(&bytes, offset)
-            .map_err(|e| {
-                Error::io(
-                    format!("cannot write the journal of {}", device.describe()),
-                    e,
-                )
-            })
-            .and_then(|()| {
-                device.flush().map_err(|e| {
-                    Error::io(
-                        format!("cannot flush the journal of {}", device.describe()),
-                        e,
-                    )
-                })
-            });
-        if let Err(e) = written {
-            self.sequence += 1;
-            self.checkpoint_required = true;
-            return Err(e);
-        }
         // A lap's unused tail counts as used until the next checkpoint.
         let skipped = if position == 0 && self.next != 0 {
             self.blocks - self.next
@@ -184,7 +152,33 @@ impl Journal {
         self.used_blocks += skipped + len;
         self.next = position + len;
         self.sequence += 1;
-        Ok(())
+        assert!(self.used_blocks <= self.blocks);
+        (self.start.0 + position) * self.block_size_bytes as u64
+    }
+
+    /// A reserved transaction could not be written, and may have left
+    /// part of itself behind. Its sequence stays burnt, and nothing more is
+    /// appended until a checkpoint has recorded a later one: replay can
+    /// then never take the failed attempt for a retry.
+    pub fn append_failed(&mut self) {
+        self.checkpoint_required = true;
+    }
+
+    /// Writes a transaction (descriptor blocks then images, as one write)
+    /// and makes it durable. The caller checked `fits`.
+    pub fn append(
+        &mut self,
+        device: &dyn BlockDevice,
+        descriptor: &[u8],
+        images: &[Vec<u8>],
+    ) -> Result<()> {
+        let bytes = transaction_bytes(self.block_size_bytes, descriptor, images);
+        let offset = self.reserve((bytes.len() / self.block_size_bytes) as u64);
+        let written = write_transaction(device, offset, &bytes);
+        if written.is_err() {
+            self.append_failed();
+        }
+        written
     }
 
     /// Reads the journal back from the head without changing anything, and
@@ -299,6 +293,35 @@ impl Journal {
         let images = image_bytes.chunks(block).map(|c| c.to_vec()).collect();
         Ok(Some((ReplayedTransaction { descriptor, images }, len)))
     }
+}
+
+/// A transaction as it is written: descriptor blocks, then the images.
+pub fn transaction_bytes(block_bytes: usize, descriptor: &[u8], images: &[Vec<u8>]) -> Vec<u8> {
+    assert!(descriptor.len().is_multiple_of(block_bytes));
+    let mut bytes = Vec::with_capacity(descriptor.len() + images.len() * block_bytes);
+    bytes.extend_from_slice(descriptor);
+    for image in images {
+        assert_eq!(image.len(), block_bytes);
+        bytes.extend_from_slice(image);
+    }
+    bytes
+}
+
+/// Writes a reserved transaction at `offset` and flushes it: once this
+/// returns Ok, the transaction survives a crash.
+pub fn write_transaction(device: &dyn BlockDevice, offset: u64, bytes: &[u8]) -> Result<()> {
+    device.write_at(bytes, offset).map_err(|e| {
+        Error::io(
+            format!("cannot write the journal of {}", device.describe()),
+            e,
+        )
+    })?;
+    device.flush().map_err(|e| {
+        Error::io(
+            format!("cannot flush the journal of {}", device.describe()),
+            e,
+        )
+    })
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@ use crate::format::superblock::{
 };
 use crate::format::FORMAT_VERSION;
 use crate::reclaim::ReclaimBatch;
-use crate::state::State;
+use crate::state::{CommitIo, CommitIoOutcome, PreparedCommit, State};
 use crate::types::*;
 
 /// Size of the journal region made at init, unless PoolOptions says.
@@ -125,6 +125,11 @@ struct Inner {
     /// state lock; commit takes it exclusively before it lets freed blocks
     /// be reused, so no read can see a block that was reallocated under it.
     io_gate: RwLock<()>,
+    /// Held by the one commit whose I/O runs without the state lock, from
+    /// before it lets the state go until its outcome is in
+    /// `commit_outcome`: whoever finishes that commit waits here for it.
+    commit_io: Mutex<()>,
+    commit_outcome: Mutex<Option<CommitIoOutcome>>,
     /// Holds the pool's exclusive lock for as long as the pool is open.
     _lock_file: Option<File>,
     /// Claims per volume (NBD clients, open FUSE files): a volume in use
@@ -159,7 +164,8 @@ impl Drop for Inner {
         // Best effort: an explicit close() or flush() reports errors. A pool
         // whose commit failed writes nothing more.
         if let Ok(state) = self.state.get_mut() {
-            if state.failed.is_some() {
+            // A commit in flight here lost its runner to a panic.
+            if state.failed.is_some() || state.has_commit_in_flight() {
                 return;
             }
             if let Ok(frees) = state.commit() {
@@ -476,6 +482,8 @@ impl Pool {
                 dir: dir.to_path_buf(),
                 state: Mutex::new(state),
                 io_gate: RwLock::new(()),
+                commit_io: Mutex::new(()),
+                commit_outcome: Mutex::new(None),
                 _lock_file: lock,
                 handles: Mutex::new(HashMap::new()),
             }),
@@ -850,6 +858,8 @@ impl Pool {
     /// allocation-map disagreements and space accounting, and commits.
     pub fn check(&self, repair: bool) -> Result<CheckReport> {
         let mut state = self.state();
+        // The journal must read back every transaction it has reserved.
+        settle_commit(&self.inner, &mut state)?;
         if repair {
             ensure_changes_allowed(&state)?;
         }
@@ -1134,8 +1144,78 @@ fn write_gate(inner: &Inner) -> std::sync::RwLockWriteGuard<'_, ()> {
     inner.io_gate.write().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Commits with the state lock let go during the commit's I/O (the data
+/// flush, the journal write and flush, the write-back), so that other
+/// clients' reads and writes go on meanwhile: this is what every flush,
+/// and so every NBD FLUSH and fsync, does.
 fn commit(inner: &Inner) -> Result<()> {
-    commit_locked(inner, &mut lock_state(inner))
+    let mut state = lock_state(inner);
+    settle_commit(inner, &mut state)?;
+    ensure_changes_allowed(&state)?;
+    let io = match state.prepare_commit() {
+        Ok(PreparedCommit::Done(frees)) => {
+            release_frees(inner, &mut state, frees);
+            return Ok(());
+        }
+        Ok(PreparedCommit::Io(io)) => io,
+        Err(e) => {
+            state.failed = Some(e.to_string());
+            return Err(e);
+        }
+    };
+    // Taken before the state is let go, so that whoever finishes this
+    // commit (below, or another committer first) waits for its I/O.
+    let io_running = lock(&inner.commit_io);
+    drop(state);
+    let outcome = io.run();
+    *lock(&inner.commit_outcome) = Some(outcome);
+    drop(io_running);
+    let mut state = lock_state(inner);
+    settle_commit(inner, &mut state)?;
+    // Another committer may have finished it: its failure is the pool's.
+    ensure_changes_allowed(&state)
+}
+
+/// Finishes the commit whose I/O runs (or ran) without the state lock, if
+/// there is one: waits for the I/O, then the bookkeeping under the lock.
+/// Everything that commits or checkpoints under the lock does this first.
+fn settle_commit(inner: &Inner, state: &mut State) -> Result<()> {
+    if !state.has_commit_in_flight() {
+        return Ok(());
+    }
+    let outcome = {
+        let _io_done = lock(&inner.commit_io);
+        lock(&inner.commit_outcome).take()
+    };
+    let outcome = outcome.unwrap_or_else(|| {
+        CommitIo::failed(Error::new(
+            ErrorKind::Io,
+            "a commit's I/O ended without an outcome (it panicked)",
+        ))
+    });
+    match state.finish_commit(outcome) {
+        Ok(frees) => {
+            release_frees(inner, state, frees);
+            Ok(())
+        }
+        Err(e) => {
+            state.failed = Some(e.to_string());
+            Err(e)
+        }
+    }
+}
+
+/// Makes blocks freed by a durable commit reusable, once no reader that
+/// translated its addresses before the commit can still be reading them.
+fn release_frees(inner: &Inner, state: &mut State, frees: Vec<BlockAddr>) {
+    if !frees.is_empty() {
+        let _gate = write_gate(inner);
+        state.alloc.release(frees);
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Commits, then makes the freed blocks reusable. Lock order is always
@@ -1144,6 +1224,7 @@ fn commit(inner: &Inner) -> Result<()> {
 /// state) waits only for reads already in flight, never for a reader that
 /// waits for it.
 fn commit_locked(inner: &Inner, state: &mut State) -> Result<()> {
+    settle_commit(inner, state)?;
     ensure_changes_allowed(state)?;
     let frees = match state.commit() {
         Ok(frees) => frees,
@@ -1154,10 +1235,7 @@ fn commit_locked(inner: &Inner, state: &mut State) -> Result<()> {
             return Err(e);
         }
     };
-    if !frees.is_empty() {
-        let _gate = write_gate(inner);
-        state.alloc.release(frees);
-    }
+    release_frees(inner, state, frees);
     Ok(())
 }
 

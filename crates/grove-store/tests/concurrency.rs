@@ -154,3 +154,135 @@ fn concurrent_flushes_share_one_commit() {
         assert!(buf.iter().all(|&b| b == thread as u8 + 1));
     }
 }
+
+/// How long an operation may take while a flush is held up before the test
+/// calls it stalled (it takes microseconds when it does not wait).
+const STALL_LIMIT: Duration = Duration::from_secs(20);
+
+/// A device flush that the test holds up: flushes from the thread named
+/// "flusher" wait until `release`, and say when they have started.
+struct HeldFlush {
+    held: std::sync::Mutex<bool>,
+    changed: std::sync::Condvar,
+    started: std::sync::Mutex<Option<std::sync::mpsc::Sender<()>>>,
+}
+
+impl HeldFlush {
+    fn wait(&self) {
+        if std::thread::current().name() != Some("flusher") {
+            return;
+        }
+        if let Some(started) = self.started.lock().unwrap().take() {
+            let _ = started.send(());
+        }
+        let mut held = self.held.lock().unwrap();
+        while *held {
+            held = self.changed.wait(held).unwrap();
+        }
+    }
+
+    fn release(&self) {
+        *self.held.lock().unwrap() = false;
+        self.changed.notify_all();
+    }
+}
+
+/// Runs `op` on another thread; None if it has not finished within the
+/// stall limit (the thread is left to finish once the flush is released).
+fn finishes_while_held<T: Send + 'static>(op: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    let (done, result) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(op());
+    });
+    result.recv_timeout(STALL_LIMIT).ok()
+}
+
+/// While one client's FLUSH waits for the device (its data and journal
+/// flushes), other clients' reads, in-place writes, allocating writes and
+/// listings go on: the commit's I/O runs without the pool's state lock.
+/// The flush then returns, and what it covered is durable.
+#[test]
+fn a_flush_held_up_by_the_device_stalls_no_other_client() {
+    let held = Arc::new(HeldFlush {
+        held: std::sync::Mutex::new(true),
+        changed: std::sync::Condvar::new(),
+        started: std::sync::Mutex::new(None),
+    });
+    let device = Arc::new(HookedDevice::new().before_flush({
+        let held = held.clone();
+        move |_| held.wait()
+    }));
+    let pool = Pool::format(
+        device.clone(),
+        &PoolOptions::default(),
+        Path::new("held"),
+        None,
+    )
+    .unwrap();
+    pool.create_volume("a", 1 << 20).unwrap();
+    pool.create_volume("b", 1 << 20).unwrap();
+    let (a, b) = (pool.volume("a").unwrap(), pool.volume("b").unwrap());
+    b.write_at(&[7u8; BLOCK_BYTES], 0).unwrap();
+    a.write_at(&[1u8; 3 * BLOCK_BYTES], 0).unwrap();
+
+    let (started_tx, started) = std::sync::mpsc::channel();
+    *held.started.lock().unwrap() = Some(started_tx);
+    let flusher = std::thread::Builder::new()
+        .name("flusher".into())
+        .spawn({
+            let a = a.clone();
+            move || a.flush()
+        })
+        .unwrap();
+    started
+        .recv_timeout(STALL_LIMIT)
+        .expect("the flush reached the device");
+
+    let reader = b.clone();
+    let read = finishes_while_held(move || {
+        let mut buf = vec![0u8; BLOCK_BYTES];
+        reader.read_at(&mut buf, 0).map(|()| buf)
+    });
+    let writer = b.clone();
+    let overwrite = finishes_while_held(move || writer.write_at(&[8u8; BLOCK_BYTES], 0));
+    let writer = b.clone();
+    let allocate = finishes_while_held(move || writer.write_at(&[9u8; BLOCK_BYTES], 8 * 4096));
+    let lister = pool.clone();
+    let listed = finishes_while_held(move || lister.volume_summaries().len());
+    held.release();
+    let flushed = flusher.join().unwrap();
+
+    let read = read.expect("a read stalled behind another client's flush");
+    assert_eq!(read.unwrap(), vec![7u8; BLOCK_BYTES]);
+    overwrite
+        .expect("an in-place write stalled behind another client's flush")
+        .unwrap();
+    allocate
+        .expect("an allocating write stalled behind another client's flush")
+        .unwrap();
+    assert_eq!(
+        listed.expect("a listing stalled behind another client's flush"),
+        2
+    );
+    flushed.unwrap();
+    pool.flush().unwrap();
+    // What both flushes covered survives a reopen of the device's bytes.
+    drop((a, b));
+    let image = device.inner.to_bytes();
+    drop(pool);
+    let reopened = Pool::open_device(
+        Arc::new(grove_store::MemDevice::from_bytes(image)),
+        Path::new("held"),
+        None,
+    )
+    .unwrap();
+    let mut buf = vec![0u8; 9 * BLOCK_BYTES];
+    reopened.volume("b").unwrap().read_at(&mut buf, 0).unwrap();
+    assert_eq!(&buf[..BLOCK_BYTES], &[8u8; BLOCK_BYTES]);
+    assert_eq!(&buf[8 * BLOCK_BYTES..], &[9u8; BLOCK_BYTES]);
+    let mut buf = vec![0u8; 3 * BLOCK_BYTES];
+    reopened.volume("a").unwrap().read_at(&mut buf, 0).unwrap();
+    assert_eq!(buf, vec![1u8; 3 * BLOCK_BYTES]);
+    let report = reopened.check(false).unwrap();
+    assert!(report.is_clean(), "{:?}", report.errors);
+}

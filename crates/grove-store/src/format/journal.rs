@@ -86,7 +86,7 @@ pub struct AllocExtent {
 }
 
 /// The roots a transaction leaves behind: what the superblock would say.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Roots {
     pub volume_table_root: BlockAddr,
     pub volume_table_height: u8,
