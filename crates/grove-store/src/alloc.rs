@@ -155,6 +155,10 @@ pub struct Allocator {
     /// transaction that frees them is durable (consistency contract, point 5).
     open_frees: Vec<BlockAddr>,
     inconsistent_frees: u64,
+    /// Data blocks handed to writes whose data is on its way and that are
+    /// not mapped yet (`write.rs`): taken in memory, but in no transaction
+    /// until the write maps them, so a crash meanwhile leaks nothing.
+    reserved: std::collections::HashSet<BlockAddr>,
 }
 
 /// What one transaction changed in the allocation maps.
@@ -190,6 +194,7 @@ impl Allocator {
             changes: Vec::new(),
             open_frees: Vec::new(),
             inconsistent_frees: 0,
+            reserved: std::collections::HashSet::new(),
         }
     }
 
@@ -231,6 +236,49 @@ impl Allocator {
 
     /// Hands out a free block, growing the store by a group when all are full.
     pub fn allocate(&mut self, usage: BlockUse) -> Result<BlockAddr> {
+        let addr = self.take_free_block(usage)?;
+        let change = match usage {
+            BlockUse::Meta => AllocChange::AllocatedMeta,
+            BlockUse::Data => AllocChange::AllocatedData,
+        };
+        self.changes.push((addr, change, 0));
+        Ok(addr)
+    }
+
+    /// Takes a data block for a write that will map it later: in use in
+    /// memory, but in no transaction until [`Allocator::confirm`]; given
+    /// back at once by [`Allocator::unreserve`].
+    pub fn reserve(&mut self) -> Result<BlockAddr> {
+        let addr = self.take_free_block(BlockUse::Data)?;
+        assert!(self.reserved.insert(addr), "block {addr} reserved twice");
+        Ok(addr)
+    }
+
+    /// A reserved block is mapped now: its allocation joins the open
+    /// transaction.
+    pub fn confirm(&mut self, addr: BlockAddr) {
+        assert!(self.reserved.remove(&addr), "block {addr} was not reserved");
+        assert_eq!(self.nibble(addr), Some(NIBBLE_ALLOCATED));
+        self.changes.push((addr, AllocChange::AllocatedData, 0));
+    }
+
+    /// A reserved block will not be mapped: free again, reusable at once,
+    /// since no transaction ever knew it was taken.
+    pub fn unreserve(&mut self, addr: BlockAddr) {
+        assert!(self.reserved.remove(&addr), "block {addr} was not reserved");
+        let (group, slot) = self.locate(addr);
+        assert_eq!(self.groups[group].nibbles.get(slot), NIBBLE_ALLOCATED);
+        self.groups[group].set(slot, 0);
+    }
+
+    /// Taken by a write in flight (see [`Allocator::reserve`]).
+    pub fn is_reserved(&self, addr: BlockAddr) -> bool {
+        self.reserved.contains(&addr)
+    }
+
+    /// Finds a free block and marks it in use in the live map, with no
+    /// change recorded.
+    fn take_free_block(&mut self, usage: BlockUse) -> Result<BlockAddr> {
         let addr = match self.find_free() {
             Some(addr) => addr,
             None => {
@@ -241,12 +289,11 @@ impl Allocator {
         let (group, slot) = self.locate(BlockAddr(addr));
         let group = &mut self.groups[group];
         assert_eq!(group.nibbles.get(slot), 0, "block {addr} handed out twice");
-        let (nibble, change) = match usage {
-            BlockUse::Meta => (NIBBLE_ALLOCATED | NIBBLE_META, AllocChange::AllocatedMeta),
-            BlockUse::Data => (NIBBLE_ALLOCATED, AllocChange::AllocatedData),
+        let nibble = match usage {
+            BlockUse::Meta => NIBBLE_ALLOCATED | NIBBLE_META,
+            BlockUse::Data => NIBBLE_ALLOCATED,
         };
         group.set(slot, nibble);
-        self.changes.push((BlockAddr(addr), change, 0));
         self.cursor = addr + 1;
         Ok(BlockAddr(addr))
     }
@@ -386,6 +433,13 @@ impl Allocator {
         let mut base = self.groups[group].nibbles.clone();
         for slot in 0..self.group_blocks as usize {
             if base.get(slot) == NIBBLE_PENDING_FREE {
+                base.set(slot, 0);
+            }
+        }
+        // A reserved block was free, and no transaction has said otherwise.
+        for &addr in &self.reserved {
+            let (g, slot) = self.locate(addr);
+            if g == group {
                 base.set(slot, 0);
             }
         }

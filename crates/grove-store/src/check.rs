@@ -219,6 +219,8 @@ impl State {
                 let nibble = self.alloc.nibble(BlockAddr(addr)).unwrap_or(0);
                 let allocated = nibble & NIBBLE_ALLOCATED != 0;
                 match (walk.seen.get(&addr), allocated) {
+                    // A write in flight holds it, and maps it shortly.
+                    (None, true) if self.alloc.is_reserved(BlockAddr(addr)) => {}
                     (None, true) => findings.leaks.push(addr),
                     (Some(seen), false) => findings.unmarked.push((addr, seen.is_meta)),
                     (Some(seen), true) if seen.is_meta != (nibble & NIBBLE_META != 0) => {

@@ -36,6 +36,7 @@ pub mod testing;
 mod tree;
 pub mod types;
 mod volumes;
+mod write;
 
 pub use cache::{CACHE_NODES_MIN, CACHE_SIZE_DEFAULT_BYTES};
 pub use check::CheckReport;

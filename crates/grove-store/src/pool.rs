@@ -24,6 +24,7 @@ use crate::format::FORMAT_VERSION;
 use crate::reclaim::ReclaimBatch;
 use crate::state::{CommitIo, CommitIoOutcome, PreparedCommit, State};
 use crate::types::*;
+use crate::write;
 
 /// Size of the journal region made at init, unless PoolOptions says.
 pub const JOURNAL_REGION_BYTES: u64 = 16 * 1024 * 1024;
@@ -967,68 +968,79 @@ impl Volume {
     }
 
     /// Writes `buf` at byte `offset`. Durable after the next flush.
+    ///
+    /// The data I/O runs without the state lock, so writers to different
+    /// blocks (and readers) go on in parallel, whether a block is written
+    /// in place or needs a new one (a hole, or a block a snapshot shares):
+    /// see `write.rs`. A long write goes a chunk at a time.
     pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        let (block_bytes, record) = {
+            let state = lock_state(&self.inner);
+            ensure_changes_allowed(&state)?;
+            let record = self.record(&state)?;
+            (state.geometry.block_bytes(), record)
+        };
+        if !record.kind.is_writable() {
+            return Err(read_only_error(&record));
+        }
+        check_range(&record, "write", offset, buf.len() as u64)?;
+        let chunk_bytes = write::WRITE_CHUNK_BLOCKS * block_bytes;
+        let mut done = 0usize;
+        while done < buf.len() {
+            let position = offset + done as u64;
+            let chunk_end = (position / chunk_bytes + 1) * chunk_bytes;
+            let len = ((chunk_end - position) as usize).min(buf.len() - done);
+            self.write_chunk(&buf[done..done + len], position)?;
+            done += len;
+        }
+        Ok(())
+    }
+
+    /// One chunk of a write: planned under the state lock, written with
+    /// only the I/O gate held, the new blocks mapped under the lock again.
+    fn write_chunk(&self, buf: &[u8], offset: u64) -> Result<()> {
         let mut state = lock_state(&self.inner);
         ensure_changes_allowed(&state)?;
+        // Checked again: the volume may have changed since the last chunk.
         let record = self.record(&state)?;
         if !record.kind.is_writable() {
             return Err(read_only_error(&record));
         }
         check_range(&record, "write", offset, buf.len() as u64)?;
-        let block_bytes = state.geometry.block_bytes();
-        // Blocks this volume owns outright are written in place after the
-        // state lock is let go, so writers to different blocks run in
-        // parallel; blocks that need a new block (holes, shared blocks) are
-        // written under the lock, where allocation and the tree change happen.
-        let mut in_place: Vec<(u64, std::ops::Range<usize>)> = Vec::new();
-        let mut done = 0u64;
-        while done < buf.len() as u64 {
-            let position = offset + done;
-            let in_block = position % block_bytes;
-            let len = (block_bytes - in_block).min(buf.len() as u64 - done);
-            let range = done as usize..(done + len) as usize;
-            let index = position / block_bytes;
-            if let Some(addr) = state.lookup_writable_in_place(
-                record.root,
-                record.height,
-                index,
-                record.share_floor_generation,
-            )? {
-                in_place.push((addr.0 * block_bytes + in_block, range));
-                done += len;
-                continue;
+        let plan = match write::plan(&mut state, &record, offset, buf.len()) {
+            // Blocks freed since the last commit cannot be reused until a
+            // commit makes their free durable: commit, then try again,
+            // rather than report a full pool that is not full.
+            Err(e) if e.kind() == ErrorKind::NoSpace && state.alloc.has_open_frees() => {
+                commit_locked(&self.inner, &mut state)?;
+                write::plan(&mut state, &record, offset, buf.len())?
             }
-            let data = &buf[range];
-            match state.write_block(self.id, index, in_block as usize, data) {
-                // Blocks freed since the last commit cannot be reused until a
-                // commit makes their free durable: commit, then try again,
-                // rather than report a full pool that is not full.
-                Err(e) if e.kind() == ErrorKind::NoSpace && state.alloc.has_open_frees() => {
-                    commit_locked(&self.inner, &mut state)?;
-                    state.write_block(self.id, index, in_block as usize, data)?;
-                }
-                result => result?,
-            }
-            commit_if_large(&self.inner, &mut state)?;
-            done += len;
-        }
-        if in_place.is_empty() {
-            return Ok(());
-        }
-        // The gate keeps these blocks from being freed and reused, and keeps
-        // a snapshot from sharing them, until the writes have landed.
+            plan => plan?,
+        };
         let device = state.device.clone();
         let data_dirty = state.data_dirty.clone();
+        let block_bytes = state.geometry.block_bytes();
+        // The gate keeps the blocks read and written from being freed and
+        // reused, and keeps a snapshot from sharing them, until the writes
+        // have landed. It is let go before the state lock is taken again: a
+        // commit holding the state lock may be waiting for it.
         let gate = self.inner.io_gate.read().unwrap_or_else(|e| e.into_inner());
         drop(state);
-        for (device_offset, range) in in_place {
-            device
-                .write_at(&buf[range], device_offset)
-                .map_err(|e| Error::io(format!("cannot write data to {}", device.describe()), e))?;
+        let written = write::run(device.as_ref(), block_bytes, buf, &plan);
+        if !plan.direct.is_empty() {
+            data_dirty.store(true, std::sync::atomic::Ordering::Release);
         }
-        data_dirty.store(true, std::sync::atomic::Ordering::Release);
         drop(gate);
-        Ok(())
+        if plan.allocations.is_empty() {
+            return written;
+        }
+        let mut state = lock_state(&self.inner);
+        if let Err(e) = written.and_then(|()| ensure_changes_allowed(&state)) {
+            plan.free_allocations(&mut state);
+            return Err(e);
+        }
+        write::install(&mut state, self.id, buf, &plan.allocations)?;
+        commit_if_large(&self.inner, &mut state)
     }
 
     /// Discards (unmaps) a byte range: whole blocks become holes and give

@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 
 use crate::alloc::BlockUse;
-use crate::error::Result;
+use crate::error::{Error, ErrorKind, Result};
 use crate::format::node::{Entry, Node, NodeKind};
 use crate::state::State;
 use crate::types::{BlockAddr, VolumeId};
@@ -338,16 +338,67 @@ impl State {
             self.alloc.free(new_block);
             return Err(e);
         }
+        self.map_new_block(id, leaf, slot, &path, entry, new_block)
+    }
+
+    /// Maps a data block that a write filled outside the state lock (see
+    /// `Volume::write_at`) at `index` of volume `id`, if the entry there is
+    /// still `old`, the one the block's contents were merged from. Returns
+    /// false, changing no entry, if a write in between changed it: the
+    /// caller then frees the block and writes again under the lock.
+    pub fn install_written_block(
+        &mut self,
+        id: VolumeId,
+        index: u64,
+        old: Entry,
+        new_block: BlockAddr,
+    ) -> Result<bool> {
+        let record = self.volume_by_id(id)?.clone();
+        if !record.kind.is_writable() || index >= self.geometry.blocks_for(record.size_bytes) {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "volume {:?} changed during the write (made read-only or shrunk)",
+                    record.name
+                ),
+            ));
+        }
+        let (leaf, path) =
+            self.leaf_for_write(record.root, record.height, NodeKind::VolumeData, index)?;
+        let slot = self.geometry.slot(index, 0);
+        let entry = self.entry(leaf, slot);
+        if entry != old {
+            return Ok(false);
+        }
+        // The data landed before this; the commit that makes the mapping
+        // durable must flush it first.
+        self.data_dirty
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.map_new_block(id, leaf, slot, &path, entry, new_block)?;
+        Ok(true)
+    }
+
+    /// Points entry `slot` of `leaf` (reached by `path`) at `new_block`, born
+    /// now, in place of `old`, and gives back the reference `old` held.
+    fn map_new_block(
+        &mut self,
+        id: VolumeId,
+        leaf: BlockAddr,
+        slot: usize,
+        path: &Path,
+        old: Entry,
+        new_block: BlockAddr,
+    ) -> Result<()> {
         let now = self.superblock.birth_generation;
         self.set_entry(leaf, slot, Entry::new(new_block, now));
-        self.touch_path(&path);
-        if entry.is_empty() {
+        self.touch_path(path);
+        if old.is_empty() {
             let record = self.volumes.get_mut(&id).expect("volume exists");
             record.referenced_blocks += 1;
             self.dirty_records.insert(id);
         } else {
             let mut dropped = Dropped::default();
-            self.drop_reference(entry.addr(), None, &mut dropped)?;
+            self.drop_reference(old.addr(), None, &mut dropped)?;
             self.apply_dropped(dropped);
         }
         Ok(())

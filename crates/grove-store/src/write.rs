@@ -1,0 +1,211 @@
+//! The write path behind `Volume::write_at`, in three steps, so that data
+//! I/O never holds the pool's state lock:
+//!
+//! 1. [`plan`], under the state lock: each block of the write either goes
+//!    in place (the volume alone holds it and it was born after the last
+//!    snapshot point) or gets a new block, reserved now (taken, but in no
+//!    transaction: a crash before step 3 leaks nothing) and not yet mapped.
+//! 2. [`run`], with only the I/O gate held: the data lands, in place or in
+//!    the new blocks (a partial block merged with the contents of the block
+//!    it replaces, which the gate keeps from being reused meanwhile).
+//! 3. [`install`], under the state lock again: each new block is mapped if
+//!    its entry is still the one it was merged from; if a write in between
+//!    changed it, the new block is freed and that block written again under
+//!    the lock.
+//!
+//! Nobody can see a new block before step 3, so nobody reads it half
+//! written; and the mapping is made only after its data landed, so the
+//! commit that makes it durable flushes the data first (ordered mode).
+
+use std::ops::Range;
+
+use crate::device::BlockDevice;
+use crate::error::{Error, Result};
+use crate::format::node::{Entry, NodeKind};
+use crate::format::record::VolumeRecord;
+use crate::state::State;
+use crate::types::{BlockAddr, VolumeId};
+
+/// Blocks one plan covers at most: a long write is planned, written and
+/// installed a chunk at a time, which bounds the blocks allocated but not
+/// yet mapped and lets the write path commit between chunks.
+pub(crate) const WRITE_CHUNK_BLOCKS: u64 = 256;
+
+/// A block of the write that gets a new block.
+pub(crate) struct Allocation {
+    pub index: u64,
+    /// The entry the new block replaces: a partial write keeps its data.
+    pub old: Entry,
+    pub new_block: BlockAddr,
+    pub offset_in_block: usize,
+    /// The bytes of the caller's buffer that go into this block.
+    pub range: Range<usize>,
+}
+
+#[derive(Default)]
+pub(crate) struct WritePlan {
+    /// Writes straight from the caller's buffer, in place or into new
+    /// blocks written whole: (device byte offset, range of the buffer).
+    pub direct: Vec<(u64, Range<usize>)>,
+    /// Every new block, mapped by [`install`] once the data landed.
+    pub allocations: Vec<Allocation>,
+}
+
+impl WritePlan {
+    /// Gives back the new blocks (a failed write, or a failed plan).
+    pub fn free_allocations(&self, state: &mut State) {
+        for allocation in &self.allocations {
+            state.alloc.unreserve(allocation.new_block);
+        }
+    }
+}
+
+/// Step 1: decides where each block of `len` bytes at `offset` goes. On
+/// an error, nothing stays allocated.
+pub(crate) fn plan(
+    state: &mut State,
+    record: &VolumeRecord,
+    offset: u64,
+    len: usize,
+) -> Result<WritePlan> {
+    let mut plan = WritePlan::default();
+    let result = plan_into(state, record, offset, len, &mut plan);
+    if result.is_err() {
+        plan.free_allocations(state);
+    }
+    result.map(|()| plan)
+}
+
+fn plan_into(
+    state: &mut State,
+    record: &VolumeRecord,
+    offset: u64,
+    len: usize,
+    plan: &mut WritePlan,
+) -> Result<()> {
+    let block_bytes = state.geometry.block_bytes();
+    let mut done = 0usize;
+    while done < len {
+        let position = offset + done as u64;
+        let index = position / block_bytes;
+        let in_block = position % block_bytes;
+        let piece = (block_bytes - in_block).min((len - done) as u64) as usize;
+        let range = done..done + piece;
+        done += piece;
+        let in_place = state.lookup_writable_in_place(
+            record.root,
+            record.height,
+            index,
+            record.share_floor_generation,
+        )?;
+        if let Some(addr) = in_place {
+            plan.direct.push((addr.0 * block_bytes + in_block, range));
+            continue;
+        }
+        let old = state.lookup(record.root, record.height, NodeKind::VolumeData, index)?;
+        let new_block = state.alloc.reserve()?;
+        if piece as u64 == block_bytes {
+            plan.direct.push((new_block.0 * block_bytes, range.clone()));
+        }
+        plan.allocations.push(Allocation {
+            index,
+            old,
+            new_block,
+            offset_in_block: in_block as usize,
+            range,
+        });
+    }
+    Ok(())
+}
+
+/// Step 2: the data I/O, without the state lock; the caller holds the I/O
+/// gate, so that no block read or written here is reused meanwhile.
+pub(crate) fn run(
+    device: &dyn BlockDevice,
+    block_bytes: u64,
+    buf: &[u8],
+    plan: &WritePlan,
+) -> Result<()> {
+    let write_error = |e| Error::io(format!("cannot write data to {}", device.describe()), e);
+    for allocation in plan.allocations.iter() {
+        if allocation.range.len() as u64 == block_bytes {
+            continue;
+        }
+        // A partial block: the rest comes from the block it replaces.
+        let mut merged = vec![0u8; block_bytes as usize];
+        if !allocation.old.is_empty() {
+            device
+                .read_at(&mut merged, allocation.old.addr().0 * block_bytes)
+                .map_err(|e| Error::io(format!("cannot read data of {}", device.describe()), e))?;
+        }
+        let at = allocation.offset_in_block;
+        merged[at..at + allocation.range.len()].copy_from_slice(&buf[allocation.range.clone()]);
+        device
+            .write_at(&merged, allocation.new_block.0 * block_bytes)
+            .map_err(write_error)?;
+    }
+    for (device_offset, range) in coalesce(&plan.direct) {
+        device
+            .write_at(&buf[range], device_offset)
+            .map_err(write_error)?;
+    }
+    Ok(())
+}
+
+/// Merges writes that are neighbours both on the device and in the
+/// buffer, so that a sequential write is one device write per run.
+fn coalesce(direct: &[(u64, Range<usize>)]) -> Vec<(u64, Range<usize>)> {
+    let mut merged: Vec<(u64, Range<usize>)> = Vec::with_capacity(direct.len());
+    for (offset, range) in direct {
+        if let Some((last_offset, last_range)) = merged.last_mut() {
+            let device_end = *last_offset + last_range.len() as u64;
+            if device_end == *offset && last_range.end == range.start {
+                last_range.end = range.end;
+                continue;
+            }
+        }
+        merged.push((*offset, range.clone()));
+    }
+    merged
+}
+
+/// Step 3: maps the new blocks whose data landed. A block whose entry
+/// changed since the plan is freed and written again under the lock. On
+/// an error, the blocks not yet mapped are freed.
+pub(crate) fn install(
+    state: &mut State,
+    id: VolumeId,
+    buf: &[u8],
+    allocations: &[Allocation],
+) -> Result<()> {
+    for (i, allocation) in allocations.iter().enumerate() {
+        let installed =
+            state.install_written_block(id, allocation.index, allocation.old, allocation.new_block);
+        let result = match installed {
+            Ok(true) => {
+                state.alloc.confirm(allocation.new_block);
+                Ok(())
+            }
+            Ok(false) => {
+                state.alloc.unreserve(allocation.new_block);
+                state.write_block(
+                    id,
+                    allocation.index,
+                    allocation.offset_in_block,
+                    &buf[allocation.range.clone()],
+                )
+            }
+            Err(e) => {
+                state.alloc.unreserve(allocation.new_block);
+                Err(e)
+            }
+        };
+        if let Err(e) = result {
+            for rest in &allocations[i + 1..] {
+                state.alloc.unreserve(rest.new_block);
+            }
+            return Err(e);
+        }
+    }
+    Ok(())
+}
