@@ -974,39 +974,33 @@ impl Volume {
     /// in place or needs a new one (a hole, or a block a snapshot shares):
     /// see `write.rs`. A long write goes a chunk at a time.
     pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
-        let (block_bytes, record) = {
-            let state = lock_state(&self.inner);
-            ensure_changes_allowed(&state)?;
-            let record = self.record(&state)?;
-            (state.geometry.block_bytes(), record)
-        };
-        if !record.kind.is_writable() {
-            return Err(read_only_error(&record));
-        }
-        check_range(&record, "write", offset, buf.len() as u64)?;
-        let chunk_bytes = write::WRITE_CHUNK_BLOCKS * block_bytes;
         let mut done = 0usize;
-        while done < buf.len() {
-            let position = offset + done as u64;
-            let chunk_end = (position / chunk_bytes + 1) * chunk_bytes;
-            let len = ((chunk_end - position) as usize).min(buf.len() - done);
-            self.write_chunk(&buf[done..done + len], position)?;
-            done += len;
+        loop {
+            done += self.write_chunk(buf, offset, done)?;
+            if done == buf.len() {
+                return Ok(());
+            }
         }
-        Ok(())
     }
 
     /// One chunk of a write: planned under the state lock, written with
     /// only the I/O gate held, the new blocks mapped under the lock again.
-    fn write_chunk(&self, buf: &[u8], offset: u64) -> Result<()> {
+    /// The chunk of `whole` (written at `whole_offset`) that starts `done`
+    /// bytes in; returns its length.
+    fn write_chunk(&self, whole: &[u8], whole_offset: u64, done: usize) -> Result<usize> {
         let mut state = lock_state(&self.inner);
         ensure_changes_allowed(&state)?;
-        // Checked again: the volume may have changed since the last chunk.
+        // Checked for every chunk: the volume may change between chunks.
         let record = self.record(&state)?;
         if !record.kind.is_writable() {
             return Err(read_only_error(&record));
         }
-        check_range(&record, "write", offset, buf.len() as u64)?;
+        check_range(&record, "write", whole_offset, whole.len() as u64)?;
+        let offset = whole_offset + done as u64;
+        let chunk_bytes = write::WRITE_CHUNK_BLOCKS * state.geometry.block_bytes();
+        let chunk_end = (offset / chunk_bytes + 1) * chunk_bytes;
+        let len = ((chunk_end - offset) as usize).min(whole.len() - done);
+        let buf = &whole[done..done + len];
         let plan = match write::plan(&mut state, &record, offset, buf.len()) {
             // Blocks freed since the last commit cannot be reused until a
             // commit makes their free durable: commit, then try again,
@@ -1032,7 +1026,7 @@ impl Volume {
         }
         drop(gate);
         if plan.allocations.is_empty() {
-            return written;
+            return written.map(|()| len);
         }
         let mut state = lock_state(&self.inner);
         if let Err(e) = written.and_then(|()| ensure_changes_allowed(&state)) {
@@ -1040,7 +1034,13 @@ impl Volume {
             return Err(e);
         }
         write::install(&mut state, self.id, buf, &plan.allocations)?;
-        commit_if_large(&self.inner, &mut state)
+        // A commit the write path starts runs its I/O without the lock too.
+        let large = state.pending_commit_blocks() > state.auto_commit_blocks();
+        drop(state);
+        if large {
+            commit(&self.inner)?;
+        }
+        Ok(len)
     }
 
     /// Discards (unmaps) a byte range: whole blocks become holes and give

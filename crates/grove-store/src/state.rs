@@ -88,10 +88,6 @@ impl Geometry {
     }
 }
 
-/// Share-count changes that weigh like one metadata block when deciding
-/// to commit early: a block's worth of 16-byte runs.
-const SHARE_RUNS_PER_IMAGE: usize = 256;
-
 pub struct State {
     pub device: Arc<dyn BlockDevice>,
     pub geometry: Geometry,
@@ -710,12 +706,19 @@ impl State {
     /// Dirty metadata that the next commit must write; the write path
     /// commits on its own once this passes `auto_commit_blocks`, so that
     /// a transaction always fits in the journal.
+    ///
+    /// Images count a block each; allocation changes and share-count changes
+    /// count what they take in the descriptor (each change one extent or
+    /// run at most), so a burst of allocating writes does not commit long
+    /// before the journal needs it.
     pub fn pending_commit_blocks(&self) -> u64 {
-        let share_changes = self.shares.change_count().div_ceil(SHARE_RUNS_PER_IMAGE);
-        (self.cache.dirty().len()
-            + self.dirty_records.len()
-            + self.alloc.change_count()
-            + share_changes) as u64
+        let images = self.cache.dirty().len() + self.dirty_records.len();
+        let descriptor_bytes = Descriptor::encoded_len(
+            images,
+            self.alloc.change_count(),
+            self.shares.change_count(),
+        );
+        (images + descriptor_bytes.div_ceil(self.geometry.block_size_bytes as usize)) as u64
     }
 
     /// Commits in the middle of a repair once the pending changes near what
