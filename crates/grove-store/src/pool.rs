@@ -930,10 +930,15 @@ impl Volume {
 
     /// Fills `buf` from byte `offset`. Holes read as zeros.
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        let mut state = lock_state(&self.inner);
+        let state = lock_state(&self.inner);
         let record = self.record(&state)?;
         check_range(&record, "read", offset, buf.len() as u64)?;
         let block_bytes = state.geometry.block_bytes();
+        let blocks = offset / block_bytes..(offset + buf.len() as u64).div_ceil(block_bytes);
+        let mut state = prefetch_paths(&self.inner, state, &record, blocks);
+        // Again: the volume may have changed while the lock was let go.
+        let record = self.record(&state)?;
+        check_range(&record, "read", offset, buf.len() as u64)?;
         // Translate every block under the state lock, then read the data
         // with only the I/O gate held, so other volumes keep going.
         let mut pieces = Vec::new();
@@ -983,24 +988,37 @@ impl Volume {
         }
     }
 
-    /// One chunk of a write: planned under the state lock, written with
-    /// only the I/O gate held, the new blocks mapped under the lock again.
-    /// The chunk of `whole` (written at `whole_offset`) that starts `done`
-    /// bytes in; returns its length.
-    fn write_chunk(&self, whole: &[u8], whole_offset: u64, done: usize) -> Result<usize> {
-        let mut state = lock_state(&self.inner);
-        ensure_changes_allowed(&state)?;
-        // Checked for every chunk: the volume may change between chunks.
-        let record = self.record(&state)?;
+    /// The volume's record if `len` bytes at `offset` may be written now;
+    /// refusals in the order a caller expects (failed pool, read-only
+    /// volume, range).
+    fn check_writable(&self, state: &State, offset: u64, len: usize) -> Result<VolumeRecord> {
+        ensure_changes_allowed(state)?;
+        let record = self.record(state)?;
         if !record.kind.is_writable() {
             return Err(read_only_error(&record));
         }
-        check_range(&record, "write", whole_offset, whole.len() as u64)?;
+        check_range(&record, "write", offset, len as u64)?;
+        Ok(record)
+    }
+
+    /// One chunk of a write: the chunk of `whole` (written at
+    /// `whole_offset`) that starts `done` bytes in, planned under the state
+    /// lock, written with only the I/O gate held, its new blocks mapped
+    /// under the lock again. Returns its length.
+    fn write_chunk(&self, whole: &[u8], whole_offset: u64, done: usize) -> Result<usize> {
+        let state = lock_state(&self.inner);
+        // The whole range first, so no arithmetic below can overflow.
+        let record = self.check_writable(&state, whole_offset, whole.len())?;
+        let block_bytes = state.geometry.block_bytes();
         let offset = whole_offset + done as u64;
-        let chunk_bytes = write::WRITE_CHUNK_BLOCKS * state.geometry.block_bytes();
+        let chunk_bytes = write::WRITE_CHUNK_BLOCKS * block_bytes;
         let chunk_end = (offset / chunk_bytes + 1) * chunk_bytes;
         let len = ((chunk_end - offset) as usize).min(whole.len() - done);
         let buf = &whole[done..done + len];
+        let blocks = offset / block_bytes..(offset + len as u64).div_ceil(block_bytes);
+        let mut state = prefetch_paths(&self.inner, state, &record, blocks);
+        // Again: the volume may change whenever the lock is let go.
+        let record = self.check_writable(&state, whole_offset, whole.len())?;
         let plan = match write::plan(&mut state, &record, offset, buf.len()) {
             // Blocks freed since the last commit cannot be reused until a
             // commit makes their free durable: commit, then try again,
@@ -1224,6 +1242,49 @@ fn release_frees(inner: &Inner, state: &mut State, frees: Vec<BlockAddr>) {
         let _gate = write_gate(inner);
         state.alloc.release(frees);
     }
+}
+
+/// Device reads one request's prefetch makes at most; lookups under the
+/// lock read whatever else is missing.
+const PREFETCH_READS_MAX: usize = 32;
+
+/// Reads the radix nodes that lookups of `blocks` of `record` would miss
+/// in the cache, each with the state lock let go during the read, so that
+/// a cache miss stalls no other client. A node is cached only if no
+/// metadata changed during its read (`State::cache_prefetched`). Returns
+/// the state lock; the caller looks its record up again.
+fn prefetch_paths<'a>(
+    inner: &'a Inner,
+    mut state: MutexGuard<'a, State>,
+    record: &VolumeRecord,
+    blocks: std::ops::Range<u64>,
+) -> MutexGuard<'a, State> {
+    let per_leaf = state.geometry.entries_per_node as u64;
+    let block_bytes = state.geometry.block_bytes();
+    let mut index = blocks.start;
+    let mut reads = 0;
+    while index < blocks.end && reads < PREFETCH_READS_MAX {
+        let missing =
+            state.first_uncached_node(record.root, record.height, NodeKind::VolumeData, index);
+        let Some((addr, level)) = missing else {
+            index = (index / per_leaf + 1) * per_leaf; // the next leaf's path
+            continue;
+        };
+        let epoch = state.metadata_epoch();
+        let device = state.device.clone();
+        drop(state);
+        let mut block = vec![0u8; block_bytes as usize];
+        let read = device.read_at(&mut block, addr.0 * block_bytes);
+        reads += 1;
+        state = lock_state(inner);
+        let cached = read.is_ok()
+            && state.cache_prefetched(addr, NodeKind::VolumeData, level, &block, epoch);
+        if !cached {
+            // Metadata moved meanwhile: this path's lookup reads under the lock.
+            index = (index / per_leaf + 1) * per_leaf;
+        }
+    }
+    state
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -136,6 +136,10 @@ pub struct State {
     unwritten_homes: BTreeMap<BlockAddr, Vec<u8>>,
     /// A prepared commit whose I/O may be running without the state lock.
     commit_in_flight: Option<InFlightCommit>,
+    /// Moves whenever a metadata block may change on disk or be freed: a
+    /// node read without the state lock is cached only if it has not
+    /// moved since the read began (see `Pool`'s prefetch).
+    metadata_epoch: std::sync::atomic::AtomicU64,
 }
 
 /// What [`State::prepare_commit`] leaves for the pool to do.
@@ -259,6 +263,7 @@ impl State {
             committed_roots,
             unwritten_homes: BTreeMap::new(),
             commit_in_flight: None,
+            metadata_epoch: std::sync::atomic::AtomicU64::new(0),
             open_warnings: Vec::new(),
             device,
             geometry,
@@ -311,6 +316,7 @@ impl State {
     }
 
     fn write_device_block(&self, addr: BlockAddr, buf: &[u8], what: &str) -> Result<()> {
+        self.metadata_changed();
         self.device
             .write_at(buf, self.block_offset(addr))
             .map_err(|e| {
@@ -326,6 +332,64 @@ impl State {
 
     // ----- node cache -----
 
+    pub(crate) fn metadata_epoch(&self) -> u64 {
+        self.metadata_epoch.load(Ordering::Acquire)
+    }
+
+    fn metadata_changed(&self) {
+        self.metadata_epoch.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The first node on the path to `index` that a lookup would have to
+    /// read from the device (neither cached nor an image in memory), with
+    /// its level; None if the lookup needs no device read.
+    pub(crate) fn first_uncached_node(
+        &self,
+        root: BlockAddr,
+        height: u8,
+        kind: NodeKind,
+        index: u64,
+    ) -> Option<(BlockAddr, u8)> {
+        let mut addr = root;
+        for level in (0..height).rev() {
+            let Some(node) = self.cache.peek(addr) else {
+                return (!self.unwritten_homes.contains_key(&addr)).then_some((addr, level));
+            };
+            if node.kind != kind || node.level != level {
+                return None; // damage: the lookup under the lock reports it
+            }
+            let entry = node.entries[self.geometry.slot(index, level)];
+            if level == 0 || entry.is_empty() {
+                return None;
+            }
+            addr = entry.addr();
+        }
+        None
+    }
+
+    /// Caches a node whose block was read without the state lock, if no
+    /// metadata changed since `epoch` (when the read began) and it decodes;
+    /// otherwise the lookup reads it again under the lock. True if cached.
+    pub(crate) fn cache_prefetched(
+        &mut self,
+        addr: BlockAddr,
+        kind: NodeKind,
+        level: u8,
+        block: &[u8],
+        epoch: u64,
+    ) -> bool {
+        if self.metadata_epoch() != epoch || self.cache.contains(addr) {
+            return false;
+        }
+        match self.decode_node(addr, kind, level, block) {
+            Ok(node) if Self::check_shape(&node, addr, kind, level).is_ok() => {
+                self.cache.insert(addr, node, false);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Reads and verifies the node at `addr` from the device (or from a
     /// journaled image whose write home failed: the disk is older).
     fn read_node(&self, addr: BlockAddr, kind: NodeKind, level: u8) -> Result<Node> {
@@ -334,11 +398,21 @@ impl State {
             Some(image) => block.copy_from_slice(image),
             None => self.read_block(addr, &mut block, "radix node")?,
         }
+        self.decode_node(addr, kind, level, &block)
+    }
+
+    fn decode_node(
+        &self,
+        addr: BlockAddr,
+        kind: NodeKind,
+        level: u8,
+        block: &[u8],
+    ) -> Result<Node> {
         let data_start = self.superblock.data_start.0;
         let valid = data_start..self.alloc.store_end();
         let birth_max = self.superblock.birth_generation;
         let node =
-            Node::decode(&block, addr, kind, level, valid, birth_max).map_err(|e| match kind {
+            Node::decode(block, addr, kind, level, valid, birth_max).map_err(|e| match kind {
                 NodeKind::VolumeTable => Error::corrupt(format!("volume table: {e}")),
                 NodeKind::VolumeData => e,
             })?;
@@ -457,6 +531,7 @@ impl State {
     /// Frees a block and forgets any cached node in it. Only the last
     /// reference may free a block.
     pub(crate) fn free_block(&mut self, addr: BlockAddr) {
+        self.metadata_changed();
         debug_assert!(!self.shares.is_shared(addr), "{addr} is still shared");
         self.cache.remove(addr);
         self.alloc.free(addr);
@@ -839,6 +914,8 @@ impl State {
                 return Err(e);
             }
         };
+        // Its I/O rewrites the homes of the images.
+        self.metadata_changed();
         let io = CommitIo {
             device: self.device.clone(),
             block_bytes: self.geometry.block_size_bytes as usize,

@@ -494,3 +494,78 @@ fn a_crash_while_an_allocating_write_is_in_flight_leaks_nothing() {
         report.warnings
     );
 }
+
+/// A lookup that misses the metadata cache reads its node from the device
+/// without the state lock: while that read is held up, another client's
+/// read goes on.
+#[test]
+fn a_metadata_cache_miss_held_up_by_the_device_stalls_no_other_client() {
+    const LEAVES: u64 = 300;
+    const LEAF_SPAN_BYTES: u64 = 512 * 4096;
+    let held = Arc::new(std::sync::Mutex::new(true));
+    let changed = Arc::new(std::sync::Condvar::new());
+    let (started_tx, started) = std::sync::mpsc::channel();
+    let started_tx = std::sync::Mutex::new(Some(started_tx));
+    let device = Arc::new(HookedDevice::new().before_read({
+        let (held, changed) = (held.clone(), changed.clone());
+        move |_| {
+            if std::thread::current().name() != Some("slow-reader") {
+                return;
+            }
+            if let Some(tx) = started_tx.lock().unwrap().take() {
+                let _ = tx.send(());
+            }
+            let mut h = held.lock().unwrap();
+            while *h {
+                h = changed.wait(h).unwrap();
+            }
+        }
+    }));
+    let pool = Pool::format(device, &PoolOptions::default(), Path::new("miss"), None).unwrap();
+    pool.create_volume("v", LEAVES * LEAF_SPAN_BYTES).unwrap();
+    let volume = pool.volume("v").unwrap();
+    for leaf in 0..LEAVES {
+        volume
+            .write_at(
+                &[(leaf % 250) as u8 + 1; BLOCK_BYTES],
+                leaf * LEAF_SPAN_BYTES,
+            )
+            .unwrap();
+    }
+    pool.flush().unwrap();
+    // The smallest cache, then every other leaf read: leaf 0 leaves it.
+    pool.set_cache_size(0);
+    let mut buf = vec![0u8; BLOCK_BYTES];
+    for leaf in 1..LEAVES {
+        volume.read_at(&mut buf, leaf * LEAF_SPAN_BYTES).unwrap();
+    }
+    // A hole next to leaf 0's block: reading it reads only leaf 0's node.
+    let slow = std::thread::Builder::new()
+        .name("slow-reader".into())
+        .spawn({
+            let volume = volume.clone();
+            move || {
+                let mut buf = vec![1u8; BLOCK_BYTES];
+                volume.read_at(&mut buf, BLOCK_BYTES as u64).map(|()| buf)
+            }
+        })
+        .unwrap();
+    started
+        .recv_timeout(STALL_LIMIT)
+        .expect("the lookup missed the cache and read the device");
+    let reader = volume.clone();
+    let read = finishes_while_held(move || {
+        let mut buf = vec![0u8; BLOCK_BYTES];
+        reader
+            .read_at(&mut buf, (LEAVES - 1) * LEAF_SPAN_BYTES)
+            .map(|()| buf)
+    });
+    *held.lock().unwrap() = false;
+    changed.notify_all();
+    assert_eq!(slow.join().unwrap().unwrap(), vec![0u8; BLOCK_BYTES]);
+    assert_eq!(
+        read.expect("a read stalled behind another client's cache miss")
+            .unwrap(),
+        vec![((LEAVES - 1) % 250) as u8 + 1; BLOCK_BYTES]
+    );
+}

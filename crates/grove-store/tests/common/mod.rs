@@ -26,10 +26,11 @@ pub fn contents(pool: &Pool) -> BTreeMap<String, Vec<u8>> {
 /// What a test runs before a write or a flush reaches the device.
 pub type Hook = Box<dyn Fn(&grove_store::MemDevice) + Send + Sync>;
 
-/// A memory device that runs a test's hook before each write and each
+/// A memory device that runs a test's hook before each read, write or
 /// flush: to slow writes down, count flushes, or keep images.
 pub struct HookedDevice {
     pub inner: grove_store::MemDevice,
+    before_read: Option<Hook>,
     before_write: Option<Hook>,
     before_flush: Option<Hook>,
 }
@@ -38,9 +39,18 @@ impl HookedDevice {
     pub fn new() -> HookedDevice {
         HookedDevice {
             inner: grove_store::MemDevice::new(),
+            before_read: None,
             before_write: None,
             before_flush: None,
         }
+    }
+
+    pub fn before_read(
+        mut self,
+        hook: impl Fn(&grove_store::MemDevice) + Send + Sync + 'static,
+    ) -> Self {
+        self.before_read = Some(Box::new(hook));
+        self
     }
 
     pub fn before_write(
@@ -62,6 +72,9 @@ impl HookedDevice {
 
 impl grove_store::BlockDevice for HookedDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        if let Some(hook) = &self.before_read {
+            hook(&self.inner);
+        }
         self.inner.read_at(buf, offset)
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
