@@ -46,15 +46,81 @@ impl CheckReport {
 /// damaged pool would otherwise print millions of lines.
 const REPORT_LINES_MAX: usize = 100;
 
-#[derive(Default)]
+/// Blocks of the store whose references one pass of the walk counts: 4
+/// bytes each, so at most 64 MiB however large the pool. A larger store
+/// is checked in several passes over its metadata, one window each.
+pub const CHECK_WINDOW_BLOCKS: u64 = 16 * 1024 * 1024;
+
+/// What the walk found pointing at one block.
+#[derive(Default, Clone, Copy)]
 struct BlockUseSeen {
     /// Distinct parent entries (or volume records) that point here.
     references: u32,
     is_meta: bool,
 }
 
+/// References to the blocks [first, first + slots.len()), and nothing
+/// else: the window of the store this pass checks. A slot packs the
+/// reference count (low 31 bits) and whether a node points here as at
+/// metadata (the top bit); 0 is a block nothing points at.
+struct Tally {
+    first: u64,
+    slots: Vec<u32>,
+}
+
+const TALLY_META_BIT: u32 = 1 << 31;
+
+impl Tally {
+    fn new(window: std::ops::Range<u64>) -> Tally {
+        assert!(window.start < window.end);
+        assert!(window.end - window.start <= CHECK_WINDOW_BLOCKS.max(1 << 24));
+        Tally {
+            first: window.start,
+            slots: vec![0; (window.end - window.start) as usize],
+        }
+    }
+
+    /// One more reference to `addr`, if it lies in the window.
+    fn note(&mut self, addr: u64, is_meta: bool) {
+        let Some(offset) = addr.checked_sub(self.first) else {
+            return;
+        };
+        let Some(slot) = self.slots.get_mut(offset as usize) else {
+            return;
+        };
+        let references = (*slot & !TALLY_META_BIT)
+            .saturating_add(1)
+            .min(!TALLY_META_BIT);
+        let meta = (*slot & TALLY_META_BIT) | if is_meta { TALLY_META_BIT } else { 0 };
+        *slot = references | meta;
+    }
+
+    fn get(&self, addr: u64) -> Option<BlockUseSeen> {
+        let slot = *self.slots.get(addr.checked_sub(self.first)? as usize)?;
+        (slot != 0).then_some(BlockUseSeen {
+            references: slot & !TALLY_META_BIT,
+            is_meta: slot & TALLY_META_BIT != 0,
+        })
+    }
+
+    fn contains(&self, addr: u64) -> bool {
+        self.get(addr).is_some()
+    }
+
+    fn seen(&self) -> impl Iterator<Item = (u64, BlockUseSeen)> + '_ {
+        (0..self.slots.len() as u64)
+            .filter_map(|i| Some((self.first + i, self.get(self.first + i)?)))
+    }
+
+    fn window(&self) -> std::ops::Range<u64> {
+        self.first..self.first + self.slots.len() as u64
+    }
+}
+
 struct Walk {
-    seen: HashMap<u64, BlockUseSeen>,
+    tally: Tally,
+    /// Later passes walk again only to count: their errors were reported.
+    quiet: bool,
     /// Table nodes already walked.
     walked: HashSet<u64>,
     /// Data mapped below a node, and its newest birth, once walked.
@@ -65,6 +131,9 @@ struct Walk {
 
 impl Walk {
     fn error(&mut self, message: String) {
+        if self.quiet {
+            return;
+        }
         if self.errors.len() < REPORT_LINES_MAX {
             self.errors.push(message);
         } else {
@@ -72,12 +141,9 @@ impl Walk {
         }
     }
 
-    /// Notes a path to `addr`; `counts` is false when the same parent entry
-    /// is walked again (reached another way), so it is not counted twice.
-    fn reference(&mut self, addr: BlockAddr, counts: bool, is_meta: bool) {
-        let seen = self.seen.entry(addr.0).or_default();
-        seen.references = seen.references.saturating_add(u32::from(counts));
-        seen.is_meta |= is_meta;
+    /// Notes a parent entry (or volume record) pointing at `addr`.
+    fn reference(&mut self, addr: BlockAddr, is_meta: bool) {
+        self.tally.note(addr.0, is_meta);
     }
 }
 
@@ -109,15 +175,18 @@ impl State {
     /// Verifies all metadata; with `repair`, fixes leaks, map disagreements,
     /// share counts and space accounting, committing as it goes.
     pub fn check(&mut self, repair: bool) -> Result<CheckReport> {
+        self.check_in_windows(repair, CHECK_WINDOW_BLOCKS)
+    }
+
+    /// `check`, counting references for `window_blocks` blocks of the
+    /// store at a time (tests use small windows to cover several passes).
+    pub(crate) fn check_in_windows(
+        &mut self,
+        repair: bool,
+        window_blocks: u64,
+    ) -> Result<CheckReport> {
         let started = Instant::now();
         let mut report = CheckReport::default();
-        let mut walk = Walk {
-            seen: HashMap::new(),
-            walked: HashSet::new(),
-            counts: HashMap::new(),
-            errors: Vec::new(),
-            suppressed_errors: 0,
-        };
         let mut findings = Findings::default();
         report.warnings.extend(self.open_warnings.iter().cloned());
         let warnings_before = report.warnings.len();
@@ -126,13 +195,40 @@ impl State {
         // both slots again, which the caller does after a repair.
         findings.superblock_damage =
             !self.open_warnings.is_empty() || report.warnings.len() > warnings_before;
+        let data_start = self.superblock.data_start.0;
+        let store_end = self.alloc.store_end().max(data_start + 1);
+        let window_blocks = window_blocks.clamp(1, CHECK_WINDOW_BLOCKS);
+        let mut walk = Walk {
+            tally: Tally::new(data_start..(data_start + window_blocks).min(store_end)),
+            quiet: false,
+            walked: HashSet::new(),
+            counts: HashMap::new(),
+            errors: Vec::new(),
+            suppressed_errors: 0,
+        };
         // The journal holds exactly what was committed since the checkpoint.
         if let Err(e) = self.verify_journal() {
             walk.error(e.to_string());
         }
         let counts = self.walk_everything(&mut walk);
-        self.compare_share_counts(&mut walk, &mut report, &mut findings);
-        self.compare_maps(&mut walk, &mut report, &mut findings);
+        loop {
+            self.tally_share_counts(&walk, &mut findings);
+            self.tally_maps(&walk, &mut findings);
+            report.blocks_checked += walk.tally.seen().count() as u64;
+            let next = walk.tally.window().end;
+            if next >= store_end {
+                break;
+            }
+            // The next window: the same walk again, counting only there.
+            walk.tally = Tally::new(next..(next + window_blocks).min(store_end));
+            walk.quiet = true;
+            walk.walked.clear();
+            walk.counts.clear();
+            self.walk_everything(&mut walk);
+        }
+        walk.quiet = false;
+        self.report_share_counts(&mut walk, &mut report, &mut findings);
+        self.report_maps(&mut walk, &mut report, &findings);
         self.compare_accounting(&counts, &mut walk, &mut findings);
         if self.alloc.inconsistent_frees() > 0 {
             walk.error(format!(
@@ -140,7 +236,6 @@ impl State {
                 self.alloc.inconsistent_frees()
             ));
         }
-        report.blocks_checked = walk.seen.len() as u64;
         if walk.suppressed_errors > 0 {
             walk.errors
                 .push(format!("... and {} more errors", walk.suppressed_errors));
@@ -158,7 +253,7 @@ impl State {
     fn walk_everything(&mut self, walk: &mut Walk) -> HashMap<VolumeId, Counts> {
         if self.superblock.volume_table_height > 0 {
             let root = self.superblock.volume_table_root;
-            walk.reference(root, true, true);
+            walk.reference(root, true);
             self.walk_table(root, self.superblock.volume_table_height - 1, walk);
         }
         let trees: Vec<(VolumeId, BlockAddr, u8, String)> = self
@@ -169,20 +264,16 @@ impl State {
             .collect();
         let mut counts = HashMap::new();
         for (id, root, height, name) in trees {
-            walk.reference(root, true, true);
+            walk.reference(root, true);
             counts.insert(id, self.walk_volume(root, height - 1, walk, &name));
         }
         counts
     }
 
     /// Exact sharing: every block's count is its references, less one.
-    fn compare_share_counts(
-        &self,
-        walk: &mut Walk,
-        report: &mut CheckReport,
-        findings: &mut Findings,
-    ) {
-        for (&addr, seen) in &walk.seen {
+    /// Collects the disagreements in this pass's window.
+    fn tally_share_counts(&self, walk: &Walk, findings: &mut Findings) {
+        for (addr, seen) in walk.tally.seen() {
             let counted = self.shares.extra(BlockAddr(addr)).saturating_add(1);
             if counted < seen.references {
                 findings.low_counts.push((addr, seen.references, counted));
@@ -190,11 +281,20 @@ impl State {
                 findings.high_counts.push((addr, seen.references));
             }
         }
+        let window = walk.tally.window();
         for &addr in self.shares.all().keys() {
-            if !walk.seen.contains_key(&addr) {
+            if window.contains(&addr) && !walk.tally.contains(addr) {
                 findings.high_counts.push((addr, 0));
             }
         }
+    }
+
+    fn report_share_counts(
+        &self,
+        walk: &mut Walk,
+        report: &mut CheckReport,
+        findings: &mut Findings,
+    ) {
         findings.low_counts.sort_unstable();
         for &(addr, references, counted) in &findings.low_counts {
             walk.error(format!(
@@ -209,16 +309,18 @@ impl State {
         }
     }
 
-    /// The allocation map against reachability, over the whole store.
-    fn compare_maps(&self, walk: &mut Walk, report: &mut CheckReport, findings: &mut Findings) {
+    /// The allocation map against reachability, in this pass's window.
+    fn tally_maps(&self, walk: &Walk, findings: &mut Findings) {
         let store_end = self.alloc.store_end();
+        let window = walk.tally.window();
         for group in 0..self.alloc.group_count() {
             let start = self.alloc.group_start(group).0;
             let end = (start + self.superblock.group_blocks).min(store_end);
-            for addr in start + crate::format::group::GROUP_HEADER_BLOCKS..end {
+            let first = (start + crate::format::group::GROUP_HEADER_BLOCKS).max(window.start);
+            for addr in first..end.min(window.end) {
                 let nibble = self.alloc.nibble(BlockAddr(addr)).unwrap_or(0);
                 let allocated = nibble & NIBBLE_ALLOCATED != 0;
-                match (walk.seen.get(&addr), allocated) {
+                match (walk.tally.get(addr), allocated) {
                     // A write in flight holds it, and maps it shortly.
                     (None, true) if self.alloc.is_reserved(BlockAddr(addr)) => {}
                     (None, true) => findings.leaks.push(addr),
@@ -230,6 +332,9 @@ impl State {
                 }
             }
         }
+    }
+
+    fn report_maps(&self, walk: &mut Walk, report: &mut CheckReport, findings: &Findings) {
         for &(addr, _) in &findings.unmarked {
             walk.error(format!(
                 "block {addr} is in use but the allocation map says it is free"
@@ -386,7 +491,7 @@ impl State {
             Err(e) => return walk.error(format!("volume table: {e}")),
         };
         for entry in entries.iter().filter(|e| !e.is_empty()) {
-            walk.reference(entry.addr(), true, true);
+            walk.reference(entry.addr(), true);
             if level > 0 {
                 self.walk_table(entry.addr(), level - 1, walk);
             }
@@ -415,7 +520,7 @@ impl State {
             if entry.is_empty() {
                 continue;
             }
-            walk.reference(entry.addr(), true, level > 0);
+            walk.reference(entry.addr(), level > 0);
             if level == 0 {
                 counts.referenced += 1;
                 continue;

@@ -887,6 +887,20 @@ impl Pool {
         self.state().set_cache_size(size_bytes);
     }
 
+    /// `check`, counting references `window_blocks` blocks of the store at
+    /// a time, as a pool past `CHECK_WINDOW_BLOCKS` is checked: for tests
+    /// that compare it with the one-pass check.
+    #[doc(hidden)]
+    pub fn check_in_windows_for_tests(
+        &self,
+        repair: bool,
+        window_blocks: u64,
+    ) -> Result<CheckReport> {
+        let mut state = self.state();
+        settle_commit(&self.inner, &mut state)?;
+        state.check_in_windows(repair, window_blocks)
+    }
+
     /// Sets a volume's recorded referenced bytes outright and commits: a
     /// crafted store with valid checksums, for tests of `check --repair`.
     #[doc(hidden)]

@@ -344,6 +344,9 @@ fn check_crash_points(
     checked
 }
 
+/// Crash images whose check is repeated in windows of 1,000 blocks.
+const WINDOWED_CHECK_EVERY: u64 = 50;
+
 fn check_image(image: Vec<u8>, candidates: &[&Model], context: &str) {
     let pool = Pool::open_device(
         Arc::new(MemDevice::from_bytes(image)),
@@ -359,6 +362,22 @@ fn check_image(image: Vec<u8>, candidates: &[&Model], context: &str) {
         "{context}: check found errors: {:?}",
         report.errors
     );
+    // Now and then, the check in windows (as a pool too large for one pass
+    // is checked) must find the same leftovers a crash leaves.
+    static IMAGES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let image = IMAGES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if image.is_multiple_of(WINDOWED_CHECK_EVERY) {
+        let windowed = pool.check_in_windows_for_tests(false, 1000).unwrap();
+        assert_eq!(
+            (
+                &windowed.errors,
+                &windowed.warnings,
+                windowed.blocks_checked
+            ),
+            (&report.errors, &report.warnings, report.blocks_checked),
+            "{context}: a check in windows disagrees"
+        );
+    }
     // Whatever the cut interrupted, reclaiming to the end leaves exactly
     // the reachable blocks allocated: nothing leaked, no count held back.
     pool.reclaim_all(|_| {})

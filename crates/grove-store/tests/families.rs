@@ -118,6 +118,8 @@ fn random_family_trees_keep_every_byte_through_interior_removals() {
     }
     pool.reclaim_all(|_| {}).unwrap();
     assert_clean(&pool, "after the removals");
+    let report = pool.check(false).unwrap();
+    assert_same_in_windows(&pool, &report, "after the removals");
     assert!(removed_with_children > 20, "only {removed_with_children}");
     assert_eq!(common::contents(&pool), model);
     // Removing everything gives every data block back.
@@ -335,4 +337,41 @@ fn emptied_volume_table_blocks_are_given_back() {
     assert_clean(&pool, "after emptying the table");
     pool.create_volume("again", VOLUME_BYTES).unwrap();
     assert_eq!(pool.volumes().unwrap().len(), 2);
+}
+
+/// A check in small windows (several passes over the metadata, as a pool
+/// larger than `CHECK_WINDOW_BLOCKS` is checked) finds exactly what the
+/// one-pass check finds.
+fn assert_same_in_windows(pool: &Pool, report: &grove_store::CheckReport, context: &str) {
+    // An odd size, so windows cut groups and node runs anywhere.
+    let windowed = pool.check_in_windows_for_tests(false, 37).unwrap();
+    assert_eq!(windowed.errors, report.errors, "{context}: windowed errors");
+    assert_eq!(
+        windowed.warnings, report.warnings,
+        "{context}: windowed warnings"
+    );
+    assert_eq!(
+        windowed.blocks_checked, report.blocks_checked,
+        "{context}: windowed blocks"
+    );
+}
+
+#[test]
+fn a_check_in_windows_finds_what_a_one_pass_check_finds() {
+    let pool = memory_pool(256 * 1024);
+    pool.create_volume("a", VOLUME_BYTES).unwrap();
+    let a = pool.volume("a").unwrap();
+    a.write_at(&vec![1u8; VOLUME_BYTES as usize / 2], 0)
+        .unwrap();
+    pool.snapshot("a", "a@1").unwrap();
+    a.write_at(&vec![2u8; 3 * 4096], 8192).unwrap();
+    pool.clone_volume("a@1", "b").unwrap();
+    let clean = pool.check(false).unwrap();
+    assert!(clean.is_clean() && clean.blocks_checked > 37, "{clean:?}");
+    assert_same_in_windows(&pool, &clean, "clean");
+    // Damage the accounting (an error) and compare again.
+    pool.damage_accounting_for_tests("b", 3).unwrap();
+    let damaged = pool.check(false).unwrap();
+    assert!(!damaged.is_clean());
+    assert_same_in_windows(&pool, &damaged, "damaged");
 }
