@@ -602,6 +602,49 @@ fn rebuild_restores_full_redundancy() {
     }
 }
 
+/// The CI flake of rebuild_restores_full_redundancy: a background mount
+/// announced itself before moving its stderr off the pipe of the parent,
+/// which exits at once; the first request that logged (here a branch found
+/// missing) wrote into that dead pipe, tracing-subscriber reported the
+/// failure with eprintln!, whose panic killed the request's thread and
+/// fuser answered EIO. A foreground mount whose stderr reader is gone
+/// shows the same deterministically: it must serve on, logs lost or not.
+#[test]
+fn a_mount_whose_log_cannot_be_written_still_serves() {
+    require!();
+    let r = Raif::new("raif5", 3, "4K");
+    r.unmount();
+    let mut args = vec!["raif", "mount", "--foreground", "--level", "raif5"];
+    args.extend(["--stripe-unit", "4K"]);
+    args.extend(r.branches.iter().map(|b| b.to_str().unwrap()));
+    args.push(r.mnt.to_str().unwrap());
+    let mut child = Command::new(GROVE)
+        .args(&args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert!(line.starts_with("mounted RAIF"), "{line}");
+    // Nobody reads the log any more, as after a background mount's parent exits.
+    drop(child.stderr.take());
+    let data = pattern(20_000, 12);
+    fs::write(r.p("a"), &data).unwrap();
+    // Both log lines: the component that cannot be opened, the branch failed.
+    fs::rename(&r.branches[1], r.dir.path().join("away")).unwrap();
+    for _ in 0..2 {
+        assert_eq!(fs::read(r.p("a")).unwrap(), data);
+    }
+    assert_eq!(r.status()["state"], "degraded");
+    r.unmount();
+    assert!(child.wait().unwrap().success());
+}
+
 #[test]
 fn scrub_finds_and_repairs_a_corrupt_unit() {
     require!();
