@@ -1,7 +1,8 @@
 //! `grove raif` end to end with the real kernel: POSIX behaviour in the
 //! style of pjdfstest, a random-operation checker against an in-memory
 //! oracle (fsx's idea) over a RAIF5 mount, a branch removed mid-run for
-//! RAIF1, 5, 6 and 10, status and explain, and one-line errors. They need
+//! RAIF1, 5, 6 and 10, rebuild, scrub, kill -9 of the mount (anywhere, and
+//! in the write hole), status and explain, and one-line errors. They need
 //! root and /dev/fuse; without them each test prints why it skips (and
 //! fails under GROVE_REQUIRE_TOOLS=1). Every mount is undone by a guard's
 //! Drop, so a failing assertion leaves none behind.
@@ -760,6 +761,82 @@ fn kill_9_of_the_mount_keeps_every_fsync() {
             text(&out)
         );
         assert_eq!(fs::read(r.p("log")).unwrap(), found);
+    }
+}
+
+/// Waits until the mount's log holds `text` (or the settle timeout ends).
+fn wait_for_log(r: &Raif, text: &str) -> bool {
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(SETTLE_TIMEOUT_MS) {
+        if fs::read_to_string(r.log_path()).is_ok_and(|log| log.contains(text)) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+#[test]
+fn kill_9_in_the_write_hole_is_found_and_repaired_by_scrub() {
+    require!();
+    for (level, width) in [("raif5", 3), ("raif1", 2)] {
+        let mut r = Raif::new(level, width, "4K");
+        let mut data = pattern(50_000, 21);
+        let other = pattern(30_000, 22);
+        for (name, bytes) in [("a", &data), ("b", &other)] {
+            let mut f = fs::File::create(r.p(name)).unwrap();
+            std::io::Write::write_all(&mut f, bytes).unwrap();
+            f.sync_all().unwrap();
+        }
+        // Remounted with the hook: its first write request stops for good
+        // between its new data and the parity (RAIF5) or second copy (RAIF1).
+        r.unmount();
+        r.env = vec![("GROVE_RAIF_WRITE_HOLE".into(), "1".into())];
+        let pid = r.mount();
+        let stripe_bytes = if level == "raif5" { 8192 } else { 4096 };
+        let at = stripe_bytes + 10;
+        let piece = pattern(100, 23);
+        let (path, written) = (r.p("a"), piece.clone());
+        let writer = std::thread::spawn(move || {
+            let f = OpenOptions::new().write(true).open(path).unwrap();
+            f.write_all_at(&written, at as u64)
+        });
+        assert!(
+            wait_for_log(&r, "GROVE_RAIF_WRITE_HOLE: this write stops"),
+            "{level}: the write never reached the hole"
+        );
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        assert!(writer.join().unwrap().is_err(), "{level}: the write failed");
+        r.unmount();
+        r.env.clear();
+        r.mount();
+        let out = r.run(&["scrub"]);
+        assert_eq!(out.status.code(), Some(1), "{level}: {}", text(&out));
+        let expected = format!("a: stripe 1 (offset {stripe_bytes}): ");
+        assert!(text(&out).contains(&expected), "{level}: {}", text(&out));
+        let out = r.run(&["scrub", "--repair"]);
+        assert_eq!(out.status.code(), Some(1), "{level}: {}", text(&out));
+        assert!(text(&out).contains("repaired"), "{level}: {}", text(&out));
+        let out = r.run(&["scrub"]);
+        assert!(out.status.success(), "{level}: {}", text(&out));
+        // The new data reached its unit (the first copy, for RAIF1), which
+        // the repair made redundant again; everything else is as fsynced.
+        data[at..at + piece.len()].copy_from_slice(&piece);
+        assert_eq!(fs::read(r.p("a")).unwrap(), data, "{level}");
+        assert_eq!(fs::read(r.p("b")).unwrap(), other, "{level}");
+        // Redundant indeed: without the branch of the stripe's other data
+        // unit (RAIF5: rebuilt from the repaired parity) or of the first
+        // copy (RAIF1), stripe 1 still reads back.
+        let stripe = r.explain("a")["stripes"][1].clone();
+        let label = &stripe["data"][if level == "raif5" { 1 } else { 0 }][0];
+        let lost = r.branch(label).to_path_buf();
+        r.unmount();
+        r.mount();
+        let away = r.dir.path().join("away");
+        fs::rename(&lost, &away).unwrap();
+        assert_eq!(fs::read(r.p("a")).unwrap(), data, "{level} without {label}");
+        r.unmount();
+        fs::rename(&away, &lost).unwrap();
     }
 }
 

@@ -8,7 +8,7 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
@@ -24,6 +24,11 @@ pub const ROOT_INO: u64 = 1;
 /// A test hook: `LABEL=MS[,LABEL=MS...]` delays every component read on
 /// those branches, so that tests can make a branch slow through a real mount.
 pub const READ_DELAY_ENV: &str = "GROVE_RAIF_READ_DELAY";
+/// A test hook: `N` makes the mount's Nth write request (counting from 1)
+/// stop for good in the RAID write hole, its new data written and its
+/// parity or other mirror copies not, so that a test can kill -9 the mount
+/// at exactly that point and show that scrub finds and repairs the stripe.
+pub const WRITE_HOLE_ENV: &str = "GROVE_RAIF_WRITE_HOLE";
 /// Bytes copied at a time when a file is laid out again.
 const RELAYOUT_CHUNK_BYTES: u64 = 1024 * 1024;
 
@@ -205,6 +210,41 @@ impl BranchIo for FileIo<'_> {
     }
 }
 
+/// [`FileIo`] for the write [`WRITE_HOLE_ENV`] picks: it never leaves the
+/// write hole.
+struct HoleIo<'a>(FileIo<'a>);
+
+impl BranchIo for HoleIo<'_> {
+    fn read_at(&self, branch: usize, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.0.read_at(branch, offset, buf)
+    }
+
+    fn write_at(&self, branch: usize, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.0.write_at(branch, offset, data)
+    }
+
+    fn is_failed(&self, branch: usize) -> bool {
+        self.0.is_failed(branch)
+    }
+
+    fn fail(&self, branch: usize, error: &io::Error) {
+        self.0.fail(branch, error)
+    }
+
+    fn choose(&self, copies: &[usize]) -> usize {
+        self.0.choose(copies)
+    }
+
+    fn data_written(&self, stripe: u64) {
+        tracing::warn!(
+            "{WRITE_HOLE_ENV}: this write stops for good in stripe {stripe}: data written, redundancy not"
+        );
+        loop {
+            std::thread::park();
+        }
+    }
+}
+
 /// Inode numbers for paths below the mount, never reused while mounted.
 #[derive(Default)]
 pub struct Inodes {
@@ -281,6 +321,9 @@ pub struct Core {
     pub gate: RwLock<()>,
     /// The last maintenance job (rebuild or scrub) and its progress.
     pub job: Mutex<Option<super::maintain::Job>>,
+    /// Write requests so far, and the one [`WRITE_HOLE_ENV`] stops, if any.
+    writes: AtomicU64,
+    write_hole: Option<u64>,
 }
 
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -300,6 +343,8 @@ impl Core {
             open: Mutex::new(HashMap::new()),
             gate: RwLock::new(()),
             job: Mutex::new(None),
+            writes: AtomicU64::new(0),
+            write_hole: write_hole(),
         }
     }
 
@@ -762,7 +807,13 @@ impl Core {
             branches: &self.branches,
             file,
         };
-        raid::write(&layout, &io, offset, data).map_err(raid_error)?;
+        let n = self.writes.fetch_add(1, Ordering::Relaxed) + 1;
+        let written = if self.write_hole == Some(n) {
+            raid::write(&layout, &HoleIo(io), offset, data)
+        } else {
+            raid::write(&layout, &io, offset, data)
+        };
+        written.map_err(raid_error)?;
         m.size_bytes = m.size_bytes.max(offset + data.len() as u64);
         m.mtime_ns = meta::now_ns();
         m.ctime_ns = m.mtime_ns;
@@ -890,6 +941,18 @@ fn read_delays(config: &Config) -> Vec<Duration> {
         }
     }
     delays
+}
+
+/// Parses [`WRITE_HOLE_ENV`]: the write request to stop, if any.
+fn write_hole() -> Option<u64> {
+    let text = std::env::var(WRITE_HOLE_ENV).ok()?;
+    match text.parse::<u64>() {
+        Ok(n) if n > 0 => Some(n),
+        _ => {
+            tracing::warn!("{WRITE_HOLE_ENV}: ignoring {text:?} (want a request number from 1)");
+            None
+        }
+    }
 }
 
 pub fn remove_if_there(path: &Path) -> io::Result<()> {

@@ -16,7 +16,7 @@ use std::path::Path;
 use fuser::{Config as FuseConfig, MountOption, SessionACL};
 use grove_raif::config::Config;
 
-pub use core::READ_DELAY_ENV;
+pub use core::{READ_DELAY_ENV, WRITE_HOLE_ENV};
 pub use fs::{XATTR_EXPLAIN, XATTR_STATUS};
 pub use maintain::{Job, Request, XATTR_CONTROL};
 
