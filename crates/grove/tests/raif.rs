@@ -86,6 +86,8 @@ struct Raif {
     env: Vec<(String, String)>,
     /// A config file to mount with instead of --level.
     config: Option<PathBuf>,
+    /// More flags for `grove raif mount` (--degraded).
+    flags: Vec<String>,
     /// The background mount process: an unmount waits for its exit, since
     /// a process still ending could take a new mount on the same path down.
     pid: std::cell::Cell<u32>,
@@ -115,6 +117,7 @@ impl Raif {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             config: None,
+            flags: Vec::new(),
             pid: std::cell::Cell::new(0),
         };
         raif.mount();
@@ -124,6 +127,27 @@ impl Raif {
     /// Mounts (again) over the current branch directories; the pid of the
     /// background mount process.
     fn mount(&self) -> u32 {
+        let out = self.mount_output();
+        assert!(
+            out.status.success(),
+            "mount: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(is_mounted(&self.mnt));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let pid = stdout.split("pid ").nth(1).and_then(|rest| {
+            rest.split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
+        });
+        let pid = pid.unwrap_or_else(|| panic!("no pid in {stdout:?}"));
+        self.pid.set(pid);
+        pid
+    }
+
+    /// What `grove raif mount` over the current branch directories says.
+    fn mount_output(&self) -> Output {
         let mut args = vec![
             "raif",
             "mount",
@@ -145,23 +169,8 @@ impl Raif {
         }
         let log = self.log_path();
         args.extend(["--log", log.to_str().unwrap()]);
-        let out = grove_with_env(&args, &self.env);
-        assert!(
-            out.status.success(),
-            "mount: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(is_mounted(&self.mnt));
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let pid = stdout.split("pid ").nth(1).and_then(|rest| {
-            rest.split(|c: char| !c.is_ascii_digit())
-                .next()?
-                .parse()
-                .ok()
-        });
-        let pid = pid.unwrap_or_else(|| panic!("no pid in {stdout:?}"));
-        self.pid.set(pid);
-        pid
+        args.extend(self.flags.iter().map(String::as_str));
+        grove_with_env(&args, &self.env)
     }
 
     /// `grove raif SUBCOMMAND ARGS... MOUNTPOINT`.
@@ -644,6 +653,120 @@ fn a_mount_whose_log_cannot_be_written_still_serves() {
     assert_eq!(r.status()["state"], "degraded");
     r.unmount();
     assert!(child.wait().unwrap().success());
+}
+
+#[test]
+fn a_degraded_mount_serves_and_rebuild_restores_the_missing_branch() {
+    require!();
+    let mut r = Raif::new("raif5", 3, "4K");
+    fs::create_dir(r.p("d")).unwrap();
+    let mut files: Vec<(String, Vec<u8>)> = (0..4)
+        .map(|i| (format!("f{i}"), pattern(1 + i * 37_001, i as u64 + 30)))
+        .collect();
+    files.push(("d/g".into(), pattern(70_000, 34)));
+    for (name, data) in &files {
+        fs::write(r.p(name), data).unwrap();
+    }
+    r.unmount();
+    fs::remove_dir_all(&r.branches[1]).unwrap();
+    // Refused by default, with the branch named.
+    let out = r.mount_output();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("branch b1") && stderr.contains("missing"),
+        "{stderr}"
+    );
+    r.flags = vec!["--degraded".into()];
+    let out = r.mount_output();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("mounted degraded: branch b1 missing"),
+        "{}",
+        text(&out)
+    );
+    let status = r.status();
+    assert_eq!(status["state"], "degraded", "{status}");
+    assert_eq!(status["branches"][1]["state"], "failed", "{status}");
+    let log = fs::read_to_string(r.log_path()).unwrap();
+    assert!(log.contains("mounted degraded: branch b1 missing"), "{log}");
+    // Reads and writes go on where redundancy allows.
+    files[1].1 = pattern(20_000, 35);
+    files.push(("new".into(), pattern(50_000, 36)));
+    for (name, data) in &files {
+        fs::write(r.p(name), data).unwrap();
+    }
+    for (name, data) in &files {
+        assert_eq!(&fs::read(r.p(name)).unwrap(), data, "{name} degraded");
+    }
+    let new = r.dir.path().join("new1");
+    fs::create_dir(&new).unwrap();
+    let out = r.run(&["rebuild", "--branch", "b1", "--to", new.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(r.status()["state"], "ok");
+    // A plain mount over the new branch, without b0: everything is there.
+    r.unmount();
+    r.branches[1] = new;
+    r.flags.clear();
+    r.mount();
+    fs::rename(&r.branches[0], r.dir.path().join("away")).unwrap();
+    for (name, data) in &files {
+        assert_eq!(&fs::read(r.p(name)).unwrap(), data, "{name} without b0");
+    }
+    r.unmount();
+    fs::rename(r.dir.path().join("away"), &r.branches[0]).unwrap();
+}
+
+#[test]
+fn a_degraded_mount_is_refused_beyond_what_the_layout_survives() {
+    require!();
+    // (level, width, branches removed, what the one-line error says)
+    let cases = [
+        (
+            "raif5",
+            3,
+            &[1, 2][..],
+            Some("rule \"default\" (raif5) does not survive the loss of b1, b2"),
+        ),
+        (
+            "raif0",
+            2,
+            &[1][..],
+            Some("rule \"default\" (raif0) does not survive the loss of b1"),
+        ),
+        (
+            "raif6",
+            4,
+            &[1, 2][..],
+            Some("branches b1, b2 hold both copies of some files' metadata"),
+        ),
+        ("raif6", 4, &[0, 2][..], None),
+    ];
+    for (level, width, removed, expected) in cases {
+        let mut r = Raif::new(level, width, "4K");
+        fs::write(r.p("a"), pattern(30_000, 40)).unwrap();
+        r.unmount();
+        for &b in removed {
+            fs::remove_dir_all(&r.branches[b]).unwrap();
+        }
+        r.flags = vec!["--degraded".into()];
+        let out = r.mount_output();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        match expected {
+            Some(expected) => {
+                assert_eq!(out.status.code(), Some(1), "{level}: {stderr}");
+                assert_eq!(stderr.lines().count(), 1, "{level}: {stderr}");
+                let line = format!("grove: error: cannot mount degraded: {expected}");
+                assert!(stderr.starts_with(&line), "{level}: {stderr}");
+                assert!(!is_mounted(&r.mnt));
+            }
+            None => {
+                assert!(out.status.success(), "{level}: {stderr}");
+                assert_eq!(fs::read(r.p("a")).unwrap(), pattern(30_000, 40));
+            }
+        }
+    }
 }
 
 #[test]
