@@ -498,6 +498,34 @@ fn removing_a_branch_mid_run_keeps_every_file() {
 }
 
 #[test]
+fn a_branch_removed_under_an_open_file_is_noticed() {
+    require!();
+    let r = Raif::new("raif5", 3, "4K");
+    let data = pattern(40_000, 50);
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(r.p("f0"))
+        .unwrap();
+    f.write_all_at(&data[..20_000], 0).unwrap();
+    f.sync_all().unwrap();
+    // f0's metadata is on b2 and b0: writing it back never touches b1,
+    // and the open file's handle on b1's component outlives the directory.
+    let on = r.explain("f0")["metadata_on"].clone();
+    assert_eq!(on, serde_json::json!(["b2", "b0"]));
+    fs::remove_dir_all(&r.branches[1]).unwrap();
+    f.write_all_at(&data[20_000..], 20_000).unwrap();
+    f.sync_all().unwrap();
+    let status = r.status();
+    assert_eq!(status["state"], "degraded", "{status}");
+    assert_eq!(status["branches"][1]["state"], "failed", "{status}");
+    drop(f);
+    assert_eq!(fs::read(r.p("f0")).unwrap(), data);
+}
+
+#[test]
 fn explain_and_status_answer() {
     require!();
     let r = Raif::new("raif1", 3, "64K");

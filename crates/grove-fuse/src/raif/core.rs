@@ -98,6 +98,19 @@ impl Branches {
         (0..self.count()).filter(|&b| !self.is_failed(b))
     }
 
+    /// Fails every branch whose directory is gone. Needed besides
+    /// [`Branches::check_error`]: an open file's component handles outlive
+    /// the directory, and writes and fsyncs through them succeed on files
+    /// nobody can reach any more.
+    pub fn check_roots(&self) {
+        for branch in self.healthy().collect::<Vec<_>>() {
+            if !self.root(branch).is_dir() {
+                let gone = io::Error::new(io::ErrorKind::NotFound, "its directory is gone");
+                self.fail(branch, &gone);
+            }
+        }
+    }
+
     /// Whether an error on a branch means the branch itself is gone: its
     /// root directory vanished, or the lower file system fails I/O.
     pub fn check_error(&self, branch: usize, error: &io::Error) {
@@ -535,6 +548,7 @@ impl Core {
 
     /// Opens (or shares) the file state of a regular file.
     pub fn open(&self, ino: u64, rel: &Path) -> io::Result<Arc<OpenFile>> {
+        self.branches.check_roots();
         let mut open = lock(&self.open);
         if let Some(file) = open.get(&ino) {
             *lock(&file.opens) += 1;
@@ -854,6 +868,8 @@ impl Core {
     }
 
     pub fn fsync(&self, ino: u64, file: &OpenFile) -> io::Result<()> {
+        // What went to a vanished branch is not durable: fail it first.
+        self.branches.check_roots();
         for (b, component) in file.components.iter().enumerate() {
             if let Some(c) = component.read().unwrap_or_else(|e| e.into_inner()).as_ref() {
                 if let Err(e) = c.sync_all() {
