@@ -50,6 +50,10 @@ pub enum MountError {
     PermissionDenied { path: PathBuf, reason: String },
     #[error("branch {label} ({}) is missing or not a directory", path.display())]
     BranchMissing { label: String, path: PathBuf },
+    /// `grove raif mount --degraded` with more branches missing than the
+    /// layout survives: why, in one line.
+    #[error("cannot mount degraded: {0}")]
+    DegradedUnsafe(String),
     #[error("cannot unmount {0}: it is busy (a loop device or an open file still uses it)")]
     Busy(PathBuf),
     #[error("{context}: {source}")]

@@ -20,6 +20,11 @@ pub trait BranchIo {
     fn choose(&self, copies: &[usize]) -> usize {
         copies[0]
     }
+    /// Called when a write has put its new data in `stripe` (the data
+    /// units, or a mirrored unit's first copy) and is about to write the
+    /// redundancy (parity, or the other copies): the RAID write hole lies
+    /// between the two. Nothing by default; a test hook can stop there.
+    fn data_written(&self, _stripe: u64) {}
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -159,10 +164,13 @@ pub fn write(
             let map = layout.stripe_map(seg.stripe);
             let at = layout.component_offset(seg.stripe) + seg.unit_offset;
             let piece = &data[seg.buf_offset as usize..(seg.buf_offset + seg.len) as usize];
-            let written = map.data[seg.unit]
-                .iter()
-                .filter(|&&b| write_to(io, b, at, piece))
-                .count();
+            let mut written = 0;
+            for (copy, &b) in map.data[seg.unit].iter().enumerate() {
+                if copy == 1 {
+                    io.data_written(seg.stripe);
+                }
+                written += usize::from(write_to(io, b, at, piece));
+            }
             if written == 0 {
                 return Err(RaidError::NoCopy {
                     stripe: seg.stripe,
@@ -226,6 +234,7 @@ fn write_parity_stripe(
     lost += (0..k)
         .filter(|&j| !changed[j] && io.is_failed(map.data[j][0]))
         .count();
+    io.data_written(stripe);
     for (branch, unit) in map.parity.iter().zip(&parity) {
         if !write_to(io, *branch, offset, unit) {
             lost += 1;

@@ -1,13 +1,15 @@
 //! The layout math, parity and recovery, over branches in memory: every
 //! level and width, odd sizes, partial last stripes, every single-branch
-//! loss (every pair for RAIF6) read back byte-exact, rebuild, scrub, and
-//! a proptest of random writes against a plain byte vector.
+//! loss (every pair for RAIF6) read back byte-exact, rebuild, scrub, a
+//! crash in the write hole, and a proptest of random writes against a
+//! plain byte vector.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use grove_raif::mem::MemBranches;
-use grove_raif::{raid, Balancer, Layout, Level, ALL_LEVELS};
+use grove_raif::{raid, Balancer, BranchIo, Layout, Level, ALL_LEVELS};
 use proptest::prelude::*;
 
 /// A small unit so that files of a few KiB span many stripes.
@@ -276,6 +278,87 @@ fn scrub_finds_and_repairs_a_stale_unit() {
             "{level} repaired"
         );
         assert_eq!(read_all(&layout, &branches, data.len()), data);
+    }
+}
+
+/// Branches that take no write once a write reached the write hole
+/// ([`BranchIo::data_written`]): a crash between a stripe's new data and
+/// its redundancy.
+struct CrashInTheHole<'a> {
+    inner: &'a MemBranches,
+    crashed: AtomicBool,
+}
+
+impl BranchIo for CrashInTheHole<'_> {
+    fn read_at(&self, branch: usize, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.inner.read_at(branch, offset, buf)
+    }
+
+    fn write_at(&self, branch: usize, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        if self.crashed.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        self.inner.write_at(branch, offset, data)
+    }
+
+    fn is_failed(&self, branch: usize) -> bool {
+        self.inner.is_failed(branch)
+    }
+
+    fn fail(&self, branch: usize, error: &std::io::Error) {
+        self.inner.fail(branch, error)
+    }
+
+    fn data_written(&self, _stripe: u64) {
+        self.crashed.store(true, Ordering::Relaxed);
+    }
+}
+
+#[test]
+fn a_crash_in_the_write_hole_leaves_new_data_that_scrub_makes_redundant() {
+    for level in [
+        Level::Raif1,
+        Level::Raif4,
+        Level::Raif5,
+        Level::Raif6,
+        Level::Raif10,
+    ] {
+        let layout = Layout::new(level, 4, UNIT_BYTES, 0).unwrap();
+        let mut data = pattern(4 * 3 * UNIT_BYTES, 3);
+        let branches = store(&layout, &data);
+        let crash = CrashInTheHole {
+            inner: &branches,
+            crashed: AtomicBool::new(false),
+        };
+        // 100 bytes of stripe 1's first unit.
+        let at = layout.stripe_data_bytes() + 10;
+        let piece = pattern(100, 4);
+        raid::write(&layout, &crash, at, &piece).unwrap();
+        assert!(
+            crash.crashed.load(Ordering::Relaxed),
+            "{level}: the hook ran"
+        );
+        data[at as usize..at as usize + 100].copy_from_slice(&piece);
+        let map = layout.stripe_map(1);
+        let redundancy = if map.parity.is_empty() {
+            map.data[0][1..].to_vec()
+        } else {
+            map.parity.clone()
+        };
+        let found = raid::scrub_stripe(&layout, &branches, 1, true)
+            .unwrap()
+            .unwrap();
+        assert_eq!(found.branches, redundancy, "{level}: the stale units");
+        assert!(
+            raid::scrub_stripe(&layout, &branches, 1, false)
+                .unwrap()
+                .is_none(),
+            "{level} repaired"
+        );
+        // The new data reached its unit, and is redundant again: it
+        // survives the loss of the branch that holds it.
+        branches.lose(map.data[0][0]);
+        assert_eq!(read_all(&layout, &branches, data.len()), data, "{level}");
     }
 }
 

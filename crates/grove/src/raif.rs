@@ -50,6 +50,11 @@ pub enum RaifCommand {
         /// discarded); GROVE_LOG sets the level, e.g. GROVE_LOG=debug
         #[arg(long, value_name = "FILE")]
         log: Option<PathBuf>,
+        /// Mount even with branch directories missing, if every rule's level
+        /// survives their loss: they start failed until `grove raif rebuild`
+        /// refills them
+        #[arg(long)]
+        degraded: bool,
         /// Without --config: BRANCH_DIR... then the mount point; with it, the mount point
         #[arg(required = true, num_args = 1..)]
         paths: Vec<PathBuf>,
@@ -96,10 +101,16 @@ pub fn run(command: RaifCommand) -> Result<()> {
             stripe_unit,
             foreground,
             log,
+            degraded,
             paths,
         } => {
             let (config, mountpoint) = load_config(config.as_deref(), level, stripe_unit, paths)?;
-            mount(config, &mountpoint, foreground, log.as_deref())
+            let how = How {
+                foreground,
+                log: log.as_deref(),
+                degraded,
+            };
+            mount(config, &mountpoint, &how)
         }
         RaifCommand::Status { mountpoint, json } => status(&mountpoint, json),
         RaifCommand::Rebuild {
@@ -145,18 +156,32 @@ fn load_config(
     Ok((Config::simple(level, unit, &paths)?, mountpoint))
 }
 
-fn mount(config: Config, mountpoint: &Path, foreground: bool, log: Option<&Path>) -> Result<()> {
+/// How `grove raif mount` runs: its flags besides the layout.
+struct How<'a> {
+    foreground: bool,
+    log: Option<&'a Path>,
+    degraded: bool,
+}
+
+fn mount(config: Config, mountpoint: &Path, how: &How) -> Result<()> {
     grove_fuse::check_mount_possible(mountpoint)?;
-    grove_fuse::raif::check_branches(&config)?;
+    let missing = grove_fuse::raif::check_branches(&config, how.degraded)?;
+    let warning = degraded_warning(&config, &missing, mountpoint);
     // Absolute before the background copy leaves the working directory.
-    let log = log.map(|p| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf()));
+    let log = how
+        .log
+        .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf()));
     if let Some(log) = &log {
         crate::daemon::open_log(log)?;
     }
     let log = log.as_deref();
     let daemon = std::env::var_os(DAEMON_ENV).is_some();
-    if !foreground && !daemon {
-        return start_in_background();
+    if !how.foreground && !daemon {
+        start_in_background()?;
+        if let Some(warning) = &warning {
+            eprintln!("grove: warning: {warning}");
+        }
+        return Ok(());
     }
     if daemon {
         let _ = rustix::process::setsid();
@@ -167,13 +192,33 @@ fn mount(config: Config, mountpoint: &Path, foreground: bool, log: Option<&Path>
         .context("cannot install signal handlers")?;
     let (events, received) = mpsc::channel();
     let ended = events.clone();
-    let mount = grove_fuse::raif::mount_raif(config, mountpoint, false, move || {
+    let mount = grove_fuse::raif::mount_raif(config, mountpoint, false, how.degraded, move || {
         let _ = ended.send(None);
     })
     .with_context(|| format!("cannot mount RAIF on {}", mountpoint.display()))?;
     announce(mountpoint, daemon, log)?;
+    if let Some(warning) = &warning {
+        // Again after the announcement: a background mount's log starts there.
+        tracing::warn!("{warning}");
+    }
+    if serve_until_unmounted(&mount, mountpoint, signals, events, received) {
+        mount.join()?;
+        tracing::info!("unmounted");
+    }
+    Ok(())
+}
+
+/// Waits until the mount goes away (`events` gets None) or a signal asks
+/// to unmount it; false if it was busy and is detached instead (then it
+/// ends with this process).
+fn serve_until_unmounted(
+    mount: &grove_fuse::Mount,
+    mountpoint: &Path,
+    mut signals: signal_hook::iterator::Signals,
+    events: mpsc::Sender<Option<i32>>,
+    received: mpsc::Receiver<Option<i32>>,
+) -> bool {
     let handle = signals.handle();
-    let mut signals = signals;
     std::thread::spawn(move || {
         for signal in signals.forever() {
             if events.send(Some(signal)).is_err() {
@@ -187,13 +232,26 @@ fn mount(config: Config, mountpoint: &Path, foreground: bool, log: Option<&Path>
             tracing::warn!("{e}; detaching it");
             let _ = mount.unmount_lazily();
             handle.close();
-            return Ok(());
+            return false;
         }
     }
     handle.close();
-    mount.join()?;
-    tracing::info!("unmounted");
-    Ok(())
+    true
+}
+
+/// What a degraded mount says about its missing branches, if any.
+fn degraded_warning(config: &Config, missing: &[usize], mountpoint: &Path) -> Option<String> {
+    let labels: Vec<&str> = missing
+        .iter()
+        .map(|&i| config.branches[i].label.as_str())
+        .collect();
+    (!labels.is_empty()).then(|| {
+        format!(
+            "mounted degraded: branch {} missing, failed until `grove raif rebuild --branch LABEL --to NEWDIR {}` refills it",
+            labels.join(", "),
+            mountpoint.display()
+        )
+    })
 }
 
 fn announce(mountpoint: &Path, daemon: bool, log: Option<&Path>) -> Result<()> {

@@ -227,6 +227,10 @@ pub(crate) fn init_logging() {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(filter)
+        // A log line that cannot be written (a full disk, a parent gone
+        // from the other end of a pipe) is dropped: reporting it on the
+        // same stderr would panic the thread that logged, a FUSE request's.
+        .log_internal_errors(false)
         .try_init();
 }
 

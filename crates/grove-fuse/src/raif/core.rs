@@ -8,7 +8,7 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
@@ -24,6 +24,11 @@ pub const ROOT_INO: u64 = 1;
 /// A test hook: `LABEL=MS[,LABEL=MS...]` delays every component read on
 /// those branches, so that tests can make a branch slow through a real mount.
 pub const READ_DELAY_ENV: &str = "GROVE_RAIF_READ_DELAY";
+/// A test hook: `N` makes the mount's Nth write request (counting from 1)
+/// stop for good in the RAID write hole, its new data written and its
+/// parity or other mirror copies not, so that a test can kill -9 the mount
+/// at exactly that point and show that scrub finds and repairs the stripe.
+pub const WRITE_HOLE_ENV: &str = "GROVE_RAIF_WRITE_HOLE";
 /// Bytes copied at a time when a file is laid out again.
 const RELAYOUT_CHUNK_BYTES: u64 = 1024 * 1024;
 
@@ -93,6 +98,19 @@ impl Branches {
         (0..self.count()).filter(|&b| !self.is_failed(b))
     }
 
+    /// Fails every branch whose directory is gone. Needed besides
+    /// [`Branches::check_error`]: an open file's component handles outlive
+    /// the directory, and writes and fsyncs through them succeed on files
+    /// nobody can reach any more.
+    pub fn check_roots(&self) {
+        for branch in self.healthy().collect::<Vec<_>>() {
+            if !self.root(branch).is_dir() {
+                let gone = io::Error::new(io::ErrorKind::NotFound, "its directory is gone");
+                self.fail(branch, &gone);
+            }
+        }
+    }
+
     /// Whether an error on a branch means the branch itself is gone: its
     /// root directory vanished, or the lower file system fails I/O.
     pub fn check_error(&self, branch: usize, error: &io::Error) {
@@ -122,6 +140,11 @@ pub struct OpenFile {
     pub components: Vec<RwLock<Option<File>>>,
     pub opens: Mutex<usize>,
     pub dirty: AtomicBool,
+    /// Held while the metadata is written back: two FUSE threads may write
+    /// it at once (one handle's release, the next one's flush), and the
+    /// one that takes the metadata last must also write it last, or the
+    /// sidecar keeps an older size.
+    pub persisting: Mutex<()>,
     pub unlinked: AtomicBool,
 }
 
@@ -197,6 +220,41 @@ impl BranchIo for FileIo<'_> {
         let global: Vec<usize> = copies.iter().map(|&b| self.file.subset[b]).collect();
         let chosen = self.branches.balancer.choose(&global);
         copies[global.iter().position(|&g| g == chosen).unwrap_or(0)]
+    }
+}
+
+/// [`FileIo`] for the write [`WRITE_HOLE_ENV`] picks: it never leaves the
+/// write hole.
+struct HoleIo<'a>(FileIo<'a>);
+
+impl BranchIo for HoleIo<'_> {
+    fn read_at(&self, branch: usize, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.0.read_at(branch, offset, buf)
+    }
+
+    fn write_at(&self, branch: usize, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.0.write_at(branch, offset, data)
+    }
+
+    fn is_failed(&self, branch: usize) -> bool {
+        self.0.is_failed(branch)
+    }
+
+    fn fail(&self, branch: usize, error: &io::Error) {
+        self.0.fail(branch, error)
+    }
+
+    fn choose(&self, copies: &[usize]) -> usize {
+        self.0.choose(copies)
+    }
+
+    fn data_written(&self, stripe: u64) {
+        tracing::warn!(
+            "{WRITE_HOLE_ENV}: this write stops for good in stripe {stripe}: data written, redundancy not"
+        );
+        loop {
+            std::thread::park();
+        }
     }
 }
 
@@ -276,6 +334,9 @@ pub struct Core {
     pub gate: RwLock<()>,
     /// The last maintenance job (rebuild or scrub) and its progress.
     pub job: Mutex<Option<super::maintain::Job>>,
+    /// Write requests so far, and the one [`WRITE_HOLE_ENV`] stops, if any.
+    writes: AtomicU64,
+    write_hole: Option<u64>,
 }
 
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -295,6 +356,8 @@ impl Core {
             open: Mutex::new(HashMap::new()),
             gate: RwLock::new(()),
             job: Mutex::new(None),
+            writes: AtomicU64::new(0),
+            write_hole: write_hole(),
         }
     }
 
@@ -328,6 +391,12 @@ impl Core {
                 Ok(Some(m)) => return Ok(Some(m)),
                 Ok(None) => {}
                 Err(e) => {
+                    // Said, since the next copy may hide it until that one is lost too.
+                    tracing::warn!(
+                        "cannot read the metadata of {} on branch {}: {e}",
+                        rel.display(),
+                        b.config.branches[branch].label
+                    );
                     b.check_error(branch, &e);
                     last_error = Some(e);
                 }
@@ -479,6 +548,7 @@ impl Core {
 
     /// Opens (or shares) the file state of a regular file.
     pub fn open(&self, ino: u64, rel: &Path) -> io::Result<Arc<OpenFile>> {
+        self.branches.check_roots();
         let mut open = lock(&self.open);
         if let Some(file) = open.get(&ino) {
             *lock(&file.opens) += 1;
@@ -516,6 +586,7 @@ impl Core {
             components,
             opens: Mutex::new(1),
             dirty: AtomicBool::new(false),
+            persisting: Mutex::new(()),
             unlinked: AtomicBool::new(false),
         });
         open.insert(ino, file.clone());
@@ -622,6 +693,7 @@ impl Core {
                 .collect(),
             opens: Mutex::new(1),
             dirty: AtomicBool::new(false),
+            persisting: Mutex::new(()),
             unlinked: AtomicBool::new(false),
         };
         let copied = self.copy_into(file, &old, &temp, &new);
@@ -717,6 +789,7 @@ impl Core {
 
     /// [`Core::persist`] for a file whose path is known.
     fn persist_at(&self, rel: &Path, file: &OpenFile, durable: bool) -> io::Result<()> {
+        let _turn = lock(&file.persisting);
         if file.unlinked.load(Ordering::Relaxed)
             || !(file.dirty.swap(false, Ordering::Relaxed) || durable)
         {
@@ -748,7 +821,13 @@ impl Core {
             branches: &self.branches,
             file,
         };
-        raid::write(&layout, &io, offset, data).map_err(raid_error)?;
+        let n = self.writes.fetch_add(1, Ordering::Relaxed) + 1;
+        let written = if self.write_hole == Some(n) {
+            raid::write(&layout, &HoleIo(io), offset, data)
+        } else {
+            raid::write(&layout, &io, offset, data)
+        };
+        written.map_err(raid_error)?;
         m.size_bytes = m.size_bytes.max(offset + data.len() as u64);
         m.mtime_ns = meta::now_ns();
         m.ctime_ns = m.mtime_ns;
@@ -789,6 +868,8 @@ impl Core {
     }
 
     pub fn fsync(&self, ino: u64, file: &OpenFile) -> io::Result<()> {
+        // What went to a vanished branch is not durable: fail it first.
+        self.branches.check_roots();
         for (b, component) in file.components.iter().enumerate() {
             if let Some(c) = component.read().unwrap_or_else(|e| e.into_inner()).as_ref() {
                 if let Err(e) = c.sync_all() {
@@ -878,6 +959,18 @@ fn read_delays(config: &Config) -> Vec<Duration> {
     delays
 }
 
+/// Parses [`WRITE_HOLE_ENV`]: the write request to stop, if any.
+fn write_hole() -> Option<u64> {
+    let text = std::env::var(WRITE_HOLE_ENV).ok()?;
+    match text.parse::<u64>() {
+        Ok(n) if n > 0 => Some(n),
+        _ => {
+            tracing::warn!("{WRITE_HOLE_ENV}: ignoring {text:?} (want a request number from 1)");
+            None
+        }
+    }
+}
+
 pub fn remove_if_there(path: &Path) -> io::Result<()> {
     match std::fs::remove_file(path) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -915,4 +1008,69 @@ pub fn libc_s_ifreg() -> u32 {
 /// st_mode of a lower entry.
 pub fn lower_mode(m: &std::fs::Metadata) -> u32 {
     m.mode()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use grove_raif::Level;
+
+    /// Threads writing and writing back one open file at once.
+    const WRITERS: u64 = 4;
+    /// Rounds of write then write-back each makes.
+    const ROUNDS_EACH: u64 = 300;
+
+    /// A core over `width` fresh branch directories in `dir`.
+    fn core(dir: &Path, level: Level, width: usize) -> Core {
+        let paths: Vec<PathBuf> = (0..width).map(|i| dir.join(format!("b{i}"))).collect();
+        paths.iter().for_each(|p| std::fs::create_dir(p).unwrap());
+        Core::new(Config::simple(level, 4096, &paths).unwrap())
+    }
+
+    /// Write-backs of one file race (one handle's release, the next one's
+    /// flush); once they are over, every sidecar must hold the metadata
+    /// the file has in memory, not an older size a slower writer took.
+    #[test]
+    fn racing_write_backs_leave_the_newest_metadata() {
+        let dir = tempfile::tempdir().unwrap();
+        let core = core(dir.path(), Level::Raif1, 2);
+        let rel = Path::new("f");
+        core.create(rel, 0o644, 0, 0).unwrap();
+        let ino = core.ino_for(rel);
+        let file = core.open(ino, rel).unwrap();
+        let start = std::sync::Barrier::new(WRITERS as usize + 1);
+        let end = std::sync::Barrier::new(WRITERS as usize + 1);
+        let mut stale = Vec::new();
+        std::thread::scope(|s| {
+            for writer in 0..WRITERS {
+                let (core, file, start, end) = (&core, &file, &start, &end);
+                s.spawn(move || {
+                    for round in 0..ROUNDS_EACH {
+                        start.wait();
+                        let at = (round * WRITERS + writer) * 10;
+                        core.write(file, at, &[1; 10]).unwrap();
+                        core.persist(ino, file, false).unwrap();
+                        end.wait();
+                    }
+                });
+            }
+            // Checked between rounds, never panicking inside the scope:
+            // a writer left waiting at a barrier would hang the test.
+            for round in 0..ROUNDS_EACH {
+                start.wait();
+                end.wait();
+                let in_memory = file.meta.read().unwrap().clone();
+                for branch in core.branches.meta_branches(rel) {
+                    let on_disk = meta::read(&core.branches.root(branch), rel);
+                    if !matches!(on_disk, Ok(Some(ref m)) if *m == in_memory) {
+                        stale.push((round, branch));
+                    }
+                }
+            }
+        });
+        assert!(
+            stale.is_empty(),
+            "stale sidecars (round, branch): {stale:?}"
+        );
+    }
 }

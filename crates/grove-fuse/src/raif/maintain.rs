@@ -203,8 +203,13 @@ fn rebuild(core: &Core, label: &str, to: &Path) -> Result<(), String> {
             let _ = std::fs::File::open(to.join(dir)).and_then(|f| f.set_times(times));
         }
     }
-    install_open_components(core, branch, to);
+    // Open files get handles on their new components while the branch is
+    // still failed (a handle from before the old directory vanished must
+    // not be read); files opened between that pass and the revival hold no
+    // handle on the branch, so a second pass gives them one.
+    install_open_components(core, branch, to, true);
     b.revive(branch);
+    install_open_components(core, branch, to, false);
     Ok(())
 }
 
@@ -313,8 +318,9 @@ impl BranchIo for RebuildIo<'_> {
     }
 }
 
-/// Files open during the rebuild get a handle on their new component.
-fn install_open_components(core: &Core, branch: usize, to: &Path) {
+/// Files open during the rebuild get a handle on their new component:
+/// every one with `replace`, else only those that hold none.
+fn install_open_components(core: &Core, branch: usize, to: &Path, replace: bool) {
     let open: Vec<(u64, Arc<OpenFile>)> = lock(&core.open)
         .iter()
         .map(|(ino, f)| (*ino, f.clone()))
@@ -323,6 +329,13 @@ fn install_open_components(core: &Core, branch: usize, to: &Path) {
         let Some(position) = file.subset.iter().position(|&g| g == branch) else {
             continue;
         };
+        let held = file.components[position]
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some();
+        if held && !replace {
+            continue;
+        }
         let Ok(rel) = core.path_of(ino) else { continue };
         let opened = std::fs::OpenOptions::new()
             .read(true)

@@ -15,8 +15,9 @@ use std::path::Path;
 
 use fuser::{Config as FuseConfig, MountOption, SessionACL};
 use grove_raif::config::Config;
+use grove_raif::{raid, Layout};
 
-pub use core::READ_DELAY_ENV;
+pub use core::{READ_DELAY_ENV, WRITE_HOLE_ENV};
 pub use fs::{XATTR_EXPLAIN, XATTR_STATUS};
 pub use maintain::{Job, Request, XATTR_CONTROL};
 
@@ -27,29 +28,72 @@ const FS_NAME: &str = "grove-raif";
 /// Threads serving requests at once.
 pub const RAIF_SESSION_THREADS: usize = 4;
 
-/// Checks that every branch is a directory: mounting over a missing
-/// branch is an error, not a degraded start.
-pub fn check_branches(config: &Config) -> Result<(), MountError> {
-    for branch in &config.branches {
-        if !branch.path.is_dir() {
-            return Err(MountError::BranchMissing {
-                label: branch.label.clone(),
-                path: branch.path.clone(),
-            });
+/// Checks that every branch is a directory: a missing one is an error,
+/// unless `degraded`. Then the missing branches are returned (they start
+/// failed) if every rule's level survives their loss and no file loses
+/// both copies of its metadata.
+pub fn check_branches(config: &Config, degraded: bool) -> Result<Vec<usize>, MountError> {
+    let missing: Vec<usize> = (0..config.branches.len())
+        .filter(|&i| !config.branches[i].path.is_dir())
+        .collect();
+    match missing.first() {
+        None => Ok(missing),
+        Some(&first) if !degraded => Err(MountError::BranchMissing {
+            label: config.branches[first].label.clone(),
+            path: config.branches[first].path.clone(),
+        }),
+        Some(_) => check_degraded(config, &missing).map(|()| missing),
+    }
+}
+
+/// Whether the mount can run with the `missing` branches failed. Only the
+/// rules are checked: a file laid out by a rule since removed from the
+/// configuration may still have lost more.
+fn check_degraded(config: &Config, missing: &[usize]) -> Result<(), MountError> {
+    let labels = |set: &mut dyn Iterator<Item = usize>| {
+        set.map(|i| config.branches[i].label.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    for rule in &config.rules {
+        let lost: Vec<usize> = (0..rule.branches.len())
+            .filter(|&p| missing.contains(&rule.branches[p]))
+            .collect();
+        let layout = Layout::new(rule.level, rule.branches.len(), rule.stripe_unit_bytes, 0)
+            .map_err(|e| MountError::DegradedUnsafe(format!("rule {:?}: {e}", rule.name)))?;
+        if !raid::survives(&layout, &lost) {
+            let names = labels(&mut lost.iter().map(|&p| rule.branches[p]));
+            return Err(MountError::DegradedUnsafe(format!(
+                "rule {:?} ({}) does not survive the loss of {names}",
+                rule.name, rule.level
+            )));
         }
+    }
+    // A file's metadata lives on its authoritative branch and the next one.
+    let n = config.branches.len();
+    let pair = missing
+        .iter()
+        .find(|&&a| n > 1 && missing.contains(&((a + 1) % n)));
+    if let Some(&a) = pair {
+        let names = labels(&mut [a, (a + 1) % n].into_iter());
+        return Err(MountError::DegradedUnsafe(format!(
+            "branches {names} hold both copies of some files' metadata"
+        )));
     }
     Ok(())
 }
 
 /// Mounts the RAIF file system over `config`'s branches on `mountpoint`.
+/// With `degraded`, missing branches start failed (see [`check_branches`]).
 pub fn mount_raif(
     config: Config,
     mountpoint: &Path,
     allow_other: bool,
+    degraded: bool,
     on_end: impl FnOnce() + Send + 'static,
 ) -> Result<Mount, MountError> {
     crate::mount::check_mount_possible(mountpoint)?;
-    check_branches(&config)?;
+    let missing = check_branches(&config, degraded)?;
     let mountpoint = std::path::absolute(mountpoint).map_err(|e| MountError::Io {
         context: format!("cannot resolve {}", mountpoint.display()),
         source: e,
@@ -68,7 +112,15 @@ pub fn mount_raif(
     };
     fuse.n_threads = Some(RAIF_SESSION_THREADS);
     fuse.clone_fd = true;
-    let fs = fs::RaifFs::new(core::Core::new(config), Box::new(on_end));
+    let core = core::Core::new(config);
+    for branch in missing {
+        let why = std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "missing at mount (--degraded)",
+        );
+        core.branches.fail(branch, &why);
+    }
+    let fs = fs::RaifFs::new(core, Box::new(on_end));
     let session = fuser::spawn_mount(fs, &mountpoint, &fuse).map_err(|e| MountError::Io {
         context: format!("cannot mount on {}", mountpoint.display()),
         source: e,

@@ -15,6 +15,7 @@ const EXPLAIN_STRIPES_MAX: u64 = 8;
 /// Every branch with its health, average read latency and read count.
 pub fn status(core: &Core) -> String {
     let b = &core.branches;
+    b.check_roots();
     let branches: Vec<_> = (0..b.count())
         .map(|i| {
             json!({
