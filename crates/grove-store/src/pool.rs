@@ -954,8 +954,10 @@ impl Volume {
         let record = self.record(&state)?;
         check_range(&record, "read", offset, buf.len() as u64)?;
         // Translate every block under the state lock, then read the data
-        // with only the I/O gate held, so other volumes keep going.
-        let mut pieces = Vec::new();
+        // with only the I/O gate held, so other volumes keep going. Pieces
+        // that follow each other on the device (or are both holes) are
+        // merged: a sequential read is one device read per run.
+        let mut pieces: Vec<(usize, usize, Option<u64>)> = Vec::new();
         let mut done = 0u64;
         while done < buf.len() as u64 {
             let position = offset + done;
@@ -963,11 +965,18 @@ impl Volume {
             let in_block = position % block_bytes;
             let len = (block_bytes - in_block).min(buf.len() as u64 - done);
             let entry = state.lookup(record.root, record.height, NodeKind::VolumeData, index)?;
-            pieces.push((
-                done as usize,
-                len as usize,
-                (!entry.is_empty()).then(|| entry.addr().0 * block_bytes + in_block),
-            ));
+            let source = (!entry.is_empty()).then(|| entry.addr().0 * block_bytes + in_block);
+            let follows = |last_len: usize, last_source: Option<u64>| match (last_source, source) {
+                (Some(last), Some(next)) => last + last_len as u64 == next,
+                (None, None) => true,
+                _ => false,
+            };
+            match pieces.last_mut() {
+                Some((_, last_len, last_source)) if follows(*last_len, *last_source) => {
+                    *last_len += len as usize
+                }
+                _ => pieces.push((done as usize, len as usize, source)),
+            }
             done += len;
         }
         let device = state.device.clone();
