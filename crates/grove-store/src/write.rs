@@ -152,14 +152,24 @@ pub(crate) fn run(
     Ok(())
 }
 
+/// Longest device write a run of neighbouring blocks is merged into. The
+/// host's page cache sizes its folios by the write: 1 MiB writes leave
+/// 1 MiB folios, and every later 4K overwrite inside one costs ext4 a walk
+/// over the whole folio. Measured here, random 4K overwrites of a volume
+/// imported with 1 MiB runs: 59k IOPS (256 KiB runs: 71-78k; 64 KiB: 99k;
+/// 4 KiB writes: 102k); sequential 1M writes through NBD keep about 0.75
+/// of nbdkit at 64 KiB against 0.6 with 4 KiB writes.
+const WRITE_RUN_BYTES_MAX: usize = 64 * 1024;
+
 /// Merges writes that are neighbours both on the device and in the
-/// buffer, so that a sequential write is one device write per run.
+/// buffer, so that a sequential write is a few device writes per run.
 fn coalesce(direct: &[(u64, Range<usize>)]) -> Vec<(u64, Range<usize>)> {
     let mut merged: Vec<(u64, Range<usize>)> = Vec::with_capacity(direct.len());
     for (offset, range) in direct {
         if let Some((last_offset, last_range)) = merged.last_mut() {
             let device_end = *last_offset + last_range.len() as u64;
-            if device_end == *offset && last_range.end == range.start {
+            let fits = last_range.len() + range.len() <= WRITE_RUN_BYTES_MAX;
+            if device_end == *offset && last_range.end == range.start && fits {
                 last_range.end = range.end;
                 continue;
             }
