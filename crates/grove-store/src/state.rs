@@ -930,18 +930,7 @@ impl State {
     /// Builds the transaction of everything dirty and reserves its place
     /// in the journal; the bookkeeping of a durable commit is done here.
     fn prepare_transaction(&mut self) -> Result<(InFlightCommit, (u64, Vec<u8>))> {
-        let block_size = self.geometry.block_size_bytes as usize;
-        // The table first: it may allocate nodes and blocks, which must ride
-        // in this same transaction.
-        let mut writes = self.persist_volume_table()?;
-        for &addr in self.cache.dirty() {
-            let mut block = vec![0u8; block_size];
-            self.cache
-                .peek(addr)
-                .expect("dirty nodes are pinned")
-                .encode(&mut block);
-            writes.push((addr, block));
-        }
+        let writes = self.dirty_images()?;
         self.grow_device_to_store()?;
         let roots = self.current_roots();
         let share_runs = self.shares.pending_runs();
@@ -994,6 +983,23 @@ impl State {
             frees: sealed.frees,
         };
         Ok((in_flight, transaction))
+    }
+
+    /// Every changed metadata block as (home, image): the volume table's
+    /// first, since writing its records may allocate nodes and blocks that
+    /// must ride in the same transaction, then every dirty node.
+    fn dirty_images(&mut self) -> Result<Vec<(BlockAddr, Vec<u8>)>> {
+        let block_size = self.geometry.block_size_bytes as usize;
+        let mut writes = self.persist_volume_table()?;
+        for &addr in self.cache.dirty() {
+            let mut block = vec![0u8; block_size];
+            self.cache
+                .peek(addr)
+                .expect("dirty nodes are pinned")
+                .encode(&mut block);
+            writes.push((addr, block));
+        }
+        Ok(writes)
     }
 
     fn current_roots(&self) -> Roots {
@@ -1092,15 +1098,7 @@ impl State {
         if !self.has_changes() {
             return Ok(Vec::new());
         }
-        let mut writes = self.persist_volume_table()?;
-        for &addr in self.cache.dirty() {
-            let mut block = vec![0u8; self.geometry.block_size_bytes as usize];
-            self.cache
-                .peek(addr)
-                .expect("dirty nodes are pinned")
-                .encode(&mut block);
-            writes.push((addr, block));
-        }
+        let writes = self.dirty_images()?;
         self.grow_device_to_store()?;
         let roots = self.current_roots();
         for (home, image) in &writes {

@@ -159,26 +159,49 @@ fn concurrent_flushes_share_one_commit() {
 /// calls it stalled (it takes microseconds when it does not wait).
 const STALL_LIMIT: Duration = Duration::from_secs(20);
 
-/// A device flush that the test holds up: flushes from the thread named
-/// "flusher" wait until `release`, and say when they have started.
-struct HeldFlush {
+/// Device operations (the hook they run in) from the thread named
+/// `thread`, held up until `release`; the first one says it has started.
+struct Hold {
+    thread: &'static str,
     held: std::sync::Mutex<bool>,
     changed: std::sync::Condvar,
-    started: std::sync::Mutex<Option<std::sync::mpsc::Sender<()>>>,
+    started_tx: std::sync::Mutex<Option<std::sync::mpsc::Sender<()>>>,
+    started: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
 }
 
-impl HeldFlush {
+impl Hold {
+    fn new(thread: &'static str) -> Arc<Hold> {
+        let (started_tx, started) = std::sync::mpsc::channel();
+        Arc::new(Hold {
+            thread,
+            held: std::sync::Mutex::new(true),
+            changed: std::sync::Condvar::new(),
+            started_tx: std::sync::Mutex::new(Some(started_tx)),
+            started: std::sync::Mutex::new(started),
+        })
+    }
+
+    /// The device hook: blocks the held thread's operations.
     fn wait(&self) {
-        if std::thread::current().name() != Some("flusher") {
+        if std::thread::current().name() != Some(self.thread) {
             return;
         }
-        if let Some(started) = self.started.lock().unwrap().take() {
+        if let Some(started) = self.started_tx.lock().unwrap().take() {
             let _ = started.send(());
         }
         let mut held = self.held.lock().unwrap();
         while *held {
             held = self.changed.wait(held).unwrap();
         }
+    }
+
+    /// Waits until the held thread has reached the device.
+    fn reached(&self, what: &str) {
+        self.started
+            .lock()
+            .unwrap()
+            .recv_timeout(STALL_LIMIT)
+            .unwrap_or_else(|_| panic!("{what} never reached the device"));
     }
 
     fn release(&self) {
@@ -203,11 +226,7 @@ fn finishes_while_held<T: Send + 'static>(op: impl FnOnce() -> T + Send + 'stati
 /// The flush then returns, and what it covered is durable.
 #[test]
 fn a_flush_held_up_by_the_device_stalls_no_other_client() {
-    let held = Arc::new(HeldFlush {
-        held: std::sync::Mutex::new(true),
-        changed: std::sync::Condvar::new(),
-        started: std::sync::Mutex::new(None),
-    });
+    let held = Hold::new("flusher");
     let device = Arc::new(HookedDevice::new().before_flush({
         let held = held.clone();
         move |_| held.wait()
@@ -225,8 +244,6 @@ fn a_flush_held_up_by_the_device_stalls_no_other_client() {
     b.write_at(&[7u8; BLOCK_BYTES], 0).unwrap();
     a.write_at(&[1u8; 3 * BLOCK_BYTES], 0).unwrap();
 
-    let (started_tx, started) = std::sync::mpsc::channel();
-    *held.started.lock().unwrap() = Some(started_tx);
     let flusher = std::thread::Builder::new()
         .name("flusher".into())
         .spawn({
@@ -234,9 +251,7 @@ fn a_flush_held_up_by_the_device_stalls_no_other_client() {
             move || a.flush()
         })
         .unwrap();
-    started
-        .recv_timeout(STALL_LIMIT)
-        .expect("the flush reached the device");
+    held.reached("the flush");
 
     let reader = b.clone();
     let read = finishes_while_held(move || {
@@ -292,24 +307,10 @@ fn a_flush_held_up_by_the_device_stalls_no_other_client() {
 /// on: allocating writes take the same parallel path as overwrites.
 #[test]
 fn an_allocating_write_held_up_by_the_device_stalls_no_other_client() {
-    let held = Arc::new(std::sync::Mutex::new(true));
-    let changed = Arc::new(std::sync::Condvar::new());
-    let (started_tx, started) = std::sync::mpsc::channel();
-    let started_tx = std::sync::Mutex::new(Some(started_tx));
+    let held = Hold::new("slow-writer");
     let device = Arc::new(HookedDevice::new().before_write({
-        let (held, changed) = (held.clone(), changed.clone());
-        move |_| {
-            if std::thread::current().name() != Some("slow-writer") {
-                return;
-            }
-            if let Some(tx) = started_tx.lock().unwrap().take() {
-                let _ = tx.send(());
-            }
-            let mut h = held.lock().unwrap();
-            while *h {
-                h = changed.wait(h).unwrap();
-            }
-        }
+        let held = held.clone();
+        move |_| held.wait()
     }));
     let pool = Pool::format(device, &PoolOptions::default(), Path::new("aw"), None).unwrap();
     pool.create_volume("a", 1 << 20).unwrap();
@@ -326,9 +327,7 @@ fn an_allocating_write_held_up_by_the_device_stalls_no_other_client() {
             move || a.write_at(&[3u8; 2 * BLOCK_BYTES], 1024)
         })
         .unwrap();
-    started
-        .recv_timeout(STALL_LIMIT)
-        .expect("the write reached the device");
+    held.reached("the write");
     let reader = a.clone();
     let read = finishes_while_held(move || {
         let mut buf = vec![0u8; BLOCK_BYTES];
@@ -338,8 +337,7 @@ fn an_allocating_write_held_up_by_the_device_stalls_no_other_client() {
     });
     let writer = b.clone();
     let allocate = finishes_while_held(move || writer.write_at(&[4u8; 512], 9 * 4096 + 100));
-    *held.lock().unwrap() = false;
-    changed.notify_all();
+    held.release();
     slow.join().unwrap().unwrap();
     assert_eq!(
         read.expect("a read stalled behind an allocating write")
@@ -424,24 +422,10 @@ fn partial_writes_racing_on_shared_blocks_all_land() {
 /// writers, which saw leaked blocks after such a crash.
 #[test]
 fn a_crash_while_an_allocating_write_is_in_flight_leaks_nothing() {
-    let held = Arc::new(std::sync::Mutex::new(true));
-    let changed = Arc::new(std::sync::Condvar::new());
-    let (started_tx, started) = std::sync::mpsc::channel();
-    let started_tx = std::sync::Mutex::new(Some(started_tx));
+    let held = Hold::new("slow-writer");
     let device = Arc::new(HookedDevice::new().before_write({
-        let (held, changed) = (held.clone(), changed.clone());
-        move |_| {
-            if std::thread::current().name() != Some("slow-writer") {
-                return;
-            }
-            if let Some(tx) = started_tx.lock().unwrap().take() {
-                let _ = tx.send(());
-            }
-            let mut h = held.lock().unwrap();
-            while *h {
-                h = changed.wait(h).unwrap();
-            }
-        }
+        let held = held.clone();
+        move |_| held.wait()
     }));
     let pool = Pool::format(
         device.clone(),
@@ -457,17 +441,14 @@ fn a_crash_while_an_allocating_write_is_in_flight_leaks_nothing() {
         .name("slow-writer".into())
         .spawn(move || a.write_at(&[5u8; 8 * BLOCK_BYTES], 0))
         .unwrap();
-    started
-        .recv_timeout(STALL_LIMIT)
-        .expect("the write reached the device");
+    held.reached("the write");
     pool.volume("b")
         .unwrap()
         .write_at(&[6u8; BLOCK_BYTES], 0)
         .unwrap();
     pool.flush().unwrap();
     let crashed = device.inner.to_bytes();
-    *held.lock().unwrap() = false;
-    changed.notify_all();
+    held.release();
     slow.join().unwrap().unwrap();
 
     let reopened = Pool::open_device(
@@ -502,24 +483,10 @@ fn a_crash_while_an_allocating_write_is_in_flight_leaks_nothing() {
 fn a_metadata_cache_miss_held_up_by_the_device_stalls_no_other_client() {
     const LEAVES: u64 = 300;
     const LEAF_SPAN_BYTES: u64 = 512 * 4096;
-    let held = Arc::new(std::sync::Mutex::new(true));
-    let changed = Arc::new(std::sync::Condvar::new());
-    let (started_tx, started) = std::sync::mpsc::channel();
-    let started_tx = std::sync::Mutex::new(Some(started_tx));
+    let held = Hold::new("slow-reader");
     let device = Arc::new(HookedDevice::new().before_read({
-        let (held, changed) = (held.clone(), changed.clone());
-        move |_| {
-            if std::thread::current().name() != Some("slow-reader") {
-                return;
-            }
-            if let Some(tx) = started_tx.lock().unwrap().take() {
-                let _ = tx.send(());
-            }
-            let mut h = held.lock().unwrap();
-            while *h {
-                h = changed.wait(h).unwrap();
-            }
-        }
+        let held = held.clone();
+        move |_| held.wait()
     }));
     let pool = Pool::format(device, &PoolOptions::default(), Path::new("miss"), None).unwrap();
     pool.create_volume("v", LEAVES * LEAF_SPAN_BYTES).unwrap();
@@ -550,9 +517,8 @@ fn a_metadata_cache_miss_held_up_by_the_device_stalls_no_other_client() {
             }
         })
         .unwrap();
-    started
-        .recv_timeout(STALL_LIMIT)
-        .expect("the lookup missed the cache and read the device");
+    // The lookup missed the cache and reads its node from the device.
+    held.reached("the lookup");
     let reader = volume.clone();
     let read = finishes_while_held(move || {
         let mut buf = vec![0u8; BLOCK_BYTES];
@@ -560,8 +526,7 @@ fn a_metadata_cache_miss_held_up_by_the_device_stalls_no_other_client() {
             .read_at(&mut buf, (LEAVES - 1) * LEAF_SPAN_BYTES)
             .map(|()| buf)
     });
-    *held.lock().unwrap() = false;
-    changed.notify_all();
+    held.release();
     assert_eq!(slow.join().unwrap().unwrap(), vec![0u8; BLOCK_BYTES]);
     assert_eq!(
         read.expect("a read stalled behind another client's cache miss")
