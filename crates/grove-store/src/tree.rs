@@ -264,7 +264,11 @@ impl State {
                 // since a data entry covers one block and is either in the
                 // range or not).
                 let child = self.dedicate_child(addr, slot, NodeKind::VolumeData, level - 1)?;
-                if self.unmap_below(child, level - 1, child_first, first, end, dropped)? {
+                // A copy made for this tree is born now even if nothing
+                // below changes (the range held only holes): the entries
+                // above it must not be older than it.
+                let copied = child != entry.addr();
+                if self.unmap_below(child, level - 1, child_first, first, end, dropped)? || copied {
                     let entry = self.entry(addr, slot);
                     self.set_entry(addr, slot, entry.with_birth(now));
                     changed = true;
