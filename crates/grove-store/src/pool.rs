@@ -949,10 +949,15 @@ impl Volume {
         check_range(&record, "read", offset, buf.len() as u64)?;
         let block_bytes = state.geometry.block_bytes();
         let blocks = offset / block_bytes..(offset + buf.len() as u64).div_ceil(block_bytes);
-        let mut state = prefetch_paths(&self.inner, state, &record, blocks);
-        // Again: the volume may have changed while the lock was let go.
-        let record = self.record(&state)?;
-        check_range(&record, "read", offset, buf.len() as u64)?;
+        let (mut state, let_go) = prefetch_paths(&self.inner, state, &record, blocks);
+        // Again if the lock was let go: the volume may have changed meanwhile.
+        let record = if let_go {
+            let record = self.record(&state)?;
+            check_range(&record, "read", offset, buf.len() as u64)?;
+            record
+        } else {
+            record
+        };
         // Translate every block under the state lock, then read the data
         // with only the I/O gate held, so other volumes keep going. Pieces
         // that follow each other on the device (or are both holes) are
@@ -1039,9 +1044,13 @@ impl Volume {
         let len = ((chunk_end - offset) as usize).min(whole.len() - done);
         let buf = &whole[done..done + len];
         let blocks = offset / block_bytes..(offset + len as u64).div_ceil(block_bytes);
-        let mut state = prefetch_paths(&self.inner, state, &record, blocks);
-        // Again: the volume may change whenever the lock is let go.
-        let record = self.check_writable(&state, whole_offset, whole.len())?;
+        let (mut state, let_go) = prefetch_paths(&self.inner, state, &record, blocks);
+        // Again if the lock was let go: the volume may have changed meanwhile.
+        let record = if let_go {
+            self.check_writable(&state, whole_offset, whole.len())?
+        } else {
+            record
+        };
         let plan = match write::plan(&mut state, &record, offset, buf.len()) {
             // Blocks freed since the last commit cannot be reused until a
             // commit makes their free durable: commit, then try again,
@@ -1275,13 +1284,14 @@ const PREFETCH_READS_MAX: usize = 32;
 /// in the cache, each with the state lock let go during the read, so that
 /// a cache miss stalls no other client. A node is cached only if no
 /// metadata changed during its read (`State::cache_prefetched`). Returns
-/// the state lock; the caller looks its record up again.
+/// the state lock, and whether it was let go meanwhile (then the caller
+/// looks its record up again).
 fn prefetch_paths<'a>(
     inner: &'a Inner,
     mut state: MutexGuard<'a, State>,
     record: &VolumeRecord,
     blocks: std::ops::Range<u64>,
-) -> MutexGuard<'a, State> {
+) -> (MutexGuard<'a, State>, bool) {
     let per_leaf = state.geometry.entries_per_node as u64;
     let block_bytes = state.geometry.block_bytes();
     let mut index = blocks.start;
@@ -1307,7 +1317,7 @@ fn prefetch_paths<'a>(
             index = (index / per_leaf + 1) * per_leaf;
         }
     }
-    state
+    (state, reads > 0)
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -166,14 +166,30 @@ pub struct FileIo<'a> {
     pub file: &'a OpenFile,
 }
 
-impl BranchIo for FileIo<'_> {
-    fn read_at(&self, branch: usize, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+impl FileIo<'_> {
+    /// Runs `op` on the component handle of subset position `branch`.
+    fn with_component<T>(
+        &self,
+        branch: usize,
+        op: impl FnOnce(&File) -> io::Result<T>,
+    ) -> io::Result<T> {
         let guard = self.file.components[branch]
             .read()
             .unwrap_or_else(|e| e.into_inner());
-        let file = guard
+        op(guard
             .as_ref()
-            .ok_or_else(|| io::Error::other("no component"))?;
+            .ok_or_else(|| io::Error::other("no component"))?)
+    }
+
+    /// A component read, delayed by the test hook and timed for the
+    /// balancer; bytes past the component's end read as zeros.
+    fn read_component(
+        &self,
+        file: &File,
+        branch: usize,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> io::Result<()> {
         let started = Instant::now();
         let delay = self.branches.read_delay[self.file.subset[branch]];
         if !delay.is_zero() {
@@ -193,15 +209,17 @@ impl BranchIo for FileIo<'_> {
             .record(self.file.subset[branch], started.elapsed());
         Ok(())
     }
+}
+
+impl BranchIo for FileIo<'_> {
+    fn read_at(&self, branch: usize, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.with_component(branch, |file| {
+            self.read_component(file, branch, offset, buf)
+        })
+    }
 
     fn write_at(&self, branch: usize, offset: u64, data: &[u8]) -> io::Result<()> {
-        let guard = self.file.components[branch]
-            .read()
-            .unwrap_or_else(|e| e.into_inner());
-        let file = guard
-            .as_ref()
-            .ok_or_else(|| io::Error::other("no component"))?;
-        file.write_all_at(data, offset)
+        self.with_component(branch, |file| file.write_all_at(data, offset))
     }
 
     fn is_failed(&self, branch: usize) -> bool {
@@ -901,6 +919,14 @@ impl Core {
             (0, None) => Err(io::Error::from_raw_os_error(2)),
             _ => Ok(()),
         }
+    }
+
+    /// Removes a directory or symlink from every branch with `remove`
+    /// (`remove_dir` or `remove_file`), and forgets its inode.
+    pub fn remove_plain(&self, rel: &Path, remove: fn(&Path) -> io::Result<()>) -> io::Result<()> {
+        self.on_all(|root| remove(&root.join(rel)))?;
+        lock(&self.inodes).forget_path(rel);
+        Ok(())
     }
 
     /// Removes a regular file's components and sidecars everywhere.

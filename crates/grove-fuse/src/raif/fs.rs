@@ -106,6 +106,37 @@ impl RaifFs {
         }
     }
 
+    /// mkdir and symlink: `make` creates the entry at each branch's path
+    /// (replicated on every branch), which then gets the caller as owner.
+    fn make_plain(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        reply: ReplyEntry,
+        make: impl Fn(&Path) -> io::Result<()>,
+    ) {
+        let _gate = self.gate();
+        let made = self.child(parent, name).and_then(|rel| {
+            if self.core.node(&rel).is_ok() {
+                return Err(Errno::EEXIST);
+            }
+            let (uid, gid) = (req.uid(), req.gid());
+            self.core
+                .on_all(|root| {
+                    let path = root.join(&rel);
+                    make(&path)?;
+                    std::os::unix::fs::lchown(&path, Some(uid), Some(gid))
+                })
+                .map_err(errno)?;
+            Ok(rel)
+        });
+        match made {
+            Ok(rel) => self.entry(&rel, reply),
+            Err(e) => reply.error(e),
+        }
+    }
+
     /// Held by every request that changes something: see [`Core::gate`].
     fn gate(&self) -> RwLockReadGuard<'_, ()> {
         self.core.gate.read().unwrap_or_else(|e| e.into_inner())
@@ -384,29 +415,13 @@ impl fuser::Filesystem for RaifFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let _gate = self.gate();
-        let made = self.child(parent, name).and_then(|rel| {
-            if self.core.node(&rel).is_ok() {
-                return Err(Errno::EEXIST);
-            }
-            let (uid, gid) = (req.uid(), req.gid());
-            self.core
-                .on_all(|root| {
-                    let path = root.join(&rel);
-                    std::fs::create_dir(&path)?;
-                    std::fs::set_permissions(
-                        &path,
-                        std::fs::Permissions::from_mode(mode & !umask & 0o7777),
-                    )?;
-                    std::os::unix::fs::lchown(&path, Some(uid), Some(gid))
-                })
-                .map_err(errno)?;
-            Ok(rel)
+        self.make_plain(req, parent, name, reply, |path| {
+            std::fs::create_dir(path)?;
+            std::fs::set_permissions(
+                path,
+                std::fs::Permissions::from_mode(mode & !umask & 0o7777),
+            )
         });
-        match made {
-            Ok(rel) => self.entry(&rel, reply),
-            Err(e) => reply.error(e),
-        }
     }
 
     fn symlink(
@@ -417,25 +432,9 @@ impl fuser::Filesystem for RaifFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        let _gate = self.gate();
-        let made = self.child(parent, link_name).and_then(|rel| {
-            if self.core.node(&rel).is_ok() {
-                return Err(Errno::EEXIST);
-            }
-            let (uid, gid) = (req.uid(), req.gid());
-            self.core
-                .on_all(|root| {
-                    let path = root.join(&rel);
-                    std::os::unix::fs::symlink(target, &path)?;
-                    std::os::unix::fs::lchown(&path, Some(uid), Some(gid))
-                })
-                .map_err(errno)?;
-            Ok(rel)
+        self.make_plain(req, parent, link_name, reply, |path| {
+            std::os::unix::fs::symlink(target, path)
         });
-        match made {
-            Ok(rel) => self.entry(&rel, reply),
-            Err(e) => reply.error(e),
-        }
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -445,17 +444,10 @@ impl fuser::Filesystem for RaifFs {
                 .and_then(|rel| match self.core.node(&rel).map_err(errno)? {
                     Node::File(_) => self.core.unlink_file(&rel).map_err(errno),
                     Node::Plain(m) if m.is_dir() => Err(Errno::EISDIR),
-                    Node::Plain(_) => {
-                        self.core
-                            .on_all(|root| std::fs::remove_file(root.join(&rel)))
-                            .map_err(errno)?;
-                        self.core
-                            .inodes
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .forget_path(&rel);
-                        Ok(())
-                    }
+                    Node::Plain(_) => self
+                        .core
+                        .remove_plain(&rel, |p| std::fs::remove_file(p))
+                        .map_err(errno),
                 });
         match done {
             Ok(()) => reply.ok(),
@@ -474,14 +466,8 @@ impl fuser::Filesystem for RaifFs {
                 return Err(Errno::ENOTEMPTY);
             }
             self.core
-                .on_all(|root| std::fs::remove_dir(root.join(&rel)))
-                .map_err(errno)?;
-            self.core
-                .inodes
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .forget_path(&rel);
-            Ok(())
+                .remove_plain(&rel, |p| std::fs::remove_dir(p))
+                .map_err(errno)
         });
         match done {
             Ok(()) => reply.ok(),
