@@ -102,6 +102,18 @@ fn smoke_profile_runs_every_workload_and_reports() {
         );
         assert!(w["metadata"]["metadata_bytes"].is_u64(), "{workload}: {w}");
     }
+    // Write after snapshot stands next to the host's own first writes.
+    let nsnaps = &results["workloads"]["nsnaps"];
+    for field in [
+        "host_overwrite_iops",
+        "host_first_write_iops",
+        "host_ratio_median",
+    ] {
+        assert!(
+            nsnaps[field].as_f64().is_some_and(|v| v > 0.0),
+            "nsnaps {field}: {nsnaps}"
+        );
+    }
     let targets = results["targets"].as_array().expect("targets");
     assert_eq!(targets.len(), TARGET_COUNT, "{text}");
     for target in targets {
