@@ -2,6 +2,11 @@
 //! through `Volume` handles. `Pool` and `Volume` are cheap to clone and safe
 //! to share between threads.
 
+mod locking;
+mod volume;
+
+use locking::{commit, commit_locked, lock_state, settle_commit, write_gate};
+
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -10,21 +15,20 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::alloc::Allocator;
 use crate::check::CheckReport;
+use crate::commit::CommitIoOutcome;
 use crate::config::{PoolConfig, CONFIG_FILE_NAME};
 use crate::device::{BlockDevice, FileDevice};
 use crate::diff::DiffExtent;
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::group;
-use crate::format::node::NodeKind;
 use crate::format::record::{VolumeKind, VolumeRecord};
 use crate::format::superblock::{
     choose_slot, SlotProblem, Superblock, SUPERBLOCK_LEN, SUPERBLOCK_SLOTS,
 };
 use crate::format::FORMAT_VERSION;
 use crate::reclaim::ReclaimBatch;
-use crate::state::{CommitIo, CommitIoOutcome, PreparedCommit, State};
+use crate::state::State;
 use crate::types::*;
-use crate::write;
 
 /// Size of the journal region made at init, unless PoolOptions says.
 pub const JOURNAL_REGION_BYTES: u64 = 16 * 1024 * 1024;
@@ -170,7 +174,7 @@ impl Drop for Inner {
                 return;
             }
             if let Ok(frees) = state.commit() {
-                state.alloc.release(frees);
+                state.make_reusable(frees);
                 if state.needs_checkpoint() {
                     let _ = state.checkpoint();
                 }
@@ -807,32 +811,24 @@ impl Pool {
         // how much of the allocated data only they hold.
         let (dying_data, dying_nodes) = state.dying_only_blocks()?;
         let pending_free_bytes = (dying_data + dying_nodes) * state.geometry.block_bytes();
-        let referenced_bytes =
-            state.alloc.data_blocks().saturating_sub(dying_data) * state.geometry.block_bytes();
+        let space = state.space();
         let block_bytes = state.geometry.block_bytes();
-        let store_blocks = state.alloc.group_count() * state.superblock.group_blocks;
-        let group_blocks = state.superblock.group_blocks;
-        let grow_bytes = match state.alloc.capacity_blocks() {
-            0 => host_available_bytes(&self.inner.dir),
-            capacity => {
-                capacity.saturating_sub(state.alloc.group_count() * group_blocks) * block_bytes
-            }
+        let grow_bytes = match space.capacity_blocks {
+            None => host_available_bytes(&self.inner.dir),
+            Some(capacity) => capacity.saturating_sub(space.store_blocks) * block_bytes,
         };
         Ok(PoolInfo {
             path: self.inner.dir.display().to_string(),
             format_version: FORMAT_VERSION,
             block_size_bytes: state.geometry.block_size_bytes,
             volume_count: state.volumes.len() as u64,
-            store_bytes: store_blocks * block_bytes,
-            used_bytes: state.alloc.used_blocks() * block_bytes,
-            metadata_bytes: state.alloc.meta_blocks() * block_bytes,
-            free_bytes: state.alloc.free_blocks() * block_bytes + grow_bytes,
+            store_bytes: space.store_blocks * block_bytes,
+            used_bytes: space.used_blocks * block_bytes,
+            metadata_bytes: space.meta_blocks * block_bytes,
+            free_bytes: space.free_blocks * block_bytes + grow_bytes,
             pending_free_bytes,
-            referenced_bytes,
-            capacity_bytes: match state.alloc.capacity_blocks() {
-                0 => None,
-                capacity => Some(capacity * block_bytes),
-            },
+            referenced_bytes: space.data_blocks.saturating_sub(dying_data) * block_bytes,
+            capacity_bytes: space.capacity_blocks.map(|capacity| capacity * block_bytes),
         })
     }
 
@@ -868,7 +864,7 @@ impl Pool {
         let deferred = state.take_deferred_frees();
         if !deferred.is_empty() {
             let _gate = write_gate(&self.inner);
-            state.alloc.release(deferred);
+            state.make_reusable(deferred);
         }
         let report = report?;
         if repair && !report.repaired.is_empty() {
@@ -915,443 +911,6 @@ impl Pool {
     pub fn node_visits(&self) -> u64 {
         self.state().node_visits
     }
-}
-
-impl Volume {
-    fn record(&self, state: &State) -> Result<VolumeRecord> {
-        state.volume_by_id(self.id).cloned()
-    }
-
-    pub fn info(&self) -> Result<VolumeInfo> {
-        let mut state = lock_state(&self.inner);
-        let record = state.volume_by_id(self.id)?.clone();
-        volume_info(&mut state, &record)
-    }
-
-    /// What the volume is, without the accounting (cheap).
-    pub fn summary(&self) -> Result<VolumeSummary> {
-        let state = lock_state(&self.inner);
-        Ok(volume_summary(&state, state.volume_by_id(self.id)?))
-    }
-
-    pub fn size_bytes(&self) -> Result<u64> {
-        Ok(self.record(&lock_state(&self.inner))?.size_bytes)
-    }
-
-    pub fn is_read_only(&self) -> Result<bool> {
-        Ok(!self.record(&lock_state(&self.inner))?.kind.is_writable())
-    }
-
-    /// Fills `buf` from byte `offset`. Holes read as zeros.
-    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        let state = lock_state(&self.inner);
-        let record = self.record(&state)?;
-        check_range(&record, "read", offset, buf.len() as u64)?;
-        let block_bytes = state.geometry.block_bytes();
-        let blocks = offset / block_bytes..(offset + buf.len() as u64).div_ceil(block_bytes);
-        let (mut state, let_go) = prefetch_paths(&self.inner, state, &record, blocks);
-        // Again if the lock was let go: the volume may have changed meanwhile.
-        let record = if let_go {
-            let record = self.record(&state)?;
-            check_range(&record, "read", offset, buf.len() as u64)?;
-            record
-        } else {
-            record
-        };
-        // Translate every block under the state lock, then read the data
-        // with only the I/O gate held, so other volumes keep going. Pieces
-        // that follow each other on the device (or are both holes) are
-        // merged: a sequential read is one device read per run.
-        let mut pieces: Vec<(usize, usize, Option<u64>)> = Vec::new();
-        let mut done = 0u64;
-        while done < buf.len() as u64 {
-            let position = offset + done;
-            let index = position / block_bytes;
-            let in_block = position % block_bytes;
-            let len = (block_bytes - in_block).min(buf.len() as u64 - done);
-            let entry = state.lookup(record.root, record.height, NodeKind::VolumeData, index)?;
-            let source = (!entry.is_empty()).then(|| entry.addr().0 * block_bytes + in_block);
-            let follows = |last_len: usize, last_source: Option<u64>| match (last_source, source) {
-                (Some(last), Some(next)) => last + last_len as u64 == next,
-                (None, None) => true,
-                _ => false,
-            };
-            match pieces.last_mut() {
-                Some((_, last_len, last_source)) if follows(*last_len, *last_source) => {
-                    *last_len += len as usize
-                }
-                _ => pieces.push((done as usize, len as usize, source)),
-            }
-            done += len;
-        }
-        let device = state.device.clone();
-        let gate = self.inner.io_gate.read().unwrap_or_else(|e| e.into_inner());
-        drop(state);
-        for (start, len, source) in pieces {
-            let target = &mut buf[start..start + len];
-            match source {
-                None => target.fill(0),
-                Some(device_offset) => device.read_at(target, device_offset).map_err(|e| {
-                    Error::io(format!("cannot read data of {}", device.describe()), e)
-                })?,
-            }
-        }
-        drop(gate);
-        Ok(())
-    }
-
-    /// Writes `buf` at byte `offset`. Durable after the next flush.
-    ///
-    /// The data I/O runs without the state lock, so writers to different
-    /// blocks (and readers) go on in parallel, whether a block is written
-    /// in place or needs a new one (a hole, or a block a snapshot shares):
-    /// see `write.rs`. A long write goes a chunk at a time.
-    pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
-        let mut done = 0usize;
-        loop {
-            done += self.write_chunk(buf, offset, done)?;
-            if done == buf.len() {
-                return Ok(());
-            }
-        }
-    }
-
-    /// The volume's record if `len` bytes at `offset` may be written now;
-    /// refusals in the order a caller expects (failed pool, read-only
-    /// volume, range).
-    fn check_writable(&self, state: &State, offset: u64, len: usize) -> Result<VolumeRecord> {
-        ensure_changes_allowed(state)?;
-        let record = self.record(state)?;
-        if !record.kind.is_writable() {
-            return Err(read_only_error(&record));
-        }
-        check_range(&record, "write", offset, len as u64)?;
-        Ok(record)
-    }
-
-    /// One chunk of a write: the chunk of `whole` (written at
-    /// `whole_offset`) that starts `done` bytes in, planned under the state
-    /// lock, written with only the I/O gate held, its new blocks mapped
-    /// under the lock again. Returns its length.
-    fn write_chunk(&self, whole: &[u8], whole_offset: u64, done: usize) -> Result<usize> {
-        let state = lock_state(&self.inner);
-        // The whole range first, so no arithmetic below can overflow.
-        let record = self.check_writable(&state, whole_offset, whole.len())?;
-        let block_bytes = state.geometry.block_bytes();
-        let offset = whole_offset + done as u64;
-        let chunk_bytes = write::WRITE_CHUNK_BLOCKS * block_bytes;
-        let chunk_end = (offset / chunk_bytes + 1) * chunk_bytes;
-        let len = ((chunk_end - offset) as usize).min(whole.len() - done);
-        let buf = &whole[done..done + len];
-        let blocks = offset / block_bytes..(offset + len as u64).div_ceil(block_bytes);
-        let (mut state, let_go) = prefetch_paths(&self.inner, state, &record, blocks);
-        // Again if the lock was let go: the volume may have changed meanwhile.
-        let record = if let_go {
-            self.check_writable(&state, whole_offset, whole.len())?
-        } else {
-            record
-        };
-        let plan = match write::plan(&mut state, &record, offset, buf.len()) {
-            // Blocks freed since the last commit cannot be reused until a
-            // commit makes their free durable: commit, then try again,
-            // rather than report a full pool that is not full.
-            Err(e) if e.kind() == ErrorKind::NoSpace && state.alloc.has_open_frees() => {
-                commit_locked(&self.inner, &mut state)?;
-                write::plan(&mut state, &record, offset, buf.len())?
-            }
-            plan => plan?,
-        };
-        let device = state.device.clone();
-        let data_dirty = state.data_dirty.clone();
-        let block_bytes = state.geometry.block_bytes();
-        // The gate keeps the blocks read and written from being freed and
-        // reused, and keeps a snapshot from sharing them, until the writes
-        // have landed. It is let go before the state lock is taken again: a
-        // commit holding the state lock may be waiting for it.
-        let gate = self.inner.io_gate.read().unwrap_or_else(|e| e.into_inner());
-        drop(state);
-        let written = write::run(device.as_ref(), block_bytes, buf, &plan);
-        if !plan.direct.is_empty() {
-            data_dirty.store(true, std::sync::atomic::Ordering::Release);
-        }
-        drop(gate);
-        if plan.allocations.is_empty() {
-            return written.map(|()| len);
-        }
-        let mut state = lock_state(&self.inner);
-        if let Err(e) = written.and_then(|()| ensure_changes_allowed(&state)) {
-            plan.free_allocations(&mut state);
-            return Err(e);
-        }
-        write::install(&mut state, self.id, buf, &plan.allocations)?;
-        // A commit the write path starts runs its I/O without the lock too.
-        let large = state.pending_commit_blocks() > state.auto_commit_blocks();
-        drop(state);
-        if large {
-            commit(&self.inner)?;
-        }
-        Ok(len)
-    }
-
-    /// Discards (unmaps) a byte range: whole blocks become holes and give
-    /// back the space only this volume used; partial blocks at the ends are
-    /// zeroed. Afterwards the range reads as zeros.
-    pub fn discard(&self, offset: u64, len: u64) -> Result<()> {
-        let mut state = lock_state(&self.inner);
-        ensure_changes_allowed(&state)?;
-        let record = self.record(&state)?;
-        if !record.kind.is_writable() {
-            return Err(read_only_error(&record));
-        }
-        check_range(&record, "discard", offset, len)?;
-        if len == 0 {
-            return Ok(());
-        }
-        let block_bytes = state.geometry.block_bytes();
-        let end = offset + len;
-        let first_whole = offset.div_ceil(block_bytes);
-        let end_whole = end / block_bytes;
-        // A range inside one block has no whole blocks: zero it all.
-        if first_whole > end_whole {
-            return zero_partial(&mut state, &record, offset, end);
-        }
-        zero_partial(
-            &mut state,
-            &record,
-            offset,
-            (first_whole * block_bytes).min(end),
-        )?;
-        zero_partial(
-            &mut state,
-            &record,
-            (end_whole * block_bytes).max(offset),
-            end,
-        )?;
-        state.unmap(self.id, first_whole, end_whole)?;
-        commit_if_large(&self.inner, &mut state)
-    }
-
-    /// Makes this pool's completed writes durable.
-    pub fn flush(&self) -> Result<()> {
-        commit(&self.inner)
-    }
-
-    /// Byte ranges that hold data, as (offset, length), in order. Everything
-    /// else is a hole that reads as zeros.
-    pub fn mapped_extents(&self) -> Result<Vec<(u64, u64)>> {
-        self.mapped_extents_in(0, u64::MAX)
-    }
-
-    /// The mapped extents that overlap bytes [offset, offset + len), whole
-    /// blocks (so the first and last may reach outside the range). Costs
-    /// what the range covers, not the whole volume: an NBD BLOCK_STATUS
-    /// query asks about a small window of a large volume.
-    pub fn mapped_extents_in(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64)>> {
-        let mut state = lock_state(&self.inner);
-        let record = self.record(&state)?;
-        let block_bytes = state.geometry.block_bytes();
-        let end_bytes = offset.saturating_add(len).min(record.size_bytes);
-        if offset >= end_bytes {
-            return Ok(Vec::new());
-        }
-        let first = offset / block_bytes;
-        let end = state.geometry.blocks_for(end_bytes);
-        let mut extents = Vec::new();
-        state.mapped_blocks(record.root, record.height, first, end, &mut extents)?;
-        Ok(extents
-            .into_iter()
-            .map(|(first, count)| {
-                let start = first * block_bytes;
-                (start, (count * block_bytes).min(record.size_bytes - start))
-            })
-            .collect())
-    }
-}
-
-/// Zeroes bytes [start, end) that lie in blocks the volume maps. Unmapped
-/// blocks already read as zeros and stay unmapped.
-fn zero_partial(state: &mut State, record: &VolumeRecord, start: u64, end: u64) -> Result<()> {
-    if start >= end {
-        return Ok(());
-    }
-    let block_bytes = state.geometry.block_bytes();
-    let index = start / block_bytes;
-    debug_assert_eq!(index, (end - 1) / block_bytes);
-    let entry = state.lookup(record.root, record.height, NodeKind::VolumeData, index)?;
-    if entry.is_empty() {
-        return Ok(());
-    }
-    let zeros = vec![0u8; (end - start) as usize];
-    state.write_block(record.id, index, (start % block_bytes) as usize, &zeros)
-}
-
-fn lock_state(inner: &Inner) -> MutexGuard<'_, State> {
-    // A panic while the lock was held leaves the in-memory state suspect,
-    // but the on-disk state is only ever changed by whole commits: go on
-    // reading, and take no more changes (as after a failed commit).
-    let mut state = inner.state.lock().unwrap_or_else(|poisoned| {
-        let mut state = poisoned.into_inner();
-        if state.failed.is_none() {
-            state.failed = Some(
-                "an operation on the pool panicked; what it left in memory is not trusted".into(),
-            );
-        }
-        state
-    });
-    state.begin_operation();
-    state
-}
-
-fn write_gate(inner: &Inner) -> std::sync::RwLockWriteGuard<'_, ()> {
-    inner.io_gate.write().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Commits with the state lock let go during the commit's I/O (the data
-/// flush, the journal write and flush, the write-back), so that other
-/// clients' reads and writes go on meanwhile: this is what every flush,
-/// and so every NBD FLUSH and fsync, does.
-fn commit(inner: &Inner) -> Result<()> {
-    let mut state = lock_state(inner);
-    settle_commit(inner, &mut state)?;
-    ensure_changes_allowed(&state)?;
-    let io = match state.prepare_commit() {
-        Ok(PreparedCommit::Done(frees)) => {
-            release_frees(inner, &mut state, frees);
-            return Ok(());
-        }
-        Ok(PreparedCommit::Io(io)) => io,
-        Err(e) => {
-            state.failed = Some(e.to_string());
-            return Err(e);
-        }
-    };
-    // Taken before the state is let go, so that whoever finishes this
-    // commit (below, or another committer first) waits for its I/O.
-    let io_running = lock(&inner.commit_io);
-    drop(state);
-    let outcome = io.run();
-    *lock(&inner.commit_outcome) = Some(outcome);
-    drop(io_running);
-    let mut state = lock_state(inner);
-    settle_commit(inner, &mut state)?;
-    // Another committer may have finished it: its failure is the pool's.
-    ensure_changes_allowed(&state)
-}
-
-/// Finishes the commit whose I/O runs (or ran) without the state lock, if
-/// there is one: waits for the I/O, then the bookkeeping under the lock.
-/// Everything that commits or checkpoints under the lock does this first.
-fn settle_commit(inner: &Inner, state: &mut State) -> Result<()> {
-    if !state.has_commit_in_flight() {
-        return Ok(());
-    }
-    let outcome = {
-        let _io_done = lock(&inner.commit_io);
-        lock(&inner.commit_outcome).take()
-    };
-    let outcome = outcome.unwrap_or_else(|| {
-        CommitIo::failed(Error::new(
-            ErrorKind::Io,
-            "a commit's I/O ended without an outcome (it panicked)",
-        ))
-    });
-    match state.finish_commit(outcome) {
-        Ok(frees) => {
-            release_frees(inner, state, frees);
-            Ok(())
-        }
-        Err(e) => {
-            state.failed = Some(e.to_string());
-            Err(e)
-        }
-    }
-}
-
-/// Makes blocks freed by a durable commit reusable, once no reader that
-/// translated its addresses before the commit can still be reading them.
-fn release_frees(inner: &Inner, state: &mut State, frees: Vec<BlockAddr>) {
-    if !frees.is_empty() {
-        let _gate = write_gate(inner);
-        state.alloc.release(frees);
-    }
-}
-
-/// Device reads one request's prefetch makes at most; lookups under the
-/// lock read whatever else is missing.
-const PREFETCH_READS_MAX: usize = 32;
-
-/// Reads the radix nodes that lookups of `blocks` of `record` would miss
-/// in the cache, each with the state lock let go during the read, so that
-/// a cache miss stalls no other client. A node is cached only if no
-/// metadata changed during its read (`State::cache_prefetched`). Returns
-/// the state lock, and whether it was let go meanwhile (then the caller
-/// looks its record up again).
-fn prefetch_paths<'a>(
-    inner: &'a Inner,
-    mut state: MutexGuard<'a, State>,
-    record: &VolumeRecord,
-    blocks: std::ops::Range<u64>,
-) -> (MutexGuard<'a, State>, bool) {
-    let per_leaf = state.geometry.entries_per_node as u64;
-    let block_bytes = state.geometry.block_bytes();
-    let mut index = blocks.start;
-    let mut reads = 0;
-    while index < blocks.end && reads < PREFETCH_READS_MAX {
-        let missing =
-            state.first_uncached_node(record.root, record.height, NodeKind::VolumeData, index);
-        let Some((addr, level)) = missing else {
-            index = (index / per_leaf + 1) * per_leaf; // the next leaf's path
-            continue;
-        };
-        let epoch = state.metadata_epoch();
-        let device = state.device.clone();
-        drop(state);
-        let mut block = vec![0u8; block_bytes as usize];
-        let read = device.read_at(&mut block, addr.0 * block_bytes);
-        reads += 1;
-        state = lock_state(inner);
-        let cached = read.is_ok()
-            && state.cache_prefetched(addr, NodeKind::VolumeData, level, &block, epoch);
-        if !cached {
-            // Metadata moved meanwhile: this path's lookup reads under the lock.
-            index = (index / per_leaf + 1) * per_leaf;
-        }
-    }
-    (state, reads > 0)
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Commits, then makes the freed blocks reusable. Lock order is always
-/// state, then gate: a reader takes the gate while it holds the state lock
-/// and lets the state go before its I/O, so the committer (holding the
-/// state) waits only for reads already in flight, never for a reader that
-/// waits for it.
-fn commit_locked(inner: &Inner, state: &mut State) -> Result<()> {
-    settle_commit(inner, state)?;
-    ensure_changes_allowed(state)?;
-    let frees = match state.commit() {
-        Ok(frees) => frees,
-        Err(e) => {
-            // What is in memory may now match nothing durable: take no
-            // more changes rather than retry with half-changed state.
-            state.failed = Some(e.to_string());
-            return Err(e);
-        }
-    };
-    release_frees(inner, state, frees);
-    Ok(())
-}
-
-/// Commits when the metadata waiting for a commit nears what one journal
-/// transaction may hold.
-fn commit_if_large(inner: &Inner, state: &mut State) -> Result<()> {
-    if state.pending_commit_blocks() > state.auto_commit_blocks() {
-        commit_locked(inner, state)?;
-    }
-    Ok(())
 }
 
 fn check_range(record: &VolumeRecord, what: &str, offset: u64, len: u64) -> Result<()> {

@@ -1,0 +1,249 @@
+//! Checkpoint and replay. A checkpoint makes the metadata written home
+//! durable, writes the allocation maps and the share-count blocks that
+//! changed, and moves the journal's replay start up in a new superblock.
+//! Opening a pool replays the transactions after the last checkpoint, and
+//! rebuilds the share counts from the trees if a crash tore a count block.
+
+use std::collections::{BTreeSet, HashMap};
+
+use crate::error::{Error, Result};
+use crate::format::journal::AllocChange;
+use crate::format::node::NodeKind;
+use crate::format::shares::SHARE_BLOCKS_PER_GROUP;
+use crate::format::superblock::{Superblock, SUPERBLOCK_LEN};
+use crate::state::State;
+use crate::types::BlockAddr;
+
+impl State {
+    /// Something a checkpoint would write: journaled transactions, changed
+    /// maps or failed write-backs. A pool that only read needs none, so
+    /// opening and closing it writes nothing.
+    pub fn needs_checkpoint(&self) -> bool {
+        !self.journal.is_empty()
+            || self.alloc.has_dirty_maps()
+            || self.shares.has_dirty_count_blocks()
+            || !self.unwritten_homes.is_empty()
+    }
+
+    /// Writes the share-count blocks whose durable counts changed, and
+    /// notes in their groups' maps that they hold counts.
+    pub(crate) fn write_count_blocks(&mut self) -> Result<()> {
+        let dirty = self
+            .shares
+            .dirty_count_blocks(self.geometry.block_size_bytes);
+        for count_block in &dirty {
+            self.write_device_block(count_block.home, &count_block.block, "share counts")?;
+        }
+        for count_block in &dirty {
+            self.alloc
+                .mark_shares_present(count_block.group, count_block.index);
+        }
+        self.shares.mark_count_blocks_clean();
+        Ok(())
+    }
+
+    /// Reads the share-count blocks every group's map says it has.
+    pub fn load_share_counts(&mut self) -> Result<()> {
+        let mut block = vec![0u8; self.geometry.block_size_bytes as usize];
+        for group in 0..self.alloc.group_count() {
+            let present = self.alloc.shares_present(group);
+            for k in 0..SHARE_BLOCKS_PER_GROUP {
+                if present & (1 << k) == 0 {
+                    continue;
+                }
+                let first = self.shares.count_block_first_of(group, k);
+                let home = BlockAddr(self.alloc.group_start(group).0 + 1 + k);
+                self.read_block(home, &mut block, "share-count block")?;
+                match crate::format::shares::decode(BlockAddr(first), &block) {
+                    Ok(counts) => self.shares.load(first, &counts),
+                    // Count blocks are rewritten in place at checkpoint, so
+                    // a crash can tear one. The trees say what the counts
+                    // must be: they are rebuilt once the table is loaded.
+                    Err(e) => self.share_counts_damaged.push((first, e.to_string())),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Recomputes every share count from the trees, if opening found a
+    /// count block it could not use. Every reference is an entry of a node
+    /// (each node's entries counted once) or a record's root.
+    /// Returns whether it rebuilt them (a checkpoint must then follow).
+    pub fn rebuild_share_counts_if_damaged(&mut self) -> Result<bool> {
+        if self.share_counts_damaged.is_empty() {
+            return Ok(false);
+        }
+        let mut references: HashMap<BlockAddr, u32> = HashMap::new();
+        let roots: Vec<(BlockAddr, u8)> = self
+            .volumes
+            .values()
+            .chain(self.removed.values())
+            .filter(|r| !r.root.is_none())
+            .map(|r| (r.root, r.height))
+            .collect();
+        for (root, height) in roots {
+            self.count_references(root, Some(height - 1), &mut references)?;
+        }
+        let extra: HashMap<u64, u32> = references
+            .into_iter()
+            .filter(|&(_, n)| n > 1)
+            .map(|(addr, n)| (addr.0, n - 1))
+            .collect();
+        self.shares.rebuild(extra);
+        let damaged = std::mem::take(&mut self.share_counts_damaged);
+        for (first, _) in &damaged {
+            self.shares.mark_count_block_dirty(*first);
+        }
+        self.open_warnings.push(format!(
+            "{} share-count blocks were unusable ({}); all share counts were rebuilt from the trees",
+            damaged.len(),
+            damaged[0].1
+        ));
+        Ok(true)
+    }
+
+    fn count_references(
+        &mut self,
+        addr: BlockAddr,
+        level: Option<u8>,
+        references: &mut HashMap<BlockAddr, u32>,
+    ) -> Result<()> {
+        let seen = references.entry(addr).or_default();
+        *seen += 1;
+        let (Some(level), 1) = (level, *seen) else {
+            return Ok(());
+        };
+        let entries = self.node_entries(addr, NodeKind::VolumeData, level)?;
+        for entry in entries.iter().filter(|e| !e.is_empty()) {
+            self.count_references(entry.addr(), level.checked_sub(1), references)?;
+        }
+        Ok(())
+    }
+
+    /// Makes the metadata written home durable, writes the allocation maps,
+    /// and moves the journal's replay start up in a new superblock. After a
+    /// checkpoint, replay has nothing to do.
+    pub fn checkpoint(&mut self) -> Result<()> {
+        assert!(
+            self.commit_in_flight.is_none(),
+            "a checkpoint waits for the commit in flight"
+        );
+        for (home, image) in &self.unwritten_homes {
+            self.write_device_block(*home, image, "metadata")?;
+        }
+        self.unwritten_homes.clear();
+        self.flush_device("metadata")?;
+        // Count blocks before the maps that say they hold counts: a crash
+        // between leaves a map that does not know a written count block,
+        // whose counts the journal still replays.
+        self.write_count_blocks()?;
+        self.flush_device("share counts")?;
+        let maps = self.alloc.dirty_maps(self.geometry.block_size_bytes);
+        for (addr, block) in &maps {
+            self.write_device_block(*addr, block, "allocation map")?;
+        }
+        self.flush_device("allocation maps")?;
+        self.alloc.mark_maps_clean();
+        let mut superblock = self.superblock.clone();
+        superblock.volume_table_root = self.committed_roots.volume_table_root;
+        superblock.volume_table_height = self.committed_roots.volume_table_height;
+        superblock.next_volume_id = self.committed_roots.next_volume_id;
+        superblock.group_count = self.committed_roots.group_count;
+        superblock.birth_generation = self.committed_roots.birth_generation;
+        superblock.journal_head = self.journal.write_position();
+        superblock.journal_sequence = self.journal.sequence();
+        self.write_superblock(&mut superblock)?;
+        self.superblock.generation = superblock.generation;
+        self.superblock.journal_head = superblock.journal_head;
+        self.superblock.journal_sequence = superblock.journal_sequence;
+        self.superblock.group_count = superblock.group_count;
+        self.journal.checkpointed();
+        Ok(())
+    }
+
+    /// Writes `superblock` with the next generation into its slot and
+    /// flushes it. On failure the generation is not used up, so a retry
+    /// writes the same (possibly torn) slot and never the last good one.
+    pub fn write_superblock(&self, superblock: &mut Superblock) -> Result<()> {
+        superblock.generation += 1;
+        let mut block = vec![0u8; self.geometry.block_size_bytes as usize];
+        block[..SUPERBLOCK_LEN].copy_from_slice(&superblock.encode());
+        let result = self
+            .write_device_block(BlockAddr(superblock.slot()), &block, "superblock")
+            .and_then(|()| self.flush_device("the superblock"));
+        if result.is_err() {
+            superblock.generation -= 1;
+        }
+        result
+    }
+
+    /// Redoes every complete transaction after the last checkpoint; the
+    /// caller then checkpoints (after the share counts are known good), so
+    /// the next open finds an empty journal. Replaying twice
+    /// gives the same result: images are whole blocks and extents set
+    /// states, so applying them again changes nothing.
+    pub fn replay_journal(&mut self) -> Result<usize> {
+        let transactions = self
+            .journal
+            .scan(self.device.as_ref(), &self.superblock.pool_uuid)?;
+        if transactions.is_empty() {
+            return Ok(0);
+        }
+        // An image is stale if a later transaction frees its block: the
+        // block may since hold data that the journal never saw (a revoke).
+        // Only blocks that have an image can need a revoke, so only those
+        // are looked up: a large removal frees millions of blocks.
+        let homes: BTreeSet<u64> = transactions
+            .iter()
+            .flat_map(|t| t.descriptor.homes.iter().map(|home| home.0))
+            .collect();
+        let mut last_freed: HashMap<u64, usize> = HashMap::new();
+        for (index, transaction) in transactions.iter().enumerate() {
+            for extent in &transaction.descriptor.extents {
+                if extent.change == AllocChange::Freed {
+                    let end = extent.first.0.saturating_add(u64::from(extent.count));
+                    for &addr in homes.range(extent.first.0..end) {
+                        last_freed.insert(addr, index);
+                    }
+                }
+            }
+        }
+        for (index, transaction) in transactions.iter().enumerate() {
+            let roots = transaction.descriptor.roots;
+            self.alloc
+                .replay(&transaction.descriptor.extents, roots.group_count)?;
+            let store_end = self.alloc.store_end();
+            self.shares
+                .replay(&transaction.descriptor.share_runs, store_end)?;
+            if roots.birth_generation > crate::format::node::BIRTH_GENERATION_MAX {
+                return Err(Error::corrupt(format!(
+                    "journal transaction {} claims birth generation {}",
+                    transaction.descriptor.sequence, roots.birth_generation
+                )));
+            }
+            for (home, image) in transaction.descriptor.homes.iter().zip(&transaction.images) {
+                let data_start = self.superblock.data_start.0;
+                if home.0 < data_start || home.0 >= store_end || self.alloc.is_group_header(*home) {
+                    return Err(Error::corrupt(format!(
+                        "journal transaction {} writes {home}, which cannot hold journaled metadata",
+                        transaction.descriptor.sequence
+                    )));
+                }
+                if last_freed.get(&home.0).is_some_and(|&freed| freed > index) {
+                    continue;
+                }
+                self.write_device_block(*home, image, "replayed metadata")?;
+            }
+            self.superblock.volume_table_root = roots.volume_table_root;
+            self.superblock.volume_table_height = roots.volume_table_height;
+            self.superblock.next_volume_id = roots.next_volume_id;
+            self.superblock.birth_generation = roots.birth_generation;
+            self.committed_roots = roots;
+        }
+        self.alloc.finish_replay();
+        self.shares.finish_replay();
+        self.grow_device_to_store()?;
+        Ok(transactions.len())
+    }
+}

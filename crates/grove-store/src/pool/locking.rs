@@ -1,0 +1,137 @@
+//! The pool's locks and the commits that run between them. Lock order is
+//! always the state lock, then the I/O gate. A commit lets the state lock
+//! go during its I/O (`commit`); anything that commits or checkpoints with
+//! the lock held first settles a commit in flight (`settle_commit`).
+
+use std::sync::{Mutex, MutexGuard};
+
+use super::{ensure_changes_allowed, Inner};
+use crate::commit::{CommitIo, PreparedCommit};
+use crate::error::{Error, ErrorKind, Result};
+use crate::state::State;
+use crate::types::BlockAddr;
+
+pub(super) fn lock_state(inner: &Inner) -> MutexGuard<'_, State> {
+    // A panic while the lock was held leaves the in-memory state suspect,
+    // but the on-disk state is only ever changed by whole commits: go on
+    // reading, and take no more changes (as after a failed commit).
+    let mut state = inner.state.lock().unwrap_or_else(|poisoned| {
+        let mut state = poisoned.into_inner();
+        if state.failed.is_none() {
+            state.failed = Some(
+                "an operation on the pool panicked; what it left in memory is not trusted".into(),
+            );
+        }
+        state
+    });
+    state.begin_operation();
+    state
+}
+
+pub(super) fn write_gate(inner: &Inner) -> std::sync::RwLockWriteGuard<'_, ()> {
+    inner.io_gate.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Commits with the state lock let go during the commit's I/O (the data
+/// flush, the journal write and flush, the write-back), so that other
+/// clients' reads and writes go on meanwhile: this is what every flush,
+/// and so every NBD FLUSH and fsync, does.
+pub(super) fn commit(inner: &Inner) -> Result<()> {
+    let mut state = lock_state(inner);
+    settle_commit(inner, &mut state)?;
+    ensure_changes_allowed(&state)?;
+    let io = match state.prepare_commit() {
+        Ok(PreparedCommit::Done(frees)) => {
+            release_frees(inner, &mut state, frees);
+            return Ok(());
+        }
+        Ok(PreparedCommit::Io(io)) => io,
+        Err(e) => {
+            state.failed = Some(e.to_string());
+            return Err(e);
+        }
+    };
+    // Taken before the state is let go, so that whoever finishes this
+    // commit (below, or another committer first) waits for its I/O.
+    let io_running = lock(&inner.commit_io);
+    drop(state);
+    let outcome = io.run();
+    *lock(&inner.commit_outcome) = Some(outcome);
+    drop(io_running);
+    let mut state = lock_state(inner);
+    settle_commit(inner, &mut state)?;
+    // Another committer may have finished it: its failure is the pool's.
+    ensure_changes_allowed(&state)
+}
+
+/// Finishes the commit whose I/O runs (or ran) without the state lock, if
+/// there is one: waits for the I/O, then the bookkeeping under the lock.
+/// Everything that commits or checkpoints under the lock does this first.
+pub(super) fn settle_commit(inner: &Inner, state: &mut State) -> Result<()> {
+    if !state.has_commit_in_flight() {
+        return Ok(());
+    }
+    let outcome = {
+        let _io_done = lock(&inner.commit_io);
+        lock(&inner.commit_outcome).take()
+    };
+    let outcome = outcome.unwrap_or_else(|| {
+        CommitIo::failed(Error::new(
+            ErrorKind::Io,
+            "a commit's I/O ended without an outcome (it panicked)",
+        ))
+    });
+    match state.finish_commit(outcome) {
+        Ok(frees) => {
+            release_frees(inner, state, frees);
+            Ok(())
+        }
+        Err(e) => {
+            state.failed = Some(e.to_string());
+            Err(e)
+        }
+    }
+}
+
+/// Makes blocks freed by a durable commit reusable, once no reader that
+/// translated its addresses before the commit can still be reading them.
+pub(super) fn release_frees(inner: &Inner, state: &mut State, frees: Vec<BlockAddr>) {
+    if !frees.is_empty() {
+        let _gate = write_gate(inner);
+        state.make_reusable(frees);
+    }
+}
+
+pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Commits, then makes the freed blocks reusable. Lock order is always
+/// state, then gate: a reader takes the gate while it holds the state lock
+/// and lets the state go before its I/O, so the committer (holding the
+/// state) waits only for reads already in flight, never for a reader that
+/// waits for it.
+pub(super) fn commit_locked(inner: &Inner, state: &mut State) -> Result<()> {
+    settle_commit(inner, state)?;
+    ensure_changes_allowed(state)?;
+    let frees = match state.commit() {
+        Ok(frees) => frees,
+        Err(e) => {
+            // What is in memory may now match nothing durable: take no
+            // more changes rather than retry with half-changed state.
+            state.failed = Some(e.to_string());
+            return Err(e);
+        }
+    };
+    release_frees(inner, state, frees);
+    Ok(())
+}
+
+/// Commits when the metadata waiting for a commit nears what one journal
+/// transaction may hold.
+pub(super) fn commit_if_large(inner: &Inner, state: &mut State) -> Result<()> {
+    if state.pending_commit_blocks() > state.auto_commit_blocks() {
+        commit_locked(inner, state)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,245 @@
+//! The volume table on disk: record blocks of fixed-size volume records,
+//! found through a small radix tree keyed by record block index (volume id
+//! / records per block). Opening reads every record into memory; a commit
+//! writes back only the record blocks whose records changed, and gives
+//! back a block once no record in it is in use.
+
+use std::collections::BTreeMap;
+
+use crate::alloc::BlockUse;
+use crate::error::{Error, Result};
+use crate::format::node::{Entry, Node, NodeKind};
+use crate::format::record::{VolumeRecord, RECORD_BYTES};
+use crate::state::State;
+use crate::types::{BlockAddr, VolumeId};
+
+impl State {
+    /// Checks that a root pointer read from disk names a usable block: in
+    /// the data area and not an allocation map.
+    fn check_root(&self, addr: BlockAddr, what: &str) -> Result<()> {
+        let data_start = self.superblock.data_start.0;
+        if addr.0 < data_start
+            || addr.0 >= self.alloc.store_end()
+            || self.alloc.is_group_header(addr)
+        {
+            return Err(Error::corrupt(format!(
+                "{what} points at {addr}, which cannot hold a node"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Reads every record of the volume table into memory.
+    pub fn load_volume_table(&mut self) -> Result<()> {
+        let height = self.superblock.volume_table_height;
+        if height == 0 {
+            return Ok(());
+        }
+        if height >= crate::format::node::NODE_LEVELS_MAX {
+            return Err(Error::corrupt(format!(
+                "the volume table claims {height} levels"
+            )));
+        }
+        self.check_root(self.superblock.volume_table_root, "the volume table root")?;
+        let mut leaves = Vec::new();
+        self.collect_table_leaves(
+            self.superblock.volume_table_root,
+            height - 1,
+            0,
+            &mut leaves,
+        )?;
+        let per_block = self.geometry.records_per_block;
+        for (block_index, addr) in leaves {
+            let mut block = vec![0u8; self.geometry.block_size_bytes as usize];
+            self.read_block(addr, &mut block, "volume table block")?;
+            for slot in 0..per_block {
+                let id = VolumeId(block_index * per_block + slot);
+                let start = slot as usize * RECORD_BYTES;
+                let Some(record) = VolumeRecord::decode(&block[start..start + RECORD_BYTES], id)?
+                else {
+                    continue;
+                };
+                if record.removed {
+                    self.removed.insert(id, record);
+                    continue;
+                }
+                if self.names.insert(record.name.clone(), id).is_some() {
+                    return Err(Error::corrupt(format!(
+                        "volume table names {:?} twice",
+                        record.name
+                    )));
+                }
+                self.volumes.insert(id, record);
+            }
+            self.record_blocks.insert(block_index, block);
+        }
+        for record in self.volumes.values().chain(self.removed.values()) {
+            if record.parent != VolumeId::NONE {
+                self.children
+                    .entry(record.parent)
+                    .or_default()
+                    .insert(record.id);
+            }
+        }
+        let generation = self.superblock.birth_generation;
+        for record in self.volumes.values().chain(self.removed.values()) {
+            if record.created_generation > generation
+                || record.share_floor_generation > generation
+                || record.written_base_generation > generation
+            {
+                return Err(Error::corrupt(format!(
+                    "volume {:?} names a generation after the pool's generation {generation}",
+                    record.name
+                )));
+            }
+            if record.root.is_none() {
+                continue;
+            }
+            self.check_root(
+                record.root,
+                &format!("the root of volume {:?}", record.name),
+            )?;
+            if record.height
+                < self
+                    .geometry
+                    .height_for(self.geometry.blocks_for(record.size_bytes))
+            {
+                return Err(Error::corrupt(format!(
+                    "volume {:?} has a tree of {} levels, too few for its {} bytes",
+                    record.name, record.height, record.size_bytes
+                )));
+            }
+            if record.id.0 >= self.superblock.next_volume_id.0 {
+                return Err(Error::corrupt(format!(
+                    "volume {:?} has id {} beyond the next id",
+                    record.name, record.id.0
+                )));
+            }
+            if record.parent != VolumeId::NONE
+                && !self.volumes.contains_key(&record.parent)
+                && !self.removed.contains_key(&record.parent)
+            {
+                return Err(Error::corrupt(format!(
+                    "volume {:?} names parent #{}, which does not exist",
+                    record.name, record.parent.0
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn collect_table_leaves(
+        &mut self,
+        addr: BlockAddr,
+        level: u8,
+        base: u64,
+        out: &mut Vec<(u64, BlockAddr)>,
+    ) -> Result<()> {
+        let entries = self.node_entries(addr, NodeKind::VolumeTable, level)?;
+        let span = self.geometry.span_blocks(level);
+        for (slot, entry) in entries.iter().enumerate() {
+            if entry.is_empty() {
+                continue;
+            }
+            let index = base + slot as u64 * span;
+            if level == 0 {
+                out.push((index, entry.addr()));
+            } else {
+                self.collect_table_leaves(entry.addr(), level - 1, index, out)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes changed records into their record blocks, growing the table's
+    /// tree as ids grow. Returns the record blocks to write.
+    pub(crate) fn persist_volume_table(&mut self) -> Result<Vec<(BlockAddr, Vec<u8>)>> {
+        let per_block = self.geometry.records_per_block;
+        let dirty: Vec<VolumeId> = std::mem::take(&mut self.dirty_records)
+            .into_iter()
+            .collect();
+        let mut touched: BTreeMap<u64, BlockAddr> = BTreeMap::new();
+        for id in dirty {
+            let block_index = id.0 / per_block;
+            if let std::collections::btree_map::Entry::Vacant(slot) = touched.entry(block_index) {
+                slot.insert(self.table_block_for_write(block_index)?);
+            }
+            let block_size = self.geometry.block_size_bytes as usize;
+            let block = self
+                .record_blocks
+                .entry(block_index)
+                .or_insert_with(|| vec![0u8; block_size]);
+            let start = (id.0 % per_block) as usize * RECORD_BYTES;
+            match self.volumes.get(&id).or_else(|| self.removed.get(&id)) {
+                Some(record) => record.encode(&mut block[start..start + RECORD_BYTES]),
+                None => block[start..start + RECORD_BYTES].fill(0),
+            }
+        }
+        // A record block whose every slot is empty is given back, so that
+        // a pool that made and removed many volumes does not keep (or read
+        // at open) their empty blocks.
+        let mut writes = Vec::with_capacity(touched.len());
+        for (index, addr) in touched {
+            if self.record_blocks[&index].iter().all(|&b| b == 0) {
+                self.release_table_block(index, addr)?;
+                self.record_blocks.remove(&index);
+            } else {
+                writes.push((addr, self.record_blocks[&index].clone()));
+            }
+        }
+        Ok(writes)
+    }
+
+    /// Unlinks record block `block_index` (at `addr`) from the volume
+    /// table and frees it.
+    fn release_table_block(&mut self, block_index: u64, addr: BlockAddr) -> Result<()> {
+        let (leaf, _) = self.leaf_for_write(
+            self.superblock.volume_table_root,
+            self.superblock.volume_table_height,
+            NodeKind::VolumeTable,
+            block_index,
+        )?;
+        let slot = self.geometry.slot(block_index, 0);
+        debug_assert_eq!(self.entry(leaf, slot).addr(), addr);
+        self.set_entry(leaf, slot, Entry::EMPTY);
+        self.free_block(addr);
+        Ok(())
+    }
+
+    /// The address of record block `block_index`, allocating it and the
+    /// table nodes above it as needed.
+    fn table_block_for_write(&mut self, block_index: u64) -> Result<BlockAddr> {
+        let entries = self.geometry.entries_per_node;
+        if self.superblock.volume_table_height == 0 {
+            let root = self.insert_new_node(Node::empty(NodeKind::VolumeTable, 0, entries))?;
+            self.superblock.volume_table_root = root;
+            self.superblock.volume_table_height = 1;
+        }
+        while self
+            .geometry
+            .capacity_blocks(self.superblock.volume_table_height)
+            <= block_index
+        {
+            let level = self.superblock.volume_table_height;
+            let mut node = Node::empty(NodeKind::VolumeTable, level, entries);
+            node.entries[0] = Entry::new(self.superblock.volume_table_root, 0);
+            self.superblock.volume_table_root = self.insert_new_node(node)?;
+            self.superblock.volume_table_height += 1;
+        }
+        let height = self.superblock.volume_table_height;
+        let (leaf, _) = self.leaf_for_write(
+            self.superblock.volume_table_root,
+            height,
+            NodeKind::VolumeTable,
+            block_index,
+        )?;
+        let slot = self.geometry.slot(block_index, 0);
+        let entry = self.entry(leaf, slot);
+        if !entry.is_empty() {
+            return Ok(entry.addr());
+        }
+        let addr = self.alloc.allocate(BlockUse::Meta)?;
+        self.set_entry(leaf, slot, Entry::new(addr, 0));
+        Ok(addr)
+    }
+}
