@@ -110,163 +110,235 @@ pub(crate) fn negotiate_options(
     client_flags: u32,
 ) -> Result<Outcome, HandshakeError> {
     let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
-    let tls_required =
-        context.tls.is_some_and(|tls| tls.mode == TlsMode::Require) && !context.tls_active;
     let mut state = State::default();
     loop {
-        let mut header = [0u8; OPTION_HEADER_BYTES];
-        if !read_exact_or_eof(reader, &mut header)? {
-            return Ok(Outcome::Ended);
-        }
-        // A wrong magic means the stream lost its framing: no way to go on.
-        let header =
-            decode_option_header(&header).map_err(|e| HandshakeError::Protocol(e.to_string()))?;
-        let option = header.option;
-        if header.length > OPTION_DATA_MAX_BYTES {
-            if option == OPT_EXPORT_NAME {
-                // There is no error reply to NBD_OPT_EXPORT_NAME: the only
-                // answer the protocol allows is to end the session.
-                return Err(HandshakeError::Protocol(format!(
-                    "NBD_OPT_EXPORT_NAME with a {}-byte name",
-                    header.length
-                )));
-            }
-            // Read past the data without holding it, then refuse.
-            discard(reader, u64::from(header.length))?;
-            send_reply(
-                writer,
-                option,
-                REP_ERR_TOO_BIG,
-                &format!(
-                    "option {option} has {} bytes of data; the limit is {OPTION_DATA_MAX_BYTES}",
-                    header.length
-                ),
-            )?;
-            continue;
-        }
-        let mut data = vec![0u8; header.length as usize];
-        reader.read_exact(&mut data)?;
-        if context.stopping.load(Ordering::SeqCst) && option != OPT_ABORT {
-            if option == OPT_EXPORT_NAME {
-                return Ok(Outcome::Ended);
-            }
-            send_reply(
-                writer,
-                option,
-                REP_ERR_SHUTDOWN,
-                "the server is shutting down",
-            )?;
-            continue;
-        }
+        let (option, data) = match read_option(reader, writer)? {
+            Incoming::Option(option, data) => (option, data),
+            Incoming::Refused => continue,
+            Incoming::Ended => return Ok(Outcome::Ended),
+        };
         tracing::trace!(option, length = data.len(), "option");
-        if tls_required && !matches!(option, OPT_STARTTLS | OPT_ABORT) {
-            if option == OPT_EXPORT_NAME {
-                // No error reply exists for it: proto.md has the server
-                // close the connection.
-                return Err(HandshakeError::Protocol(
-                    "NBD_OPT_EXPORT_NAME before NBD_OPT_STARTTLS on a server that requires TLS"
-                        .into(),
-                ));
+        if let Some(gate) = gate_option(writer, context, option)? {
+            match gate {
+                Gate::Refused => continue,
+                Gate::End(outcome) => return outcome,
             }
-            send_reply(
-                writer,
-                option,
-                REP_ERR_TLS_REQD,
-                "this server requires TLS: send NBD_OPT_STARTTLS first",
-            )?;
-            continue;
         }
-        match option {
-            OPT_STARTTLS => {
-                let refusal = if context.tls.is_none() {
-                    Some((REP_ERR_UNSUP, "this server has no TLS on this listener"))
-                } else if context.tls_active {
-                    Some((REP_ERR_INVALID, "TLS is already running on this connection"))
-                } else if !data.is_empty() {
-                    Some((REP_ERR_INVALID, "NBD_OPT_STARTTLS takes no data"))
-                } else {
-                    None
-                };
-                match refusal {
-                    Some((reply_type, message)) => send_reply(writer, option, reply_type, message)?,
-                    None => {
-                        send(writer, &encode_option_reply(option, REP_ACK, &[]))?;
-                        return Ok(Outcome::StartTls);
-                    }
-                }
-            }
-            OPT_EXPORT_NAME => {
-                let name = decode_string("export name", &data)
-                    .map_err(|e| HandshakeError::Protocol(e.to_string()))?;
-                let export = export::resolve(context.pool, context.options, &name)
-                    .map_err(|refusal| HandshakeError::Protocol(refusal.message))?;
-                let flags = export::transmission_flags(export.read_only, state.structured_replies);
-                writer.write_all(&encode_export_name_reply(
-                    export.size_bytes,
-                    flags,
-                    no_zeroes,
-                ))?;
-                writer.flush()?;
-                return Ok(Outcome::Transmission(session(export, &state)));
-            }
-            OPT_ABORT => {
-                // The client may already be gone: its leaving is the point.
-                let _ = writer
-                    .write_all(&encode_option_reply(OPT_ABORT, REP_ACK, &[]))
-                    .and_then(|()| writer.flush());
-                return Ok(Outcome::Ended);
-            }
-            OPT_LIST => {
-                let out = if data.is_empty() {
-                    let mut out = Vec::new();
-                    for (name, description) in export::list(context.pool, context.options) {
-                        out.extend(encode_option_reply(
-                            OPT_LIST,
-                            REP_SERVER,
-                            &encode_rep_server(&name, &description),
-                        ));
-                    }
-                    out.extend(encode_option_reply(OPT_LIST, REP_ACK, &[]));
-                    out
-                } else {
-                    error_reply(OPT_LIST, REP_ERR_INVALID, "NBD_OPT_LIST takes no data")
-                };
-                send(writer, &out)?;
-            }
-            OPT_INFO | OPT_GO => {
-                let (out, export) = info(option, &data, context, &state);
-                send(writer, &out)?;
-                if let (OPT_GO, Some(export)) = (option, export) {
-                    return Ok(Outcome::Transmission(session(export, &state)));
-                }
-            }
-            OPT_STRUCTURED_REPLY => {
-                let out = if data.is_empty() {
-                    state.structured_replies = true;
-                    encode_option_reply(option, REP_ACK, &[])
-                } else {
-                    error_reply(
-                        option,
-                        REP_ERR_INVALID,
-                        "NBD_OPT_STRUCTURED_REPLY takes no data",
-                    )
-                };
-                send(writer, &out)?;
-            }
-            OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
-                let out = meta_context(option, &data, context, &mut state);
-                send(writer, &out)?;
-            }
-            _ => {
-                send_reply(
-                    writer,
-                    option,
-                    REP_ERR_UNSUP,
-                    &format!("option {option} is not supported by this server"),
-                )?;
-            }
+        let handled = handle_option(writer, context, &mut state, option, &data, no_zeroes)?;
+        if let Some(outcome) = handled {
+            return Ok(outcome);
         }
     }
+}
+
+/// One option from the client, or why there is none to handle.
+enum Incoming {
+    Option(u32, Vec<u8>),
+    /// Its data was over the limit: read past and refused.
+    Refused,
+    /// The client closed the connection between options.
+    Ended,
+}
+
+/// Reads one option header and its data. Data over the limit is read past
+/// without being held, and refused (or, for NBD_OPT_EXPORT_NAME, which has
+/// no error reply, ends the session).
+fn read_option(
+    reader: &mut impl Read,
+    writer: &mut impl Write,
+) -> Result<Incoming, HandshakeError> {
+    let mut header = [0u8; OPTION_HEADER_BYTES];
+    if !read_exact_or_eof(reader, &mut header)? {
+        return Ok(Incoming::Ended);
+    }
+    // A wrong magic means the stream lost its framing: no way to go on.
+    let header =
+        decode_option_header(&header).map_err(|e| HandshakeError::Protocol(e.to_string()))?;
+    let option = header.option;
+    if header.length > OPTION_DATA_MAX_BYTES {
+        if option == OPT_EXPORT_NAME {
+            // There is no error reply to NBD_OPT_EXPORT_NAME: the only
+            // answer the protocol allows is to end the session.
+            return Err(HandshakeError::Protocol(format!(
+                "NBD_OPT_EXPORT_NAME with a {}-byte name",
+                header.length
+            )));
+        }
+        discard(reader, u64::from(header.length))?;
+        send_reply(
+            writer,
+            option,
+            REP_ERR_TOO_BIG,
+            &format!(
+                "option {option} has {} bytes of data; the limit is {OPTION_DATA_MAX_BYTES}",
+                header.length
+            ),
+        )?;
+        return Ok(Incoming::Refused);
+    }
+    let mut data = vec![0u8; header.length as usize];
+    reader.read_exact(&mut data)?;
+    Ok(Incoming::Option(option, data))
+}
+
+/// What the gates before any option's own handling decided.
+enum Gate {
+    /// Refused with an error reply; the client may send another option.
+    Refused,
+    /// The session ends here.
+    End(Result<Outcome, HandshakeError>),
+}
+
+/// Refuses options while the server stops, and every option but
+/// NBD_OPT_STARTTLS (and NBD_OPT_ABORT) before TLS on a listener that
+/// requires it. None: the option goes on to be handled.
+fn gate_option(
+    writer: &mut impl Write,
+    context: &Context<'_>,
+    option: u32,
+) -> Result<Option<Gate>, HandshakeError> {
+    if context.stopping.load(Ordering::SeqCst) && option != OPT_ABORT {
+        if option == OPT_EXPORT_NAME {
+            return Ok(Some(Gate::End(Ok(Outcome::Ended))));
+        }
+        send_reply(
+            writer,
+            option,
+            REP_ERR_SHUTDOWN,
+            "the server is shutting down",
+        )?;
+        return Ok(Some(Gate::Refused));
+    }
+    let tls_required =
+        context.tls.is_some_and(|tls| tls.mode == TlsMode::Require) && !context.tls_active;
+    if tls_required && !matches!(option, OPT_STARTTLS | OPT_ABORT) {
+        if option == OPT_EXPORT_NAME {
+            // No error reply exists for it: proto.md has the server close
+            // the connection.
+            return Ok(Some(Gate::End(Err(HandshakeError::Protocol(
+                "NBD_OPT_EXPORT_NAME before NBD_OPT_STARTTLS on a server that requires TLS".into(),
+            )))));
+        }
+        send_reply(
+            writer,
+            option,
+            REP_ERR_TLS_REQD,
+            "this server requires TLS: send NBD_OPT_STARTTLS first",
+        )?;
+        return Ok(Some(Gate::Refused));
+    }
+    Ok(None)
+}
+
+/// Answers one option. Some: the negotiation ends with this outcome.
+fn handle_option(
+    writer: &mut impl Write,
+    context: &Context<'_>,
+    state: &mut State,
+    option: u32,
+    data: &[u8],
+    no_zeroes: bool,
+) -> Result<Option<Outcome>, HandshakeError> {
+    match option {
+        OPT_STARTTLS => return start_tls(writer, context, data),
+        OPT_EXPORT_NAME => {
+            let name = decode_string("export name", data)
+                .map_err(|e| HandshakeError::Protocol(e.to_string()))?;
+            let export = export::resolve(context.pool, context.options, &name)
+                .map_err(|refusal| HandshakeError::Protocol(refusal.message))?;
+            let flags = export::transmission_flags(export.read_only, state.structured_replies);
+            writer.write_all(&encode_export_name_reply(
+                export.size_bytes,
+                flags,
+                no_zeroes,
+            ))?;
+            writer.flush()?;
+            return Ok(Some(Outcome::Transmission(session(export, state))));
+        }
+        OPT_ABORT => {
+            // The client may already be gone: its leaving is the point.
+            let _ = writer
+                .write_all(&encode_option_reply(OPT_ABORT, REP_ACK, &[]))
+                .and_then(|()| writer.flush());
+            return Ok(Some(Outcome::Ended));
+        }
+        OPT_LIST => send(writer, &list(context, data))?,
+        OPT_INFO | OPT_GO => {
+            let (out, export) = info(option, data, context, state);
+            send(writer, &out)?;
+            if let (OPT_GO, Some(export)) = (option, export) {
+                return Ok(Some(Outcome::Transmission(session(export, state))));
+            }
+        }
+        OPT_STRUCTURED_REPLY => {
+            let out = if data.is_empty() {
+                state.structured_replies = true;
+                encode_option_reply(option, REP_ACK, &[])
+            } else {
+                error_reply(
+                    option,
+                    REP_ERR_INVALID,
+                    "NBD_OPT_STRUCTURED_REPLY takes no data",
+                )
+            };
+            send(writer, &out)?;
+        }
+        OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
+            send(writer, &meta_context(option, data, context, state))?;
+        }
+        _ => send_reply(
+            writer,
+            option,
+            REP_ERR_UNSUP,
+            &format!("option {option} is not supported by this server"),
+        )?,
+    }
+    Ok(None)
+}
+
+/// NBD_OPT_STARTTLS: acknowledged when this listener has TLS and it is not
+/// running yet; the caller then wraps the connection.
+fn start_tls(
+    writer: &mut impl Write,
+    context: &Context<'_>,
+    data: &[u8],
+) -> Result<Option<Outcome>, HandshakeError> {
+    let refusal = if context.tls.is_none() {
+        Some((REP_ERR_UNSUP, "this server has no TLS on this listener"))
+    } else if context.tls_active {
+        Some((REP_ERR_INVALID, "TLS is already running on this connection"))
+    } else if !data.is_empty() {
+        Some((REP_ERR_INVALID, "NBD_OPT_STARTTLS takes no data"))
+    } else {
+        None
+    };
+    match refusal {
+        Some((reply_type, message)) => {
+            send_reply(writer, OPT_STARTTLS, reply_type, message)?;
+            Ok(None)
+        }
+        None => {
+            send(writer, &encode_option_reply(OPT_STARTTLS, REP_ACK, &[]))?;
+            Ok(Some(Outcome::StartTls))
+        }
+    }
+}
+
+/// NBD_OPT_LIST: every export the client may name, then an ack.
+fn list(context: &Context<'_>, data: &[u8]) -> Vec<u8> {
+    if !data.is_empty() {
+        return error_reply(OPT_LIST, REP_ERR_INVALID, "NBD_OPT_LIST takes no data");
+    }
+    let mut out = Vec::new();
+    for (name, description) in export::list(context.pool, context.options) {
+        out.extend(encode_option_reply(
+            OPT_LIST,
+            REP_SERVER,
+            &encode_rep_server(&name, &description),
+        ));
+    }
+    out.extend(encode_option_reply(OPT_LIST, REP_ACK, &[]));
+    out
 }
 
 fn session(export: Export, state: &State) -> Session {
