@@ -524,12 +524,6 @@ fn handle_connection(
     id: u64,
 ) {
     let label = format!("{id} ({})", stream.peer());
-    // TLS is offered on TCP connections only: a unix socket is guarded by
-    // its file's permissions.
-    let tls = match &stream {
-        Stream::Tcp(_) => options.tls.as_ref(),
-        _ => None,
-    };
     let mut writer = match stream.try_clone() {
         Ok(writer) => writer,
         Err(e) => {
@@ -545,41 +539,15 @@ fn handle_connection(
     // The reader keeps its buffer from the handshake into transmission: a
     // client may send its first request right behind NBD_OPT_GO.
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, stream);
-    let mut client_flags = None;
-    let negotiated = loop {
-        let tls_active = reader.get_ref().is_tls();
-        let mut timed = DeadlineReader {
-            reader: &mut reader,
-            deadline,
-            what: "the handshake",
-        };
-        let flags = match client_flags {
-            Some(flags) => flags,
-            None => match handshake::greet(&mut timed, &mut writer) {
-                Ok(Some(flags)) => *client_flags.insert(flags),
-                Ok(None) => break Ok(Outcome::Ended),
-                Err(e) => break Err(e),
-            },
-        };
-        let context = Context {
-            pool: &pool,
-            options,
-            stopping,
-            tls,
-            tls_active,
-        };
-        match handshake::negotiate_options(&mut timed, &mut writer, &context, flags) {
-            Ok(Outcome::StartTls) => {}
-            other => break other,
-        }
-        match start_tls(&mut reader, tls) {
-            Ok(tls_stream) => {
-                writer = tls_stream;
-                tracing::debug!(connection = label, "TLS started");
-            }
-            Err(e) => break Err(e),
-        }
-    };
+    let negotiated = negotiate(
+        &mut reader,
+        &mut writer,
+        &pool,
+        options,
+        stopping,
+        deadline,
+        &label,
+    );
     if deadline.is_some() {
         if let Err(e) = reader.get_ref().set_read_timeout(None) {
             tracing::warn!(connection = label, error = %e, "cannot clear the handshake timeout");
@@ -614,6 +582,65 @@ fn handle_connection(
         workers: options.workers_per_connection,
     };
     let end = transmission::serve(&mut reader, writer, &session, &limits, &label);
+    log_end(&label, end);
+}
+
+/// The handshake: the greeting, then options until the client picks an
+/// export or leaves, starting TLS on the way if it asks.
+fn negotiate(
+    reader: &mut BufReader<Stream>,
+    writer: &mut Stream,
+    pool: &Pool,
+    options: &ServerOptions,
+    stopping: &AtomicBool,
+    deadline: Option<Instant>,
+    label: &str,
+) -> Result<Outcome, HandshakeError> {
+    // TLS is offered on TCP connections only: a unix socket is guarded by
+    // its file's permissions.
+    let tls = match reader.get_ref() {
+        Stream::Tcp(_) => options.tls.as_ref(),
+        _ => None,
+    };
+    let mut client_flags = None;
+    loop {
+        let tls_active = reader.get_ref().is_tls();
+        let mut timed = DeadlineReader {
+            reader,
+            deadline,
+            what: "the handshake",
+        };
+        let flags = match client_flags {
+            Some(flags) => flags,
+            None => match handshake::greet(&mut timed, writer) {
+                Ok(Some(flags)) => *client_flags.insert(flags),
+                Ok(None) => break Ok(Outcome::Ended),
+                Err(e) => break Err(e),
+            },
+        };
+        let context = Context {
+            pool,
+            options,
+            stopping,
+            tls,
+            tls_active,
+        };
+        match handshake::negotiate_options(&mut timed, writer, &context, flags) {
+            Ok(Outcome::StartTls) => {}
+            other => break other,
+        }
+        match start_tls(reader, tls) {
+            Ok(tls_stream) => {
+                *writer = tls_stream;
+                tracing::debug!(connection = label, "TLS started");
+            }
+            Err(e) => break Err(e),
+        }
+    }
+}
+
+/// Logs how a connection's transmission phase ended.
+fn log_end(label: &str, end: End) {
     match end {
         End::Disconnect | End::Closed => tracing::debug!(connection = label, "disconnected"),
         End::Stopped => tracing::debug!(connection = label, "stopped while waiting for room"),
