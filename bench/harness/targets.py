@@ -7,6 +7,10 @@ METADATA_MAX_RATIO = 0.002
 SNAPSHOT_COST_MAX_RATIO = 2.0
 LIST_MAX_S = 2.0
 # A radix leaf entry (docs/design.md): 8 bytes per mapped block.
+# An allocation group and the blocks at its start that are its own
+# metadata (crates/grove-store/src/format/group.rs, at 4 KiB blocks).
+GROUP_BLOCKS = 8064
+GROUP_HEADER_BLOCKS = 9
 LEAF_ENTRY_BYTES = 8
 BLOCK_BYTES = 4096
 
@@ -93,15 +97,23 @@ def metadata_target(servers):
     m = servers["metadata"]
     ratio = m["metadata_over_data"]
     leaves = m["referenced_bytes"] // BLOCK_BYTES * LEAF_ENTRY_BYTES
-    rest = m["metadata_bytes"] - leaves
+    groups = -(-m["used_bytes"] // (GROUP_BLOCKS * BLOCK_BYTES))
+    headers = groups * GROUP_HEADER_BLOCKS * BLOCK_BYTES
+    rest = m["metadata_bytes"] - leaves - headers
     return _target("metadata / data, one fully written volume", "metadata / data", ratio, "<= 0.002",
                    ratio is not None and ratio <= METADATA_MAX_RATIO,
                    f"{m['metadata_bytes'] / MIB:.2f} MiB over {m['referenced_bytes'] / MIB:.0f} MiB",
                    f"radix leaves alone are {LEAF_ENTRY_BYTES} B per {BLOCK_BYTES // 1024} KiB "
-                   f"block ({LEAF_ENTRY_BYTES / BLOCK_BYTES:.3%}, {leaves / MIB:.2f} MiB), which "
-                   f"leaves 0.005% for the rest; the other {rest / MIB:.2f} MiB (interior nodes, "
-                   "share counts, allocation maps, volume table) push it over. Meeting it takes "
-                   "a cheaper mapping for runs of contiguous blocks (extents) or larger blocks")
+                   f"block ({LEAF_ENTRY_BYTES / BLOCK_BYTES:.3%}, {leaves / MIB:.2f} MiB). Each "
+                   f"allocation group of {GROUP_BLOCKS:,} blocks starts with "
+                   f"{GROUP_HEADER_BLOCKS} of its own, its map and 8 share-count blocks "
+                   f"({GROUP_HEADER_BLOCKS / GROUP_BLOCKS:.3%}; {groups} groups, "
+                   f"{headers / MIB:.2f} MiB), reserved even while no block of the group is "
+                   "shared and the count blocks are holes in the sparse store; interior "
+                   f"nodes and the volume table are the other {rest / MIB:.2f} MiB. Meeting "
+                   "it takes both a cheaper mapping for runs of contiguous blocks (extents, "
+                   "or larger blocks) and share-count blocks made only when a group first "
+                   "holds a shared block")
 
 
 def snapcount_targets(snapcount):
