@@ -130,27 +130,9 @@ pub fn run(
     if let Some(mountpoint) = &mount {
         grove_fuse::check_mount_possible(mountpoint)?;
     }
-    let cache_size = limits
-        .cache_size
-        .as_deref()
-        .map(|text| crate::size::parse_size(text, "cache size"))
-        .transpose()?;
-    let pool = crate::control::open_pool_exclusive(dir)?;
-    if let Some(bytes) = cache_size {
-        pool.set_cache_size(bytes);
-    }
-    for name in exports.iter().chain(&default_export) {
-        pool.volume_info(name)
-            .with_context(|| format!("cannot export {name:?}"))?;
-    }
+    let pool = open_for_serving(dir, &limits, &exports, default_export.as_deref())?;
     let tcp = listen.tcp.as_deref().map(parse_listen_addr).transpose()?;
-    // Absolute, so that the connection strings printed work from anywhere.
-    let socket = match (listen.socket, &tcp) {
-        (Some(path), _) => Some(path),
-        (None, None) => Some(dir.join(NBD_SOCKET_NAME)),
-        (None, Some(_)) => None,
-    }
-    .map(|path| std::path::absolute(&path).unwrap_or(path));
+    let socket = unix_socket_path(dir, listen.socket, tcp.is_some());
 
     // Signals are caught before anything listens, so none is lost.
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
@@ -194,17 +176,7 @@ pub fn run(
         ?signal,
         "shutting down: no new connections, finishing requests in flight"
     );
-    // A second signal means "now": exit without waiting for the grace
-    // period. What clients had flushed is on disk; the journal covers the rest.
-    std::thread::Builder::new()
-        .name("grove-signals".into())
-        .spawn(move || {
-            if let Some(signal) = signals.forever().next() {
-                tracing::warn!(signal, "second signal: exiting without a clean shutdown");
-                std::process::exit(EXIT_CODE_FORCED);
-            }
-        })
-        .context("cannot start the signal thread")?;
+    exit_on_a_second_signal(signals)?;
     // Both servers stop within one grace period, whatever clients do.
     let deadline = std::time::Instant::now() + std::time::Duration::from_millis(shutdown_grace_ms);
     control.begin_stop();
@@ -217,6 +189,57 @@ pub fn run(
     pool.close()
         .with_context(|| format!("cannot close pool {}", dir.display()))?;
     tracing::info!("pool flushed and closed");
+    Ok(())
+}
+
+/// Opens the pool for `grove serve` (nobody else may hold it), with the
+/// cache size asked for, and checks that every export named exists.
+fn open_for_serving(
+    dir: &Path,
+    limits: &ServeArgs,
+    exports: &[String],
+    default_export: Option<&str>,
+) -> Result<Pool> {
+    let cache_size = limits
+        .cache_size
+        .as_deref()
+        .map(|text| crate::size::parse_size(text, "cache size"))
+        .transpose()?;
+    let pool = crate::control::open_pool_exclusive(dir)?;
+    if let Some(bytes) = cache_size {
+        pool.set_cache_size(bytes);
+    }
+    for name in exports.iter().map(String::as_str).chain(default_export) {
+        pool.volume_info(name)
+            .with_context(|| format!("cannot export {name:?}"))?;
+    }
+    Ok(pool)
+}
+
+/// The unix socket to listen on: the one given, else POOL/grove.sock
+/// unless only TCP was asked for. Absolute, so that the connection strings
+/// printed work from anywhere.
+fn unix_socket_path(dir: &Path, given: Option<PathBuf>, tcp: bool) -> Option<PathBuf> {
+    match (given, tcp) {
+        (Some(path), _) => Some(path),
+        (None, false) => Some(dir.join(NBD_SOCKET_NAME)),
+        (None, true) => None,
+    }
+    .map(|path| std::path::absolute(&path).unwrap_or(path))
+}
+
+/// A second signal means "now": exit without waiting for the grace period.
+/// What clients had flushed is on disk; the journal covers the rest.
+fn exit_on_a_second_signal(mut signals: signal_hook::iterator::Signals) -> Result<()> {
+    std::thread::Builder::new()
+        .name("grove-signals".into())
+        .spawn(move || {
+            if let Some(signal) = signals.forever().next() {
+                tracing::warn!(signal, "second signal: exiting without a clean shutdown");
+                std::process::exit(EXIT_CODE_FORCED);
+            }
+        })
+        .context("cannot start the signal thread")?;
     Ok(())
 }
 
