@@ -40,6 +40,7 @@
 #![forbid(unsafe_code)]
 
 pub mod block_status;
+mod buffers;
 pub mod codec;
 mod error;
 mod export;

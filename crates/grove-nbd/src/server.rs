@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use grove_store::Pool;
 
+use crate::buffers::BufferPool;
 use crate::error::{NbdError, NbdErrorKind};
 use crate::export::ServerOptions;
 use crate::handshake::{self, Context, HandshakeError, Outcome};
@@ -107,6 +108,8 @@ struct Control {
     stopping: AtomicBool,
     /// Request payloads and replies in flight across all connections.
     budget: Budget,
+    /// Buffers of request data and replies, reused across connections.
+    buffers: BufferPool,
     state: Mutex<State>,
     changed: Condvar,
 }
@@ -143,6 +146,7 @@ impl Server {
                 control: Arc::new(Control {
                     stopping: AtomicBool::new(false),
                     budget,
+                    buffers: BufferPool::default(),
                     state: Mutex::new(State::default()),
                     changed: Condvar::new(),
                 }),
@@ -482,14 +486,7 @@ fn start_connection(inner: &Arc<Inner>, stream: Stream) {
         .name(format!("nbd-conn-{id}"))
         .spawn(move || {
             let guard = ConnectionGuard { control, id };
-            handle_connection(
-                pool,
-                &options,
-                &guard.control.stopping,
-                &guard.control.budget,
-                stream,
-                id,
-            );
+            handle_connection(pool, &options, &guard.control, stream, id);
         });
     if let Err(e) = spawned {
         tracing::warn!(error = %e, "cannot start a connection thread; dropping the connection");
@@ -518,11 +515,11 @@ impl Drop for ConnectionGuard {
 fn handle_connection(
     pool: Pool,
     options: &ServerOptions,
-    stopping: &AtomicBool,
-    budget: &Budget,
+    control: &Control,
     stream: Stream,
     id: u64,
 ) {
+    let stopping = &control.stopping;
     let label = format!("{id} ({})", stream.peer());
     let mut writer = match stream.try_clone() {
         Ok(writer) => writer,
@@ -575,7 +572,8 @@ fn handle_connection(
         "serving export"
     );
     let limits = Limits {
-        server_budget: budget,
+        server_budget: &control.budget,
+        buffers: &control.buffers,
         stopping,
         request_timeout: (options.request_timeout_ms > 0)
             .then(|| Duration::from_millis(options.request_timeout_ms)),

@@ -11,6 +11,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::block_status::{allocation_descriptors, BLOCK_STATUS_DESCRIPTORS_MAX};
+use crate::buffers::{Buffer, BufferPool};
 use crate::codec::*;
 use crate::error::nbd_error_for;
 use crate::handshake::{Session, BASE_ALLOCATION_CONTEXT_ID};
@@ -124,8 +125,8 @@ impl Budget {
 /// One decoded request on its way to a worker.
 struct Job {
     request: Request,
-    /// Data of an accepted WRITE.
-    payload: Option<Vec<u8>>,
+    /// Data of an accepted WRITE, in a buffer of the server's pool.
+    payload: Option<Buffer>,
     rejection: Option<Rejection>,
     cost_bytes: u64,
 }
@@ -143,6 +144,8 @@ struct Connection<'a> {
     budget: Budget,
     /// The budget all connections of the server share.
     server_budget: &'a Budget,
+    /// Buffers all connections of the server reuse.
+    buffers: &'a BufferPool,
     /// Set when the server shuts down.
     stopping: &'a AtomicBool,
     label: &'a str,
@@ -171,6 +174,7 @@ impl Connection<'_> {
 /// What a connection's transmission phase shares with the server.
 pub(crate) struct Limits<'a> {
     pub server_budget: &'a Budget,
+    pub buffers: &'a BufferPool,
     pub stopping: &'a AtomicBool,
     /// How long a started request may take to arrive; None: forever.
     pub request_timeout: Option<Duration>,
@@ -207,6 +211,7 @@ pub(crate) fn serve(
         wrote: AtomicBool::new(false),
         budget: Budget::new(IN_FLIGHT_MAX_BYTES),
         server_budget: limits.server_budget,
+        buffers: limits.buffers,
         stopping: limits.stopping,
         label,
     };
@@ -326,8 +331,9 @@ fn read_requests(
             }
             None
         } else {
-            let mut data = vec![0u8; payload_bytes as usize];
-            if let Err(e) = payload_reader.read_exact(&mut data) {
+            let mut data = connection.buffers.take(payload_bytes as usize);
+            if let Err(e) = payload_reader.read_exact(data.as_mut_slice()) {
+                connection.buffers.give(data);
                 connection.release(cost_bytes);
                 return truncated(e);
             }
@@ -391,11 +397,10 @@ fn run(connection: &Connection<'_>, job: Job) -> u64 {
         Command::BlockStatus => return block_status(connection, &request),
         Command::Cache => cache(volume, request.offset, u64::from(request.length)),
         Command::Write => {
-            let data = job
-                .payload
-                .as_deref()
-                .expect("accepted writes carry their data");
-            volume.write_at(data, request.offset)
+            let data = job.payload.expect("accepted writes carry their data");
+            let written = volume.write_at(data.as_slice(), request.offset);
+            connection.buffers.give(data);
+            written
         }
         Command::Flush => volume.flush(),
         Command::Trim => volume.discard(request.offset, u64::from(request.length)),
@@ -471,15 +476,21 @@ fn read(connection: &Connection<'_>, request: &Request) {
     let structured = connection.negotiated.structured_replies;
     let prefix = read_reply_prefix_bytes(structured);
     // Header and data in one buffer, so the reply is one write.
-    let mut buf = vec![0u8; prefix + request.length as usize];
+    let mut buf = connection.buffers.take(prefix + request.length as usize);
     let volume = &connection.session.export.volume;
-    match volume.read_at(&mut buf[prefix..], request.offset) {
+    match volume.read_at(&mut buf.as_mut_slice()[prefix..], request.offset) {
         Ok(()) => {
-            encode_read_reply_prefix(&mut buf, structured, request.cookie, request.offset);
-            send(connection, &buf);
+            encode_read_reply_prefix(
+                buf.as_mut_slice(),
+                structured,
+                request.cookie,
+                request.offset,
+            );
+            send(connection, buf.as_slice());
         }
         Err(e) => send_engine_error(connection, request, &e),
     }
+    connection.buffers.give(buf);
 }
 
 /// Answers BLOCK_STATUS. Returns the part of its reserved budget that the
