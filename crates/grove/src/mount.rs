@@ -86,43 +86,8 @@ pub fn run(
     announce(&pool, &mountpoint, daemon, log)?;
 
     let signal_handle = signals.handle();
-    let mut signals = signals;
-    std::thread::Builder::new()
-        .name("grove-signals".into())
-        .spawn(move || {
-            for signal in signals.forever() {
-                if events.send(Event::Signal(signal)).is_err() {
-                    break;
-                }
-            }
-        })?;
-    // The first signal unmounts; on a busy mount it only warns, and a
-    // second one detaches the mount lazily and ends without waiting.
-    let mut detached = false;
-    let mut warned_busy = false;
-    while let Ok(event) = received.recv() {
-        match event {
-            Event::Unmounted => break,
-            Event::Signal(signal) => {
-                tracing::info!(signal, "unmounting {}", mountpoint.display());
-                match mount.unmount() {
-                    Ok(()) => {}
-                    Err(e @ MountError::Busy(_)) if !warned_busy => {
-                        tracing::warn!(
-                            "{e}; still serving it: unmount it, or signal again to detach it"
-                        );
-                        warned_busy = true;
-                    }
-                    Err(e) => {
-                        tracing::warn!("{e}; detaching it");
-                        let _ = mount.unmount_lazily();
-                        detached = true;
-                        break;
-                    }
-                }
-            }
-        }
-    }
+    forward_signals(signals, events)?;
+    let detached = serve_until_unmounted(&mount, &received, &mountpoint);
     signal_handle.close();
     if detached {
         drop(mount);
@@ -135,6 +100,53 @@ pub fn run(
         .with_context(|| format!("cannot close pool {}", dir.display()))?;
     tracing::info!("unmounted; pool flushed and closed");
     Ok(())
+}
+
+/// Passes every signal on as an event, from a thread of its own.
+fn forward_signals(
+    mut signals: signal_hook::iterator::Signals,
+    events: mpsc::Sender<Event>,
+) -> Result<()> {
+    std::thread::Builder::new()
+        .name("grove-signals".into())
+        .spawn(move || {
+            for signal in signals.forever() {
+                if events.send(Event::Signal(signal)).is_err() {
+                    break;
+                }
+            }
+        })?;
+    Ok(())
+}
+
+/// Waits until the file system is unmounted. The first signal unmounts; on
+/// a busy mount it only warns, and a second one detaches the mount lazily
+/// and ends without waiting. Returns whether it was detached.
+fn serve_until_unmounted(
+    mount: &grove_fuse::Mount,
+    received: &mpsc::Receiver<Event>,
+    mountpoint: &Path,
+) -> bool {
+    let mut warned_busy = false;
+    while let Ok(event) = received.recv() {
+        let Event::Signal(signal) = event else {
+            return false;
+        };
+        tracing::info!(signal, "unmounting {}", mountpoint.display());
+        match mount.unmount() {
+            Ok(()) => {}
+            Err(e @ MountError::Busy(_)) if !warned_busy => {
+                tracing::warn!("{e}; still serving it: unmount it, or signal again to detach it");
+                warned_busy = true;
+            }
+            Err(e) => {
+                tracing::warn!("{e}; detaching it");
+                let _ = mount.unmount_lazily();
+                return true;
+            }
+        }
+    }
+    false
 }
 
 /// Says the mount is ready: on stdout for a user, or to the waiting parent,
