@@ -286,7 +286,7 @@ fn snapshot_cost(dir: &Path, size_gib: u64, data_gib: u64, snapshots: u64) -> Re
         times_ms[times_ms.len() / 2],
         times_ms[times_ms.len() - 1],
         (used_after - used_before) / snapshots,
-        pool.volume_info("disk@0")?.referenced_bytes >> 20
+        pool.volume_info("disk@0")?.summary.referenced_bytes >> 20
     );
     Ok(())
 }

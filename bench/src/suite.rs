@@ -43,7 +43,7 @@ pub fn chain(
 ) -> Result<()> {
     let started = Instant::now();
     let pool = Pool::open(pool_dir).with_context(|| format!("open {}", pool_dir.display()))?;
-    let size_bytes = pool.volume_info(base)?.size_bytes;
+    let size_bytes = pool.volume_info(base)?.summary.size_bytes;
     let blocks = size_bytes / BLOCK_BYTES;
     if blocks == 0 {
         bail!("volume {base} is smaller than a block");

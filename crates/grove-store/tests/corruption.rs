@@ -102,7 +102,7 @@ fn layout(image: &[u8]) -> Layout {
 
 fn read_all(pool: &Pool) -> Result<(), grove_store::Error> {
     for info in pool.volumes()? {
-        let volume = pool.volume(&info.name)?;
+        let volume = pool.volume(&info.summary.name)?;
         for (offset, len) in volume.mapped_extents()? {
             let mut buf = vec![0u8; len as usize];
             volume.read_at(&mut buf, offset)?;

@@ -397,7 +397,7 @@ fn check_image(image: Vec<u8>, candidates: &[&Model], context: &str) {
     for name in candidates[0].keys() {
         if candidates.iter().all(|m| m.contains_key(name)) {
             assert!(
-                volumes.iter().any(|v| &v.name == name),
+                volumes.iter().any(|v| &v.summary.name == name),
                 "{context}: durable volume {name} is missing"
             );
         }
@@ -405,17 +405,20 @@ fn check_image(image: Vec<u8>, candidates: &[&Model], context: &str) {
     for info in &volumes {
         let versions: Vec<&VolumeModel> = candidates
             .iter()
-            .filter_map(|m| m.get(&info.name))
-            .filter(|v| v.data.len() as u64 == info.size_bytes && v.writable != info.read_only)
+            .filter_map(|m| m.get(&info.summary.name))
+            .filter(|v| {
+                v.data.len() as u64 == info.summary.size_bytes
+                    && v.writable != info.summary.read_only
+            })
             .collect();
         assert!(
             !versions.is_empty(),
             "{context}: volume {} ({} bytes) never existed like this",
-            info.name,
-            info.size_bytes
+            info.summary.name,
+            info.summary.size_bytes
         );
-        let mut data = vec![0u8; info.size_bytes as usize];
-        pool.volume(&info.name)
+        let mut data = vec![0u8; info.summary.size_bytes as usize];
+        pool.volume(&info.summary.name)
             .unwrap()
             .read_at(&mut data, 0)
             .unwrap();
@@ -434,7 +437,7 @@ fn check_image(image: Vec<u8>, candidates: &[&Model], context: &str) {
                     .collect();
                 panic!(
                     "{context}: volume {} sector {sector} holds data it never had: {:?}, legitimate: {heads:?}; that data belongs to {elsewhere:?}",
-                    info.name,
+                    info.summary.name,
                     &got[..8]
                 );
             }

@@ -179,7 +179,7 @@ fn a_chain_of_1000_clones_reads_correctly_at_depth_0_cost() {
             parent
         };
         let info = pool.clone_volume(&source, &name(depth)).unwrap();
-        assert_eq!(info.parent.as_deref(), Some(source.as_str()));
+        assert_eq!(info.summary.parent.as_deref(), Some(source.as_str()));
         let (offset, data) = generation_write(depth);
         pool.volume(&name(depth))
             .unwrap()

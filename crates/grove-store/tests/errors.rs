@@ -56,8 +56,11 @@ fn observe(pool: &Pool) -> Observed {
     let contents = volumes
         .iter()
         .map(|v| {
-            let mut buf = vec![0u8; v.size_bytes as usize];
-            pool.volume(&v.name).unwrap().read_at(&mut buf, 0).unwrap();
+            let mut buf = vec![0u8; v.summary.size_bytes as usize];
+            pool.volume(&v.summary.name)
+                .unwrap()
+                .read_at(&mut buf, 0)
+                .unwrap();
             buf
         })
         .collect();
@@ -500,7 +503,7 @@ fn a_store_of_random_bytes_is_an_error_not_a_panic() {
         if let Ok(pool) = Pool::open(&path) {
             for v in pool.volumes().unwrap() {
                 let mut buf = vec![0u8; 65536];
-                let _ = pool.volume(&v.name).unwrap().read_at(&mut buf, 0);
+                let _ = pool.volume(&v.summary.name).unwrap().read_at(&mut buf, 0);
             }
             let _ = pool.check(false);
         }
@@ -533,7 +536,11 @@ fn a_second_open_is_busy_and_harmless() {
     pool.close().unwrap();
     let pool = Pool::open(&path).unwrap();
     let mut after = observe(&pool);
-    let disk_index = after.volumes.iter().position(|v| v.name == "disk").unwrap();
+    let disk_index = after
+        .volumes
+        .iter()
+        .position(|v| v.summary.name == "disk")
+        .unwrap();
     assert_eq!(&after.contents[disk_index][..10], b"still mine");
     after.contents[disk_index][..10].copy_from_slice(&before.contents[disk_index][..10]);
     assert_eq!(after, before);

@@ -82,7 +82,7 @@ fn random_family_trees_keep_every_byte_through_interior_removals() {
         let writable: Vec<String> = names
             .into_iter()
             .chain([name])
-            .filter(|n| !pool.volume_info(n).unwrap().read_only)
+            .filter(|n| !pool.volume_info(n).unwrap().summary.read_only)
             .collect();
         let target = &writable[rng.below(writable.len() as u64) as usize];
         let offset = rng.below(VOLUME_BYTES - 4096);
@@ -106,10 +106,10 @@ fn random_family_trees_keep_every_byte_through_interior_removals() {
             .volumes()
             .unwrap()
             .iter()
-            .any(|v| v.parent.as_deref() == Some(name.as_str()));
+            .any(|v| v.summary.parent.as_deref() == Some(name.as_str()));
         removed_with_children += u64::from(has_children);
         let freed = pool.remove_volume(&name).unwrap();
-        assert!(freed <= info.referenced_bytes);
+        assert!(freed <= info.summary.referenced_bytes);
         model.remove(&name);
         if round % 7 == 0 {
             pool.reclaim_all(|_| {}).unwrap();
@@ -172,7 +172,7 @@ fn recursive_removal_takes_the_subtree_and_spares_the_rest() {
         .volumes()
         .unwrap()
         .into_iter()
-        .map(|v| v.name)
+        .map(|v| v.summary.name)
         .collect();
     assert_eq!(names, ["base", "other"]);
     pool.reclaim_all(|_| {}).unwrap();
@@ -257,7 +257,7 @@ fn rolling_snapshots_reach_a_steady_state() {
         pool.reclaim_all(|_| {}).unwrap();
     }
     let info = pool.info().unwrap();
-    let referenced = pool.volume_info("v").unwrap().referenced_bytes;
+    let referenced = pool.volume_info("v").unwrap().summary.referenced_bytes;
     assert_eq!(info.referenced_bytes, referenced);
     let data_and_metadata = info.used_bytes - info.metadata_bytes;
     assert_eq!(data_and_metadata, referenced, "data blocks in use");
@@ -310,7 +310,7 @@ fn a_repair_larger_than_one_transaction_is_committed_in_parts() {
         .volumes()
         .unwrap()
         .iter()
-        .all(|v| v.referenced_bytes == 0));
+        .all(|v| v.summary.referenced_bytes == 0));
 }
 
 #[test]

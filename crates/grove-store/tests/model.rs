@@ -615,9 +615,12 @@ impl Harness {
             return expect_kind(result, ErrorKind::AlreadyExists, "create over a name");
         }
         let info = result.map_err(fail("create"))?;
-        prop_assert!(!self.model.volumes.contains_key(&info.id), "id reused");
+        prop_assert!(
+            !self.model.volumes.contains_key(&info.summary.id),
+            "id reused"
+        );
         self.model.volumes.insert(
-            info.id,
+            info.summary.id,
             ModelVolume {
                 name: name.to_string(),
                 kind: VolumeKind::Volume,
@@ -733,8 +736,8 @@ impl Harness {
             return expect_kind(result, ErrorKind::AlreadyExists, "snapshot over a name");
         }
         let info = result.map_err(fail("snapshot"))?;
-        prop_assert_eq!(info.kind, kind);
-        prop_assert_eq!(info.parent.as_deref(), Some(source));
+        prop_assert_eq!(info.summary.kind, kind);
+        prop_assert_eq!(info.summary.parent.as_deref(), Some(source));
         let generation = self.model.clock.take_generation();
         prop_assert_eq!(info.created_generation, generation);
         let source_volume = self.model.volumes.get_mut(&source_id).expect("exists");
@@ -749,7 +752,7 @@ impl Harness {
         } else {
             copy.written_base = generation;
         }
-        self.model.volumes.insert(info.id, copy);
+        self.model.volumes.insert(info.summary.id, copy);
         Ok(())
     }
 
@@ -778,7 +781,7 @@ impl Harness {
         self.model
             .dying
             .push(old_blocks.values().map(|b| b.identity).collect());
-        prop_assert_eq!(info.size_bytes, source.size_bytes);
+        prop_assert_eq!(info.summary.size_bytes, source.size_bytes);
         Ok(())
     }
 
@@ -940,7 +943,7 @@ impl Harness {
             return expect_kind(result, ErrorKind::ReadOnly, "resize of a snapshot");
         }
         let info = result.map_err(fail("resize"))?;
-        prop_assert_eq!(info.size_bytes, new_size);
+        prop_assert_eq!(info.summary.size_bytes, new_size);
         let id = self.model.id_of(name).expect("exists");
         let (volume, clock) = self.model.by_name_mut(name).expect("exists");
         if new_size < old_size
@@ -966,11 +969,11 @@ impl Harness {
             return expect_kind(result, ErrorKind::AlreadyExists, "rename over a name");
         }
         let info = result.map_err(fail("rename"))?;
-        prop_assert_eq!(info.id, id);
+        prop_assert_eq!(info.summary.id, id);
         self.model.volumes.get_mut(&id).expect("exists").name = new_name.to_string();
         // Handles follow the volume, not the name.
         let handle = handle.map_err(fail("handle before rename"))?;
-        prop_assert_eq!(handle.info().map_err(fail("info"))?.name, new_name);
+        prop_assert_eq!(handle.info().map_err(fail("info"))?.summary.name, new_name);
         expect_kind(
             self.pool().volume(name).map(|_| ()),
             ErrorKind::NotFound,
@@ -1051,7 +1054,7 @@ impl Harness {
         let report = pool.check(false).map_err(fail("check"))?;
         prop_assert!(report.errors.is_empty(), "check: {:?}", report.errors);
         let listed = pool.volumes().unwrap();
-        let listed_ids: Vec<u64> = listed.iter().map(|v| v.id).collect();
+        let listed_ids: Vec<u64> = listed.iter().map(|v| v.summary.id).collect();
         let model_ids: Vec<u64> = self.model.volumes.keys().copied().collect();
         prop_assert_eq!(listed_ids, model_ids, "volume ids");
         let info = pool.info().map_err(fail("info"))?;
@@ -1062,19 +1065,19 @@ impl Harness {
             "pool referenced bytes"
         );
         for info in &listed {
-            let volume = &self.model.volumes[&info.id];
+            let volume = &self.model.volumes[&info.summary.id];
             let name = &volume.name;
-            prop_assert_eq!(&info.name, name);
-            prop_assert_eq!(info.kind, volume.kind, "{}", name);
+            prop_assert_eq!(&info.summary.name, name);
+            prop_assert_eq!(info.summary.kind, volume.kind, "{}", name);
             prop_assert_eq!(
-                info.read_only,
+                info.summary.read_only,
                 volume.kind == VolumeKind::Snapshot,
                 "{}",
                 name
             );
-            prop_assert_eq!(info.size_bytes, volume.size_bytes, "{}", name);
+            prop_assert_eq!(info.summary.size_bytes, volume.size_bytes, "{}", name);
             let parent = volume.parent.map(|p| self.model.volumes[&p].name.clone());
-            prop_assert_eq!(&info.parent, &parent, "parent of {}", name);
+            prop_assert_eq!(&info.summary.parent, &parent, "parent of {}", name);
 
             let handle = pool.volume(name).map_err(fail("volume"))?;
             let extents = handle.mapped_extents().map_err(fail("mapped_extents"))?;
@@ -1096,14 +1099,14 @@ impl Harness {
             let expected: BTreeSet<u64> = volume.blocks.keys().copied().collect();
             prop_assert_eq!(&mapped, &expected, "mapped blocks of {}", name);
             prop_assert_eq!(
-                info.referenced_bytes,
+                info.summary.referenced_bytes,
                 mapped.len() as u64 * BLOCK,
                 "referenced bytes of {}",
                 name
             );
             prop_assert_eq!(
                 info.unique_bytes,
-                self.model.unique_blocks(&[info.id]) * BLOCK,
+                self.model.unique_blocks(&[info.summary.id]) * BLOCK,
                 "unique bytes of {}",
                 name
             );

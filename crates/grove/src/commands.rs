@@ -92,7 +92,7 @@ fn run_local(pool: &Pool, command: Command) -> Result<()> {
                 "imported {} into {name:?} ({}, {} of data)",
                 file.display(),
                 format_size(size_bytes),
-                format_size(info.referenced_bytes)
+                format_size(info.summary.referenced_bytes)
             ))
         }
         Command::Export { name, file } => {
@@ -271,7 +271,7 @@ fn create(pool: &dyn Admin, name: &str, size: &str) -> Result<()> {
     let info = pool.create_volume(name, size_bytes)?;
     say(format_args!(
         "created volume {name:?} ({})",
-        format_size(info.size_bytes)
+        format_size(info.summary.size_bytes)
     ))
 }
 
@@ -294,7 +294,7 @@ fn remove(pool: &dyn Admin, name: &str, recursive: bool, force: bool) -> Result<
     let freed_bytes = pool.remove(name, recursive, force)?;
     say(format_args!(
         "removed {} {name:?}{}; it gives back {}",
-        info.kind.as_str(),
+        info.summary.kind.as_str(),
         if recursive && dependents > 0 {
             " and everything taken from it"
         } else {
@@ -310,7 +310,7 @@ fn remove(pool: &dyn Admin, name: &str, recursive: bool, force: bool) -> Result<
         n => format!("the {n} volumes taken from it"),
     };
     let verb = if dependents == 1 { "is" } else { "are" };
-    match &info.parent {
+    match &info.summary.parent {
         Some(parent) => say(format_args!("{subject} {verb} now under {parent:?}"))?,
         None => say(format_args!("{subject} {verb} now at the top of the tree"))?,
     }
@@ -321,8 +321,8 @@ fn rollback(pool: &dyn Admin, snapshot: &str, volume: Option<&str>, force: bool)
     let info = pool.rollback(snapshot, volume, force)?;
     say(format_args!(
         "rolled {:?} back to {snapshot:?} ({})",
-        info.name,
-        format_size(info.size_bytes)
+        info.summary.name,
+        format_size(info.summary.size_bytes)
     ))
 }
 
@@ -343,8 +343,8 @@ fn resize(pool: &dyn Admin, name: &str, size: &str) -> Result<()> {
     let after = pool.resize_volume(name, size_bytes)?;
     say(format_args!(
         "resized {name:?} from {} to {}",
-        format_size(before.size_bytes),
-        format_size(after.size_bytes)
+        format_size(before.summary.size_bytes),
+        format_size(after.summary.size_bytes)
     ))
 }
 

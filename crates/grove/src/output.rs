@@ -52,11 +52,14 @@ pub fn write_volume_table(out: &mut impl Write, volumes: &[VolumeInfo]) -> io::R
         .iter()
         .map(|v| {
             [
-                v.name.clone(),
-                v.kind.as_str().to_string(),
-                v.parent.clone().unwrap_or_else(|| NO_PARENT.to_string()),
-                format_size(v.size_bytes),
-                format_size(v.referenced_bytes),
+                v.summary.name.clone(),
+                v.summary.kind.as_str().to_string(),
+                v.summary
+                    .parent
+                    .clone()
+                    .unwrap_or_else(|| NO_PARENT.to_string()),
+                format_size(v.summary.size_bytes),
+                format_size(v.summary.referenced_bytes),
                 format_size(v.unique_bytes),
                 format_size(v.written_bytes),
             ]
@@ -96,12 +99,12 @@ pub fn write_volume_table(out: &mut impl Write, volumes: &[VolumeInfo]) -> io::R
 /// children under each, both in id order, joined with box-drawing lines.
 pub fn write_volume_tree(out: &mut impl Write, volumes: &[VolumeInfo]) -> io::Result<()> {
     let mut by_id: Vec<&VolumeInfo> = volumes.iter().collect();
-    by_id.sort_by_key(|v| v.id);
-    let names: HashSet<&str> = by_id.iter().map(|v| v.name.as_str()).collect();
+    by_id.sort_by_key(|v| v.summary.id);
+    let names: HashSet<&str> = by_id.iter().map(|v| v.summary.name.as_str()).collect();
     let mut children: BTreeMap<&str, Vec<&VolumeInfo>> = BTreeMap::new();
     let mut roots = Vec::new();
     for volume in &by_id {
-        match volume.parent.as_deref() {
+        match volume.summary.parent.as_deref() {
             Some(parent) if names.contains(parent) => {
                 children.entry(parent).or_default().push(volume)
             }
@@ -115,7 +118,7 @@ pub fn write_volume_tree(out: &mut impl Write, volumes: &[VolumeInfo]) -> io::Re
     // A parent cycle would leave volumes unreachable from any root; the
     // engine never makes one, but the listing must still show every volume.
     for volume in by_id {
-        if !printed.contains(volume.name.as_str()) {
+        if !printed.contains(volume.summary.name.as_str()) {
             write_subtree(out, volume, &children, &mut printed)?;
         }
     }
@@ -134,12 +137,14 @@ fn write_subtree<'a>(
     // to its parent ("" for the root).
     let mut stack: Vec<(&VolumeInfo, String, &str)> = vec![(root, String::new(), "")];
     while let Some((volume, line_prefix, connector)) = stack.pop() {
-        if !printed.insert(volume.name.as_str()) {
+        if !printed.insert(volume.summary.name.as_str()) {
             continue;
         }
         writeln!(out, "{line_prefix}{connector}{}", tree_label(volume))?;
         let kids_prefix = format!("{line_prefix}{}", child_indent(connector));
-        let kids = children.get(volume.name.as_str()).map_or(&[][..], |k| k);
+        let kids = children
+            .get(volume.summary.name.as_str())
+            .map_or(&[][..], |k| k);
         // Pushed in reverse so that the first child is drawn first.
         for (index, kid) in kids.iter().enumerate().rev() {
             let last = index + 1 == kids.len();
@@ -163,10 +168,10 @@ fn child_indent(connector: &str) -> &'static str {
 fn tree_label(volume: &VolumeInfo) -> String {
     format!(
         "{} ({}, {}, referenced {}, unique {}, written {})",
-        volume.name,
-        volume.kind.as_str(),
-        format_size(volume.size_bytes),
-        format_size(volume.referenced_bytes),
+        volume.summary.name,
+        volume.summary.kind.as_str(),
+        format_size(volume.summary.size_bytes),
+        format_size(volume.summary.referenced_bytes),
         format_size(volume.unique_bytes),
         format_size(volume.written_bytes),
     )
@@ -275,7 +280,7 @@ pub fn write_check_report(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use grove_store::VolumeKind;
+    use grove_store::{VolumeKind, VolumeSummary};
 
     #[test]
     fn sizes() {
@@ -292,18 +297,20 @@ mod tests {
 
     fn volume(id: u64, name: &str, kind: VolumeKind, parent: Option<&str>) -> VolumeInfo {
         VolumeInfo {
-            id,
-            name: name.to_string(),
-            kind,
-            read_only: kind == VolumeKind::Snapshot,
-            parent: parent.map(str::to_string),
-            size_bytes: 1 << 30,
-            referenced_bytes: 4096,
+            summary: VolumeSummary {
+                id,
+                name: name.to_string(),
+                kind,
+                read_only: kind == VolumeKind::Snapshot,
+                parent: parent.map(str::to_string),
+                size_bytes: 1 << 30,
+                referenced_bytes: 4096,
+                created_unix_secs: 0,
+            },
             unique_bytes: 0,
             written_bytes: 0,
             created_generation: 1,
             guid: String::new(),
-            created_unix_secs: 0,
         }
     }
 

@@ -56,25 +56,18 @@ impl Default for PoolOptions {
     }
 }
 
-/// A volume as listed.
+/// A volume as listed: its summary and its space accounting. In JSON the
+/// summary's fields stand beside the others.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct VolumeInfo {
-    pub id: u64,
-    pub name: String,
-    pub kind: VolumeKind,
-    pub read_only: bool,
-    /// Name of the volume this one was snapshotted or cloned from.
-    pub parent: Option<String>,
-    pub size_bytes: u64,
-    /// Bytes of data this volume maps.
-    pub referenced_bytes: u64,
+    #[serde(flatten)]
+    pub summary: VolumeSummary,
     /// Bytes only this volume reaches: exactly what removing it alone frees.
     pub unique_bytes: u64,
     /// Bytes of data written since its last snapshot (for a snapshot: what
     /// its source wrote between the previous snapshot and this one; for a
     /// clone: since it was made).
     pub written_bytes: u64,
-    pub created_unix_secs: u64,
     /// The pool's birth generation when it was made: data born later is newer.
     pub created_generation: u64,
     /// Random and unique across pools, as 32 hex digits.
@@ -90,7 +83,8 @@ pub struct VolumeSummary {
     pub name: String,
     pub kind: VolumeKind,
     pub read_only: bool,
-    /// Name of the nearest live volume this one was taken from.
+    /// Name of the nearest live volume this one was snapshotted or cloned
+    /// from (through removed ones).
     pub parent: Option<String>,
     pub size_bytes: u64,
     /// Bytes of data this volume maps (kept as it changes, so cheap).
@@ -976,18 +970,10 @@ fn volume_summary(state: &State, record: &VolumeRecord) -> VolumeSummary {
 fn volume_info(state: &mut State, record: &VolumeRecord) -> Result<VolumeInfo> {
     let block_bytes = state.geometry.block_bytes();
     let usage = state.usage(record)?;
-    let summary = volume_summary(state, record);
     Ok(VolumeInfo {
-        id: summary.id,
-        name: summary.name,
-        kind: summary.kind,
-        read_only: summary.read_only,
-        parent: summary.parent,
-        size_bytes: summary.size_bytes,
-        referenced_bytes: summary.referenced_bytes,
+        summary: volume_summary(state, record),
         unique_bytes: usage.unique_blocks * block_bytes,
         written_bytes: usage.written_blocks * block_bytes,
-        created_unix_secs: summary.created_unix_secs,
         created_generation: record.created_generation,
         guid: record.guid.iter().map(|b| format!("{b:02x}")).collect(),
     })

@@ -13,12 +13,12 @@ pub fn contents(pool: &Pool) -> BTreeMap<String, Vec<u8>> {
         .unwrap()
         .into_iter()
         .map(|info| {
-            let mut buf = vec![0u8; info.size_bytes as usize];
-            pool.volume(&info.name)
+            let mut buf = vec![0u8; info.summary.size_bytes as usize];
+            pool.volume(&info.summary.name)
                 .unwrap()
                 .read_at(&mut buf, 0)
                 .unwrap();
-            (info.name, buf)
+            (info.summary.name, buf)
         })
         .collect()
 }
