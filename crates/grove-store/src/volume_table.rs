@@ -48,30 +48,8 @@ impl State {
             0,
             &mut leaves,
         )?;
-        let per_block = self.geometry.records_per_block;
         for (block_index, addr) in leaves {
-            let mut block = vec![0u8; self.geometry.block_size_bytes as usize];
-            self.read_block(addr, &mut block, "volume table block")?;
-            for slot in 0..per_block {
-                let id = VolumeId(block_index * per_block + slot);
-                let start = slot as usize * RECORD_BYTES;
-                let Some(record) = VolumeRecord::decode(&block[start..start + RECORD_BYTES], id)?
-                else {
-                    continue;
-                };
-                if record.removed {
-                    self.removed.insert(id, record);
-                    continue;
-                }
-                if self.names.insert(record.name.clone(), id).is_some() {
-                    return Err(Error::corrupt(format!(
-                        "volume table names {:?} twice",
-                        record.name
-                    )));
-                }
-                self.volumes.insert(id, record);
-            }
-            self.record_blocks.insert(block_index, block);
+            self.load_record_block(block_index, addr)?;
         }
         for record in self.volumes.values().chain(self.removed.values()) {
             if record.parent != VolumeId::NONE {
@@ -81,49 +59,86 @@ impl State {
                     .insert(record.id);
             }
         }
-        let generation = self.superblock.birth_generation;
-        for record in self.volumes.values().chain(self.removed.values()) {
-            if record.created_generation > generation
-                || record.share_floor_generation > generation
-                || record.written_base_generation > generation
-            {
+        let records: Vec<&VolumeRecord> =
+            self.volumes.values().chain(self.removed.values()).collect();
+        for record in records {
+            self.check_record(record)?;
+        }
+        Ok(())
+    }
+
+    /// Reads record block `block_index` and keeps its records: live ones
+    /// by name and id, removed ones (bookmarks, trees being reclaimed) by id.
+    fn load_record_block(&mut self, block_index: u64, addr: BlockAddr) -> Result<()> {
+        let per_block = self.geometry.records_per_block;
+        let mut block = vec![0u8; self.geometry.block_size_bytes as usize];
+        self.read_block(addr, &mut block, "volume table block")?;
+        for slot in 0..per_block {
+            let id = VolumeId(block_index * per_block + slot);
+            let start = slot as usize * RECORD_BYTES;
+            let Some(record) = VolumeRecord::decode(&block[start..start + RECORD_BYTES], id)?
+            else {
+                continue;
+            };
+            if record.removed {
+                self.removed.insert(id, record);
+                continue;
+            }
+            if self.names.insert(record.name.clone(), id).is_some() {
                 return Err(Error::corrupt(format!(
-                    "volume {:?} names a generation after the pool's generation {generation}",
+                    "volume table names {:?} twice",
                     record.name
                 )));
             }
-            if record.root.is_none() {
-                continue;
-            }
-            self.check_root(
-                record.root,
-                &format!("the root of volume {:?}", record.name),
-            )?;
-            if record.height
-                < self
-                    .geometry
-                    .height_for(self.geometry.blocks_for(record.size_bytes))
-            {
-                return Err(Error::corrupt(format!(
-                    "volume {:?} has a tree of {} levels, too few for its {} bytes",
-                    record.name, record.height, record.size_bytes
-                )));
-            }
-            if record.id.0 >= self.superblock.next_volume_id.0 {
-                return Err(Error::corrupt(format!(
-                    "volume {:?} has id {} beyond the next id",
-                    record.name, record.id.0
-                )));
-            }
-            if record.parent != VolumeId::NONE
-                && !self.volumes.contains_key(&record.parent)
-                && !self.removed.contains_key(&record.parent)
-            {
-                return Err(Error::corrupt(format!(
-                    "volume {:?} names parent #{}, which does not exist",
-                    record.name, record.parent.0
-                )));
-            }
+            self.volumes.insert(id, record);
+        }
+        self.record_blocks.insert(block_index, block);
+        Ok(())
+    }
+
+    /// Checks what a record read from disk claims against the rest of the
+    /// pool: generations, its root and tree height, its id, its parent.
+    fn check_record(&self, record: &VolumeRecord) -> Result<()> {
+        let generation = self.superblock.birth_generation;
+        if record.created_generation > generation
+            || record.share_floor_generation > generation
+            || record.written_base_generation > generation
+        {
+            return Err(Error::corrupt(format!(
+                "volume {:?} names a generation after the pool's generation {generation}",
+                record.name
+            )));
+        }
+        if record.root.is_none() {
+            return Ok(());
+        }
+        self.check_root(
+            record.root,
+            &format!("the root of volume {:?}", record.name),
+        )?;
+        let height_needed = self
+            .geometry
+            .height_for(self.geometry.blocks_for(record.size_bytes));
+        if record.height < height_needed {
+            return Err(Error::corrupt(format!(
+                "volume {:?} has a tree of {} levels, too few for its {} bytes",
+                record.name, record.height, record.size_bytes
+            )));
+        }
+        if record.id.0 >= self.superblock.next_volume_id.0 {
+            return Err(Error::corrupt(format!(
+                "volume {:?} has id {} beyond the next id",
+                record.name, record.id.0
+            )));
+        }
+        if record.parent != VolumeId::NONE
+            && !self.volumes.contains_key(&record.parent)
+            && !self.removed.contains_key(&record.parent)
+        {
+            return Err(Error::corrupt(format!(
+                "volume {:?} names parent #{}, which does not exist",
+                record.name, record.parent.0
+            )));
         }
         Ok(())
     }
