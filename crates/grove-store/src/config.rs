@@ -45,43 +45,7 @@ impl PoolConfig {
     /// Reads and validates `DIR/grove.toml`.
     pub fn load(dir: &Path) -> Result<PoolConfig> {
         let path = dir.join(CONFIG_FILE_NAME);
-        if !dir.exists() {
-            return Err(Error::new(
-                ErrorKind::NotFound,
-                format!(
-                    "pool {} does not exist; create it with `grove init`",
-                    dir.display()
-                ),
-            ));
-        }
-        if !dir.is_dir() {
-            return Err(Error::new(
-                ErrorKind::NotAPool,
-                format!(
-                    "{} is not a directory, so it cannot be a grove pool",
-                    dir.display()
-                ),
-            ));
-        }
-        let text = match std::fs::read_to_string(&path) {
-            Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(Error::new(
-                    ErrorKind::NotAPool,
-                    format!(
-                        "{} is not a grove pool (it has no {CONFIG_FILE_NAME}); create one with `grove init`",
-                        dir.display()
-                    ),
-                ))
-            }
-            Err(e) => return Err(Error::io(format!("cannot read {}", path.display()), e)),
-        };
-        // The version is read on its own first, so that a newer pool gets
-        // "upgrade grove" even if the rest of its configuration is unknown.
-        #[derive(serde::Deserialize)]
-        struct VersionOnly {
-            format_version: Option<u32>,
-        }
+        let text = read_config_text(dir, &path)?;
         let bad = |why: String| {
             Error::new(
                 ErrorKind::NotAPool,
@@ -91,30 +55,18 @@ impl PoolConfig {
                 ),
             )
         };
+        // The version is read on its own first, so that a newer pool gets
+        // "upgrade grove" even if the rest of its configuration is unknown.
+        #[derive(serde::Deserialize)]
+        struct VersionOnly {
+            format_version: Option<u32>,
+        }
         let version: VersionOnly =
             toml::from_str(&text).map_err(|e| bad(one_line(&e.to_string())))?;
-        match version.format_version {
-            None => return Err(bad("format_version is missing".into())),
-            Some(v) if v > FORMAT_VERSION => {
-                return Err(Error::new(
-                    ErrorKind::UnsupportedVersion,
-                    format!(
-                        "pool {} uses format version {v}, but this grove supports up to version {FORMAT_VERSION}; upgrade grove to open it",
-                        dir.display()
-                    ),
-                ))
-            }
-            Some(v) if v < FORMAT_VERSION => {
-                return Err(Error::new(
-                    ErrorKind::UnsupportedVersion,
-                    format!(
-                        "pool {} uses format version {v}, which this grove no longer opens (it writes version {FORMAT_VERSION}); export its volumes with the grove that made it (`grove export NAME FILE`) and import them into a new pool (`grove init`, then `grove import NAME FILE`)",
-                        dir.display()
-                    ),
-                ))
-            }
-            Some(_) => {}
-        }
+        let Some(version) = version.format_version else {
+            return Err(bad("format_version is missing".into()));
+        };
+        check_format_version(dir, version)?;
         let config: PoolConfig =
             toml::from_str(&text).map_err(|e| bad(one_line(&e.to_string())))?;
         if config.store.is_empty()
@@ -136,6 +88,62 @@ impl PoolConfig {
         }
         Ok(config)
     }
+}
+
+/// The text of a pool's grove.toml, or why `dir` is no pool.
+fn read_config_text(dir: &Path, path: &Path) -> Result<String> {
+    if !dir.exists() {
+        return Err(Error::new(
+            ErrorKind::NotFound,
+            format!(
+                "pool {} does not exist; create it with `grove init`",
+                dir.display()
+            ),
+        ));
+    }
+    if !dir.is_dir() {
+        return Err(Error::new(
+            ErrorKind::NotAPool,
+            format!(
+                "{} is not a directory, so it cannot be a grove pool",
+                dir.display()
+            ),
+        ));
+    }
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::new(
+            ErrorKind::NotAPool,
+            format!(
+                "{} is not a grove pool (it has no {CONFIG_FILE_NAME}); create one with `grove init`",
+                dir.display()
+            ),
+        )),
+        Err(e) => Err(Error::io(format!("cannot read {}", path.display()), e)),
+    }
+}
+
+/// Refuses a pool of another format version, saying what to do about it.
+fn check_format_version(dir: &Path, version: u32) -> Result<()> {
+    if version > FORMAT_VERSION {
+        return Err(Error::new(
+            ErrorKind::UnsupportedVersion,
+            format!(
+                "pool {} uses format version {version}, but this grove supports up to version {FORMAT_VERSION}; upgrade grove to open it",
+                dir.display()
+            ),
+        ));
+    }
+    if version < FORMAT_VERSION {
+        return Err(Error::new(
+            ErrorKind::UnsupportedVersion,
+            format!(
+                "pool {} uses format version {version}, which this grove no longer opens (it writes version {FORMAT_VERSION}); export its volumes with the grove that made it (`grove export NAME FILE`) and import them into a new pool (`grove init`, then `grove import NAME FILE`)",
+                dir.display()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 impl Default for PoolConfig {
