@@ -115,6 +115,13 @@ pub fn validate_request(request: &Request, negotiated: &Negotiated) -> Result<()
                 .to_string(),
         );
     }
+    check_extent(request, negotiated)
+}
+
+/// Checks a request's length and range: not empty, within the payload
+/// limit for data commands, and inside the export.
+fn check_extent(request: &Request, negotiated: &Negotiated) -> Result<(), Rejection> {
+    let command = request.command;
     if request.length == 0 {
         // The protocol leaves length 0 unspecified; an error tells a buggy
         // client more than a silent success would.
