@@ -232,56 +232,19 @@ impl Descriptor {
         }
         let mut extents = Vec::with_capacity(extent_count);
         for _ in 0..extent_count {
-            let change = match bytes[offset + 12] {
-                1 => AllocChange::AllocatedData,
-                2 => AllocChange::AllocatedMeta,
-                3 => AllocChange::Freed,
-                _ => return None,
-            };
-            let count = get_u32(bytes, offset + 8);
-            if count == 0 || bytes[offset + 13..offset + 16].iter().any(|&b| b != 0) {
-                return None;
-            }
-            extents.push(AllocExtent {
-                first: BlockAddr(get_u64(bytes, offset)),
-                count,
-                change,
-            });
+            extents.push(decode_extent(&bytes[offset..offset + EXTENT_BYTES])?);
             offset += EXTENT_BYTES;
         }
         let mut share_runs = Vec::with_capacity(share_run_count);
         for _ in 0..share_run_count {
-            let count = get_u32(bytes, offset + 8);
-            if count == 0 {
-                return None;
-            }
-            share_runs.push(ShareRun {
-                first: BlockAddr(get_u64(bytes, offset)),
-                count,
-                extra: get_u32(bytes, offset + 12),
-            });
+            share_runs.push(decode_share_run(&bytes[offset..offset + SHARE_RUN_BYTES])?);
             offset += SHARE_RUN_BYTES;
         }
         // The layout says the rest is zero: anything else is damage.
         if bytes[offset..].iter().any(|&b| b != 0) {
             return None;
         }
-        let roots = Roots {
-            volume_table_root: BlockAddr(get_u64(bytes, VT_ROOT_OFFSET)),
-            volume_table_height: bytes[VT_HEIGHT_OFFSET],
-            next_volume_id: VolumeId(get_u64(bytes, NEXT_VOLUME_ID_OFFSET)),
-            group_count: get_u64(bytes, GROUP_COUNT_OFFSET),
-            birth_generation: get_u64(bytes, BIRTH_GENERATION_OFFSET),
-        };
-        // Roots a superblock could not hold would fail at the next
-        // checkpoint; refuse them here, where they are read.
-        if roots.next_volume_id.0 == 0
-            || roots.volume_table_height >= super::node::NODE_LEVELS_MAX
-            || roots.volume_table_root.is_none() != (roots.volume_table_height == 0)
-            || roots.birth_generation > super::node::BIRTH_GENERATION_MAX
-        {
-            return None;
-        }
+        let roots = decode_roots(bytes)?;
         Some(Descriptor {
             sequence,
             pool_uuid: pool,
@@ -293,4 +256,53 @@ impl Descriptor {
             share_runs,
         })
     }
+}
+
+/// One allocation extent of a descriptor; None if damaged.
+fn decode_extent(bytes: &[u8]) -> Option<AllocExtent> {
+    let change = match bytes[12] {
+        1 => AllocChange::AllocatedData,
+        2 => AllocChange::AllocatedMeta,
+        3 => AllocChange::Freed,
+        _ => return None,
+    };
+    let count = get_u32(bytes, 8);
+    if count == 0 || bytes[13..16].iter().any(|&b| b != 0) {
+        return None;
+    }
+    Some(AllocExtent {
+        first: BlockAddr(get_u64(bytes, 0)),
+        count,
+        change,
+    })
+}
+
+/// One share-count run of a descriptor; None if damaged.
+fn decode_share_run(bytes: &[u8]) -> Option<ShareRun> {
+    let count = get_u32(bytes, 8);
+    if count == 0 {
+        return None;
+    }
+    Some(ShareRun {
+        first: BlockAddr(get_u64(bytes, 0)),
+        count,
+        extra: get_u32(bytes, 12),
+    })
+}
+
+/// The roots a descriptor carries. Roots a superblock could not hold would
+/// fail at the next checkpoint: they are refused here, where they are read.
+fn decode_roots(bytes: &[u8]) -> Option<Roots> {
+    let roots = Roots {
+        volume_table_root: BlockAddr(get_u64(bytes, VT_ROOT_OFFSET)),
+        volume_table_height: bytes[VT_HEIGHT_OFFSET],
+        next_volume_id: VolumeId(get_u64(bytes, NEXT_VOLUME_ID_OFFSET)),
+        group_count: get_u64(bytes, GROUP_COUNT_OFFSET),
+        birth_generation: get_u64(bytes, BIRTH_GENERATION_OFFSET),
+    };
+    let valid = roots.next_volume_id.0 != 0
+        && roots.volume_table_height < super::node::NODE_LEVELS_MAX
+        && roots.volume_table_root.is_none() == (roots.volume_table_height == 0)
+        && roots.birth_generation <= super::node::BIRTH_GENERATION_MAX;
+    valid.then_some(roots)
 }
