@@ -39,21 +39,24 @@ def parse(text):
     return {"iops": iops, "mib_s": bw_kib / 1024}
 
 
-def run_file(profile, job, path, size_bytes):
-    """A job on a plain file with direct I/O: the limit."""
-    args = common_args(profile, job) + ["--ioengine=libaio", "--direct=1",
-                                         f"--filename={path}", f"--size={size_bytes}"]
+def run_clean(profile, args):
+    """Runs fio once the host has no dirty pages (sync), and parses it."""
     os.sync()
     out, _ = run(args, timeout=profile.runtime_s + 120)
     return parse(out)
 
 
+def run_file(profile, job, path, size_bytes):
+    """A job on a plain file with direct I/O: the limit."""
+    args = common_args(profile, job) + ["--ioengine=libaio", "--direct=1",
+                                         f"--filename={path}", f"--size={size_bytes}"]
+    return run_clean(profile, args)
+
+
 def run_nbd(profile, job, sock, export, extra=()):
     """A job through fio's nbd engine on one export."""
     args = common_args(profile, job) + ["--ioengine=nbd", f"--uri={nbd_uri(sock, export)}"]
-    os.sync()
-    out, _ = run(args + list(extra), timeout=profile.runtime_s + 120)
-    return parse(out)
+    return run_clean(profile, args + list(extra))
 
 
 def run_nbd_exports(profile, job, sock, exports):
@@ -64,6 +67,4 @@ def run_nbd_exports(profile, job, sock, exports):
             "--group_reporting", "--output-format=json", "--ioengine=nbd"]
     for i, export in enumerate(exports):
         args += [f"--name=job{i}", f"--uri={nbd_uri(sock, export)}"]
-    os.sync()
-    out, _ = run(args, timeout=profile.runtime_s + 120)
-    return parse(out)
+    return run_clean(profile, args)

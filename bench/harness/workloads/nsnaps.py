@@ -42,9 +42,9 @@ def run(ctx):
     with ctx.grove.server(pool, sock, "nsnaps-grove.log"):
         for i in range(1, p.nsnaps_snapshots + 1):
             ctx.log(f"nsnaps: snapshot {i}/{p.nsnaps_snapshots}")
-            none = clean_run(p, sock, "plain", regions)
+            none = fio.run_nbd(p, JOB, sock, "plain", regions)
             _, snapshot_s = ctx.grove.cli(pool, "snapshot", "snapped", f"snapped@{i}")
-            after = clean_run(p, sock, "snapped", regions)
+            after = fio.run_nbd(p, JOB, sock, "snapped", regions)
             host = host_pair(p, ctx, work, raw, region)
             # With fio's random map, a job that wrote less than its region
             # wrote each block once: every write was a first write.
@@ -78,11 +78,6 @@ def median(pairs, key):
     return statistics.median(x[key] for x in pairs)
 
 
-def clean_run(p, sock, export, regions):
-    """One fio run; fio.run_nbd starts it with no dirty pages on the host."""
-    return fio.run_nbd(p, JOB, sock, export, regions)
-
-
 def host_pair(p, ctx, work, raw, region):
     """The same writes through nbdkit's file plugin: overwrites of a written
     raw file, then first writes into a sparse one that was never written.
@@ -101,6 +96,6 @@ def host_pair(p, ctx, work, raw, region):
         sock = work / "nbdkit.sock"
         regions = [f"--size={size}", f"--offset_increment={size}"]
         with peers.nbdkit_file(image, sock, ctx.work / "nsnaps-nbdkit.log"):
-            result[key] = clean_run(p, sock, "disk", regions)["iops"]
+            result[key] = fio.run_nbd(p, JOB, sock, "disk", regions)["iops"]
     sparse.unlink()
     return result

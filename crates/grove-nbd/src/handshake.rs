@@ -118,11 +118,10 @@ pub(crate) fn negotiate_options(
             Incoming::Ended => return Ok(Outcome::Ended),
         };
         tracing::trace!(option, length = data.len(), "option");
-        if let Some(gate) = gate_option(writer, context, option)? {
-            match gate {
-                Gate::Refused => continue,
-                Gate::End(outcome) => return outcome,
-            }
+        match gate_option(writer, context, option)? {
+            Gate::Open => {}
+            Gate::Refused => continue,
+            Gate::End(outcome) => return Ok(outcome),
         }
         let handled = handle_option(writer, context, &mut state, option, &data, no_zeroes)?;
         if let Some(outcome) = handled {
@@ -183,23 +182,25 @@ fn read_option(
 
 /// What the gates before any option's own handling decided.
 enum Gate {
+    /// The option goes on to be handled.
+    Open,
     /// Refused with an error reply; the client may send another option.
     Refused,
     /// The session ends here.
-    End(Result<Outcome, HandshakeError>),
+    End(Outcome),
 }
 
 /// Refuses options while the server stops, and every option but
 /// NBD_OPT_STARTTLS (and NBD_OPT_ABORT) before TLS on a listener that
-/// requires it. None: the option goes on to be handled.
+/// requires it.
 fn gate_option(
     writer: &mut impl Write,
     context: &Context<'_>,
     option: u32,
-) -> Result<Option<Gate>, HandshakeError> {
+) -> Result<Gate, HandshakeError> {
     if context.stopping.load(Ordering::SeqCst) && option != OPT_ABORT {
         if option == OPT_EXPORT_NAME {
-            return Ok(Some(Gate::End(Ok(Outcome::Ended))));
+            return Ok(Gate::End(Outcome::Ended));
         }
         send_reply(
             writer,
@@ -207,7 +208,7 @@ fn gate_option(
             REP_ERR_SHUTDOWN,
             "the server is shutting down",
         )?;
-        return Ok(Some(Gate::Refused));
+        return Ok(Gate::Refused);
     }
     let tls_required =
         context.tls.is_some_and(|tls| tls.mode == TlsMode::Require) && !context.tls_active;
@@ -215,9 +216,9 @@ fn gate_option(
         if option == OPT_EXPORT_NAME {
             // No error reply exists for it: proto.md has the server close
             // the connection.
-            return Ok(Some(Gate::End(Err(HandshakeError::Protocol(
+            return Err(HandshakeError::Protocol(
                 "NBD_OPT_EXPORT_NAME before NBD_OPT_STARTTLS on a server that requires TLS".into(),
-            )))));
+            ));
         }
         send_reply(
             writer,
@@ -225,9 +226,9 @@ fn gate_option(
             REP_ERR_TLS_REQD,
             "this server requires TLS: send NBD_OPT_STARTTLS first",
         )?;
-        return Ok(Some(Gate::Refused));
+        return Ok(Gate::Refused);
     }
-    Ok(None)
+    Ok(Gate::Open)
 }
 
 /// Answers one option. Some: the negotiation ends with this outcome.

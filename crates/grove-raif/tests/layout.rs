@@ -14,6 +14,14 @@ use proptest::prelude::*;
 
 /// A small unit so that files of a few KiB span many stripes.
 const UNIT_BYTES: u64 = 512;
+/// Every level that survives the loss of a branch.
+const REDUNDANT_LEVELS: [Level; 5] = [
+    Level::Raif1,
+    Level::Raif4,
+    Level::Raif5,
+    Level::Raif6,
+    Level::Raif10,
+];
 /// Sizes around unit and stripe edges, and odd ones.
 const SIZES: [u64; 9] = [0, 1, 511, 512, 513, 1537, 4095, 4097, 12_345];
 
@@ -197,13 +205,7 @@ fn raif0_loss_is_an_error_not_wrong_data() {
 
 #[test]
 fn writes_in_degraded_mode_read_back_and_rebuild_restores_the_branch() {
-    for level in [
-        Level::Raif1,
-        Level::Raif4,
-        Level::Raif5,
-        Level::Raif6,
-        Level::Raif10,
-    ] {
+    for level in REDUNDANT_LEVELS {
         let width = level.min_branches() + usize::from(level != Level::Raif10);
         let width = if level == Level::Raif10 { 4 } else { width };
         let layout = Layout::new(level, width, UNIT_BYTES, 0).unwrap();
@@ -242,13 +244,7 @@ fn writes_in_degraded_mode_read_back_and_rebuild_restores_the_branch() {
 
 #[test]
 fn scrub_finds_and_repairs_a_stale_unit() {
-    for level in [
-        Level::Raif1,
-        Level::Raif4,
-        Level::Raif5,
-        Level::Raif6,
-        Level::Raif10,
-    ] {
+    for level in REDUNDANT_LEVELS {
         let layout = Layout::new(level, 4, UNIT_BYTES, 0).unwrap();
         let data = pattern(4 * 3 * UNIT_BYTES, 2);
         let branches = store(&layout, &data);
@@ -316,13 +312,7 @@ impl BranchIo for CrashInTheHole<'_> {
 
 #[test]
 fn a_crash_in_the_write_hole_leaves_new_data_that_scrub_makes_redundant() {
-    for level in [
-        Level::Raif1,
-        Level::Raif4,
-        Level::Raif5,
-        Level::Raif6,
-        Level::Raif10,
-    ] {
+    for level in REDUNDANT_LEVELS {
         let layout = Layout::new(level, 4, UNIT_BYTES, 0).unwrap();
         let mut data = pattern(4 * 3 * UNIT_BYTES, 3);
         let branches = store(&layout, &data);

@@ -667,3 +667,72 @@ fn usable_slots(group_blocks: u64, capacity_blocks: u64, index: u64) -> usize {
         .saturating_sub(index * group_blocks)
         .min(group_blocks) as usize
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The per-group counters must always say what the nibbles say: `grove
+    /// info` and the allocator's full-group test read only the counters.
+    fn assert_counters_match(alloc: &Allocator) {
+        for (index, group) in alloc.groups.iter().enumerate() {
+            let mut recounted = Group {
+                nibbles: group.nibbles.clone(),
+                free_blocks: 0,
+                data_blocks: 0,
+                meta_blocks: 0,
+                durable: None,
+                usable_slots: group.usable_slots,
+                shares_present: 0,
+            };
+            recounted.recount(alloc.group_blocks as usize);
+            assert_eq!(
+                (group.free_blocks, group.data_blocks, group.meta_blocks),
+                (
+                    recounted.free_blocks,
+                    recounted.data_blocks,
+                    recounted.meta_blocks
+                ),
+                "group {index}"
+            );
+        }
+    }
+
+    #[test]
+    fn group_counters_follow_every_change_of_state() {
+        let group_blocks = crate::format::group::group_blocks(4096);
+        let mut alloc = Allocator::new(BlockAddr(64), group_blocks, 0, Vec::new());
+        let mut data = Vec::new();
+        // Past one group, so that the store grows by a second one.
+        for i in 0..group_blocks + 10 {
+            let usage = if i % 7 == 0 {
+                BlockUse::Meta
+            } else {
+                BlockUse::Data
+            };
+            data.push(alloc.allocate(usage).unwrap());
+        }
+        assert_eq!(alloc.group_count(), 2);
+        assert_counters_match(&alloc);
+        let kept = alloc.reserve().unwrap();
+        let dropped = alloc.reserve().unwrap();
+        alloc.confirm(kept);
+        alloc.unreserve(dropped);
+        assert_counters_match(&alloc);
+        for addr in data.iter().step_by(3) {
+            alloc.free(*addr);
+        }
+        assert_counters_match(&alloc);
+        let sealed = alloc.seal();
+        alloc.release(sealed.frees);
+        assert_counters_match(&alloc);
+        assert_eq!(
+            alloc.used_blocks() + alloc.free_blocks(),
+            alloc.group_count() * group_blocks
+        );
+        assert_eq!(
+            alloc.used_blocks(),
+            alloc.data_blocks() + alloc.meta_blocks()
+        );
+    }
+}

@@ -73,7 +73,7 @@ const TALLY_META_BIT: u32 = 1 << 31;
 impl Tally {
     fn new(window: std::ops::Range<u64>) -> Tally {
         assert!(window.start < window.end);
-        assert!(window.end - window.start <= CHECK_WINDOW_BLOCKS.max(1 << 24));
+        assert!(window.end - window.start <= CHECK_WINDOW_BLOCKS);
         Tally {
             first: window.start,
             slots: vec![0; (window.end - window.start) as usize],

@@ -59,9 +59,7 @@ impl State {
                     .insert(record.id);
             }
         }
-        let records: Vec<&VolumeRecord> =
-            self.volumes.values().chain(self.removed.values()).collect();
-        for record in records {
+        for record in self.volumes.values().chain(self.removed.values()) {
             self.check_record(record)?;
         }
         Ok(())

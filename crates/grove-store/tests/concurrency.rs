@@ -220,6 +220,19 @@ fn finishes_while_held<T: Send + 'static>(op: impl FnOnce() -> T + Send + 'stati
     result.recv_timeout(STALL_LIMIT).ok()
 }
 
+/// Reads the block at `offset` of `volume` on another thread, as
+/// `finishes_while_held` does.
+fn block_read_while_held(
+    volume: &grove_store::Volume,
+    offset: u64,
+) -> Option<grove_store::Result<Vec<u8>>> {
+    let reader = volume.clone();
+    finishes_while_held(move || {
+        let mut buf = vec![0u8; BLOCK_BYTES];
+        reader.read_at(&mut buf, offset).map(|()| buf)
+    })
+}
+
 /// While one client's FLUSH waits for the device (its data and journal
 /// flushes), other clients' reads, in-place writes, allocating writes and
 /// listings go on: the commit's I/O runs without the pool's state lock.
@@ -253,11 +266,7 @@ fn a_flush_held_up_by_the_device_stalls_no_other_client() {
         .unwrap();
     held.reached("the flush");
 
-    let reader = b.clone();
-    let read = finishes_while_held(move || {
-        let mut buf = vec![0u8; BLOCK_BYTES];
-        reader.read_at(&mut buf, 0).map(|()| buf)
-    });
+    let read = block_read_while_held(&b, 0);
     let writer = b.clone();
     let overwrite = finishes_while_held(move || writer.write_at(&[8u8; BLOCK_BYTES], 0));
     let writer = b.clone();
@@ -328,13 +337,7 @@ fn an_allocating_write_held_up_by_the_device_stalls_no_other_client() {
         })
         .unwrap();
     held.reached("the write");
-    let reader = a.clone();
-    let read = finishes_while_held(move || {
-        let mut buf = vec![0u8; BLOCK_BYTES];
-        reader
-            .read_at(&mut buf, 3 * BLOCK_BYTES as u64)
-            .map(|()| buf)
-    });
+    let read = block_read_while_held(&a, 3 * BLOCK_BYTES as u64);
     let writer = b.clone();
     let allocate = finishes_while_held(move || writer.write_at(&[4u8; 512], 9 * 4096 + 100));
     held.release();
@@ -519,13 +522,7 @@ fn a_metadata_cache_miss_held_up_by_the_device_stalls_no_other_client() {
         .unwrap();
     // The lookup missed the cache and reads its node from the device.
     held.reached("the lookup");
-    let reader = volume.clone();
-    let read = finishes_while_held(move || {
-        let mut buf = vec![0u8; BLOCK_BYTES];
-        reader
-            .read_at(&mut buf, (LEAVES - 1) * LEAF_SPAN_BYTES)
-            .map(|()| buf)
-    });
+    let read = block_read_while_held(&volume, (LEAVES - 1) * LEAF_SPAN_BYTES);
     held.release();
     assert_eq!(slow.join().unwrap().unwrap(), vec![0u8; BLOCK_BYTES]);
     assert_eq!(

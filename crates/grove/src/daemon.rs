@@ -1,8 +1,9 @@
-//! What `grove mount` and `grove raif mount` share once they run in the
+//! What `grove mount` and `grove raif mount` share. Once they run in the
 //! background: from the ready line on, the copy no longer writes to the
 //! pipes of the parent that waits for it (the parent exits once it reads
 //! that line); its log goes to the file the user named with `--log`
-//! (appended), or nowhere.
+//! (appended), or nowhere. And in either mode: serving until the file
+//! system is unmounted, by a signal or from outside.
 
 use std::io::Write;
 use std::path::Path;
@@ -44,4 +45,67 @@ pub fn open_log(path: &Path) -> Result<std::fs::File> {
         .append(true)
         .open(path)
         .with_context(|| format!("cannot open log file {}", path.display()))
+}
+
+/// What the main thread of a mount waits for.
+pub enum MountEvent {
+    Signal(i32),
+    /// The file system is gone (unmounted from outside, or after a signal).
+    Unmounted,
+}
+
+/// What a signal does to a mount that is busy (files open on it).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum WhenBusy {
+    /// Warn and keep serving; the next signal detaches it (`grove mount`).
+    WarnFirst,
+    /// Detach it at once (`grove raif mount`).
+    Detach,
+}
+
+/// Serves until the file system is unmounted. Every signal asks to
+/// unmount it; one that cannot detaches it lazily, and the wait ends
+/// (see [`WhenBusy`]). `events` is where the mount's end is announced too.
+/// Returns whether the mount was detached rather than unmounted.
+pub fn serve_until_unmounted(
+    mount: &grove_fuse::Mount,
+    mountpoint: &Path,
+    mut signals: signal_hook::iterator::Signals,
+    events: std::sync::mpsc::Sender<MountEvent>,
+    received: &std::sync::mpsc::Receiver<MountEvent>,
+    when_busy: WhenBusy,
+) -> Result<bool> {
+    let handle = signals.handle();
+    std::thread::Builder::new()
+        .name("grove-signals".into())
+        .spawn(move || {
+            for signal in signals.forever() {
+                if events.send(MountEvent::Signal(signal)).is_err() {
+                    break;
+                }
+            }
+        })
+        .context("cannot start the signal thread")?;
+    let mut warned_busy = false;
+    let mut detached = false;
+    while let Ok(MountEvent::Signal(signal)) = received.recv() {
+        tracing::info!(signal, "unmounting {}", mountpoint.display());
+        match mount.unmount() {
+            Ok(()) => {}
+            Err(e @ grove_fuse::MountError::Busy(_))
+                if when_busy == WhenBusy::WarnFirst && !warned_busy =>
+            {
+                tracing::warn!("{e}; still serving it: unmount it, or signal again to detach it");
+                warned_busy = true;
+            }
+            Err(e) => {
+                tracing::warn!("{e}; detaching it");
+                let _ = mount.unmount_lazily();
+                detached = true;
+                break;
+            }
+        }
+    }
+    handle.close();
+    Ok(detached)
 }

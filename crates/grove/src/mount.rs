@@ -12,11 +12,12 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 
 use anyhow::{anyhow, bail, Context, Result};
-use grove_fuse::{MountError, MountOptions};
+use grove_fuse::MountOptions;
 use grove_store::Pool;
 use signal_hook::consts::{SIGINT, SIGTERM};
 
 use crate::control::{open_pool_exclusive, ControlServer};
+use crate::daemon::{serve_until_unmounted, MountEvent, WhenBusy};
 
 /// Set by a backgrounding `grove mount` for the foreground copy it starts:
 /// that copy prints READY_LINE on stdout once mounted, then detaches.
@@ -25,11 +26,6 @@ const DAEMON_ENV: &str = "GROVE_MOUNT_DAEMON";
 const READY_LINE: &str = "grove-mount-ready";
 /// How an error line of grove starts (see main.rs).
 const ERROR_PREFIX: &str = "grove: error: ";
-
-enum Event {
-    Signal(i32),
-    Unmounted,
-}
 
 pub fn run(
     dir: &Path,
@@ -70,7 +66,7 @@ pub fn run(
     let (events, received) = mpsc::channel();
     let ended = events.clone();
     let mount = match grove_fuse::mount(pool.clone(), &mountpoint, &options, move || {
-        let _ = ended.send(Event::Unmounted);
+        let _ = ended.send(MountEvent::Unmounted);
     }) {
         Ok(mount) => mount,
         Err(e) => {
@@ -85,10 +81,14 @@ pub fn run(
     };
     announce(&pool, &mountpoint, daemon, log)?;
 
-    let signal_handle = signals.handle();
-    forward_signals(signals, events)?;
-    let detached = serve_until_unmounted(&mount, &received, &mountpoint);
-    signal_handle.close();
+    let detached = serve_until_unmounted(
+        &mount,
+        &mountpoint,
+        signals,
+        events,
+        &received,
+        WhenBusy::WarnFirst,
+    )?;
     if detached {
         drop(mount);
     } else {
@@ -100,53 +100,6 @@ pub fn run(
         .with_context(|| format!("cannot close pool {}", dir.display()))?;
     tracing::info!("unmounted; pool flushed and closed");
     Ok(())
-}
-
-/// Passes every signal on as an event, from a thread of its own.
-fn forward_signals(
-    mut signals: signal_hook::iterator::Signals,
-    events: mpsc::Sender<Event>,
-) -> Result<()> {
-    std::thread::Builder::new()
-        .name("grove-signals".into())
-        .spawn(move || {
-            for signal in signals.forever() {
-                if events.send(Event::Signal(signal)).is_err() {
-                    break;
-                }
-            }
-        })?;
-    Ok(())
-}
-
-/// Waits until the file system is unmounted. The first signal unmounts; on
-/// a busy mount it only warns, and a second one detaches the mount lazily
-/// and ends without waiting. Returns whether it was detached.
-fn serve_until_unmounted(
-    mount: &grove_fuse::Mount,
-    received: &mpsc::Receiver<Event>,
-    mountpoint: &Path,
-) -> bool {
-    let mut warned_busy = false;
-    while let Ok(event) = received.recv() {
-        let Event::Signal(signal) = event else {
-            return false;
-        };
-        tracing::info!(signal, "unmounting {}", mountpoint.display());
-        match mount.unmount() {
-            Ok(()) => {}
-            Err(e @ MountError::Busy(_)) if !warned_busy => {
-                tracing::warn!("{e}; still serving it: unmount it, or signal again to detach it");
-                warned_busy = true;
-            }
-            Err(e) => {
-                tracing::warn!("{e}; detaching it");
-                let _ = mount.unmount_lazily();
-                return true;
-            }
-        }
-    }
-    false
 }
 
 /// Says the mount is ready: on stdout for a user, or to the waiting parent,

@@ -14,6 +14,8 @@ use grove_raif::config::Config;
 use grove_raif::Level;
 use signal_hook::consts::{SIGINT, SIGTERM};
 
+use crate::daemon::{serve_until_unmounted, MountEvent, WhenBusy};
+
 /// Set for the foreground copy a backgrounding mount starts.
 const DAEMON_ENV: &str = "GROVE_RAIF_DAEMON";
 /// What the foreground copy prints once mounted.
@@ -193,7 +195,7 @@ fn mount(config: Config, mountpoint: &Path, how: &How) -> Result<()> {
     let (events, received) = mpsc::channel();
     let ended = events.clone();
     let mount = grove_fuse::raif::mount_raif(config, mountpoint, false, how.degraded, move || {
-        let _ = ended.send(None);
+        let _ = ended.send(MountEvent::Unmounted);
     })
     .with_context(|| format!("cannot mount RAIF on {}", mountpoint.display()))?;
     announce(mountpoint, daemon, log)?;
@@ -201,42 +203,19 @@ fn mount(config: Config, mountpoint: &Path, how: &How) -> Result<()> {
         // Again after the announcement: a background mount's log starts there.
         tracing::warn!("{warning}");
     }
-    if serve_until_unmounted(&mount, mountpoint, signals, events, received) {
+    let detached = serve_until_unmounted(
+        &mount,
+        mountpoint,
+        signals,
+        events,
+        &received,
+        WhenBusy::Detach,
+    )?;
+    if !detached {
         mount.join()?;
         tracing::info!("unmounted");
     }
     Ok(())
-}
-
-/// Waits until the mount goes away (`events` gets None) or a signal asks
-/// to unmount it; false if it was busy and is detached instead (then it
-/// ends with this process).
-fn serve_until_unmounted(
-    mount: &grove_fuse::Mount,
-    mountpoint: &Path,
-    mut signals: signal_hook::iterator::Signals,
-    events: mpsc::Sender<Option<i32>>,
-    received: mpsc::Receiver<Option<i32>>,
-) -> bool {
-    let handle = signals.handle();
-    std::thread::spawn(move || {
-        for signal in signals.forever() {
-            if events.send(Some(signal)).is_err() {
-                break;
-            }
-        }
-    });
-    while let Ok(Some(signal)) = received.recv() {
-        tracing::info!(signal, "unmounting {}", mountpoint.display());
-        if let Err(e) = mount.unmount() {
-            tracing::warn!("{e}; detaching it");
-            let _ = mount.unmount_lazily();
-            handle.close();
-            return false;
-        }
-    }
-    handle.close();
-    true
 }
 
 /// What a degraded mount says about its missing branches, if any.

@@ -581,6 +581,17 @@ fn bad_input_gets_one_line_errors() {
     }
 }
 
+/// `scrub --repair` finds and repairs (exit 1, "repaired"), then a second
+/// scrub is clean; returns that second scrub's output.
+fn repair_then_scrub_clean(r: &Raif, level: &str) -> Output {
+    let out = r.run(&["scrub", "--repair"]);
+    assert_eq!(out.status.code(), Some(1), "{level}: {}", text(&out));
+    assert!(text(&out).contains("repaired"), "{level}: {}", text(&out));
+    let out = r.run(&["scrub"]);
+    assert!(out.status.success(), "{level}: {}", text(&out));
+    out
+}
+
 fn text(out: &Output) -> String {
     format!(
         "{}{}",
@@ -828,11 +839,7 @@ fn scrub_finds_and_repairs_a_corrupt_unit() {
             label.as_str().unwrap()
         );
         assert!(text(&out).contains(&expected), "{level}: {}", text(&out));
-        let out = r.run(&["scrub", "--repair"]);
-        assert_eq!(out.status.code(), Some(1), "{level}: {}", text(&out));
-        assert!(text(&out).contains("repaired"), "{}", text(&out));
-        let out = r.run(&["scrub"]);
-        assert!(out.status.success(), "{level}: {}", text(&out));
+        let out = repair_then_scrub_clean(&r, level);
         assert!(text(&out).contains("0 mismatches"), "{}", text(&out));
         assert_eq!(fs::read(r.p("a")).unwrap(), data, "{level}");
     }
@@ -965,11 +972,7 @@ fn kill_9_in_the_write_hole_is_found_and_repaired_by_scrub() {
         assert_eq!(out.status.code(), Some(1), "{level}: {}", text(&out));
         let expected = format!("a: stripe 1 (offset {stripe_bytes}): ");
         assert!(text(&out).contains(&expected), "{level}: {}", text(&out));
-        let out = r.run(&["scrub", "--repair"]);
-        assert_eq!(out.status.code(), Some(1), "{level}: {}", text(&out));
-        assert!(text(&out).contains("repaired"), "{level}: {}", text(&out));
-        let out = r.run(&["scrub"]);
-        assert!(out.status.success(), "{level}: {}", text(&out));
+        repair_then_scrub_clean(&r, level);
         // The new data reached its unit (the first copy, for RAIF1), which
         // the repair made redundant again; everything else is as fsynced.
         data[at..at + piece.len()].copy_from_slice(&piece);

@@ -5,7 +5,7 @@
 mod locking;
 mod volume;
 
-use locking::{commit, commit_locked, lock_state, settle_commit, write_gate};
+use locking::{commit, commit_locked, lock_state, release_frees, settle_commit, write_gate};
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -856,10 +856,7 @@ impl Pool {
         }
         let report = state.check(repair);
         let deferred = state.take_deferred_frees();
-        if !deferred.is_empty() {
-            let _gate = write_gate(&self.inner);
-            state.make_reusable(deferred);
-        }
+        release_frees(&self.inner, &mut state, deferred);
         let report = report?;
         if repair && !report.repaired.is_empty() {
             commit_locked(&self.inner, &mut state)?;
