@@ -291,6 +291,14 @@ fn stalled_requests_and_unread_replies_time_out_but_idle_clients_stay() {
     for cookie in 0..200u64 {
         deaf.request(Command::Read, 0, cookie, 0, 1 << 20);
     }
+    // The server reads those requests on threads of its own: give them
+    // time (less than the request timeout, which would release them).
+    let started = Instant::now();
+    while t.server.inflight_bytes() == 0
+        && started.elapsed() < Duration::from_millis(TEST_REQUEST_TIMEOUT_MS / 3)
+    {
+        std::thread::sleep(Duration::from_millis(1));
+    }
     assert!(
         t.server.inflight_bytes() > 0,
         "the unread replies are in flight"
