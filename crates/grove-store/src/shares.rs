@@ -209,9 +209,24 @@ impl Shares {
         (group, BlockAddr(group_start + 1 + k), k as u32)
     }
 
+    /// One past the last block of the group that holds `addr`.
+    fn group_end(&self, addr: u64) -> u64 {
+        addr - (addr - self.data_start) % self.group_blocks + self.group_blocks
+    }
+
+    /// How many of the counts in the count block covering blocks from
+    /// `first` belong to its group. The last count block of a group covers
+    /// slots past the group's end; those blocks are counted by the next
+    /// group's first count block, so here they are written as zeros and
+    /// ignored when read (older pools may hold stale counts there).
+    fn counts_in_group(&self, first: u64) -> usize {
+        (self.group_end(first) - first).min(self.counts_per_block) as usize
+    }
+
     /// Loads the counts of one count block read at open.
     pub fn load(&mut self, first: u64, counts: &[u32]) {
-        for (i, &extra) in counts.iter().enumerate() {
+        let in_group = self.counts_in_group(first);
+        for (i, &extra) in counts.iter().enumerate().take(in_group) {
             if extra != 0 {
                 self.durable.insert(first + i as u64, extra);
                 self.live.insert(first + i as u64, extra);
@@ -230,9 +245,11 @@ impl Shares {
         self.dirty_count_blocks
             .iter()
             .map(|&first| {
-                let counts: Vec<u32> = (0..self.counts_per_block)
-                    .map(|i| self.durable.get(&(first + i)).copied().unwrap_or(0))
-                    .collect();
+                let mut counts = vec![0u32; self.counts_per_block as usize];
+                let in_group = self.counts_in_group(first);
+                for (i, count) in counts.iter_mut().enumerate().take(in_group) {
+                    *count = self.durable.get(&(first + i as u64)).copied().unwrap_or(0);
+                }
                 let mut block = vec![0u8; block_size_bytes as usize];
                 shares::encode(BlockAddr(first), &counts, &mut block);
                 let (group, home, index) = self.count_block_home(first);
@@ -262,4 +279,66 @@ pub struct DirtyCountBlock {
     /// Which of the group's count blocks (0..SHARE_BLOCKS_PER_GROUP).
     pub index: u32,
     pub block: Vec<u8>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::group::group_blocks;
+    use crate::format::shares::counts_per_block;
+
+    const BLOCK_BYTES: u32 = 4096;
+    const DATA_START: u64 = 100;
+
+    fn shares() -> Shares {
+        Shares::new(
+            BlockAddr(DATA_START),
+            group_blocks(BLOCK_BYTES),
+            BLOCK_BYTES,
+        )
+    }
+
+    /// The last count block of a group covers slots past the group's end,
+    /// which the next group's first count block counts. A stale count
+    /// there used to be loaded over the right one: rolling snapshots
+    /// reopened by every CLI call leaked whole leaves.
+    #[test]
+    fn the_last_count_block_of_a_group_counts_only_its_own_group() {
+        let mut shares = shares();
+        let group_end = DATA_START + group_blocks(BLOCK_BYTES);
+        let last_first = shares.count_block_first_of(0, SHARE_BLOCKS_PER_GROUP - 1);
+        let per_block = counts_per_block(BLOCK_BYTES);
+        assert!(
+            last_first + per_block > group_end,
+            "the overlap this test is about"
+        );
+
+        shares.load(last_first, &vec![5; per_block as usize]);
+        for addr in last_first..last_first + per_block {
+            let expected = if addr < group_end { 5 } else { 0 };
+            assert_eq!(shares.extra(BlockAddr(addr)), expected, "block {addr}");
+        }
+
+        // Written back, the slots past the group are zeros, whatever the
+        // next group's counts are.
+        let past_end = BlockAddr(group_end + crate::format::group::GROUP_HEADER_BLOCKS + 1);
+        shares.increment(past_end).unwrap();
+        shares.seal();
+        shares.mark_count_block_dirty(last_first);
+        let written = shares.dirty_count_blocks(BLOCK_BYTES);
+        let last = written
+            .iter()
+            .find(|b| b.group == 0 && u64::from(b.index) == SHARE_BLOCKS_PER_GROUP - 1)
+            .expect("the last count block of group 0 is dirty");
+        let counts = crate::format::shares::decode(BlockAddr(last_first), &last.block).unwrap();
+        let in_group = (group_end - last_first) as usize;
+        assert!(counts[..in_group].iter().all(|&c| c == 5));
+        assert!(counts[in_group..].iter().all(|&c| c == 0));
+        let next = written
+            .iter()
+            .find(|b| b.group == 1 && b.index == 0)
+            .unwrap();
+        let counts = crate::format::shares::decode(BlockAddr(group_end), &next.block).unwrap();
+        assert_eq!(counts[(past_end.0 - group_end) as usize], 1);
+    }
 }

@@ -6,7 +6,10 @@
 //!
 //! Every allocation group keeps its counts in the SHARE_BLOCKS_PER_GROUP
 //! blocks right after its map block; count block k of a group covers the
-//! group's slots [k * counts_per_block, (k + 1) * counts_per_block). They are
+//! group's slots [k * counts_per_block, (k + 1) * counts_per_block). The last
+//! one reaches past the group's end: those slots are the next group's,
+//! counted by its own first count block, so they are written as zeros and
+//! ignored when read. They are
 //! written at checkpoint from the durable counts, like the maps: changes
 //! ride in journal descriptors as runs. A count block that was never
 //! written is a hole in the store; the group map's header says which ones
