@@ -116,7 +116,11 @@ impl State {
                 return Ok(false);
             }
             self.set_entry(addr, slot, Entry::EMPTY);
-            *budget -= 1;
+            // A child node emptied by the last of the budget still has its
+            // entry cleared here: at most one entry a level past the budget.
+            // (An unchecked subtraction wrapped here, and in a release build
+            // the batch then ran without a bound.)
+            *budget = budget.saturating_sub(1);
         }
         Ok(true)
     }

@@ -736,12 +736,25 @@ impl Pool {
     /// work on the pool goes on between batches. Returns the bytes freed
     /// and whether anything is left.
     pub fn reclaim_batch(&self) -> Result<(u64, bool)> {
+        self.reclaim_batch_of(None)
+    }
+
+    /// One reclaim batch of at most `budget_entries` entries, so tests can
+    /// leave removed trees half given back (interrupted reclaim).
+    #[doc(hidden)]
+    pub fn reclaim_batch_for_tests(&self, budget_entries: usize) -> Result<(u64, bool)> {
+        self.reclaim_batch_of(Some(budget_entries))
+    }
+
+    fn reclaim_batch_of(&self, budget_entries: Option<usize>) -> Result<(u64, bool)> {
         let mut state = self.state();
         if !state.has_pending_reclaim() {
             return Ok((0, true));
         }
         ensure_changes_allowed(&state)?;
-        let budget = state.reclaim_budget();
+        let budget = state
+            .reclaim_budget()
+            .min(budget_entries.unwrap_or(usize::MAX));
         let batch: ReclaimBatch = state.reclaim_batch(budget)?;
         commit_locked(&self.inner, &mut state)?;
         Ok((
