@@ -149,14 +149,18 @@ pub enum Command {
     /// Reset a writable volume to a snapshot, instantly
     #[command(
         long_about = "Reset a writable volume to the contents and size of SNAPSHOT, in O(1). \
-                      VOLUME defaults to the volume SNAPSHOT was taken from. What the volume \
-                      held since is given back like a removed volume's space; other \
+                      Named alone, SNAPSHOT must be a read-only snapshot, and the volume it \
+                      was taken from is reset; if that volume was removed or is itself a \
+                      snapshot, name the volume to reset. Resetting a volume to the contents \
+                      of a writable volume or clone always takes both names. What the \
+                      volume held since is given back like a removed volume's space; other \
                       snapshots are not touched. A volume with an NBD client connected is \
                       refused unless --force.",
-        after_help = "Example:\n  grove rollback disk@monday"
+        after_help = "Examples:\n  grove rollback disk@monday\n  grove rollback scratch disk    \
+                      reset disk to the contents of the clone scratch"
     )]
     Rollback {
-        /// Snapshot (or any volume) to copy
+        /// Snapshot to copy (or, with VOLUME, any volume)
         snapshot: String,
         /// Writable volume to reset [default: the volume SNAPSHOT was taken from]
         volume: Option<String>,

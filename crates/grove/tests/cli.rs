@@ -555,6 +555,82 @@ fn rm_recursive_rollback_diff_and_gc() {
     }
 }
 
+/// Every live volume's name and bytes.
+fn every_volume(pool: &Pool) -> Vec<(String, Vec<u8>)> {
+    pool.list()
+        .iter()
+        .map(|v| {
+            let name = v["name"].as_str().unwrap().to_string();
+            let bytes = pool.ok(&["read", &name]);
+            (name, bytes)
+        })
+        .collect()
+}
+
+/// Issue 23: `grove rollback test`, where `test` was a clone whose origin
+/// snapshot had been removed, reset the snapshot's volume to the clone's
+/// contents, and its newer writes were gone. Named alone, only a snapshot
+/// is taken; everything else needs both names.
+#[test]
+fn rollback_named_alone_takes_only_a_snapshot() {
+    let pool = Pool::new(&[]);
+    pool.ok(&["create", "disk", "--size", "1M"]);
+    write_file(&pool.file("first"), &pattern(MIB as usize, 81));
+    pool.ok(&["write", "disk", "first"]);
+    pool.ok(&["snapshot", "disk", "disk@1"]);
+    pool.ok(&["clone", "disk@1", "test"]);
+    pool.ok(&["snapshot", "disk@1", "disk@1-copy"]);
+    write_file(&pool.file("clone"), &pattern(64 * KIB as usize, 82));
+    pool.ok(&["write", "test", "clone"]);
+    // disk's writes after the snapshot: what the old rollback lost.
+    write_file(&pool.file("newer"), &pattern(64 * KIB as usize, 83));
+    pool.ok(&["write", "disk", "--offset", "512K", "newer"]);
+    let before = every_volume(&pool);
+
+    // A clone named alone, its origin still there: refused, naming only
+    // what was named.
+    let line = pool.refused(&["rollback", "test"]);
+    assert!(
+        line.contains("\"test\"") && line.contains("writable clone, not a snapshot"),
+        "{line}"
+    );
+    assert!(line.contains("grove rollback test VOLUME"), "{line}");
+    assert!(!line.contains("disk"), "{line}");
+    // A snapshot of a snapshot: the snapshot it was taken from is said.
+    let line = pool.refused(&["rollback", "disk@1-copy"]);
+    assert!(
+        line.contains("taken from \"disk@1\", a read-only snapshot"),
+        "{line}"
+    );
+    // The clone's origin removed: still refused, and nothing changes.
+    pool.ok(&["rm", "disk@1-copy"]);
+    pool.ok(&["rm", "disk@1"]);
+    let before_removed: Vec<_> = before
+        .iter()
+        .filter(|(name, _)| name == "disk" || name == "test")
+        .cloned()
+        .collect();
+    assert_eq!(every_volume(&pool), before_removed);
+    let line = pool.refused(&["rollback", "test"]);
+    assert!(
+        line.contains("not a snapshot") && !line.contains("disk"),
+        "{line}"
+    );
+    assert_eq!(every_volume(&pool), before_removed);
+
+    // Both names written out: disk takes the clone's contents.
+    let message = pool.ok_text(&["rollback", "test", "disk"]);
+    assert!(
+        message.contains("rolled \"disk\" back to \"test\""),
+        "{message}"
+    );
+    let test = pool.read("test", 0, MIB);
+    assert_eq!(pool.read("disk", 0, MIB), test);
+    assert_eq!(every_volume(&pool)[1], before_removed[1]);
+    let report = pool.ok_text(&["check"]);
+    assert!(report.contains("the pool is clean"), "{report}");
+}
+
 #[test]
 fn info_reports_the_pool() {
     let pool = Pool::new(&["--block-size", "8K"]);
