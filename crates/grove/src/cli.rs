@@ -355,14 +355,23 @@ pub enum Command {
         allow_other: bool,
     },
 
-    /// Verify all metadata and exit 1 if anything is wrong
+    /// Verify all metadata and exit 1 if anything is wrong or space is lost
     ///
     /// Checks both superblocks, the journal, every radix node of every volume
     /// and of the volume table, that every block's share count matches the
     /// entries pointing at it, that births grow up each tree, that the
     /// allocation map agrees with what is in use, and every volume's space
-    /// accounting. Errors are damage; warnings are harmless leftovers, such
-    /// as blocks a crash leaked.
+    /// accounting. Errors are damage; warnings are leftovers that put no
+    /// data at risk.
+    ///
+    /// Exit status: 0 when there are no errors and no space is lost (other
+    /// warnings, such as a torn spare superblock, still exit 0); 1 on any
+    /// error, and also when blocks are leaked (allocated but used by
+    /// nothing) or counted with more references than they have, since
+    /// that space would never come back (--repair gives it back). With
+    /// --repair, the status is that of the check run after the repair.
+    /// --json prints every error and warning the text shows, with
+    /// leaked_blocks and over_counted_blocks.
     Check {
         /// Fix leaks, allocation-map disagreements, space accounting and
         /// damaged superblock copies, then check again. Never changes what a

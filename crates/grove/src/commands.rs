@@ -370,6 +370,15 @@ fn check(pool: &dyn Admin, repair: bool, json: bool) -> Result<()> {
             pool.dir().display()
         );
     }
+    // Lost space is an alarm too: it grows unseen until the pool is full.
+    if remaining.loses_space() {
+        bail!(
+            "check found {} leaked blocks and {} blocks counted with more references than they have in pool {}: space is lost, though no data is; `grove check --repair` gives it back",
+            remaining.leaked_blocks,
+            remaining.over_counted_blocks,
+            pool.dir().display()
+        );
+    }
     Ok(())
 }
 

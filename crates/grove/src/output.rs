@@ -272,6 +272,11 @@ pub fn write_check_report(
     };
     match (verdict.errors.len(), verdict.warnings.len()) {
         (0, 0) => writeln!(out, "{when}the pool is clean"),
+        (0, warnings) if verdict.loses_space() => writeln!(
+            out,
+            "{when}no errors, but space is lost: {} leaked blocks, {} over-counted ({warnings} warnings)",
+            verdict.leaked_blocks, verdict.over_counted_blocks
+        ),
         (0, warnings) => writeln!(out, "{when}no errors ({warnings} warnings)"),
         (errors, _) => writeln!(out, "{when}{errors} errors"),
     }

@@ -1141,16 +1141,156 @@ fn check_warns_of_a_leak_and_repair_frees_it() {
     // A block allocated in the map that nothing uses: a leak.
     let leaked = first_data_block(&pool) + 500;
     set_map_nibble(&pool, leaked, 0x1);
-    let text = pool.ok_text(&["check"]);
+    // Space lost is an alarm: exit 1, one error line, and the count in
+    // both the text and the JSON.
+    let output = pool.run(&["check"]);
+    let line = expect_error_line(&["check"], &output);
+    assert!(
+        line.contains("1 leaked blocks") && line.contains("--repair"),
+        "{line}"
+    );
+    let text = String::from_utf8(output.stdout).unwrap();
     assert!(
         text.contains("warning:") && text.contains("leaked"),
         "{text}"
+    );
+    assert!(text.contains("space is lost: 1 leaked blocks"), "{text}");
+    let output = pool.run(&["check", "--json"]);
+    expect_error_line(&["check", "--json"], &output);
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(u64_of(&report["report"], "leaked_blocks"), 1, "{report}");
+    assert_eq!(u64_of(&report["report"], "over_counted_blocks"), 0);
+    let warnings = report["report"]["warnings"].as_array().unwrap();
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.as_str().unwrap().contains("leaked")),
+        "{report}"
     );
     let text = pool.ok_text(&["check", "--repair"]);
     assert!(text.contains("repaired: freed 1 leaked blocks"), "{text}");
     assert!(text.contains("after repair, the pool is clean"), "{text}");
     assert_eq!(u64_of(&pool.info(), "used_bytes"), used);
     assert_eq!(pool.read("v", 0, 100_000), vec![0xab; 100_000]);
+}
+
+/// Rewrites share-count block 0 of the first group (with a valid
+/// checksum) so that `block` counts one more reference than before.
+fn add_share_count(pool: &Pool, block: u64) {
+    use grove_store::format::{group, shares, superblock::Superblock};
+    use grove_store::types::BlockAddr;
+    let mut store = fs::read(pool.store_path()).unwrap();
+    let sb = Superblock::decode(&store[..512]).unwrap();
+    let block_bytes = u64::from(sb.block_size_bytes) as usize;
+    let data_start = sb.data_start.0;
+    let map = group::decode(
+        0,
+        &store[data_start as usize * block_bytes..][..block_bytes],
+    )
+    .unwrap();
+    assert_eq!(map.shares_present & 1, 1, "no share-count block yet");
+    let home = &mut store[(data_start as usize + 1) * block_bytes..][..block_bytes];
+    let mut counts = shares::decode(BlockAddr(data_start), home).unwrap();
+    counts[(block - data_start) as usize] += 1;
+    shares::encode(BlockAddr(data_start), &counts, home);
+    fs::write(pool.store_path(), store).unwrap();
+}
+
+/// Flips a byte of share-count block 0 of the first group: its checksum
+/// no longer matches, and the next open rebuilds every count.
+fn tear_share_count_block(pool: &Pool) {
+    use grove_store::format::superblock::Superblock;
+    let store = fs::read(pool.store_path()).unwrap();
+    let sb = Superblock::decode(&store[..512]).unwrap();
+    let at = (sb.data_start.0 + 1) * u64::from(sb.block_size_bytes) + 100;
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(pool.store_path())
+        .unwrap();
+    let mut byte = [0u8];
+    file.read_exact_at(&mut byte, at).unwrap();
+    file.write_all_at(&[byte[0] ^ 0xff], at).unwrap();
+}
+
+/// A pool with data shared by a snapshot, so that it has a share-count
+/// block.
+fn pool_with_shares() -> Pool {
+    let pool = Pool::new(&[]);
+    pool.ok(&["create", "v", "--size", "64M"]);
+    pool.run_with_stdin(&["write", "v"], &[0xab; 100_000]);
+    pool.ok(&["snapshot", "v", "s"]);
+    pool.ok(&["clone", "s", "c"]);
+    pool
+}
+
+#[test]
+fn check_fails_on_an_over_counted_block_and_repair_fixes_it() {
+    let pool = pool_with_shares();
+    add_share_count(&pool, first_data_block(&pool));
+    let output = pool.run(&["check"]);
+    let line = expect_error_line(&["check"], &output);
+    assert!(
+        line.contains("1 blocks counted with more references than they have"),
+        "{line}"
+    );
+    let text = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        text.contains("warning: 1 blocks are counted with more"),
+        "{text}"
+    );
+    let output = pool.run(&["check", "--json"]);
+    expect_error_line(&["check", "--json"], &output);
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(
+        u64_of(&report["report"], "over_counted_blocks"),
+        1,
+        "{report}"
+    );
+    assert_eq!(u64_of(&report["report"], "leaked_blocks"), 0, "{report}");
+    let text = pool.ok_text(&["check", "--repair"]);
+    assert!(text.contains("after repair, the pool is clean"), "{text}");
+    // For good: the corrected count is what the next open loads.
+    pool.ok(&["check"]);
+    assert_eq!(pool.read("c", 0, 100_000), vec![0xab; 100_000]);
+}
+
+/// Harmless warnings (here: a torn share-count block, rebuilt from the
+/// trees at open) exit 0, and --json carries every warning and error the
+/// text shows.
+#[test]
+fn check_json_carries_what_the_text_shows_and_harmless_warnings_exit_0() {
+    let pool = pool_with_shares();
+    // The warning is the open's: the rebuilt counts are written back, so
+    // each form of the check gets a freshly torn block.
+    tear_share_count_block(&pool);
+    let text = pool.ok_text(&["check"]);
+    let shown = |prefix: &str| -> Vec<String> {
+        text.lines()
+            .filter_map(|line| line.strip_prefix(prefix))
+            .map(str::to_string)
+            .collect()
+    };
+    let (text_warnings, text_errors) = (shown("warning: "), shown("error: "));
+    assert_eq!(text_warnings.len(), 1, "{text}");
+    assert!(
+        text_warnings[0].contains("rebuilt from the trees"),
+        "{text}"
+    );
+    assert!(text.contains("no errors (1 warnings)"), "{text}");
+    tear_share_count_block(&pool);
+    let report: Value = serde_json::from_slice(&pool.ok(&["check", "--json"])).unwrap();
+    let strings = |field: &str| -> Vec<String> {
+        report["report"][field]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w.as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(strings("warnings"), text_warnings, "{report}");
+    assert_eq!(strings("errors"), text_errors, "{report}");
+    assert!(!pool.ok_text(&["check"]).contains("warning"));
 }
 
 #[test]
