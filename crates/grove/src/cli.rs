@@ -2,7 +2,10 @@
 //!
 //! Sizes and offsets are taken as text and parsed by `size::parse_size` in
 //! the commands, so a bad size is an ordinary error (exit 1), while clap
-//! keeps exit 2 for malformed command lines.
+//! keeps exit 2 for malformed command lines. Every size, offset and length
+//! allows a leading '-' (`allow_hyphen_values`): clap would otherwise read
+//! `--size -5G` as an unknown flag and print a multi-line usage error,
+//! where parse_size refuses it in one line.
 
 use std::path::PathBuf;
 
@@ -72,10 +75,15 @@ pub enum Command {
     Init {
         /// Block size: 1K, 2K, 4K, 8K, 16K, 32K or 64K. Larger blocks mean less
         /// metadata; smaller ones waste less on small writes after a snapshot
-        #[arg(long, value_name = "SIZE", default_value = "4K")]
+        #[arg(
+            long,
+            value_name = "SIZE",
+            default_value = "4K",
+            allow_hyphen_values = true
+        )]
         block_size: String,
         /// Largest size the store may grow to (default: while the file system has room)
-        #[arg(long, value_name = "SIZE")]
+        #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
         capacity: Option<String>,
     },
 
@@ -86,7 +94,7 @@ pub enum Command {
         name: String,
         /// Size of the volume: a multiple of 512 bytes, such as 10G or 512M.
         /// It uses no space until written
-        #[arg(long, value_name = "SIZE")]
+        #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
         size: String,
     },
 
@@ -209,6 +217,7 @@ pub enum Command {
         /// Volume to resize
         name: String,
         /// New size, a multiple of 512 bytes. Shrinking drops the data past the new end
+        #[arg(allow_hyphen_values = true)]
         size: String,
     },
 
@@ -256,7 +265,12 @@ pub enum Command {
         /// Writable volume to write into
         name: String,
         /// Byte offset in the volume to write at (size suffixes allowed)
-        #[arg(long, value_name = "BYTES", default_value = "0")]
+        #[arg(
+            long,
+            value_name = "BYTES",
+            default_value = "0",
+            allow_hyphen_values = true
+        )]
         offset: String,
         /// File to read the bytes from; `-` or nothing means standard input
         #[arg(value_name = "FILE|-")]
@@ -269,10 +283,15 @@ pub enum Command {
         /// Volume to read
         name: String,
         /// Byte offset to start at (size suffixes allowed)
-        #[arg(long, value_name = "BYTES", default_value = "0")]
+        #[arg(
+            long,
+            value_name = "BYTES",
+            default_value = "0",
+            allow_hyphen_values = true
+        )]
         offset: String,
         /// Bytes to read (default: up to the end of the volume)
-        #[arg(long, value_name = "BYTES")]
+        #[arg(long, value_name = "BYTES", allow_hyphen_values = true)]
         length: Option<String>,
     },
 

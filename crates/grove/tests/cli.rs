@@ -964,9 +964,44 @@ fn bad_size_strings_are_refused() {
             assert!(line.contains("invalid "), "{args:?}: {line}");
         }
     }
-    // A negative number only gets past clap glued to its flag.
+    // A negative number glued to its flag, or not.
     let line = pool.refused(&["create", "x", "--size=-5"]);
     assert!(line.contains("invalid size \"-5\""), "{line}");
+}
+
+/// Issue 23: `--size -5G` and `--offset -1` got clap's multi-line usage
+/// error (a leading '-' read as a flag); every size, offset and length now
+/// gets grove's one line, naming the argument and the value.
+#[test]
+fn negative_sizes_and_offsets_get_one_line() {
+    let pool = Pool::new(&[]);
+    pool.ok(&["create", "v", "--size", "1M"]);
+    write_file(&pool.file("data"), b"data");
+    for (args, what) in [
+        (&["create", "x", "--size", "-5G"][..], "size \"-5G\""),
+        (&["resize", "v", "-5G"], "size \"-5G\""),
+        (&["read", "v", "--offset", "-1"], "offset \"-1\""),
+        (&["read", "v", "--length", "-1"], "length \"-1\""),
+        (&["write", "v", "--offset", "-1", "data"], "offset \"-1\""),
+        (&["write", "v", "data", "--offset", "-4K"], "offset \"-4K\""),
+    ] {
+        let line = pool.refused(args);
+        assert!(
+            line.contains(&format!("invalid {what}")) && line.contains("cannot be negative"),
+            "{args:?}: {line}"
+        );
+    }
+    for args in [
+        &["init", "--block-size", "-4K"][..],
+        &["init", "--capacity", "-1G"],
+    ] {
+        let fresh = Pool::uninitialized();
+        let line = expect_error_line(args, &fresh.run(args));
+        assert!(line.contains("cannot be negative"), "{args:?}: {line}");
+        assert!(!fresh.path.exists(), "{args:?} made a pool");
+    }
+    // Help still works after a size argument.
+    assert!(pool.ok_text(&["resize", "v", "--help"]).contains("Usage"));
 }
 
 #[test]
