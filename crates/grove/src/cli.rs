@@ -247,15 +247,21 @@ pub enum Command {
     /// Write a volume out as a raw image file (holes stay holes)
     #[command(
         long_about = "Write a volume out as a raw image file of the volume's size. FILE is \
-                      created or truncated; only data is written, so unwritten and zero \
-                      ranges become holes in a sparse file.",
-        after_help = "Example:\n  grove export disk@monday monday.img"
+                      created; an existing file is only replaced with --force. Only data is \
+                      written, so unwritten and zero ranges become holes in a sparse file. \
+                      A block device (at least the volume's size), a pipe or /dev/stdout \
+                      gets every byte in order, zeros included, without --force.",
+        after_help = "Examples:\n  grove export disk@monday monday.img\n  \
+                      grove export disk@monday /dev/stdout | gzip > monday.img.gz"
     )]
     Export {
         /// Volume to export
         name: String,
-        /// Image file to write
+        /// Image file to write (or a block device, pipe or /dev/stdout)
         file: PathBuf,
+        /// Replace FILE if it exists
+        #[arg(long)]
+        force: bool,
     },
 
     /// Write bytes from a file or standard input into a volume

@@ -764,10 +764,52 @@ fn import_export_sparse_image_with(block_size: &str, block_bytes: u64) {
         "exported image stores {stored} bytes for {written_bytes} of data"
     );
 
-    // Export overwrites (truncates) an existing file.
+    // Export overwrites (truncates) an existing file only with --force.
     pool.ok(&["create", "small", "--size", "4K"]);
-    pool.ok(&["export", "small", exported.to_str().unwrap()]);
+    pool.ok(&["export", "small", exported.to_str().unwrap(), "--force"]);
     assert_eq!(fs::read(&exported).unwrap(), vec![0u8; 4096]);
+}
+
+/// Issue 23: `export` silently overwrote an existing file. Now it refuses
+/// in one line naming the file, and --force overwrites; a pipe or
+/// /dev/stdout still works without it, with every byte in order.
+#[test]
+fn export_refuses_to_overwrite_without_force() {
+    let pool = Pool::new(&[]);
+    pool.ok(&["create", "v", "--size", "64K"]);
+    let data = pattern(8 * KIB as usize, 91);
+    write_file(&pool.file("data"), &data);
+    pool.ok(&["write", "v", "--offset", "16K", "data"]);
+    let mut image = vec![0u8; 64 * KIB as usize];
+    image[16 * KIB as usize..24 * KIB as usize].copy_from_slice(&data);
+
+    let precious = pool.file("precious.img");
+    write_file(&precious, b"someone's image");
+    let line = pool.refused(&["export", "v", "precious.img"]);
+    assert!(
+        line.contains("precious.img already exists (15 B)") && line.contains("--force"),
+        "{line}"
+    );
+    assert_eq!(fs::read(&precious).unwrap(), b"someone's image");
+    // A directory is refused as such, even with --force.
+    fs::create_dir(pool.file("dir")).unwrap();
+    let line = pool.refused(&["export", "v", "dir", "--force"]);
+    assert!(line.contains("is a directory"), "{line}");
+
+    let message = pool.ok_text(&["export", "v", "precious.img", "--force"]);
+    assert!(message.contains("exported \"v\""), "{message}");
+    assert!(fs::read(&precious).unwrap() == image);
+    // A new file needs no --force.
+    pool.ok(&["export", "v", "new.img"]);
+    assert!(fs::read(pool.file("new.img")).unwrap() == image);
+
+    // /dev/stdout (a pipe here): the image alone on stdout, the report
+    // on stderr.
+    let output = pool.run(&["export", "v", "/dev/stdout"]);
+    assert!(output.status.success(), "{output:?}");
+    assert!(output.stdout == image, "stdout is not the image");
+    let report = String::from_utf8(output.stderr).unwrap();
+    assert!(report.contains("exported \"v\" to /dev/stdout"), "{report}");
 }
 
 #[test]
@@ -1081,6 +1123,41 @@ fn newer_format_version_is_refused() {
     }
     assert_eq!(fs::read(pool.store_path()).unwrap(), store);
     assert_eq!(fs::read_to_string(&config_path).unwrap(), newer);
+}
+
+/// Issue 23: unknown keys in grove.toml (`cache-size = "1G"`) were
+/// silently ignored. Now every command refuses the pool in one line that
+/// names the key, the file, and the near-miss it probably meant.
+#[test]
+fn unknown_config_keys_are_refused() {
+    let pool = Pool::new(&[]);
+    pool.ok(&["create", "v", "--size", "1M"]);
+    let config_path = pool.path.join("grove.toml");
+    let config = fs::read_to_string(&config_path).unwrap();
+    let store = fs::read(pool.store_path()).unwrap();
+    for (extra, says) in [
+        (
+            "cache-size = \"1G\"\n",
+            "unknown setting \"cache-size\" (did you mean cache_size?)",
+        ),
+        (
+            "compression = true\n",
+            "unknown setting \"compression\" (known settings: format_version, store, cache_size)",
+        ),
+    ] {
+        fs::write(&config_path, format!("{config}{extra}")).unwrap();
+        for args in [&["list"][..], &["info"], &["check"]] {
+            let line = expect_error_line(args, &pool.run(args));
+            assert!(
+                line.contains(&config_path.display().to_string()) && line.contains(says),
+                "{args:?}: {line}"
+            );
+        }
+    }
+    assert_eq!(fs::read(pool.store_path()).unwrap(), store);
+    // The right spelling is taken.
+    fs::write(&config_path, format!("{config}cache_size = \"1G\"\n")).unwrap();
+    assert_eq!(pool.list().len(), 1);
 }
 
 #[test]
