@@ -187,8 +187,9 @@ enum ExportTarget {
 
 /// `grove export`: the volume as a raw image in FILE. An existing regular
 /// file is only replaced with `force`: a mistyped name must not destroy an
-/// image. A block device, pipe or /dev/stdout is a target the user named on
-/// purpose, as with dd, and is written without it.
+/// image. A block device, pipe or /dev/stdout (whatever stdout was
+/// redirected to) is a target the user named on purpose, as with dd, and
+/// is written without it.
 pub fn export(pool: &Pool, name: &str, path: &Path, force: bool) -> Result<Exported> {
     // Everything that can fail on the pool side is asked before FILE is
     // touched, so a bad name does not truncate someone's file.
@@ -198,7 +199,7 @@ pub fn export(pool: &Pool, name: &str, path: &Path, force: bool) -> Result<Expor
     let block_bytes = pool.block_size_bytes() as usize;
     let write_context = || format!("cannot write {}", path.display());
     let to_stdout = is_stdout(path);
-    let (file, data_bytes) = match open_export_target(path, force, size_bytes)? {
+    let (file, data_bytes) = match open_export_target(path, force, to_stdout, size_bytes)? {
         ExportTarget::File(file) => {
             file.set_len(size_bytes).with_context(write_context)?;
             let data_bytes = export_sparse(&volume, extents, &file, block_bytes, path)?;
@@ -222,7 +223,12 @@ pub fn export(pool: &Pool, name: &str, path: &Path, force: bool) -> Result<Expor
     })
 }
 
-fn open_export_target(path: &Path, force: bool, size_bytes: u64) -> Result<ExportTarget> {
+fn open_export_target(
+    path: &Path,
+    force: bool,
+    to_stdout: bool,
+    size_bytes: u64,
+) -> Result<ExportTarget> {
     use std::os::unix::fs::FileTypeExt;
     let create_context = || format!("cannot create {}", path.display());
     let metadata = match std::fs::metadata(path) {
@@ -245,7 +251,9 @@ fn open_export_target(path: &Path, force: bool, size_bytes: u64) -> Result<Expor
             path.display()
         );
     }
-    if file_type.is_file() {
+    // `grove export v /dev/stdout > v.img`: the shell has already made
+    // (and emptied) the file the user chose, so it is written, in order.
+    if file_type.is_file() && !to_stdout {
         if !force {
             bail!(
                 "{} already exists ({}); add --force to overwrite it",

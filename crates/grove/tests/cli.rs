@@ -810,6 +810,15 @@ fn export_refuses_to_overwrite_without_force() {
     assert!(output.stdout == image, "stdout is not the image");
     let report = String::from_utf8(output.stderr).unwrap();
     assert!(report.contains("exported \"v\" to /dev/stdout"), "{report}");
+    // `> file`: the shell made the file the user chose; no --force needed.
+    let redirected = pool.file("redirected.img");
+    let status = pool
+        .command(&["export", "v", "/dev/stdout"])
+        .stdout(File::create(&redirected).unwrap())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert!(fs::read(&redirected).unwrap() == image);
 }
 
 #[test]
