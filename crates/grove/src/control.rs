@@ -54,7 +54,8 @@ const REPLY_TIMEOUT_MS: u64 = 10 * 60 * 1000;
 const LONG_REPLY_TIMEOUT_MS: u64 = 24 * 60 * 60 * 1000;
 /// Debug builds only: the request kind named in this environment variable
 /// of the daemon panics in its handler, so that tests can see a panicking
-/// request answered and closed while the daemon goes on.
+/// request answered and closed while the daemon goes on. `KIND:locked`
+/// panics with the engine's state lock held instead.
 const PANIC_FOR_TESTS_ENV: &str = "GROVE_TEST_PANIC_CONTROL_REQUEST";
 
 /// What a command can ask of a pool, whether it holds the pool itself or
@@ -527,10 +528,16 @@ fn reply_line(reply: &Reply) -> String {
 fn execute_catching_panics(pool: &Pool, request: Request) -> std::result::Result<Reply, Reply> {
     let kind = request.kind();
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        if cfg!(debug_assertions)
-            && std::env::var(PANIC_FOR_TESTS_ENV).is_ok_and(|wanted| wanted == kind)
-        {
-            panic!("{PANIC_FOR_TESTS_ENV} asked the {kind} request to panic");
+        if cfg!(debug_assertions) {
+            match std::env::var(PANIC_FOR_TESTS_ENV) {
+                Ok(wanted) if wanted == kind => {
+                    panic!("{PANIC_FOR_TESTS_ENV} asked the {kind} request to panic")
+                }
+                Ok(wanted) if wanted == format!("{kind}:locked") => {
+                    pool.panic_holding_state_lock_for_tests()
+                }
+                _ => {}
+            }
         }
         execute(pool, request)
     }));

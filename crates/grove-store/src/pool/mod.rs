@@ -880,6 +880,15 @@ impl Pool {
         commit_locked(&self.inner, &mut state)
     }
 
+    /// Panics with the state lock held, as a bug in the middle of a change
+    /// would: for tests that a front end survives it and that the pool
+    /// then takes no more changes (see `lock_state`).
+    #[doc(hidden)]
+    pub fn panic_holding_state_lock_for_tests(&self) {
+        let _state = self.state();
+        panic!("a test asked the pool to panic with its state lock held");
+    }
+
     /// Radix nodes visited by lookups since the pool was opened.
     pub fn node_visits(&self) -> u64 {
         self.state().node_visits
