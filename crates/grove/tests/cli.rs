@@ -1251,6 +1251,13 @@ fn check_reports_a_clean_pool() {
     let report: Value = serde_json::from_slice(&pool.ok(&["check", "--json"])).unwrap();
     assert!(report["report"]["errors"].as_array().unwrap().is_empty());
     assert!(u64_of(&report["report"], "blocks_checked") > 25);
+    assert_eq!(u64_of(&report["report"], "leaked_blocks"), 0);
+    // The help says what exit 1 means.
+    let help = pool.ok_text(&["check", "--help"]);
+    assert!(
+        help.contains("Exit status") && help.contains("leaked"),
+        "{help}"
+    );
 }
 
 #[test]
