@@ -8,9 +8,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# cargo's own progress stays on: a first build takes minutes.
 echo "==> building grove (release)"
-cargo build --release --quiet -p grove
+cargo build --release -p grove
 bin="${CARGO_TARGET_DIR:-target}/release/grove"
+echo "==> grove is $bin; to run it as \`grove\`, put it on PATH:"
+echo "    export PATH=\"$(cd "$(dirname "$bin")" && pwd):\$PATH\"   (or: cargo install --path crates/grove)"
 grove() { "$bin" "$@"; }
 export GROVE_POOL="${GROVE_POOL:-./grove-pool}"
 
@@ -38,6 +41,7 @@ show tree
 show list
 show info
 echo
+echo "==> grove is $bin (see above to put it on PATH)"
 echo "==> serving $GROVE_POOL over NBD until Ctrl-C (other grove commands keep working meanwhile)"
 echo "\$ grove serve"
 exec "$bin" serve

@@ -30,11 +30,26 @@ pub struct CheckReport {
     pub elapsed_ms: u64,
     /// What --repair changed, if it ran.
     pub repaired: Vec<String>,
+    /// Blocks allocated that nothing uses: space lost until --repair,
+    /// though no data is at risk. Also among the warnings.
+    #[serde(default)]
+    pub leaked_blocks: u64,
+    /// Blocks whose share count is higher than their references: their
+    /// space would never come back. Also among the warnings.
+    #[serde(default)]
+    pub over_counted_blocks: u64,
 }
 
 impl CheckReport {
+    /// No damage: every byte of every volume reads as it should.
     pub fn is_clean(&self) -> bool {
         self.errors.is_empty()
+    }
+
+    /// Whether space is lost: leaked or over-counted blocks, which `grove
+    /// check` treats as an alarm (exit 1) even with every byte safe.
+    pub fn loses_space(&self) -> bool {
+        self.leaked_blocks > 0 || self.over_counted_blocks > 0
     }
 
     pub fn blocks_per_second(&self) -> u64 {
@@ -301,6 +316,7 @@ impl State {
                 "block {addr} is referenced {references} times but counted {counted}: one owner could change what others read"
             ));
         }
+        report.over_counted_blocks = findings.high_counts.len() as u64;
         if !findings.high_counts.is_empty() {
             report.warnings.push(format!(
                 "{} blocks are counted with more references than they have (space held back; --repair corrects the counts)",
@@ -340,6 +356,7 @@ impl State {
                 "block {addr} is in use but the allocation map says it is free"
             ));
         }
+        report.leaked_blocks = findings.leaks.len() as u64;
         if !findings.leaks.is_empty() {
             report.warnings.push(format!(
                 "{} blocks are allocated but used by nothing (leaked; --repair frees them)",

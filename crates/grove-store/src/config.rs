@@ -11,7 +11,17 @@ pub const CONFIG_FILE_NAME: &str = "grove.toml";
 /// Name of the store file that `grove init` creates.
 pub const STORE_FILE_NAME: &str = "grove.store";
 
+/// Every key grove.toml may hold: the fields of `PoolConfig`. Any other
+/// key is refused by name, so that a misspelt setting (`cache-size`) is
+/// not silently ignored.
+const CONFIG_KEYS: [&str; 3] = ["format_version", "store", "cache_size"];
+
+/// Most single-character edits between an unknown key and a known one for
+/// the known one to be suggested: `cache-size`, `cachesize`, `cache_sise`.
+const KEY_SUGGESTION_EDITS_MAX: usize = 2;
+
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PoolConfig {
     /// On-disk format of the pool; a newer one is refused.
     pub format_version: u32,
@@ -67,6 +77,7 @@ impl PoolConfig {
             return Err(bad("format_version is missing".into()));
         };
         check_format_version(dir, version)?;
+        check_keys(&text).map_err(bad)?;
         let config: PoolConfig =
             toml::from_str(&text).map_err(|e| bad(one_line(&e.to_string())))?;
         if config.store.is_empty()
@@ -88,6 +99,44 @@ impl PoolConfig {
         }
         Ok(config)
     }
+}
+
+/// Refuses the first key that is not a setting grove knows, naming it and
+/// the known key it is closest to, if one is close.
+fn check_keys(text: &str) -> std::result::Result<(), String> {
+    let table: toml::Table = toml::from_str(text).map_err(|e| one_line(&e.to_string()))?;
+    let Some(key) = table.keys().find(|k| !CONFIG_KEYS.contains(&k.as_str())) else {
+        return Ok(());
+    };
+    let nearest = CONFIG_KEYS
+        .iter()
+        .map(|known| (edit_distance(key, known), known))
+        .min()
+        .filter(|(edits, _)| *edits <= KEY_SUGGESTION_EDITS_MAX);
+    Err(match nearest {
+        Some((_, known)) => format!("unknown setting {key:?} (did you mean {known}?)"),
+        None => format!(
+            "unknown setting {key:?} (known settings: {})",
+            CONFIG_KEYS.join(", ")
+        ),
+    })
+}
+
+/// Single-character insertions, deletions and substitutions from `a` to
+/// `b` (Levenshtein), on the short keys of a config file.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let substitute = diagonal + usize::from(ca != cb);
+            diagonal = row[j + 1];
+            row[j + 1] = substitute.min(row[j] + 1).min(row[j + 1] + 1);
+        }
+    }
+    row[b.len()]
 }
 
 /// The text of a pool's grove.toml, or why `dir` is no pool.
@@ -174,7 +223,26 @@ pub fn parse_size_bytes(text: &str) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_size_bytes;
+    use super::{check_keys, edit_distance, parse_size_bytes};
+
+    #[test]
+    fn unknown_keys_are_named_with_the_nearest_known_one() {
+        assert_eq!(edit_distance("cache-size", "cache_size"), 1);
+        assert_eq!(edit_distance("", "store"), 5);
+        assert_eq!(edit_distance("stroe", "store"), 2);
+        let known = "format_version = 2\nstore = \"grove.store\"\ncache_size = \"1G\"\n";
+        assert_eq!(check_keys(known), Ok(()));
+        let misspelt = check_keys("format_version = 2\ncache-size = \"1G\"\n").unwrap_err();
+        assert_eq!(
+            misspelt,
+            "unknown setting \"cache-size\" (did you mean cache_size?)"
+        );
+        let unknown = check_keys("format_version = 2\ncompression = true\n").unwrap_err();
+        assert!(
+            unknown.contains("\"compression\" (known settings: format_version, store, cache_size)"),
+            "{unknown}"
+        );
+    }
 
     #[test]
     fn sizes_parse_in_powers_of_1024() {

@@ -219,6 +219,76 @@ impl State {
         self.dirty_records.insert(id);
     }
 
+    /// What `grove rollback SNAPSHOT [VOLUME]` reads from and resets:
+    /// (source, target). Named alone, `snapshot` must be a read-only
+    /// snapshot, and the target is the writable volume it was taken from,
+    /// its parent, never a volume further up: a clone named alone once
+    /// rolled its grandparent back to the clone's contents. Resetting a
+    /// volume to a writable volume's contents needs both names written
+    /// out. Errors name what the caller named, and say where a snapshot
+    /// was taken from only as that.
+    pub fn rollback_records(
+        &self,
+        snapshot: &str,
+        volume: Option<&str>,
+    ) -> Result<(VolumeRecord, VolumeRecord)> {
+        let source = self.volume_by_name(snapshot)?.clone();
+        let target = match volume {
+            Some(name) => {
+                let target = self.volume_by_name(name)?;
+                if !target.kind.is_writable() {
+                    return Err(Error::new(
+                        ErrorKind::ReadOnly,
+                        format!(
+                            "cannot roll {name:?} back to {snapshot:?}: {name:?} is a read-only snapshot; name a writable volume to reset"
+                        ),
+                    ));
+                }
+                target.clone()
+            }
+            None => self.rollback_parent(&source)?.clone(),
+        };
+        if target.id == source.id {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("cannot roll {snapshot:?} back to itself"),
+            ));
+        }
+        Ok((source, target))
+    }
+
+    /// The volume a snapshot named alone rolls back: its parent, if that
+    /// is live and writable.
+    fn rollback_parent(&self, source: &VolumeRecord) -> Result<&VolumeRecord> {
+        let name = &source.name;
+        let refuse = |why: String| {
+            Error::new(
+                ErrorKind::InvalidArgument,
+                format!("cannot roll back to {name:?} alone: {why}; name the volume to reset: grove rollback {name} VOLUME"),
+            )
+        };
+        if source.kind != VolumeKind::Snapshot {
+            return Err(refuse(format!(
+                "it is a writable {}, not a snapshot",
+                source.kind.as_str()
+            )));
+        }
+        match self.any_record(source.parent) {
+            None => Err(refuse(
+                "the volume it was taken from no longer exists".to_string(),
+            )),
+            Some(parent) if parent.removed => Err(refuse(format!(
+                "it was taken from {:?}, which was removed",
+                parent.name
+            ))),
+            Some(parent) if !parent.kind.is_writable() => Err(refuse(format!(
+                "it was taken from {:?}, a read-only snapshot",
+                parent.name
+            ))),
+            Some(parent) => Ok(parent),
+        }
+    }
+
     /// Resets writable volume `target` to the contents of `source` in O(1):
     /// `target` gets a copy of `source`'s root, and its old tree goes to the
     /// reclaimer under a hidden removed record.

@@ -187,6 +187,162 @@ fn snapshots_are_read_only() {
     assert_eq!(observe(&pool), before);
 }
 
+/// The bytes of one volume.
+fn contents(pool: &Pool, name: &str) -> Vec<u8> {
+    let mut buf = vec![0u8; pool.volume_info(name).unwrap().summary.size_bytes as usize];
+    pool.volume(name).unwrap().read_at(&mut buf, 0).unwrap();
+    buf
+}
+
+/// A refused rollback: the kind, one line that names `named` and none of
+/// `not_named` (volumes the caller did not name are never blamed).
+#[track_caller]
+fn assert_rollback_refused(
+    pool: &Pool,
+    source: &str,
+    target: Option<&str>,
+    kind: ErrorKind,
+    says: &[&str],
+    not_named: &[&str],
+) {
+    let e = pool.rollback(source, target, false).unwrap_err();
+    assert_eq!(e.kind(), kind, "{e}");
+    let message = e.message();
+    assert!(!message.contains('\n'), "{message}");
+    assert!(message.contains(&format!("{source:?}")), "{message}");
+    for text in says {
+        assert!(message.contains(text), "{text:?} not in: {message}");
+    }
+    for name in not_named {
+        assert!(!message.contains(&format!("{name:?}")), "{message}");
+    }
+}
+
+#[test]
+fn rollback_named_alone_takes_only_a_snapshot_and_resets_its_parent() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = Pool::open(&build_pool(dir.path())).unwrap();
+    pool.snapshot("snap", "snap2").unwrap();
+    pool.snapshot("clone", "clone@1").unwrap();
+    let before = observe(&pool);
+    // A writable clone or volume named alone is refused: resetting a
+    // volume to a writable one's contents takes both names.
+    assert_rollback_refused(
+        &pool,
+        "clone",
+        None,
+        ErrorKind::InvalidArgument,
+        &[
+            "writable clone, not a snapshot",
+            "grove rollback clone VOLUME",
+        ],
+        &["snap", "disk"],
+    );
+    assert_rollback_refused(
+        &pool,
+        "disk",
+        None,
+        ErrorKind::InvalidArgument,
+        &["writable volume, not a snapshot"],
+        &["snap", "clone"],
+    );
+    // A snapshot of a snapshot: its parent cannot be reset.
+    assert_rollback_refused(
+        &pool,
+        "snap2",
+        None,
+        ErrorKind::InvalidArgument,
+        &["taken from \"snap\", a read-only snapshot"],
+        &["disk"],
+    );
+    // A read-only target named outright is named back.
+    assert_rollback_refused(
+        &pool,
+        "clone",
+        Some("snap"),
+        ErrorKind::ReadOnly,
+        &["\"snap\"", "read-only"],
+        &["disk"],
+    );
+    assert_rollback_refused(
+        &pool,
+        "disk",
+        Some("disk"),
+        ErrorKind::InvalidArgument,
+        &["itself"],
+        &["snap"],
+    );
+    assert_eq!(observe(&pool), before);
+
+    // A snapshot named alone resets the volume it was taken from, and
+    // nothing else.
+    let snap = contents(&pool, "snap");
+    let clone = contents(&pool, "clone");
+    assert_ne!(contents(&pool, "disk"), snap);
+    let info = pool.rollback("clone@1", None, false).unwrap();
+    assert_eq!(info.summary.name, "clone");
+    assert_eq!(contents(&pool, "clone"), clone);
+    pool.volume("clone")
+        .unwrap()
+        .write_at(&[7u8; 10], 0)
+        .unwrap();
+    let info = pool.rollback("snap", None, false).unwrap();
+    assert_eq!(info.summary.name, "disk");
+    assert_eq!(contents(&pool, "disk"), snap);
+    assert_eq!(contents(&pool, "snap"), snap);
+    assert_ne!(contents(&pool, "clone"), clone);
+    // Both names written out: a volume reset to a clone's contents.
+    let clone = contents(&pool, "clone");
+    pool.rollback("clone", Some("disk"), false).unwrap();
+    assert_eq!(contents(&pool, "disk"), clone);
+    assert_eq!(contents(&pool, "clone"), clone);
+    assert_eq!(contents(&pool, "snap"), snap);
+    pool.reclaim_all(|_| {}).unwrap();
+    assert!(pool.check(false).unwrap().is_clean());
+}
+
+#[test]
+fn rollback_with_a_removed_origin_changes_nothing() {
+    // Regression: `rollback clone` with the clone's origin snapshot removed
+    // reset the snapshot's parent ("disk", never named) to the clone's
+    // contents, and its newer writes were gone.
+    let dir = tempfile::tempdir().unwrap();
+    let pool = Pool::open(&build_pool(dir.path())).unwrap();
+    pool.remove_volume("snap").unwrap();
+    pool.reclaim_all(|_| {}).unwrap();
+    let before = observe(&pool);
+    assert_rollback_refused(
+        &pool,
+        "clone",
+        None,
+        ErrorKind::InvalidArgument,
+        &["writable clone, not a snapshot"],
+        &["snap", "disk"],
+    );
+    assert_eq!(observe(&pool), before);
+    // A snapshot whose volume was removed names it, and asks for a target.
+    pool.snapshot("clone", "clone@1").unwrap();
+    pool.remove_volume("clone").unwrap();
+    pool.reclaim_all(|_| {}).unwrap();
+    let before = observe(&pool);
+    assert_rollback_refused(
+        &pool,
+        "clone@1",
+        None,
+        ErrorKind::InvalidArgument,
+        &[
+            "taken from \"clone\", which was removed",
+            "grove rollback clone@1 VOLUME",
+        ],
+        &["disk"],
+    );
+    assert_eq!(observe(&pool), before);
+    // Named outright, the target is reset.
+    let snapshot = contents(&pool, "clone@1");
+    pool.rollback("clone@1", Some("disk"), false).unwrap();
+    assert_eq!(contents(&pool, "disk"), snapshot);
+}
+
 #[test]
 fn io_outside_a_volume_is_out_of_range() {
     let dir = tempfile::tempdir().unwrap();

@@ -2,7 +2,10 @@
 //!
 //! Sizes and offsets are taken as text and parsed by `size::parse_size` in
 //! the commands, so a bad size is an ordinary error (exit 1), while clap
-//! keeps exit 2 for malformed command lines.
+//! keeps exit 2 for malformed command lines. Every size, offset and length
+//! allows a leading '-' (`allow_hyphen_values`): clap would otherwise read
+//! `--size -5G` as an unknown flag and print a multi-line usage error,
+//! where parse_size refuses it in one line.
 
 use std::path::PathBuf;
 
@@ -72,10 +75,15 @@ pub enum Command {
     Init {
         /// Block size: 1K, 2K, 4K, 8K, 16K, 32K or 64K. Larger blocks mean less
         /// metadata; smaller ones waste less on small writes after a snapshot
-        #[arg(long, value_name = "SIZE", default_value = "4K")]
+        #[arg(
+            long,
+            value_name = "SIZE",
+            default_value = "4K",
+            allow_hyphen_values = true
+        )]
         block_size: String,
         /// Largest size the store may grow to (default: while the file system has room)
-        #[arg(long, value_name = "SIZE")]
+        #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
         capacity: Option<String>,
     },
 
@@ -86,7 +94,7 @@ pub enum Command {
         name: String,
         /// Size of the volume: a multiple of 512 bytes, such as 10G or 512M.
         /// It uses no space until written
-        #[arg(long, value_name = "SIZE")]
+        #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
         size: String,
     },
 
@@ -149,14 +157,18 @@ pub enum Command {
     /// Reset a writable volume to a snapshot, instantly
     #[command(
         long_about = "Reset a writable volume to the contents and size of SNAPSHOT, in O(1). \
-                      VOLUME defaults to the volume SNAPSHOT was taken from. What the volume \
-                      held since is given back like a removed volume's space; other \
+                      Named alone, SNAPSHOT must be a read-only snapshot, and the volume it \
+                      was taken from is reset; if that volume was removed or is itself a \
+                      snapshot, name the volume to reset. Resetting a volume to the contents \
+                      of a writable volume or clone always takes both names. What the \
+                      volume held since is given back like a removed volume's space; other \
                       snapshots are not touched. A volume with an NBD client connected is \
                       refused unless --force.",
-        after_help = "Example:\n  grove rollback disk@monday"
+        after_help = "Examples:\n  grove rollback disk@monday\n  grove rollback scratch disk    \
+                      reset disk to the contents of the clone scratch"
     )]
     Rollback {
-        /// Snapshot (or any volume) to copy
+        /// Snapshot to copy (or, with VOLUME, any volume)
         snapshot: String,
         /// Writable volume to reset [default: the volume SNAPSHOT was taken from]
         volume: Option<String>,
@@ -205,6 +217,7 @@ pub enum Command {
         /// Volume to resize
         name: String,
         /// New size, a multiple of 512 bytes. Shrinking drops the data past the new end
+        #[arg(allow_hyphen_values = true)]
         size: String,
     },
 
@@ -234,15 +247,21 @@ pub enum Command {
     /// Write a volume out as a raw image file (holes stay holes)
     #[command(
         long_about = "Write a volume out as a raw image file of the volume's size. FILE is \
-                      created or truncated; only data is written, so unwritten and zero \
-                      ranges become holes in a sparse file.",
-        after_help = "Example:\n  grove export disk@monday monday.img"
+                      created; an existing file is only replaced with --force. Only data is \
+                      written, so unwritten and zero ranges become holes in a sparse file. \
+                      A block device (at least the volume's size), a pipe or /dev/stdout \
+                      gets every byte in order, zeros included, without --force.",
+        after_help = "Examples:\n  grove export disk@monday monday.img\n  \
+                      grove export disk@monday /dev/stdout | gzip > monday.img.gz"
     )]
     Export {
         /// Volume to export
         name: String,
-        /// Image file to write
+        /// Image file to write (or a block device, pipe or /dev/stdout)
         file: PathBuf,
+        /// Replace FILE if it exists
+        #[arg(long)]
+        force: bool,
     },
 
     /// Write bytes from a file or standard input into a volume
@@ -252,7 +271,12 @@ pub enum Command {
         /// Writable volume to write into
         name: String,
         /// Byte offset in the volume to write at (size suffixes allowed)
-        #[arg(long, value_name = "BYTES", default_value = "0")]
+        #[arg(
+            long,
+            value_name = "BYTES",
+            default_value = "0",
+            allow_hyphen_values = true
+        )]
         offset: String,
         /// File to read the bytes from; `-` or nothing means standard input
         #[arg(value_name = "FILE|-")]
@@ -265,10 +289,15 @@ pub enum Command {
         /// Volume to read
         name: String,
         /// Byte offset to start at (size suffixes allowed)
-        #[arg(long, value_name = "BYTES", default_value = "0")]
+        #[arg(
+            long,
+            value_name = "BYTES",
+            default_value = "0",
+            allow_hyphen_values = true
+        )]
         offset: String,
         /// Bytes to read (default: up to the end of the volume)
-        #[arg(long, value_name = "BYTES")]
+        #[arg(long, value_name = "BYTES", allow_hyphen_values = true)]
         length: Option<String>,
     },
 
@@ -351,14 +380,23 @@ pub enum Command {
         allow_other: bool,
     },
 
-    /// Verify all metadata and exit 1 if anything is wrong
+    /// Verify all metadata and exit 1 if anything is wrong or space is lost
     ///
     /// Checks both superblocks, the journal, every radix node of every volume
     /// and of the volume table, that every block's share count matches the
     /// entries pointing at it, that births grow up each tree, that the
     /// allocation map agrees with what is in use, and every volume's space
-    /// accounting. Errors are damage; warnings are harmless leftovers, such
-    /// as blocks a crash leaked.
+    /// accounting. Errors are damage; warnings are leftovers that put no
+    /// data at risk.
+    ///
+    /// Exit status: 0 when there are no errors and no space is lost (other
+    /// warnings, such as a torn spare superblock, still exit 0); 1 on any
+    /// error, and also when blocks are leaked (allocated but used by
+    /// nothing) or counted with more references than they have, since
+    /// that space would never come back (--repair gives it back). With
+    /// --repair, the status is that of the check run after the repair.
+    /// --json prints every error and warning the text shows, with
+    /// leaked_blocks and over_counted_blocks.
     Check {
         /// Fix leaks, allocation-map disagreements, space accounting and
         /// damaged superblock copies, then check again. Never changes what a

@@ -95,14 +95,21 @@ fn run_local(pool: &Pool, command: Command) -> Result<()> {
                 format_size(info.summary.referenced_bytes)
             ))
         }
-        Command::Export { name, file } => {
-            let (size_bytes, written_bytes) = transfer::export(pool, &name, &file)?;
-            say(format_args!(
+        Command::Export { name, file, force } => {
+            let exported = transfer::export(pool, &name, &file, force)?;
+            let report = format!(
                 "exported {name:?} to {} ({}, {} of data)",
                 file.display(),
-                format_size(size_bytes),
-                format_size(written_bytes)
-            ))
+                format_size(exported.size_bytes),
+                format_size(exported.data_bytes)
+            );
+            // Into an image on stdout, the report would be part of the image.
+            if exported.to_stdout {
+                eprintln!("{report}");
+                Ok(())
+            } else {
+                say(format_args!("{report}"))
+            }
         }
         Command::Write { name, offset, file } => {
             let offset = parse_size(&offset, "offset")?;
@@ -367,6 +374,15 @@ fn check(pool: &dyn Admin, repair: bool, json: bool) -> Result<()> {
         bail!(
             "check found {} errors in pool {}",
             remaining.errors.len(),
+            pool.dir().display()
+        );
+    }
+    // Lost space is an alarm too: it grows unseen until the pool is full.
+    if remaining.loses_space() {
+        bail!(
+            "check found {} leaked blocks and {} blocks counted with more references than they have in pool {}: space is lost, though no data is; `grove check --repair` gives it back",
+            remaining.leaked_blocks,
+            remaining.over_counted_blocks,
             pool.dir().display()
         );
     }

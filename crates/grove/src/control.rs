@@ -7,6 +7,12 @@
 //!
 //! Request, one line: {"command":"snapshot","source":"disk","name":"disk@1"}
 //! Reply, one line:   {"ok":<result>} or {"error":{"kind":"NotFound","message":"..."}}
+//!
+//! A request that fails in any way is answered with an error; one that
+//! panics is answered ("internal error while running the ... request"),
+//! logged, and its connection closed, while the daemon goes on. A command
+//! waits for its reply at most `REPLY_TIMEOUT_MS` (`LONG_REPLY_TIMEOUT_MS`
+//! for check and gc --wait).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -38,6 +44,19 @@ const CONNECTIONS_MAX: usize = 64;
 const WRITE_TIMEOUT_MS: u64 = 30_000;
 /// How often stopping checks whether the connections have finished.
 const STOP_POLL_MS: u64 = 20;
+/// How long a command waits for the daemon's reply before it gives up: a
+/// wedged daemon must not hang the command for ever. Generous, as a
+/// rollback or removal may wait for the daemon's commits under load.
+const REPLY_TIMEOUT_MS: u64 = 10 * 60 * 1000;
+/// The same for `check` and `gc --wait`, whose time grows with the pool:
+/// a check runs at millions of blocks a second, so a day is far past any
+/// pool grove can hold.
+const LONG_REPLY_TIMEOUT_MS: u64 = 24 * 60 * 60 * 1000;
+/// Debug builds only: the request kind named in this environment variable
+/// of the daemon panics in its handler, so that tests can see a panicking
+/// request answered and closed while the daemon goes on. `KIND:locked`
+/// panics with the engine's state lock held instead.
+const PANIC_FOR_TESTS_ENV: &str = "GROVE_TEST_PANIC_CONTROL_REQUEST";
 
 /// What a command can ask of a pool, whether it holds the pool itself or
 /// reaches it through a daemon.
@@ -67,6 +86,25 @@ pub trait Admin {
     fn volume_info(&self, name: &str) -> grove_store::Result<VolumeInfo>;
     fn info(&self) -> grove_store::Result<PoolInfo>;
     fn check(&self, repair: bool) -> grove_store::Result<CheckReport>;
+}
+
+impl Request {
+    /// The request's kind, as on the wire ("snapshot", "check", ...).
+    fn kind(&self) -> String {
+        serde_json::to_value(self)
+            .ok()
+            .and_then(|v| v["command"].as_str().map(str::to_string))
+            .unwrap_or_else(|| "unknown".into())
+    }
+
+    /// How long a client waits for the reply to this request.
+    fn reply_timeout(&self) -> Duration {
+        let ms = match self {
+            Request::Check { .. } | Request::Gc { wait: true } => LONG_REPLY_TIMEOUT_MS,
+            _ => REPLY_TIMEOUT_MS,
+        };
+        Duration::from_millis(ms)
+    }
 }
 
 impl Admin for Pool {
@@ -397,11 +435,8 @@ fn accept_loop(
         if let Ok(handler) = std::thread::Builder::new()
             .name("grove-control-conn".into())
             .spawn(move || {
+                let _registered = Registered { id, connections };
                 serve_connection(stream, &pool);
-                connections
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&id);
             })
         {
             handlers.push(handler);
@@ -409,6 +444,23 @@ fn accept_loop(
     }
     for handler in handlers {
         let _ = handler.join();
+    }
+}
+
+/// A connection's entry in `Connections`, removed when its handler ends,
+/// even by a panic: the clone kept there would otherwise hold the socket
+/// open, and the client would wait for a reply until the daemon stopped.
+struct Registered {
+    id: u64,
+    connections: Connections,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.connections
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.id);
     }
 }
 
@@ -440,7 +492,15 @@ fn serve_connection(stream: UnixStream, pool: &Pool) {
             match serde_json::from_str::<Request>(&line) {
                 Ok(request) => {
                     tracing::info!(?request, "control request");
-                    execute(pool, request)
+                    match execute_catching_panics(pool, request) {
+                        Ok(reply) => reply,
+                        Err(panicked) => {
+                            // Answered, then closed: the client must not
+                            // wait for the server to stop.
+                            let _ = writer.write_all(reply_line(&panicked).as_bytes());
+                            return;
+                        }
+                    }
                 }
                 Err(e) => Reply::Error {
                     kind: ErrorKind::InvalidArgument,
@@ -448,12 +508,58 @@ fn serve_connection(stream: UnixStream, pool: &Pool) {
                 },
             }
         };
-        let mut text = serde_json::to_string(&reply).unwrap_or_default();
-        text.push('\n');
-        if writer.write_all(text.as_bytes()).is_err() || too_long {
+        if writer.write_all(reply_line(&reply).as_bytes()).is_err() || too_long {
             return;
         }
     }
+}
+
+fn reply_line(reply: &Reply) -> String {
+    let mut text = serde_json::to_string(reply).unwrap_or_default();
+    text.push('\n');
+    text
+}
+
+/// Runs a request with a panic in it caught, logged and turned into an
+/// error reply (Err). The pool is not marked failed here: a panic with
+/// the engine's state lock held poisons it, and the engine then takes no
+/// more changes (`lock_state`), as after a failed commit; a panic outside
+/// that lock left no change half made, so the pool goes on as it was.
+fn execute_catching_panics(pool: &Pool, request: Request) -> std::result::Result<Reply, Reply> {
+    let kind = request.kind();
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        if cfg!(debug_assertions) {
+            match std::env::var(PANIC_FOR_TESTS_ENV) {
+                Ok(wanted) if wanted == kind => {
+                    panic!("{PANIC_FOR_TESTS_ENV} asked the {kind} request to panic")
+                }
+                Ok(wanted) if wanted == format!("{kind}:locked") => {
+                    pool.panic_holding_state_lock_for_tests()
+                }
+                _ => {}
+            }
+        }
+        execute(pool, request)
+    }));
+    let payload = match outcome {
+        Ok(reply) => return Ok(reply),
+        Err(payload) => payload,
+    };
+    let cause = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into());
+    // Asking takes the state lock, which marks a poisoned pool failed.
+    let after = match pool.failure() {
+        Some(_) => "the server goes on, but the pool takes no more changes until it is restarted",
+        None => "the server goes on",
+    };
+    tracing::error!(request = %kind, cause = %cause, "control request panicked; answered with an error and closed");
+    Err(Reply::Error {
+        kind: ErrorKind::Io,
+        message: format!("internal error while running the {kind} request ({cause}); {after}"),
+    })
 }
 
 /// A command's side: a connection to the daemon that holds the pool.
@@ -493,10 +599,26 @@ impl ControlClient {
         let mut stream = self.stream.borrow_mut();
         let mut line = serde_json::to_string(request)?;
         line.push('\n');
+        let timeout = request.reply_timeout();
+        stream.get_ref().set_read_timeout(Some(timeout))?;
         stream.get_mut().write_all(line.as_bytes())?;
         let mut answer = String::new();
-        if stream.read_line(&mut answer)? == 0 {
-            return Err(anyhow!("the daemon closed the connection"));
+        match stream.read_line(&mut answer) {
+            Ok(0) => return Err(anyhow!("the daemon closed the connection")),
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(anyhow!(
+                    "no reply to the {} request within {} s",
+                    request.kind(),
+                    timeout.as_secs()
+                ))
+            }
+            Err(e) => return Err(e.into()),
         }
         Ok(match serde_json::from_str::<Reply>(&answer)? {
             Reply::Ok(value) => Ok(serde_json::from_value(value)?),

@@ -242,7 +242,8 @@ pub fn write_pool_info(out: &mut impl Write, info: &PoolInfo) -> io::Result<()> 
 }
 
 /// The report of `grove check`: what was checked and how fast, then every
-/// error, warning and repair, and the verdict.
+/// error, warning and repair, what the check after a repair still found,
+/// and the verdict: the same findings `--json` carries.
 pub fn write_check_report(
     out: &mut impl Write,
     report: &CheckReport,
@@ -264,6 +265,15 @@ pub fn write_check_report(
     for repair in &report.repaired {
         writeln!(out, "repaired: {repair}")?;
     }
+    // What the check after the repair still found, as --json has it too.
+    if let Some(after) = after_repair {
+        for error in &after.errors {
+            writeln!(out, "after repair, error: {error}")?;
+        }
+        for warning in &after.warnings {
+            writeln!(out, "after repair, warning: {warning}")?;
+        }
+    }
     let verdict = after_repair.unwrap_or(report);
     let when = if after_repair.is_some() {
         "after repair, "
@@ -272,6 +282,11 @@ pub fn write_check_report(
     };
     match (verdict.errors.len(), verdict.warnings.len()) {
         (0, 0) => writeln!(out, "{when}the pool is clean"),
+        (0, warnings) if verdict.loses_space() => writeln!(
+            out,
+            "{when}no errors, but space is lost: {} leaked blocks, {} over-counted ({warnings} warnings)",
+            verdict.leaked_blocks, verdict.over_counted_blocks
+        ),
         (0, warnings) => writeln!(out, "{when}no errors ({warnings} warnings)"),
         (errors, _) => writeln!(out, "{when}{errors} errors"),
     }
@@ -339,6 +354,44 @@ mod tests {
             })
             .concat();
         assert_eq!(text, expected);
+    }
+
+    #[test]
+    fn check_report_shows_what_remains_after_repair() {
+        let report = CheckReport {
+            warnings: vec!["3 blocks are allocated but used by nothing".into()],
+            repaired: vec!["freed 3 leaked blocks".into()],
+            leaked_blocks: 3,
+            ..CheckReport::default()
+        };
+        let after = CheckReport {
+            errors: vec!["volume \"v\": damaged node".into()],
+            warnings: vec!["superblock slot 1 is torn".into()],
+            ..CheckReport::default()
+        };
+        let mut out = Vec::new();
+        write_check_report(&mut out, &report, Some(&after)).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = text.lines().skip(1).collect();
+        assert_eq!(
+            lines,
+            [
+                "warning: 3 blocks are allocated but used by nothing",
+                "repaired: freed 3 leaked blocks",
+                "after repair, error: volume \"v\": damaged node",
+                "after repair, warning: superblock slot 1 is torn",
+                "after repair, 1 errors",
+            ]
+        );
+        let mut out = Vec::new();
+        write_check_report(&mut out, &report, None).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.ends_with(
+                "no errors, but space is lost: 3 leaked blocks, 0 over-counted (1 warnings)\n"
+            ),
+            "{text}"
+        );
     }
 
     #[test]

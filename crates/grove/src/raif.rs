@@ -43,7 +43,7 @@ pub enum RaifCommand {
         #[arg(long)]
         level: Option<String>,
         /// Without --config: the stripe unit (a power of two, 512 to 64M)
-        #[arg(long, value_name = "SIZE")]
+        #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
         stripe_unit: Option<String>,
         /// Stay attached to the terminal and log to stderr until unmounted
         #[arg(long)]

@@ -31,7 +31,12 @@ const EXIT_CODE_FORCED: i32 = 130;
 pub struct ServeArgs {
     /// Bytes of request data and replies held at once over all connections;
     /// past it the server stops reading requests until replies drain
-    #[arg(long, value_name = "SIZE", default_value = "256M")]
+    #[arg(
+        long,
+        value_name = "SIZE",
+        default_value = "256M",
+        allow_hyphen_values = true
+    )]
     pub inflight_limit: String,
     /// Connections served at once; more are closed as they arrive
     #[arg(long, value_name = "N", default_value_t = CONNECTIONS_MAX_DEFAULT)]
@@ -58,7 +63,7 @@ pub struct ServeArgs {
     pub tls: String,
     /// Memory for decoded metadata (the cache of radix nodes); clean nodes
     /// past it are evicted [default: cache_size in grove.toml, else 64M]
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
     pub cache_size: Option<String>,
 }
 

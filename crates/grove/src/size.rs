@@ -27,6 +27,10 @@ pub fn parse_size(text: &str, what: &str) -> Result<u64> {
 }
 
 fn parse(text: &str) -> Result<u64> {
+    // Reached through clap's allow_hyphen_values: say why, not just "invalid".
+    if text.starts_with('-') {
+        bail!("a size, offset or length cannot be negative");
+    }
     let number_end = text
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(text.len());
@@ -113,6 +117,8 @@ mod tests {
         assert_eq!(parse_size(".5K", "size").unwrap(), 512);
         assert_eq!(parse_size("2.", "size").unwrap(), 2);
         assert!(parse_size("1.1G", "size").is_err());
+        let negative = parse_size("-5G", "size").unwrap_err();
+        assert!(format!("{negative:#}").contains("cannot be negative"));
         assert!(parse_size("1.5", "size").is_err());
     }
 

@@ -168,24 +168,150 @@ fn read_full_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     Ok(filled)
 }
 
-/// `grove export`: FILE becomes a raw image of the volume, sparse where the
-/// volume has holes or zero blocks. Returns the volume size and the bytes
-/// of data written.
-pub fn export(pool: &Pool, name: &str, path: &Path) -> Result<(u64, u64)> {
+/// What `grove export` wrote: the volume's size, its data, and whether
+/// FILE was this process's standard output (where no report may go).
+pub struct Exported {
+    pub size_bytes: u64,
+    pub data_bytes: u64,
+    pub to_stdout: bool,
+}
+
+/// Where an export goes, decided before anything is written.
+enum ExportTarget {
+    /// A regular file, new or (with --force) truncated: written sparse.
+    File(File),
+    /// A block device, pipe or character device (/dev/stdout): written in
+    /// order, zeros included, as nothing there reads holes as zeros.
+    Stream(File),
+}
+
+/// `grove export`: the volume as a raw image in FILE. An existing regular
+/// file is only replaced with `force`: a mistyped name must not destroy an
+/// image. A block device, pipe or /dev/stdout (whatever stdout was
+/// redirected to) is a target the user named on purpose, as with dd, and
+/// is written without it.
+pub fn export(pool: &Pool, name: &str, path: &Path, force: bool) -> Result<Exported> {
     // Everything that can fail on the pool side is asked before FILE is
     // touched, so a bad name does not truncate someone's file.
     let volume = pool.volume(name)?;
     let size_bytes = volume.size_bytes()?;
     let extents = volume.mapped_extents()?;
     let block_bytes = pool.block_size_bytes() as usize;
-    let file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(path)
-        .with_context(|| format!("cannot create {}", path.display()))?;
     let write_context = || format!("cannot write {}", path.display());
-    file.set_len(size_bytes).with_context(write_context)?;
+    let to_stdout = is_stdout(path);
+    let (file, data_bytes) = match open_export_target(path, force, to_stdout, size_bytes)? {
+        ExportTarget::File(file) => {
+            file.set_len(size_bytes).with_context(write_context)?;
+            let data_bytes = export_sparse(&volume, extents, &file, block_bytes, path)?;
+            (file, data_bytes)
+        }
+        ExportTarget::Stream(file) => {
+            let data_bytes = export_stream(&volume, size_bytes, &file, block_bytes, path)?;
+            (file, data_bytes)
+        }
+    };
+    // A pipe or a terminal cannot sync; only what can be made durable is.
+    if let Err(e) = file.sync_all() {
+        if e.kind() != ErrorKind::InvalidInput {
+            return Err(e).with_context(write_context);
+        }
+    }
+    Ok(Exported {
+        size_bytes,
+        data_bytes,
+        to_stdout,
+    })
+}
+
+fn open_export_target(
+    path: &Path,
+    force: bool,
+    to_stdout: bool,
+    size_bytes: u64,
+) -> Result<ExportTarget> {
+    use std::os::unix::fs::FileTypeExt;
+    let create_context = || format!("cannot create {}", path.display());
+    let metadata = match std::fs::metadata(path) {
+        Err(e) if e.kind() == ErrorKind::NotFound => {
+            // create_new: a file that appears meanwhile is not truncated.
+            let file = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(path)
+                .with_context(create_context)?;
+            return Ok(ExportTarget::File(file));
+        }
+        Err(e) => return Err(e).with_context(|| format!("cannot stat {}", path.display())),
+        Ok(metadata) => metadata,
+    };
+    let file_type = metadata.file_type();
+    if file_type.is_dir() {
+        bail!(
+            "{} is a directory: name an image file to write",
+            path.display()
+        );
+    }
+    // `grove export v /dev/stdout > v.img`: the shell has already made
+    // (and emptied) the file the user chose, so it is written, in order.
+    if file_type.is_file() && !to_stdout {
+        if !force {
+            bail!(
+                "{} already exists ({}); add --force to overwrite it",
+                path.display(),
+                format_size(metadata.len())
+            );
+        }
+        let file = OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(path)
+            .with_context(create_context)?;
+        return Ok(ExportTarget::File(file));
+    }
+    let mut file = OpenOptions::new()
+        .write(true)
+        .open(path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    if file_type.is_block_device() {
+        let device_bytes = file
+            .seek(io::SeekFrom::End(0))
+            .and_then(|len| file.rewind().map(|()| len))
+            .with_context(|| format!("cannot size {}", path.display()))?;
+        if device_bytes < size_bytes {
+            bail!(
+                "{} holds {}, less than the volume's {}",
+                path.display(),
+                format_size(device_bytes),
+                format_size(size_bytes)
+            );
+        }
+    }
+    Ok(ExportTarget::Stream(file))
+}
+
+/// Whether `path` is this process's standard output (`/dev/stdout`, or the
+/// file stdout was redirected to).
+fn is_stdout(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(target) = std::fs::metadata(path) else {
+        return false;
+    };
+    match rustix::fs::fstat(io::stdout().as_fd()) {
+        Ok(stdout) => stdout.st_dev == target.dev() && stdout.st_ino == target.ino(),
+        Err(_) => false,
+    }
+}
+
+/// The mapped extents' non-zero blocks, at their offsets; the rest stays a
+/// hole. Returns the bytes of data written.
+fn export_sparse(
+    volume: &Volume,
+    extents: Vec<(u64, u64)>,
+    file: &File,
+    block_bytes: usize,
+    path: &Path,
+) -> Result<u64> {
+    let write_context = || format!("cannot write {}", path.display());
     let mapped_bytes = extents.iter().map(|(_, len)| len).sum();
     let progress = Progress::bytes("exporting", mapped_bytes);
     let mut chunk = vec![0u8; CHUNK_BYTES];
@@ -207,8 +333,40 @@ pub fn export(pool: &Pool, name: &str, path: &Path) -> Result<(u64, u64)> {
             progress.advance(len as u64);
         }
     }
-    file.sync_all().with_context(write_context)?;
-    Ok((size_bytes, written_bytes))
+    Ok(written_bytes)
+}
+
+/// Every byte of the volume in order, zeros included. Returns the bytes of
+/// data (non-zero blocks) among them.
+fn export_stream(
+    volume: &Volume,
+    size_bytes: u64,
+    file: &File,
+    block_bytes: usize,
+    path: &Path,
+) -> Result<u64> {
+    let progress = Progress::bytes("exporting", size_bytes);
+    let mut writer = io::BufWriter::with_capacity(CHUNK_BYTES, file);
+    let mut chunk = vec![0u8; CHUNK_BYTES];
+    let mut data_bytes = 0u64;
+    let mut offset = 0u64;
+    while offset < size_bytes {
+        let len = (size_bytes - offset).min(CHUNK_BYTES as u64) as usize;
+        volume.read_at(&mut chunk[..len], offset)?;
+        data_bytes += nonzero_runs(&chunk[..len], block_bytes)
+            .iter()
+            .map(|&(_, run)| run as u64)
+            .sum::<u64>();
+        writer
+            .write_all(&chunk[..len])
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        offset += len as u64;
+        progress.advance(len as u64);
+    }
+    writer
+        .flush()
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(data_bytes)
 }
 
 /// `grove write`: bytes from FILE (or stdin when None or `-`) at `offset`.

@@ -555,6 +555,82 @@ fn rm_recursive_rollback_diff_and_gc() {
     }
 }
 
+/// Every live volume's name and bytes.
+fn every_volume(pool: &Pool) -> Vec<(String, Vec<u8>)> {
+    pool.list()
+        .iter()
+        .map(|v| {
+            let name = v["name"].as_str().unwrap().to_string();
+            let bytes = pool.ok(&["read", &name]);
+            (name, bytes)
+        })
+        .collect()
+}
+
+/// Issue 23: `grove rollback test`, where `test` was a clone whose origin
+/// snapshot had been removed, reset the snapshot's volume to the clone's
+/// contents, and its newer writes were gone. Named alone, only a snapshot
+/// is taken; everything else needs both names.
+#[test]
+fn rollback_named_alone_takes_only_a_snapshot() {
+    let pool = Pool::new(&[]);
+    pool.ok(&["create", "disk", "--size", "1M"]);
+    write_file(&pool.file("first"), &pattern(MIB as usize, 81));
+    pool.ok(&["write", "disk", "first"]);
+    pool.ok(&["snapshot", "disk", "disk@1"]);
+    pool.ok(&["clone", "disk@1", "test"]);
+    pool.ok(&["snapshot", "disk@1", "disk@1-copy"]);
+    write_file(&pool.file("clone"), &pattern(64 * KIB as usize, 82));
+    pool.ok(&["write", "test", "clone"]);
+    // disk's writes after the snapshot: what the old rollback lost.
+    write_file(&pool.file("newer"), &pattern(64 * KIB as usize, 83));
+    pool.ok(&["write", "disk", "--offset", "512K", "newer"]);
+    let before = every_volume(&pool);
+
+    // A clone named alone, its origin still there: refused, naming only
+    // what was named.
+    let line = pool.refused(&["rollback", "test"]);
+    assert!(
+        line.contains("\"test\"") && line.contains("writable clone, not a snapshot"),
+        "{line}"
+    );
+    assert!(line.contains("grove rollback test VOLUME"), "{line}");
+    assert!(!line.contains("disk"), "{line}");
+    // A snapshot of a snapshot: the snapshot it was taken from is said.
+    let line = pool.refused(&["rollback", "disk@1-copy"]);
+    assert!(
+        line.contains("taken from \"disk@1\", a read-only snapshot"),
+        "{line}"
+    );
+    // The clone's origin removed: still refused, and nothing changes.
+    pool.ok(&["rm", "disk@1-copy"]);
+    pool.ok(&["rm", "disk@1"]);
+    let before_removed: Vec<_> = before
+        .iter()
+        .filter(|(name, _)| name == "disk" || name == "test")
+        .cloned()
+        .collect();
+    assert_eq!(every_volume(&pool), before_removed);
+    let line = pool.refused(&["rollback", "test"]);
+    assert!(
+        line.contains("not a snapshot") && !line.contains("disk"),
+        "{line}"
+    );
+    assert_eq!(every_volume(&pool), before_removed);
+
+    // Both names written out: disk takes the clone's contents.
+    let message = pool.ok_text(&["rollback", "test", "disk"]);
+    assert!(
+        message.contains("rolled \"disk\" back to \"test\""),
+        "{message}"
+    );
+    let test = pool.read("test", 0, MIB);
+    assert_eq!(pool.read("disk", 0, MIB), test);
+    assert_eq!(every_volume(&pool)[1], before_removed[1]);
+    let report = pool.ok_text(&["check"]);
+    assert!(report.contains("the pool is clean"), "{report}");
+}
+
 #[test]
 fn info_reports_the_pool() {
     let pool = Pool::new(&["--block-size", "8K"]);
@@ -688,10 +764,61 @@ fn import_export_sparse_image_with(block_size: &str, block_bytes: u64) {
         "exported image stores {stored} bytes for {written_bytes} of data"
     );
 
-    // Export overwrites (truncates) an existing file.
+    // Export overwrites (truncates) an existing file only with --force.
     pool.ok(&["create", "small", "--size", "4K"]);
-    pool.ok(&["export", "small", exported.to_str().unwrap()]);
+    pool.ok(&["export", "small", exported.to_str().unwrap(), "--force"]);
     assert_eq!(fs::read(&exported).unwrap(), vec![0u8; 4096]);
+}
+
+/// Issue 23: `export` silently overwrote an existing file. Now it refuses
+/// in one line naming the file, and --force overwrites; a pipe or
+/// /dev/stdout still works without it, with every byte in order.
+#[test]
+fn export_refuses_to_overwrite_without_force() {
+    let pool = Pool::new(&[]);
+    pool.ok(&["create", "v", "--size", "64K"]);
+    let data = pattern(8 * KIB as usize, 91);
+    write_file(&pool.file("data"), &data);
+    pool.ok(&["write", "v", "--offset", "16K", "data"]);
+    let mut image = vec![0u8; 64 * KIB as usize];
+    image[16 * KIB as usize..24 * KIB as usize].copy_from_slice(&data);
+
+    let precious = pool.file("precious.img");
+    write_file(&precious, b"someone's image");
+    let line = pool.refused(&["export", "v", "precious.img"]);
+    assert!(
+        line.contains("precious.img already exists (15 B)") && line.contains("--force"),
+        "{line}"
+    );
+    assert_eq!(fs::read(&precious).unwrap(), b"someone's image");
+    // A directory is refused as such, even with --force.
+    fs::create_dir(pool.file("dir")).unwrap();
+    let line = pool.refused(&["export", "v", "dir", "--force"]);
+    assert!(line.contains("is a directory"), "{line}");
+
+    let message = pool.ok_text(&["export", "v", "precious.img", "--force"]);
+    assert!(message.contains("exported \"v\""), "{message}");
+    assert!(fs::read(&precious).unwrap() == image);
+    // A new file needs no --force.
+    pool.ok(&["export", "v", "new.img"]);
+    assert!(fs::read(pool.file("new.img")).unwrap() == image);
+
+    // /dev/stdout (a pipe here): the image alone on stdout, the report
+    // on stderr.
+    let output = pool.run(&["export", "v", "/dev/stdout"]);
+    assert!(output.status.success(), "{output:?}");
+    assert!(output.stdout == image, "stdout is not the image");
+    let report = String::from_utf8(output.stderr).unwrap();
+    assert!(report.contains("exported \"v\" to /dev/stdout"), "{report}");
+    // `> file`: the shell made the file the user chose; no --force needed.
+    let redirected = pool.file("redirected.img");
+    let status = pool
+        .command(&["export", "v", "/dev/stdout"])
+        .stdout(File::create(&redirected).unwrap())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert!(fs::read(&redirected).unwrap() == image);
 }
 
 #[test]
@@ -888,9 +1015,44 @@ fn bad_size_strings_are_refused() {
             assert!(line.contains("invalid "), "{args:?}: {line}");
         }
     }
-    // A negative number only gets past clap glued to its flag.
+    // A negative number glued to its flag, or not.
     let line = pool.refused(&["create", "x", "--size=-5"]);
     assert!(line.contains("invalid size \"-5\""), "{line}");
+}
+
+/// Issue 23: `--size -5G` and `--offset -1` got clap's multi-line usage
+/// error (a leading '-' read as a flag); every size, offset and length now
+/// gets grove's one line, naming the argument and the value.
+#[test]
+fn negative_sizes_and_offsets_get_one_line() {
+    let pool = Pool::new(&[]);
+    pool.ok(&["create", "v", "--size", "1M"]);
+    write_file(&pool.file("data"), b"data");
+    for (args, what) in [
+        (&["create", "x", "--size", "-5G"][..], "size \"-5G\""),
+        (&["resize", "v", "-5G"], "size \"-5G\""),
+        (&["read", "v", "--offset", "-1"], "offset \"-1\""),
+        (&["read", "v", "--length", "-1"], "length \"-1\""),
+        (&["write", "v", "--offset", "-1", "data"], "offset \"-1\""),
+        (&["write", "v", "data", "--offset", "-4K"], "offset \"-4K\""),
+    ] {
+        let line = pool.refused(args);
+        assert!(
+            line.contains(&format!("invalid {what}")) && line.contains("cannot be negative"),
+            "{args:?}: {line}"
+        );
+    }
+    for args in [
+        &["init", "--block-size", "-4K"][..],
+        &["init", "--capacity", "-1G"],
+    ] {
+        let fresh = Pool::uninitialized();
+        let line = expect_error_line(args, &fresh.run(args));
+        assert!(line.contains("cannot be negative"), "{args:?}: {line}");
+        assert!(!fresh.path.exists(), "{args:?} made a pool");
+    }
+    // Help still works after a size argument.
+    assert!(pool.ok_text(&["resize", "v", "--help"]).contains("Usage"));
 }
 
 #[test]
@@ -970,6 +1132,41 @@ fn newer_format_version_is_refused() {
     }
     assert_eq!(fs::read(pool.store_path()).unwrap(), store);
     assert_eq!(fs::read_to_string(&config_path).unwrap(), newer);
+}
+
+/// Issue 23: unknown keys in grove.toml (`cache-size = "1G"`) were
+/// silently ignored. Now every command refuses the pool in one line that
+/// names the key, the file, and the near-miss it probably meant.
+#[test]
+fn unknown_config_keys_are_refused() {
+    let pool = Pool::new(&[]);
+    pool.ok(&["create", "v", "--size", "1M"]);
+    let config_path = pool.path.join("grove.toml");
+    let config = fs::read_to_string(&config_path).unwrap();
+    let store = fs::read(pool.store_path()).unwrap();
+    for (extra, says) in [
+        (
+            "cache-size = \"1G\"\n",
+            "unknown setting \"cache-size\" (did you mean cache_size?)",
+        ),
+        (
+            "compression = true\n",
+            "unknown setting \"compression\" (known settings: format_version, store, cache_size)",
+        ),
+    ] {
+        fs::write(&config_path, format!("{config}{extra}")).unwrap();
+        for args in [&["list"][..], &["info"], &["check"]] {
+            let line = expect_error_line(args, &pool.run(args));
+            assert!(
+                line.contains(&config_path.display().to_string()) && line.contains(says),
+                "{args:?}: {line}"
+            );
+        }
+    }
+    assert_eq!(fs::read(pool.store_path()).unwrap(), store);
+    // The right spelling is taken.
+    fs::write(&config_path, format!("{config}cache_size = \"1G\"\n")).unwrap();
+    assert_eq!(pool.list().len(), 1);
 }
 
 #[test]
@@ -1054,6 +1251,13 @@ fn check_reports_a_clean_pool() {
     let report: Value = serde_json::from_slice(&pool.ok(&["check", "--json"])).unwrap();
     assert!(report["report"]["errors"].as_array().unwrap().is_empty());
     assert!(u64_of(&report["report"], "blocks_checked") > 25);
+    assert_eq!(u64_of(&report["report"], "leaked_blocks"), 0);
+    // The help says what exit 1 means.
+    let help = pool.ok_text(&["check", "--help"]);
+    assert!(
+        help.contains("Exit status") && help.contains("leaked"),
+        "{help}"
+    );
 }
 
 #[test]
@@ -1065,16 +1269,156 @@ fn check_warns_of_a_leak_and_repair_frees_it() {
     // A block allocated in the map that nothing uses: a leak.
     let leaked = first_data_block(&pool) + 500;
     set_map_nibble(&pool, leaked, 0x1);
-    let text = pool.ok_text(&["check"]);
+    // Space lost is an alarm: exit 1, one error line, and the count in
+    // both the text and the JSON.
+    let output = pool.run(&["check"]);
+    let line = expect_error_line(&["check"], &output);
+    assert!(
+        line.contains("1 leaked blocks") && line.contains("--repair"),
+        "{line}"
+    );
+    let text = String::from_utf8(output.stdout).unwrap();
     assert!(
         text.contains("warning:") && text.contains("leaked"),
         "{text}"
+    );
+    assert!(text.contains("space is lost: 1 leaked blocks"), "{text}");
+    let output = pool.run(&["check", "--json"]);
+    expect_error_line(&["check", "--json"], &output);
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(u64_of(&report["report"], "leaked_blocks"), 1, "{report}");
+    assert_eq!(u64_of(&report["report"], "over_counted_blocks"), 0);
+    let warnings = report["report"]["warnings"].as_array().unwrap();
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.as_str().unwrap().contains("leaked")),
+        "{report}"
     );
     let text = pool.ok_text(&["check", "--repair"]);
     assert!(text.contains("repaired: freed 1 leaked blocks"), "{text}");
     assert!(text.contains("after repair, the pool is clean"), "{text}");
     assert_eq!(u64_of(&pool.info(), "used_bytes"), used);
     assert_eq!(pool.read("v", 0, 100_000), vec![0xab; 100_000]);
+}
+
+/// Rewrites share-count block 0 of the first group (with a valid
+/// checksum) so that `block` counts one more reference than before.
+fn add_share_count(pool: &Pool, block: u64) {
+    use grove_store::format::{group, shares, superblock::Superblock};
+    use grove_store::types::BlockAddr;
+    let mut store = fs::read(pool.store_path()).unwrap();
+    let sb = Superblock::decode(&store[..512]).unwrap();
+    let block_bytes = u64::from(sb.block_size_bytes) as usize;
+    let data_start = sb.data_start.0;
+    let map = group::decode(
+        0,
+        &store[data_start as usize * block_bytes..][..block_bytes],
+    )
+    .unwrap();
+    assert_eq!(map.shares_present & 1, 1, "no share-count block yet");
+    let home = &mut store[(data_start as usize + 1) * block_bytes..][..block_bytes];
+    let mut counts = shares::decode(BlockAddr(data_start), home).unwrap();
+    counts[(block - data_start) as usize] += 1;
+    shares::encode(BlockAddr(data_start), &counts, home);
+    fs::write(pool.store_path(), store).unwrap();
+}
+
+/// Flips a byte of share-count block 0 of the first group: its checksum
+/// no longer matches, and the next open rebuilds every count.
+fn tear_share_count_block(pool: &Pool) {
+    use grove_store::format::superblock::Superblock;
+    let store = fs::read(pool.store_path()).unwrap();
+    let sb = Superblock::decode(&store[..512]).unwrap();
+    let at = (sb.data_start.0 + 1) * u64::from(sb.block_size_bytes) + 100;
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(pool.store_path())
+        .unwrap();
+    let mut byte = [0u8];
+    file.read_exact_at(&mut byte, at).unwrap();
+    file.write_all_at(&[byte[0] ^ 0xff], at).unwrap();
+}
+
+/// A pool with data shared by a snapshot, so that it has a share-count
+/// block.
+fn pool_with_shares() -> Pool {
+    let pool = Pool::new(&[]);
+    pool.ok(&["create", "v", "--size", "64M"]);
+    pool.run_with_stdin(&["write", "v"], &[0xab; 100_000]);
+    pool.ok(&["snapshot", "v", "s"]);
+    pool.ok(&["clone", "s", "c"]);
+    pool
+}
+
+#[test]
+fn check_fails_on_an_over_counted_block_and_repair_fixes_it() {
+    let pool = pool_with_shares();
+    add_share_count(&pool, first_data_block(&pool));
+    let output = pool.run(&["check"]);
+    let line = expect_error_line(&["check"], &output);
+    assert!(
+        line.contains("1 blocks counted with more references than they have"),
+        "{line}"
+    );
+    let text = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        text.contains("warning: 1 blocks are counted with more"),
+        "{text}"
+    );
+    let output = pool.run(&["check", "--json"]);
+    expect_error_line(&["check", "--json"], &output);
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(
+        u64_of(&report["report"], "over_counted_blocks"),
+        1,
+        "{report}"
+    );
+    assert_eq!(u64_of(&report["report"], "leaked_blocks"), 0, "{report}");
+    let text = pool.ok_text(&["check", "--repair"]);
+    assert!(text.contains("after repair, the pool is clean"), "{text}");
+    // For good: the corrected count is what the next open loads.
+    pool.ok(&["check"]);
+    assert_eq!(pool.read("c", 0, 100_000), vec![0xab; 100_000]);
+}
+
+/// Harmless warnings (here: a torn share-count block, rebuilt from the
+/// trees at open) exit 0, and --json carries every warning and error the
+/// text shows.
+#[test]
+fn check_json_carries_what_the_text_shows_and_harmless_warnings_exit_0() {
+    let pool = pool_with_shares();
+    // The warning is the open's: the rebuilt counts are written back, so
+    // each form of the check gets a freshly torn block.
+    tear_share_count_block(&pool);
+    let text = pool.ok_text(&["check"]);
+    let shown = |prefix: &str| -> Vec<String> {
+        text.lines()
+            .filter_map(|line| line.strip_prefix(prefix))
+            .map(str::to_string)
+            .collect()
+    };
+    let (text_warnings, text_errors) = (shown("warning: "), shown("error: "));
+    assert_eq!(text_warnings.len(), 1, "{text}");
+    assert!(
+        text_warnings[0].contains("rebuilt from the trees"),
+        "{text}"
+    );
+    assert!(text.contains("no errors (1 warnings)"), "{text}");
+    tear_share_count_block(&pool);
+    let report: Value = serde_json::from_slice(&pool.ok(&["check", "--json"])).unwrap();
+    let strings = |field: &str| -> Vec<String> {
+        report["report"][field]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w.as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(strings("warnings"), text_warnings, "{report}");
+    assert_eq!(strings("errors"), text_errors, "{report}");
+    assert!(!pool.ok_text(&["check"]).contains("warning"));
 }
 
 #[test]

@@ -32,10 +32,15 @@ impl Served {
         self.spawn_with(&[])
     }
 
-    fn spawn_with(mut self, extra: &[&str]) -> Served {
+    fn spawn_with(self, extra: &[&str]) -> Served {
+        self.spawn_with_env(extra, &[])
+    }
+
+    fn spawn_with_env(mut self, extra: &[&str], env: &[(&str, &str)]) -> Served {
         let child = Command::new(GROVE)
             .args(["--pool", self.pool().to_str().unwrap(), "serve"])
             .args(extra)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -376,4 +381,132 @@ fn a_small_metadata_cache_serves_a_volume_larger_than_it_maps() {
     let output = served.run(&["serve", "--cache-size", "lots"]);
     assert_eq!(output.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&output.stderr).contains("cache size"));
+}
+
+/// How long a refused control request may take to be answered: far more
+/// than it needs on a loaded machine, far less than the server's timeouts.
+const PROMPT_REPLY_MS: u64 = 10_000;
+
+/// Issue 23: a control request whose handler panicked never got its socket
+/// closed, and the `grove` client hung until the server stopped. Now the
+/// client gets one error line and exits 1 at once, and the server goes on
+/// answering (the panic was outside the engine's lock, so the pool still
+/// takes changes).
+/// Runs a client of a request that panics in the server: it must exit 1
+/// with one error line within PROMPT_REPLY_MS. Returns that line.
+fn panicking_request(served: &Served, args: &[&str]) -> String {
+    let mut client = Command::new(GROVE)
+        .arg("--pool")
+        .arg(served.pool())
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while client.try_wait().unwrap().is_none() {
+        if started.elapsed() > Duration::from_millis(PROMPT_REPLY_MS) {
+            let _ = client.kill();
+            panic!("the client of a panicking request still waits after {PROMPT_REPLY_MS} ms");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let output = client.wait_with_output().unwrap();
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    let running = format!("internal error while running the {} request", args[0]);
+    assert!(
+        stderr.starts_with("grove: error: ")
+            && stderr.contains(&running)
+            && stderr.contains("the server goes on"),
+        "{stderr}"
+    );
+    stderr
+}
+
+/// A served pool whose `snapshot` requests panic as `how` says (see
+/// GROVE_TEST_PANIC_CONTROL_REQUEST in control.rs).
+fn served_with_panicking_snapshots(how: &str) -> Served {
+    let dir = tempfile::tempdir().unwrap();
+    let served = Served { dir, child: None };
+    served.ok(&["init"]);
+    served.ok(&["create", "disk", "--size", "64M"]);
+    served.spawn_with_env(&[], &[("GROVE_TEST_PANIC_CONTROL_REQUEST", how)])
+}
+
+#[test]
+fn a_control_request_that_panics_is_answered_and_the_server_goes_on() {
+    if !cfg!(debug_assertions) {
+        eprintln!("SKIP: the control panic hook exists in debug builds only");
+        return;
+    }
+    let served = served_with_panicking_snapshots("snapshot");
+    for _ in 0..2 {
+        let line = panicking_request(&served, &["snapshot", "disk", "disk@1"]);
+        assert!(!line.contains("no more changes"), "{line}");
+    }
+    // The server answers other requests, changes included.
+    let list = served.ok(&["list", "--json"]);
+    assert!(
+        list.contains("\"disk\"") && !list.contains("disk@1"),
+        "{list}"
+    );
+    served.ok(&["create", "other", "--size", "1M"]);
+    served.ok(&["clone", "disk", "disk-clone"]);
+    assert!(served.ok(&["check"]).contains("clean"));
+}
+
+/// A panic with the engine's state lock held may leave a change half made
+/// in memory: the pool then takes no more changes (the reply says so), but
+/// the server goes on answering listings.
+#[test]
+fn a_control_request_that_panics_mid_change_leaves_the_pool_read_only() {
+    if !cfg!(debug_assertions) {
+        eprintln!("SKIP: the control panic hook exists in debug builds only");
+        return;
+    }
+    let served = served_with_panicking_snapshots("snapshot:locked");
+    let line = panicking_request(&served, &["snapshot", "disk", "disk@1"]);
+    assert!(
+        line.contains("takes no more changes until it is restarted"),
+        "{line}"
+    );
+    let list = served.ok(&["list", "--json"]);
+    assert!(list.contains("\"disk\""), "{list}");
+    assert!(served.ok(&["info"]).contains("volumes"));
+    let output = served.run(&["create", "other", "--size", "1M"]);
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("read-only"), "{stderr}");
+}
+
+/// Rollback through the control socket follows the same rule as offline:
+/// a snapshot alone resets the volume it was taken from; a clone alone is
+/// refused in one line naming only the clone.
+#[test]
+fn rollback_through_the_server_takes_only_a_snapshot_alone() {
+    let served = Served::start();
+    served.ok(&["snapshot", "disk", "disk@1"]);
+    served.ok(&["clone", "disk@1", "scratch"]);
+    let output = served.run(&["rollback", "scratch"]);
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("\"scratch\"")
+            && stderr.contains("not a snapshot")
+            && !stderr.contains("disk"),
+        "{stderr}"
+    );
+    let message = served.ok(&["rollback", "disk@1"]);
+    assert!(
+        message.contains("rolled \"disk\" back to \"disk@1\""),
+        "{message}"
+    );
+    let message = served.ok(&["rollback", "scratch", "disk"]);
+    assert!(
+        message.contains("rolled \"disk\" back to \"scratch\""),
+        "{message}"
+    );
 }

@@ -639,8 +639,10 @@ impl Pool {
         Ok(())
     }
 
-    /// Resets writable volume `volume` (by default the volume `snapshot`
-    /// was taken from) to the contents of `snapshot`, in O(1). Its old
+    /// Resets writable volume `volume` to the contents of `snapshot`, in
+    /// O(1). Without `volume`, `snapshot` must be a read-only snapshot and
+    /// the volume it was taken from (live and writable) is reset; any other
+    /// source needs both names (see `State::rollback_records`). Its old
     /// contents go to the reclaimer.
     /// A volume in use (claimed by an NBD client or an open FUSE file) is
     /// refused unless `force`: its contents would change under the client.
@@ -652,27 +654,7 @@ impl Pool {
     ) -> Result<VolumeInfo> {
         let mut state = self.state();
         ensure_changes_allowed(&state)?;
-        let source = state.volume_by_name(snapshot)?.clone();
-        let target = match volume {
-            Some(name) => state.volume_by_name(name)?.clone(),
-            None => state.live_ancestor(&source).cloned().ok_or_else(|| {
-                Error::new(
-                    ErrorKind::InvalidArgument,
-                    format!(
-                        "{snapshot:?} has no live parent to roll back; name the volume to reset"
-                    ),
-                )
-            })?,
-        };
-        if !target.kind.is_writable() {
-            return Err(read_only_error(&target));
-        }
-        if target.id == source.id {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!("cannot roll {snapshot:?} back to itself"),
-            ));
-        }
+        let (source, target) = state.rollback_records(snapshot, volume)?;
         if !force {
             self.ensure_unclaimed(&state, &[target.id], "roll it back")?;
         }
@@ -909,6 +891,15 @@ impl Pool {
         let id = state.volume_by_name(name)?.id;
         state.set_accounting(id, referenced_blocks);
         commit_locked(&self.inner, &mut state)
+    }
+
+    /// Panics with the state lock held, as a bug in the middle of a change
+    /// would: for tests that a front end survives it and that the pool
+    /// then takes no more changes (see `lock_state`).
+    #[doc(hidden)]
+    pub fn panic_holding_state_lock_for_tests(&self) {
+        let _state = self.state();
+        panic!("a test asked the pool to panic with its state lock held");
     }
 
     /// Radix nodes visited by lookups since the pool was opened.
