@@ -92,6 +92,8 @@ pub struct State {
     /// node read without the state lock is cached only if it has not
     /// moved since the read began (see `Pool`'s prefetch).
     metadata_epoch: std::sync::atomic::AtomicU64,
+    /// What punching freed blocks out of the device did (`punch.rs`).
+    pub(crate) punch: crate::punch::PunchStats,
 }
 
 impl State {
@@ -127,6 +129,7 @@ impl State {
             unwritten_homes: BTreeMap::new(),
             commit_in_flight: None,
             metadata_epoch: std::sync::atomic::AtomicU64::new(0),
+            punch: Default::default(),
             open_warnings: Vec::new(),
             device,
             geometry,
@@ -228,8 +231,15 @@ impl State {
 
     /// Makes blocks freed by a durable commit reusable. The pool calls it
     /// once no reader can still be reading them at their old addresses.
+    /// They are punched out of the device first (`punch.rs`): nothing can
+    /// bring them back now, and nothing has been written to them yet.
     pub(crate) fn make_reusable(&mut self, frees: Vec<BlockAddr>) {
+        let punched = self.punch_durable_frees(&frees);
         self.alloc.release(frees);
+        debug_assert!(
+            punched.iter().all(|&addr| self.alloc.nibble(addr) == Some(0)),
+            "a punched block is free once released"
+        );
     }
 
     /// True when blocks freed since the last commit wait for it before

@@ -115,6 +115,11 @@ pub struct PoolInfo {
     pub referenced_bytes: u64,
     /// The capacity limit, if the pool has one.
     pub capacity_bytes: Option<u64>,
+    /// Bytes the store file takes on the host file system (st_blocks ×
+    /// 512): follows `used_bytes`, since freed blocks are punched out of
+    /// it. None for a store without a file (in memory).
+    #[serde(default)]
+    pub store_allocated_bytes: Option<u64>,
 }
 
 struct Inner {
@@ -823,7 +828,15 @@ impl Pool {
             pending_free_bytes,
             referenced_bytes: space.data_blocks.saturating_sub(dying_data) * block_bytes,
             capacity_bytes: space.capacity_blocks.map(|capacity| capacity * block_bytes),
+            // What the host says is informative: a failed stat leaves it out
+            // rather than failing `info`.
+            store_allocated_bytes: state.device.allocated_bytes().ok().flatten(),
         })
+    }
+
+    /// What punching freed blocks out of the store did since it was opened.
+    pub fn punch_stats(&self) -> crate::PunchStats {
+        self.state().punch_stats()
     }
 
     /// Makes every completed write and change durable.
@@ -864,6 +877,15 @@ impl Pool {
             state.checkpoint()?;
             state.checkpoint()?;
             state.open_warnings.clear();
+        }
+        if repair {
+            // A store written by a grove that did not punch holes gets the
+            // host space of its free blocks back here, once.
+            let _gate = write_gate(&self.inner);
+            let punched = state.punch_free_space();
+            if punched > 0 {
+                tracing::info!("punched {punched} free blocks out of the store");
+            }
         }
         Ok(report)
     }
