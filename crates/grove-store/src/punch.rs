@@ -119,7 +119,10 @@ impl State {
         let mut failed: Option<std::io::Error> = None;
         let mut failures = 0u64;
         for &(first, count) in extents {
-            match self.device.punch(first.0 * block_bytes, count * block_bytes) {
+            match self
+                .device
+                .punch(first.0 * block_bytes, count * block_bytes)
+            {
                 Ok(()) => {
                     self.punch.extents += 1;
                     self.punch.blocks += count;

@@ -237,7 +237,9 @@ impl State {
         let punched = self.punch_durable_frees(&frees);
         self.alloc.release(frees);
         debug_assert!(
-            punched.iter().all(|&addr| self.alloc.nibble(addr) == Some(0)),
+            punched
+                .iter()
+                .all(|&addr| self.alloc.nibble(addr) == Some(0)),
             "a punched block is free once released"
         );
     }

@@ -15,13 +15,21 @@ pub const TORN_WRITE_SECTOR_BYTES: usize = 512;
 /// One device operation, in the order the engine issued it.
 #[derive(Clone, Debug)]
 pub enum DeviceOp {
-    Write { offset: u64, data: Vec<u8> },
+    Write {
+        offset: u64,
+        data: Vec<u8>,
+    },
     Flush,
-    SetLen { len_bytes: u64 },
+    SetLen {
+        len_bytes: u64,
+    },
     /// A hole punched (see `BlockDevice::punch`): the range reads as zeros
     /// if it landed, as before if it was lost, and each sector as either if
     /// it tore.
-    Punch { offset: u64, len_bytes: u64 },
+    Punch {
+        offset: u64,
+        len_bytes: u64,
+    },
 }
 
 /// How a write (or punch) since the last flush survives a power cut.

@@ -603,7 +603,10 @@ fn every_crash_state_keeps_the_consistency_contract() {
     }
     let punches = PUNCHES_LOGGED.load(std::sync::atomic::Ordering::Relaxed);
     println!("checked {states} crash states over {workloads} workloads ({punches} punches)");
-    assert!(punches > 0, "no workload freed a block: punches went untested");
+    assert!(
+        punches > 0,
+        "no workload freed a block: punches went untested"
+    );
     assert!(
         states >= 1000 * workloads as usize / 2,
         "too few crash states: {states}"

@@ -170,7 +170,13 @@ fn freeing_workload(pool: &Pool) -> Vec<u8> {
 fn a_device_without_hole_punching_stops_asking_and_works_on() {
     let device = Arc::new(FaultyDevice::new(MemDevice::new()));
     device.arm(Fault::PunchUnsupported, 0, true);
-    let pool = Pool::format(device.clone(), &PoolOptions::default(), Path::new("x"), None).unwrap();
+    let pool = Pool::format(
+        device.clone(),
+        &PoolOptions::default(),
+        Path::new("x"),
+        None,
+    )
+    .unwrap();
     let expected = freeing_workload(&pool);
     // A second round frees more: punching stays off, without another try.
     write_unique(&pool, "disk", 3, 0, MIB);
@@ -179,7 +185,10 @@ fn a_device_without_hole_punching_stops_asking_and_works_on() {
     expected_now[..MIB as usize].copy_from_slice(&unique(3, MIB as usize));
     assert!(contents(&pool)["disk"] == expected_now);
     let stats = pool.punch_stats();
-    assert!(stats.unsupported && stats.extents == 0 && stats.errors == 0, "{stats:?}");
+    assert!(
+        stats.unsupported && stats.extents == 0 && stats.errors == 0,
+        "{stats:?}"
+    );
     assert_eq!(device.injected(), 1, "punching must stop after EOPNOTSUPP");
     assert!(pool.check(false).unwrap().is_clean());
     assert_eq!(pool.info().unwrap().store_allocated_bytes, None);
@@ -189,12 +198,21 @@ fn a_device_without_hole_punching_stops_asking_and_works_on() {
 fn a_failed_punch_is_counted_and_nothing_else_fails() {
     let device = Arc::new(FaultyDevice::new(MemDevice::new()));
     device.arm(Fault::PunchEio, 0, true);
-    let pool = Pool::format(device.clone(), &PoolOptions::default(), Path::new("x"), None).unwrap();
+    let pool = Pool::format(
+        device.clone(),
+        &PoolOptions::default(),
+        Path::new("x"),
+        None,
+    )
+    .unwrap();
     let expected = freeing_workload(&pool);
     assert!(contents(&pool)["disk"] == expected);
     let stats = pool.punch_stats();
     assert!(!stats.unsupported && stats.extents == 0, "{stats:?}");
-    assert!(stats.errors > 0 && stats.errors == device.injected(), "{stats:?}");
+    assert!(
+        stats.errors > 0 && stats.errors == device.injected(),
+        "{stats:?}"
+    );
     assert!(pool.check(false).unwrap().is_clean());
     // Once the device recovers, punching goes on.
     device.clear();
