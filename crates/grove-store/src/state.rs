@@ -94,6 +94,8 @@ pub struct State {
     metadata_epoch: std::sync::atomic::AtomicU64,
     /// What punching freed blocks out of the device did (`punch.rs`).
     pub(crate) punch: crate::punch::PunchStats,
+    /// Blocks made reusable since they were last punched (`punch.rs`).
+    pub(crate) punch_backlog: Vec<BlockAddr>,
 }
 
 impl State {
@@ -130,6 +132,7 @@ impl State {
             commit_in_flight: None,
             metadata_epoch: std::sync::atomic::AtomicU64::new(0),
             punch: Default::default(),
+            punch_backlog: Vec::new(),
             open_warnings: Vec::new(),
             device,
             geometry,
@@ -231,17 +234,11 @@ impl State {
 
     /// Makes blocks freed by a durable commit reusable. The pool calls it
     /// once no reader can still be reading them at their old addresses.
-    /// They are punched out of the device first (`punch.rs`): nothing can
-    /// bring them back now, and nothing has been written to them yet.
+    /// They go on the punch backlog too (`punch.rs`): nothing can bring
+    /// them back now, so their host space may go.
     pub(crate) fn make_reusable(&mut self, frees: Vec<BlockAddr>) {
-        let punched = self.punch_durable_frees(&frees);
+        self.queue_durable_frees(&frees);
         self.alloc.release(frees);
-        debug_assert!(
-            punched
-                .iter()
-                .all(|&addr| self.alloc.nibble(addr) == Some(0)),
-            "a punched block is free once released"
-        );
     }
 
     /// True when blocks freed since the last commit wait for it before

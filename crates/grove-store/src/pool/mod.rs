@@ -5,7 +5,9 @@
 mod locking;
 mod volume;
 
-use locking::{commit, commit_locked, lock_state, release_frees, settle_commit, write_gate};
+use locking::{
+    commit, commit_locked, lock_state, punch_freed, release_frees, settle_commit, write_gate,
+};
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -749,10 +751,10 @@ impl Pool {
         let budget = state.reclaim_budget();
         let batch: ReclaimBatch = state.reclaim_batch(budget)?;
         commit_locked(&self.inner, &mut state)?;
-        Ok((
-            batch.freed_blocks * state.geometry.block_bytes(),
-            batch.done,
-        ))
+        let freed_bytes = batch.freed_blocks * state.geometry.block_bytes();
+        drop(state);
+        punch_freed(&self.inner);
+        Ok((freed_bytes, batch.done))
     }
 
     /// Reclaims everything pending, batch by batch, calling `progress` with
@@ -852,6 +854,10 @@ impl Pool {
             return ensure_changes_allowed(&state);
         }
         commit_locked(&self.inner, &mut state)?;
+        drop(state);
+        punch_freed(&self.inner);
+        let mut state = self.state();
+        settle_commit(&self.inner, &mut state)?;
         if state.needs_checkpoint() {
             state.checkpoint()?;
         }
