@@ -269,3 +269,38 @@ fn check_repair_punches_the_free_space_an_older_store_kept() {
     assert!(contents(&pool) == expected);
     assert!(pool.check(false).unwrap().is_clean());
 }
+
+/// Blocks queued for punching may be handed out again before the backlog
+/// is punched (a commit releases them, and only a flush punches): the
+/// punch must skip them, or the new owner's data would read as zeros.
+#[test]
+fn blocks_reused_before_their_punch_keep_their_new_data() {
+    const BLOCK_BYTES: u32 = 1024;
+    let device = Arc::new(MemDevice::new());
+    let options = PoolOptions {
+        block_size_bytes: BLOCK_BYTES,
+        ..PoolOptions::default()
+    };
+    let pool = Pool::format(device, &options, Path::new("x"), None).unwrap();
+    pool.create_volume("a", MIB).unwrap();
+    pool.volume("a")
+        .unwrap()
+        .write_at(&unique(1, MIB as usize), 0)
+        .unwrap();
+    pool.flush().unwrap();
+    pool.volume("a").unwrap().discard(0, MIB).unwrap();
+    // Commits without a flush: the discarded blocks become reusable and
+    // wait on the backlog.
+    pool.create_volume("b", 3 * MIB / 2).unwrap();
+    // Next-fit fills the rest of the first group, then wraps round into
+    // the blocks "a" gave up.
+    let data = unique(2, 3 * MIB as usize / 2);
+    pool.volume("b").unwrap().write_at(&data, 0).unwrap();
+    pool.flush().unwrap();
+    let stats = pool.punch_stats();
+    assert!(stats.blocks > 0 && stats.errors == 0, "{stats:?}");
+    let all = contents(&pool);
+    assert!(all["b"] == data, "a reused block was punched");
+    assert!(all["a"].iter().all(|&b| b == 0));
+    assert!(pool.check(false).unwrap().is_clean());
+}
