@@ -271,6 +271,20 @@ impl Allocator {
         self.groups[group].set(slot, 0);
     }
 
+    /// Takes the free block `addr` as `reserve` takes the next one: for
+    /// work on it outside the state lock that no transaction hears of
+    /// (punching its host space); `unreserve` gives it back.
+    pub fn reserve_free(&mut self, addr: BlockAddr) {
+        let (group, slot) = self.locate(addr);
+        assert_eq!(
+            self.groups[group].nibbles.get(slot),
+            0,
+            "{addr} is not free"
+        );
+        self.groups[group].set(slot, NIBBLE_ALLOCATED);
+        assert!(self.reserved.insert(addr), "block {addr} reserved twice");
+    }
+
     /// Taken by a write in flight (see [`Allocator::reserve`]).
     pub fn is_reserved(&self, addr: BlockAddr) -> bool {
         self.reserved.contains(&addr)

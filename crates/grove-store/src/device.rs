@@ -4,7 +4,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 /// Byte-addressed storage with positioned I/O. Implementations must allow
@@ -23,6 +23,39 @@ pub trait BlockDevice: Send + Sync {
     fn set_len_bytes(&self, len_bytes: u64) -> io::Result<()>;
     /// A human-readable name for error messages.
     fn describe(&self) -> String;
+    /// Gives the host back the space of `len_bytes` bytes at `offset`,
+    /// which nothing references any more (a discard, a hole punch).
+    ///
+    /// Contract: afterwards every byte of the range reads as zero or as
+    /// what it held before, and callers may rely on neither: the engine
+    /// punches only blocks whose free is durable, and writes a block again
+    /// before it reads it. Like a write, a punch is durable only after the
+    /// next `flush`; a power cut before that may leave any part of it
+    /// undone. The length never changes.
+    ///
+    /// The default cannot punch: it fails with `ErrorKind::Unsupported`,
+    /// which the engine takes (as EOPNOTSUPP) to mean "stop punching".
+    fn punch(&self, offset: u64, len_bytes: u64) -> io::Result<()> {
+        let _ = (offset, len_bytes);
+        Err(io::Error::from(io::ErrorKind::Unsupported))
+    }
+    /// Bytes the device takes on the host (a sparse file's allocated
+    /// blocks), or None when that means nothing (memory).
+    fn allocated_bytes(&self) -> io::Result<Option<u64>> {
+        Ok(None)
+    }
+}
+
+/// What `stat` counts `st_blocks` in, whatever the file system's block size.
+pub const STAT_BLOCK_BYTES: u64 = 512;
+
+/// True if a failed punch means the device (its file system) cannot punch
+/// holes at all, rather than that this one punch failed.
+pub fn is_punch_unsupported(error: &io::Error) -> bool {
+    let errno = error.raw_os_error();
+    error.kind() == io::ErrorKind::Unsupported
+        || errno == Some(rustix::io::Errno::OPNOTSUPP.raw_os_error())
+        || errno == Some(rustix::io::Errno::NOSYS.raw_os_error())
 }
 
 /// A device backed by one regular file, usually sparse.
@@ -95,6 +128,25 @@ impl BlockDevice for FileDevice {
     fn describe(&self) -> String {
         self.path.display().to_string()
     }
+
+    /// fallocate(PUNCH_HOLE | KEEP_SIZE): the file's blocks in the range
+    /// go back to the file system, the range reads as zeros, and the
+    /// length stays. A file system without hole punching answers
+    /// EOPNOTSUPP, which is passed on (see `is_punch_unsupported`).
+    fn punch(&self, offset: u64, len_bytes: u64) -> io::Result<()> {
+        use rustix::fs::{fallocate, FallocateFlags};
+        let mode = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
+        loop {
+            match fallocate(&self.file, mode, offset, len_bytes) {
+                Err(rustix::io::Errno::INTR) => {}
+                result => return result.map_err(io::Error::from),
+            }
+        }
+    }
+
+    fn allocated_bytes(&self) -> io::Result<Option<u64>> {
+        Ok(Some(self.file.metadata()?.blocks() * STAT_BLOCK_BYTES))
+    }
 }
 
 /// A device in memory, for tests and the crash simulator's images.
@@ -163,5 +215,19 @@ impl BlockDevice for MemDevice {
 
     fn describe(&self) -> String {
         "memory device".to_string()
+    }
+
+    /// Zeros the range (one of the two outcomes the contract allows), so
+    /// that tests in memory see a punched block as the engine must expect.
+    fn punch(&self, offset: u64, len_bytes: u64) -> io::Result<()> {
+        let mut bytes = self.bytes.lock().unwrap_or_else(|e| e.into_inner());
+        let start = usize::try_from(offset)
+            .unwrap_or(usize::MAX)
+            .min(bytes.len());
+        let end = usize::try_from(offset.saturating_add(len_bytes))
+            .unwrap_or(usize::MAX)
+            .min(bytes.len());
+        bytes[start..end].fill(0);
+        Ok(())
     }
 }

@@ -32,6 +32,7 @@ pub mod format;
 mod geometry;
 mod journal;
 pub mod pool;
+mod punch;
 mod reclaim;
 mod shares;
 mod state;
@@ -52,6 +53,7 @@ pub use pool::{
     validate_volume_name, validate_volume_size, DiffReport, Pool, PoolInfo, PoolOptions,
     RemoveOptions, Volume, VolumeClaim, VolumeInfo, VolumeSummary,
 };
+pub use punch::PunchStats;
 pub use reclaim::RECLAIM_BATCH_ENTRIES;
 pub use types::{BlockAddr, VolumeId};
 pub use volumes::BOOKMARKS_PER_PARENT_MAX;

@@ -92,6 +92,10 @@ pub struct State {
     /// node read without the state lock is cached only if it has not
     /// moved since the read began (see `Pool`'s prefetch).
     metadata_epoch: std::sync::atomic::AtomicU64,
+    /// What punching freed blocks out of the device did (`punch.rs`).
+    pub(crate) punch: crate::punch::PunchStats,
+    /// Blocks made reusable since they were last punched (`punch.rs`).
+    pub(crate) punch_backlog: Vec<BlockAddr>,
 }
 
 impl State {
@@ -127,6 +131,8 @@ impl State {
             unwritten_homes: BTreeMap::new(),
             commit_in_flight: None,
             metadata_epoch: std::sync::atomic::AtomicU64::new(0),
+            punch: Default::default(),
+            punch_backlog: Vec::new(),
             open_warnings: Vec::new(),
             device,
             geometry,
@@ -228,7 +234,10 @@ impl State {
 
     /// Makes blocks freed by a durable commit reusable. The pool calls it
     /// once no reader can still be reading them at their old addresses.
+    /// They go on the punch backlog too (`punch.rs`): nothing can bring
+    /// them back now, so their host space may go.
     pub(crate) fn make_reusable(&mut self, frees: Vec<BlockAddr>) {
+        self.queue_durable_frees(&frees);
         self.alloc.release(frees);
     }
 

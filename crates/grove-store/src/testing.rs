@@ -15,12 +15,24 @@ pub const TORN_WRITE_SECTOR_BYTES: usize = 512;
 /// One device operation, in the order the engine issued it.
 #[derive(Clone, Debug)]
 pub enum DeviceOp {
-    Write { offset: u64, data: Vec<u8> },
+    Write {
+        offset: u64,
+        data: Vec<u8>,
+    },
     Flush,
-    SetLen { len_bytes: u64 },
+    SetLen {
+        len_bytes: u64,
+    },
+    /// A hole punched (see `BlockDevice::punch`): the range reads as zeros
+    /// if it landed, as before if it was lost, and each sector as either if
+    /// it tore.
+    Punch {
+        offset: u64,
+        len_bytes: u64,
+    },
 }
 
-/// How a write since the last flush survives a power cut.
+/// How a write (or punch) since the last flush survives a power cut.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WriteFate {
     Lost,
@@ -152,6 +164,24 @@ fn apply(image: &mut Vec<u8>, op: &DeviceOp, fate: WriteFate) {
                 image.resize(len, 0);
             }
         }
+        DeviceOp::Punch { offset, len_bytes } => {
+            // A punch never grows the device (KEEP_SIZE).
+            let start = (*offset as usize).min(image.len());
+            let end = offset.saturating_add(*len_bytes).min(image.len() as u64) as usize;
+            for (sector, chunk) in image[start..end]
+                .chunks_mut(TORN_WRITE_SECTOR_BYTES)
+                .enumerate()
+            {
+                let lands = match fate {
+                    WriteFate::Lost => false,
+                    WriteFate::Landed => true,
+                    WriteFate::Torn(mask) => mask & (1 << (sector % 64)) != 0,
+                };
+                if lands {
+                    chunk.fill(0);
+                }
+            }
+        }
         DeviceOp::Write { offset, data } => {
             let offset = *offset as usize;
             if fate == WriteFate::Lost {
@@ -229,6 +259,16 @@ impl BlockDevice for CrashDevice {
     fn describe(&self) -> String {
         "crash-simulator device".to_string()
     }
+
+    /// Zeros the range now and logs the punch, so that crash images keep
+    /// it, lose it or tear it like a write.
+    fn punch(&self, offset: u64, len_bytes: u64) -> io::Result<()> {
+        let mut log = self.log();
+        let op = DeviceOp::Punch { offset, len_bytes };
+        apply(&mut log.current, &op, WriteFate::Landed);
+        log.ops.push(op);
+        Ok(())
+    }
 }
 
 /// Which operation a fault hits, and how.
@@ -238,6 +278,11 @@ pub enum Fault {
     WriteEio,
     WriteEnospc,
     FlushEio,
+    /// A punch fails with EIO (a real error: logged, counted, ignored).
+    PunchEio,
+    /// A punch fails with EOPNOTSUPP, as on a file system without hole
+    /// punching.
+    PunchUnsupported,
 }
 
 struct FaultState {
@@ -309,6 +354,7 @@ impl<D: BlockDevice> FaultyDevice<D> {
         state.injected += 1;
         let errno = match fault {
             Fault::WriteEnospc => rustix::io::Errno::NOSPC,
+            Fault::PunchUnsupported => rustix::io::Errno::OPNOTSUPP,
             _ => rustix::io::Errno::IO,
         };
         Err(io::Error::from_raw_os_error(errno.raw_os_error()))
@@ -343,6 +389,15 @@ impl<D: BlockDevice> BlockDevice for FaultyDevice<D> {
     fn describe(&self) -> String {
         format!("faulty {}", self.inner.describe())
     }
+
+    fn punch(&self, offset: u64, len_bytes: u64) -> io::Result<()> {
+        self.check(&[Fault::PunchEio, Fault::PunchUnsupported])?;
+        self.inner.punch(offset, len_bytes)
+    }
+
+    fn allocated_bytes(&self) -> io::Result<Option<u64>> {
+        self.inner.allocated_bytes()
+    }
 }
 
 impl<D: BlockDevice> BlockDevice for std::sync::Arc<D> {
@@ -363,5 +418,11 @@ impl<D: BlockDevice> BlockDevice for std::sync::Arc<D> {
     }
     fn describe(&self) -> String {
         (**self).describe()
+    }
+    fn punch(&self, offset: u64, len_bytes: u64) -> io::Result<()> {
+        (**self).punch(offset, len_bytes)
+    }
+    fn allocated_bytes(&self) -> io::Result<Option<u64>> {
+        (**self).allocated_bytes()
     }
 }

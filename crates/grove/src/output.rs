@@ -224,6 +224,11 @@ pub fn write_pool_info(out: &mut impl Write, info: &PoolInfo) -> io::Result<()> 
         ("volumes", info.volume_count.to_string()),
         ("store size", format_size(info.store_bytes)),
         ("used", format_size(info.used_bytes)),
+        (
+            "allocated on host",
+            info.store_allocated_bytes
+                .map_or_else(|| "unknown".to_string(), format_size),
+        ),
         ("referenced", format_size(info.referenced_bytes)),
         ("metadata", format_size(info.metadata_bytes)),
         ("pending free", format_size(info.pending_free_bytes)),

@@ -43,6 +43,8 @@ pub(super) fn commit(inner: &Inner) -> Result<()> {
     let io = match state.prepare_commit() {
         Ok(PreparedCommit::Done(frees)) => {
             release_frees(inner, &mut state, frees);
+            drop(state);
+            punch_freed(inner);
             return Ok(());
         }
         Ok(PreparedCommit::Io(io)) => io,
@@ -61,7 +63,24 @@ pub(super) fn commit(inner: &Inner) -> Result<()> {
     let mut state = lock_state(inner);
     settle_commit(inner, &mut state)?;
     // Another committer may have finished it: its failure is the pool's.
-    ensure_changes_allowed(&state)
+    ensure_changes_allowed(&state)?;
+    drop(state);
+    punch_freed(inner);
+    Ok(())
+}
+
+/// Punches the blocks made reusable since the last time out of the device
+/// (`punch.rs`): taken and given back under the state lock, punched
+/// without it. Called where the pool lets the lock go: after a flush, a
+/// reclaim batch, at close.
+pub(super) fn punch_freed(inner: &Inner) {
+    loop {
+        let Some(run) = lock_state(inner).take_punch_run() else {
+            return;
+        };
+        let outcome = run.execute();
+        lock_state(inner).finish_punch_run(run, outcome);
+    }
 }
 
 /// Finishes the commit whose I/O runs (or ran) without the state lock, if

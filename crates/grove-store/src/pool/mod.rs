@@ -5,7 +5,9 @@
 mod locking;
 mod volume;
 
-use locking::{commit, commit_locked, lock_state, release_frees, settle_commit, write_gate};
+use locking::{
+    commit, commit_locked, lock_state, punch_freed, release_frees, settle_commit, write_gate,
+};
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -115,6 +117,11 @@ pub struct PoolInfo {
     pub referenced_bytes: u64,
     /// The capacity limit, if the pool has one.
     pub capacity_bytes: Option<u64>,
+    /// Bytes the store file takes on the host file system (st_blocks ×
+    /// 512): follows `used_bytes`, since freed blocks are punched out of
+    /// it. None for a store without a file (in memory).
+    #[serde(default)]
+    pub store_allocated_bytes: Option<u64>,
 }
 
 struct Inner {
@@ -739,10 +746,10 @@ impl Pool {
             .min(budget_entries.unwrap_or(usize::MAX));
         let batch: ReclaimBatch = state.reclaim_batch(budget)?;
         commit_locked(&self.inner, &mut state)?;
-        Ok((
-            batch.freed_blocks * state.geometry.block_bytes(),
-            batch.done,
-        ))
+        let freed_bytes = batch.freed_blocks * state.geometry.block_bytes();
+        drop(state);
+        punch_freed(&self.inner);
+        Ok((freed_bytes, batch.done))
     }
 
     /// Reclaims everything pending, batch by batch, calling `progress` with
@@ -818,7 +825,15 @@ impl Pool {
             pending_free_bytes,
             referenced_bytes: space.data_blocks.saturating_sub(dying_data) * block_bytes,
             capacity_bytes: space.capacity_blocks.map(|capacity| capacity * block_bytes),
+            // What the host says is informative: a failed stat leaves it out
+            // rather than failing `info`.
+            store_allocated_bytes: state.device.allocated_bytes().ok().flatten(),
         })
+    }
+
+    /// What punching freed blocks out of the store did since it was opened.
+    pub fn punch_stats(&self) -> crate::PunchStats {
+        self.state().punch_stats()
     }
 
     /// Makes every completed write and change durable.
@@ -834,6 +849,10 @@ impl Pool {
             return ensure_changes_allowed(&state);
         }
         commit_locked(&self.inner, &mut state)?;
+        drop(state);
+        punch_freed(&self.inner);
+        let mut state = self.state();
+        settle_commit(&self.inner, &mut state)?;
         if state.needs_checkpoint() {
             state.checkpoint()?;
         }
@@ -859,6 +878,15 @@ impl Pool {
             state.checkpoint()?;
             state.checkpoint()?;
             state.open_warnings.clear();
+        }
+        if repair {
+            // A store written by a grove that did not punch holes gets the
+            // host space of its free blocks back here, once.
+            let _gate = write_gate(&self.inner);
+            let punched = state.punch_free_space();
+            if punched > 0 {
+                tracing::info!("punched {punched} free blocks out of the store");
+            }
         }
         Ok(report)
     }
