@@ -511,6 +511,33 @@ impl Allocator {
         }
     }
 
+    /// Replaces group `index`'s map with one rebuilt from the trees (its map
+    /// block could not be decoded at open): `nibbles` holds one on-disk
+    /// state per block of the group. The share-count blocks it holds are
+    /// unknown too, so none is marked present until the next checkpoint
+    /// writes them again. The map is dirty: that checkpoint writes it.
+    pub fn rebuild_group(&mut self, index: u64, nibbles: &[u8]) {
+        assert_eq!(nibbles.len() as u64, self.group_blocks);
+        assert!(
+            nibbles[..GROUP_HEADER_BLOCKS as usize]
+                .iter()
+                .all(|&n| n == NIBBLE_ALLOCATED | NIBBLE_META),
+            "a group's own blocks are allocated metadata"
+        );
+        assert!(
+            self.changes.is_empty(),
+            "a map is rebuilt at open, before any change"
+        );
+        let usable = usable_slots(self.group_blocks, self.capacity_blocks, index);
+        assert!(
+            nibbles[usable..].iter().all(|&n| n == 0),
+            "blocks past the capacity are never in use"
+        );
+        let mut group = Group::from_nibbles(nibbles, usable, 0);
+        group.durable = Some(group.nibbles.clone());
+        self.groups[index as usize] = group;
+    }
+
     /// Marks a block in use as allocated with the given use (check
     /// --repair: a block that a tree reaches must never be handed out).
     pub fn set_allocated(&mut self, addr: BlockAddr, usage: BlockUse) {
