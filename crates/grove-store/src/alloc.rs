@@ -198,6 +198,26 @@ impl Allocator {
         }
     }
 
+    /// Checks the maps against the capacity: no block past it may be in
+    /// use (a capacity lowered below what is in use, by damage or by hand,
+    /// would hand out nothing there but keep what is there unaccounted).
+    /// Says which block, and the bound, if one is.
+    pub fn check_capacity(&self) -> std::result::Result<(), String> {
+        for (index, group) in self.groups.iter().enumerate() {
+            let slots = self.group_blocks as usize;
+            if let Some(slot) =
+                (group.usable_slots..slots).find(|&slot| group.nibbles.get(slot) != 0)
+            {
+                return Err(format!(
+                    "capacity_blocks {} is below the blocks in use: block {} (slot {slot} of group {index}) is allocated",
+                    self.capacity_blocks,
+                    self.group_start(index as u64).0 + slot as u64
+                ));
+            }
+        }
+        Ok(())
+    }
+
     pub fn group_count(&self) -> u64 {
         self.groups.len() as u64
     }
@@ -488,9 +508,19 @@ impl Allocator {
                 )));
             }
             for addr in extent.first.0..extent.first.0 + u64::from(extent.count) {
-                if (addr - self.data_start) % self.group_blocks < GROUP_HEADER_BLOCKS {
+                let slot = (addr - self.data_start) % self.group_blocks;
+                if slot < GROUP_HEADER_BLOCKS {
                     return Err(Error::corrupt(format!(
                         "journal transaction changes block {addr}, a group's own map or share-count block"
+                    )));
+                }
+                let group = ((addr - self.data_start) / self.group_blocks) as usize;
+                if extent.change != AllocChange::Freed
+                    && slot as usize >= self.groups[group].usable_slots
+                {
+                    return Err(Error::corrupt(format!(
+                        "journal transaction allocates block {addr}, past capacity_blocks {}",
+                        self.capacity_blocks
                     )));
                 }
             }

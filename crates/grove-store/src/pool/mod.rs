@@ -472,6 +472,9 @@ impl Pool {
             superblock.capacity_blocks,
             group_maps,
         );
+        alloc
+            .check_capacity()
+            .map_err(|why| Error::corrupt(format!("{what}: {why}; refusing to open it")))?;
         let mut state = State::new(device, superblock, alloc);
         state.open_warnings = superblock_problems;
         state.maps_damaged = maps_damaged;
