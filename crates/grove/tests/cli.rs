@@ -989,7 +989,11 @@ fn crafted_superblock_fields_are_refused() {
     let slot0 = Superblock::decode(&pristine[..SUPERBLOCK_LEN]).unwrap();
     let block = slot0.block_size_bytes as usize;
     let slot1 = Superblock::decode(&pristine[block..block + SUPERBLOCK_LEN]).unwrap();
-    let current = if slot0.generation > slot1.generation { 0 } else { block };
+    let current = if slot0.generation > slot1.generation {
+        0
+    } else {
+        block
+    };
     let crafted = |offset: usize, value: u64| {
         let mut image = pristine.clone();
         let superblock = &mut image[current..current + SUPERBLOCK_LEN];
