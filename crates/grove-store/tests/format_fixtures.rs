@@ -38,8 +38,8 @@ use grove_store::format::node::{
 use grove_store::format::record::{VolumeKind, VolumeRecord, RECORD_BYTES};
 use grove_store::format::shares::{self, SHARE_BLOCKS_PER_GROUP};
 use grove_store::format::superblock::{
-    choose_slot, SlotProblem, Superblock, JOURNAL_BLOCKS_MAX, JOURNAL_SEQUENCE_MAX, SUPERBLOCK_LEN,
-    SUPERBLOCK_MAGIC,
+    choose_slot, SlotProblem, Superblock, JOURNAL_BLOCKS_MAX, JOURNAL_SEQUENCE_MAX,
+    NEXT_VOLUME_ID_MAX, SUPERBLOCK_LEN, SUPERBLOCK_MAGIC,
 };
 use grove_store::format::FORMAT_VERSION;
 use grove_store::pool::JOURNAL_REGION_BLOCKS_MIN;
@@ -415,7 +415,7 @@ fn a_superblock_without_magic_is_not_a_store() {
 }
 
 #[test]
-fn a_well_checksummed_superblock_with_an_impossible_field_is_damaged() {
+fn a_well_checksummed_superblock_with_an_impossible_field_is_refused() {
     let fixture = superblock_fixture();
     let s = sample_superblock();
     let decode =
@@ -444,6 +444,10 @@ fn a_well_checksummed_superblock_with_an_impossible_field_is_damaged() {
                 // The volume table's root moves with the data area.
                 p(sb::VT_ROOT, &u64le(2 + JOURNAL_BLOCKS_MAX + 100)),
             ],
+        ),
+        (
+            "largest next volume id",
+            vec![p(sb::NEXT_VOLUME_ID, &u64le(NEXT_VOLUME_ID_MAX))],
         ),
         (
             "last journal sequence with headroom",
@@ -605,6 +609,10 @@ fn a_well_checksummed_superblock_with_an_impossible_field_is_damaged() {
             vec![p(sb::JOURNAL_SEQUENCE, &u64le(u64::MAX))],
         ),
         ("capacity of 1 block", vec![p(sb::CAPACITY, &u64le(1))]),
+        (
+            "next volume id past the most the table holds",
+            vec![p(sb::NEXT_VOLUME_ID, &u64le(NEXT_VOLUME_ID_MAX + 1))],
+        ),
         (
             "capacity that leaves the last group only its own blocks",
             vec![p(

@@ -73,6 +73,12 @@ pub const SUPERBLOCK_LEN: usize = 512;
 pub const JOURNAL_SEQUENCE_HEADROOM: u64 = 1 << 56;
 /// Largest journal_sequence a superblock may carry when it is read.
 pub const JOURNAL_SEQUENCE_MAX: u64 = u64::MAX - JOURNAL_SEQUENCE_HEADROOM;
+/// Largest next_volume_id a superblock may carry when it is read. The
+/// volume table addresses 2^58 ids within its tallest allowed tree at the
+/// smallest block size (2^56 record blocks of 4 records), so ids below this
+/// never make it too tall; and no pool creates 2^48 volumes, so the next id
+/// cannot wrap either.
+pub const NEXT_VOLUME_ID_MAX: u64 = 1 << 48;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Superblock {
@@ -196,6 +202,12 @@ impl Superblock {
         superblock.check_fields().map_err(SlotProblem::Invalid)?;
         // Checked when read, not when written: a pool that got here by
         // committing would have run for half a million years.
+        if superblock.next_volume_id.0 > NEXT_VOLUME_ID_MAX {
+            return Err(SlotProblem::Invalid(format!(
+                "next_volume_id {} is past {NEXT_VOLUME_ID_MAX}, more ids than the volume table can hold",
+                superblock.next_volume_id.0
+            )));
+        }
         if superblock.journal_sequence > JOURNAL_SEQUENCE_MAX {
             return Err(SlotProblem::Invalid(format!(
                 "journal_sequence {} is past {JOURNAL_SEQUENCE_MAX}, too close to 2^64 for the journal to number its transactions",
