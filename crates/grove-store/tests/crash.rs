@@ -100,7 +100,7 @@ fn random_range(rng: &mut Rng, size: u64) -> (u64, usize) {
     (offset, len as usize)
 }
 
-fn run_workload(seed: u64) -> usize {
+fn run_workload(seed: u64) -> Checked {
     let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     let device = Arc::new(CrashDevice::new());
     let options = PoolOptions {
@@ -328,16 +328,35 @@ fn run_workload(seed: u64) -> usize {
     check_crash_points(seed, ops, &states)
 }
 
+/// What the crash images of a log exercised.
+#[derive(Default)]
+struct Checked {
+    states: usize,
+    /// Images whose open rebuilt a torn allocation map.
+    maps_rebuilt: usize,
+    /// Images whose open rebuilt the share counts (a torn count block, or
+    /// a torn map, which held the bits saying which count blocks exist).
+    counts_rebuilt: usize,
+}
+
+impl std::ops::AddAssign for Checked {
+    fn add_assign(&mut self, other: Checked) {
+        self.states += other.states;
+        self.maps_rebuilt += other.maps_rebuilt;
+        self.counts_rebuilt += other.counts_rebuilt;
+    }
+}
+
 fn check_crash_points(
     seed: u64,
     ops: Vec<grove_store::testing::DeviceOp>,
     states: &[ModelState],
-) -> usize {
+) -> Checked {
     let mut rng = Rng(seed ^ 0x5151_5151);
     let first = states[0].log_position;
     let last = states.last().unwrap().log_position;
     let mut images = CrashImages::new(ops);
-    let mut checked = 0;
+    let mut checked = Checked::default();
     for position in first..=last {
         // The last durable state at or before the cut, and every state the
         // operation in progress could have reached.
@@ -382,8 +401,20 @@ fn check_crash_points(
             let image = images.image(position, fate);
             let context =
                 format!("seed {seed}, crash after op {position} of the log, variant {variant}");
-            check_image(image, &candidates, &context);
-            checked += 1;
+            let warnings = check_image(image, &candidates, &context);
+            checked.states += 1;
+            if warnings
+                .iter()
+                .any(|w| w.contains("allocation maps of groups"))
+            {
+                checked.maps_rebuilt += 1;
+            }
+            if warnings
+                .iter()
+                .any(|w| w.contains("share counts were rebuilt"))
+            {
+                checked.counts_rebuilt += 1;
+            }
         }
     }
     checked
@@ -392,7 +423,9 @@ fn check_crash_points(
 /// Crash images whose check is repeated in windows of 1,000 blocks.
 const WINDOWED_CHECK_EVERY: u64 = 50;
 
-fn check_image(image: Vec<u8>, candidates: &[&Model], context: &str) {
+/// Checks one crash image; returns the warnings of its first check (what
+/// opening it had to rebuild).
+fn check_image(image: Vec<u8>, candidates: &[&Model], context: &str) -> Vec<String> {
     let pool = Pool::open_device(
         Arc::new(MemDevice::from_bytes(image)),
         Path::new("crash-sim"),
@@ -407,6 +440,7 @@ fn check_image(image: Vec<u8>, candidates: &[&Model], context: &str) {
         "{context}: check found errors: {:?}",
         report.errors
     );
+    let open_warnings = report.warnings.clone();
     // Now and then, the check in windows (as a pool too large for one pass
     // is checked) must find the same leftovers a crash leaves.
     static IMAGES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -488,6 +522,7 @@ fn check_image(image: Vec<u8>, candidates: &[&Model], context: &str) {
             }
         }
     }
+    open_warnings
 }
 
 /// Regression (found by seed 247 of an earlier workload generator): a
@@ -540,7 +575,7 @@ fn crash_during_shrink_and_grow_shows_old_or_new_volume() {
     }
     let ops = device.ops();
     drop(pool);
-    assert!(check_crash_points(247, ops, &states) > 20);
+    assert!(check_crash_points(247, ops, &states).states > 20);
 }
 
 /// A node's block that is freed and then reused for data, all inside one
@@ -617,7 +652,7 @@ fn freed_node_blocks_reused_for_data_survive_replay() {
         drop(pool);
         // Crash points from the flush after the filler on: the free, the
         // reuse and the flush that follows are what this test is about.
-        assert!(check_crash_points(discard_bytes as u64, ops, &states[2..]) > 20);
+        assert!(check_crash_points(discard_bytes as u64, ops, &states[2..]).states > 20);
     }
 }
 
@@ -632,11 +667,15 @@ fn every_crash_state_keeps_the_consistency_contract() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(1);
     assert!(workloads > 0, "GROVE_CRASH_WORKLOADS=0 would check nothing");
-    let mut states = 0;
+    let mut checked = Checked::default();
     for seed in first_seed..first_seed + workloads {
-        states += run_workload(seed);
+        checked += run_workload(seed);
     }
-    println!("checked {states} crash states over {workloads} workloads");
+    let states = checked.states;
+    println!(
+        "checked {states} crash states over {workloads} workloads; {} rebuilt a torn allocation map, {} the share counts",
+        checked.maps_rebuilt, checked.counts_rebuilt
+    );
     assert!(
         states >= 1000 * workloads as usize / 2,
         "too few crash states: {states}"
@@ -645,6 +684,15 @@ fn every_crash_state_keeps_the_consistency_contract() {
         assert!(
             states >= CRASH_STATES_MIN,
             "the default run checked {states} crash states, fewer than the {CRASH_STATES_MIN} promised"
+        );
+        // Torn maps and count blocks must stay among the states checked:
+        // a change in the workloads could make every map change fit one
+        // sector again, and the rebuild would go untested.
+        assert!(
+            checked.maps_rebuilt > 0 && checked.counts_rebuilt > 0,
+            "no crash state tore a map ({}) or a count block ({})",
+            checked.maps_rebuilt,
+            checked.counts_rebuilt
         );
     }
 }
