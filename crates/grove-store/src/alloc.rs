@@ -198,6 +198,26 @@ impl Allocator {
         }
     }
 
+    /// Checks the maps against the capacity: no block past it may be in
+    /// use (a capacity lowered below what is in use, by damage or by hand,
+    /// would hand out nothing there but keep what is there unaccounted).
+    /// Says which block, and the bound, if one is.
+    pub fn check_capacity(&self) -> std::result::Result<(), String> {
+        for (index, group) in self.groups.iter().enumerate() {
+            let slots = self.group_blocks as usize;
+            if let Some(slot) =
+                (group.usable_slots..slots).find(|&slot| group.nibbles.get(slot) != 0)
+            {
+                return Err(format!(
+                    "capacity_blocks {} is below the blocks in use: block {} (slot {slot} of group {index}) is allocated",
+                    self.capacity_blocks,
+                    self.group_start(index as u64).0 + slot as u64
+                ));
+            }
+        }
+        Ok(())
+    }
+
     pub fn group_count(&self) -> u64 {
         self.groups.len() as u64
     }
@@ -502,9 +522,19 @@ impl Allocator {
                 )));
             }
             for addr in extent.first.0..extent.first.0 + u64::from(extent.count) {
-                if (addr - self.data_start) % self.group_blocks < GROUP_HEADER_BLOCKS {
+                let slot = (addr - self.data_start) % self.group_blocks;
+                if slot < GROUP_HEADER_BLOCKS {
                     return Err(Error::corrupt(format!(
                         "journal transaction changes block {addr}, a group's own map or share-count block"
+                    )));
+                }
+                let group = ((addr - self.data_start) / self.group_blocks) as usize;
+                if extent.change != AllocChange::Freed
+                    && slot as usize >= self.groups[group].usable_slots
+                {
+                    return Err(Error::corrupt(format!(
+                        "journal transaction allocates block {addr}, past capacity_blocks {}",
+                        self.capacity_blocks
                     )));
                 }
             }
@@ -523,6 +553,33 @@ impl Allocator {
                 group.recount(group_blocks);
             }
         }
+    }
+
+    /// Replaces group `index`'s map with one rebuilt from the trees (its map
+    /// block could not be decoded at open): `nibbles` holds one on-disk
+    /// state per block of the group. The share-count blocks it holds are
+    /// unknown too, so none is marked present until the next checkpoint
+    /// writes them again. The map is dirty: that checkpoint writes it.
+    pub fn rebuild_group(&mut self, index: u64, nibbles: &[u8]) {
+        assert_eq!(nibbles.len() as u64, self.group_blocks);
+        assert!(
+            nibbles[..GROUP_HEADER_BLOCKS as usize]
+                .iter()
+                .all(|&n| n == NIBBLE_ALLOCATED | NIBBLE_META),
+            "a group's own blocks are allocated metadata"
+        );
+        assert!(
+            self.changes.is_empty(),
+            "a map is rebuilt at open, before any change"
+        );
+        let usable = usable_slots(self.group_blocks, self.capacity_blocks, index);
+        assert!(
+            nibbles[usable..].iter().all(|&n| n == 0),
+            "blocks past the capacity are never in use"
+        );
+        let mut group = Group::from_nibbles(nibbles, usable, 0);
+        group.durable = Some(group.nibbles.clone());
+        self.groups[index as usize] = group;
     }
 
     /// Marks a block in use as allocated with the given use (check

@@ -178,6 +178,55 @@ impl State {
         result
     }
 
+    /// Checks the roots a replayed transaction leaves against the ones
+    /// before it: a store never shrinks, ids and generations only grow, and
+    /// the volume table's root is a block of the data area. A transaction
+    /// that breaks one passed its checksum, so it was written that way:
+    /// replay refuses it rather than apply it or skip it.
+    fn check_replayed_roots(
+        &self,
+        sequence: u64,
+        roots: &crate::format::journal::Roots,
+        store_end: u64,
+    ) -> Result<()> {
+        let before = &self.committed_roots;
+        let refuse = |why: String| {
+            Err(Error::corrupt(format!(
+                "journal transaction {sequence} passes its checksum but {why}; replay refuses it"
+            )))
+        };
+        if roots.group_count < before.group_count {
+            return refuse(format!(
+                "group_count {} is below {}, the groups before it",
+                roots.group_count, before.group_count
+            ));
+        }
+        if roots.next_volume_id.0 < before.next_volume_id.0 {
+            return refuse(format!(
+                "next_volume_id {} is below {}, the next id before it",
+                roots.next_volume_id.0, before.next_volume_id.0
+            ));
+        }
+        if roots.birth_generation < before.birth_generation {
+            return refuse(format!(
+                "birth_generation {} is below {}, the generation before it",
+                roots.birth_generation, before.birth_generation
+            ));
+        }
+        let root = roots.volume_table_root;
+        if !root.is_none()
+            && (root.0 < self.superblock.data_start.0
+                || root.0 >= store_end
+                || self.alloc.is_group_header(root))
+        {
+            return refuse(format!(
+                "volume_table_root {} is not a block of the data area {}..{store_end} outside the groups' own blocks",
+                root.0, self.superblock.data_start.0
+            ));
+        }
+        Ok(())
+    }
+
     /// Redoes every complete transaction after the last checkpoint; the
     /// caller then checkpoints (after the share counts are known good), so
     /// the next open finds an empty journal. Replaying twice
@@ -209,7 +258,10 @@ impl State {
                 }
             }
         }
-        for (index, transaction) in transactions.iter().enumerate() {
+        // Every transaction is checked (and its extents and counts applied
+        // in memory) before any image is written home: a transaction replay
+        // cannot apply refuses the open with the store as it was.
+        for transaction in &transactions {
             let roots = transaction.descriptor.roots;
             self.alloc
                 .replay(&transaction.descriptor.extents, roots.group_count)?;
@@ -222,7 +274,8 @@ impl State {
                     transaction.descriptor.sequence, roots.birth_generation
                 )));
             }
-            for (home, image) in transaction.descriptor.homes.iter().zip(&transaction.images) {
+            self.check_replayed_roots(transaction.descriptor.sequence, &roots, store_end)?;
+            for home in &transaction.descriptor.homes {
                 let data_start = self.superblock.data_start.0;
                 if home.0 < data_start || home.0 >= store_end || self.alloc.is_group_header(*home) {
                     return Err(Error::corrupt(format!(
@@ -230,16 +283,20 @@ impl State {
                         transaction.descriptor.sequence
                     )));
                 }
-                if last_freed.get(&home.0).is_some_and(|&freed| freed > index) {
-                    continue;
-                }
-                self.write_device_block(*home, image, "replayed metadata")?;
             }
             self.superblock.volume_table_root = roots.volume_table_root;
             self.superblock.volume_table_height = roots.volume_table_height;
             self.superblock.next_volume_id = roots.next_volume_id;
             self.superblock.birth_generation = roots.birth_generation;
             self.committed_roots = roots;
+        }
+        for (index, transaction) in transactions.iter().enumerate() {
+            for (home, image) in transaction.descriptor.homes.iter().zip(&transaction.images) {
+                if last_freed.get(&home.0).is_some_and(|&freed| freed > index) {
+                    continue;
+                }
+                self.write_device_block(*home, image, "replayed metadata")?;
+            }
         }
         self.alloc.finish_replay();
         self.shares.finish_replay();

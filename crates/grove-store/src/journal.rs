@@ -151,7 +151,12 @@ impl Journal {
         };
         self.used_blocks += skipped + len;
         self.next = position + len;
-        self.sequence += 1;
+        // Open refuses a sequence within JOURNAL_SEQUENCE_HEADROOM of
+        // wrapping: no run commits that many transactions.
+        self.sequence = self
+            .sequence
+            .checked_add(1)
+            .expect("the journal sequence has headroom");
         assert!(self.used_blocks <= self.blocks);
         (self.start.0 + position) * self.block_size_bytes as u64
     }
@@ -206,6 +211,13 @@ impl Journal {
 
     /// Reads every complete transaction from the head on, in order, and
     /// leaves the journal positioned after the last one.
+    ///
+    /// The journal ends at the first position where the next sequence is
+    /// not found whole. After a crash that is a torn transaction, the last
+    /// one written: each transaction is flushed before the next is written,
+    /// so none can follow it. If one does follow (damage in the middle, not
+    /// a crash), the transactions from the damaged one on were all
+    /// acknowledged: the scan refuses, rather than drop them in silence.
     pub fn scan(
         &mut self,
         device: &dyn BlockDevice,
@@ -216,12 +228,21 @@ impl Journal {
         loop {
             let mut candidate = self.read_transaction(device, position, pool_uuid)?;
             let mut at = position;
-            if candidate.is_none() && position != 0 {
-                candidate = self.read_transaction(device, 0, pool_uuid)?;
-                at = 0;
+            if !matches!(candidate, Candidate::Whole(..)) && position != 0 {
+                let at_start = self.read_transaction(device, 0, pool_uuid)?;
+                if matches!(at_start, Candidate::Whole(..)) || !matches!(candidate, Candidate::Torn)
+                {
+                    candidate = at_start;
+                    at = 0;
+                }
             }
-            let Some((transaction, len)) = candidate else {
-                break;
+            let (transaction, len) = match candidate {
+                Candidate::Whole(transaction, len) => (transaction, len),
+                Candidate::Absent => break,
+                Candidate::Torn => {
+                    self.refuse_if_a_later_transaction_follows(device, pool_uuid)?;
+                    break;
+                }
             };
             let skipped = if at == 0 && position != 0 {
                 self.blocks - position
@@ -230,7 +251,11 @@ impl Journal {
             };
             self.used_blocks += skipped + len;
             position = at + len;
-            self.sequence += 1;
+            // Open refuses a sequence within JOURNAL_SEQUENCE_HEADROOM of
+            // wrapping, and a journal holds far fewer transactions.
+            self.sequence = self.sequence.checked_add(1).ok_or_else(|| {
+                Error::corrupt("journal: the sequence numbers of its transactions wrap around")
+            })?;
             found.push(transaction);
             if self.used_blocks > self.blocks {
                 return Err(Error::corrupt(
@@ -242,17 +267,72 @@ impl Journal {
         Ok(found)
     }
 
+    /// The scan found transaction `self.sequence` torn. Looks through the
+    /// whole journal for a well-formed descriptor of the one after it; if
+    /// there is one, the torn transaction was acknowledged (it was flushed
+    /// before its successor was written) and replay cannot honour it.
+    /// Only reached after a crash or damage, so an ordinary open never
+    /// reads the whole journal.
+    fn refuse_if_a_later_transaction_follows(
+        &self,
+        device: &dyn BlockDevice,
+        pool_uuid: &[u8; 16],
+    ) -> Result<()> {
+        let Some(next_sequence) = self.sequence.checked_add(1) else {
+            return Ok(());
+        };
+        let block = self.block_size_bytes;
+        let mut bytes = vec![0u8; block];
+        for position in 0..self.blocks {
+            self.read_blocks(device, position, &mut bytes)?;
+            let Some(descriptor_blocks) = Descriptor::peek_blocks(&bytes, next_sequence, pool_uuid)
+            else {
+                continue;
+            };
+            let descriptor_blocks = u64::from(descriptor_blocks);
+            if position + descriptor_blocks > self.blocks {
+                continue;
+            }
+            let mut descriptor = vec![0u8; descriptor_blocks as usize * block];
+            self.read_blocks(device, position, &mut descriptor)?;
+            if Descriptor::decode_checked(&descriptor, next_sequence, pool_uuid, block)
+                .is_ok_and(|d| d.is_some())
+            {
+                return Err(Error::corrupt(format!(
+                    "journal: transaction {} is damaged, but transaction {next_sequence} after it is intact at journal block {position}: acknowledged writes would be lost; refusing to open",
+                    self.sequence
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn read_blocks(&self, device: &dyn BlockDevice, position: u64, bytes: &mut [u8]) -> Result<()> {
+        device
+            .read_at(
+                bytes,
+                (self.start.0 + position) * self.block_size_bytes as u64,
+            )
+            .map_err(|e| {
+                Error::io(
+                    format!("cannot read the journal of {}", device.describe()),
+                    e,
+                )
+            })
+    }
+
     /// The transaction with the expected sequence at `position`, with its
-    /// length in blocks, or None if there is none (or only a torn one).
+    /// length in blocks; or Torn if its descriptor's first block is there
+    /// but the transaction is not whole; or Absent.
     fn read_transaction(
         &self,
         device: &dyn BlockDevice,
         position: u64,
         pool_uuid: &[u8; 16],
-    ) -> Result<Option<(ReplayedTransaction, u64)>> {
+    ) -> Result<Candidate> {
         let block = self.block_size_bytes;
         if position >= self.blocks {
-            return Ok(None);
+            return Ok(Candidate::Absent);
         }
         let read = |blocks: u64, at: u64| -> Result<Vec<u8>> {
             let mut bytes = vec![0u8; blocks as usize * block];
@@ -269,30 +349,53 @@ impl Journal {
         let first = read(1, position)?;
         let Some(descriptor_blocks) = Descriptor::peek_blocks(&first, self.sequence, pool_uuid)
         else {
-            return Ok(None);
+            return Ok(Candidate::Absent);
         };
         let descriptor_blocks = u64::from(descriptor_blocks);
         if position + descriptor_blocks > self.blocks {
-            return Ok(None);
+            return Ok(Candidate::Torn);
         }
         let descriptor_bytes = read(descriptor_blocks, position)?;
-        let Some(descriptor) =
-            Descriptor::decode(&descriptor_bytes, self.sequence, pool_uuid, block)
-        else {
-            return Ok(None);
-        };
+        let descriptor =
+            match Descriptor::decode_checked(&descriptor_bytes, self.sequence, pool_uuid, block) {
+                Ok(Some(descriptor)) => descriptor,
+                Ok(None) => return Ok(Candidate::Torn),
+                Err(why) => {
+                    return Err(Error::corrupt(format!(
+                        "journal transaction {} at journal block {position} passes its checksum but {why}; replay refuses it rather than lose it and what follows",
+                        self.sequence
+                    )))
+                }
+            };
         let image_count = descriptor.homes.len() as u64;
         let len = descriptor_blocks + image_count;
         if position + len > self.blocks {
-            return Ok(None);
+            return Err(Error::corrupt(format!(
+                "journal transaction {} at journal block {position} passes its checksum but its {len} blocks run past the journal's {}",
+                self.sequence, self.blocks
+            )));
         }
         let image_bytes = read(image_count, position + descriptor_blocks)?;
         if crc32c::crc32c(&image_bytes) != descriptor.images_crc {
-            return Ok(None);
+            return Ok(Candidate::Torn);
         }
         let images = image_bytes.chunks(block).map(|c| c.to_vec()).collect();
-        Ok(Some((ReplayedTransaction { descriptor, images }, len)))
+        Ok(Candidate::Whole(
+            ReplayedTransaction { descriptor, images },
+            len,
+        ))
     }
+}
+
+/// What the scan finds where the next transaction may be.
+enum Candidate {
+    /// The transaction, whole, with its length in blocks.
+    Whole(ReplayedTransaction, u64),
+    /// Its descriptor's first block is there, but not the rest of it whole:
+    /// a torn write, or damage.
+    Torn,
+    /// No descriptor of the expected sequence.
+    Absent,
 }
 
 /// A transaction as it is written: descriptor blocks, then the images.

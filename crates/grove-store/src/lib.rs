@@ -31,6 +31,7 @@ pub mod error;
 pub mod format;
 mod geometry;
 mod journal;
+mod map_rebuild;
 pub mod pool;
 mod punch;
 mod reclaim;

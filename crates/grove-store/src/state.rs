@@ -66,6 +66,9 @@ pub struct State {
     /// Count blocks that could not be decoded at open (torn by a crash
     /// during a checkpoint); the counts are rebuilt from the trees.
     pub(crate) share_counts_damaged: Vec<(u64, String)>,
+    /// Groups whose map block could not be decoded at open (torn by a
+    /// crash during a checkpoint), and why; rebuilt from the trees.
+    pub(crate) maps_damaged: Vec<(u64, String)>,
     /// Blocks freed by commits made in the middle of a repair.
     pub(crate) deferred_frees: Vec<BlockAddr>,
     /// Data was written since the last device flush.
@@ -125,6 +128,7 @@ impl State {
             children: HashMap::new(),
             failed: None,
             share_counts_damaged: Vec::new(),
+            maps_damaged: Vec::new(),
             deferred_frees: Vec::new(),
             journal,
             committed_roots,

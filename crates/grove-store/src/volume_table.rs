@@ -98,13 +98,38 @@ impl State {
     /// pool: generations, its root and tree height, its id, its parent.
     fn check_record(&self, record: &VolumeRecord) -> Result<()> {
         let generation = self.superblock.birth_generation;
-        if record.created_generation > generation
-            || record.share_floor_generation > generation
-            || record.written_base_generation > generation
+        let newest = record
+            .created_generation
+            .max(record.share_floor_generation)
+            .max(record.written_base_generation);
+        if newest > generation {
+            return Err(Error::corrupt(format!(
+                "volume {:?} names generation {newest}, after the pool's birth_generation {generation}",
+                record.name
+            )));
+        }
+        // Ids, parents and roots are checked for every record, with a tree
+        // or without one (a record without data still names its lineage).
+        if record.id.0 >= self.superblock.next_volume_id.0 {
+            return Err(Error::corrupt(format!(
+                "volume {:?} has id {}, not below next_volume_id {}",
+                record.name, record.id.0, self.superblock.next_volume_id.0
+            )));
+        }
+        // A parent is always made before its children: ids only grow.
+        if record.parent != VolumeId::NONE && record.parent.0 >= record.id.0 {
+            return Err(Error::corrupt(format!(
+                "volume {:?} (id {}) names parent id {}, not below its own",
+                record.name, record.id.0, record.parent.0
+            )));
+        }
+        if record.parent != VolumeId::NONE
+            && !self.volumes.contains_key(&record.parent)
+            && !self.removed.contains_key(&record.parent)
         {
             return Err(Error::corrupt(format!(
-                "volume {:?} names a generation after the pool's generation {generation}",
-                record.name
+                "volume {:?} names parent #{}, which does not exist",
+                record.name, record.parent.0
             )));
         }
         if record.root.is_none() {
@@ -119,23 +144,8 @@ impl State {
             .height_for(self.geometry.blocks_for(record.size_bytes));
         if record.height < height_needed {
             return Err(Error::corrupt(format!(
-                "volume {:?} has a tree of {} levels, too few for its {} bytes",
+                "volume {:?} has a tree of {} levels, too few for its {} bytes (at least {height_needed})",
                 record.name, record.height, record.size_bytes
-            )));
-        }
-        if record.id.0 >= self.superblock.next_volume_id.0 {
-            return Err(Error::corrupt(format!(
-                "volume {:?} has id {} beyond the next id",
-                record.name, record.id.0
-            )));
-        }
-        if record.parent != VolumeId::NONE
-            && !self.volumes.contains_key(&record.parent)
-            && !self.removed.contains_key(&record.parent)
-        {
-            return Err(Error::corrupt(format!(
-                "volume {:?} names parent #{}, which does not exist",
-                record.name, record.parent.0
             )));
         }
         Ok(())

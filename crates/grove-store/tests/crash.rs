@@ -9,9 +9,12 @@
 //! - every sector of every volume holds a value it legitimately had: its
 //!   value at the last durable point, or one written after it.
 //!
-//! GROVE_CRASH_WORKLOADS sets how many workloads run (default 10, about
-//! 24,000 crash states); raise it for a soak run. GROVE_CRASH_SEED picks the
-//! first workload's seed, to replay a failure.
+//! GROVE_CRASH_WORKLOADS sets how many workloads run (default 24, at least
+//! CRASH_STATES_MIN crash states, which the test asserts); raise it for a
+//! soak run. GROVE_CRASH_SEED picks the first workload's seed, to replay a
+//! failure.
+
+mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -27,7 +30,19 @@ const JOURNAL_BYTES: u64 = 64 * 1024;
 const OPS_PER_WORKLOAD: usize = 36;
 /// Crash images built per crash point, besides "all lost" and "all landed".
 const RANDOM_IMAGES_PER_POINT: usize = 2;
-const WORKLOADS_DEFAULT: u64 = 10;
+const WORKLOADS_DEFAULT: u64 = 24;
+/// Crash states the default run must check: the README promises it, and
+/// the test fails rather than let the promise go quietly untrue.
+const CRASH_STATES_MIN: usize = 20_000;
+/// Sector masks of the images that tear every volatile write: even
+/// sectors land and odd ones are lost, then the other way round.
+const TORN_EVERY_WRITE_MASKS: [u64; 2] = [0x5555_5555_5555_5555, 0xaaaa_aaaa_aaaa_aaaa];
+/// Bytes of the ballast some workloads write and give back before they
+/// start: it moves next-fit past the blocks whose states the first sector
+/// of group 0's map holds (896 of them at 1 KiB blocks), so that later map
+/// changes span both sectors of the map block and a torn map write is a
+/// damaged map.
+const BALLAST_BYTES: u64 = 1000 * 1024;
 /// Volume sizes: multi-level trees at 1 KiB blocks (128 entries per node)
 /// while the model stays small.
 const VOLUME_SIZES: [u64; 3] = [64 * 1024, 200 * 1024, 1024 * 1024];
@@ -85,7 +100,7 @@ fn random_range(rng: &mut Rng, size: u64) -> (u64, usize) {
     (offset, len as usize)
 }
 
-fn run_workload(seed: u64) -> usize {
+fn run_workload(seed: u64) -> Checked {
     let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     let device = Arc::new(CrashDevice::new());
     let options = PoolOptions {
@@ -94,10 +109,21 @@ fn run_workload(seed: u64) -> usize {
         journal_bytes: Some(JOURNAL_BYTES),
     };
     let dir = Path::new("crash-sim");
-    let pool = Pool::format(device.clone(), &options, dir, None).unwrap();
+    let mut pool = Pool::format(device.clone(), &options, dir, None).unwrap();
+    if !seed.is_multiple_of(3) {
+        pool.create_volume("ballast", BALLAST_BYTES).unwrap();
+        pool.volume("ballast")
+            .unwrap()
+            .write_at(&pattern(seed, BALLAST_BYTES as usize), 0)
+            .unwrap();
+        pool.remove_volume("ballast").unwrap();
+        pool.reclaim_all(|_| {}).unwrap();
+        pool.flush().unwrap();
+    }
     // Every other workload runs with the smallest metadata cache, so that
     // nodes are evicted and read back between commits.
-    if seed.is_multiple_of(2) {
+    let small_cache = seed.is_multiple_of(2);
+    if small_cache {
         pool.set_cache_size(grove_store::CACHE_NODES_MIN as u64 * u64::from(BLOCK_SIZE_BYTES));
     }
     let mut model = Model::new();
@@ -257,6 +283,18 @@ fn run_workload(seed: u64) -> usize {
                     }
                 }
             }
+            98 => {
+                // Close (a checkpoint: maps and count blocks are rewritten
+                // in place, so a power cut can tear them) and open again.
+                pool.close().unwrap();
+                pool = Pool::open_device(device.clone(), dir, None).unwrap();
+                if small_cache {
+                    pool.set_cache_size(
+                        grove_store::CACHE_NODES_MIN as u64 * u64::from(BLOCK_SIZE_BYTES),
+                    );
+                }
+                durable = true;
+            }
             _ => {
                 pool.flush().unwrap();
                 durable = true;
@@ -300,16 +338,35 @@ fn run_workload(seed: u64) -> usize {
 /// that reads zeros where the model has data.
 static PUNCHES_LOGGED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
+/// What the crash images of a log exercised.
+#[derive(Default)]
+struct Checked {
+    states: usize,
+    /// Images whose open rebuilt a torn allocation map.
+    maps_rebuilt: usize,
+    /// Images whose open rebuilt the share counts (a torn count block, or
+    /// a torn map, which held the bits saying which count blocks exist).
+    counts_rebuilt: usize,
+}
+
+impl std::ops::AddAssign for Checked {
+    fn add_assign(&mut self, other: Checked) {
+        self.states += other.states;
+        self.maps_rebuilt += other.maps_rebuilt;
+        self.counts_rebuilt += other.counts_rebuilt;
+    }
+}
+
 fn check_crash_points(
     seed: u64,
     ops: Vec<grove_store::testing::DeviceOp>,
     states: &[ModelState],
-) -> usize {
+) -> Checked {
     let mut rng = Rng(seed ^ 0x5151_5151);
     let first = states[0].log_position;
     let last = states.last().unwrap().log_position;
     let mut images = CrashImages::new(ops);
-    let mut checked = 0;
+    let mut checked = Checked::default();
     for position in first..=last {
         // The last durable state at or before the cut, and every state the
         // operation in progress could have reached.
@@ -332,6 +389,13 @@ fn check_crash_points(
             Box::new(|_| WriteFate::Lost),
             Box::new(|_| WriteFate::Landed),
         ];
+        // Every write torn, one half of its sectors landed and the other
+        // half lost, both ways round: a block rewritten in place whose
+        // changes span sectors (a map or share-count block at checkpoint)
+        // is then surely torn whenever it is among the volatile writes.
+        for mask in TORN_EVERY_WRITE_MASKS {
+            fates.push(Box::new(move |_| WriteFate::Torn(mask)));
+        }
         for _ in 0..RANDOM_IMAGES_PER_POINT {
             let mut fate_rng = Rng(rng.next() | 1);
             fates.push(Box::new(move |_| match fate_rng.below(4) {
@@ -347,8 +411,20 @@ fn check_crash_points(
             let image = images.image(position, fate);
             let context =
                 format!("seed {seed}, crash after op {position} of the log, variant {variant}");
-            check_image(image, &candidates, &context);
-            checked += 1;
+            let warnings = check_image(image, &candidates, &context);
+            checked.states += 1;
+            if warnings
+                .iter()
+                .any(|w| w.contains("allocation maps of groups"))
+            {
+                checked.maps_rebuilt += 1;
+            }
+            if warnings
+                .iter()
+                .any(|w| w.contains("share counts were rebuilt"))
+            {
+                checked.counts_rebuilt += 1;
+            }
         }
     }
     checked
@@ -357,7 +433,9 @@ fn check_crash_points(
 /// Crash images whose check is repeated in windows of 1,000 blocks.
 const WINDOWED_CHECK_EVERY: u64 = 50;
 
-fn check_image(image: Vec<u8>, candidates: &[&Model], context: &str) {
+/// Checks one crash image; returns the warnings of its first check (what
+/// opening it had to rebuild).
+fn check_image(image: Vec<u8>, candidates: &[&Model], context: &str) -> Vec<String> {
     let pool = Pool::open_device(
         Arc::new(MemDevice::from_bytes(image)),
         Path::new("crash-sim"),
@@ -372,6 +450,7 @@ fn check_image(image: Vec<u8>, candidates: &[&Model], context: &str) {
         "{context}: check found errors: {:?}",
         report.errors
     );
+    let open_warnings = report.warnings.clone();
     // Now and then, the check in windows (as a pool too large for one pass
     // is checked) must find the same leftovers a crash leaves.
     static IMAGES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -453,6 +532,7 @@ fn check_image(image: Vec<u8>, candidates: &[&Model], context: &str) {
             }
         }
     }
+    open_warnings
 }
 
 /// Regression (found by seed 247 of an earlier workload generator): a
@@ -505,7 +585,7 @@ fn crash_during_shrink_and_grow_shows_old_or_new_volume() {
     }
     let ops = device.ops();
     drop(pool);
-    assert!(check_crash_points(247, ops, &states) > 20);
+    assert!(check_crash_points(247, ops, &states).states > 20);
 }
 
 /// A node's block that is freed and then reused for data, all inside one
@@ -582,27 +662,31 @@ fn freed_node_blocks_reused_for_data_survive_replay() {
         drop(pool);
         // Crash points from the flush after the filler on: the free, the
         // reuse and the flush that follows are what this test is about.
-        assert!(check_crash_points(discard_bytes as u64, ops, &states[2..]) > 20);
+        assert!(check_crash_points(discard_bytes as u64, ops, &states[2..]).states > 20);
     }
 }
 
 #[test]
 fn every_crash_state_keeps_the_consistency_contract() {
-    let workloads = std::env::var("GROVE_CRASH_WORKLOADS")
+    let workloads_asked: Option<u64> = std::env::var("GROVE_CRASH_WORKLOADS")
         .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(WORKLOADS_DEFAULT);
+        .and_then(|v| v.parse().ok());
+    let workloads = workloads_asked.unwrap_or(WORKLOADS_DEFAULT);
     let first_seed: u64 = std::env::var("GROVE_CRASH_SEED")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1);
     assert!(workloads > 0, "GROVE_CRASH_WORKLOADS=0 would check nothing");
-    let mut states = 0;
+    let mut checked = Checked::default();
     for seed in first_seed..first_seed + workloads {
-        states += run_workload(seed);
+        checked += run_workload(seed);
     }
+    let states = checked.states;
     let punches = PUNCHES_LOGGED.load(std::sync::atomic::Ordering::Relaxed);
-    println!("checked {states} crash states over {workloads} workloads ({punches} punches)");
+    println!(
+        "checked {states} crash states over {workloads} workloads ({punches} punches); {} rebuilt a torn allocation map, {} the share counts",
+        checked.maps_rebuilt, checked.counts_rebuilt
+    );
     assert!(
         punches > 0,
         "no workload freed a block: punches went untested"
@@ -610,5 +694,127 @@ fn every_crash_state_keeps_the_consistency_contract() {
     assert!(
         states >= 1000 * workloads as usize / 2,
         "too few crash states: {states}"
+    );
+    if workloads_asked.is_none() {
+        assert!(
+            states >= CRASH_STATES_MIN,
+            "the default run checked {states} crash states, fewer than the {CRASH_STATES_MIN} promised"
+        );
+        // Torn maps and count blocks must stay among the states checked:
+        // a change in the workloads could make every map change fit one
+        // sector again, and the rebuild would go untested.
+        assert!(
+            checked.maps_rebuilt > 0 && checked.counts_rebuilt > 0,
+            "no crash state tore a map ({}) or a count block ({})",
+            checked.maps_rebuilt,
+            checked.counts_rebuilt
+        );
+    }
+}
+
+/// A power cut while a checkpoint rewrites an allocation map in place tears
+/// the map block (some sectors new, some old). The trees say what the map
+/// must hold: the pool opens with a warning naming the rebuilt map, `check`
+/// is clean, nothing is leaked, every acknowledged write reads back, and
+/// the next checkpoint writes a good map again.
+#[test]
+fn a_map_block_torn_during_a_checkpoint_is_rebuilt_from_the_trees() {
+    let device = Arc::new(CrashDevice::new());
+    let options = PoolOptions {
+        block_size_bytes: BLOCK_SIZE_BYTES,
+        capacity_bytes: None,
+        // Large enough that no checkpoint comes before the close: the map
+        // it writes then differs from format's in both of its sectors.
+        journal_bytes: Some(1024 * 1024),
+    };
+    let dir = Path::new("crash-sim");
+    let pool = Pool::format(device.clone(), &options, dir, None).unwrap();
+    // The ballast fills the blocks the map's first sector describes, so
+    // that v's blocks are described by the second sector.
+    pool.create_volume("ballast", BALLAST_BYTES).unwrap();
+    pool.volume("ballast")
+        .unwrap()
+        .write_at(&pattern(1, BALLAST_BYTES as usize), 0)
+        .unwrap();
+    pool.create_volume("v", 200 * 1024).unwrap();
+    let mut expected = vec![0u8; 200 * 1024];
+    expected[..150 * 1024].copy_from_slice(&pattern(2, 150 * 1024));
+    pool.volume("v")
+        .unwrap()
+        .write_at(&expected[..150 * 1024], 0)
+        .unwrap();
+    pool.snapshot("v", "snap").unwrap();
+    let snap = expected.clone();
+    // Some of the ballast given back: the first sector changes as well.
+    pool.volume("ballast")
+        .unwrap()
+        .discard(0, 300 * 1024)
+        .unwrap();
+    let overwrite = pattern(3, 20 * 1024);
+    pool.volume("v")
+        .unwrap()
+        .write_at(&overwrite, 10 * 1024)
+        .unwrap();
+    expected[10 * 1024..30 * 1024].copy_from_slice(&overwrite);
+    let mut ballast = pattern(1, BALLAST_BYTES as usize);
+    ballast[..300 * 1024].fill(0);
+    pool.close().unwrap();
+
+    let ops = device.ops();
+    let superblock =
+        grove_store::format::superblock::Superblock::decode(&device.to_bytes()[..512]).unwrap();
+    let map_offset = superblock.data_start.0 * u64::from(BLOCK_SIZE_BYTES);
+    let map_write = ops
+        .iter()
+        .rposition(|op| {
+            matches!(op, grove_store::testing::DeviceOp::Write { offset, .. } if *offset == map_offset)
+        })
+        .expect("the close's checkpoint writes group 0's map");
+    let mut images = CrashImages::new(ops);
+    let mut torn = 0;
+    for mask in TORN_EVERY_WRITE_MASKS {
+        // The cut falls after the map write, before the flush that follows.
+        let image = images.image(map_write + 1, |_| WriteFate::Torn(mask));
+        let map = &image[map_offset as usize..map_offset as usize + BLOCK_SIZE_BYTES as usize];
+        if grove_store::format::group::decode(0, map).is_ok() {
+            continue;
+        }
+        torn += 1;
+        let device = Arc::new(MemDevice::from_bytes(image));
+        let pool = Pool::open_device(device.clone(), dir, None)
+            .unwrap_or_else(|e| panic!("mask {mask:#x}: the pool does not open: {e}"));
+        let report = pool.check(false).unwrap();
+        assert!(report.is_clean(), "mask {mask:#x}: {:?}", report.errors);
+        assert!(
+            report
+                .warnings
+                .iter()
+                .any(|w| w.contains("allocation maps of groups 0 were unusable")),
+            "mask {mask:#x}: no warning names the rebuilt map: {:?}",
+            report.warnings
+        );
+        assert!(
+            !report.warnings.iter().any(|w| w.contains("leaked")
+                || w.contains("more references")
+                || w.contains("wrong kind")),
+            "mask {mask:#x}: the rebuilt map disagrees with the trees: {:?}",
+            report.warnings
+        );
+        let contents = common::contents(&pool);
+        assert!(contents["v"] == expected, "mask {mask:#x}: v lost a write");
+        assert!(contents["snap"] == snap, "mask {mask:#x}: snap changed");
+        assert!(contents["ballast"] == ballast, "mask {mask:#x}: ballast");
+        // Opening wrote the rebuilt map: the next open has nothing to say.
+        pool.close().unwrap();
+        let pool = Pool::open_device(device, dir, None).unwrap();
+        let report = pool.check(false).unwrap();
+        assert!(
+            report.is_clean() && report.warnings.is_empty(),
+            "mask {mask:#x}: after reopening: {report:?}"
+        );
+    }
+    assert!(
+        torn > 0,
+        "neither mask tore the map: the test proves nothing"
     );
 }

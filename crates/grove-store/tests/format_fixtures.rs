@@ -38,7 +38,8 @@ use grove_store::format::node::{
 use grove_store::format::record::{VolumeKind, VolumeRecord, RECORD_BYTES};
 use grove_store::format::shares::{self, SHARE_BLOCKS_PER_GROUP};
 use grove_store::format::superblock::{
-    choose_slot, SlotProblem, Superblock, JOURNAL_BLOCKS_MAX, SUPERBLOCK_LEN, SUPERBLOCK_MAGIC,
+    choose_slot, SlotProblem, Superblock, JOURNAL_BLOCKS_MAX, JOURNAL_SEQUENCE_MAX,
+    NEXT_VOLUME_ID_MAX, SUPERBLOCK_LEN, SUPERBLOCK_MAGIC,
 };
 use grove_store::format::FORMAT_VERSION;
 use grove_store::pool::JOURNAL_REGION_BLOCKS_MIN;
@@ -414,7 +415,7 @@ fn a_superblock_without_magic_is_not_a_store() {
 }
 
 #[test]
-fn a_well_checksummed_superblock_with_an_impossible_field_is_damaged() {
+fn a_well_checksummed_superblock_with_an_impossible_field_is_refused() {
     let fixture = superblock_fixture();
     let s = sample_superblock();
     let decode =
@@ -437,7 +438,31 @@ fn a_well_checksummed_superblock_with_an_impossible_field_is_damaged() {
         ),
         (
             "largest journal",
-            vec![p(sb::JOURNAL_BLOCKS, &j_max), p(sb::DATA_START, &d_max)],
+            vec![
+                p(sb::JOURNAL_BLOCKS, &j_max),
+                p(sb::DATA_START, &d_max),
+                // The volume table's root moves with the data area.
+                p(sb::VT_ROOT, &u64le(2 + JOURNAL_BLOCKS_MAX + 100)),
+            ],
+        ),
+        (
+            "largest next volume id",
+            vec![p(sb::NEXT_VOLUME_ID, &u64le(NEXT_VOLUME_ID_MAX))],
+        ),
+        (
+            "last journal sequence with headroom",
+            vec![p(sb::JOURNAL_SEQUENCE, &u64le(JOURNAL_SEQUENCE_MAX))],
+        ),
+        (
+            "smallest capacity for its groups",
+            vec![p(
+                sb::CAPACITY,
+                &u64le((s.group_count - 1) * s.group_blocks + GROUP_HEADER_BLOCKS + 1),
+            )],
+        ),
+        (
+            "volume table root at the last block",
+            vec![p(sb::VT_ROOT, &u64le(s.store_blocks() - 1))],
         ),
         (
             "journal head at the last block",
@@ -575,15 +600,53 @@ fn a_well_checksummed_superblock_with_an_impossible_field_is_damaged() {
             "birth generation 2^64-1",
             vec![p(sb::BIRTH_GENERATION, &u64le(u64::MAX))],
         ),
+        (
+            "journal sequence within the headroom of 2^64",
+            vec![p(sb::JOURNAL_SEQUENCE, &u64le(JOURNAL_SEQUENCE_MAX + 1))],
+        ),
+        (
+            "journal sequence 2^64-1",
+            vec![p(sb::JOURNAL_SEQUENCE, &u64le(u64::MAX))],
+        ),
+        ("capacity of 1 block", vec![p(sb::CAPACITY, &u64le(1))]),
+        (
+            "next volume id past the most the table holds",
+            vec![p(sb::NEXT_VOLUME_ID, &u64le(NEXT_VOLUME_ID_MAX + 1))],
+        ),
+        (
+            "capacity that leaves the last group only its own blocks",
+            vec![p(
+                sb::CAPACITY,
+                &u64le((s.group_count - 1) * s.group_blocks + GROUP_HEADER_BLOCKS),
+            )],
+        ),
+        ("no groups", vec![p(sb::GROUP_COUNT, &u64le(0))]),
+        (
+            "volume table root in the journal",
+            vec![p(sb::VT_ROOT, &u64le(s.data_start.0 - 1))],
+        ),
+        (
+            "volume table root past the store",
+            vec![p(sb::VT_ROOT, &u64le(s.store_blocks()))],
+        ),
         ("version 0", vec![p(sb::VERSION, &u32le(0))]),
         ("first reserved byte", vec![p(sb::RESERVED, &[1])]),
         ("last reserved byte", vec![p(SUPERBLOCK_LEN - 1, &[0x80])]),
     ];
     for (what, patches) in damaged {
         let result = decode(&patches);
+        // It passes its checksum: not a torn write, so open refuses the
+        // store rather than fall back to the other slot.
         assert!(
-            matches!(result, Err(SlotProblem::Damaged(_))),
+            matches!(result, Err(SlotProblem::Invalid(_))),
             "{what}: {result:?}"
+        );
+        let error = choose_slot([result, Ok(s.clone())], "store").unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Corrupt, "{what}: {error}");
+        let message = error.to_string();
+        assert!(
+            !message.contains('\n') && message.contains("superblock slot 0 passes its checksum"),
+            "{what}: {message}"
         );
     }
 }
@@ -1544,8 +1607,11 @@ fn every_bit_flip_of_a_journal_descriptor_ends_replay() {
     });
 }
 
+/// A descriptor whose checksum matches but whose fields are impossible was
+/// written that way (no torn write makes one): replay must refuse it, not
+/// take it for the end of the journal and drop it with what follows.
 #[test]
-fn a_well_checksummed_journal_descriptor_with_an_impossible_field_ends_replay() {
+fn a_well_checksummed_journal_descriptor_with_an_impossible_field_is_refused() {
     let fixture = journal_fixture();
     let decode = |patches: &[(usize, Vec<u8>)]| {
         decode_journal(&patched(&fixture, JOURNAL_CRC_OFFSET, patches))
@@ -1558,10 +1624,28 @@ fn a_well_checksummed_journal_descriptor_with_an_impossible_field_ends_replay() 
     let decoded = decode(&[p(runs + 12, &u32le(7))]).expect("a valid descriptor");
     assert_eq!(decoded.share_runs[0].extra, 7);
 
-    let cases: Patches = vec![
+    let checked = |patches: &[(usize, Vec<u8>)]| {
+        let uuid = sample_descriptor().pool_uuid;
+        Descriptor::decode_checked(
+            &patched(&fixture, JOURNAL_CRC_OFFSET, patches),
+            JOURNAL_SEQUENCE,
+            &uuid,
+            SMALL_BLOCK_BYTES,
+        )
+    };
+    // A length that disagrees with the blocks read is what the journal sees
+    // of a descriptor whose length field was torn: the checksum, taken over
+    // the blocks the field names, cannot match there. The end, not damage.
+    let not_here: Patches = vec![
         ("descriptor blocks 0", vec![p(32, &u32le(0))]),
         ("descriptor blocks 1", vec![p(32, &u32le(1))]),
         ("descriptor blocks 3", vec![p(32, &u32le(3))]),
+    ];
+    for (what, patches) in not_here {
+        assert_eq!(checked(&patches), Ok(None), "{what}");
+    }
+
+    let cases: Patches = vec![
         ("image count too large", vec![p(36, &u32le(300))]),
         ("image count 2^32-1", vec![p(36, &u32le(u32::MAX))]),
         ("image count too small", vec![p(36, &u32le(0))]),
@@ -1588,5 +1672,7 @@ fn a_well_checksummed_journal_descriptor_with_an_impossible_field_ends_replay() 
     ];
     for (what, patches) in cases {
         assert_eq!(decode(&patches), None, "{what}");
+        let why = checked(&patches).expect_err(what);
+        assert!(!why.is_empty() && !why.contains('\n'), "{what}: {why}");
     }
 }

@@ -1211,6 +1211,63 @@ fn unknown_config_keys_are_refused() {
     assert_eq!(pool.list().len(), 1);
 }
 
+/// A superblock that passes its checksum but holds an impossible field
+/// (issue 23: a journal sequence near 2^64 was accepted and writes were
+/// lost; a capacity of one block passed `check`) is refused by every
+/// command with one line naming the field and its value, and nothing is
+/// written to the store.
+#[test]
+fn crafted_superblock_fields_are_refused() {
+    use grove_store::format::superblock::{Superblock, SUPERBLOCK_LEN};
+    const CRC_OFFSET: usize = 12;
+    const CAPACITY_OFFSET: usize = 72;
+    const JOURNAL_SEQUENCE_OFFSET: usize = 104;
+    let pool = Pool::new(&[]);
+    pool.ok(&["create", "v", "--size", "1M"]);
+    let pristine = fs::read(pool.store_path()).unwrap();
+    let slot0 = Superblock::decode(&pristine[..SUPERBLOCK_LEN]).unwrap();
+    let block = slot0.block_size_bytes as usize;
+    let slot1 = Superblock::decode(&pristine[block..block + SUPERBLOCK_LEN]).unwrap();
+    let current = if slot0.generation > slot1.generation {
+        0
+    } else {
+        block
+    };
+    let crafted = |offset: usize, value: u64| {
+        let mut image = pristine.clone();
+        let superblock = &mut image[current..current + SUPERBLOCK_LEN];
+        superblock[offset..offset + 8].copy_from_slice(&value.to_le_bytes());
+        superblock[CRC_OFFSET..CRC_OFFSET + 4].fill(0);
+        let crc = crc32c::crc32c(superblock);
+        superblock[CRC_OFFSET..CRC_OFFSET + 4].copy_from_slice(&crc.to_le_bytes());
+        image
+    };
+    let cases = [
+        (JOURNAL_SEQUENCE_OFFSET, u64::MAX - 3, "journal_sequence"),
+        (CAPACITY_OFFSET, 1, "capacity_blocks"),
+    ];
+    for (offset, value, field) in cases {
+        let image = crafted(offset, value);
+        fs::write(pool.store_path(), &image).unwrap();
+        for args in [
+            &["info"][..],
+            &["check"],
+            &["list"],
+            &["create", "w", "--size", "1M"],
+        ] {
+            let line = expect_error_line(args, &pool.run(args));
+            assert!(
+                line.contains(&format!("{field} {value}")),
+                "{args:?}: {line}"
+            );
+        }
+        assert!(
+            fs::read(pool.store_path()).unwrap() == image,
+            "{field}: the store was written"
+        );
+    }
+}
+
 #[test]
 fn truncated_store_is_refused() {
     let pool = Pool::new(&[]);

@@ -83,6 +83,20 @@ pub struct DecodedMap {
     pub shares_present: u8,
 }
 
+impl DecodedMap {
+    /// The map a group is given while its own map block is unusable: only
+    /// the group's own blocks in use, no share-count block present. It is
+    /// replaced by the map rebuilt from the trees before the pool is used.
+    pub fn placeholder(group_blocks: u64) -> DecodedMap {
+        let mut nibbles = vec![0u8; group_blocks as usize];
+        nibbles[..GROUP_HEADER_BLOCKS as usize].fill(NIBBLE_META_ON_DISK);
+        DecodedMap {
+            nibbles,
+            shares_present: 0,
+        }
+    }
+}
+
 /// Decodes and verifies group `group_index`'s map block.
 pub fn decode(group_index: u64, block: &[u8]) -> Result<DecodedMap> {
     let damaged = |why: String| {

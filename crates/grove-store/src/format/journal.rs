@@ -192,60 +192,90 @@ impl Descriptor {
     }
 
     /// Decodes and verifies a whole descriptor. None means "not a valid
-    /// transaction here": replay stops at it.
+    /// transaction here": replay stops at it. (`decode_checked` tells a
+    /// torn descriptor from a well-checksummed impossible one.)
     pub fn decode(
         bytes: &[u8],
         sequence: u64,
         pool_uuid: &[u8; 16],
         block_size_bytes: usize,
     ) -> Option<Descriptor> {
-        let blocks = Self::peek_blocks(bytes, sequence, pool_uuid)? as usize;
+        Self::decode_checked(bytes, sequence, pool_uuid, block_size_bytes)
+            .ok()
+            .flatten()
+    }
+
+    /// Decodes and verifies a whole descriptor. Ok(None) means "not a
+    /// transaction of `sequence` here": another magic, sequence or pool, or
+    /// a checksum that does not match, which is what a torn write leaves
+    /// (the normal end of the journal after a crash). Err says why a
+    /// descriptor that passes its checksum is impossible: no crash makes
+    /// one, and replay refuses it rather than drop it and what follows.
+    pub fn decode_checked(
+        bytes: &[u8],
+        sequence: u64,
+        pool_uuid: &[u8; 16],
+        block_size_bytes: usize,
+    ) -> Result<Option<Descriptor>, String> {
+        let Some(blocks) = Self::peek_blocks(bytes, sequence, pool_uuid) else {
+            return Ok(None);
+        };
+        let blocks = blocks as usize;
         if bytes.len() != blocks * block_size_bytes {
-            return None;
+            return Ok(None);
         }
         if get_u32(bytes, CRC_OFFSET) != super::crc_with_hole(bytes, CRC_OFFSET) {
-            return None;
+            return Ok(None);
         }
         let image_count = get_u32(bytes, IMAGE_COUNT_OFFSET) as usize;
         let extent_count = get_u32(bytes, EXTENT_COUNT_OFFSET) as usize;
         let share_run_count = get_u32(bytes, SHARE_RUN_COUNT_OFFSET) as usize;
-        if Self::encoded_len(image_count, extent_count, share_run_count).div_ceil(block_size_bytes)
-            != blocks
-            || get_u32(bytes, SHARE_RUN_COUNT_OFFSET + 4) != 0
+        let needed_blocks = Self::encoded_len(image_count, extent_count, share_run_count)
+            .div_ceil(block_size_bytes);
+        if needed_blocks != blocks {
+            return Err(format!(
+                "image_count {image_count}, extent_count {extent_count} and share_run_count {share_run_count} need {needed_blocks} descriptor blocks, not descriptor_blocks {blocks}"
+            ));
+        }
+        if get_u32(bytes, SHARE_RUN_COUNT_OFFSET + 4) != 0
             || bytes[VT_HEIGHT_OFFSET + 1..NEXT_VOLUME_ID_OFFSET]
                 .iter()
                 .any(|&b| b != 0)
         {
-            return None;
+            return Err("its reserved bytes are not zero".into());
         }
         let mut pool = [0u8; 16];
         pool.copy_from_slice(&bytes[UUID_OFFSET..UUID_OFFSET + 16]);
         let mut offset = HOMES_OFFSET;
         let mut homes = Vec::with_capacity(image_count);
-        for _ in 0..image_count {
+        for index in 0..image_count {
             let home = BlockAddr(get_u64(bytes, offset));
             if home.is_none() {
-                return None;
+                return Err(format!("home {index} is block 0"));
             }
             homes.push(home);
             offset += HOME_BYTES;
         }
         let mut extents = Vec::with_capacity(extent_count);
-        for _ in 0..extent_count {
-            extents.push(decode_extent(&bytes[offset..offset + EXTENT_BYTES])?);
+        for index in 0..extent_count {
+            let extent = decode_extent(&bytes[offset..offset + EXTENT_BYTES])
+                .map_err(|why| format!("extent {index}: {why}"))?;
+            extents.push(extent);
             offset += EXTENT_BYTES;
         }
         let mut share_runs = Vec::with_capacity(share_run_count);
-        for _ in 0..share_run_count {
-            share_runs.push(decode_share_run(&bytes[offset..offset + SHARE_RUN_BYTES])?);
+        for index in 0..share_run_count {
+            let run = decode_share_run(&bytes[offset..offset + SHARE_RUN_BYTES])
+                .map_err(|why| format!("share run {index}: {why}"))?;
+            share_runs.push(run);
             offset += SHARE_RUN_BYTES;
         }
         // The layout says the rest is zero: anything else is damage.
         if bytes[offset..].iter().any(|&b| b != 0) {
-            return None;
+            return Err("bytes after its last share run are not zero".into());
         }
         let roots = decode_roots(bytes)?;
-        Some(Descriptor {
+        Ok(Some(Descriptor {
             sequence,
             pool_uuid: pool,
             descriptor_blocks: blocks as u32,
@@ -254,36 +284,39 @@ impl Descriptor {
             homes,
             extents,
             share_runs,
-        })
+        }))
     }
 }
 
-/// One allocation extent of a descriptor; None if damaged.
-fn decode_extent(bytes: &[u8]) -> Option<AllocExtent> {
+/// One allocation extent of a descriptor, or why it is impossible.
+fn decode_extent(bytes: &[u8]) -> Result<AllocExtent, String> {
     let change = match bytes[12] {
         1 => AllocChange::AllocatedData,
         2 => AllocChange::AllocatedMeta,
         3 => AllocChange::Freed,
-        _ => return None,
+        other => return Err(format!("change {other} is none of 1, 2 and 3")),
     };
     let count = get_u32(bytes, 8);
-    if count == 0 || bytes[13..16].iter().any(|&b| b != 0) {
-        return None;
+    if count == 0 {
+        return Err("count 0".into());
     }
-    Some(AllocExtent {
+    if bytes[13..16].iter().any(|&b| b != 0) {
+        return Err("reserved bytes are not zero".into());
+    }
+    Ok(AllocExtent {
         first: BlockAddr(get_u64(bytes, 0)),
         count,
         change,
     })
 }
 
-/// One share-count run of a descriptor; None if damaged.
-fn decode_share_run(bytes: &[u8]) -> Option<ShareRun> {
+/// One share-count run of a descriptor, or why it is impossible.
+fn decode_share_run(bytes: &[u8]) -> Result<ShareRun, String> {
     let count = get_u32(bytes, 8);
     if count == 0 {
-        return None;
+        return Err("count 0".into());
     }
-    Some(ShareRun {
+    Ok(ShareRun {
         first: BlockAddr(get_u64(bytes, 0)),
         count,
         extra: get_u32(bytes, 12),
@@ -292,7 +325,7 @@ fn decode_share_run(bytes: &[u8]) -> Option<ShareRun> {
 
 /// The roots a descriptor carries. Roots a superblock could not hold would
 /// fail at the next checkpoint: they are refused here, where they are read.
-fn decode_roots(bytes: &[u8]) -> Option<Roots> {
+fn decode_roots(bytes: &[u8]) -> Result<Roots, String> {
     let roots = Roots {
         volume_table_root: BlockAddr(get_u64(bytes, VT_ROOT_OFFSET)),
         volume_table_height: bytes[VT_HEIGHT_OFFSET],
@@ -300,9 +333,28 @@ fn decode_roots(bytes: &[u8]) -> Option<Roots> {
         group_count: get_u64(bytes, GROUP_COUNT_OFFSET),
         birth_generation: get_u64(bytes, BIRTH_GENERATION_OFFSET),
     };
-    let valid = roots.next_volume_id.0 != 0
-        && roots.volume_table_height < super::node::NODE_LEVELS_MAX
-        && roots.volume_table_root.is_none() == (roots.volume_table_height == 0)
-        && roots.birth_generation <= super::node::BIRTH_GENERATION_MAX;
-    valid.then_some(roots)
+    if roots.next_volume_id.0 == 0 {
+        return Err("next_volume_id is 0".into());
+    }
+    if roots.volume_table_height >= super::node::NODE_LEVELS_MAX {
+        return Err(format!(
+            "volume_table_height {} is not below {}",
+            roots.volume_table_height,
+            super::node::NODE_LEVELS_MAX
+        ));
+    }
+    if roots.volume_table_root.is_none() != (roots.volume_table_height == 0) {
+        return Err(format!(
+            "volume_table_root {} and volume_table_height {} disagree",
+            roots.volume_table_root, roots.volume_table_height
+        ));
+    }
+    if roots.birth_generation > super::node::BIRTH_GENERATION_MAX {
+        return Err(format!(
+            "birth_generation {} is past {}",
+            roots.birth_generation,
+            super::node::BIRTH_GENERATION_MAX
+        ));
+    }
+    Ok(roots)
 }

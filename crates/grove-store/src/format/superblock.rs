@@ -65,6 +65,20 @@ pub const JOURNAL_BLOCKS_MAX: u64 = 1 << 18;
 /// Bytes of a superblock slot that carry data; the smallest block size (1 KiB)
 /// holds it with room to spare.
 pub const SUPERBLOCK_LEN: usize = 512;
+/// Sequence numbers a superblock's journal_sequence must leave before u64
+/// wraps. Going from 0 to the bound at a million commits a second takes
+/// over 500,000 years, so a sequence that leaves less is damage or a
+/// crafted store; and after one that leaves more, `sequence + 1` cannot
+/// wrap within 2,000 years of commits at that rate, in one run.
+pub const JOURNAL_SEQUENCE_HEADROOM: u64 = 1 << 56;
+/// Largest journal_sequence a superblock may carry when it is read.
+pub const JOURNAL_SEQUENCE_MAX: u64 = u64::MAX - JOURNAL_SEQUENCE_HEADROOM;
+/// Largest next_volume_id a superblock may carry when it is read. The
+/// volume table addresses 2^58 ids within its tallest allowed tree at the
+/// smallest block size (2^56 record blocks of 4 records), so ids below this
+/// never make it too tall; and no pool creates 2^48 volumes, so the next id
+/// cannot wrap either.
+pub const NEXT_VOLUME_ID_MAX: u64 = 1 << 48;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Superblock {
@@ -96,8 +110,12 @@ pub enum SlotProblem {
     NewerVersion(u32),
     /// Written by an older grove, in a format this one no longer reads.
     OlderVersion(u32),
-    /// Magic present but the checksum or a field is wrong.
+    /// Magic present but the checksum is wrong (a torn write, or damage).
     Damaged(String),
+    /// The checksum is right but a field is impossible for this store: no
+    /// torn write makes one, so open refuses the store instead of falling
+    /// back to the other slot. Says which field, its value and the bound.
+    Invalid(String),
 }
 
 impl Superblock {
@@ -159,7 +177,7 @@ impl Superblock {
             )));
         }
         if version == 0 {
-            return Err(SlotProblem::Damaged("format version 0".into()));
+            return Err(SlotProblem::Invalid("format_version is 0".into()));
         }
         let mut pool_uuid = [0u8; 16];
         pool_uuid.copy_from_slice(&bytes[UUID_OFFSET..UUID_OFFSET + 16]);
@@ -181,7 +199,21 @@ impl Superblock {
             pool_uuid,
             birth_generation: get_u64(bytes, BIRTH_GENERATION_OFFSET),
         };
-        superblock.check_fields().map_err(SlotProblem::Damaged)?;
+        superblock.check_fields().map_err(SlotProblem::Invalid)?;
+        // Checked when read, not when written: a pool that got here by
+        // committing would have run for half a million years.
+        if superblock.next_volume_id.0 > NEXT_VOLUME_ID_MAX {
+            return Err(SlotProblem::Invalid(format!(
+                "next_volume_id {} is past {NEXT_VOLUME_ID_MAX}, more ids than the volume table can hold",
+                superblock.next_volume_id.0
+            )));
+        }
+        if superblock.journal_sequence > JOURNAL_SEQUENCE_MAX {
+            return Err(SlotProblem::Invalid(format!(
+                "journal_sequence {} is past {JOURNAL_SEQUENCE_MAX}, too close to 2^64 for the journal to number its transactions",
+                superblock.journal_sequence
+            )));
+        }
         let reserved = [
             BLOCK_SIZE_OFFSET + 4..JOURNAL_START_OFFSET,
             VOLUME_TABLE_HEIGHT_OFFSET + 1..NEXT_VOLUME_ID_OFFSET,
@@ -191,7 +223,7 @@ impl Superblock {
             .iter()
             .any(|range| bytes[range.clone()].iter().any(|&b| b != 0))
         {
-            return Err(SlotProblem::Damaged("reserved bytes are not zero".into()));
+            return Err(SlotProblem::Invalid("reserved bytes are not zero".into()));
         }
         Ok(superblock)
     }
@@ -201,12 +233,19 @@ impl Superblock {
     /// a well-checksummed but impossible superblock.
     fn check_fields(&self) -> Result<(), String> {
         if !is_valid_block_size(self.block_size_bytes) {
-            return Err(format!("invalid block size {}", self.block_size_bytes));
+            return Err(format!(
+                "block_size_bytes {} is not a power of two from 1 KiB to 64 KiB",
+                self.block_size_bytes
+            ));
         }
         if !(crate::pool::JOURNAL_REGION_BLOCKS_MIN..=JOURNAL_BLOCKS_MAX)
             .contains(&self.journal_blocks)
         {
-            return Err(format!("a journal of {} blocks", self.journal_blocks));
+            return Err(format!(
+                "journal_blocks {} is outside {}..={JOURNAL_BLOCKS_MAX}",
+                self.journal_blocks,
+                crate::pool::JOURNAL_REGION_BLOCKS_MIN
+            ));
         }
         // Every block address must fit a radix-tree entry.
         let groups_max = (super::node::ENTRY_ADDR_MASK
@@ -214,50 +253,109 @@ impl Superblock {
             / self.group_blocks.max(1);
         if self.group_count > groups_max {
             return Err(format!(
-                "{} allocation groups; a store can have at most {groups_max}",
+                "group_count {} is past {groups_max}, the most whose blocks an address can name",
                 self.group_count
             ));
         }
+        if self.group_count == 0 {
+            return Err("group_count 0 is below 1: a store has at least one group".into());
+        }
         if self.capacity_blocks > super::node::ENTRY_ADDR_MASK {
-            return Err(format!("a capacity of {} blocks", self.capacity_blocks));
+            return Err(format!(
+                "capacity_blocks {} is past {}, the largest address",
+                self.capacity_blocks,
+                super::node::ENTRY_ADDR_MASK
+            ));
         }
         if self.volume_table_height >= super::node::NODE_LEVELS_MAX {
             return Err(format!(
-                "a volume table of {} levels",
-                self.volume_table_height
+                "volume_table_height {} is not below {}",
+                self.volume_table_height,
+                super::node::NODE_LEVELS_MAX
             ));
         }
         if self.birth_generation > super::node::BIRTH_GENERATION_MAX {
-            return Err(format!("birth generation {}", self.birth_generation));
+            return Err(format!(
+                "birth_generation {} is past {}",
+                self.birth_generation,
+                super::node::BIRTH_GENERATION_MAX
+            ));
         }
+        if self.journal_sequence == u64::MAX {
+            return Err(format!(
+                "journal_sequence {} leaves no sequence for the next transaction",
+                self.journal_sequence
+            ));
+        }
+        // (A head equal to journal_blocks is where a transaction that ends
+        // at the region's end leaves the write position.)
         if self.journal_head > self.journal_blocks {
             return Err(format!(
-                "journal head {} is past the journal",
-                self.journal_head
+                "journal_head {} is past the journal's {} blocks",
+                self.journal_head, self.journal_blocks
             ));
         }
         if self.journal_start.0 != SUPERBLOCK_SLOTS {
-            return Err(format!("journal starts at {}", self.journal_start));
-        }
-        if self.data_start.0 != self.journal_start.0 + self.journal_blocks {
-            return Err(format!("data area starts at {}", self.data_start));
-        }
-        if self.group_blocks != super::group::group_blocks(self.block_size_bytes) {
-            return Err(format!("group size {} blocks", self.group_blocks));
-        }
-        if self.capacity_blocks != 0
-            && self.group_count > self.capacity_blocks.div_ceil(self.group_blocks)
-        {
             return Err(format!(
-                "{} groups exceed the capacity of {} blocks",
-                self.group_count, self.capacity_blocks
+                "journal_start {} is not {SUPERBLOCK_SLOTS}, the block after the superblocks",
+                self.journal_start.0
             ));
         }
+        if self.data_start.0 != self.journal_start.0 + self.journal_blocks {
+            return Err(format!(
+                "data_start {} is not {}, the block after the journal",
+                self.data_start.0,
+                self.journal_start.0 + self.journal_blocks
+            ));
+        }
+        let group_blocks = super::group::group_blocks(self.block_size_bytes);
+        if self.group_blocks != group_blocks {
+            return Err(format!(
+                "group_blocks {} is not {group_blocks}, what {}-byte blocks give",
+                self.group_blocks, self.block_size_bytes
+            ));
+        }
+        if self.capacity_blocks != 0 {
+            if self.group_count > self.capacity_blocks.div_ceil(self.group_blocks) {
+                return Err(format!(
+                    "group_count {} is past {}, the groups capacity_blocks {} holds",
+                    self.group_count,
+                    self.capacity_blocks.div_ceil(self.group_blocks),
+                    self.capacity_blocks
+                ));
+            }
+            // The last group must hold its own blocks and one more:
+            // a group is only ever added with room for that.
+            let needed =
+                (self.group_count - 1) * self.group_blocks + super::group::GROUP_HEADER_BLOCKS + 1;
+            if self.capacity_blocks < needed {
+                return Err(format!(
+                    "capacity_blocks {} is below {needed}, what its {} groups occupy",
+                    self.capacity_blocks, self.group_count
+                ));
+            }
+        }
         if self.next_volume_id.0 == 0 {
-            return Err("next volume id is 0".into());
+            return Err("next_volume_id is 0".into());
         }
         if self.volume_table_root.is_none() != (self.volume_table_height == 0) {
-            return Err("volume table root and height disagree".into());
+            return Err(format!(
+                "volume_table_root {} and volume_table_height {} disagree",
+                self.volume_table_root.0, self.volume_table_height
+            ));
+        }
+        // (Whether it is one of a group's own blocks is checked at open,
+        // with the allocator: `check_root`.)
+        if !self.volume_table_root.is_none()
+            && (self.volume_table_root.0 < self.data_start.0
+                || self.volume_table_root.0 >= self.store_blocks())
+        {
+            return Err(format!(
+                "volume_table_root {} is outside the data area {}..{}",
+                self.volume_table_root.0,
+                self.data_start.0,
+                self.store_blocks()
+            ));
         }
         Ok(())
     }
@@ -287,6 +385,16 @@ impl Superblock {
 
 /// Picks the newest valid slot, or explains why neither is usable.
 pub fn choose_slot(slots: [Result<Superblock, SlotProblem>; 2], what: &str) -> Result<Superblock> {
+    // A slot that passes its checksum but not the field checks was written
+    // that way (a bug or a crafted store, not a torn write): falling back
+    // to the other slot would hide it and roll the pool back.
+    for (index, slot) in slots.iter().enumerate() {
+        if let Err(SlotProblem::Invalid(why)) = slot {
+            return Err(Error::corrupt(format!(
+                "{what}: superblock slot {index} passes its checksum but {why}; refusing to open it"
+            )));
+        }
+    }
     let mut best: Option<Superblock> = None;
     for superblock in slots.iter().flatten() {
         if best
@@ -339,7 +447,7 @@ fn describe(slot: &Result<Superblock, SlotProblem>) -> String {
         Err(SlotProblem::NewerVersion(v)) | Err(SlotProblem::OlderVersion(v)) => {
             format!("format version {v}")
         }
-        Err(SlotProblem::Damaged(why)) => why.clone(),
+        Err(SlotProblem::Damaged(why)) | Err(SlotProblem::Invalid(why)) => why.clone(),
     }
 }
 

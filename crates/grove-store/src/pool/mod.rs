@@ -451,6 +451,7 @@ impl Pool {
             )));
         }
         let mut group_maps = Vec::with_capacity(superblock.group_count as usize);
+        let mut maps_damaged = Vec::new();
         let mut block = vec![0u8; superblock.block_size_bytes as usize];
         for index in 0..superblock.group_count {
             let addr = superblock.data_start.0 + index * superblock.group_blocks;
@@ -462,7 +463,15 @@ impl Pool {
                         e,
                     )
                 })?;
-            group_maps.push(group::decode(index, &block)?);
+            match group::decode(index, &block) {
+                Ok(map) => group_maps.push(map),
+                // Maps are rewritten in place at checkpoint, so a crash can
+                // tear one: it is rebuilt from the trees once they are known.
+                Err(e) => {
+                    group_maps.push(group::DecodedMap::placeholder(superblock.group_blocks));
+                    maps_damaged.push((index, e.to_string()));
+                }
+            }
         }
         let alloc = Allocator::new(
             superblock.data_start,
@@ -470,13 +479,18 @@ impl Pool {
             superblock.capacity_blocks,
             group_maps,
         );
+        alloc
+            .check_capacity()
+            .map_err(|why| Error::corrupt(format!("{what}: {why}; refusing to open it")))?;
         let mut state = State::new(device, superblock, alloc);
         state.open_warnings = superblock_problems;
+        state.maps_damaged = maps_damaged;
         state.load_share_counts()?;
         let replayed = state.replay_journal()?;
         state.load_volume_table()?;
+        let maps_rebuilt = state.rebuild_maps_if_damaged()?;
         let rebuilt = state.rebuild_share_counts_if_damaged()?;
-        if replayed > 0 || rebuilt {
+        if replayed > 0 || rebuilt || maps_rebuilt {
             state.checkpoint()?;
         }
         Ok(Pool::from_state(state, dir, lock))
