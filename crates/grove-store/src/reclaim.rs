@@ -60,7 +60,12 @@ impl State {
     pub fn reclaim_batch(&mut self, budget_entries: usize) -> Result<ReclaimBatch> {
         let mut budget = budget_entries.max(1);
         let mut freed_blocks = 0;
-        while budget > 0 {
+        // Each removed record given back costs a unit of the budget too,
+        // and the batch ends once its changes near what one transaction
+        // holds: 100,000 removed snapshots whose roots are shared would
+        // otherwise all be given back (and their records rewritten) in
+        // one batch.
+        while budget > 0 && self.pending_commit_blocks() <= self.auto_commit_blocks() {
             let Some(id) = self.next_dying() else { break };
             let record = self.removed[&id].clone();
             let root = record.root;
@@ -79,6 +84,7 @@ impl State {
                 record.root = BlockAddr::NONE;
                 self.dirty_records.insert(id);
                 self.prune_removed(id);
+                budget = budget.saturating_sub(1);
             }
         }
         Ok(ReclaimBatch {

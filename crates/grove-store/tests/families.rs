@@ -290,6 +290,63 @@ fn removing_the_origin_of_forty_thousand_snapshots_fits_the_journal() {
     assert_clean(&pool, "after removing the origin");
 }
 
+/// Recursive removal of a family of 100,000 volumes (snapshots of
+/// snapshots, and clones with snapshots of their own), then reclaim: every
+/// part commits within one journal transaction, and afterwards the pool
+/// holds nothing but the volume outside the family.
+#[test]
+fn removing_a_family_of_a_hundred_thousand_volumes_commits_in_bounded_parts() {
+    const FAMILY: usize = 100_000;
+    let pool = memory_pool(1024 * 1024);
+    pool.create_volume("root", VOLUME_BYTES).unwrap();
+    pool.create_volume("bystander", VOLUME_BYTES).unwrap();
+    pool.volume("root")
+        .unwrap()
+        .write_at(&[3; 16 * 1024], 0)
+        .unwrap();
+    pool.volume("bystander")
+        .unwrap()
+        .write_at(&[4; 4 * 1024], 0)
+        .unwrap();
+    // Each new volume is taken from one of the last few, so the family is
+    // both wide and deep.
+    let mut names = vec!["root".to_string()];
+    let mut rng = Rng(0xfa111);
+    while names.len() < FAMILY {
+        let back = 1 + rng.below(names.len().min(8) as u64) as usize;
+        let source = names[names.len() - back].clone();
+        let name = format!("f{}", names.len());
+        if rng.below(4) == 0 {
+            pool.clone_volume(&source, &name).unwrap();
+            pool.volume(&name).unwrap().write_at(&[9; 1024], 0).unwrap();
+        } else {
+            pool.snapshot(&source, &name).unwrap();
+        }
+        names.push(name);
+    }
+    assert_eq!(pool.volume_names().len(), FAMILY + 1);
+    pool.remove(
+        "root",
+        RemoveOptions {
+            recursive: true,
+            force: false,
+        },
+    )
+    .unwrap();
+    assert_eq!(pool.volume_names(), vec!["bystander".to_string()]);
+    pool.reclaim_all(|_| {}).unwrap();
+    let info = pool.info().unwrap();
+    assert_eq!(info.pending_free_bytes, 0);
+    assert_eq!(info.referenced_bytes, 4 * 1024);
+    let mut buf = vec![0u8; 4 * 1024];
+    pool.volume("bystander")
+        .unwrap()
+        .read_at(&mut buf, 0)
+        .unwrap();
+    assert!(buf.iter().all(|&b| b == 4));
+    assert_clean(&pool, "after removing the family");
+}
+
 #[test]
 fn a_repair_larger_than_one_transaction_is_committed_in_parts() {
     // The smallest journal: a transaction holds 16 blocks, and 600 wrong

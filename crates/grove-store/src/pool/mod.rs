@@ -6,7 +6,8 @@ mod locking;
 mod volume;
 
 use locking::{
-    commit, commit_locked, lock_state, punch_freed, release_frees, settle_commit, write_gate,
+    commit, commit_if_large, commit_locked, lock_state, punch_freed, release_frees, settle_commit,
+    write_gate,
 };
 
 use std::collections::HashMap;
@@ -632,9 +633,13 @@ impl Pool {
             self.ensure_unclaimed(&state, &doomed, "remove it")?;
         }
         let before = state.pending_free_blocks(false)?;
-        // Deepest first, so each removal leaves a consistent family.
+        // Deepest first. Any volume may be removed alone, so every prefix
+        // of the removals is a consistent pool: a large family commits in
+        // parts, each within one journal transaction, and a crash between
+        // parts leaves the volumes not yet removed whole.
         for id in doomed.iter().rev() {
             state.remove_volume(*id);
+            commit_if_large(&self.inner, &mut state)?;
         }
         let after = state.pending_free_blocks(false)?;
         commit_locked(&self.inner, &mut state)?;
