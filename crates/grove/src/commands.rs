@@ -66,6 +66,14 @@ pub fn run(cli: Cli) -> Result<()> {
         ),
         command => match Pool::open(dir) {
             Ok(pool) => {
+                // `check` reports them in its own output (text and JSON);
+                // any other command must not let them pass unseen, since
+                // the open that found them also repaired them for good.
+                if !matches!(command, Command::Check { .. }) {
+                    for warning in pool.open_warnings() {
+                        eprintln!("grove: warning: {warning}");
+                    }
+                }
                 run_local(&pool, command)?;
                 pool.close()
                     .with_context(|| format!("cannot close pool {}", dir.display()))

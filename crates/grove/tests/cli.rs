@@ -1520,6 +1520,34 @@ fn check_json_carries_what_the_text_shows_and_harmless_warnings_exit_0() {
     assert!(!pool.ok_text(&["check"]).contains("warning"));
 }
 
+/// The open that finds a torn share-count block rebuilds it and writes it
+/// back, so the next `check` finds nothing: whatever command opened the
+/// pool must tell the user, on stderr, and still do its job.
+#[test]
+fn any_command_tells_what_its_open_rebuilt() {
+    let pool = pool_with_shares();
+    tear_share_count_block(&pool);
+    let output = pool.run(&["list", "--json"]);
+    assert!(output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let warnings: Vec<&str> = stderr.lines().collect();
+    assert_eq!(warnings.len(), 1, "{stderr}");
+    assert!(
+        warnings[0].starts_with("grove: warning: ")
+            && warnings[0].contains("rebuilt from the trees"),
+        "{stderr}"
+    );
+    // The listing on stdout is untouched by it.
+    serde_json::from_slice::<Value>(&output.stdout).unwrap();
+    // Written back: the next command opens a sound pool and says nothing.
+    let output = pool.run(&["list"]);
+    assert!(
+        output.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
 #[test]
 fn check_fails_on_a_block_in_use_marked_free_and_repair_fixes_it() {
     let pool = Pool::new(&[]);

@@ -728,6 +728,14 @@ impl Pool {
         })
     }
 
+    /// What opening the pool found wrong and worked around (a damaged
+    /// superblock slot, share counts or allocation maps rebuilt from the
+    /// trees). A rebuild is written back at once, so only the command that
+    /// opened the pool hears of it: it should tell the user.
+    pub fn open_warnings(&self) -> Vec<String> {
+        self.state().open_warnings.clone()
+    }
+
     /// Why the pool takes no more changes, if a commit failed: it must be
     /// opened again (after fixing the cause) to go on.
     pub fn failure(&self) -> Option<String> {
