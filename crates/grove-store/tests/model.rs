@@ -11,7 +11,18 @@
 //! Removed volumes hold their blocks until a GC op runs the reclaimer;
 //! after it, nothing is pending and `check` finds no leaked block and no
 //! share count above its references: the allocated blocks are exactly the
-//! reachable ones.
+//! reachable ones. The reclaimer may also run only a few small batches
+//! (`ReclaimSome`, and between rolling cycles), leaving removed trees half
+//! given back, across reopens too: the oracle cannot know which blocks they
+//! still hold, so until reclaim finishes the checks that depend on it
+//! (unique bytes, pending bytes) are bounds, and every other check stays
+//! exact. Every case ends with a full reclaim and its exact checks.
+//!
+//! `RollMany` runs long rolling-snapshot lines (snapshot, remove the one
+//! taken a few cycles earlier, overwrite a little), hundreds of snapshots
+//! under one parent in a case, so that bookmarks roll off; some fill their
+//! volume first, so that the pool spans more than one allocation group
+//! while blocks on both sides of the boundary are shared and unshared.
 //!
 //! The pool uses 1 KiB blocks (128 entries per node), so a 40 MiB volume has
 //! a three-level tree. I/O lands near a few hot spots that straddle node
@@ -20,7 +31,7 @@
 //! snapshots share nodes densely while the oracle stays small: it keeps only
 //! the blocks that were written, never a volume's full contents.
 //!
-//! Cases: 256 by default (a few seconds); set GROVE_PROPTEST_CASES (or PROPTEST_CASES) for
+//! Cases: 256 by default (about 10 s); set GROVE_PROPTEST_CASES (or PROPTEST_CASES) for
 //! more. A failure is shrunk and saved under proptest-regressions/, which is
 //! committed so that it is replayed first on every later run.
 
@@ -282,8 +293,8 @@ fn op_strategy() -> impl Strategy<Value = Op> {
             RECLAIM_BUDGET_ENTRIES_MIN..=RECLAIM_BUDGET_ENTRIES_MAX
         )
             .prop_map(|(batches, budget)| Op::ReclaimSome { batches, budget }),
-        2 => (
-            (name(), prop::bool::weighted(0.4)),
+        3 => (
+            (name(), prop::bool::weighted(0.5)),
             ROLL_CYCLES_MIN..=ROLL_CYCLES_MAX,
             1..=ROLL_KEEP_MAX,
             range_strategy(),
@@ -1361,6 +1372,17 @@ impl Harness {
             self.model.distinct_live_blocks() * BLOCK,
             "pool referenced bytes"
         );
+        // Pending counts the removed trees' nodes too, which the model does
+        // not know: at least their data only they hold, until the reclaimer
+        // has run part of the way (then anything from 0 up).
+        if !self.model.half_reclaimed {
+            let pending_data = self.model.pending_blocks() * BLOCK;
+            prop_assert!(
+                info.pending_free_bytes >= pending_data,
+                "pending free bytes {} below the {pending_data} bytes of data only removed trees hold",
+                info.pending_free_bytes
+            );
+        }
         for info in &listed {
             let volume = &self.model.volumes[&info.summary.id];
             let name = &volume.name;
