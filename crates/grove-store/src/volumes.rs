@@ -388,6 +388,19 @@ impl State {
     pub(crate) fn prune_removed(&mut self, id: VolumeId) {
         let mut todo: Vec<VolumeId> = vec![id];
         todo.extend(self.children.get(&id).into_iter().flatten().copied());
+        // `id` may have just become a bookmark, which pushes its parent's
+        // oldest one past BOOKMARKS_PER_PARENT_MAX: look at its removed
+        // siblings too (live ones are needed anyway, and not worth a look).
+        if let Some(parent) = self.removed.get(&id).map(|r| r.parent) {
+            todo.extend(
+                self.children
+                    .get(&parent)
+                    .into_iter()
+                    .flatten()
+                    .filter(|&&s| s != id && self.removed.contains_key(&s))
+                    .copied(),
+            );
+        }
         // Every record is dropped at most once, and each drop queues at
         // most its parent and siblings: the loop is bounded by the table.
         let bound = 4 * (self.volumes.len() + self.removed.len() + 1);
