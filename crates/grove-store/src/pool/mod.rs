@@ -35,8 +35,9 @@ use crate::types::*;
 
 /// Size of the journal region made at init, unless PoolOptions says.
 pub const JOURNAL_REGION_BYTES: u64 = 16 * 1024 * 1024;
-/// Smallest journal region: room for a few transactions of a few blocks.
-pub const JOURNAL_REGION_BLOCKS_MIN: u64 = 32;
+/// Smallest journal region; the format owns it (a superblock naming a
+/// smaller one is damage), re-exported here for `PoolOptions`' users.
+pub use crate::format::superblock::JOURNAL_REGION_BLOCKS_MIN;
 
 /// Settings for a new pool.
 #[derive(Clone, Debug)]
