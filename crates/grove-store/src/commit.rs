@@ -109,8 +109,8 @@ impl State {
     pub fn has_changes(&self) -> bool {
         !self.cache.dirty().is_empty()
             || !self.dirty_records.is_empty()
-            || self.alloc.has_changes()
-            || self.shares.change_count() > 0
+            || self.space_map.alloc().has_changes()
+            || self.space_map.shares().change_count() > 0
             || self.committed_roots.birth_generation != self.superblock.birth_generation
     }
 
@@ -126,8 +126,8 @@ impl State {
         let images = self.cache.dirty().len() + self.dirty_records.len();
         let descriptor_bytes = Descriptor::encoded_len(
             images,
-            self.alloc.change_count(),
-            self.shares.change_count(),
+            self.space_map.alloc().change_count(),
+            self.space_map.shares().change_count(),
         );
         (images + descriptor_bytes.div_ceil(self.geometry.block_size_bytes as usize)) as u64
     }
@@ -237,12 +237,12 @@ impl State {
         let writes = self.dirty_images()?;
         self.grow_device_to_store()?;
         let roots = self.current_roots();
-        let share_runs = self.shares.pending_runs();
+        let share_runs = self.space_map.pending_share_runs();
         // Allocations and share counts must be durable with the tree that
         // uses them; frees may trail in later transactions (a crash between
         // leaks blocks, which check --repair and the GC reclaim, and never
         // frees a block still in use).
-        let mut extents = self.alloc.pending_extents();
+        let mut extents = self.space_map.alloc().pending_extents();
         extents.sort_by_key(|e| e.change == AllocChange::Freed);
         let (homes, images): (Vec<BlockAddr>, Vec<Vec<u8>>) = writes.into_iter().unzip();
         let first_extents = self.extents_that_fit(images.len(), share_runs.len(), &extents);
@@ -262,8 +262,7 @@ impl State {
         let transaction = self.reserve_transaction(roots, &homes, &images, extents, share_runs)?;
         // From here on, the bookkeeping of a durable transaction.
         self.cache.mark_all_clean();
-        let sealed = self.alloc.seal();
-        self.shares.seal();
+        let sealed = self.space_map.seal();
         self.committed_roots = roots;
         // A freed block may be reused for data once this transaction is
         // durable: an older image must never be written over it.
@@ -311,7 +310,7 @@ impl State {
             volume_table_root: self.superblock.volume_table_root,
             volume_table_height: self.superblock.volume_table_height,
             next_volume_id: self.superblock.next_volume_id,
-            group_count: self.alloc.group_count(),
+            group_count: self.space_map.alloc().group_count(),
             birth_generation: self.superblock.birth_generation,
         }
     }
@@ -409,13 +408,16 @@ impl State {
             self.write_device_block(*home, image, "metadata")?;
         }
         self.cache.mark_all_clean();
-        let sealed = self.alloc.seal();
-        self.shares.seal();
+        let sealed = self.space_map.seal();
         self.write_count_blocks()?;
-        for (addr, block) in self.alloc.dirty_maps(self.geometry.block_size_bytes) {
+        for (addr, block) in self
+            .space_map
+            .alloc()
+            .dirty_maps(self.geometry.block_size_bytes)
+        {
             self.write_device_block(addr, &block, "allocation map")?;
         }
-        self.alloc.mark_maps_clean();
+        self.space_map.mark_maps_clean();
         self.flush_device("metadata")?;
         self.committed_roots = roots;
         Ok(sealed.frees)

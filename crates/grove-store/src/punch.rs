@@ -132,11 +132,11 @@ impl State {
             return;
         }
         for &addr in frees {
-            if self.alloc.nibble(addr) != Some(NIBBLE_PENDING_FREE) {
+            if self.space_map.alloc().nibble(addr) != Some(NIBBLE_PENDING_FREE) {
                 continue;
             }
             assert!(
-                !self.alloc.is_group_header(addr),
+                !self.space_map.alloc().is_group_header(addr),
                 "{addr} is a group's own block and is never freed"
             );
             if self.punch_backlog.len() < PUNCH_BACKLOG_BLOCKS_MAX {
@@ -163,10 +163,10 @@ impl State {
         blocks.sort_unstable();
         blocks.dedup();
         // A block reused since it was queued holds its new owner's data.
-        blocks.retain(|&addr| self.alloc.nibble(addr) == Some(0));
+        blocks.retain(|&addr| self.space_map.alloc().nibble(addr) == Some(0));
         for &addr in &blocks {
-            debug_assert!(!self.alloc.is_group_header(addr));
-            self.alloc.reserve_free(addr);
+            debug_assert!(!self.space_map.alloc().is_group_header(addr));
+            self.space_map.reserve_free(addr);
         }
         Some(PunchRun {
             device: self.device.clone(),
@@ -180,10 +180,10 @@ impl State {
         for &(first, count) in &run.extents {
             for addr in (first.0..first.0 + count).map(BlockAddr) {
                 assert!(
-                    self.alloc.is_reserved(addr),
+                    self.space_map.alloc().is_reserved(addr),
                     "{addr} was not held for punching"
                 );
-                self.alloc.unreserve(addr);
+                self.space_map.unreserve(addr);
             }
         }
         self.record_punches(outcome);
@@ -222,15 +222,19 @@ impl State {
         let data_start = self.superblock.data_start.0;
         // Slots past a capacity that ends inside the last group are not
         // free space: they are not in the store at all.
-        let end = match self.alloc.capacity_blocks() {
-            0 => self.alloc.store_end(),
-            capacity => self.alloc.store_end().min(data_start + capacity),
+        let end = match self.space_map.alloc().capacity_blocks() {
+            0 => self.space_map.alloc().store_end(),
+            capacity => self
+                .space_map
+                .alloc()
+                .store_end()
+                .min(data_start + capacity),
         };
         let mut extents = Vec::new();
         let mut run: Option<(BlockAddr, u64)> = None;
         for addr in (data_start..end).map(BlockAddr) {
-            if self.alloc.nibble(addr) == Some(0) {
-                debug_assert!(!self.alloc.is_group_header(addr));
+            if self.space_map.alloc().nibble(addr) == Some(0) {
+                debug_assert!(!self.space_map.alloc().is_group_header(addr));
                 run = match run {
                     Some((first, count)) => Some((first, count + 1)),
                     None => Some((addr, 1)),

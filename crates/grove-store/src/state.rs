@@ -22,6 +22,7 @@ use crate::format::record::VolumeRecord;
 use crate::format::superblock::Superblock;
 use crate::journal::Journal;
 use crate::shares::Shares;
+use crate::space::{Release, SpaceMap};
 use crate::types::{BlockAddr, VolumeId};
 
 pub use crate::geometry::Geometry;
@@ -44,9 +45,9 @@ pub struct State {
     pub device: Arc<dyn BlockDevice>,
     pub geometry: Geometry,
     pub superblock: Superblock,
-    pub alloc: Allocator,
-    /// Extra reference counts: exact sharing.
-    pub shares: Shares,
+    /// Which blocks are in use and how many references each has: the
+    /// allocator and the share counts, changed only through its methods.
+    pub(crate) space_map: SpaceMap,
     /// Decoded nodes, clean and dirty, bounded (ESnap).
     pub(crate) cache: NodeCache,
     /// Live volumes.
@@ -119,10 +120,13 @@ impl State {
         };
         let geometry = Geometry::new(superblock.block_size_bytes);
         State {
-            shares: Shares::new(
-                superblock.data_start,
-                superblock.group_blocks,
-                superblock.block_size_bytes,
+            space_map: SpaceMap::new(
+                alloc,
+                Shares::new(
+                    superblock.data_start,
+                    superblock.group_blocks,
+                    superblock.block_size_bytes,
+                ),
             ),
             removed: BTreeMap::new(),
             children: HashMap::new(),
@@ -141,7 +145,6 @@ impl State {
             device,
             geometry,
             superblock,
-            alloc,
             cache: NodeCache::new(NodeCache::nodes_for(
                 crate::cache::CACHE_SIZE_DEFAULT_BYTES,
                 geometry.block_bytes(),
@@ -218,8 +221,8 @@ impl State {
         let data_start = self.superblock.data_start.0;
         let device_blocks = crate::format::superblock::device_blocks(
             data_start,
-            self.alloc.store_end() - data_start,
-            self.alloc.capacity_blocks(),
+            self.space_map.alloc().store_end() - data_start,
+            self.space_map.alloc().capacity_blocks(),
         );
         let store_len = device_blocks * self.geometry.block_bytes();
         let device_len = self
@@ -242,24 +245,24 @@ impl State {
     /// them back now, so their host space may go.
     pub(crate) fn make_reusable(&mut self, frees: Vec<BlockAddr>) {
         self.queue_durable_frees(&frees);
-        self.alloc.release(frees);
+        self.space_map.release_durable_frees(frees);
     }
 
     /// True when blocks freed since the last commit wait for it before
     /// they can be reused: a commit may then find room a write needs.
     pub(crate) fn has_frees_awaiting_commit(&self) -> bool {
-        self.alloc.has_open_frees()
+        self.space_map.alloc().has_open_frees()
     }
 
     /// The store's space, in blocks, as the allocator counts it.
     pub(crate) fn space(&self) -> Space {
         Space {
-            store_blocks: self.alloc.group_count() * self.superblock.group_blocks,
-            used_blocks: self.alloc.used_blocks(),
-            data_blocks: self.alloc.data_blocks(),
-            meta_blocks: self.alloc.meta_blocks(),
-            free_blocks: self.alloc.free_blocks(),
-            capacity_blocks: match self.alloc.capacity_blocks() {
+            store_blocks: self.space_map.alloc().group_count() * self.superblock.group_blocks,
+            used_blocks: self.space_map.alloc().used_blocks(),
+            data_blocks: self.space_map.alloc().data_blocks(),
+            meta_blocks: self.space_map.alloc().meta_blocks(),
+            free_blocks: self.space_map.alloc().free_blocks(),
+            capacity_blocks: match self.space_map.alloc().capacity_blocks() {
                 0 => None,
                 capacity => Some(capacity),
             },
@@ -345,7 +348,7 @@ impl State {
         block: &[u8],
     ) -> Result<Node> {
         let data_start = self.superblock.data_start.0;
-        let valid = data_start..self.alloc.store_end();
+        let valid = data_start..self.space_map.alloc().store_end();
         let birth_max = self.superblock.birth_generation;
         let node =
             Node::decode(block, addr, kind, level, valid, birth_max).map_err(|e| match kind {
@@ -356,7 +359,7 @@ impl State {
             .entries
             .iter()
             .enumerate()
-            .find(|(_, e)| !e.is_empty() && self.alloc.is_group_header(e.addr()))
+            .find(|(_, e)| !e.is_empty() && self.space_map.alloc().is_group_header(e.addr()))
         {
             return Err(Error::corrupt(format!(
                 "radix node at {addr} is damaged: entry {slot} points at a group's map or share-count block"
@@ -459,17 +462,19 @@ impl State {
     }
 
     pub(crate) fn insert_new_node(&mut self, node: Node) -> Result<BlockAddr> {
-        let addr = self.alloc.allocate(BlockUse::Meta)?;
+        let addr = self.space_map.allocate(BlockUse::Meta)?;
         self.cache.insert(addr, node, true);
         Ok(addr)
     }
 
-    /// Frees a block and forgets any cached node in it. Only the last
-    /// reference may free a block.
-    pub(crate) fn free_block(&mut self, addr: BlockAddr) {
-        self.metadata_changed();
-        debug_assert!(!self.shares.is_shared(addr), "{addr} is still shared");
-        self.cache.remove(addr);
-        self.alloc.free(addr);
+    /// Drops one reference to `addr` through the space map, which decides
+    /// whether it was the last; a freed block's cached node is forgotten.
+    pub(crate) fn release_reference(&mut self, addr: BlockAddr) -> Release {
+        let released = self.space_map.release_reference(addr);
+        if released == Release::Freed {
+            self.metadata_changed();
+            self.cache.remove(addr);
+        }
+        released
     }
 }

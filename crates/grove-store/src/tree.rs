@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use crate::alloc::BlockUse;
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::node::{Entry, Node, NodeKind};
+use crate::space::Release;
 use crate::state::State;
 use crate::types::{BlockAddr, VolumeId};
 
@@ -75,7 +76,7 @@ impl State {
         let mut addr = root;
         for level in (0..height).rev() {
             self.node_visits += 1;
-            if self.shares.is_shared(addr) {
+            if self.space_map.shares().is_shared(addr) {
                 return Ok(None);
             }
             let slot = self.geometry.slot(index, level);
@@ -84,8 +85,8 @@ impl State {
                 return Ok(None);
             }
             if level == 0 {
-                let writable =
-                    !self.shares.is_shared(entry.addr()) && entry.birth() > share_floor_generation;
+                let writable = !self.space_map.shares().is_shared(entry.addr())
+                    && entry.birth() > share_floor_generation;
                 return Ok(writable.then_some(entry.addr()));
             }
             addr = entry.addr();
@@ -117,12 +118,13 @@ impl State {
         let child = if entry.is_empty() {
             let empty = Node::empty(kind, child_level, self.geometry.entries_per_node);
             self.insert_new_node(empty)?
-        } else if self.shares.is_shared(entry.addr()) {
+        } else if self.space_map.shares().is_shared(entry.addr()) {
             // The copy points at every child the original does, so each
             // child gains a reference, and the original loses ours.
             let copy = self.load_node(entry.addr(), kind, child_level)?.clone();
             self.reference_children(&copy)?;
-            self.shares.decrement(entry.addr());
+            let released = self.release_reference(entry.addr());
+            debug_assert_eq!(released, Release::Shared, "a shared node was freed");
             self.insert_new_node(copy)?
         } else {
             self.load_node(entry.addr(), kind, child_level)?;
@@ -136,7 +138,7 @@ impl State {
     /// about to point at them too).
     pub(crate) fn reference_children(&mut self, node: &Node) -> Result<()> {
         for entry in node.entries.iter().filter(|e| !e.is_empty()) {
-            self.shares.increment(entry.addr())?;
+            self.space_map.take_reference(entry.addr())?;
         }
         Ok(())
     }
@@ -185,7 +187,7 @@ impl State {
         dropped: &mut Dropped,
     ) -> Result<()> {
         let pending = dropped.decrements.get(&addr).copied().unwrap_or(0);
-        if self.shares.extra(addr) > pending {
+        if self.space_map.shares().extra(addr) > pending {
             // Shared: only counted, its subtree stays for the others.
             dropped.referenced_blocks += self.count_mapped(addr, level)?;
             *dropped.decrements.entry(addr).or_default() += 1;
@@ -206,13 +208,15 @@ impl State {
 
     /// Applies what `drop_reference` found.
     pub(crate) fn apply_dropped(&mut self, dropped: Dropped) {
+        // The counts first: each block in `to_free` is then at its last
+        // reference, and the space map frees it.
         for (addr, count) in dropped.decrements {
             for _ in 0..count {
-                self.shares.decrement(addr);
+                self.release_reference(addr);
             }
         }
         for addr in dropped.to_free {
-            self.free_block(addr);
+            self.release_reference(addr);
         }
     }
 
@@ -321,7 +325,10 @@ impl State {
         // commit needs, so the commit that clears it comes after the write.
         self.data_dirty
             .store(true, std::sync::atomic::Ordering::Release);
-        if !entry.is_empty() && !self.shares.is_shared(entry.addr()) && entry.birth() > floor {
+        if !entry.is_empty()
+            && !self.space_map.shares().is_shared(entry.addr())
+            && entry.birth() > floor
+        {
             return self.write_device_block_at(entry.addr(), offset_in_block, data);
         }
         // Read the old contents before allocating, so a failed read leaves
@@ -336,10 +343,10 @@ impl State {
             merged[offset_in_block..offset_in_block + data.len()].copy_from_slice(data);
             Some(merged)
         };
-        let new_block = self.alloc.allocate(BlockUse::Data)?;
+        let new_block = self.space_map.allocate(BlockUse::Data)?;
         let written = merged.as_deref().unwrap_or(data);
         if let Err(e) = self.write_device_block_at(new_block, 0, written) {
-            self.alloc.free(new_block);
+            self.space_map.free_unreferenced(new_block);
             return Err(e);
         }
         self.map_new_block(id, leaf, slot, &path, entry, new_block)

@@ -19,8 +19,8 @@ impl State {
     fn check_root(&self, addr: BlockAddr, what: &str) -> Result<()> {
         let data_start = self.superblock.data_start.0;
         if addr.0 < data_start
-            || addr.0 >= self.alloc.store_end()
-            || self.alloc.is_group_header(addr)
+            || addr.0 >= self.space_map.alloc().store_end()
+            || self.space_map.alloc().is_group_header(addr)
         {
             return Err(Error::corrupt(format!(
                 "{what} points at {addr}, which cannot hold a node"
@@ -225,7 +225,9 @@ impl State {
         let slot = self.geometry.slot(block_index, 0);
         debug_assert_eq!(self.entry(leaf, slot).addr(), addr);
         self.set_entry(leaf, slot, Entry::EMPTY);
-        self.free_block(addr);
+        // Record blocks are never shared: this is their last reference.
+        debug_assert!(self.space_map.is_last_reference(addr));
+        self.release_reference(addr);
         Ok(())
     }
 
@@ -261,7 +263,7 @@ impl State {
         if !entry.is_empty() {
             return Ok(entry.addr());
         }
-        let addr = self.alloc.allocate(BlockUse::Meta)?;
+        let addr = self.space_map.allocate(BlockUse::Meta)?;
         self.set_entry(leaf, slot, Entry::new(addr, 0));
         Ok(addr)
     }
