@@ -175,22 +175,6 @@ impl State {
             })
     }
 
-    /// Writes `data` into block `addr` at `offset_in_block`.
-    pub(crate) fn write_device_block_at(
-        &self,
-        addr: BlockAddr,
-        offset_in_block: usize,
-        data: &[u8],
-    ) -> Result<()> {
-        let offset = self.block_offset(addr) + offset_in_block as u64;
-        self.device.write_at(data, offset).map_err(|e| {
-            Error::io(
-                format!("cannot write data at {addr} of {}", self.device.describe()),
-                e,
-            )
-        })
-    }
-
     pub(crate) fn write_device_block(&self, addr: BlockAddr, buf: &[u8], what: &str) -> Result<()> {
         self.metadata_changed();
         self.device

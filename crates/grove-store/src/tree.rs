@@ -14,12 +14,12 @@
 
 use std::collections::HashMap;
 
-use crate::alloc::BlockUse;
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::node::{Entry, Node, NodeKind};
 use crate::space::Release;
 use crate::state::State;
 use crate::types::{BlockAddr, VolumeId};
+use crate::write;
 
 /// (node, slot) pairs from a root down to the parent of a leaf node: the
 /// entries whose birth a change below must renew.
@@ -85,8 +85,8 @@ impl State {
                 return Ok(None);
             }
             if level == 0 {
-                let writable = !self.space_map.shares().is_shared(entry.addr())
-                    && entry.birth() > share_floor_generation;
+                let writable =
+                    write::may_write_in_place(entry, share_floor_generation, &self.space_map);
                 return Ok(writable.then_some(entry.addr()));
             }
             addr = entry.addr();
@@ -302,9 +302,11 @@ impl State {
     }
 
     /// Writes `data` into logical block `index` of a volume at `offset`
-    /// inside the block: in place when the volume may (see
-    /// `lookup_writable_in_place`), else into a fresh block
-    /// (read-modify-write for a partial block), dropping the old one.
+    /// inside the block, under the state lock (resize, zeroing a partial
+    /// block, and `install`'s retry), through the same three steps as
+    /// `Volume::write_at` (see `write.rs`): in place when the volume may,
+    /// else into a new block (a partial one merged with the old contents)
+    /// mapped in place of the old one.
     pub fn write_block(
         &mut self,
         id: VolumeId,
@@ -312,44 +314,25 @@ impl State {
         offset_in_block: usize,
         data: &[u8],
     ) -> Result<()> {
-        let block_bytes = self.geometry.block_size_bytes as usize;
-        assert!(offset_in_block + data.len() <= block_bytes);
-        let (root, height, floor) = {
-            let record = &self.volumes[&id];
-            (record.root, record.height, record.share_floor_generation)
-        };
-        let (leaf, path) = self.leaf_for_write(root, height, NodeKind::VolumeData, index)?;
-        let slot = self.geometry.slot(index, 0);
-        let entry = self.entry(leaf, slot);
+        let block_bytes = self.geometry.block_bytes();
+        assert!(offset_in_block as u64 + data.len() as u64 <= block_bytes);
+        let record = self.volumes[&id].clone();
+        let offset = index * block_bytes + offset_in_block as u64;
+        let plan = write::plan(self, &record, offset, data.len())?;
+        debug_assert!(
+            plan.allocations.len() <= 1 && plan.direct.len() <= 1,
+            "one block"
+        );
         // Set before the write: this path holds the state lock, which a
         // commit needs, so the commit that clears it comes after the write.
         self.data_dirty
             .store(true, std::sync::atomic::Ordering::Release);
-        if !entry.is_empty()
-            && !self.space_map.shares().is_shared(entry.addr())
-            && entry.birth() > floor
-        {
-            return self.write_device_block_at(entry.addr(), offset_in_block, data);
-        }
-        // Read the old contents before allocating, so a failed read leaves
-        // nothing behind.
-        let merged = if data.len() == block_bytes {
-            None
-        } else {
-            let mut merged = vec![0u8; block_bytes];
-            if !entry.is_empty() {
-                self.read_block(entry.addr(), &mut merged, "data")?;
-            }
-            merged[offset_in_block..offset_in_block + data.len()].copy_from_slice(data);
-            Some(merged)
-        };
-        let new_block = self.space_map.allocate(BlockUse::Data)?;
-        let written = merged.as_deref().unwrap_or(data);
-        if let Err(e) = self.write_device_block_at(new_block, 0, written) {
-            self.space_map.free_unreferenced(new_block);
+        let device = std::sync::Arc::clone(&self.device);
+        if let Err(e) = write::run(device.as_ref(), block_bytes, data, &plan) {
+            plan.free_allocations(self);
             return Err(e);
         }
-        self.map_new_block(id, leaf, slot, &path, entry, new_block)
+        write::install(self, id, data, &plan.allocations)
     }
 
     /// Maps a data block that a write filled outside the state lock (see
