@@ -382,7 +382,7 @@ impl State {
         walk: &mut Walk,
         findings: &mut Findings,
     ) {
-        let block_bytes = self.geometry.block_bytes();
+        let block_bytes = self.geometry().block_bytes();
         let generation = self.superblock.birth_generation;
         for record in self.volumes.values() {
             let actual = counts[&record.id];
@@ -469,10 +469,10 @@ impl State {
     }
 
     fn check_superblocks(&self, report: &mut CheckReport) {
-        let block = u64::from(self.geometry.block_size_bytes);
+        let block = u64::from(self.geometry().block_size_bytes);
         for slot in 0..2u64 {
             let mut buf = vec![0u8; block as usize];
-            if let Err(e) = self.device.read_at(&mut buf, slot * block) {
+            if let Err(e) = self.device().read_at(&mut buf, slot * block) {
                 report
                     .errors
                     .push(format!("cannot read superblock slot {slot}: {e}"));

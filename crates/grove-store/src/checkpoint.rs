@@ -31,7 +31,7 @@ impl State {
         let dirty = self
             .space_map
             .shares()
-            .dirty_count_blocks(self.geometry.block_size_bytes);
+            .dirty_count_blocks(self.geometry().block_size_bytes);
         for count_block in &dirty {
             self.write_device_block(count_block.home, &count_block.block, "share counts")?;
         }
@@ -42,7 +42,7 @@ impl State {
 
     /// Reads the share-count blocks every group's map says it has.
     pub fn load_share_counts(&mut self) -> Result<()> {
-        let mut block = vec![0u8; self.geometry.block_size_bytes as usize];
+        let mut block = vec![0u8; self.geometry().block_size_bytes as usize];
         for group in 0..self.space_map.alloc().group_count() {
             let present = self.space_map.alloc().shares_present(group);
             for k in 0..SHARE_BLOCKS_PER_GROUP {
@@ -140,7 +140,7 @@ impl State {
         let maps = self
             .space_map
             .alloc()
-            .dirty_maps(self.geometry.block_size_bytes);
+            .dirty_maps(self.geometry().block_size_bytes);
         for (addr, block) in &maps {
             self.write_device_block(*addr, block, "allocation map")?;
         }
@@ -168,7 +168,7 @@ impl State {
     /// writes the same (possibly torn) slot and never the last good one.
     pub fn write_superblock(&self, superblock: &mut Superblock) -> Result<()> {
         superblock.generation += 1;
-        let mut block = vec![0u8; self.geometry.block_size_bytes as usize];
+        let mut block = vec![0u8; self.geometry().block_size_bytes as usize];
         block[..SUPERBLOCK_LEN].copy_from_slice(&superblock.encode());
         let result = self
             .write_device_block(BlockAddr(superblock.slot()), &block, "superblock")
@@ -234,9 +234,10 @@ impl State {
     /// gives the same result: images are whole blocks and extents set
     /// states, so applying them again changes nothing.
     pub fn replay_journal(&mut self) -> Result<usize> {
+        let device = std::sync::Arc::clone(self.device());
         let transactions = self
             .journal
-            .scan(self.device.as_ref(), &self.superblock.pool_uuid)?;
+            .scan(device.as_ref(), &self.superblock.pool_uuid)?;
         if transactions.is_empty() {
             return Ok(0);
         }

@@ -107,7 +107,7 @@ impl CommitIo {
 
 impl State {
     pub fn has_changes(&self) -> bool {
-        !self.cache.dirty().is_empty()
+        self.has_dirty_nodes()
             || !self.dirty_records.is_empty()
             || self.space_map.alloc().has_changes()
             || self.space_map.shares().change_count() > 0
@@ -123,13 +123,13 @@ impl State {
     /// run at most), so a burst of allocating writes does not commit long
     /// before the journal needs it.
     pub fn pending_commit_blocks(&self) -> u64 {
-        let images = self.cache.dirty().len() + self.dirty_records.len();
+        let images = self.dirty_node_count() + self.dirty_records.len();
         let descriptor_bytes = Descriptor::encoded_len(
             images,
             self.space_map.alloc().change_count(),
             self.space_map.shares().change_count(),
         );
-        (images + descriptor_bytes.div_ceil(self.geometry.block_size_bytes as usize)) as u64
+        (images + descriptor_bytes.div_ceil(self.geometry().block_size_bytes as usize)) as u64
     }
 
     /// Commits in the middle of a repair once the pending changes near what
@@ -196,7 +196,7 @@ impl State {
             self.flush_device("data")?;
             return self.commit_in_place_unsafely().map(PreparedCommit::Done);
         }
-        let flush_data = self.data_dirty.swap(false, Ordering::AcqRel);
+        let flush_data = self.data_dirty().swap(false, Ordering::AcqRel);
         if !flush_data && !self.has_changes() {
             return Ok(PreparedCommit::Done(Vec::new()));
         }
@@ -213,7 +213,7 @@ impl State {
                 // after the fault clears writes all of it again.
                 self.dirty_records.extend(dirty_ids);
                 if flush_data {
-                    self.data_dirty.store(true, Ordering::Release);
+                    self.data_dirty().store(true, Ordering::Release);
                 }
                 return Err(e);
             }
@@ -221,8 +221,8 @@ impl State {
         // Its I/O rewrites the homes of the images.
         self.metadata_changed();
         let io = CommitIo {
-            device: self.device.clone(),
-            block_bytes: self.geometry.block_size_bytes as usize,
+            device: self.device().clone(),
+            block_bytes: self.geometry().block_size_bytes as usize,
             flush_data,
             transaction,
             homes: in_flight.homes.clone(),
@@ -261,7 +261,7 @@ impl State {
         let trailing_frees = extents.split_off(first_extents);
         let transaction = self.reserve_transaction(roots, &homes, &images, extents, share_runs)?;
         // From here on, the bookkeeping of a durable transaction.
-        self.cache.mark_all_clean();
+        self.mark_nodes_clean();
         let sealed = self.space_map.seal();
         self.committed_roots = roots;
         // A freed block may be reused for data once this transaction is
@@ -292,16 +292,9 @@ impl State {
     /// first, since writing its records may allocate nodes and blocks that
     /// must ride in the same transaction, then every dirty node.
     fn dirty_images(&mut self) -> Result<Vec<(BlockAddr, Vec<u8>)>> {
-        let block_size = self.geometry.block_size_bytes as usize;
+        let block_size = self.geometry().block_size_bytes as usize;
         let mut writes = self.persist_volume_table()?;
-        for &addr in self.cache.dirty() {
-            let mut block = vec![0u8; block_size];
-            self.cache
-                .peek(addr)
-                .expect("dirty nodes are pinned")
-                .encode(&mut block);
-            writes.push((addr, block));
-        }
+        writes.extend(self.dirty_node_images(block_size));
         Ok(writes)
     }
 
@@ -325,7 +318,7 @@ impl State {
         extents: Vec<AllocExtent>,
         share_runs: Vec<ShareRun>,
     ) -> Result<(u64, Vec<u8>)> {
-        let block = self.geometry.block_size_bytes as usize;
+        let block = self.geometry().block_size_bytes as usize;
         let descriptor = self.descriptor(roots, homes.to_vec(), images, extents, share_runs);
         let len = u64::from(descriptor.descriptor_blocks) + images.len() as u64;
         if !self.journal.fits(len) {
@@ -407,13 +400,13 @@ impl State {
         for (home, image) in &writes {
             self.write_device_block(*home, image, "metadata")?;
         }
-        self.cache.mark_all_clean();
+        self.mark_nodes_clean();
         let sealed = self.space_map.seal();
         self.write_count_blocks()?;
         for (addr, block) in self
             .space_map
             .alloc()
-            .dirty_maps(self.geometry.block_size_bytes)
+            .dirty_maps(self.geometry().block_size_bytes)
         {
             self.write_device_block(addr, &block, "allocation map")?;
         }
@@ -426,7 +419,7 @@ impl State {
     /// How many of `extents` fit in one transaction beside `images` images
     /// and `share_runs` share-count runs.
     fn extents_that_fit(&self, images: usize, share_runs: usize, extents: &[AllocExtent]) -> usize {
-        let block = self.geometry.block_size_bytes as usize;
+        let block = self.geometry().block_size_bytes as usize;
         let max_blocks = self.journal.max_transaction_blocks() as usize;
         let descriptor_blocks_max = max_blocks.saturating_sub(images);
         let budget_bytes = descriptor_blocks_max * block;
@@ -446,7 +439,7 @@ impl State {
         extents: Vec<AllocExtent>,
         share_runs: Vec<ShareRun>,
     ) -> Descriptor {
-        let block = self.geometry.block_size_bytes as usize;
+        let block = self.geometry().block_size_bytes as usize;
         let mut images_crc = 0u32;
         for image in images {
             images_crc = crc32c::crc32c_append(images_crc, image);
@@ -473,20 +466,21 @@ impl State {
         extents: Vec<AllocExtent>,
         share_runs: Vec<ShareRun>,
     ) -> Result<()> {
-        let block = self.geometry.block_size_bytes as usize;
+        let block = self.geometry().block_size_bytes as usize;
         let descriptor = self.descriptor(roots, homes, images, extents, share_runs);
         let len = u64::from(descriptor.descriptor_blocks) + images.len() as u64;
         if !self.journal.fits(len) {
             self.checkpoint()?;
         }
         let bytes = descriptor.encode(block);
-        self.journal.append(self.device.as_ref(), &bytes, images)
+        let device = std::sync::Arc::clone(self.device());
+        self.journal.append(device.as_ref(), &bytes, images)
     }
 
     /// Checks that the journal reads back exactly the transactions written
     /// since the last checkpoint; returns how many.
     pub(crate) fn verify_journal(&self) -> Result<u64> {
         self.journal
-            .verify(self.device.as_ref(), &self.superblock.pool_uuid)
+            .verify(self.device().as_ref(), &self.superblock.pool_uuid)
     }
 }

@@ -169,8 +169,8 @@ impl State {
             self.space_map.reserve_free(addr);
         }
         Some(PunchRun {
-            device: self.device.clone(),
-            block_bytes: self.geometry.block_bytes(),
+            device: self.device().clone(),
+            block_bytes: self.geometry().block_bytes(),
             extents: coalesce(&mut blocks),
         })
     }
@@ -197,7 +197,7 @@ impl State {
             if !self.punch.unsupported {
                 tracing::info!(
                     "{} cannot punch holes ({e}): freed blocks keep their space on the host",
-                    self.device.describe()
+                    self.device().describe()
                 );
             }
             self.punch.unsupported = true;
@@ -208,7 +208,7 @@ impl State {
             tracing::warn!(
                 "cannot punch {} freed extents out of {} ({e}); their space stays allocated on the host",
                 outcome.failures,
-                self.device.describe()
+                self.device().describe()
             );
         }
     }
@@ -249,8 +249,8 @@ impl State {
         self.punch_backlog.clear();
         if !self.punch.unsupported {
             let run = PunchRun {
-                device: self.device.clone(),
-                block_bytes: self.geometry.block_bytes(),
+                device: self.device().clone(),
+                block_bytes: self.geometry().block_bytes(),
                 extents,
             };
             let outcome = run.execute();

@@ -44,12 +44,12 @@ impl State {
     /// transaction goes to each kind.
     pub fn reclaim_budget(&self) -> usize {
         let transaction_bytes =
-            self.max_transaction_blocks() as usize * self.geometry.block_size_bytes as usize;
+            self.max_transaction_blocks() as usize * self.geometry().block_size_bytes as usize;
         let by_records = transaction_bytes / 4 / crate::format::journal::SHARE_RUN_BYTES;
         let by_images = self.max_transaction_blocks() as usize / 4;
         RECLAIM_BATCH_ENTRIES
             .min(by_records)
-            .min(by_images * self.geometry.entries_per_node)
+            .min(by_images * self.geometry().entries_per_node)
             .max(1)
     }
 
@@ -101,7 +101,7 @@ impl State {
         freed_blocks: &mut u64,
     ) -> Result<bool> {
         self.load_node(addr, NodeKind::VolumeData, level)?;
-        for slot in 0..self.geometry.entries_per_node {
+        for slot in 0..self.geometry().entries_per_node {
             let entry = self.entry(addr, slot);
             if entry.is_empty() {
                 continue;

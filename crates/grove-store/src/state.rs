@@ -42,28 +42,28 @@ pub(crate) struct Space {
 }
 
 pub struct State {
-    pub device: Arc<dyn BlockDevice>,
-    pub geometry: Geometry,
-    pub superblock: Superblock,
+    device: Arc<dyn BlockDevice>,
+    geometry: Geometry,
+    pub(crate) superblock: Superblock,
     /// Which blocks are in use and how many references each has: the
     /// allocator and the share counts, changed only through its methods.
     pub(crate) space_map: SpaceMap,
     /// Decoded nodes, clean and dirty, bounded (ESnap).
-    pub(crate) cache: NodeCache,
+    cache: NodeCache,
     /// Live volumes.
-    pub volumes: BTreeMap<VolumeId, VolumeRecord>,
+    pub(crate) volumes: BTreeMap<VolumeId, VolumeRecord>,
     /// Removed volumes whose record is still needed: a tree the reclaimer
     /// has not given back yet, children's lineage, or a bookmark.
-    pub removed: BTreeMap<VolumeId, VolumeRecord>,
+    pub(crate) removed: BTreeMap<VolumeId, VolumeRecord>,
     /// Children of every record, live or removed, by parent id.
-    pub children: HashMap<VolumeId, BTreeSet<VolumeId>>,
-    pub names: HashMap<String, VolumeId>,
+    pub(crate) children: HashMap<VolumeId, BTreeSet<VolumeId>>,
+    pub(crate) names: HashMap<String, VolumeId>,
     /// Record blocks of the volume table by block index, as stored.
     pub(crate) record_blocks: HashMap<u64, Vec<u8>>,
     pub(crate) dirty_records: BTreeSet<VolumeId>,
     /// Why the pool stopped taking changes: a commit failed, so what is
     /// in memory may no longer match anything durable. Reads go on.
-    pub failed: Option<String>,
+    pub(crate) failed: Option<String>,
     /// Count blocks that could not be decoded at open (torn by a crash
     /// during a checkpoint); the counts are rebuilt from the trees.
     pub(crate) share_counts_damaged: Vec<(u64, String)>,
@@ -77,16 +77,16 @@ pub struct State {
     /// that write in place outside the state lock: they set it after their
     /// write lands, and a commit clears it before it flushes, so a write that
     /// lands during a commit is flushed by the next one.
-    pub data_dirty: Arc<AtomicBool>,
+    data_dirty: Arc<AtomicBool>,
     /// Radix nodes visited by lookups, for the depth-independence test.
-    pub node_visits: u64,
+    node_visits: u64,
     pub(crate) journal: Journal,
     /// The roots as of the last durable transaction: what a checkpoint
     /// writes into the superblock.
     pub(crate) committed_roots: Roots,
     /// What opening the pool found wrong but could work around (a damaged
     /// superblock slot); `check` reports it.
-    pub open_warnings: Vec<String>,
+    pub(crate) open_warnings: Vec<String>,
     /// Journaled metadata whose write to its home failed; the checkpoint
     /// writes it before it lets the journal forget the transaction.
     pub(crate) unwritten_homes: BTreeMap<BlockAddr, Vec<u8>>,
@@ -156,6 +156,34 @@ impl State {
             data_dirty: Arc::new(AtomicBool::new(false)),
             node_visits: 0,
         }
+    }
+
+    // ----- read-only views -----
+
+    /// The device the store lives on.
+    pub(crate) fn device(&self) -> &Arc<dyn BlockDevice> {
+        &self.device
+    }
+
+    /// The radix trees' shape for the pool's block size.
+    pub(crate) fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+
+    /// Set once data was written since the last device flush; shared with
+    /// writers outside the state lock (see the field).
+    pub(crate) fn data_dirty(&self) -> &Arc<AtomicBool> {
+        &self.data_dirty
+    }
+
+    /// Radix nodes visited by lookups so far.
+    pub(crate) fn node_visits(&self) -> u64 {
+        self.node_visits
+    }
+
+    /// A lookup visited one more radix node.
+    pub(crate) fn count_node_visit(&mut self) {
+        self.node_visits += 1;
     }
 
     // ----- device access -----
@@ -406,6 +434,34 @@ impl State {
         level: u8,
     ) -> Result<Box<[Entry]>> {
         self.node_entries(addr, kind, level)
+    }
+
+    /// True if a node changed since the last commit.
+    pub(crate) fn has_dirty_nodes(&self) -> bool {
+        !self.cache.dirty().is_empty()
+    }
+
+    pub(crate) fn dirty_node_count(&self) -> usize {
+        self.cache.dirty().len()
+    }
+
+    /// Every dirty node, encoded, with its address.
+    pub(crate) fn dirty_node_images(&self, block_size: usize) -> Vec<(BlockAddr, Vec<u8>)> {
+        let mut images = Vec::with_capacity(self.cache.dirty().len());
+        for &addr in self.cache.dirty() {
+            let mut block = vec![0u8; block_size];
+            self.cache
+                .peek(addr)
+                .expect("dirty nodes are pinned")
+                .encode(&mut block);
+            images.push((addr, block));
+        }
+        images
+    }
+
+    /// The dirty nodes are in a transaction now: clean, evictable again.
+    pub(crate) fn mark_nodes_clean(&mut self) {
+        self.cache.mark_all_clean();
     }
 
     /// A new operation holds the pool lock: nodes the last one used may be

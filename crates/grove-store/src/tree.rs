@@ -50,8 +50,8 @@ impl State {
     ) -> Result<Entry> {
         let mut addr = root;
         for level in (0..height).rev() {
-            self.node_visits += 1;
-            let slot = self.geometry.slot(index, level);
+            self.count_node_visit();
+            let slot = self.geometry().slot(index, level);
             let entry = self.load_node(addr, kind, level)?.entries[slot];
             if level == 0 || entry.is_empty() {
                 return Ok(entry);
@@ -75,11 +75,11 @@ impl State {
     ) -> Result<Option<BlockAddr>> {
         let mut addr = root;
         for level in (0..height).rev() {
-            self.node_visits += 1;
+            self.count_node_visit();
             if self.space_map.shares().is_shared(addr) {
                 return Ok(None);
             }
-            let slot = self.geometry.slot(index, level);
+            let slot = self.geometry().slot(index, level);
             let entry = self.load_node(addr, NodeKind::VolumeData, level)?.entries[slot];
             if entry.is_empty() {
                 return Ok(None);
@@ -116,7 +116,7 @@ impl State {
         let entry = self.entry(parent, slot);
         let birth = self.birth_now(kind);
         let child = if entry.is_empty() {
-            let empty = Node::empty(kind, child_level, self.geometry.entries_per_node);
+            let empty = Node::empty(kind, child_level, self.geometry().entries_per_node);
             self.insert_new_node(empty)?
         } else if self.space_map.shares().is_shared(entry.addr()) {
             // The copy points at every child the original does, so each
@@ -157,7 +157,7 @@ impl State {
         let mut path = Vec::with_capacity(usize::from(height));
         self.load_node(addr, kind, height - 1)?;
         for level in (1..height).rev() {
-            let slot = self.geometry.slot(index, level);
+            let slot = self.geometry().slot(index, level);
             path.push((addr, slot));
             addr = self.dedicate_child(addr, slot, kind, level - 1)?;
         }
@@ -246,9 +246,9 @@ impl State {
         dropped: &mut Dropped,
     ) -> Result<bool> {
         let now = self.superblock.birth_generation;
-        let span = self.geometry.span_blocks(level);
+        let span = self.geometry().span_blocks(level);
         let first_slot = ((first.max(base) - base) / span) as usize;
-        let last_slot = (((end - 1).min(base + span * self.geometry.entries_per_node as u64 - 1)
+        let last_slot = (((end - 1).min(base + span * self.geometry().entries_per_node as u64 - 1)
             - base)
             / span) as usize;
         let mut changed = false;
@@ -285,7 +285,7 @@ impl State {
     /// Unmaps blocks [first, end) of a volume and frees what only it used.
     pub fn unmap(&mut self, id: VolumeId, first: u64, end: u64) -> Result<()> {
         let record = self.volumes[&id].clone();
-        let end = end.min(self.geometry.capacity_blocks(record.height));
+        let end = end.min(self.geometry().capacity_blocks(record.height));
         if first >= end {
             return Ok(());
         }
@@ -314,7 +314,7 @@ impl State {
         offset_in_block: usize,
         data: &[u8],
     ) -> Result<()> {
-        let block_bytes = self.geometry.block_bytes();
+        let block_bytes = self.geometry().block_bytes();
         assert!(offset_in_block as u64 + data.len() as u64 <= block_bytes);
         let record = self.volumes[&id].clone();
         let offset = index * block_bytes + offset_in_block as u64;
@@ -325,9 +325,9 @@ impl State {
         );
         // Set before the write: this path holds the state lock, which a
         // commit needs, so the commit that clears it comes after the write.
-        self.data_dirty
+        self.data_dirty()
             .store(true, std::sync::atomic::Ordering::Release);
-        let device = std::sync::Arc::clone(&self.device);
+        let device = std::sync::Arc::clone(self.device());
         if let Err(e) = write::run(device.as_ref(), block_bytes, data, &plan) {
             plan.free_allocations(self);
             return Err(e);
@@ -348,7 +348,7 @@ impl State {
         new_block: BlockAddr,
     ) -> Result<bool> {
         let record = self.volume_by_id(id)?.clone();
-        if !record.kind.is_writable() || index >= self.geometry.blocks_for(record.size_bytes) {
+        if !record.kind.is_writable() || index >= self.geometry().blocks_for(record.size_bytes) {
             return Err(Error::new(
                 ErrorKind::InvalidArgument,
                 format!(
@@ -359,14 +359,14 @@ impl State {
         }
         let (leaf, path) =
             self.leaf_for_write(record.root, record.height, NodeKind::VolumeData, index)?;
-        let slot = self.geometry.slot(index, 0);
+        let slot = self.geometry().slot(index, 0);
         let entry = self.entry(leaf, slot);
         if entry != old {
             return Ok(false);
         }
         // The data landed before this; the commit that makes the mapping
         // durable must flush it first.
-        self.data_dirty
+        self.data_dirty()
             .store(true, std::sync::atomic::Ordering::Release);
         self.map_new_block(id, leaf, slot, &path, entry, new_block)?;
         Ok(true)
@@ -421,7 +421,7 @@ impl State {
         out: &mut Vec<(u64, u64)>,
     ) -> Result<()> {
         let entries = self.node_entries(addr, NodeKind::VolumeData, level)?;
-        let span = self.geometry.span_blocks(level);
+        let span = self.geometry().span_blocks(level);
         for (slot, entry) in entries.iter().enumerate() {
             let child_first = base + slot as u64 * span;
             let child_end = child_first.saturating_add(span);

@@ -118,7 +118,7 @@ fn plan_into(
     len: usize,
     plan: &mut WritePlan,
 ) -> Result<()> {
-    let block_bytes = state.geometry.block_bytes();
+    let block_bytes = state.geometry().block_bytes();
     let mut done = 0usize;
     while done < len {
         let position = offset + done as u64;
