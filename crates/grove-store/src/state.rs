@@ -1,11 +1,12 @@
 //! The engine's state, everything the pool's state lock guards: the
-//! allocator, the share counts, the node cache, the volume records and the
-//! journal, with the device and node-cache access the rest builds on. Each
-//! other part of the engine is an `impl State` in a file of its own:
-//! `tree.rs` (radix trees), `volumes.rs` (volume operations),
-//! `volume_table.rs` (records on disk), `commit.rs` (transactions),
-//! `checkpoint.rs` (checkpoint and replay), `reclaim.rs`, `diff.rs` and
-//! `accounting.rs`. `pool/` holds the public API and the locking.
+//! space map (allocator and share counts, `space.rs`), the node cache, the
+//! volume records and the journal, with the device and node-cache access
+//! the rest builds on. Each other part of the engine is an `impl State` in
+//! a file of its own: `tree.rs` (radix trees), `volumes.rs` (volume
+//! operations), `volume_table.rs` (records on disk), `commit.rs`
+//! (transactions), `checkpoint.rs` (checkpoint and replay), `reclaim.rs`,
+//! `diff.rs` and `accounting.rs`. `pool/` holds the public API and the
+//! locking.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
