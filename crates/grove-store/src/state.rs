@@ -97,10 +97,9 @@ pub struct State {
     /// node read without the state lock is cached only if it has not
     /// moved since the read began (see `Pool`'s prefetch).
     metadata_epoch: std::sync::atomic::AtomicU64,
-    /// What punching freed blocks out of the device did (`punch.rs`).
-    pub(crate) punch: crate::punch::PunchStats,
-    /// Blocks made reusable since they were last punched (`punch.rs`).
-    pub(crate) punch_backlog: Vec<BlockAddr>,
+    /// What punching freed blocks out of the device did, and the blocks
+    /// made reusable since they were last punched (`punch.rs` alone).
+    pub(crate) punch: crate::punch::Puncher,
 }
 
 impl State {
@@ -141,7 +140,6 @@ impl State {
             commit_in_flight: None,
             metadata_epoch: std::sync::atomic::AtomicU64::new(0),
             punch: Default::default(),
-            punch_backlog: Vec::new(),
             open_warnings: Vec::new(),
             device,
             geometry,
