@@ -44,7 +44,7 @@ impl State {
         height: u8,
         with_nodes: bool,
     ) -> Result<u64> {
-        if self.shares.is_shared(root) {
+        if self.space_map.shares().is_shared(root) {
             return Ok(0);
         }
         self.unique_in_node(root, height - 1, with_nodes)
@@ -55,7 +55,7 @@ impl State {
         let entries = self.node_entries(addr, NodeKind::VolumeData, level)?;
         let mut count = 0;
         for entry in entries.iter().filter(|e| !e.is_empty()) {
-            if self.shares.is_shared(entry.addr()) {
+            if self.space_map.shares().is_shared(entry.addr()) {
                 continue;
             }
             count += if level == 0 {

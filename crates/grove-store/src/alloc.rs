@@ -112,14 +112,17 @@ impl Group {
         }
     }
 
-    /// Sets a live nibble, keeping the counters.
+    /// Sets a live nibble, keeping the counters. The counters follow the
+    /// nibbles (recounted at open, never read from disk), so one that
+    /// would wrap is a bug in the engine, not damage: it panics.
     fn set(&mut self, slot: usize, nibble: u8) {
         let old = self.nibbles.get(slot);
         let usable = slot < self.usable_slots;
+        let less = |counter: u64| counter.checked_sub(1).expect("group counter wraps");
         match old {
-            0 if usable => self.free_blocks -= 1,
-            NIBBLE_ALLOCATED => self.data_blocks -= 1,
-            n if n & NIBBLE_META != 0 => self.meta_blocks -= 1,
+            0 if usable => self.free_blocks = less(self.free_blocks),
+            NIBBLE_ALLOCATED => self.data_blocks = less(self.data_blocks),
+            n if n & NIBBLE_META != 0 => self.meta_blocks = less(self.meta_blocks),
             _ => {}
         }
         match nibble {
@@ -378,6 +381,7 @@ impl Allocator {
             return;
         }
         group.set(slot, NIBBLE_PENDING_FREE);
+        assert_eq!(group.nibbles.get(slot), NIBBLE_PENDING_FREE);
         self.changes.push((addr, AllocChange::Freed, old));
         self.open_frees.push(addr);
     }
@@ -601,8 +605,11 @@ impl Allocator {
         for addr in frees {
             let (group, slot) = self.locate(addr);
             let group = &mut self.groups[group];
+            // Only a block still pending free becomes free: one that a
+            // repair marked in use meanwhile stays in use.
             if group.nibbles.get(slot) == NIBBLE_PENDING_FREE {
                 group.set(slot, 0);
+                debug_assert_eq!(group.nibbles.get(slot), 0);
             }
         }
     }

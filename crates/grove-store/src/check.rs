@@ -211,7 +211,7 @@ impl State {
         findings.superblock_damage =
             !self.open_warnings.is_empty() || report.warnings.len() > warnings_before;
         let data_start = self.superblock.data_start.0;
-        let store_end = self.alloc.store_end().max(data_start + 1);
+        let store_end = self.space_map.alloc().store_end().max(data_start + 1);
         let window_blocks = window_blocks.clamp(1, CHECK_WINDOW_BLOCKS);
         let mut walk = Walk {
             tally: Tally::new(data_start..(data_start + window_blocks).min(store_end)),
@@ -245,10 +245,10 @@ impl State {
         self.report_share_counts(&mut walk, &mut report, &mut findings);
         self.report_maps(&mut walk, &mut report, &findings);
         self.compare_accounting(&counts, &mut walk, &mut findings);
-        if self.alloc.inconsistent_frees() > 0 {
+        if self.space_map.alloc().inconsistent_frees() > 0 {
             walk.error(format!(
                 "{} frees this session found their block already free (a damaged tree)",
-                self.alloc.inconsistent_frees()
+                self.space_map.alloc().inconsistent_frees()
             ));
         }
         if walk.suppressed_errors > 0 {
@@ -289,7 +289,11 @@ impl State {
     /// Collects the disagreements in this pass's window.
     fn tally_share_counts(&self, walk: &Walk, findings: &mut Findings) {
         for (addr, seen) in walk.tally.seen() {
-            let counted = self.shares.extra(BlockAddr(addr)).saturating_add(1);
+            let counted = self
+                .space_map
+                .shares()
+                .extra(BlockAddr(addr))
+                .saturating_add(1);
             if counted < seen.references {
                 findings.low_counts.push((addr, seen.references, counted));
             } else if counted > seen.references {
@@ -297,7 +301,7 @@ impl State {
             }
         }
         let window = walk.tally.window();
-        for &addr in self.shares.all().keys() {
+        for &addr in self.space_map.shares().all().keys() {
             if window.contains(&addr) && !walk.tally.contains(addr) {
                 findings.high_counts.push((addr, 0));
             }
@@ -327,18 +331,18 @@ impl State {
 
     /// The allocation map against reachability, in this pass's window.
     fn tally_maps(&self, walk: &Walk, findings: &mut Findings) {
-        let store_end = self.alloc.store_end();
+        let store_end = self.space_map.alloc().store_end();
         let window = walk.tally.window();
-        for group in 0..self.alloc.group_count() {
-            let start = self.alloc.group_start(group).0;
+        for group in 0..self.space_map.alloc().group_count() {
+            let start = self.space_map.alloc().group_start(group).0;
             let end = (start + self.superblock.group_blocks).min(store_end);
             let first = (start + crate::format::group::GROUP_HEADER_BLOCKS).max(window.start);
             for addr in first..end.min(window.end) {
-                let nibble = self.alloc.nibble(BlockAddr(addr)).unwrap_or(0);
+                let nibble = self.space_map.alloc().nibble(BlockAddr(addr)).unwrap_or(0);
                 let allocated = nibble & NIBBLE_ALLOCATED != 0;
                 match (walk.tally.get(addr), allocated) {
                     // A write in flight holds it, and maps it shortly.
-                    (None, true) if self.alloc.is_reserved(BlockAddr(addr)) => {}
+                    (None, true) if self.space_map.alloc().is_reserved(BlockAddr(addr)) => {}
                     (None, true) => findings.leaks.push(addr),
                     (Some(seen), false) => findings.unmarked.push((addr, seen.is_meta)),
                     (Some(seen), true) if seen.is_meta != (nibble & NIBBLE_META != 0) => {
@@ -378,7 +382,7 @@ impl State {
         walk: &mut Walk,
         findings: &mut Findings,
     ) {
-        let block_bytes = self.geometry.block_bytes();
+        let block_bytes = self.geometry().block_bytes();
         let generation = self.superblock.birth_generation;
         for record in self.volumes.values() {
             let actual = counts[&record.id];
@@ -406,7 +410,7 @@ impl State {
     /// size fits the journal.
     fn repair(&mut self, findings: &Findings, report: &mut CheckReport) -> Result<()> {
         for &addr in &findings.leaks {
-            self.alloc.free(BlockAddr(addr));
+            self.space_map.free_unreferenced(BlockAddr(addr));
             self.commit_if_large_during_repair()?;
         }
         if !findings.leaks.is_empty() {
@@ -421,7 +425,7 @@ impl State {
             } else {
                 BlockUse::Data
             };
-            self.alloc.set_allocated(BlockAddr(addr), usage);
+            self.space_map.mark_in_use(BlockAddr(addr), usage);
             self.commit_if_large_during_repair()?;
         }
         let remarked_count = findings.unmarked.len() + findings.wrong_kind.len();
@@ -440,8 +444,8 @@ impl State {
             .map(|&(addr, references, _)| (addr, references))
             .chain(findings.high_counts.iter().copied());
         for (addr, references) in count_fixes {
-            self.shares
-                .set_exact(BlockAddr(addr), references.saturating_sub(1));
+            self.space_map
+                .set_share_count(BlockAddr(addr), references.saturating_sub(1));
             self.commit_if_large_during_repair()?;
         }
         let count_fix_count = findings.low_counts.len() + findings.high_counts.len();
@@ -465,10 +469,10 @@ impl State {
     }
 
     fn check_superblocks(&self, report: &mut CheckReport) {
-        let block = u64::from(self.geometry.block_size_bytes);
+        let block = u64::from(self.geometry().block_size_bytes);
         for slot in 0..2u64 {
             let mut buf = vec![0u8; block as usize];
-            if let Err(e) = self.device.read_at(&mut buf, slot * block) {
+            if let Err(e) = self.device().read_at(&mut buf, slot * block) {
                 report
                     .errors
                     .push(format!("cannot read superblock slot {slot}: {e}"));

@@ -20,8 +20,8 @@ impl State {
     /// opening and closing it writes nothing.
     pub fn needs_checkpoint(&self) -> bool {
         !self.journal.is_empty()
-            || self.alloc.has_dirty_maps()
-            || self.shares.has_dirty_count_blocks()
+            || self.space_map.alloc().has_dirty_maps()
+            || self.space_map.shares().has_dirty_count_blocks()
             || !self.unwritten_homes.is_empty()
     }
 
@@ -29,33 +29,31 @@ impl State {
     /// notes in their groups' maps that they hold counts.
     pub(crate) fn write_count_blocks(&mut self) -> Result<()> {
         let dirty = self
-            .shares
-            .dirty_count_blocks(self.geometry.block_size_bytes);
+            .space_map
+            .shares()
+            .dirty_count_blocks(self.geometry().block_size_bytes);
         for count_block in &dirty {
             self.write_device_block(count_block.home, &count_block.block, "share counts")?;
         }
-        for count_block in &dirty {
-            self.alloc
-                .mark_shares_present(count_block.group, count_block.index);
-        }
-        self.shares.mark_count_blocks_clean();
+        let written: Vec<(u64, u32)> = dirty.iter().map(|c| (c.group, c.index)).collect();
+        self.space_map.mark_count_blocks_written(&written);
         Ok(())
     }
 
     /// Reads the share-count blocks every group's map says it has.
     pub fn load_share_counts(&mut self) -> Result<()> {
-        let mut block = vec![0u8; self.geometry.block_size_bytes as usize];
-        for group in 0..self.alloc.group_count() {
-            let present = self.alloc.shares_present(group);
+        let mut block = vec![0u8; self.geometry().block_size_bytes as usize];
+        for group in 0..self.space_map.alloc().group_count() {
+            let present = self.space_map.alloc().shares_present(group);
             for k in 0..SHARE_BLOCKS_PER_GROUP {
                 if present & (1 << k) == 0 {
                     continue;
                 }
-                let first = self.shares.count_block_first_of(group, k);
-                let home = BlockAddr(self.alloc.group_start(group).0 + 1 + k);
+                let first = self.space_map.shares().count_block_first_of(group, k);
+                let home = BlockAddr(self.space_map.alloc().group_start(group).0 + 1 + k);
                 self.read_block(home, &mut block, "share-count block")?;
                 match crate::format::shares::decode(BlockAddr(first), &block) {
-                    Ok(counts) => self.shares.load(first, &counts),
+                    Ok(counts) => self.space_map.load_share_counts(first, &counts),
                     // Count blocks are rewritten in place at checkpoint, so
                     // a crash can tear one. The trees say what the counts
                     // must be: they are rebuilt once the table is loaded.
@@ -90,10 +88,10 @@ impl State {
             .filter(|&(_, n)| n > 1)
             .map(|(addr, n)| (addr.0, n - 1))
             .collect();
-        self.shares.rebuild(extra);
+        self.space_map.rebuild_shares(extra);
         let damaged = std::mem::take(&mut self.share_counts_damaged);
         for (first, _) in &damaged {
-            self.shares.mark_count_block_dirty(*first);
+            self.space_map.mark_count_block_dirty(*first);
         }
         self.open_warnings.push(format!(
             "{} share-count blocks were unusable ({}); all share counts were rebuilt from the trees",
@@ -139,12 +137,15 @@ impl State {
         // whose counts the journal still replays.
         self.write_count_blocks()?;
         self.flush_device("share counts")?;
-        let maps = self.alloc.dirty_maps(self.geometry.block_size_bytes);
+        let maps = self
+            .space_map
+            .alloc()
+            .dirty_maps(self.geometry().block_size_bytes);
         for (addr, block) in &maps {
             self.write_device_block(*addr, block, "allocation map")?;
         }
         self.flush_device("allocation maps")?;
-        self.alloc.mark_maps_clean();
+        self.space_map.mark_maps_clean();
         let mut superblock = self.superblock.clone();
         superblock.volume_table_root = self.committed_roots.volume_table_root;
         superblock.volume_table_height = self.committed_roots.volume_table_height;
@@ -167,7 +168,7 @@ impl State {
     /// writes the same (possibly torn) slot and never the last good one.
     pub fn write_superblock(&self, superblock: &mut Superblock) -> Result<()> {
         superblock.generation += 1;
-        let mut block = vec![0u8; self.geometry.block_size_bytes as usize];
+        let mut block = vec![0u8; self.geometry().block_size_bytes as usize];
         block[..SUPERBLOCK_LEN].copy_from_slice(&superblock.encode());
         let result = self
             .write_device_block(BlockAddr(superblock.slot()), &block, "superblock")
@@ -217,7 +218,7 @@ impl State {
         if !root.is_none()
             && (root.0 < self.superblock.data_start.0
                 || root.0 >= store_end
-                || self.alloc.is_group_header(root))
+                || self.space_map.alloc().is_group_header(root))
         {
             return refuse(format!(
                 "volume_table_root {} is not a block of the data area {}..{store_end} outside the groups' own blocks",
@@ -233,9 +234,10 @@ impl State {
     /// gives the same result: images are whole blocks and extents set
     /// states, so applying them again changes nothing.
     pub fn replay_journal(&mut self) -> Result<usize> {
+        let device = std::sync::Arc::clone(self.device());
         let transactions = self
             .journal
-            .scan(self.device.as_ref(), &self.superblock.pool_uuid)?;
+            .scan(device.as_ref(), &self.superblock.pool_uuid)?;
         if transactions.is_empty() {
             return Ok(0);
         }
@@ -263,11 +265,12 @@ impl State {
         // cannot apply refuses the open with the store as it was.
         for transaction in &transactions {
             let roots = transaction.descriptor.roots;
-            self.alloc
-                .replay(&transaction.descriptor.extents, roots.group_count)?;
-            let store_end = self.alloc.store_end();
-            self.shares
-                .replay(&transaction.descriptor.share_runs, store_end)?;
+            self.space_map.replay(
+                &transaction.descriptor.extents,
+                &transaction.descriptor.share_runs,
+                roots.group_count,
+            )?;
+            let store_end = self.space_map.alloc().store_end();
             if roots.birth_generation > crate::format::node::BIRTH_GENERATION_MAX {
                 return Err(Error::corrupt(format!(
                     "journal transaction {} claims birth generation {}",
@@ -277,7 +280,10 @@ impl State {
             self.check_replayed_roots(transaction.descriptor.sequence, &roots, store_end)?;
             for home in &transaction.descriptor.homes {
                 let data_start = self.superblock.data_start.0;
-                if home.0 < data_start || home.0 >= store_end || self.alloc.is_group_header(*home) {
+                if home.0 < data_start
+                    || home.0 >= store_end
+                    || self.space_map.alloc().is_group_header(*home)
+                {
                     return Err(Error::corrupt(format!(
                         "journal transaction {} writes {home}, which cannot hold journaled metadata",
                         transaction.descriptor.sequence
@@ -298,8 +304,7 @@ impl State {
                 self.write_device_block(*home, image, "replayed metadata")?;
             }
         }
-        self.alloc.finish_replay();
-        self.shares.finish_replay();
+        self.space_map.finish_replay();
         self.grow_device_to_store()?;
         Ok(transactions.len())
     }

@@ -107,10 +107,10 @@ impl CommitIo {
 
 impl State {
     pub fn has_changes(&self) -> bool {
-        !self.cache.dirty().is_empty()
+        self.has_dirty_nodes()
             || !self.dirty_records.is_empty()
-            || self.alloc.has_changes()
-            || self.shares.change_count() > 0
+            || self.space_map.alloc().has_changes()
+            || self.space_map.shares().change_count() > 0
             || self.committed_roots.birth_generation != self.superblock.birth_generation
     }
 
@@ -123,13 +123,13 @@ impl State {
     /// run at most), so a burst of allocating writes does not commit long
     /// before the journal needs it.
     pub fn pending_commit_blocks(&self) -> u64 {
-        let images = self.cache.dirty().len() + self.dirty_records.len();
+        let images = self.dirty_node_count() + self.dirty_records.len();
         let descriptor_bytes = Descriptor::encoded_len(
             images,
-            self.alloc.change_count(),
-            self.shares.change_count(),
+            self.space_map.alloc().change_count(),
+            self.space_map.shares().change_count(),
         );
-        (images + descriptor_bytes.div_ceil(self.geometry.block_size_bytes as usize)) as u64
+        (images + descriptor_bytes.div_ceil(self.geometry().block_size_bytes as usize)) as u64
     }
 
     /// Commits in the middle of a repair once the pending changes near what
@@ -196,7 +196,7 @@ impl State {
             self.flush_device("data")?;
             return self.commit_in_place_unsafely().map(PreparedCommit::Done);
         }
-        let flush_data = self.data_dirty.swap(false, Ordering::AcqRel);
+        let flush_data = self.data_dirty().swap(false, Ordering::AcqRel);
         if !flush_data && !self.has_changes() {
             return Ok(PreparedCommit::Done(Vec::new()));
         }
@@ -213,7 +213,7 @@ impl State {
                 // after the fault clears writes all of it again.
                 self.dirty_records.extend(dirty_ids);
                 if flush_data {
-                    self.data_dirty.store(true, Ordering::Release);
+                    self.data_dirty().store(true, Ordering::Release);
                 }
                 return Err(e);
             }
@@ -221,8 +221,8 @@ impl State {
         // Its I/O rewrites the homes of the images.
         self.metadata_changed();
         let io = CommitIo {
-            device: self.device.clone(),
-            block_bytes: self.geometry.block_size_bytes as usize,
+            device: self.device().clone(),
+            block_bytes: self.geometry().block_size_bytes as usize,
             flush_data,
             transaction,
             homes: in_flight.homes.clone(),
@@ -237,12 +237,12 @@ impl State {
         let writes = self.dirty_images()?;
         self.grow_device_to_store()?;
         let roots = self.current_roots();
-        let share_runs = self.shares.pending_runs();
+        let share_runs = self.space_map.pending_share_runs();
         // Allocations and share counts must be durable with the tree that
         // uses them; frees may trail in later transactions (a crash between
         // leaks blocks, which check --repair and the GC reclaim, and never
         // frees a block still in use).
-        let mut extents = self.alloc.pending_extents();
+        let mut extents = self.space_map.alloc().pending_extents();
         extents.sort_by_key(|e| e.change == AllocChange::Freed);
         let (homes, images): (Vec<BlockAddr>, Vec<Vec<u8>>) = writes.into_iter().unzip();
         let first_extents = self.extents_that_fit(images.len(), share_runs.len(), &extents);
@@ -261,9 +261,8 @@ impl State {
         let trailing_frees = extents.split_off(first_extents);
         let transaction = self.reserve_transaction(roots, &homes, &images, extents, share_runs)?;
         // From here on, the bookkeeping of a durable transaction.
-        self.cache.mark_all_clean();
-        let sealed = self.alloc.seal();
-        self.shares.seal();
+        self.mark_nodes_clean();
+        let sealed = self.space_map.seal();
         self.committed_roots = roots;
         // A freed block may be reused for data once this transaction is
         // durable: an older image must never be written over it.
@@ -293,16 +292,9 @@ impl State {
     /// first, since writing its records may allocate nodes and blocks that
     /// must ride in the same transaction, then every dirty node.
     fn dirty_images(&mut self) -> Result<Vec<(BlockAddr, Vec<u8>)>> {
-        let block_size = self.geometry.block_size_bytes as usize;
+        let block_size = self.geometry().block_size_bytes as usize;
         let mut writes = self.persist_volume_table()?;
-        for &addr in self.cache.dirty() {
-            let mut block = vec![0u8; block_size];
-            self.cache
-                .peek(addr)
-                .expect("dirty nodes are pinned")
-                .encode(&mut block);
-            writes.push((addr, block));
-        }
+        writes.extend(self.dirty_node_images(block_size));
         Ok(writes)
     }
 
@@ -311,7 +303,7 @@ impl State {
             volume_table_root: self.superblock.volume_table_root,
             volume_table_height: self.superblock.volume_table_height,
             next_volume_id: self.superblock.next_volume_id,
-            group_count: self.alloc.group_count(),
+            group_count: self.space_map.alloc().group_count(),
             birth_generation: self.superblock.birth_generation,
         }
     }
@@ -326,7 +318,7 @@ impl State {
         extents: Vec<AllocExtent>,
         share_runs: Vec<ShareRun>,
     ) -> Result<(u64, Vec<u8>)> {
-        let block = self.geometry.block_size_bytes as usize;
+        let block = self.geometry().block_size_bytes as usize;
         let descriptor = self.descriptor(roots, homes.to_vec(), images, extents, share_runs);
         let len = u64::from(descriptor.descriptor_blocks) + images.len() as u64;
         if !self.journal.fits(len) {
@@ -408,14 +400,17 @@ impl State {
         for (home, image) in &writes {
             self.write_device_block(*home, image, "metadata")?;
         }
-        self.cache.mark_all_clean();
-        let sealed = self.alloc.seal();
-        self.shares.seal();
+        self.mark_nodes_clean();
+        let sealed = self.space_map.seal();
         self.write_count_blocks()?;
-        for (addr, block) in self.alloc.dirty_maps(self.geometry.block_size_bytes) {
+        for (addr, block) in self
+            .space_map
+            .alloc()
+            .dirty_maps(self.geometry().block_size_bytes)
+        {
             self.write_device_block(addr, &block, "allocation map")?;
         }
-        self.alloc.mark_maps_clean();
+        self.space_map.mark_maps_clean();
         self.flush_device("metadata")?;
         self.committed_roots = roots;
         Ok(sealed.frees)
@@ -424,7 +419,7 @@ impl State {
     /// How many of `extents` fit in one transaction beside `images` images
     /// and `share_runs` share-count runs.
     fn extents_that_fit(&self, images: usize, share_runs: usize, extents: &[AllocExtent]) -> usize {
-        let block = self.geometry.block_size_bytes as usize;
+        let block = self.geometry().block_size_bytes as usize;
         let max_blocks = self.journal.max_transaction_blocks() as usize;
         let descriptor_blocks_max = max_blocks.saturating_sub(images);
         let budget_bytes = descriptor_blocks_max * block;
@@ -444,7 +439,7 @@ impl State {
         extents: Vec<AllocExtent>,
         share_runs: Vec<ShareRun>,
     ) -> Descriptor {
-        let block = self.geometry.block_size_bytes as usize;
+        let block = self.geometry().block_size_bytes as usize;
         let mut images_crc = 0u32;
         for image in images {
             images_crc = crc32c::crc32c_append(images_crc, image);
@@ -471,20 +466,21 @@ impl State {
         extents: Vec<AllocExtent>,
         share_runs: Vec<ShareRun>,
     ) -> Result<()> {
-        let block = self.geometry.block_size_bytes as usize;
+        let block = self.geometry().block_size_bytes as usize;
         let descriptor = self.descriptor(roots, homes, images, extents, share_runs);
         let len = u64::from(descriptor.descriptor_blocks) + images.len() as u64;
         if !self.journal.fits(len) {
             self.checkpoint()?;
         }
         let bytes = descriptor.encode(block);
-        self.journal.append(self.device.as_ref(), &bytes, images)
+        let device = std::sync::Arc::clone(self.device());
+        self.journal.append(device.as_ref(), &bytes, images)
     }
 
     /// Checks that the journal reads back exactly the transactions written
     /// since the last checkpoint; returns how many.
     pub(crate) fn verify_journal(&self) -> Result<u64> {
         self.journal
-            .verify(self.device.as_ref(), &self.superblock.pool_uuid)
+            .verify(self.device().as_ref(), &self.superblock.pool_uuid)
     }
 }

@@ -60,7 +60,7 @@ impl State {
             }
         };
         let end = self
-            .geometry
+            .geometry()
             .blocks_for(base.size_bytes.max(newer.size_bytes));
         let mut out = Vec::new();
         self.diff_sides(side(base), side(newer), height - 1, 0, end, &mut out)?;
@@ -70,7 +70,7 @@ impl State {
     /// The entries of a side at `level`, as child sides (or data blocks at
     /// level 0, as Node of the data block).
     fn side_children(&mut self, side: Side, level: u8) -> Result<Vec<Side>> {
-        let n = self.geometry.entries_per_node;
+        let n = self.geometry().entries_per_node;
         Ok(match side {
             Side::Hole => vec![Side::Hole; n],
             Side::Above { root, root_level } => {
@@ -106,7 +106,7 @@ impl State {
         if base == newer || first >= end {
             return Ok(());
         }
-        let span = self.geometry.span_blocks(level);
+        let span = self.geometry().span_blocks(level);
         let base_children = self.side_children(base, level)?;
         let newer_children = self.side_children(newer, level)?;
         for (slot, (b, n)) in base_children.into_iter().zip(newer_children).enumerate() {
@@ -157,7 +157,7 @@ impl State {
         since: u64,
         newer: &VolumeRecord,
     ) -> Result<Vec<(u64, u64, bool)>> {
-        let end = self.geometry.blocks_for(newer.size_bytes);
+        let end = self.geometry().blocks_for(newer.size_bytes);
         let mut out = Vec::new();
         self.changed_since(newer.root, newer.height - 1, 0, end, since, &mut out)?;
         Ok(out)
@@ -175,7 +175,7 @@ impl State {
         let entries: Vec<Entry> = self
             .node_entries(addr, NodeKind::VolumeData, level)?
             .to_vec();
-        let span = self.geometry.span_blocks(level);
+        let span = self.geometry().span_blocks(level);
         for (slot, entry) in entries.into_iter().enumerate() {
             let child_first = first + slot as u64 * span;
             if child_first >= end || entry.birth() <= since {

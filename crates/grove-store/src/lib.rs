@@ -36,6 +36,7 @@ pub mod pool;
 mod punch;
 mod reclaim;
 mod shares;
+mod space;
 mod state;
 pub mod testing;
 mod tree;

@@ -52,7 +52,7 @@ impl State {
         }
         let group_blocks = self.superblock.group_blocks;
         for &group in damaged.keys() {
-            let start = self.alloc.group_start(group).0;
+            let start = self.space_map.alloc().group_start(group).0;
             let mut nibbles = vec![0u8; group_blocks as usize];
             nibbles[..GROUP_HEADER_BLOCKS as usize].fill(NIBBLE_ALLOCATED | NIBBLE_META);
             for (slot, nibble) in nibbles
@@ -64,10 +64,10 @@ impl State {
                     *nibble = NIBBLE_ALLOCATED | if is_meta { NIBBLE_META } else { 0 };
                 }
             }
-            self.alloc.rebuild_group(group, &nibbles);
+            self.space_map.rebuild_group(group, &nibbles);
             // Which count blocks hold counts went with the map: every count
             // is rebuilt, and the group's first count block rewritten.
-            let first = self.shares.count_block_first_of(group, 0);
+            let first = self.space_map.shares().count_block_first_of(group, 0);
             self.share_counts_damaged
                 .push((first, format!("the map of group {group} was unusable")));
         }
@@ -90,7 +90,7 @@ impl State {
         in_use: &mut InUse,
     ) {
         let data_start = self.superblock.data_start.0;
-        if addr.0 < data_start || addr.0 >= self.alloc.store_end() {
+        if addr.0 < data_start || addr.0 >= self.space_map.alloc().store_end() {
             return;
         }
         let group = (addr.0 - data_start) / self.superblock.group_blocks;

@@ -36,6 +36,14 @@ pub(crate) const PUNCH_BACKLOG_BLOCKS_MAX: usize = 1 << 20;
 /// cannot be allocated meanwhile.
 pub(crate) const PUNCH_RUN_BLOCKS_MAX: usize = 16 * 1024;
 
+/// Punching's own state in `State`, private to this file: what it did, and
+/// the blocks made reusable since they were last punched.
+#[derive(Default)]
+pub(crate) struct Puncher {
+    stats: PunchStats,
+    backlog: Vec<BlockAddr>,
+}
+
 /// What hole punching did on the pool's device since the pool was opened.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PunchStats {
@@ -128,21 +136,21 @@ impl State {
     /// freed) on the punch backlog, just before `make_reusable` releases
     /// them.
     pub(crate) fn queue_durable_frees(&mut self, frees: &[BlockAddr]) {
-        if self.punch.unsupported {
+        if self.punch.stats.unsupported {
             return;
         }
         for &addr in frees {
-            if self.alloc.nibble(addr) != Some(NIBBLE_PENDING_FREE) {
+            if self.space_map.alloc().nibble(addr) != Some(NIBBLE_PENDING_FREE) {
                 continue;
             }
             assert!(
-                !self.alloc.is_group_header(addr),
+                !self.space_map.alloc().is_group_header(addr),
                 "{addr} is a group's own block and is never freed"
             );
-            if self.punch_backlog.len() < PUNCH_BACKLOG_BLOCKS_MAX {
-                self.punch_backlog.push(addr);
+            if self.punch.backlog.len() < PUNCH_BACKLOG_BLOCKS_MAX {
+                self.punch.backlog.push(addr);
             } else {
-                self.punch.dropped_blocks += 1;
+                self.punch.stats.dropped_blocks += 1;
             }
         }
     }
@@ -151,26 +159,26 @@ impl State {
     /// those still free, and returns them as extents to punch without the
     /// lock; None when the backlog is empty. `finish_punch_run` must follow.
     pub(crate) fn take_punch_run(&mut self) -> Option<PunchRun> {
-        if self.punch.unsupported {
-            self.punch_backlog.clear();
+        if self.punch.stats.unsupported {
+            self.punch.backlog.clear();
         }
-        if self.punch_backlog.is_empty() {
+        if self.punch.backlog.is_empty() {
             return None;
         }
-        let take = self.punch_backlog.len().min(PUNCH_RUN_BLOCKS_MAX);
-        let start = self.punch_backlog.len() - take;
-        let mut blocks: Vec<BlockAddr> = self.punch_backlog.drain(start..).collect();
+        let take = self.punch.backlog.len().min(PUNCH_RUN_BLOCKS_MAX);
+        let start = self.punch.backlog.len() - take;
+        let mut blocks: Vec<BlockAddr> = self.punch.backlog.drain(start..).collect();
         blocks.sort_unstable();
         blocks.dedup();
         // A block reused since it was queued holds its new owner's data.
-        blocks.retain(|&addr| self.alloc.nibble(addr) == Some(0));
+        blocks.retain(|&addr| self.space_map.alloc().nibble(addr) == Some(0));
         for &addr in &blocks {
-            debug_assert!(!self.alloc.is_group_header(addr));
-            self.alloc.reserve_free(addr);
+            debug_assert!(!self.space_map.alloc().is_group_header(addr));
+            self.space_map.reserve_free(addr);
         }
         Some(PunchRun {
-            device: self.device.clone(),
-            block_bytes: self.geometry.block_bytes(),
+            device: self.device().clone(),
+            block_bytes: self.geometry().block_bytes(),
             extents: coalesce(&mut blocks),
         })
     }
@@ -180,35 +188,35 @@ impl State {
         for &(first, count) in &run.extents {
             for addr in (first.0..first.0 + count).map(BlockAddr) {
                 assert!(
-                    self.alloc.is_reserved(addr),
+                    self.space_map.alloc().is_reserved(addr),
                     "{addr} was not held for punching"
                 );
-                self.alloc.unreserve(addr);
+                self.space_map.unreserve(addr);
             }
         }
         self.record_punches(outcome);
     }
 
     fn record_punches(&mut self, outcome: PunchOutcome) {
-        self.punch.extents += outcome.extents;
-        self.punch.blocks += outcome.blocks;
-        self.punch.elapsed_us += outcome.elapsed_us;
+        self.punch.stats.extents += outcome.extents;
+        self.punch.stats.blocks += outcome.blocks;
+        self.punch.stats.elapsed_us += outcome.elapsed_us;
         if let Some(e) = outcome.unsupported {
-            if !self.punch.unsupported {
+            if !self.punch.stats.unsupported {
                 tracing::info!(
                     "{} cannot punch holes ({e}): freed blocks keep their space on the host",
-                    self.device.describe()
+                    self.device().describe()
                 );
             }
-            self.punch.unsupported = true;
-            self.punch_backlog.clear();
+            self.punch.stats.unsupported = true;
+            self.punch.backlog.clear();
         }
         if let Some(e) = outcome.first_error {
-            self.punch.errors += outcome.failures;
+            self.punch.stats.errors += outcome.failures;
             tracing::warn!(
                 "cannot punch {} freed extents out of {} ({e}); their space stays allocated on the host",
                 outcome.failures,
-                self.device.describe()
+                self.device().describe()
             );
         }
     }
@@ -222,15 +230,19 @@ impl State {
         let data_start = self.superblock.data_start.0;
         // Slots past a capacity that ends inside the last group are not
         // free space: they are not in the store at all.
-        let end = match self.alloc.capacity_blocks() {
-            0 => self.alloc.store_end(),
-            capacity => self.alloc.store_end().min(data_start + capacity),
+        let end = match self.space_map.alloc().capacity_blocks() {
+            0 => self.space_map.alloc().store_end(),
+            capacity => self
+                .space_map
+                .alloc()
+                .store_end()
+                .min(data_start + capacity),
         };
         let mut extents = Vec::new();
         let mut run: Option<(BlockAddr, u64)> = None;
         for addr in (data_start..end).map(BlockAddr) {
-            if self.alloc.nibble(addr) == Some(0) {
-                debug_assert!(!self.alloc.is_group_header(addr));
+            if self.space_map.alloc().nibble(addr) == Some(0) {
+                debug_assert!(!self.space_map.alloc().is_group_header(addr));
                 run = match run {
                     Some((first, count)) => Some((first, count + 1)),
                     None => Some((addr, 1)),
@@ -240,24 +252,24 @@ impl State {
             }
         }
         extents.extend(run);
-        let before = self.punch.blocks;
+        let before = self.punch.stats.blocks;
         // Every free block is punched now: the backlog has nothing left.
-        self.punch_backlog.clear();
-        if !self.punch.unsupported {
+        self.punch.backlog.clear();
+        if !self.punch.stats.unsupported {
             let run = PunchRun {
-                device: self.device.clone(),
-                block_bytes: self.geometry.block_bytes(),
+                device: self.device().clone(),
+                block_bytes: self.geometry().block_bytes(),
                 extents,
             };
             let outcome = run.execute();
             self.record_punches(outcome);
         }
-        self.punch.blocks - before
+        self.punch.stats.blocks - before
     }
 
     /// What punching did since the pool was opened.
     pub(crate) fn punch_stats(&self) -> PunchStats {
-        self.punch
+        self.punch.stats
     }
 }
 

@@ -11,6 +11,7 @@ use std::collections::HashMap;
 
 use crate::error::Result;
 use crate::format::node::{Entry, NodeKind};
+use crate::space::Release;
 use crate::state::State;
 use crate::types::{BlockAddr, VolumeId};
 
@@ -43,12 +44,12 @@ impl State {
     /// transaction goes to each kind.
     pub fn reclaim_budget(&self) -> usize {
         let transaction_bytes =
-            self.max_transaction_blocks() as usize * self.geometry.block_size_bytes as usize;
+            self.max_transaction_blocks() as usize * self.geometry().block_size_bytes as usize;
         let by_records = transaction_bytes / 4 / crate::format::journal::SHARE_RUN_BYTES;
         let by_images = self.max_transaction_blocks() as usize / 4;
         RECLAIM_BATCH_ENTRIES
             .min(by_records)
-            .min(by_images * self.geometry.entries_per_node)
+            .min(by_images * self.geometry().entries_per_node)
             .max(1)
     }
 
@@ -69,16 +70,13 @@ impl State {
             let Some(id) = self.next_dying() else { break };
             let record = self.removed[&id].clone();
             let root = record.root;
-            let emptied = if self.shares.is_shared(root) {
-                self.shares.decrement(root);
-                true
-            } else if self.reclaim_node(root, record.height - 1, &mut budget, &mut freed_blocks)? {
-                self.free_block(root);
+            // A root others share only loses a count; the last reference
+            // is released once everything below it has been given back.
+            let emptied = !self.space_map.is_last_reference(root)
+                || self.reclaim_node(root, record.height - 1, &mut budget, &mut freed_blocks)?;
+            if emptied && self.release_reference(root) == Release::Freed {
                 freed_blocks += 1;
-                true
-            } else {
-                false
-            };
+            }
             if emptied {
                 let record = self.removed.get_mut(&id).expect("removed record");
                 record.root = BlockAddr::NONE;
@@ -103,7 +101,7 @@ impl State {
         freed_blocks: &mut u64,
     ) -> Result<bool> {
         self.load_node(addr, NodeKind::VolumeData, level)?;
-        for slot in 0..self.geometry.entries_per_node {
+        for slot in 0..self.geometry().entries_per_node {
             let entry = self.entry(addr, slot);
             if entry.is_empty() {
                 continue;
@@ -112,14 +110,14 @@ impl State {
                 return Ok(false);
             }
             let child = entry.addr();
-            if self.shares.is_shared(child) {
-                self.shares.decrement(child);
-            } else if level == 0 || self.reclaim_node(child, level - 1, budget, freed_blocks)? {
-                // A data block, or a node now emptied: ours alone, so freed.
-                self.free_block(child);
-                *freed_blocks += 1;
-            } else {
+            // A shared child only loses a count. Ours alone, a data block
+            // or a node now emptied is freed; a node not yet emptied waits.
+            let last = self.space_map.is_last_reference(child);
+            if last && level > 0 && !self.reclaim_node(child, level - 1, budget, freed_blocks)? {
                 return Ok(false);
+            }
+            if self.release_reference(child) == Release::Freed {
+                *freed_blocks += 1;
             }
             self.set_entry(addr, slot, Entry::EMPTY);
             // A child node emptied by the last of the budget still has its
@@ -162,7 +160,7 @@ impl State {
     ) -> Result<()> {
         let seen = tally.entry(addr).or_default();
         *seen += 1;
-        if *seen != self.shares.extra(addr).saturating_add(1) {
+        if *seen != self.space_map.shares().extra(addr).saturating_add(1) {
             return Ok(());
         }
         let Some(level) = level else {

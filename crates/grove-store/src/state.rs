@@ -1,11 +1,12 @@
 //! The engine's state, everything the pool's state lock guards: the
-//! allocator, the share counts, the node cache, the volume records and the
-//! journal, with the device and node-cache access the rest builds on. Each
-//! other part of the engine is an `impl State` in a file of its own:
-//! `tree.rs` (radix trees), `volumes.rs` (volume operations),
-//! `volume_table.rs` (records on disk), `commit.rs` (transactions),
-//! `checkpoint.rs` (checkpoint and replay), `reclaim.rs`, `diff.rs` and
-//! `accounting.rs`. `pool/` holds the public API and the locking.
+//! space map (allocator and share counts, `space.rs`), the node cache, the
+//! volume records and the journal, with the device and node-cache access
+//! the rest builds on. Each other part of the engine is an `impl State` in
+//! a file of its own: `tree.rs` (radix trees), `volumes.rs` (volume
+//! operations), `volume_table.rs` (records on disk), `commit.rs`
+//! (transactions), `checkpoint.rs` (checkpoint and replay), `reclaim.rs`,
+//! `diff.rs` and `accounting.rs`. `pool/` holds the public API and the
+//! locking.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,6 +23,7 @@ use crate::format::record::VolumeRecord;
 use crate::format::superblock::Superblock;
 use crate::journal::Journal;
 use crate::shares::Shares;
+use crate::space::{Release, SpaceMap};
 use crate::types::{BlockAddr, VolumeId};
 
 pub use crate::geometry::Geometry;
@@ -41,28 +43,28 @@ pub(crate) struct Space {
 }
 
 pub struct State {
-    pub device: Arc<dyn BlockDevice>,
-    pub geometry: Geometry,
-    pub superblock: Superblock,
-    pub alloc: Allocator,
-    /// Extra reference counts: exact sharing.
-    pub shares: Shares,
+    device: Arc<dyn BlockDevice>,
+    geometry: Geometry,
+    pub(crate) superblock: Superblock,
+    /// Which blocks are in use and how many references each has: the
+    /// allocator and the share counts, changed only through its methods.
+    pub(crate) space_map: SpaceMap,
     /// Decoded nodes, clean and dirty, bounded (ESnap).
-    pub(crate) cache: NodeCache,
+    cache: NodeCache,
     /// Live volumes.
-    pub volumes: BTreeMap<VolumeId, VolumeRecord>,
+    pub(crate) volumes: BTreeMap<VolumeId, VolumeRecord>,
     /// Removed volumes whose record is still needed: a tree the reclaimer
     /// has not given back yet, children's lineage, or a bookmark.
-    pub removed: BTreeMap<VolumeId, VolumeRecord>,
+    pub(crate) removed: BTreeMap<VolumeId, VolumeRecord>,
     /// Children of every record, live or removed, by parent id.
-    pub children: HashMap<VolumeId, BTreeSet<VolumeId>>,
-    pub names: HashMap<String, VolumeId>,
+    pub(crate) children: HashMap<VolumeId, BTreeSet<VolumeId>>,
+    pub(crate) names: HashMap<String, VolumeId>,
     /// Record blocks of the volume table by block index, as stored.
     pub(crate) record_blocks: HashMap<u64, Vec<u8>>,
     pub(crate) dirty_records: BTreeSet<VolumeId>,
     /// Why the pool stopped taking changes: a commit failed, so what is
     /// in memory may no longer match anything durable. Reads go on.
-    pub failed: Option<String>,
+    pub(crate) failed: Option<String>,
     /// Count blocks that could not be decoded at open (torn by a crash
     /// during a checkpoint); the counts are rebuilt from the trees.
     pub(crate) share_counts_damaged: Vec<(u64, String)>,
@@ -76,16 +78,16 @@ pub struct State {
     /// that write in place outside the state lock: they set it after their
     /// write lands, and a commit clears it before it flushes, so a write that
     /// lands during a commit is flushed by the next one.
-    pub data_dirty: Arc<AtomicBool>,
+    data_dirty: Arc<AtomicBool>,
     /// Radix nodes visited by lookups, for the depth-independence test.
-    pub node_visits: u64,
+    node_visits: u64,
     pub(crate) journal: Journal,
     /// The roots as of the last durable transaction: what a checkpoint
     /// writes into the superblock.
     pub(crate) committed_roots: Roots,
     /// What opening the pool found wrong but could work around (a damaged
     /// superblock slot); `check` reports it.
-    pub open_warnings: Vec<String>,
+    pub(crate) open_warnings: Vec<String>,
     /// Journaled metadata whose write to its home failed; the checkpoint
     /// writes it before it lets the journal forget the transaction.
     pub(crate) unwritten_homes: BTreeMap<BlockAddr, Vec<u8>>,
@@ -95,10 +97,9 @@ pub struct State {
     /// node read without the state lock is cached only if it has not
     /// moved since the read began (see `Pool`'s prefetch).
     metadata_epoch: std::sync::atomic::AtomicU64,
-    /// What punching freed blocks out of the device did (`punch.rs`).
-    pub(crate) punch: crate::punch::PunchStats,
-    /// Blocks made reusable since they were last punched (`punch.rs`).
-    pub(crate) punch_backlog: Vec<BlockAddr>,
+    /// What punching freed blocks out of the device did, and the blocks
+    /// made reusable since they were last punched (`punch.rs` alone).
+    pub(crate) punch: crate::punch::Puncher,
 }
 
 impl State {
@@ -119,10 +120,13 @@ impl State {
         };
         let geometry = Geometry::new(superblock.block_size_bytes);
         State {
-            shares: Shares::new(
-                superblock.data_start,
-                superblock.group_blocks,
-                superblock.block_size_bytes,
+            space_map: SpaceMap::new(
+                alloc,
+                Shares::new(
+                    superblock.data_start,
+                    superblock.group_blocks,
+                    superblock.block_size_bytes,
+                ),
             ),
             removed: BTreeMap::new(),
             children: HashMap::new(),
@@ -136,12 +140,10 @@ impl State {
             commit_in_flight: None,
             metadata_epoch: std::sync::atomic::AtomicU64::new(0),
             punch: Default::default(),
-            punch_backlog: Vec::new(),
             open_warnings: Vec::new(),
             device,
             geometry,
             superblock,
-            alloc,
             cache: NodeCache::new(NodeCache::nodes_for(
                 crate::cache::CACHE_SIZE_DEFAULT_BYTES,
                 geometry.block_bytes(),
@@ -153,6 +155,34 @@ impl State {
             data_dirty: Arc::new(AtomicBool::new(false)),
             node_visits: 0,
         }
+    }
+
+    // ----- read-only views -----
+
+    /// The device the store lives on.
+    pub(crate) fn device(&self) -> &Arc<dyn BlockDevice> {
+        &self.device
+    }
+
+    /// The radix trees' shape for the pool's block size.
+    pub(crate) fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+
+    /// Set once data was written since the last device flush; shared with
+    /// writers outside the state lock (see the field).
+    pub(crate) fn data_dirty(&self) -> &Arc<AtomicBool> {
+        &self.data_dirty
+    }
+
+    /// Radix nodes visited by lookups so far.
+    pub(crate) fn node_visits(&self) -> u64 {
+        self.node_visits
+    }
+
+    /// A lookup visited one more radix node.
+    pub(crate) fn count_node_visit(&mut self) {
+        self.node_visits += 1;
     }
 
     // ----- device access -----
@@ -170,22 +200,6 @@ impl State {
                     e,
                 )
             })
-    }
-
-    /// Writes `data` into block `addr` at `offset_in_block`.
-    pub(crate) fn write_device_block_at(
-        &self,
-        addr: BlockAddr,
-        offset_in_block: usize,
-        data: &[u8],
-    ) -> Result<()> {
-        let offset = self.block_offset(addr) + offset_in_block as u64;
-        self.device.write_at(data, offset).map_err(|e| {
-            Error::io(
-                format!("cannot write data at {addr} of {}", self.device.describe()),
-                e,
-            )
-        })
     }
 
     pub(crate) fn write_device_block(&self, addr: BlockAddr, buf: &[u8], what: &str) -> Result<()> {
@@ -218,8 +232,8 @@ impl State {
         let data_start = self.superblock.data_start.0;
         let device_blocks = crate::format::superblock::device_blocks(
             data_start,
-            self.alloc.store_end() - data_start,
-            self.alloc.capacity_blocks(),
+            self.space_map.alloc().store_end() - data_start,
+            self.space_map.alloc().capacity_blocks(),
         );
         let store_len = device_blocks * self.geometry.block_bytes();
         let device_len = self
@@ -242,24 +256,24 @@ impl State {
     /// them back now, so their host space may go.
     pub(crate) fn make_reusable(&mut self, frees: Vec<BlockAddr>) {
         self.queue_durable_frees(&frees);
-        self.alloc.release(frees);
+        self.space_map.release_durable_frees(frees);
     }
 
     /// True when blocks freed since the last commit wait for it before
     /// they can be reused: a commit may then find room a write needs.
     pub(crate) fn has_frees_awaiting_commit(&self) -> bool {
-        self.alloc.has_open_frees()
+        self.space_map.alloc().has_open_frees()
     }
 
     /// The store's space, in blocks, as the allocator counts it.
     pub(crate) fn space(&self) -> Space {
         Space {
-            store_blocks: self.alloc.group_count() * self.superblock.group_blocks,
-            used_blocks: self.alloc.used_blocks(),
-            data_blocks: self.alloc.data_blocks(),
-            meta_blocks: self.alloc.meta_blocks(),
-            free_blocks: self.alloc.free_blocks(),
-            capacity_blocks: match self.alloc.capacity_blocks() {
+            store_blocks: self.space_map.alloc().group_count() * self.superblock.group_blocks,
+            used_blocks: self.space_map.alloc().used_blocks(),
+            data_blocks: self.space_map.alloc().data_blocks(),
+            meta_blocks: self.space_map.alloc().meta_blocks(),
+            free_blocks: self.space_map.alloc().free_blocks(),
+            capacity_blocks: match self.space_map.alloc().capacity_blocks() {
                 0 => None,
                 capacity => Some(capacity),
             },
@@ -345,7 +359,7 @@ impl State {
         block: &[u8],
     ) -> Result<Node> {
         let data_start = self.superblock.data_start.0;
-        let valid = data_start..self.alloc.store_end();
+        let valid = data_start..self.space_map.alloc().store_end();
         let birth_max = self.superblock.birth_generation;
         let node =
             Node::decode(block, addr, kind, level, valid, birth_max).map_err(|e| match kind {
@@ -356,7 +370,7 @@ impl State {
             .entries
             .iter()
             .enumerate()
-            .find(|(_, e)| !e.is_empty() && self.alloc.is_group_header(e.addr()))
+            .find(|(_, e)| !e.is_empty() && self.space_map.alloc().is_group_header(e.addr()))
         {
             return Err(Error::corrupt(format!(
                 "radix node at {addr} is damaged: entry {slot} points at a group's map or share-count block"
@@ -421,6 +435,34 @@ impl State {
         self.node_entries(addr, kind, level)
     }
 
+    /// True if a node changed since the last commit.
+    pub(crate) fn has_dirty_nodes(&self) -> bool {
+        !self.cache.dirty().is_empty()
+    }
+
+    pub(crate) fn dirty_node_count(&self) -> usize {
+        self.cache.dirty().len()
+    }
+
+    /// Every dirty node, encoded, with its address.
+    pub(crate) fn dirty_node_images(&self, block_size: usize) -> Vec<(BlockAddr, Vec<u8>)> {
+        let mut images = Vec::with_capacity(self.cache.dirty().len());
+        for &addr in self.cache.dirty() {
+            let mut block = vec![0u8; block_size];
+            self.cache
+                .peek(addr)
+                .expect("dirty nodes are pinned")
+                .encode(&mut block);
+            images.push((addr, block));
+        }
+        images
+    }
+
+    /// The dirty nodes are in a transaction now: clean, evictable again.
+    pub(crate) fn mark_nodes_clean(&mut self) {
+        self.cache.mark_all_clean();
+    }
+
     /// A new operation holds the pool lock: nodes the last one used may be
     /// evicted from now on.
     pub(crate) fn begin_operation(&mut self) {
@@ -459,17 +501,19 @@ impl State {
     }
 
     pub(crate) fn insert_new_node(&mut self, node: Node) -> Result<BlockAddr> {
-        let addr = self.alloc.allocate(BlockUse::Meta)?;
+        let addr = self.space_map.allocate(BlockUse::Meta)?;
         self.cache.insert(addr, node, true);
         Ok(addr)
     }
 
-    /// Frees a block and forgets any cached node in it. Only the last
-    /// reference may free a block.
-    pub(crate) fn free_block(&mut self, addr: BlockAddr) {
-        self.metadata_changed();
-        debug_assert!(!self.shares.is_shared(addr), "{addr} is still shared");
-        self.cache.remove(addr);
-        self.alloc.free(addr);
+    /// Drops one reference to `addr` through the space map, which decides
+    /// whether it was the last; a freed block's cached node is forgotten.
+    pub(crate) fn release_reference(&mut self, addr: BlockAddr) -> Release {
+        let released = self.space_map.release_reference(addr);
+        if released == Release::Freed {
+            self.metadata_changed();
+            self.cache.remove(addr);
+        }
+        released
     }
 }

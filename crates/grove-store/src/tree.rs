@@ -14,11 +14,12 @@
 
 use std::collections::HashMap;
 
-use crate::alloc::BlockUse;
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::node::{Entry, Node, NodeKind};
+use crate::space::Release;
 use crate::state::State;
 use crate::types::{BlockAddr, VolumeId};
+use crate::write;
 
 /// (node, slot) pairs from a root down to the parent of a leaf node: the
 /// entries whose birth a change below must renew.
@@ -49,8 +50,8 @@ impl State {
     ) -> Result<Entry> {
         let mut addr = root;
         for level in (0..height).rev() {
-            self.node_visits += 1;
-            let slot = self.geometry.slot(index, level);
+            self.count_node_visit();
+            let slot = self.geometry().slot(index, level);
             let entry = self.load_node(addr, kind, level)?.entries[slot];
             if level == 0 || entry.is_empty() {
                 return Ok(entry);
@@ -74,18 +75,18 @@ impl State {
     ) -> Result<Option<BlockAddr>> {
         let mut addr = root;
         for level in (0..height).rev() {
-            self.node_visits += 1;
-            if self.shares.is_shared(addr) {
+            self.count_node_visit();
+            if self.space_map.shares().is_shared(addr) {
                 return Ok(None);
             }
-            let slot = self.geometry.slot(index, level);
+            let slot = self.geometry().slot(index, level);
             let entry = self.load_node(addr, NodeKind::VolumeData, level)?.entries[slot];
             if entry.is_empty() {
                 return Ok(None);
             }
             if level == 0 {
                 let writable =
-                    !self.shares.is_shared(entry.addr()) && entry.birth() > share_floor_generation;
+                    write::may_write_in_place(entry, share_floor_generation, &self.space_map);
                 return Ok(writable.then_some(entry.addr()));
             }
             addr = entry.addr();
@@ -115,14 +116,15 @@ impl State {
         let entry = self.entry(parent, slot);
         let birth = self.birth_now(kind);
         let child = if entry.is_empty() {
-            let empty = Node::empty(kind, child_level, self.geometry.entries_per_node);
+            let empty = Node::empty(kind, child_level, self.geometry().entries_per_node);
             self.insert_new_node(empty)?
-        } else if self.shares.is_shared(entry.addr()) {
+        } else if self.space_map.shares().is_shared(entry.addr()) {
             // The copy points at every child the original does, so each
             // child gains a reference, and the original loses ours.
             let copy = self.load_node(entry.addr(), kind, child_level)?.clone();
             self.reference_children(&copy)?;
-            self.shares.decrement(entry.addr());
+            let released = self.release_reference(entry.addr());
+            debug_assert_eq!(released, Release::Shared, "a shared node was freed");
             self.insert_new_node(copy)?
         } else {
             self.load_node(entry.addr(), kind, child_level)?;
@@ -136,7 +138,7 @@ impl State {
     /// about to point at them too).
     pub(crate) fn reference_children(&mut self, node: &Node) -> Result<()> {
         for entry in node.entries.iter().filter(|e| !e.is_empty()) {
-            self.shares.increment(entry.addr())?;
+            self.space_map.take_reference(entry.addr())?;
         }
         Ok(())
     }
@@ -155,7 +157,7 @@ impl State {
         let mut path = Vec::with_capacity(usize::from(height));
         self.load_node(addr, kind, height - 1)?;
         for level in (1..height).rev() {
-            let slot = self.geometry.slot(index, level);
+            let slot = self.geometry().slot(index, level);
             path.push((addr, slot));
             addr = self.dedicate_child(addr, slot, kind, level - 1)?;
         }
@@ -185,7 +187,7 @@ impl State {
         dropped: &mut Dropped,
     ) -> Result<()> {
         let pending = dropped.decrements.get(&addr).copied().unwrap_or(0);
-        if self.shares.extra(addr) > pending {
+        if self.space_map.shares().extra(addr) > pending {
             // Shared: only counted, its subtree stays for the others.
             dropped.referenced_blocks += self.count_mapped(addr, level)?;
             *dropped.decrements.entry(addr).or_default() += 1;
@@ -206,13 +208,15 @@ impl State {
 
     /// Applies what `drop_reference` found.
     pub(crate) fn apply_dropped(&mut self, dropped: Dropped) {
+        // The counts first: each block in `to_free` is then at its last
+        // reference, and the space map frees it.
         for (addr, count) in dropped.decrements {
             for _ in 0..count {
-                self.shares.decrement(addr);
+                self.release_reference(addr);
             }
         }
         for addr in dropped.to_free {
-            self.free_block(addr);
+            self.release_reference(addr);
         }
     }
 
@@ -242,9 +246,9 @@ impl State {
         dropped: &mut Dropped,
     ) -> Result<bool> {
         let now = self.superblock.birth_generation;
-        let span = self.geometry.span_blocks(level);
+        let span = self.geometry().span_blocks(level);
         let first_slot = ((first.max(base) - base) / span) as usize;
-        let last_slot = (((end - 1).min(base + span * self.geometry.entries_per_node as u64 - 1)
+        let last_slot = (((end - 1).min(base + span * self.geometry().entries_per_node as u64 - 1)
             - base)
             / span) as usize;
         let mut changed = false;
@@ -281,7 +285,7 @@ impl State {
     /// Unmaps blocks [first, end) of a volume and frees what only it used.
     pub fn unmap(&mut self, id: VolumeId, first: u64, end: u64) -> Result<()> {
         let record = self.volumes[&id].clone();
-        let end = end.min(self.geometry.capacity_blocks(record.height));
+        let end = end.min(self.geometry().capacity_blocks(record.height));
         if first >= end {
             return Ok(());
         }
@@ -298,9 +302,11 @@ impl State {
     }
 
     /// Writes `data` into logical block `index` of a volume at `offset`
-    /// inside the block: in place when the volume may (see
-    /// `lookup_writable_in_place`), else into a fresh block
-    /// (read-modify-write for a partial block), dropping the old one.
+    /// inside the block, under the state lock (resize, zeroing a partial
+    /// block, and `install`'s retry), through the same three steps as
+    /// `Volume::write_at` (see `write.rs`): in place when the volume may,
+    /// else into a new block (a partial one merged with the old contents)
+    /// mapped in place of the old one.
     pub fn write_block(
         &mut self,
         id: VolumeId,
@@ -308,41 +314,25 @@ impl State {
         offset_in_block: usize,
         data: &[u8],
     ) -> Result<()> {
-        let block_bytes = self.geometry.block_size_bytes as usize;
-        assert!(offset_in_block + data.len() <= block_bytes);
-        let (root, height, floor) = {
-            let record = &self.volumes[&id];
-            (record.root, record.height, record.share_floor_generation)
-        };
-        let (leaf, path) = self.leaf_for_write(root, height, NodeKind::VolumeData, index)?;
-        let slot = self.geometry.slot(index, 0);
-        let entry = self.entry(leaf, slot);
+        let block_bytes = self.geometry().block_bytes();
+        assert!(offset_in_block as u64 + data.len() as u64 <= block_bytes);
+        let record = self.volumes[&id].clone();
+        let offset = index * block_bytes + offset_in_block as u64;
+        let plan = write::plan(self, &record, offset, data.len())?;
+        debug_assert!(
+            plan.allocations.len() <= 1 && plan.direct.len() <= 1,
+            "one block"
+        );
         // Set before the write: this path holds the state lock, which a
         // commit needs, so the commit that clears it comes after the write.
-        self.data_dirty
+        self.data_dirty()
             .store(true, std::sync::atomic::Ordering::Release);
-        if !entry.is_empty() && !self.shares.is_shared(entry.addr()) && entry.birth() > floor {
-            return self.write_device_block_at(entry.addr(), offset_in_block, data);
-        }
-        // Read the old contents before allocating, so a failed read leaves
-        // nothing behind.
-        let merged = if data.len() == block_bytes {
-            None
-        } else {
-            let mut merged = vec![0u8; block_bytes];
-            if !entry.is_empty() {
-                self.read_block(entry.addr(), &mut merged, "data")?;
-            }
-            merged[offset_in_block..offset_in_block + data.len()].copy_from_slice(data);
-            Some(merged)
-        };
-        let new_block = self.alloc.allocate(BlockUse::Data)?;
-        let written = merged.as_deref().unwrap_or(data);
-        if let Err(e) = self.write_device_block_at(new_block, 0, written) {
-            self.alloc.free(new_block);
+        let device = std::sync::Arc::clone(self.device());
+        if let Err(e) = write::run(device.as_ref(), block_bytes, data, &plan) {
+            plan.free_allocations(self);
             return Err(e);
         }
-        self.map_new_block(id, leaf, slot, &path, entry, new_block)
+        write::install(self, id, data, &plan.allocations)
     }
 
     /// Maps a data block that a write filled outside the state lock (see
@@ -358,7 +348,7 @@ impl State {
         new_block: BlockAddr,
     ) -> Result<bool> {
         let record = self.volume_by_id(id)?.clone();
-        if !record.kind.is_writable() || index >= self.geometry.blocks_for(record.size_bytes) {
+        if !record.kind.is_writable() || index >= self.geometry().blocks_for(record.size_bytes) {
             return Err(Error::new(
                 ErrorKind::InvalidArgument,
                 format!(
@@ -369,14 +359,14 @@ impl State {
         }
         let (leaf, path) =
             self.leaf_for_write(record.root, record.height, NodeKind::VolumeData, index)?;
-        let slot = self.geometry.slot(index, 0);
+        let slot = self.geometry().slot(index, 0);
         let entry = self.entry(leaf, slot);
         if entry != old {
             return Ok(false);
         }
         // The data landed before this; the commit that makes the mapping
         // durable must flush it first.
-        self.data_dirty
+        self.data_dirty()
             .store(true, std::sync::atomic::Ordering::Release);
         self.map_new_block(id, leaf, slot, &path, entry, new_block)?;
         Ok(true)
@@ -431,7 +421,7 @@ impl State {
         out: &mut Vec<(u64, u64)>,
     ) -> Result<()> {
         let entries = self.node_entries(addr, NodeKind::VolumeData, level)?;
-        let span = self.geometry.span_blocks(level);
+        let span = self.geometry().span_blocks(level);
         for (slot, entry) in entries.iter().enumerate() {
             let child_first = base + slot as u64 * span;
             let child_end = child_first.saturating_add(span);

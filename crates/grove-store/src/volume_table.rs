@@ -19,8 +19,8 @@ impl State {
     fn check_root(&self, addr: BlockAddr, what: &str) -> Result<()> {
         let data_start = self.superblock.data_start.0;
         if addr.0 < data_start
-            || addr.0 >= self.alloc.store_end()
-            || self.alloc.is_group_header(addr)
+            || addr.0 >= self.space_map.alloc().store_end()
+            || self.space_map.alloc().is_group_header(addr)
         {
             return Err(Error::corrupt(format!(
                 "{what} points at {addr}, which cannot hold a node"
@@ -68,8 +68,8 @@ impl State {
     /// Reads record block `block_index` and keeps its records: live ones
     /// by name and id, removed ones (bookmarks, trees being reclaimed) by id.
     fn load_record_block(&mut self, block_index: u64, addr: BlockAddr) -> Result<()> {
-        let per_block = self.geometry.records_per_block;
-        let mut block = vec![0u8; self.geometry.block_size_bytes as usize];
+        let per_block = self.geometry().records_per_block;
+        let mut block = vec![0u8; self.geometry().block_size_bytes as usize];
         self.read_block(addr, &mut block, "volume table block")?;
         for slot in 0..per_block {
             let id = VolumeId(block_index * per_block + slot);
@@ -140,8 +140,8 @@ impl State {
             &format!("the root of volume {:?}", record.name),
         )?;
         let height_needed = self
-            .geometry
-            .height_for(self.geometry.blocks_for(record.size_bytes));
+            .geometry()
+            .height_for(self.geometry().blocks_for(record.size_bytes));
         if record.height < height_needed {
             return Err(Error::corrupt(format!(
                 "volume {:?} has a tree of {} levels, too few for its {} bytes (at least {height_needed})",
@@ -159,7 +159,7 @@ impl State {
         out: &mut Vec<(u64, BlockAddr)>,
     ) -> Result<()> {
         let entries = self.node_entries(addr, NodeKind::VolumeTable, level)?;
-        let span = self.geometry.span_blocks(level);
+        let span = self.geometry().span_blocks(level);
         for (slot, entry) in entries.iter().enumerate() {
             if entry.is_empty() {
                 continue;
@@ -177,7 +177,7 @@ impl State {
     /// Writes changed records into their record blocks, growing the table's
     /// tree as ids grow. Returns the record blocks to write.
     pub(crate) fn persist_volume_table(&mut self) -> Result<Vec<(BlockAddr, Vec<u8>)>> {
-        let per_block = self.geometry.records_per_block;
+        let per_block = self.geometry().records_per_block;
         let dirty: Vec<VolumeId> = std::mem::take(&mut self.dirty_records)
             .into_iter()
             .collect();
@@ -187,7 +187,7 @@ impl State {
             if let std::collections::btree_map::Entry::Vacant(slot) = touched.entry(block_index) {
                 slot.insert(self.table_block_for_write(block_index)?);
             }
-            let block_size = self.geometry.block_size_bytes as usize;
+            let block_size = self.geometry().block_size_bytes as usize;
             let block = self
                 .record_blocks
                 .entry(block_index)
@@ -222,24 +222,26 @@ impl State {
             NodeKind::VolumeTable,
             block_index,
         )?;
-        let slot = self.geometry.slot(block_index, 0);
+        let slot = self.geometry().slot(block_index, 0);
         debug_assert_eq!(self.entry(leaf, slot).addr(), addr);
         self.set_entry(leaf, slot, Entry::EMPTY);
-        self.free_block(addr);
+        // Record blocks are never shared: this is their last reference.
+        debug_assert!(self.space_map.is_last_reference(addr));
+        self.release_reference(addr);
         Ok(())
     }
 
     /// The address of record block `block_index`, allocating it and the
     /// table nodes above it as needed.
     fn table_block_for_write(&mut self, block_index: u64) -> Result<BlockAddr> {
-        let entries = self.geometry.entries_per_node;
+        let entries = self.geometry().entries_per_node;
         if self.superblock.volume_table_height == 0 {
             let root = self.insert_new_node(Node::empty(NodeKind::VolumeTable, 0, entries))?;
             self.superblock.volume_table_root = root;
             self.superblock.volume_table_height = 1;
         }
         while self
-            .geometry
+            .geometry()
             .capacity_blocks(self.superblock.volume_table_height)
             <= block_index
         {
@@ -256,12 +258,12 @@ impl State {
             NodeKind::VolumeTable,
             block_index,
         )?;
-        let slot = self.geometry.slot(block_index, 0);
+        let slot = self.geometry().slot(block_index, 0);
         let entry = self.entry(leaf, slot);
         if !entry.is_empty() {
             return Ok(entry.addr());
         }
-        let addr = self.alloc.allocate(BlockUse::Meta)?;
+        let addr = self.space_map.allocate(BlockUse::Meta)?;
         self.set_entry(leaf, slot, Entry::new(addr, 0));
         Ok(addr)
     }

@@ -124,12 +124,12 @@ impl State {
         now_unix_secs: u64,
     ) -> Result<VolumeId> {
         let height = self
-            .geometry
-            .height_for(self.geometry.blocks_for(size_bytes));
+            .geometry()
+            .height_for(self.geometry().blocks_for(size_bytes));
         let root = self.insert_new_node(Node::empty(
             NodeKind::VolumeData,
             height - 1,
-            self.geometry.entries_per_node,
+            self.geometry().entries_per_node,
         ))?;
         let id = self.next_volume_id();
         let generation = self.superblock.birth_generation;
@@ -345,10 +345,14 @@ impl State {
     /// tree cannot address the new size.
     pub fn resize_volume(&mut self, id: VolumeId, new_size_bytes: u64) -> Result<()> {
         let record = self.volumes[&id].clone();
-        let block_bytes = self.geometry.block_bytes();
+        let block_bytes = self.geometry().block_bytes();
         if new_size_bytes < record.size_bytes {
-            let keep_blocks = self.geometry.blocks_for(new_size_bytes);
-            self.unmap(id, keep_blocks, self.geometry.blocks_for(record.size_bytes))?;
+            let keep_blocks = self.geometry().blocks_for(new_size_bytes);
+            self.unmap(
+                id,
+                keep_blocks,
+                self.geometry().blocks_for(record.size_bytes),
+            )?;
         } else {
             let tail = record.size_bytes % block_bytes;
             if tail != 0 {
@@ -360,13 +364,16 @@ impl State {
                 }
             }
             let wanted = self
-                .geometry
-                .height_for(self.geometry.blocks_for(new_size_bytes));
+                .geometry()
+                .height_for(self.geometry().blocks_for(new_size_bytes));
             let now = self.superblock.birth_generation;
             let mut root = self.volumes[&id].root;
             for level in record.height..wanted {
-                let mut node =
-                    Node::empty(NodeKind::VolumeData, level, self.geometry.entries_per_node);
+                let mut node = Node::empty(
+                    NodeKind::VolumeData,
+                    level,
+                    self.geometry().entries_per_node,
+                );
                 node.entries[0] = Entry::new(root, now);
                 root = self.insert_new_node(node)?;
             }

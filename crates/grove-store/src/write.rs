@@ -23,6 +23,7 @@ use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::node::{Entry, NodeKind};
 use crate::format::record::VolumeRecord;
+use crate::space::SpaceMap;
 use crate::state::State;
 use crate::types::{BlockAddr, VolumeId};
 
@@ -55,9 +56,43 @@ impl WritePlan {
     /// Gives back the new blocks (a failed write, or a failed plan).
     pub fn free_allocations(&self, state: &mut State) {
         for allocation in &self.allocations {
-            state.alloc.unreserve(allocation.new_block);
+            state.space_map.unreserve(allocation.new_block);
         }
     }
+}
+
+/// The rule for writing a block in place: the entry maps a block, that
+/// block has no other reference, and it was born after the volume's share
+/// floor (so that every change since a snapshot, even one since removed,
+/// shows as a newer birth). The caller answers for the path above the
+/// entry: no node on it may be shared (`lookup_writable_in_place` checks
+/// it on its way down).
+pub(crate) fn may_write_in_place(
+    entry: Entry,
+    share_floor_generation: u64,
+    space_map: &SpaceMap,
+) -> bool {
+    !entry.is_empty()
+        && space_map.is_last_reference(entry.addr())
+        && entry.birth() > share_floor_generation
+}
+
+/// A whole block made of `data` at `offset_in_block` over the contents of
+/// the block `old` maps (zeros for a hole), which `read_old` reads.
+pub(crate) fn merge_partial_block(
+    block_bytes: usize,
+    old: Entry,
+    offset_in_block: usize,
+    data: &[u8],
+    read_old: impl FnOnce(BlockAddr, &mut [u8]) -> Result<()>,
+) -> Result<Vec<u8>> {
+    assert!(offset_in_block + data.len() <= block_bytes);
+    let mut merged = vec![0u8; block_bytes];
+    if !old.is_empty() {
+        read_old(old.addr(), &mut merged)?;
+    }
+    merged[offset_in_block..offset_in_block + data.len()].copy_from_slice(data);
+    Ok(merged)
 }
 
 /// Step 1: decides where each block of `len` bytes at `offset` goes. On
@@ -83,7 +118,7 @@ fn plan_into(
     len: usize,
     plan: &mut WritePlan,
 ) -> Result<()> {
-    let block_bytes = state.geometry.block_bytes();
+    let block_bytes = state.geometry().block_bytes();
     let mut done = 0usize;
     while done < len {
         let position = offset + done as u64;
@@ -103,7 +138,7 @@ fn plan_into(
             continue;
         }
         let old = state.lookup(record.root, record.height, NodeKind::VolumeData, index)?;
-        let new_block = state.alloc.reserve()?;
+        let new_block = state.space_map.reserve()?;
         if piece as u64 == block_bytes {
             plan.direct.push((new_block.0 * block_bytes, range.clone()));
         }
@@ -132,14 +167,17 @@ pub(crate) fn run(
             continue;
         }
         // A partial block: the rest comes from the block it replaces.
-        let mut merged = vec![0u8; block_bytes as usize];
-        if !allocation.old.is_empty() {
-            device
-                .read_at(&mut merged, allocation.old.addr().0 * block_bytes)
-                .map_err(|e| Error::io(format!("cannot read data of {}", device.describe()), e))?;
-        }
-        let at = allocation.offset_in_block;
-        merged[at..at + allocation.range.len()].copy_from_slice(&buf[allocation.range.clone()]);
+        let merged = merge_partial_block(
+            block_bytes as usize,
+            allocation.old,
+            allocation.offset_in_block,
+            &buf[allocation.range.clone()],
+            |old, merged| {
+                device
+                    .read_at(merged, old.0 * block_bytes)
+                    .map_err(|e| Error::io(format!("cannot read data of {}", device.describe()), e))
+            },
+        )?;
         device
             .write_at(&merged, allocation.new_block.0 * block_bytes)
             .map_err(write_error)?;
@@ -193,11 +231,11 @@ pub(crate) fn install(
             state.install_written_block(id, allocation.index, allocation.old, allocation.new_block);
         let result = match installed {
             Ok(true) => {
-                state.alloc.confirm(allocation.new_block);
+                state.space_map.confirm(allocation.new_block);
                 Ok(())
             }
             Ok(false) => {
-                state.alloc.unreserve(allocation.new_block);
+                state.space_map.unreserve(allocation.new_block);
                 state.write_block(
                     id,
                     allocation.index,
@@ -206,13 +244,13 @@ pub(crate) fn install(
                 )
             }
             Err(e) => {
-                state.alloc.unreserve(allocation.new_block);
+                state.space_map.unreserve(allocation.new_block);
                 Err(e)
             }
         };
         if let Err(e) = result {
             for rest in &allocations[i + 1..] {
-                state.alloc.unreserve(rest.new_block);
+                state.space_map.unreserve(rest.new_block);
             }
             return Err(e);
         }

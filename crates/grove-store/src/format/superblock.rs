@@ -59,6 +59,9 @@ const CREATED_OFFSET: usize = JOURNAL_HEAD_OFFSET + 8;
 const UUID_OFFSET: usize = CREATED_OFFSET + 8;
 const BIRTH_GENERATION_OFFSET: usize = UUID_OFFSET + 16;
 const RESERVED_OFFSET: usize = BIRTH_GENERATION_OFFSET + 8;
+/// Smallest journal region: room for a few transactions of a few blocks.
+/// A superblock naming a smaller one is damage; `pool` refuses to make one.
+pub const JOURNAL_REGION_BLOCKS_MIN: u64 = 32;
 /// Largest journal region a superblock may name: 1 GiB at 4 KiB blocks.
 /// A larger number is damage, not a choice grove ever makes.
 pub const JOURNAL_BLOCKS_MAX: u64 = 1 << 18;
@@ -238,13 +241,10 @@ impl Superblock {
                 self.block_size_bytes
             ));
         }
-        if !(crate::pool::JOURNAL_REGION_BLOCKS_MIN..=JOURNAL_BLOCKS_MAX)
-            .contains(&self.journal_blocks)
-        {
+        if !(JOURNAL_REGION_BLOCKS_MIN..=JOURNAL_BLOCKS_MAX).contains(&self.journal_blocks) {
             return Err(format!(
                 "journal_blocks {} is outside {}..={JOURNAL_BLOCKS_MAX}",
-                self.journal_blocks,
-                crate::pool::JOURNAL_REGION_BLOCKS_MIN
+                self.journal_blocks, JOURNAL_REGION_BLOCKS_MIN
             ));
         }
         // Every block address must fit a radix-tree entry.

@@ -35,8 +35,9 @@ use crate::types::*;
 
 /// Size of the journal region made at init, unless PoolOptions says.
 pub const JOURNAL_REGION_BYTES: u64 = 16 * 1024 * 1024;
-/// Smallest journal region: room for a few transactions of a few blocks.
-pub const JOURNAL_REGION_BLOCKS_MIN: u64 = 32;
+/// Smallest journal region; the format owns it (a superblock naming a
+/// smaller one is damage), re-exported here for `PoolOptions`' users.
+pub use crate::format::superblock::JOURNAL_REGION_BLOCKS_MIN;
 
 /// Settings for a new pool.
 #[derive(Clone, Debug)]
@@ -397,7 +398,7 @@ impl Pool {
         let store_len = superblock.device_blocks() * block_bytes;
         let mut state = State::new(device, superblock, alloc);
         state
-            .device
+            .device()
             .set_len_bytes(store_len)
             .map_err(|e| Error::io("cannot size the store", e))?;
         // Two checkpoints: the first writes the group map and superblock
@@ -520,7 +521,7 @@ impl Pool {
     }
 
     pub fn block_size_bytes(&self) -> u32 {
-        self.state().geometry.block_size_bytes
+        self.state().geometry().block_size_bytes
     }
 
     /// Every volume, in creation order, with its space accounting (which
@@ -643,7 +644,7 @@ impl Pool {
         }
         let after = state.pending_free_blocks(false)?;
         commit_locked(&self.inner, &mut state)?;
-        Ok(after.saturating_sub(before) * state.geometry.block_bytes())
+        Ok(after.saturating_sub(before) * state.geometry().block_bytes())
     }
 
     /// Refuses when any of `ids` is claimed (an NBD client, an open FUSE
@@ -705,7 +706,7 @@ impl Pool {
             state.check_bookmark_line(&base_record, &newer_record)?;
             state.diff_since(base_record.created_generation, &newer_record)?
         };
-        let block_bytes = state.geometry.block_bytes();
+        let block_bytes = state.geometry().block_bytes();
         let size = base_record.size_bytes.max(newer_record.size_bytes);
         let extents = runs
             .into_iter()
@@ -745,7 +746,7 @@ impl Pool {
     /// Bytes removed volumes still hold; the reclaimer frees them.
     pub fn pending_free_bytes(&self) -> Result<u64> {
         let mut state = self.state();
-        Ok(state.pending_free_blocks(true)? * state.geometry.block_bytes())
+        Ok(state.pending_free_blocks(true)? * state.geometry().block_bytes())
     }
 
     /// Reclaims one bounded batch of removed trees and commits it. Other
@@ -773,7 +774,7 @@ impl Pool {
             .min(budget_entries.unwrap_or(usize::MAX));
         let batch: ReclaimBatch = state.reclaim_batch(budget)?;
         commit_locked(&self.inner, &mut state)?;
-        let freed_bytes = batch.freed_blocks * state.geometry.block_bytes();
+        let freed_bytes = batch.freed_blocks * state.geometry().block_bytes();
         drop(state);
         punch_freed(&self.inner);
         Ok((freed_bytes, batch.done))
@@ -833,9 +834,9 @@ impl Pool {
         // One walk of the removed trees gives both what they will free and
         // how much of the allocated data only they hold.
         let (dying_data, dying_nodes) = state.dying_only_blocks()?;
-        let pending_free_bytes = (dying_data + dying_nodes) * state.geometry.block_bytes();
+        let pending_free_bytes = (dying_data + dying_nodes) * state.geometry().block_bytes();
         let space = state.space();
-        let block_bytes = state.geometry.block_bytes();
+        let block_bytes = state.geometry().block_bytes();
         let grow_bytes = match space.capacity_blocks {
             None => host_available_bytes(&self.inner.dir),
             Some(capacity) => capacity.saturating_sub(space.store_blocks) * block_bytes,
@@ -843,7 +844,7 @@ impl Pool {
         Ok(PoolInfo {
             path: self.inner.dir.display().to_string(),
             format_version: FORMAT_VERSION,
-            block_size_bytes: state.geometry.block_size_bytes,
+            block_size_bytes: state.geometry().block_size_bytes,
             volume_count: state.volumes.len() as u64,
             store_bytes: space.store_blocks * block_bytes,
             used_bytes: space.used_blocks * block_bytes,
@@ -854,7 +855,7 @@ impl Pool {
             capacity_bytes: space.capacity_blocks.map(|capacity| capacity * block_bytes),
             // What the host says is informative: a failed stat leaves it out
             // rather than failing `info`.
-            store_allocated_bytes: state.device.allocated_bytes().ok().flatten(),
+            store_allocated_bytes: state.device().allocated_bytes().ok().flatten(),
         })
     }
 
@@ -959,7 +960,7 @@ impl Pool {
 
     /// Radix nodes visited by lookups since the pool was opened.
     pub fn node_visits(&self) -> u64 {
-        self.state().node_visits
+        self.state().node_visits()
     }
 }
 
@@ -1017,14 +1018,14 @@ fn volume_summary(state: &State, record: &VolumeRecord) -> VolumeSummary {
         read_only: !record.kind.is_writable(),
         parent: state.live_ancestor(record).map(|p| p.name.clone()),
         size_bytes: record.size_bytes,
-        referenced_bytes: record.referenced_blocks * state.geometry.block_bytes(),
+        referenced_bytes: record.referenced_blocks * state.geometry().block_bytes(),
         created_unix_secs: record.created_unix_secs,
     }
 }
 
 /// The summary plus the accounting, which walks what the volume owns alone.
 fn volume_info(state: &mut State, record: &VolumeRecord) -> Result<VolumeInfo> {
-    let block_bytes = state.geometry.block_bytes();
+    let block_bytes = state.geometry().block_bytes();
     let usage = state.usage(record)?;
     Ok(VolumeInfo {
         summary: volume_summary(state, record),

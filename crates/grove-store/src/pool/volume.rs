@@ -46,7 +46,7 @@ impl Volume {
         let state = lock_state(&self.inner);
         let record = self.record(&state)?;
         check_range(&record, "read", offset, buf.len() as u64)?;
-        let block_bytes = state.geometry.block_bytes();
+        let block_bytes = state.geometry().block_bytes();
         let blocks = offset / block_bytes..(offset + buf.len() as u64).div_ceil(block_bytes);
         let (mut state, let_go) = prefetch_paths(&self.inner, state, &record, blocks);
         // Again if the lock was let go: the volume may have changed meanwhile.
@@ -83,7 +83,7 @@ impl Volume {
             }
             done += len;
         }
-        let device = state.device.clone();
+        let device = state.device().clone();
         let gate = self.inner.io_gate.read().unwrap_or_else(|e| e.into_inner());
         drop(state);
         for (start, len, source) in pieces {
@@ -136,7 +136,7 @@ impl Volume {
         let state = lock_state(&self.inner);
         // The whole range first, so no arithmetic below can overflow.
         let record = self.check_writable(&state, whole_offset, whole.len())?;
-        let block_bytes = state.geometry.block_bytes();
+        let block_bytes = state.geometry().block_bytes();
         let offset = whole_offset + done as u64;
         let chunk_bytes = write::WRITE_CHUNK_BLOCKS * block_bytes;
         let chunk_end = (offset / chunk_bytes + 1) * chunk_bytes;
@@ -160,9 +160,9 @@ impl Volume {
             }
             plan => plan?,
         };
-        let device = state.device.clone();
-        let data_dirty = state.data_dirty.clone();
-        let block_bytes = state.geometry.block_bytes();
+        let device = state.device().clone();
+        let data_dirty = state.data_dirty().clone();
+        let block_bytes = state.geometry().block_bytes();
         // The gate keeps the blocks read and written from being freed and
         // reused, and keeps a snapshot from sharing them, until the writes
         // have landed. It is let go before the state lock is taken again: a
@@ -206,7 +206,7 @@ impl Volume {
         if len == 0 {
             return Ok(());
         }
-        let block_bytes = state.geometry.block_bytes();
+        let block_bytes = state.geometry().block_bytes();
         let end = offset + len;
         let first_whole = offset.div_ceil(block_bytes);
         let end_whole = end / block_bytes;
@@ -248,13 +248,13 @@ impl Volume {
     pub fn mapped_extents_in(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64)>> {
         let mut state = lock_state(&self.inner);
         let record = self.record(&state)?;
-        let block_bytes = state.geometry.block_bytes();
+        let block_bytes = state.geometry().block_bytes();
         let end_bytes = offset.saturating_add(len).min(record.size_bytes);
         if offset >= end_bytes {
             return Ok(Vec::new());
         }
         let first = offset / block_bytes;
-        let end = state.geometry.blocks_for(end_bytes);
+        let end = state.geometry().blocks_for(end_bytes);
         let mut extents = Vec::new();
         state.mapped_blocks(record.root, record.height, first, end, &mut extents)?;
         Ok(extents
@@ -273,7 +273,7 @@ fn zero_partial(state: &mut State, record: &VolumeRecord, start: u64, end: u64) 
     if start >= end {
         return Ok(());
     }
-    let block_bytes = state.geometry.block_bytes();
+    let block_bytes = state.geometry().block_bytes();
     let index = start / block_bytes;
     debug_assert_eq!(index, (end - 1) / block_bytes);
     let entry = state.lookup(record.root, record.height, NodeKind::VolumeData, index)?;
@@ -300,8 +300,8 @@ fn prefetch_paths<'a>(
     record: &VolumeRecord,
     blocks: std::ops::Range<u64>,
 ) -> (MutexGuard<'a, State>, bool) {
-    let per_leaf = state.geometry.entries_per_node as u64;
-    let block_bytes = state.geometry.block_bytes();
+    let per_leaf = state.geometry().entries_per_node as u64;
+    let block_bytes = state.geometry().block_bytes();
     let mut index = blocks.start;
     let mut reads = 0;
     while index < blocks.end && reads < PREFETCH_READS_MAX {
@@ -312,7 +312,7 @@ fn prefetch_paths<'a>(
             continue;
         };
         let epoch = state.metadata_epoch();
-        let device = state.device.clone();
+        let device = state.device().clone();
         drop(state);
         let mut block = vec![0u8; block_bytes as usize];
         let read = device.read_at(&mut block, addr.0 * block_bytes);

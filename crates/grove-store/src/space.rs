@@ -1,0 +1,225 @@
+//! The space map: the one owner of which blocks are in use and how many
+//! references each has. It holds the allocator (`alloc.rs`: nibble maps)
+//! and the share counts (`shares.rs`: extra references), and nothing else
+//! in the engine can change either: their fields are private here.
+//!
+//! Every change of a block's references goes through this file:
+//!
+//! - [`SpaceMap::take_reference`]: one more entry points at a block.
+//! - [`SpaceMap::release_reference`]: one entry that pointed at a block is
+//!   gone. A shared block loses a count; at its last reference the block is
+//!   freed. This is the only place that decides "the last reference frees".
+//!   A caller that must first walk a node's children (dropping a subtree,
+//!   the reclaimer) asks [`SpaceMap::is_last_reference`] before it walks.
+//! - [`SpaceMap::free_unreferenced`]: a block no entry points at (a leak
+//!   that `check --repair` found, or a new block a failed write never
+//!   mapped) is freed.
+//!
+//! Allocation for the write path (reserve, confirm, unreserve, allocate),
+//! punching, repair and persistence (seal, replay, rebuild) have methods
+//! of their own below; reads go through [`SpaceMap::alloc`] and
+//! [`SpaceMap::shares`], which hand out shared references only.
+
+use std::collections::HashMap;
+
+use crate::alloc::{Allocator, BlockUse, SealedChanges};
+use crate::error::Result;
+use crate::format::journal::{AllocExtent, ShareRun};
+use crate::shares::Shares;
+use crate::types::BlockAddr;
+
+/// What [`SpaceMap::release_reference`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Release {
+    /// Others still point at the block: its count went down by one.
+    Shared,
+    /// That was the last reference: the block is freed (reusable once the
+    /// transaction is durable). A damaged tree that points at a free block
+    /// is refused quietly and counted by the allocator for `check`.
+    Freed,
+}
+
+pub(crate) struct SpaceMap {
+    alloc: Allocator,
+    /// Extra reference counts: exact sharing.
+    shares: Shares,
+}
+
+impl SpaceMap {
+    pub(crate) fn new(alloc: Allocator, shares: Shares) -> SpaceMap {
+        SpaceMap { alloc, shares }
+    }
+
+    // ----- read-only views -----
+
+    /// The allocator, for queries (counters, nibbles, geometry of groups).
+    pub(crate) fn alloc(&self) -> &Allocator {
+        &self.alloc
+    }
+
+    /// The share counts, for queries (`extra`, `is_shared`, `all`).
+    pub(crate) fn shares(&self) -> &Shares {
+        &self.shares
+    }
+
+    /// True if `addr` has no other reference than the one a caller is
+    /// about to release: releasing it will free it.
+    pub(crate) fn is_last_reference(&self, addr: BlockAddr) -> bool {
+        !self.shares.is_shared(addr)
+    }
+
+    // ----- references -----
+
+    /// One more entry points at `addr`. Refused (as damage) rather than
+    /// wrapped at `EXTRA_REFERENCES_MAX`.
+    pub(crate) fn take_reference(&mut self, addr: BlockAddr) -> Result<()> {
+        let before = self.shares.extra(addr);
+        self.shares.increment(addr)?;
+        assert_eq!(
+            self.shares.extra(addr),
+            before + 1,
+            "{addr}: count did not grow"
+        );
+        Ok(())
+    }
+
+    /// One entry that pointed at `addr` is gone: a shared block loses a
+    /// count, the last reference frees the block.
+    pub(crate) fn release_reference(&mut self, addr: BlockAddr) -> Release {
+        let extra = self.shares.extra(addr);
+        if extra > 0 {
+            self.shares.decrement(addr);
+            assert_eq!(self.shares.extra(addr), extra - 1, "{addr}: count");
+            Release::Shared
+        } else {
+            self.alloc.free(addr);
+            Release::Freed
+        }
+    }
+
+    /// Frees a block that no entry or record points at: a leak found by
+    /// `check --repair`, or a new block a failed write never mapped.
+    pub(crate) fn free_unreferenced(&mut self, addr: BlockAddr) {
+        self.alloc.free(addr);
+    }
+
+    // ----- allocation -----
+
+    /// A new block, in use from now on and in the open transaction.
+    pub(crate) fn allocate(&mut self, usage: BlockUse) -> Result<BlockAddr> {
+        let addr = self.alloc.allocate(usage)?;
+        debug_assert!(self.alloc.is_allocated(addr) && !self.shares.is_shared(addr));
+        Ok(addr)
+    }
+
+    /// A data block for a write that maps it later (see `Allocator::reserve`).
+    pub(crate) fn reserve(&mut self) -> Result<BlockAddr> {
+        let addr = self.alloc.reserve()?;
+        debug_assert!(self.alloc.is_reserved(addr) && !self.shares.is_shared(addr));
+        Ok(addr)
+    }
+
+    /// A reserved block is mapped now: it joins the open transaction.
+    pub(crate) fn confirm(&mut self, addr: BlockAddr) {
+        self.alloc.confirm(addr);
+        debug_assert!(self.alloc.is_allocated(addr) && !self.alloc.is_reserved(addr));
+    }
+
+    /// A reserved block will not be mapped (or was punched): free again.
+    pub(crate) fn unreserve(&mut self, addr: BlockAddr) {
+        self.alloc.unreserve(addr);
+        debug_assert!(!self.alloc.is_allocated(addr) && !self.alloc.is_reserved(addr));
+    }
+
+    /// Takes the free block `addr` while its host space is punched.
+    pub(crate) fn reserve_free(&mut self, addr: BlockAddr) {
+        self.alloc.reserve_free(addr);
+        debug_assert!(self.alloc.is_reserved(addr));
+    }
+
+    /// Makes blocks freed by a now-durable transaction reusable.
+    pub(crate) fn release_durable_frees(&mut self, frees: Vec<BlockAddr>) {
+        self.alloc.release(frees);
+    }
+
+    // ----- repair -----
+
+    /// Marks a block a tree reaches as allocated with the right use.
+    pub(crate) fn mark_in_use(&mut self, addr: BlockAddr, usage: BlockUse) {
+        self.alloc.set_allocated(addr, usage);
+        debug_assert!(self.alloc.is_allocated(addr));
+    }
+
+    /// Sets a block's extra references outright, as the trees count them.
+    pub(crate) fn set_share_count(&mut self, addr: BlockAddr, extra: u32) {
+        self.shares.set_exact(addr, extra);
+        debug_assert_eq!(self.shares.extra(addr), extra);
+    }
+
+    // ----- persistence -----
+
+    /// The open transaction's share-count runs.
+    pub(crate) fn pending_share_runs(&self) -> Vec<ShareRun> {
+        self.shares.pending_runs()
+    }
+
+    /// The open transaction is durable: both fold it into their durable
+    /// copies.
+    pub(crate) fn seal(&mut self) -> SealedChanges {
+        let sealed = self.alloc.seal();
+        self.shares.seal();
+        debug_assert!(!self.alloc.has_changes() && self.shares.change_count() == 0);
+        sealed
+    }
+
+    /// Applies a replayed transaction to the durable copies.
+    pub(crate) fn replay(
+        &mut self,
+        extents: &[AllocExtent],
+        share_runs: &[ShareRun],
+        group_count: u64,
+    ) -> Result<()> {
+        self.alloc.replay(extents, group_count)?;
+        let store_end = self.alloc.store_end();
+        self.shares.replay(share_runs, store_end)
+    }
+
+    /// After replay, the live state starts from the durable one.
+    pub(crate) fn finish_replay(&mut self) {
+        self.alloc.finish_replay();
+        self.shares.finish_replay();
+    }
+
+    /// The allocation maps are written.
+    pub(crate) fn mark_maps_clean(&mut self) {
+        self.alloc.mark_maps_clean();
+    }
+
+    /// The count blocks in `written` (group, index) are written: their
+    /// groups' maps say they hold counts, and none is dirty any more.
+    pub(crate) fn mark_count_blocks_written(&mut self, written: &[(u64, u32)]) {
+        for &(group, index) in written {
+            self.alloc.mark_shares_present(group, index);
+        }
+        self.shares.mark_count_blocks_clean();
+    }
+
+    /// Loads the counts of one count block read at open.
+    pub(crate) fn load_share_counts(&mut self, first: u64, counts: &[u32]) {
+        self.shares.load(first, counts);
+    }
+
+    /// Replaces every count with what the trees say.
+    pub(crate) fn rebuild_shares(&mut self, extra: HashMap<u64, u32>) {
+        self.shares.rebuild(extra);
+    }
+
+    pub(crate) fn mark_count_block_dirty(&mut self, first: u64) {
+        self.shares.mark_count_block_dirty(first);
+    }
+
+    /// Replaces a group's map with one rebuilt from the trees.
+    pub(crate) fn rebuild_group(&mut self, group: u64, nibbles: &[u8]) {
+        self.alloc.rebuild_group(group, nibbles);
+    }
+}
