@@ -73,13 +73,7 @@ impl State {
             return Ok(false);
         }
         let mut references: HashMap<BlockAddr, u32> = HashMap::new();
-        let roots: Vec<(BlockAddr, u8)> = self
-            .volumes
-            .values()
-            .chain(self.removed.values())
-            .filter(|r| !r.root.is_none())
-            .map(|r| (r.root, r.height))
-            .collect();
+        let roots = self.tree_roots();
         for (root, height) in roots {
             self.count_references(root, Some(height - 1), &mut references)?;
         }

@@ -39,13 +39,7 @@ impl State {
             self.note_in_use(root, true, &damaged, &mut in_use);
             self.walk_table_for_map(root, table_height - 1, &damaged, &mut in_use)?;
         }
-        let roots: Vec<(BlockAddr, u8)> = self
-            .volumes
-            .values()
-            .chain(self.removed.values())
-            .filter(|r| !r.root.is_none())
-            .map(|r| (r.root, r.height))
-            .collect();
+        let roots = self.tree_roots();
         for (root, height) in roots {
             self.note_in_use(root, true, &damaged, &mut in_use);
             self.walk_tree_for_map(root, height - 1, &damaged, &mut in_use, &mut walked)?;

@@ -38,6 +38,18 @@ impl State {
         })
     }
 
+    /// Every tree's root and height: live volumes', and removed ones' the
+    /// reclaimer has not given back yet. What rebuilding counts or maps
+    /// from the trees starts from.
+    pub(crate) fn tree_roots(&self) -> Vec<(BlockAddr, u8)> {
+        self.volumes
+            .values()
+            .chain(self.removed.values())
+            .filter(|r| !r.root.is_none())
+            .map(|r| (r.root, r.height))
+            .collect()
+    }
+
     /// A live or removed record.
     pub(crate) fn any_record(&self, id: VolumeId) -> Option<&VolumeRecord> {
         self.volumes.get(&id).or_else(|| self.removed.get(&id))

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
+use common::Rng;
 use grove_store::{MemDevice, Pool, PoolOptions, RemoveOptions};
 
 const BLOCK: u64 = 1024;
@@ -29,18 +30,6 @@ fn memory_pool(journal_bytes: u64) -> Pool {
         None,
     )
     .unwrap()
-}
-
-/// xorshift64*: deterministic, so a failure replays.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n.max(1)
-    }
 }
 
 fn assert_clean(pool: &Pool, context: &str) {

@@ -8,10 +8,13 @@
 //! leaked or counted with more references than it has, and every kept
 //! snapshot must read back exactly what its volume held when it was taken.
 
+mod common;
+
 use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::Arc;
 
+use common::Rng;
 use grove_store::{CheckReport, MemDevice, Pool, PoolOptions};
 
 const BLOCK_BYTES: u64 = 1024;
@@ -32,18 +35,6 @@ const RECLAIM_BATCH_ENTRIES: usize = 64;
 const RECLAIM_BATCHES_PER_CYCLE_MAX: u64 = 10;
 const REOPEN_EVERY_CYCLES: u64 = 7;
 const CHECK_EVERY_CYCLES: u64 = 1_000;
-
-/// xorshift64*: deterministic, so a failure replays.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n.max(1)
-    }
-}
 
 fn open(device: &Arc<MemDevice>) -> Pool {
     Pool::open_device(device.clone(), Path::new("soak"), None).unwrap()

@@ -7,6 +7,19 @@ use std::collections::BTreeMap;
 
 use grove_store::Pool;
 
+/// xorshift64*: deterministic, so a failure replays.
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// A number below `n` (0 for n = 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n.max(1)
+    }
+}
+
 /// Every volume's whole contents, by name.
 pub fn contents(pool: &Pool) -> BTreeMap<String, Vec<u8>> {
     pool.volumes()
