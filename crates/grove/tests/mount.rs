@@ -929,3 +929,43 @@ fn mount_errors_are_one_line() {
     assert_eq!(std::fs::read(grove.file("disk")).unwrap().len(), 1 << 20);
     grove.unmount(&pool);
 }
+
+/// `grove export` onto a block device (a loop device over a file filled
+/// with junk): the device is what the user named, so no --force is asked,
+/// and every byte is written, zeros included (a sparse export would leave
+/// the junk in the holes). A device smaller than the volume is refused in
+/// one line and left as it was.
+#[test]
+fn export_onto_a_block_device_writes_every_byte() {
+    require!("losetup", "timeout");
+    let pool = TestPool::new();
+    pool.ok(&["create", "v", "--size", "4M"]);
+    let data = pattern(11, 64 * 1024);
+    let source = pool.dir("files").join("data");
+    std::fs::write(&source, &data).unwrap();
+    pool.ok(&["write", "v", "--offset", "1M", s(&source)]);
+    let mut expected = vec![0u8; 4 << 20];
+    expected[1 << 20..(1 << 20) + data.len()].copy_from_slice(&data);
+
+    let backing = pool.dir("files").join("disk.img");
+    std::fs::write(&backing, vec![0xeeu8; 4 << 20]).unwrap();
+    let disk = Loop::attach(&backing, false);
+    let message = pool.ok(&["export", "v", &disk.device]);
+    assert!(message.contains("exported \"v\""), "{message}");
+    drop(disk);
+    assert!(
+        std::fs::read(&backing).unwrap() == expected,
+        "the device does not hold the volume"
+    );
+
+    let small = pool.dir("files").join("small.img");
+    std::fs::write(&small, vec![0xeeu8; 1 << 20]).unwrap();
+    let disk = Loop::attach(&small, false);
+    let line = one_line_error(pool.grove(&["export", "v", &disk.device]));
+    assert!(line.contains(&disk.device), "{line}");
+    drop(disk);
+    assert!(
+        std::fs::read(&small).unwrap().iter().all(|&b| b == 0xee),
+        "a refused export wrote"
+    );
+}
