@@ -272,9 +272,13 @@ impl State {
             self.walk_table(root, self.superblock.volume_table_height - 1, walk);
         }
         let trees: Vec<(VolumeId, BlockAddr, u8, String)> = self
-            .volumes
-            .values()
-            .chain(self.removed.values().filter(|r| !r.root.is_none()))
+            .volume_table
+            .live_records()
+            .chain(
+                self.volume_table
+                    .removed_records()
+                    .filter(|r| !r.root.is_none()),
+            )
             .map(|r| (r.id, r.root, r.height, r.name.clone()))
             .collect();
         let mut counts = HashMap::new();
@@ -384,7 +388,7 @@ impl State {
     ) {
         let block_bytes = self.geometry().block_bytes();
         let generation = self.superblock.birth_generation;
-        for record in self.volumes.values() {
+        for record in self.volume_table.live_records() {
             let actual = counts[&record.id];
             if actual.referenced != record.referenced_blocks {
                 walk.error(format!(

@@ -108,7 +108,7 @@ impl CommitIo {
 impl State {
     pub fn has_changes(&self) -> bool {
         self.has_dirty_nodes()
-            || !self.dirty_records.is_empty()
+            || self.volume_table.has_dirty()
             || self.space_map.alloc().has_changes()
             || self.space_map.shares().change_count() > 0
             || self.committed_roots.birth_generation != self.superblock.birth_generation
@@ -123,7 +123,7 @@ impl State {
     /// run at most), so a burst of allocating writes does not commit long
     /// before the journal needs it.
     pub fn pending_commit_blocks(&self) -> u64 {
-        let images = self.dirty_node_count() + self.dirty_records.len();
+        let images = self.dirty_node_count() + self.volume_table.dirty_count();
         let descriptor_bytes = Descriptor::encoded_len(
             images,
             self.space_map.alloc().change_count(),
@@ -200,7 +200,7 @@ impl State {
         if !flush_data && !self.has_changes() {
             return Ok(PreparedCommit::Done(Vec::new()));
         }
-        let dirty_ids = self.dirty_records.clone();
+        let dirty_ids = self.volume_table.dirty_ids();
         let prepared = if self.has_changes() {
             self.prepare_transaction().map(|(f, t)| (f, Some(t)))
         } else {
@@ -211,7 +211,7 @@ impl State {
             Err(e) => {
                 // Nothing was sealed: what was dirty stays dirty, so a retry
                 // after the fault clears writes all of it again.
-                self.dirty_records.extend(dirty_ids);
+                self.volume_table.restore_dirty(dirty_ids);
                 if flush_data {
                     self.data_dirty().store(true, Ordering::Release);
                 }

@@ -202,7 +202,7 @@ impl State {
     ) -> Result<()> {
         let source = base.parent;
         let mut current = newer;
-        for _ in 0..=self.volumes.len() + self.removed.len() {
+        for _ in 0..=self.volume_table.record_count() {
             if current.id == source {
                 return Ok(());
             }

@@ -35,6 +35,7 @@ mod map_rebuild;
 pub mod pool;
 mod punch;
 mod reclaim;
+mod records;
 mod shares;
 mod space;
 mod state;

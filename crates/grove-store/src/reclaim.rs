@@ -32,8 +32,8 @@ pub struct ReclaimBatch {
 impl State {
     /// The first removed record whose tree is not given back yet.
     fn next_dying(&self) -> Option<VolumeId> {
-        self.removed
-            .values()
+        self.volume_table
+            .removed_records()
             .find(|r| !r.root.is_none())
             .map(|r| r.id)
     }
@@ -68,7 +68,11 @@ impl State {
         // one batch.
         while budget > 0 && self.pending_commit_blocks() <= self.auto_commit_blocks() {
             let Some(id) = self.next_dying() else { break };
-            let record = self.removed[&id].clone();
+            let record = self
+                .volume_table
+                .removed(id)
+                .expect("removed record")
+                .clone();
             let root = record.root;
             // A root others share only loses a count; the last reference
             // is released once everything below it has been given back.
@@ -78,9 +82,8 @@ impl State {
                 freed_blocks += 1;
             }
             if emptied {
-                let record = self.removed.get_mut(&id).expect("removed record");
-                record.root = BlockAddr::NONE;
-                self.dirty_records.insert(id);
+                self.volume_table
+                    .update(id, |record| record.root = BlockAddr::NONE);
                 self.prune_removed(id);
                 budget = budget.saturating_sub(1);
             }
@@ -135,8 +138,8 @@ impl State {
     /// are counted too, once. Costs what the removed trees hold.
     pub fn dying_only_blocks(&mut self) -> Result<(u64, u64)> {
         let dying: Vec<(BlockAddr, u8)> = self
-            .removed
-            .values()
+            .volume_table
+            .removed_records()
             .filter(|r| !r.root.is_none())
             .map(|r| (r.root, r.height))
             .collect();

@@ -3,12 +3,13 @@
 //! volume records and the journal, with the device and node-cache access
 //! the rest builds on. Each other part of the engine is an `impl State` in
 //! a file of its own: `tree.rs` (radix trees), `volumes.rs` (volume
-//! operations), `volume_table.rs` (records on disk), `commit.rs`
+//! operations), `volume_table.rs` (records on disk; `records.rs` holds
+//! them in memory, the one owner of their rules), `commit.rs`
 //! (transactions), `checkpoint.rs` (checkpoint and replay), `reclaim.rs`,
 //! `diff.rs` and `accounting.rs`. `pool/` holds the public API and the
 //! locking.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -19,9 +20,9 @@ use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::journal::Roots;
 use crate::format::node::{Entry, Node, NodeKind};
-use crate::format::record::VolumeRecord;
 use crate::format::superblock::Superblock;
 use crate::journal::Journal;
+use crate::records::VolumeTable;
 use crate::shares::Shares;
 use crate::space::{Release, SpaceMap};
 use crate::types::{BlockAddr, VolumeId};
@@ -51,17 +52,9 @@ pub struct State {
     pub(crate) space_map: SpaceMap,
     /// Decoded nodes, clean and dirty, bounded (ESnap).
     cache: NodeCache,
-    /// Live volumes.
-    pub(crate) volumes: BTreeMap<VolumeId, VolumeRecord>,
-    /// Removed volumes whose record is still needed: a tree the reclaimer
-    /// has not given back yet, children's lineage, or a bookmark.
-    pub(crate) removed: BTreeMap<VolumeId, VolumeRecord>,
-    /// Children of every record, live or removed, by parent id.
-    pub(crate) children: HashMap<VolumeId, BTreeSet<VolumeId>>,
-    pub(crate) names: HashMap<String, VolumeId>,
-    /// Record blocks of the volume table by block index, as stored.
-    pub(crate) record_blocks: HashMap<u64, Vec<u8>>,
-    pub(crate) dirty_records: BTreeSet<VolumeId>,
+    /// Every volume record, live and removed, with its indexes and dirty
+    /// marks, changed only through its methods (`records.rs`).
+    pub(crate) volume_table: VolumeTable,
     /// Why the pool stopped taking changes: a commit failed, so what is
     /// in memory may no longer match anything durable. Reads go on.
     pub(crate) failed: Option<String>,
@@ -128,8 +121,7 @@ impl State {
                     superblock.block_size_bytes,
                 ),
             ),
-            removed: BTreeMap::new(),
-            children: HashMap::new(),
+            volume_table: VolumeTable::default(),
             failed: None,
             share_counts_damaged: Vec::new(),
             maps_damaged: Vec::new(),
@@ -148,10 +140,6 @@ impl State {
                 crate::cache::CACHE_SIZE_DEFAULT_BYTES,
                 geometry.block_bytes(),
             )),
-            volumes: BTreeMap::new(),
-            names: HashMap::new(),
-            record_blocks: HashMap::new(),
-            dirty_records: BTreeSet::new(),
             data_dirty: Arc::new(AtomicBool::new(false)),
             node_visits: 0,
         }
@@ -484,9 +472,8 @@ impl State {
 
     /// Sets a volume's space accounting (check --repair).
     pub(crate) fn set_accounting(&mut self, id: VolumeId, referenced_blocks: u64) {
-        let record = self.volumes.get_mut(&id).expect("volume exists");
-        record.referenced_blocks = referenced_blocks;
-        self.dirty_records.insert(id);
+        self.volume_table
+            .update(id, |record| record.referenced_blocks = referenced_blocks);
     }
 
     /// An entry of a node this operation loaded.

@@ -284,7 +284,7 @@ impl State {
 
     /// Unmaps blocks [first, end) of a volume and frees what only it used.
     pub fn unmap(&mut self, id: VolumeId, first: u64, end: u64) -> Result<()> {
-        let record = self.volumes[&id].clone();
+        let record = self.live_record(id).clone();
         let end = end.min(self.geometry().capacity_blocks(record.height));
         if first >= end {
             return Ok(());
@@ -294,10 +294,10 @@ impl State {
         self.unmap_below(record.root, record.height - 1, 0, first, end, &mut dropped)?;
         let unmapped = dropped.referenced_blocks;
         self.apply_dropped(dropped);
-        let record = self.volumes.get_mut(&id).expect("volume exists");
         // Saturating: a damaged (but checksummed) record must not panic.
-        record.referenced_blocks = record.referenced_blocks.saturating_sub(unmapped);
-        self.dirty_records.insert(id);
+        self.volume_table.update(id, |record| {
+            record.referenced_blocks = record.referenced_blocks.saturating_sub(unmapped);
+        });
         Ok(())
     }
 
@@ -316,7 +316,7 @@ impl State {
     ) -> Result<()> {
         let block_bytes = self.geometry().block_bytes();
         assert!(offset_in_block as u64 + data.len() as u64 <= block_bytes);
-        let record = self.volumes[&id].clone();
+        let record = self.live_record(id).clone();
         let offset = index * block_bytes + offset_in_block as u64;
         let plan = write::plan(self, &record, offset, data.len())?;
         debug_assert!(
@@ -387,9 +387,8 @@ impl State {
         self.set_entry(leaf, slot, Entry::new(new_block, now));
         self.touch_path(path);
         if old.is_empty() {
-            let record = self.volumes.get_mut(&id).expect("volume exists");
-            record.referenced_blocks += 1;
-            self.dirty_records.insert(id);
+            self.volume_table
+                .update(id, |record| record.referenced_blocks += 1);
         } else {
             let mut dropped = Dropped::default();
             self.drop_reference(old.addr(), None, &mut dropped)?;

@@ -1,8 +1,9 @@
 //! The volume table on disk: record blocks of fixed-size volume records,
 //! found through a small radix tree keyed by record block index (volume id
-//! / records per block). Opening reads every record into memory; a commit
-//! writes back only the record blocks whose records changed, and gives
-//! back a block once no record in it is in use.
+//! / records per block). Opening reads every record into memory (the
+//! `VolumeTable` of `records.rs`, which owns them); a commit writes back
+//! only the record blocks whose records changed, and gives back a block
+//! once no record in it is in use.
 
 use std::collections::BTreeMap;
 
@@ -51,47 +52,27 @@ impl State {
         for (block_index, addr) in leaves {
             self.load_record_block(block_index, addr)?;
         }
-        for record in self.volumes.values().chain(self.removed.values()) {
-            if record.parent != VolumeId::NONE {
-                self.children
-                    .entry(record.parent)
-                    .or_default()
-                    .insert(record.id);
-            }
-        }
-        for record in self.volumes.values().chain(self.removed.values()) {
+        for record in self.volume_table.all_records() {
             self.check_record(record)?;
         }
         Ok(())
     }
 
-    /// Reads record block `block_index` and keeps its records: live ones
-    /// by name and id, removed ones (bookmarks, trees being reclaimed) by id.
+    /// Reads record block `block_index` and keeps its records, live ones
+    /// and removed ones (bookmarks, trees being reclaimed), in the table.
     fn load_record_block(&mut self, block_index: u64, addr: BlockAddr) -> Result<()> {
         let per_block = self.geometry().records_per_block;
         let mut block = vec![0u8; self.geometry().block_size_bytes as usize];
         self.read_block(addr, &mut block, "volume table block")?;
+        let mut records = Vec::new();
         for slot in 0..per_block {
             let id = VolumeId(block_index * per_block + slot);
             let start = slot as usize * RECORD_BYTES;
-            let Some(record) = VolumeRecord::decode(&block[start..start + RECORD_BYTES], id)?
-            else {
-                continue;
-            };
-            if record.removed {
-                self.removed.insert(id, record);
-                continue;
+            if let Some(record) = VolumeRecord::decode(&block[start..start + RECORD_BYTES], id)? {
+                records.push(record);
             }
-            if self.names.insert(record.name.clone(), id).is_some() {
-                return Err(Error::corrupt(format!(
-                    "volume table names {:?} twice",
-                    record.name
-                )));
-            }
-            self.volumes.insert(id, record);
         }
-        self.record_blocks.insert(block_index, block);
-        Ok(())
+        self.volume_table.load_block(block_index, block, records)
     }
 
     /// Checks what a record read from disk claims against the rest of the
@@ -123,10 +104,7 @@ impl State {
                 record.name, record.id.0, record.parent.0
             )));
         }
-        if record.parent != VolumeId::NONE
-            && !self.volumes.contains_key(&record.parent)
-            && !self.removed.contains_key(&record.parent)
-        {
+        if record.parent != VolumeId::NONE && self.volume_table.any(record.parent).is_none() {
             return Err(Error::corrupt(format!(
                 "volume {:?} names parent #{}, which does not exist",
                 record.name, record.parent.0
@@ -178,9 +156,7 @@ impl State {
     /// tree as ids grow. Returns the record blocks to write.
     pub(crate) fn persist_volume_table(&mut self) -> Result<Vec<(BlockAddr, Vec<u8>)>> {
         let per_block = self.geometry().records_per_block;
-        let dirty: Vec<VolumeId> = std::mem::take(&mut self.dirty_records)
-            .into_iter()
-            .collect();
+        let dirty = self.volume_table.take_dirty();
         let mut touched: BTreeMap<u64, BlockAddr> = BTreeMap::new();
         for id in dirty {
             let block_index = id.0 / per_block;
@@ -188,26 +164,21 @@ impl State {
                 slot.insert(self.table_block_for_write(block_index)?);
             }
             let block_size = self.geometry().block_size_bytes as usize;
-            let block = self
-                .record_blocks
-                .entry(block_index)
-                .or_insert_with(|| vec![0u8; block_size]);
-            let start = (id.0 % per_block) as usize * RECORD_BYTES;
-            match self.volumes.get(&id).or_else(|| self.removed.get(&id)) {
-                Some(record) => record.encode(&mut block[start..start + RECORD_BYTES]),
-                None => block[start..start + RECORD_BYTES].fill(0),
-            }
+            let slot = (id.0 % per_block) as usize;
+            self.volume_table
+                .encode_into_block(id, block_index, slot, block_size);
         }
         // A record block whose every slot is empty is given back, so that
         // a pool that made and removed many volumes does not keep (or read
         // at open) their empty blocks.
         let mut writes = Vec::with_capacity(touched.len());
         for (index, addr) in touched {
-            if self.record_blocks[&index].iter().all(|&b| b == 0) {
+            let block = self.volume_table.record_block(index);
+            if block.iter().all(|&b| b == 0) {
                 self.release_table_block(index, addr)?;
-                self.record_blocks.remove(&index);
+                self.volume_table.forget_record_block(index);
             } else {
-                writes.push((addr, self.record_blocks[&index].clone()));
+                writes.push((addr, block.to_vec()));
             }
         }
         Ok(writes)

@@ -18,19 +18,16 @@ pub const BOOKMARKS_PER_PARENT_MAX: usize = 16;
 
 impl State {
     pub fn volume_by_name(&self, name: &str) -> Result<&VolumeRecord> {
-        self.names
-            .get(name)
-            .map(|id| &self.volumes[id])
-            .ok_or_else(|| {
-                Error::new(
-                    ErrorKind::NotFound,
-                    format!("no volume named {name:?} in this pool"),
-                )
-            })
+        self.volume_table.by_name(name).ok_or_else(|| {
+            Error::new(
+                ErrorKind::NotFound,
+                format!("no volume named {name:?} in this pool"),
+            )
+        })
     }
 
     pub fn volume_by_id(&self, id: VolumeId) -> Result<&VolumeRecord> {
-        self.volumes.get(&id).ok_or_else(|| {
+        self.volume_table.live(id).ok_or_else(|| {
             Error::new(
                 ErrorKind::NotFound,
                 format!("{id} no longer exists (it was removed)"),
@@ -42,17 +39,21 @@ impl State {
     /// reclaimer has not given back yet. What rebuilding counts or maps
     /// from the trees starts from.
     pub(crate) fn tree_roots(&self) -> Vec<(BlockAddr, u8)> {
-        self.volumes
-            .values()
-            .chain(self.removed.values())
+        self.volume_table
+            .all_records()
             .filter(|r| !r.root.is_none())
             .map(|r| (r.root, r.height))
             .collect()
     }
 
+    /// A live record the caller knows exists.
+    pub(crate) fn live_record(&self, id: VolumeId) -> &VolumeRecord {
+        self.volume_table.live(id).expect("volume exists")
+    }
+
     /// A live or removed record.
     pub(crate) fn any_record(&self, id: VolumeId) -> Option<&VolumeRecord> {
-        self.volumes.get(&id).or_else(|| self.removed.get(&id))
+        self.volume_table.any(id)
     }
 
     /// The nearest live ancestor of a volume: its parent, or the parent's
@@ -61,7 +62,7 @@ impl State {
         let mut parent = record.parent;
         // Ids only grow down a family, so the walk ends; the bound guards
         // against a damaged table all the same.
-        for _ in 0..=self.volumes.len() + self.removed.len() {
+        for _ in 0..=self.volume_table.record_count() {
             let ancestor = self.any_record(parent)?;
             if !ancestor.removed {
                 return Some(ancestor);
@@ -77,11 +78,11 @@ impl State {
         let mut queue = vec![id];
         let mut seen = BTreeSet::new();
         while let Some(next) = queue.pop() {
-            for &child in self.children.get(&next).into_iter().flatten() {
+            for child in self.volume_table.children_of(next) {
                 if !seen.insert(child) {
                     continue;
                 }
-                if self.volumes.contains_key(&child) {
+                if self.volume_table.live(child).is_some() {
                     out.push(child);
                 }
                 queue.push(child);
@@ -94,22 +95,6 @@ impl State {
         let id = self.superblock.next_volume_id;
         self.superblock.next_volume_id = VolumeId(id.0 + 1);
         id
-    }
-
-    fn add_record(&mut self, record: VolumeRecord) {
-        if record.parent != VolumeId::NONE {
-            self.children
-                .entry(record.parent)
-                .or_default()
-                .insert(record.id);
-        }
-        self.dirty_records.insert(record.id);
-        if record.removed {
-            self.removed.insert(record.id, record);
-        } else {
-            self.names.insert(record.name.clone(), record.id);
-            self.volumes.insert(record.id, record);
-        }
     }
 
     /// The generation a snapshot, clone or rollback takes; the pool moves
@@ -145,7 +130,7 @@ impl State {
         ))?;
         let id = self.next_volume_id();
         let generation = self.superblock.birth_generation;
-        self.add_record(VolumeRecord {
+        self.volume_table.insert(VolumeRecord {
             id,
             parent: VolumeId::NONE,
             size_bytes,
@@ -183,24 +168,24 @@ impl State {
         now_unix_secs: u64,
     ) -> Result<VolumeId> {
         assert_ne!(kind, VolumeKind::Volume);
-        let source_record = self.volumes[&source].clone();
+        let source_record = self.live_record(source).clone();
         let new_root = self.copy_root(source_record.root, source_record.height)?;
         let generation = self.take_generation()?;
-        let source_mut = self.volumes.get_mut(&source).expect("source exists");
-        source_mut.share_floor_generation = generation;
         // ZFS's `written`: a snapshot of a writable volume counts what the
         // volume wrote since its previous snapshot, and the volume starts
         // counting anew. A clone counts from now, and so does a snapshot of
         // a snapshot (nothing was written between them).
-        let written_base_generation =
-            if kind == VolumeKind::Snapshot && source_record.kind.is_writable() {
+        let restarts_written = kind == VolumeKind::Snapshot && source_record.kind.is_writable();
+        let written_base_generation = self.volume_table.update(source, |source_mut| {
+            source_mut.share_floor_generation = generation;
+            if restarts_written {
                 std::mem::replace(&mut source_mut.written_base_generation, generation)
             } else {
                 generation
-            };
-        self.dirty_records.insert(source);
+            }
+        });
         let id = self.next_volume_id();
-        self.add_record(VolumeRecord {
+        self.volume_table.insert(VolumeRecord {
             id,
             parent: source,
             size_bytes: source_record.size_bytes,
@@ -224,11 +209,7 @@ impl State {
     /// volume reaches. Its children keep their parent link to the removed
     /// record, which stays while they need it.
     pub fn remove_volume(&mut self, id: VolumeId) {
-        let mut record = self.volumes.remove(&id).expect("volume exists");
-        self.names.remove(&record.name);
-        record.removed = true;
-        self.removed.insert(id, record);
-        self.dirty_records.insert(id);
+        self.volume_table.mark_removed(id);
     }
 
     /// What `grove rollback SNAPSHOT [VOLUME]` reads from and resets:
@@ -310,12 +291,12 @@ impl State {
         target: VolumeId,
         now_unix_secs: u64,
     ) -> Result<()> {
-        let source_record = self.volumes[&source].clone();
-        let old = self.volumes[&target].clone();
+        let source_record = self.live_record(source).clone();
+        let old = self.live_record(target).clone();
         let new_root = self.copy_root(source_record.root, source_record.height)?;
         let generation = self.take_generation()?;
         let hidden = self.next_volume_id();
-        self.add_record(VolumeRecord {
+        self.volume_table.insert(VolumeRecord {
             id: hidden,
             parent: VolumeId::NONE,
             kind: VolumeKind::Volume,
@@ -327,26 +308,22 @@ impl State {
             guid: crate::pool::random_uuid(),
             ..old.clone()
         });
-        let target_mut = self.volumes.get_mut(&target).expect("target exists");
-        target_mut.root = new_root;
-        target_mut.height = source_record.height;
-        target_mut.size_bytes = source_record.size_bytes;
-        target_mut.referenced_blocks = source_record.referenced_blocks;
-        target_mut.share_floor_generation = generation;
-        target_mut.written_base_generation = generation;
-        self.dirty_records.insert(target);
-        let source_mut = self.volumes.get_mut(&source).expect("source exists");
-        source_mut.share_floor_generation = generation;
-        self.dirty_records.insert(source);
+        self.volume_table.update(target, |target_mut| {
+            target_mut.root = new_root;
+            target_mut.height = source_record.height;
+            target_mut.size_bytes = source_record.size_bytes;
+            target_mut.referenced_blocks = source_record.referenced_blocks;
+            target_mut.share_floor_generation = generation;
+            target_mut.written_base_generation = generation;
+        });
+        self.volume_table.update(source, |source_mut| {
+            source_mut.share_floor_generation = generation;
+        });
         Ok(())
     }
 
     pub fn rename_volume(&mut self, id: VolumeId, new_name: &str) {
-        let record = self.volumes.get_mut(&id).expect("volume exists");
-        let old = std::mem::replace(&mut record.name, new_name.to_string());
-        self.names.remove(&old);
-        self.names.insert(new_name.to_string(), id);
-        self.dirty_records.insert(id);
+        self.volume_table.rename(id, new_name);
     }
 
     /// Grows or shrinks a volume. Shrinking unmaps the blocks past the new
@@ -356,7 +333,7 @@ impl State {
     /// cannot show them zeroed), then adds levels above the root when the
     /// tree cannot address the new size.
     pub fn resize_volume(&mut self, id: VolumeId, new_size_bytes: u64) -> Result<()> {
-        let record = self.volumes[&id].clone();
+        let record = self.live_record(id).clone();
         let block_bytes = self.geometry().block_bytes();
         if new_size_bytes < record.size_bytes {
             let keep_blocks = self.geometry().blocks_for(new_size_bytes);
@@ -379,7 +356,7 @@ impl State {
                 .geometry()
                 .height_for(self.geometry().blocks_for(new_size_bytes));
             let now = self.superblock.birth_generation;
-            let mut root = self.volumes[&id].root;
+            let mut root = self.live_record(id).root;
             for level in record.height..wanted {
                 let mut node = Node::empty(
                     NodeKind::VolumeData,
@@ -389,12 +366,13 @@ impl State {
                 node.entries[0] = Entry::new(root, now);
                 root = self.insert_new_node(node)?;
             }
-            let record = self.volumes.get_mut(&id).expect("volume exists");
-            record.root = root;
-            record.height = record.height.max(wanted);
+            self.volume_table.update(id, |record| {
+                record.root = root;
+                record.height = record.height.max(wanted);
+            });
         }
-        self.volumes.get_mut(&id).expect("volume exists").size_bytes = new_size_bytes;
-        self.dirty_records.insert(id);
+        self.volume_table
+            .update(id, |record| record.size_bytes = new_size_bytes);
         Ok(())
     }
 
@@ -406,47 +384,38 @@ impl State {
     /// parent's line lives on.
     pub(crate) fn prune_removed(&mut self, id: VolumeId) {
         let mut todo: Vec<VolumeId> = vec![id];
-        todo.extend(self.children.get(&id).into_iter().flatten().copied());
+        todo.extend(self.volume_table.children_of(id));
         // `id` may have just become a bookmark, which pushes its parent's
         // oldest one past BOOKMARKS_PER_PARENT_MAX: look at its removed
         // siblings too (live ones are needed anyway, and not worth a look).
-        if let Some(parent) = self.removed.get(&id).map(|r| r.parent) {
+        if let Some(parent) = self.volume_table.removed(id).map(|r| r.parent) {
             todo.extend(
-                self.children
-                    .get(&parent)
-                    .into_iter()
-                    .flatten()
-                    .filter(|&&s| s != id && self.removed.contains_key(&s))
-                    .copied(),
+                self.volume_table
+                    .children_of(parent)
+                    .filter(|&s| s != id && self.volume_table.removed(s).is_some()),
             );
         }
         // Every record is dropped at most once, and each drop queues at
         // most its parent and siblings: the loop is bounded by the table.
-        let bound = 4 * (self.volumes.len() + self.removed.len() + 1);
+        let bound = 4 * (self.volume_table.record_count() + 1);
         for _ in 0..bound {
             let Some(next) = todo.pop() else { break };
-            if !self.removed_record_is_needed(next) && self.removed.contains_key(&next) {
-                let record = self.removed.remove(&next).expect("removed record");
-                self.dirty_records.insert(next);
-                self.children.remove(&next);
-                if let Some(siblings) = self.children.get_mut(&record.parent) {
-                    siblings.remove(&next);
-                    todo.extend(siblings.iter().copied());
-                }
+            if !self.removed_record_is_needed(next) && self.volume_table.removed(next).is_some() {
+                let record = self.volume_table.drop_removed(next);
+                todo.extend(self.volume_table.children_of(record.parent));
                 todo.push(record.parent);
             }
         }
     }
 
     fn removed_record_is_needed(&self, id: VolumeId) -> bool {
-        let Some(record) = self.removed.get(&id) else {
+        let Some(record) = self.volume_table.removed(id) else {
             return true;
         };
         if !record.root.is_none() {
             return true;
         }
-        let has_children = self.children.get(&id).is_some_and(|c| !c.is_empty());
-        if has_children {
+        if self.volume_table.has_children(id) {
             return true;
         }
         record.kind == VolumeKind::Snapshot && self.is_useful_bookmark(record)
@@ -456,11 +425,9 @@ impl State {
     /// volume of its line lives: its parent, or a later sibling.
     fn is_useful_bookmark(&self, record: &VolumeRecord) -> bool {
         let siblings: Vec<&VolumeRecord> = self
-            .children
-            .get(&record.parent)
-            .into_iter()
-            .flatten()
-            .filter_map(|id| self.any_record(*id))
+            .volume_table
+            .children_of(record.parent)
+            .filter_map(|id| self.any_record(id))
             .collect();
         let newer_bookmarks = siblings
             .iter()
@@ -474,7 +441,7 @@ impl State {
         if newer_bookmarks >= BOOKMARKS_PER_PARENT_MAX {
             return false;
         }
-        let parent_lives = self.volumes.contains_key(&record.parent);
+        let parent_lives = self.volume_table.live(record.parent).is_some();
         parent_lives
             || siblings
                 .iter()
@@ -483,8 +450,8 @@ impl State {
 
     /// The newest removed snapshot (a bookmark) named `name`, if any.
     pub(crate) fn bookmark_by_name(&self, name: &str) -> Option<&VolumeRecord> {
-        self.removed
-            .values()
+        self.volume_table
+            .removed_records()
             .filter(|r| r.name == name && r.kind == VolumeKind::Snapshot)
             .max_by_key(|r| r.created_generation)
     }

@@ -528,15 +528,15 @@ impl Pool {
     /// costs a walk of what each volume owns alone).
     pub fn volumes(&self) -> Result<Vec<VolumeInfo>> {
         let mut state = self.state();
-        let records: Vec<VolumeRecord> = state.volumes.values().cloned().collect();
+        let records: Vec<VolumeRecord> = state.volume_table.live_records().cloned().collect();
         records.iter().map(|r| volume_info(&mut state, r)).collect()
     }
 
     /// Names of every volume, in creation order, without the accounting.
     pub fn volume_names(&self) -> Vec<String> {
         self.state()
-            .volumes
-            .values()
+            .volume_table
+            .live_records()
             .map(|r| r.name.clone())
             .collect()
     }
@@ -545,8 +545,8 @@ impl Pool {
     pub fn volume_summaries(&self) -> Vec<VolumeSummary> {
         let state = self.state();
         state
-            .volumes
-            .values()
+            .volume_table
+            .live_records()
             .map(|r| volume_summary(&state, r))
             .collect()
     }
@@ -606,7 +606,7 @@ impl Pool {
         };
         drop(gate);
         commit_locked(&self.inner, &mut state)?;
-        let record = state.volumes[&id].clone();
+        let record = state.live_record(id).clone();
         volume_info(&mut state, &record)
     }
 
@@ -653,7 +653,7 @@ impl Pool {
         let handles = lock_handles(&self.inner);
         for id in ids {
             if let Some(&count) = handles.get(id) {
-                let name = &state.volumes[id].name;
+                let name = &state.live_record(*id).name;
                 return Err(Error::new(
                     ErrorKind::Busy,
                     format!(
@@ -689,7 +689,7 @@ impl Pool {
         state.rollback(source.id, target.id, now_unix_secs())?;
         drop(gate);
         commit_locked(&self.inner, &mut state)?;
-        let record = state.volumes[&target.id].clone();
+        let record = state.live_record(target.id).clone();
         volume_info(&mut state, &record)
     }
 
@@ -804,7 +804,7 @@ impl Pool {
         }
         state.resize_volume(record.id, size_bytes)?;
         commit_locked(&self.inner, &mut state)?;
-        let record = state.volumes[&record.id].clone();
+        let record = state.live_record(record.id).clone();
         volume_info(&mut state, &record)
     }
 
@@ -816,7 +816,7 @@ impl Pool {
         ensure_name_free(&state, new_name)?;
         state.rename_volume(id, new_name);
         commit_locked(&self.inner, &mut state)?;
-        let record = state.volumes[&id].clone();
+        let record = state.live_record(id).clone();
         volume_info(&mut state, &record)
     }
 
@@ -825,7 +825,7 @@ impl Pool {
         let mut state = self.state();
         let id = f(&mut state)?;
         commit_locked(&self.inner, &mut state)?;
-        let record = state.volumes[&id].clone();
+        let record = state.live_record(id).clone();
         volume_info(&mut state, &record)
     }
 
@@ -845,7 +845,7 @@ impl Pool {
             path: self.inner.dir.display().to_string(),
             format_version: FORMAT_VERSION,
             block_size_bytes: state.geometry().block_size_bytes,
-            volume_count: state.volumes.len() as u64,
+            volume_count: state.volume_table.live_count() as u64,
             store_bytes: space.store_blocks * block_bytes,
             used_bytes: space.used_blocks * block_bytes,
             metadata_bytes: space.meta_blocks * block_bytes,
@@ -988,7 +988,7 @@ fn read_only_error(record: &VolumeRecord) -> Error {
 }
 
 fn ensure_name_free(state: &State, name: &str) -> Result<()> {
-    if state.names.contains_key(name) {
+    if state.volume_table.by_name(name).is_some() {
         return Err(Error::new(
             ErrorKind::AlreadyExists,
             format!("a volume named {name:?} already exists"),
