@@ -14,6 +14,17 @@ use crate::format::superblock::{Superblock, SUPERBLOCK_LEN};
 use crate::state::State;
 use crate::types::BlockAddr;
 
+/// How the trees reach a block: by how many entries or records, and
+/// whether as a node (else as data).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct TreeReference {
+    pub count: u32,
+    pub is_node: bool,
+}
+
+/// Every block the trees reach (see `State::references_from_trees`).
+pub(crate) type TreeReferences = HashMap<BlockAddr, TreeReference>;
+
 impl State {
     /// Something a checkpoint would write: journaled transactions, changed
     /// maps or failed write-backs. A pool that only read needs none, so
@@ -64,23 +75,64 @@ impl State {
         Ok(())
     }
 
-    /// Recomputes every share count from the trees, if opening found a
-    /// count block it could not use. Every reference is an entry of a node
-    /// (each node's entries counted once) or a record's root.
-    /// Returns whether it rebuilt them (a checkpoint must then follow).
-    pub fn rebuild_share_counts_if_damaged(&mut self) -> Result<bool> {
-        if self.share_counts_damaged.is_empty() {
+    /// Rebuilds from the trees what opening found unusable: the maps of
+    /// groups whose map block did not decode (`map_rebuild.rs`), then the
+    /// share counts (a lost map also lost the bits saying which count
+    /// blocks hold counts). Both come from one walk of every tree. Returns
+    /// whether it rebuilt anything (a checkpoint must then follow).
+    pub(crate) fn rebuild_from_trees_if_damaged(&mut self) -> Result<bool> {
+        if self.maps_damaged.is_empty() && self.share_counts_damaged.is_empty() {
             return Ok(false);
         }
-        let mut references: HashMap<BlockAddr, u32> = HashMap::new();
-        let roots = self.tree_roots();
-        for (root, height) in roots {
+        let references = self.references_from_trees()?;
+        self.rebuild_maps(&references)?;
+        self.rebuild_share_counts(&references);
+        Ok(true)
+    }
+
+    /// Every block the trees reach (live volumes', and removed ones' not
+    /// given back yet), with how many entries or records point at it and
+    /// whether it was reached as a node. A node is walked once, however
+    /// many trees share it.
+    fn references_from_trees(&mut self) -> Result<TreeReferences> {
+        let mut references = TreeReferences::new();
+        for (root, height) in self.tree_roots() {
             self.count_references(root, Some(height - 1), &mut references)?;
         }
+        Ok(references)
+    }
+
+    fn count_references(
+        &mut self,
+        addr: BlockAddr,
+        level: Option<u8>,
+        references: &mut TreeReferences,
+    ) -> Result<()> {
+        let seen = references.entry(addr).or_default();
+        seen.count += 1;
+        // A block reached as a node is metadata even if a damaged entry
+        // also names it as data: the node must never be reused.
+        seen.is_node |= level.is_some();
+        let (Some(level), 1) = (level, seen.count) else {
+            return Ok(());
+        };
+        let entries = self.node_entries(addr, NodeKind::VolumeData, level)?;
+        for entry in entries.iter().filter(|e| !e.is_empty()) {
+            self.count_references(entry.addr(), level.checked_sub(1), references)?;
+        }
+        Ok(())
+    }
+
+    /// Recomputes every share count from what the trees reach, if opening
+    /// found a count block it could not use (or a map, see above).
+    fn rebuild_share_counts(&mut self, references: &TreeReferences) {
+        if self.share_counts_damaged.is_empty() {
+            return;
+        }
         let extra: HashMap<u64, u32> = references
-            .into_iter()
-            .filter(|&(_, n)| n > 1)
-            .map(|(addr, n)| (addr.0, n - 1))
+            .iter()
+            .filter(|(_, seen)| seen.count > 1)
+            .map(|(addr, seen)| (addr.0, seen.count - 1))
             .collect();
         self.space_map.rebuild_shares(extra);
         let damaged = std::mem::take(&mut self.share_counts_damaged);
@@ -92,25 +144,6 @@ impl State {
             damaged.len(),
             damaged[0].1
         ));
-        Ok(true)
-    }
-
-    fn count_references(
-        &mut self,
-        addr: BlockAddr,
-        level: Option<u8>,
-        references: &mut HashMap<BlockAddr, u32>,
-    ) -> Result<()> {
-        let seen = references.entry(addr).or_default();
-        *seen += 1;
-        let (Some(level), 1) = (level, *seen) else {
-            return Ok(());
-        };
-        let entries = self.node_entries(addr, NodeKind::VolumeData, level)?;
-        for entry in entries.iter().filter(|e| !e.is_empty()) {
-            self.count_references(entry.addr(), level.checked_sub(1), references)?;
-        }
-        Ok(())
     }
 
     /// Makes the metadata written home durable, writes the allocation maps,

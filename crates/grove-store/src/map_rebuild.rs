@@ -7,8 +7,9 @@
 //! group's own blocks. Nothing else can hold a block at open: writes in
 //! flight and frees waiting for their commit exist only in memory.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 
+use crate::checkpoint::TreeReferences;
 use crate::error::Result;
 use crate::format::group::{GROUP_HEADER_BLOCKS, NIBBLE_ALLOCATED, NIBBLE_META};
 use crate::format::node::NodeKind;
@@ -20,29 +21,26 @@ type InUse = HashMap<u64, bool>;
 
 impl State {
     /// Rebuilds the maps of the groups whose map block was unusable at
-    /// open, from the trees as replay left them. Runs after the journal's
-    /// replay and the volume table's load, and before the share counts are
-    /// rebuilt: a lost map also lost the bits saying which of its group's
-    /// count blocks hold counts, so the counts are rebuilt from the trees
-    /// too. Returns whether it rebuilt anything (a checkpoint must follow).
-    pub(crate) fn rebuild_maps_if_damaged(&mut self) -> Result<bool> {
+    /// open, from what the trees reach as replay left them (`references`,
+    /// see `State::rebuild_from_trees_if_damaged`), plus the volume
+    /// table's own blocks. A lost map also lost the bits saying which of
+    /// its group's count blocks hold counts, so it marks the share counts
+    /// for rebuilding too.
+    pub(crate) fn rebuild_maps(&mut self, references: &TreeReferences) -> Result<()> {
         if self.maps_damaged.is_empty() {
-            return Ok(false);
+            return Ok(());
         }
         let damaged: BTreeMap<u64, String> =
             std::mem::take(&mut self.maps_damaged).into_iter().collect();
         let mut in_use = InUse::new();
-        let mut walked = HashSet::new();
         let table_height = self.superblock.volume_table_height;
         if table_height > 0 {
             let root = self.superblock.volume_table_root;
             self.note_in_use(root, true, &damaged, &mut in_use);
             self.walk_table_for_map(root, table_height - 1, &damaged, &mut in_use)?;
         }
-        let roots = self.tree_roots();
-        for (root, height) in roots {
-            self.note_in_use(root, true, &damaged, &mut in_use);
-            self.walk_tree_for_map(root, height - 1, &damaged, &mut in_use, &mut walked)?;
+        for (&addr, seen) in references {
+            self.note_in_use(addr, seen.is_node, &damaged, &mut in_use);
         }
         let group_blocks = self.superblock.group_blocks;
         for &group in damaged.keys() {
@@ -71,7 +69,7 @@ impl State {
             "the allocation maps of groups {} were unusable ({why}); they were rebuilt from the trees",
             groups.join(", ")
         ));
-        Ok(true)
+        Ok(())
     }
 
     /// Notes that `addr` is in use, if it lies in a damaged group. A block
@@ -108,29 +106,6 @@ impl State {
             self.note_in_use(entry.addr(), true, damaged, in_use);
             if level > 0 {
                 self.walk_table_for_map(entry.addr(), level - 1, damaged, in_use)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// A volume tree's nodes and data below `addr`; a node shared by many
-    /// trees is walked once.
-    fn walk_tree_for_map(
-        &mut self,
-        addr: BlockAddr,
-        level: u8,
-        damaged: &BTreeMap<u64, String>,
-        in_use: &mut InUse,
-        walked: &mut HashSet<u64>,
-    ) -> Result<()> {
-        if !walked.insert(addr.0) {
-            return Ok(());
-        }
-        let entries = self.node_entries(addr, NodeKind::VolumeData, level)?;
-        for entry in entries.iter().filter(|e| !e.is_empty()) {
-            self.note_in_use(entry.addr(), level > 0, damaged, in_use);
-            if level > 0 {
-                self.walk_tree_for_map(entry.addr(), level - 1, damaged, in_use, walked)?;
             }
         }
         Ok(())

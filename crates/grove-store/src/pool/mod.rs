@@ -490,9 +490,8 @@ impl Pool {
         state.load_share_counts()?;
         let replayed = state.replay_journal()?;
         state.load_volume_table()?;
-        let maps_rebuilt = state.rebuild_maps_if_damaged()?;
-        let rebuilt = state.rebuild_share_counts_if_damaged()?;
-        if replayed > 0 || rebuilt || maps_rebuilt {
+        let rebuilt = state.rebuild_from_trees_if_damaged()?;
+        if replayed > 0 || rebuilt {
             state.checkpoint()?;
         }
         Ok(Pool::from_state(state, dir, lock))
