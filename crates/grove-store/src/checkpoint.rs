@@ -33,7 +33,7 @@ impl State {
         !self.journal.is_empty()
             || self.space_map.alloc().has_dirty_maps()
             || self.space_map.shares().has_dirty_count_blocks()
-            || !self.unwritten_homes.is_empty()
+            || self.nodes.has_unwritten()
     }
 
     /// Writes the share-count blocks whose durable counts changed, and
@@ -154,10 +154,10 @@ impl State {
             self.commit_in_flight.is_none(),
             "a checkpoint waits for the commit in flight"
         );
-        for (home, image) in &self.unwritten_homes {
-            self.write_device_block(*home, image, "metadata")?;
+        for (home, image) in self.nodes.unwritten() {
+            self.write_device_block(home, image, "metadata")?;
         }
-        self.unwritten_homes.clear();
+        self.nodes.all_written_home();
         self.flush_device("metadata")?;
         // Count blocks before the maps that say they hold counts: a crash
         // between leaves a map that does not know a written count block,

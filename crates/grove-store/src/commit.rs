@@ -107,7 +107,7 @@ impl CommitIo {
 
 impl State {
     pub fn has_changes(&self) -> bool {
-        self.has_dirty_nodes()
+        self.nodes.dirty_count() > 0
             || self.volume_table.has_dirty()
             || self.space_map.alloc().has_changes()
             || self.space_map.shares().change_count() > 0
@@ -123,7 +123,7 @@ impl State {
     /// run at most), so a burst of allocating writes does not commit long
     /// before the journal needs it.
     pub fn pending_commit_blocks(&self) -> u64 {
-        let images = self.dirty_node_count() + self.volume_table.dirty_count();
+        let images = self.nodes.dirty_count() + self.volume_table.dirty_count();
         let descriptor_bytes = Descriptor::encoded_len(
             images,
             self.space_map.alloc().change_count(),
@@ -183,7 +183,7 @@ impl State {
     /// The first step of a commit: builds the transaction and does the
     /// bookkeeping as if it were durable (dirty nodes clean, allocations
     /// and share counts sealed, the new roots), keeping every image in
-    /// `unwritten_homes` so that a node evicted meanwhile reads back
+    /// the node store (`keep_unwritten`) so that a node evicted meanwhile reads back
     /// right. Its I/O ([`CommitIo::run`]) may then run without the state
     /// lock; [`State::finish_commit`] ends it. Nothing else commits or
     /// checkpoints in between.
@@ -261,7 +261,7 @@ impl State {
         let trailing_frees = extents.split_off(first_extents);
         let transaction = self.reserve_transaction(roots, &homes, &images, extents, share_runs)?;
         // From here on, the bookkeeping of a durable transaction.
-        self.mark_nodes_clean();
+        self.nodes.mark_clean();
         let sealed = self.space_map.seal();
         self.committed_roots = roots;
         // A freed block may be reused for data once this transaction is
@@ -270,14 +270,13 @@ impl State {
             if extent.change == AllocChange::Freed {
                 let first = extent.first.0;
                 let end = first + u64::from(extent.count);
-                self.unwritten_homes
-                    .retain(|addr, _| addr.0 < first || addr.0 >= end);
+                self.nodes.forget_images_in(first, end);
             }
         }
         // Until written home, the images are where a node that leaves the
         // cache is read from.
         for (home, image) in homes.iter().zip(images) {
-            self.unwritten_homes.insert(*home, image);
+            self.nodes.keep_unwritten(*home, image);
         }
         let in_flight = InFlightCommit {
             homes,
@@ -294,7 +293,7 @@ impl State {
     fn dirty_images(&mut self) -> Result<Vec<(BlockAddr, Vec<u8>)>> {
         let block_size = self.geometry().block_size_bytes as usize;
         let mut writes = self.persist_volume_table()?;
-        writes.extend(self.dirty_node_images(block_size));
+        writes.extend(self.nodes.dirty_images(block_size));
         Ok(writes)
     }
 
@@ -341,10 +340,10 @@ impl State {
             }
             return Err(e);
         }
-        // A failed write-back stays in `unwritten_homes`: the checkpoint
+        // A failed write-back stays in the node store: the checkpoint
         // retries it before it lets the journal forget the transaction.
         for home in outcome.homes_written {
-            self.unwritten_homes.remove(&home);
+            self.nodes.written_home(home);
         }
         let frees_durable = self.append_trailing_frees(in_flight.roots, &in_flight.trailing_frees);
         if self.journal.wants_checkpoint() {
@@ -400,7 +399,7 @@ impl State {
         for (home, image) in &writes {
             self.write_device_block(*home, image, "metadata")?;
         }
-        self.mark_nodes_clean();
+        self.nodes.mark_clean();
         let sealed = self.space_map.seal();
         self.write_count_blocks()?;
         for (addr, block) in self

@@ -32,6 +32,7 @@ pub mod format;
 mod geometry;
 mod journal;
 mod map_rebuild;
+mod node_store;
 pub mod pool;
 mod punch;
 mod reclaim;

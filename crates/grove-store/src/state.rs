@@ -1,7 +1,7 @@
 //! The engine's state, everything the pool's state lock guards: the
-//! space map (allocator and share counts, `space.rs`), the node cache, the
-//! volume records and the journal, with the device and node-cache access
-//! the rest builds on. Each other part of the engine is an `impl State` in
+//! space map (allocator and share counts, `space.rs`), the node store
+//! (`node_store.rs`), the volume records and the journal, with the device
+//! access and node decoding the rest builds on. Each other part of the engine is an `impl State` in
 //! a file of its own: `tree.rs` (radix trees), `volumes.rs` (volume
 //! operations), `volume_table.rs` (records on disk; `records.rs` holds
 //! them in memory, the one owner of their rules), `commit.rs`
@@ -9,8 +9,7 @@
 //! `diff.rs` and `accounting.rs`. `pool/` holds the public API and the
 //! locking.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use crate::alloc::{Allocator, BlockUse};
@@ -22,6 +21,7 @@ use crate::format::journal::Roots;
 use crate::format::node::{Entry, Node, NodeKind};
 use crate::format::superblock::Superblock;
 use crate::journal::Journal;
+use crate::node_store::NodeStore;
 use crate::records::VolumeTable;
 use crate::shares::Shares;
 use crate::space::{Release, SpaceMap};
@@ -50,8 +50,9 @@ pub struct State {
     /// Which blocks are in use and how many references each has: the
     /// allocator and the share counts, changed only through its methods.
     pub(crate) space_map: SpaceMap,
-    /// Decoded nodes, clean and dirty, bounded (ESnap).
-    cache: NodeCache,
+    /// Decoded nodes, and journaled images not yet home: where a node is
+    /// read from (`node_store.rs`).
+    pub(crate) nodes: NodeStore,
     /// Every volume record, live and removed, with its indexes and dirty
     /// marks, changed only through its methods (`records.rs`).
     pub(crate) volume_table: VolumeTable,
@@ -81,15 +82,8 @@ pub struct State {
     /// What opening the pool found wrong but could work around (a damaged
     /// superblock slot); `check` reports it.
     pub(crate) open_warnings: Vec<String>,
-    /// Journaled metadata whose write to its home failed; the checkpoint
-    /// writes it before it lets the journal forget the transaction.
-    pub(crate) unwritten_homes: BTreeMap<BlockAddr, Vec<u8>>,
     /// A prepared commit whose I/O may be running without the state lock.
     pub(crate) commit_in_flight: Option<InFlightCommit>,
-    /// Moves whenever a metadata block may change on disk or be freed: a
-    /// node read without the state lock is cached only if it has not
-    /// moved since the read began (see `Pool`'s prefetch).
-    metadata_epoch: std::sync::atomic::AtomicU64,
     /// What punching freed blocks out of the device did, and the blocks
     /// made reusable since they were last punched (`punch.rs` alone).
     pub(crate) punch: crate::punch::Puncher,
@@ -128,15 +122,13 @@ impl State {
             deferred_frees: Vec::new(),
             journal,
             committed_roots,
-            unwritten_homes: BTreeMap::new(),
             commit_in_flight: None,
-            metadata_epoch: std::sync::atomic::AtomicU64::new(0),
             punch: Default::default(),
             open_warnings: Vec::new(),
             device,
             geometry,
             superblock,
-            cache: NodeCache::new(NodeCache::nodes_for(
+            nodes: NodeStore::new(NodeCache::nodes_for(
                 crate::cache::CACHE_SIZE_DEFAULT_BYTES,
                 geometry.block_bytes(),
             )),
@@ -271,11 +263,11 @@ impl State {
     // ----- node cache -----
 
     pub(crate) fn metadata_epoch(&self) -> u64 {
-        self.metadata_epoch.load(Ordering::Acquire)
+        self.nodes.epoch()
     }
 
     pub(crate) fn metadata_changed(&self) {
-        self.metadata_epoch.fetch_add(1, Ordering::AcqRel);
+        self.nodes.changed();
     }
 
     /// The first node on the path to `index` that a lookup would have to
@@ -290,8 +282,12 @@ impl State {
     ) -> Option<(BlockAddr, u8)> {
         let mut addr = root;
         for level in (0..height).rev() {
-            let Some(node) = self.cache.peek(addr) else {
-                return (!self.unwritten_homes.contains_key(&addr)).then_some((addr, level));
+            let Some(node) = self.nodes.peek(addr) else {
+                return self
+                    .nodes
+                    .unwritten_image(addr)
+                    .is_none()
+                    .then_some((addr, level));
             };
             if node.kind != kind || node.level != level {
                 return None; // damage: the lookup under the lock reports it
@@ -316,12 +312,12 @@ impl State {
         block: &[u8],
         epoch: u64,
     ) -> bool {
-        if self.metadata_epoch() != epoch || self.cache.contains(addr) {
+        if self.metadata_epoch() != epoch || self.nodes.contains(addr) {
             return false;
         }
         match self.decode_node(addr, kind, level, block) {
             Ok(node) if Self::check_shape(&node, addr, kind, level).is_ok() => {
-                self.cache.insert(addr, node, false);
+                self.nodes.insert_read(addr, node);
                 true
             }
             _ => false,
@@ -332,7 +328,7 @@ impl State {
     /// journaled image whose write home failed: the disk is older).
     fn read_node(&self, addr: BlockAddr, kind: NodeKind, level: u8) -> Result<Node> {
         let mut block = vec![0u8; self.geometry.block_size_bytes as usize];
-        match self.unwritten_homes.get(&addr) {
+        match self.nodes.unwritten_image(addr) {
             Some(image) => block.copy_from_slice(image),
             None => self.read_block(addr, &mut block, "radix node")?,
         }
@@ -386,11 +382,11 @@ impl State {
         kind: NodeKind,
         level: u8,
     ) -> Result<&Node> {
-        if !self.cache.contains(addr) {
+        if !self.nodes.contains(addr) {
             let node = self.read_node(addr, kind, level)?;
-            self.cache.insert(addr, node, false);
+            self.nodes.insert_read(addr, node);
         }
-        let node = self.cache.get(addr).expect("just cached");
+        let node = self.nodes.get(addr).expect("just cached");
         Self::check_shape(node, addr, kind, level)?;
         Ok(node)
     }
@@ -406,7 +402,7 @@ impl State {
         kind: NodeKind,
         level: u8,
     ) -> Result<Box<[Entry]>> {
-        if let Some(node) = self.cache.peek(addr) {
+        if let Some(node) = self.nodes.peek(addr) {
             Self::check_shape(node, addr, kind, level)?;
             return Ok(node.entries.clone());
         }
@@ -423,51 +419,10 @@ impl State {
         self.node_entries(addr, kind, level)
     }
 
-    /// True if a node changed since the last commit.
-    pub(crate) fn has_dirty_nodes(&self) -> bool {
-        !self.cache.dirty().is_empty()
-    }
-
-    pub(crate) fn dirty_node_count(&self) -> usize {
-        self.cache.dirty().len()
-    }
-
-    /// Every dirty node, encoded, with its address.
-    pub(crate) fn dirty_node_images(&self, block_size: usize) -> Vec<(BlockAddr, Vec<u8>)> {
-        let mut images = Vec::with_capacity(self.cache.dirty().len());
-        for &addr in self.cache.dirty() {
-            let mut block = vec![0u8; block_size];
-            self.cache
-                .peek(addr)
-                .expect("dirty nodes are pinned")
-                .encode(&mut block);
-            images.push((addr, block));
-        }
-        images
-    }
-
-    /// The dirty nodes are in a transaction now: clean, evictable again.
-    pub(crate) fn mark_nodes_clean(&mut self) {
-        self.cache.mark_all_clean();
-    }
-
-    /// A new operation holds the pool lock: nodes the last one used may be
-    /// evicted from now on.
-    pub(crate) fn begin_operation(&mut self) {
-        self.cache.begin_operation();
-    }
-
     /// Sets how many bytes of decoded nodes the cache keeps.
     pub fn set_cache_size(&mut self, size_bytes: u64) {
         let nodes = NodeCache::nodes_for(size_bytes, self.geometry.block_bytes());
-        let mut cache = NodeCache::new(nodes);
-        std::mem::swap(&mut cache, &mut self.cache);
-        // Dirty nodes move over pinned; clean ones are read again if needed.
-        for addr in cache.dirty().clone() {
-            if let Some(node) = cache.peek(addr) {
-                self.cache.insert(addr, node.clone(), true);
-            }
-        }
+        self.nodes.resize(nodes);
     }
 
     /// Sets a volume's space accounting (check --repair).
@@ -478,18 +433,18 @@ impl State {
 
     /// An entry of a node this operation loaded.
     pub(crate) fn entry(&self, addr: BlockAddr, slot: usize) -> Entry {
-        self.cache.entry(addr, slot)
+        self.nodes.entry(addr, slot)
     }
 
     /// Changes an entry of a node this operation loaded; it is dirty (and
     /// pinned in the cache) until the next commit.
     pub(crate) fn set_entry(&mut self, addr: BlockAddr, slot: usize, entry: Entry) {
-        self.cache.set_entry(addr, slot, entry);
+        self.nodes.set_entry(addr, slot, entry);
     }
 
     pub(crate) fn insert_new_node(&mut self, node: Node) -> Result<BlockAddr> {
         let addr = self.space_map.allocate(BlockUse::Meta)?;
-        self.cache.insert(addr, node, true);
+        self.nodes.insert_new(addr, node);
         Ok(addr)
     }
 
@@ -498,8 +453,7 @@ impl State {
     pub(crate) fn release_reference(&mut self, addr: BlockAddr) -> Release {
         let released = self.space_map.release_reference(addr);
         if released == Release::Freed {
-            self.metadata_changed();
-            self.cache.remove(addr);
+            self.nodes.forget(addr);
         }
         released
     }

@@ -24,7 +24,7 @@ pub(super) fn lock_state(inner: &Inner) -> MutexGuard<'_, State> {
         }
         state
     });
-    state.begin_operation();
+    state.nodes.begin_operation();
     state
 }
 
