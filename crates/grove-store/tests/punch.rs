@@ -166,10 +166,10 @@ fn freeing_workload(pool: &Pool) -> Vec<u8> {
     expected
 }
 
-#[test]
-fn a_device_without_hole_punching_stops_asking_and_works_on() {
+/// A pool in memory whose every punch fails with `fault`.
+fn pool_whose_punches_fail(fault: Fault) -> (Arc<FaultyDevice<MemDevice>>, Pool) {
     let device = Arc::new(FaultyDevice::new(MemDevice::new()));
-    device.arm(Fault::PunchUnsupported, 0, true);
+    device.arm(fault, 0, true);
     let pool = Pool::format(
         device.clone(),
         &PoolOptions::default(),
@@ -177,6 +177,12 @@ fn a_device_without_hole_punching_stops_asking_and_works_on() {
         None,
     )
     .unwrap();
+    (device, pool)
+}
+
+#[test]
+fn a_device_without_hole_punching_stops_asking_and_works_on() {
+    let (device, pool) = pool_whose_punches_fail(Fault::PunchUnsupported);
     let expected = freeing_workload(&pool);
     // A second round frees more: punching stays off, without another try.
     write_unique(&pool, "disk", 3, 0, MIB);
@@ -196,15 +202,7 @@ fn a_device_without_hole_punching_stops_asking_and_works_on() {
 
 #[test]
 fn a_failed_punch_is_counted_and_nothing_else_fails() {
-    let device = Arc::new(FaultyDevice::new(MemDevice::new()));
-    device.arm(Fault::PunchEio, 0, true);
-    let pool = Pool::format(
-        device.clone(),
-        &PoolOptions::default(),
-        Path::new("x"),
-        None,
-    )
-    .unwrap();
+    let (device, pool) = pool_whose_punches_fail(Fault::PunchEio);
     let expected = freeing_workload(&pool);
     assert!(contents(&pool)["disk"] == expected);
     let stats = pool.punch_stats();
