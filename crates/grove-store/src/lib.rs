@@ -37,6 +37,7 @@ pub mod pool;
 mod punch;
 mod reclaim;
 mod records;
+mod replication;
 mod shares;
 mod space;
 mod state;
@@ -54,8 +55,9 @@ pub use diff::DiffExtent;
 pub use error::{Error, ErrorKind, Result};
 pub use format::record::VolumeKind;
 pub use pool::{
-    validate_volume_name, validate_volume_size, DiffReport, Pool, PoolInfo, PoolOptions,
-    RemoveOptions, Volume, VolumeClaim, VolumeInfo, VolumeSummary,
+    guid_hex, validate_volume_name, validate_volume_size, CursorInfo, DiffFrom, DiffReport,
+    PartialReceive, Pool, PoolInfo, PoolOptions, RemoveOptions, SnapshotIdentity, Volume,
+    VolumeClaim, VolumeInfo, VolumeSummary,
 };
 pub use punch::PunchStats;
 pub use reclaim::RECLAIM_BATCH_ENTRIES;

@@ -67,10 +67,6 @@ impl VolumeTable {
         self.live.values().chain(self.removed.values())
     }
 
-    pub(crate) fn live_count(&self) -> usize {
-        self.live.len()
-    }
-
     /// Live and removed records.
     pub(crate) fn record_count(&self) -> usize {
         self.live.len() + self.removed.len()

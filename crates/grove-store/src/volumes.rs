@@ -17,13 +17,27 @@ use crate::types::{BlockAddr, VolumeId};
 pub const BOOKMARKS_PER_PARENT_MAX: usize = 16;
 
 impl State {
+    /// Live volumes as listed, in id order: not partial receives.
+    pub(crate) fn visible_records(&self) -> impl Iterator<Item = &VolumeRecord> {
+        self.volume_table.live_records().filter(|r| r.is_visible())
+    }
+
+    /// A visible live volume: a partial receive holds its name, but is
+    /// not a volume yet.
     pub fn volume_by_name(&self, name: &str) -> Result<&VolumeRecord> {
-        self.volume_table.by_name(name).ok_or_else(|| {
-            Error::new(
+        match self.volume_table.by_name(name) {
+            Some(record) if record.receive_progress.is_none() => Ok(record),
+            Some(_) => Err(Error::new(
+                ErrorKind::NotFound,
+                format!(
+                    "{name:?} is a partial receive, not a volume yet: resume it with `grove send --resume TOKEN` (`grove receive --status {name}` shows the token) or drop it with `grove receive --abort {name}`"
+                ),
+            )),
+            None => Err(Error::new(
                 ErrorKind::NotFound,
                 format!("no volume named {name:?} in this pool"),
-            )
-        })
+            )),
+        }
     }
 
     pub fn volume_by_id(&self, id: VolumeId) -> Result<&VolumeRecord> {
@@ -91,7 +105,7 @@ impl State {
         out
     }
 
-    fn next_volume_id(&mut self) -> VolumeId {
+    pub(crate) fn next_volume_id(&mut self) -> VolumeId {
         let id = self.superblock.next_volume_id;
         self.superblock.next_volume_id = VolumeId(id.0 + 1);
         id
@@ -99,7 +113,7 @@ impl State {
 
     /// The generation a snapshot, clone or rollback takes; the pool moves
     /// on to the next one so that every later write is born after it.
-    fn take_generation(&mut self) -> Result<u64> {
+    pub(crate) fn take_generation(&mut self) -> Result<u64> {
         let generation = self.superblock.birth_generation;
         if generation >= BIRTH_GENERATION_MAX {
             return Err(Error::new(
@@ -145,6 +159,8 @@ impl State {
             share_floor_generation: 0,
             written_base_generation: 0,
             guid: crate::pool::random_uuid(),
+            receive_progress: None,
+            cursor: false,
         });
         Ok(id)
     }
@@ -200,6 +216,8 @@ impl State {
             share_floor_generation: generation,
             written_base_generation,
             guid: crate::pool::random_uuid(),
+            receive_progress: None,
+            cursor: false,
         });
         Ok(id)
     }
@@ -306,6 +324,8 @@ impl State {
             share_floor_generation: generation,
             written_base_generation: generation,
             guid: crate::pool::random_uuid(),
+            receive_progress: None,
+            cursor: false,
             ..old.clone()
         });
         self.volume_table.update(target, |target_mut| {
@@ -415,7 +435,7 @@ impl State {
         if !record.root.is_none() {
             return true;
         }
-        if self.volume_table.has_children(id) {
+        if self.volume_table.has_children(id) || record.cursor {
             return true;
         }
         record.kind == VolumeKind::Snapshot && self.is_useful_bookmark(record)
@@ -433,6 +453,7 @@ impl State {
             .iter()
             .filter(|s| {
                 s.removed
+                    && !s.cursor
                     && s.root.is_none()
                     && s.kind == VolumeKind::Snapshot
                     && s.created_generation > record.created_generation
@@ -452,7 +473,7 @@ impl State {
     pub(crate) fn bookmark_by_name(&self, name: &str) -> Option<&VolumeRecord> {
         self.volume_table
             .removed_records()
-            .filter(|r| r.name == name && r.kind == VolumeKind::Snapshot)
+            .filter(|r| r.name == name && r.kind == VolumeKind::Snapshot && !r.cursor)
             .max_by_key(|r| r.created_generation)
     }
 }

@@ -989,7 +989,9 @@ mod rec {
     pub const GUID: usize = 224;
     /// Reserved bytes, all zero in a valid record (the name's padding is
     /// reserved too).
-    pub const RESERVED: [std::ops::Range<usize>; 3] = [44..48, 88..96, 240..256];
+    pub const RESERVED: [std::ops::Range<usize>; 2] = [44..48, 240..256];
+    /// Receive progress: zero unless the receiving flag (0x02) is set.
+    pub const RECEIVE_PROGRESS: usize = 88;
 }
 
 const SAMPLE_NAME: &str = "disk@2024-01-01+clone:x_y.z";
@@ -1010,6 +1012,8 @@ fn sample_record() -> VolumeRecord {
         share_floor_generation: 950,
         written_base_generation: 925,
         guid: *b"guid-of-vol-0042",
+        receive_progress: None,
+        cursor: false,
     }
 }
 
@@ -1061,6 +1065,30 @@ fn record_matches_its_fixture_and_decodes_back() {
         VolumeRecord::decode(&[0u8; RECORD_BYTES], VolumeId(3)).unwrap(),
         None
     );
+}
+
+#[test]
+fn partial_receives_and_cursors_round_trip() {
+    let receiving = VolumeRecord {
+        receive_progress: Some(3 << 20),
+        ..sample_record()
+    };
+    let cursor = VolumeRecord {
+        removed: true,
+        root: BlockAddr::NONE,
+        kind: VolumeKind::Snapshot,
+        cursor: true,
+        ..sample_record()
+    };
+    for (record, flags) in [(receiving, 2), (cursor, 5)] {
+        let mut bytes = [0u8; RECORD_BYTES];
+        record.encode(&mut bytes);
+        assert_eq!(bytes[rec::FLAGS], flags);
+        assert_eq!(
+            VolumeRecord::decode(&bytes, VolumeId(42)).unwrap(),
+            Some(record)
+        );
+    }
 }
 
 #[test]
@@ -1172,9 +1200,14 @@ fn a_well_checksummed_record_with_an_impossible_field_is_rejected() {
         ("empty name", vec![p(rec::NAME_LEN, &[0])]),
         ("name longer than its field", vec![p(rec::NAME_LEN, &[129])]),
         ("name not UTF-8", vec![p(rec::NAME, &[0xff])]),
-        ("flag 0x02", vec![p(rec::FLAGS, &[0x02])]),
+        ("flag 0x08", vec![p(rec::FLAGS, &[0x08])]),
+        (
+            "receive progress without the receiving flag",
+            vec![p(rec::RECEIVE_PROGRESS, &[1])],
+        ),
+        ("a cursor that is live", vec![p(rec::FLAGS, &[0x04])]),
         ("flag 0x80", vec![p(rec::FLAGS, &[0x80])]),
-        ("removed and an unknown flag", vec![p(rec::FLAGS, &[0x03])]),
+        ("removed and receiving", vec![p(rec::FLAGS, &[0x03])]),
         ("all flags", vec![p(rec::FLAGS, &[0xff])]),
         (
             "created generation too large",

@@ -52,7 +52,11 @@ impl VolumeKind {
 //   41     1    kind: 1 = volume, 2 = snapshot (read-only), 3 = clone
 //   42     1    name_len
 //   43     1    flags: bit 0 = removed (its tree, if any, is being given back;
-//               kept while it has children, or as a bookmark to diff from)
+//               kept while it has children, or as a bookmark to diff from);
+//               bit 1 = receiving (a partial `grove receive`: live but hidden,
+//               its name reserved); bit 2 = cursor (a replication cursor: a
+//               removed snapshot record kept whatever rm and retention do,
+//               named after its target)
 //   44     4    reserved, zero
 //   48     8    created_unix_secs
 //   56     8    referenced_blocks: data blocks this volume maps
@@ -62,7 +66,9 @@ impl VolumeKind {
 //               snapshot, clone or rollback shared this tree; a data block
 //               born no later is never written in place
 //   80     8    written_base_generation: `written` counts data born after it
-//   88     8    reserved, zero
+//   88     8    receive progress: with the receiving flag, bytes of the target
+//               applied so far (durable with the commit that wrote them);
+//               otherwise zero
 //   96     128  name, UTF-8, name_len bytes, zero padded
 //   224    16   guid: random, unique across pools (replication will name volumes by it)
 //   240    16   reserved, zero
@@ -81,12 +87,17 @@ const REFERENCED_OFFSET: usize = CREATED_OFFSET + 8;
 const CREATED_GENERATION_OFFSET: usize = REFERENCED_OFFSET + 8;
 const SHARE_FLOOR_OFFSET: usize = CREATED_GENERATION_OFFSET + 8;
 const WRITTEN_BASE_OFFSET: usize = SHARE_FLOOR_OFFSET + 8;
-const NAME_OFFSET: usize = WRITTEN_BASE_OFFSET + 8 + 8;
+const RECEIVE_PROGRESS_OFFSET: usize = WRITTEN_BASE_OFFSET + 8;
+const NAME_OFFSET: usize = RECEIVE_PROGRESS_OFFSET + 8;
 const GUID_OFFSET: usize = NAME_OFFSET + VOLUME_NAME_MAX_BYTES;
 const TAIL_OFFSET: usize = GUID_OFFSET + 16;
 const _: () = assert!(TAIL_OFFSET + 16 == RECORD_BYTES);
 /// Flag bit: the volume was removed.
 const FLAG_REMOVED: u8 = 0x1;
+/// Flag bit: a partial receive (see `receive_progress`).
+const FLAG_RECEIVING: u8 = 0x2;
+/// Flag bit: a replication cursor (see `cursor`).
+const FLAG_CURSOR: u8 = 0x4;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VolumeRecord {
@@ -106,9 +117,37 @@ pub struct VolumeRecord {
     pub share_floor_generation: u64,
     pub written_base_generation: u64,
     pub guid: [u8; 16],
+    /// Some(bytes applied) while this live record is a partial receive:
+    /// hidden from listings and lookups by name, its name reserved for the
+    /// snapshot it becomes. Its guid is already the target's.
+    pub receive_progress: Option<u64>,
+    /// A replication cursor: a removed snapshot record (no tree) kept as
+    /// the base of the next incremental to the target it is named after.
+    /// Its guid, parent and created generation are those of the snapshot
+    /// last sent there.
+    pub cursor: bool,
 }
 
 impl VolumeRecord {
+    fn flags(&self) -> u8 {
+        let mut flags = 0;
+        if self.removed {
+            flags |= FLAG_REMOVED;
+        }
+        if self.receive_progress.is_some() {
+            flags |= FLAG_RECEIVING;
+        }
+        if self.cursor {
+            flags |= FLAG_CURSOR;
+        }
+        flags
+    }
+
+    /// Listed, and found by name: not a partial receive.
+    pub fn is_visible(&self) -> bool {
+        !self.removed && self.receive_progress.is_none()
+    }
+
     pub fn encode(&self, out: &mut [u8]) {
         assert_eq!(out.len(), RECORD_BYTES);
         if let Err(problem) = self.check_fields() {
@@ -123,12 +162,17 @@ impl VolumeRecord {
         out[HEIGHT_OFFSET] = self.height;
         out[KIND_OFFSET] = self.kind as u8;
         out[NAME_LEN_OFFSET] = self.name.len() as u8;
-        out[FLAGS_OFFSET] = if self.removed { FLAG_REMOVED } else { 0 };
+        out[FLAGS_OFFSET] = self.flags();
         put_u64(out, CREATED_OFFSET, self.created_unix_secs);
         put_u64(out, REFERENCED_OFFSET, self.referenced_blocks);
         put_u64(out, CREATED_GENERATION_OFFSET, self.created_generation);
         put_u64(out, SHARE_FLOOR_OFFSET, self.share_floor_generation);
         put_u64(out, WRITTEN_BASE_OFFSET, self.written_base_generation);
+        put_u64(
+            out,
+            RECEIVE_PROGRESS_OFFSET,
+            self.receive_progress.unwrap_or(0),
+        );
         out[NAME_OFFSET..NAME_OFFSET + self.name.len()].copy_from_slice(self.name.as_bytes());
         out[GUID_OFFSET..GUID_OFFSET + 16].copy_from_slice(&self.guid);
         let crc = crc_with_hole(out, CRC_OFFSET);
@@ -179,12 +223,11 @@ impl VolumeRecord {
             .map_err(|_| damaged("name is not UTF-8".into()))?
             .to_string();
         let flags = bytes[FLAGS_OFFSET];
-        if flags & !FLAG_REMOVED != 0 {
+        if flags & !(FLAG_REMOVED | FLAG_RECEIVING | FLAG_CURSOR) != 0 {
             return Err(damaged(format!("unknown flags {flags:#04x}")));
         }
         let reserved = [
             FLAGS_OFFSET + 1..CREATED_OFFSET,
-            WRITTEN_BASE_OFFSET + 8..NAME_OFFSET,
             NAME_OFFSET + name_len..GUID_OFFSET,
             TAIL_OFFSET..RECORD_BYTES,
         ];
@@ -211,7 +254,15 @@ impl VolumeRecord {
             share_floor_generation: get_u64(bytes, SHARE_FLOOR_OFFSET),
             written_base_generation: get_u64(bytes, WRITTEN_BASE_OFFSET),
             guid,
+            receive_progress: (flags & FLAG_RECEIVING != 0)
+                .then(|| get_u64(bytes, RECEIVE_PROGRESS_OFFSET)),
+            cursor: flags & FLAG_CURSOR != 0,
         };
+        if record.receive_progress.is_none() && get_u64(bytes, RECEIVE_PROGRESS_OFFSET) != 0 {
+            return Err(damaged(
+                "receive progress without the receiving flag".into(),
+            ));
+        }
         record.check_fields().map_err(damaged)?;
         Ok(Some(record))
     }
@@ -238,6 +289,16 @@ impl VolumeRecord {
             || !self.size_bytes.is_multiple_of(crate::types::SECTOR_BYTES)
         {
             return Err(format!("size {} bytes", self.size_bytes));
+        }
+        if self.receive_progress.is_some()
+            && (self.removed || self.cursor || !self.kind.is_writable())
+        {
+            return Err("a partial receive that is removed, a cursor or read-only".into());
+        }
+        if self.cursor
+            && (!self.removed || !self.root.is_none() || self.kind != VolumeKind::Snapshot)
+        {
+            return Err("a cursor that is live, has a tree or is not a snapshot".into());
         }
         let generation_max = super::node::BIRTH_GENERATION_MAX;
         if self.created_generation > generation_max

@@ -3,7 +3,10 @@
 //! to share between threads.
 
 mod locking;
+mod replication;
 mod volume;
+
+pub use replication::{guid_hex, CursorInfo, DiffFrom, PartialReceive, SnapshotIdentity};
 
 use locking::{
     commit, commit_if_large, commit_locked, lock_state, punch_freed, release_frees, settle_commit,
@@ -527,15 +530,14 @@ impl Pool {
     /// costs a walk of what each volume owns alone).
     pub fn volumes(&self) -> Result<Vec<VolumeInfo>> {
         let mut state = self.state();
-        let records: Vec<VolumeRecord> = state.volume_table.live_records().cloned().collect();
+        let records: Vec<VolumeRecord> = state.visible_records().cloned().collect();
         records.iter().map(|r| volume_info(&mut state, r)).collect()
     }
 
     /// Names of every volume, in creation order, without the accounting.
     pub fn volume_names(&self) -> Vec<String> {
         self.state()
-            .volume_table
-            .live_records()
+            .visible_records()
             .map(|r| r.name.clone())
             .collect()
     }
@@ -544,8 +546,7 @@ impl Pool {
     pub fn volume_summaries(&self) -> Vec<VolumeSummary> {
         let state = self.state();
         state
-            .volume_table
-            .live_records()
+            .visible_records()
             .map(|r| volume_summary(&state, r))
             .collect()
     }
@@ -644,6 +645,10 @@ impl Pool {
         let after = state.pending_free_blocks(false)?;
         commit_locked(&self.inner, &mut state)?;
         Ok(after.saturating_sub(before) * state.geometry().block_bytes())
+    }
+
+    fn has_claims(&self, id: VolumeId) -> bool {
+        lock_handles(&self.inner).contains_key(&id)
     }
 
     /// Refuses when any of `ids` is claimed (an NBD client, an open FUSE
@@ -844,7 +849,7 @@ impl Pool {
             path: self.inner.dir.display().to_string(),
             format_version: FORMAT_VERSION,
             block_size_bytes: state.geometry().block_size_bytes,
-            volume_count: state.volume_table.live_count() as u64,
+            volume_count: state.visible_records().count() as u64,
             store_bytes: space.store_blocks * block_bytes,
             used_bytes: space.used_blocks * block_bytes,
             metadata_bytes: space.meta_blocks * block_bytes,
