@@ -1,0 +1,15 @@
+//! Replication streams, as ddsnap replicates snapshot deltas: `send` turns
+//! a snapshot (or what changed since a base) into a self-describing,
+//! checksummed stream, and `receive` turns a stream back into snapshots,
+//! resumably. The stream's bytes are in `format`, the content digest both
+//! sides check in `digest`, resume tokens in `token`.
+
+pub mod digest;
+pub mod format;
+pub mod receive;
+pub mod send;
+pub mod token;
+
+pub use receive::{abort, receive, resume_token, ReceiveError, ReceiveSummary};
+pub use send::{send, volume_digest, SendRequest, SendSummary};
+pub use token::ResumeToken;

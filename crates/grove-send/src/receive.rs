@@ -1,0 +1,551 @@
+//! `grove receive`: a stream into snapshots.
+//!
+//! Each section is written into a partial receive (`grove_store`'s hidden
+//! record), checked frame by frame, and becomes a visible snapshot only
+//! when its Finish frame's content digest matches what was received. Every
+//! `PROGRESS_BYTES` (or `PROGRESS_INTERVAL`) the data and the progress
+//! commit together; an interrupted receive keeps what it committed and
+//! hands back a resume token. What the token needs besides the progress
+//! (the stream's snapshots, the tag, the running digest) is kept in
+//! `POOL/grove.receiving/NAME`, written before the partial receive exists.
+
+use std::fs;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use grove_store::{guid_hex, Pool, Volume};
+use serde::{Deserialize, Serialize};
+
+use crate::digest::{decode_state, encode_state, ContentDigest, DigestCache};
+use crate::format::{Begin, Frame, FrameReader, Header, StreamError, UNIT_BYTES};
+use crate::send::volume_digest;
+use crate::token::ResumeToken;
+
+/// Bytes received between two commits of data and progress: at most this
+/// much is sent again after an interruption.
+pub const PROGRESS_BYTES: u64 = 8 << 20;
+/// Longest time between two commits while data arrives.
+pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
+/// Directory of the partial receives' stream state, in the pool directory.
+pub const RECEIVING_DIR: &str = "grove.receiving";
+
+/// What a finished receive made.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ReceiveSummary {
+    /// The snapshots made, oldest first.
+    pub snapshots: Vec<String>,
+    pub stream_bytes: u64,
+    pub data_bytes: u64,
+    pub zero_bytes: u64,
+    pub hole_bytes: u64,
+}
+
+/// Why a receive stopped.
+#[derive(Debug)]
+pub struct ReceiveError {
+    pub cause: anyhow::Error,
+    /// Set when a partial receive was kept: its name and the token that
+    /// resumes it.
+    pub resumable: Option<(String, ResumeToken)>,
+    /// Snapshots finished before it stopped.
+    pub finished: Vec<String>,
+}
+
+impl std::fmt::Display for ReceiveError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:#}", self.cause)?;
+        if let Some((name, token)) = &self.resumable {
+            write!(
+                f,
+                "; the partial receive {name:?} keeps {} bytes: resume with `grove send --resume {}` into `grove receive {name}`, or drop it with `grove receive --abort {name}`",
+                token.progress_bytes,
+                token.encode()
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ReceiveError {}
+
+impl ReceiveError {
+    fn refused(cause: anyhow::Error, finished: Vec<String>) -> ReceiveError {
+        ReceiveError {
+            cause,
+            resumable: None,
+            finished,
+        }
+    }
+}
+
+/// What a partial receive needs beside its progress, kept in
+/// `RECEIVING_DIR/NAME` as JSON.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct StreamState {
+    range: bool,
+    final_target: String,
+    section_base: Option<String>,
+    section_target: String,
+    tag: String,
+    /// Running content digest and the progress it belongs to; a crash
+    /// between the commit and this file's update leaves them behind the
+    /// progress, and the section is then verified by reading it whole.
+    digest: String,
+}
+
+fn state_path(pool_dir: &Path, name: &str) -> PathBuf {
+    pool_dir.join(RECEIVING_DIR).join(name)
+}
+
+fn write_state(pool_dir: &Path, name: &str, state: &StreamState) -> Result<()> {
+    let dir = pool_dir.join(RECEIVING_DIR);
+    fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let path = state_path(pool_dir, name);
+    let temporary = path.with_extension("new");
+    let mut file = fs::File::create(&temporary)
+        .with_context(|| format!("cannot create {}", temporary.display()))?;
+    file.write_all(serde_json::to_string(state)?.as_bytes())?;
+    file.sync_all()?;
+    fs::rename(&temporary, &path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    fs::File::open(&dir)?.sync_all()?;
+    Ok(())
+}
+
+fn read_state(pool_dir: &Path, name: &str) -> Result<StreamState> {
+    let path = state_path(pool_dir, name);
+    let text = fs::read_to_string(&path).with_context(|| {
+        format!(
+            "the stream state of partial receive {name:?} ({}) is missing",
+            path.display()
+        )
+    })?;
+    serde_json::from_str(&text).with_context(|| format!("{} is damaged", path.display()))
+}
+
+fn guid_from_hex(text: &str) -> Result<[u8; 16]> {
+    crate::digest::unhex(text)?
+        .try_into()
+        .map_err(|_| anyhow!("a GUID of the wrong length"))
+}
+
+/// The token that resumes partial receive `name`.
+pub fn resume_token(pool: &Pool, name: &str) -> Result<ResumeToken> {
+    let partial = pool
+        .partial_receive(name)
+        .with_context(|| format!("no partial receive named {name:?} in this pool"))?;
+    let state = read_state(pool.dir(), name)?;
+    Ok(ResumeToken {
+        range: state.range,
+        final_target: guid_from_hex(&state.final_target)?,
+        section_base: state.section_base.as_deref().map(guid_from_hex).transpose()?,
+        section_target: guid_from_hex(&state.section_target)?,
+        progress_bytes: partial.progress_bytes,
+        tag: guid_from_hex(&state.tag)?,
+    })
+}
+
+/// Drops partial receive `name` and its stream state; the bytes the
+/// reclaimer gives back.
+pub fn abort(pool: &Pool, name: &str) -> Result<u64> {
+    let freed = pool.abort_receive(name)?;
+    let _ = fs::remove_file(state_path(pool.dir(), name));
+    Ok(freed)
+}
+
+/// Receives the stream from `input`; the last section becomes snapshot
+/// `name`, earlier ones (a range) snapshots named after the sender's.
+/// `progress` hears the stream bytes read so far.
+pub fn receive(
+    pool: &Pool,
+    name: &str,
+    input: impl Read,
+    progress: &mut dyn FnMut(u64),
+) -> std::result::Result<ReceiveSummary, ReceiveError> {
+    grove_store::validate_volume_name(name)
+        .map_err(|e| ReceiveError::refused(e.into(), Vec::new()))?;
+    let mut reader = FrameReader::new(input);
+    let mut summary = ReceiveSummary::default();
+    let header = match reader.next() {
+        Ok(Frame::Header(header)) => header,
+        Ok(_) => {
+            return Err(ReceiveError::refused(
+                anyhow!("the stream does not start with a header"),
+                Vec::new(),
+            ))
+        }
+        Err(e) => return Err(ReceiveError::refused(e.into(), Vec::new())),
+    };
+    for index in 0..header.sections {
+        let begin = match reader.next() {
+            Ok(Frame::Begin(begin)) if begin.section == index => begin,
+            Ok(other) => {
+                return Err(ReceiveError::refused(
+                    anyhow!("expected the start of section {index}, found {}", describe(&other)),
+                    summary.snapshots,
+                ))
+            }
+            Err(e) => return Err(ReceiveError::refused(e.into(), summary.snapshots)),
+        };
+        let local = local_name(name, &begin.target_name, index + 1 == header.sections);
+        let mut section = SectionReceiver::start(pool, &header, &begin, index, &local)
+            .map_err(|e| ReceiveError::refused(e, summary.snapshots.clone()))?;
+        match section.run(&mut reader, &mut summary, progress) {
+            Ok(()) => summary.snapshots.push(local),
+            Err(SectionError::Interrupted(cause)) => {
+                let resumable = resume_token(pool, &local).ok().map(|t| (local.clone(), t));
+                return Err(ReceiveError {
+                    cause,
+                    resumable,
+                    finished: summary.snapshots,
+                });
+            }
+            Err(SectionError::Refused(cause)) => {
+                return Err(ReceiveError::refused(cause, summary.snapshots))
+            }
+        }
+    }
+    match reader.next() {
+        Ok(Frame::End { sections }) if sections == header.sections => {}
+        Ok(other) => {
+            return Err(ReceiveError::refused(
+                anyhow!("expected the stream's end, found {}", describe(&other)),
+                summary.snapshots,
+            ))
+        }
+        Err(e) => return Err(ReceiveError::refused(e.into(), summary.snapshots)),
+    }
+    summary.stream_bytes = reader.bytes_read;
+    progress(summary.stream_bytes);
+    Ok(summary)
+}
+
+fn describe(frame: &Frame) -> &'static str {
+    match frame {
+        Frame::Header(_) => "a second header",
+        Frame::Begin(_) => "the start of another section",
+        Frame::Data { .. } => "a data record",
+        Frame::Zero { .. } => "a zero record",
+        Frame::Hole { .. } => "a hole record",
+        Frame::Finish(_) => "the end of a section",
+        Frame::End { .. } => "the stream's end",
+    }
+}
+
+/// The name of a section's snapshot: NAME for the last one; for earlier
+/// ones (a range), the sender's name, moved under NAME's prefix when both
+/// have one (`backup@5` receiving `vm@3` makes `backup@3`).
+fn local_name(name: &str, sender_name: &str, last: bool) -> String {
+    if last {
+        return name.to_string();
+    }
+    match (name.split_once('@'), sender_name.split_once('@')) {
+        (Some((prefix, _)), Some((_, suffix))) => format!("{prefix}@{suffix}"),
+        _ => sender_name.to_string(),
+    }
+}
+
+enum SectionError {
+    /// The input stopped or broke: what arrived is kept for a resume.
+    Interrupted(anyhow::Error),
+    /// The stream is wrong, or the pool cannot take it.
+    Refused(anyhow::Error),
+}
+
+impl From<StreamError> for SectionError {
+    fn from(e: StreamError) -> Self {
+        SectionError::Interrupted(e.into())
+    }
+}
+
+/// Receives one section into its partial receive.
+struct SectionReceiver<'a> {
+    pool: &'a Pool,
+    begin: Begin,
+    name: String,
+    volume: Volume,
+    state: StreamState,
+    /// The running digest, while it follows the progress exactly.
+    digest: Option<ContentDigest>,
+    /// The partial receive held nothing past this when this run started:
+    /// a full stream's old contents there are zeros, never read.
+    fresh_from: u64,
+    /// End of the last record applied (or skipped as already held).
+    applied: u64,
+    committed: u64,
+    committed_at: Instant,
+}
+
+impl<'a> SectionReceiver<'a> {
+    fn start(
+        pool: &'a Pool,
+        header: &Header,
+        begin: &Begin,
+        index: u32,
+        name: &str,
+    ) -> Result<SectionReceiver<'a>> {
+        let resuming_this = header.resumed && index == 0;
+        match pool.partial_receive(name) {
+            Some(partial) => {
+                if partial.target_guid != begin.target_guid {
+                    bail!(
+                        "a partial receive named {name:?} is of another snapshot (GUID {}); drop it with `grove receive --abort {name}` or receive under another name",
+                        guid_hex(&partial.target_guid)
+                    );
+                }
+                if resuming_this && header.resumed_offset > partial.progress_bytes {
+                    bail!(
+                        "the stream resumes at byte {}, but partial receive {name:?} holds only {}: ask the sending pool for `grove send --resume` with the token `grove receive --status {name}` prints",
+                        header.resumed_offset,
+                        partial.progress_bytes
+                    );
+                }
+                if !resuming_this {
+                    bail!(
+                        "a partial receive named {name:?} is waiting to be resumed: send with `--resume` and the token `grove receive --status {name}` prints, or drop it with `grove receive --abort {name}`"
+                    );
+                }
+                let state = read_state(pool.dir(), name)?;
+                let (digest, digest_progress) = decode_state(&state.digest)?;
+                let digest = (digest_progress == partial.progress_bytes).then_some(digest);
+                Ok(SectionReceiver {
+                    pool,
+                    begin: begin.clone(),
+                    name: name.to_string(),
+                    volume: pool.receive_volume(name)?,
+                    state,
+                    digest,
+                    fresh_from: partial.progress_bytes,
+                    applied: 0,
+                    committed: partial.progress_bytes,
+                    committed_at: Instant::now(),
+                })
+            }
+            None if resuming_this => bail!(
+                "the stream resumes a receive, but there is no partial receive named {name:?} in this pool (it finished, or was aborted)"
+            ),
+            None => Self::start_new(pool, header, begin, name),
+        }
+    }
+
+    fn start_new(
+        pool: &'a Pool,
+        header: &Header,
+        begin: &Begin,
+        name: &str,
+    ) -> Result<SectionReceiver<'a>> {
+        if let Some(existing) = pool.snapshot_by_guid(&begin.target_guid) {
+            bail!(
+                "this pool already holds snapshot {:?} of the stream as {:?} (same GUID {})",
+                begin.target_name,
+                existing.name,
+                guid_hex(&begin.target_guid)
+            );
+        }
+        let cache = DigestCache::new(pool.dir());
+        let digest = match begin.base_guid {
+            None => ContentDigest::empty(),
+            Some(base_guid) => {
+                let base = pool
+                    .snapshot_by_guid(&base_guid)
+                    .ok_or_else(|| missing_base(pool, header, begin))?;
+                match cache.get(&base.guid, base.size_bytes) {
+                    Some(known) => known,
+                    None => {
+                        let computed = volume_digest(&pool.volume(&base.name)?)?;
+                        cache.put(&base.guid, base.size_bytes, &computed);
+                        computed
+                    }
+                }
+            }
+        };
+        let state = StreamState {
+            range: header.range,
+            final_target: guid_hex(&header.final_target),
+            section_base: begin.base_guid.map(|g| guid_hex(&g)),
+            section_target: guid_hex(&begin.target_guid),
+            tag: guid_hex(&begin.resume_tag),
+            digest: encode_state(&digest, 0),
+        };
+        write_state(pool.dir(), name, &state)?;
+        let volume = pool.begin_receive(name, begin.base_guid, begin.target_guid, begin.size_bytes)?;
+        Ok(SectionReceiver {
+            pool,
+            begin: begin.clone(),
+            name: name.to_string(),
+            volume,
+            state,
+            digest: Some(digest),
+            fresh_from: 0,
+            applied: 0,
+            committed: 0,
+            committed_at: Instant::now(),
+        })
+    }
+
+    fn run(
+        &mut self,
+        reader: &mut FrameReader<impl Read>,
+        summary: &mut ReceiveSummary,
+        progress: &mut dyn FnMut(u64),
+    ) -> std::result::Result<(), SectionError> {
+        loop {
+            let frame = match reader.next() {
+                Ok(frame) => frame,
+                Err(e) => return Err(self.interrupted(e.into())),
+            };
+            progress(reader.bytes_read);
+            match frame {
+                Frame::Finish(finish) => {
+                    summary.data_bytes += finish.data_bytes;
+                    summary.zero_bytes += finish.zero_bytes;
+                    summary.hole_bytes += finish.hole_bytes;
+                    return self.finish(finish.content_digest);
+                }
+                Frame::Data { .. } | Frame::Zero { .. } | Frame::Hole { .. } => {
+                    if let Err(why) = self.check_record(&frame) {
+                        let at = reader.bytes_read;
+                        return Err(self.interrupted(anyhow!("the stream is damaged at byte {at}: {why}")));
+                    }
+                    self.apply(&frame).map_err(|e| self.interrupted(e))?;
+                }
+                other => {
+                    let why = anyhow!("the stream is damaged: expected a record, found {}", describe(&other));
+                    return Err(self.interrupted(why));
+                }
+            }
+        }
+    }
+
+    /// Records are aligned, inside the volume, and in strictly increasing
+    /// order: anything else is a damaged or reordered stream.
+    fn check_record(&self, frame: &Frame) -> std::result::Result<(), String> {
+        let (offset, length) = frame.extent().expect("a record");
+        let size = self.begin.size_bytes;
+        let end = offset.checked_add(length).ok_or("a record past any volume's end")?;
+        if offset % UNIT_BYTES != 0 || (end % UNIT_BYTES != 0 && end != size) {
+            return Err(format!("a record at {offset}+{length} is not aligned to {UNIT_BYTES}"));
+        }
+        if end > size {
+            return Err(format!("a record at {offset}+{length} runs past the volume's {size} bytes"));
+        }
+        if offset < self.applied {
+            return Err(format!(
+                "a record at {offset} comes after one that ended at {} (records out of order)",
+                self.applied
+            ));
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, frame: &Frame) -> Result<()> {
+        let (offset, length) = frame.extent().expect("a record");
+        let end = offset + length;
+        if end <= self.committed {
+            // Held already (a resumed stream may start a little earlier).
+            self.applied = end;
+            return Ok(());
+        }
+        if let Some(digest) = &mut self.digest {
+            // A full stream's units past what this run started with were
+            // never written: their old contents are zeros.
+            if self.begin.base_guid.is_some() || offset < self.fresh_from {
+                let mut old = vec![0u8; length as usize];
+                self.volume.read_at(&mut old, offset)?;
+                digest.remove(offset, &old);
+            }
+        }
+        match frame {
+            Frame::Data { bytes, .. } => {
+                self.volume.write_at(bytes, offset)?;
+                if let Some(digest) = &mut self.digest {
+                    digest.add(offset, bytes);
+                }
+            }
+            _ => self.volume.discard(offset, length)?,
+        }
+        self.applied = end;
+        if self.applied - self.committed >= PROGRESS_BYTES
+            || self.committed_at.elapsed() >= PROGRESS_INTERVAL
+        {
+            self.commit()?;
+        }
+        Ok(())
+    }
+
+    /// Makes the data and the progress durable together, then the running
+    /// digest that belongs to that progress.
+    fn commit(&mut self) -> Result<()> {
+        if self.applied <= self.committed {
+            return Ok(());
+        }
+        self.pool.record_receive_progress(&self.name, self.applied)?;
+        self.committed = self.applied;
+        self.committed_at = Instant::now();
+        if let Some(digest) = &self.digest {
+            self.state.digest = encode_state(digest, self.committed);
+            write_state(self.pool.dir(), &self.name, &self.state)?;
+        }
+        Ok(())
+    }
+
+    /// Keeps what arrived and says why it stopped.
+    fn interrupted(&mut self, cause: anyhow::Error) -> SectionError {
+        match self.commit() {
+            Ok(()) => SectionError::Interrupted(cause),
+            Err(e) => SectionError::Interrupted(cause.context(format!(
+                "and keeping what arrived failed too ({e:#})"
+            ))),
+        }
+    }
+
+    fn finish(&mut self, expected: [u8; 32]) -> std::result::Result<(), SectionError> {
+        let size = self.begin.size_bytes;
+        let digest = match self.digest {
+            Some(digest) => digest,
+            None => volume_digest(&self.volume).map_err(SectionError::Refused)?,
+        };
+        if digest.finish(size) != expected {
+            let dropped = abort(self.pool, &self.name);
+            let what = match dropped {
+                Ok(_) => "the partial receive was dropped".to_string(),
+                Err(e) => format!("dropping the partial receive failed too ({e:#})"),
+            };
+            return Err(SectionError::Refused(anyhow!(
+                "the received content of {:?} does not match the stream's digest (the stream is damaged); {what}",
+                self.begin.target_name
+            )));
+        }
+        self.pool
+            .finish_receive(&self.name, self.begin.target_created_unix_secs)
+            .map_err(|e| SectionError::Refused(e.into()))?;
+        DigestCache::new(self.pool.dir()).put(&self.begin.target_guid, size, &digest);
+        let _ = fs::remove_file(state_path(self.pool.dir(), &self.name));
+        Ok(())
+    }
+}
+
+/// One line naming the missing base and what to send instead.
+fn missing_base(pool: &Pool, header: &Header, begin: &Begin) -> anyhow::Error {
+    let base_guid = begin.base_guid.expect("an incremental section");
+    let instead = header
+        .base_hints
+        .iter()
+        .find_map(|(guid, sender_name)| {
+            pool.snapshot_by_guid(guid)
+                .map(|here| (sender_name.clone(), here.name))
+        });
+    let advice = match instead {
+        Some((sender_name, here)) => format!(
+            "send --from {sender_name} instead (this pool holds it as {here:?}), or a full stream"
+        ),
+        None => "this pool holds no earlier snapshot of the line either: send a full stream (without --from)".to_string(),
+    };
+    anyhow!(
+        "the stream's base, snapshot {:?} (GUID {}), is not in this pool; {advice}",
+        begin.base_name,
+        guid_hex(&base_guid)
+    )
+}
