@@ -196,6 +196,92 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Write a snapshot, or what changed since a base, as a replication stream
+    #[command(
+        long_about = "Write SNAPSHOT as a replication stream: to standard output, a file \
+                      (-o) or object storage (--to s3://BUCKET/PREFIX/NAME or file:///DIR/NAME). \
+                      Without a base the stream is full; with --from BASE (an earlier snapshot \
+                      of the same line, or a removed one kept as a bookmark) it carries only \
+                      what changed, found from the trees without reading unchanged data. \
+                      --from BASE.. (or -I BASE) sends every snapshot between BASE and \
+                      SNAPSHOT, each its own section. Zeros and holes travel as records, never \
+                      as bytes. Every record is checksummed and each snapshot ends with a \
+                      digest of its whole content, which `grove receive` checks. \
+                      --cursor TARGET sends from where target TARGET's cursor points (a \
+                      bookmark that rm and retention keep) and moves it to SNAPSHOT once the \
+                      stream is written. --resume TOKEN sends what an interrupted receive \
+                      lacks.",
+        after_help = "Examples:\n  grove send disk@monday | grove --pool /srv/b receive disk@monday\n  \
+                      grove send disk@tuesday --from disk@monday -o tue.stream\n  \
+                      grove send disk@friday -I disk@monday --cursor offsite | ssh host grove receive disk@friday\n  \
+                      grove send --resume grove1-... | grove --pool /srv/b receive disk@friday"
+    )]
+    Send {
+        /// Snapshot to send (not needed with --resume)
+        #[arg(required_unless_present = "resume")]
+        snapshot: Option<String>,
+        /// Send only what changed since BASE (a snapshot or bookmark); BASE.. sends every snapshot between
+        #[arg(long, value_name = "BASE", conflicts_with_all = ["range_from", "resume"])]
+        from: Option<String>,
+        /// Send every snapshot between BASE and SNAPSHOT (same as --from BASE..)
+        #[arg(short = 'I', value_name = "BASE", conflicts_with = "resume")]
+        range_from: Option<String>,
+        /// Send from replication target TARGET's cursor (full if it has none) and move the cursor to SNAPSHOT
+        #[arg(long, value_name = "TARGET", conflicts_with = "resume")]
+        cursor: Option<String>,
+        /// Write the stream to FILE instead of standard output
+        #[arg(short = 'o', long = "output", value_name = "FILE", conflicts_with = "to")]
+        output: Option<PathBuf>,
+        /// Store the stream as objects at URL (s3://BUCKET/PREFIX/NAME or file:///DIR/NAME); resumes an interrupted upload
+        #[arg(long, value_name = "URL")]
+        to: Option<String>,
+        /// Send what the interrupted receive that printed TOKEN lacks
+        #[arg(long, value_name = "TOKEN")]
+        resume: Option<String>,
+    },
+    /// Make snapshot NAME from a replication stream
+    #[command(
+        long_about = "Read a stream made by `grove send` from FILE, standard input (- or \
+                      nothing) or object storage (--from URL) and make snapshot NAME from it. \
+                      An incremental stream's base is found by its GUID, whatever it is called \
+                      here. Every record is checked as it arrives and the snapshot appears only \
+                      once its content digest matches; a damaged stream leaves nothing \
+                      visible. An interrupted receive keeps what it received (durably, with its \
+                      progress) and prints a resume token for `grove send --resume`. A range \
+                      stream's earlier snapshots are named after the sender's, under NAME's \
+                      prefix (receiving vm@1.. as backup@5 makes backup@2, backup@3, ...). \
+                      Works on a pool held by `grove serve` or `grove mount` too.",
+        after_help = "Examples:\n  grove send disk@monday | grove --pool /srv/b receive disk@monday\n  \
+                      grove receive disk@tuesday tue.stream\n  grove receive --status disk@tuesday\n  \
+                      grove receive --abort disk@tuesday"
+    )]
+    Receive {
+        /// Name of the snapshot to make
+        name: String,
+        /// Stream file; - or nothing for standard input
+        #[arg(conflicts_with_all = ["from", "abort", "status"])]
+        file: Option<PathBuf>,
+        /// Read the stream from objects at URL (s3://BUCKET/PREFIX/NAME or file:///DIR/NAME)
+        #[arg(long, value_name = "URL", conflicts_with_all = ["abort", "status"])]
+        from: Option<String>,
+        /// Drop the partial receive NAME and what it received
+        #[arg(long, conflicts_with = "status")]
+        abort: bool,
+        /// Print the resume token of the partial receive NAME
+        #[arg(long)]
+        status: bool,
+    },
+    /// Print the digest of a volume's content, to compare pools without moving data
+    #[command(
+        long_about = "Print the content digest of a volume or snapshot: the value a stream's \
+                      trailer carries, the same for the same content in any pool, whatever \
+                      its block size or where it has holes. Reads what the volume maps.",
+        after_help = "Example:\n  grove hash disk@monday; grove --pool /srv/b hash disk@monday"
+    )]
+    Hash {
+        /// Volume or snapshot
+        name: String,
+    },
     /// Give back the space of removed volumes now
     #[command(
         long_about = "Give back the space removed volumes and rollbacks left behind. \
