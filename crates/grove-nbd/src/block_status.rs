@@ -6,7 +6,7 @@
 
 use crate::codec::{Descriptor, STATE_CHANGED, STATE_HOLE, STATE_ZERO};
 
-/// Most descriptors in one block status reply. The protocol asks for at
+/// Most descriptors in one block status chunk (one per selected context). The protocol asks for at
 /// most 2^20; far fewer keeps a reply small, and clients ask again from
 /// where a short reply ended.
 pub const BLOCK_STATUS_DESCRIPTORS_MAX: usize = 1 << 16;

@@ -19,6 +19,10 @@ use crate::format::record::VolumeRecord;
 use crate::state::State;
 use crate::types::BlockAddr;
 
+/// Runs of blocks where two volumes differ, as sorted (first block, count,
+/// data) triples.
+pub(crate) type Runs = Vec<(u64, u64, bool)>;
+
 /// One run of blocks where the newer volume differs from the base.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DiffExtent {
@@ -214,7 +218,7 @@ impl State {
         newer: &VolumeRecord,
         from: u64,
         end: u64,
-    ) -> Result<(VolumeRecord, bool, Vec<(u64, u64, bool)>)> {
+    ) -> Result<(VolumeRecord, bool, Runs)> {
         let (base_record, base_live) = self.diff_base(base)?;
         let runs = if base_live {
             self.diff_live(&base_record, newer, from, end)?

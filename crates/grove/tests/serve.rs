@@ -625,7 +625,7 @@ fn nbdinfo_maps_the_blocks_changed_since_a_snapshot_or_bookmark() {
         &qemu_io(&served.uri("disk"), false, &["discard 12k 4k"]),
         "discard",
     );
-    let changed_since_monday = vec![
+    let changed_since_monday = [
         (0, 4096, 0),
         (4096, 4096, 1),
         (8192, 4096, 0),
