@@ -21,7 +21,7 @@ fuzz_target!(|data: &[u8]| {
             size_bytes: 1 << 30,
             transmission_flags: u16::from_be_bytes([data[4], data[5]]) | FLAG_HAS_FLAGS,
             structured_replies: structured,
-            base_allocation: structured && byte & 2 != 0,
+            meta_context: structured && byte & 2 != 0,
             payload_max_bytes: PAYLOAD_MAX_BYTES,
         };
         if validate_request(&request, &negotiated).is_ok()

@@ -132,10 +132,17 @@ pub const NBD_ESHUTDOWN: u32 = 108;
 pub const STATE_HOLE: u32 = 1 << 0;
 pub const STATE_ZERO: u32 = 1 << 1;
 
-/// The one metadata context this server offers.
+// `grove:changed:BASE` status flags.
+pub const STATE_CHANGED: u32 = 1 << 0;
+
+/// The standard metadata context: holes and data.
 pub const META_CONTEXT_BASE_ALLOCATION: &str = "base:allocation";
 /// The `base:` namespace prefix; as a query on its own it lists the namespace.
 pub const META_NAMESPACE_BASE: &str = "base:";
+/// The prefix of grove's changed-blocks contexts: `grove:changed:BASE`
+/// marks where the export differs from BASE, a volume, snapshot or removed
+/// snapshot (bookmark) of its line. BASE is everything after the prefix.
+pub const META_CONTEXT_GROVE_CHANGED_PREFIX: &str = "grove:changed:";
 
 // ---------------------------------------------------------------------------
 // Sizes of the fixed parts of messages.

@@ -26,6 +26,15 @@ pub const BLOCK_SIZE_MINIMUM_BYTES: u32 = 1;
 /// replies and block status chunks. Any value works; clients echo nothing.
 pub const BASE_ALLOCATION_CONTEXT_ID: u32 = 1;
 
+/// The id of the first `grove:changed:BASE` context one
+/// NBD_OPT_SET_META_CONTEXT selects; the next ones count up from it.
+pub const CHANGED_CONTEXT_ID_FIRST: u32 = 2;
+
+/// Most `grove:changed:BASE` contexts one connection selects. Each costs a
+/// diff and a chunk per BLOCK_STATUS request; more are skipped (with a
+/// warning).
+pub const CHANGED_CONTEXTS_MAX: usize = 8;
+
 /// Handshake flags the server offers.
 const HANDSHAKE_FLAGS: u16 = FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES;
 
@@ -42,7 +51,31 @@ pub(crate) enum HandshakeError {
 pub(crate) struct Session {
     pub export: Export,
     pub structured_replies: bool,
+    /// The metadata contexts BLOCK_STATUS answers for.
+    pub meta_contexts: MetaContexts,
+}
+
+/// The metadata contexts NBD_OPT_SET_META_CONTEXT selected.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct MetaContexts {
     pub base_allocation: bool,
+    /// `grove:changed:BASE` contexts, in the order they were selected.
+    pub changed: Vec<ChangedContext>,
+}
+
+impl MetaContexts {
+    /// How many contexts are selected: the chunks of a BLOCK_STATUS reply.
+    pub fn count(&self) -> usize {
+        usize::from(self.base_allocation) + self.changed.len()
+    }
+}
+
+/// One selected `grove:changed:BASE` context.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ChangedContext {
+    pub id: u32,
+    /// The volume or removed snapshot the export is compared with.
+    pub base: String,
 }
 
 pub(crate) enum Outcome {
@@ -59,9 +92,9 @@ pub(crate) enum Outcome {
 #[derive(Default)]
 struct State {
     structured_replies: bool,
-    /// The export `base:allocation` was selected for, by the last
-    /// NBD_OPT_SET_META_CONTEXT.
-    meta_context_export: Option<String>,
+    /// The export the last NBD_OPT_SET_META_CONTEXT selected contexts for,
+    /// and what it selected.
+    meta_contexts: Option<(String, MetaContexts)>,
 }
 
 pub(crate) struct Context<'a> {
@@ -343,12 +376,16 @@ fn list(context: &Context<'_>, data: &[u8]) -> Vec<u8> {
 }
 
 fn session(export: Export, state: &State) -> Session {
-    let base_allocation = state.structured_replies
-        && state.meta_context_export.as_deref() == Some(export.name.as_str());
+    let meta_contexts = match &state.meta_contexts {
+        Some((name, contexts)) if state.structured_replies && *name == export.name => {
+            contexts.clone()
+        }
+        _ => MetaContexts::default(),
+    };
     Session {
         export,
         structured_replies: state.structured_replies,
-        base_allocation,
+        meta_contexts,
     }
 }
 
@@ -436,7 +473,7 @@ fn meta_context(option: u32, data: &[u8], context: &Context<'_>, state: &mut Sta
     let set = option == OPT_SET_META_CONTEXT;
     if set {
         // A SET replaces the selection even when it fails.
-        state.meta_context_export = None;
+        state.meta_contexts = None;
     }
     if !state.structured_replies {
         return error_reply(
@@ -453,7 +490,10 @@ fn meta_context(option: u32, data: &[u8], context: &Context<'_>, state: &mut Sta
         Ok(export) => export,
         Err(refusal) => return error_reply(option, refusal.reply_type, &refusal.message),
     };
-    let mut matched = request.queries.is_empty() && !set;
+    // LIST with no query lists every context; grove:changed: has one per
+    // base, which are not listed: clients ask for the base they mean.
+    let mut base_allocation = request.queries.is_empty() && !set;
+    let mut bases: Vec<&str> = Vec::new();
     for query in &request.queries {
         let Some((namespace, leaf)) = query.split_once(':') else {
             return error_reply(
@@ -463,23 +503,89 @@ fn meta_context(option: u32, data: &[u8], context: &Context<'_>, state: &mut Sta
             );
         };
         // Unknown namespaces and leaves are ignored, as the protocol asks;
-        // "base:" lists the namespace but selects nothing.
+        // "base:" lists the namespace but selects nothing, and "grove:" or
+        // "grove:changed:" (no base) list and select nothing.
         if namespace == "base" && (leaf == "allocation" || (leaf.is_empty() && !set)) {
-            matched = true;
+            base_allocation = true;
+        }
+        if let Some(base) = query.strip_prefix(META_CONTEXT_GROVE_CHANGED_PREFIX) {
+            if !base.is_empty() && !bases.contains(&base) {
+                bases.push(base);
+            }
         }
     }
+    let mut selected = MetaContexts {
+        base_allocation,
+        changed: Vec::new(),
+    };
+    for base in bases {
+        let name = format!("{META_CONTEXT_GROVE_CHANGED_PREFIX}{base}");
+        if set && selected.changed.len() >= CHANGED_CONTEXTS_MAX {
+            tracing::warn!(
+                "metadata context {:?} not selected for export {:?}: a connection selects at most {CHANGED_CONTEXTS_MAX} grove:changed: contexts",
+                truncate_message(&name, LOGGED_NAME_MAX_BYTES),
+                export.name
+            );
+            continue;
+        }
+        if let Err(why) = changed_base_usable(&export, base) {
+            let name = truncate_message(&name, LOGGED_NAME_MAX_BYTES);
+            if set {
+                tracing::warn!(
+                    "metadata context {name:?} not selected for export {:?}: {why}",
+                    export.name
+                );
+            } else {
+                tracing::debug!(
+                    "metadata context {name:?} not listed for export {:?}: {why}",
+                    export.name
+                );
+            }
+            continue;
+        }
+        let id = CHANGED_CONTEXT_ID_FIRST + selected.changed.len() as u32;
+        selected.changed.push(ChangedContext {
+            id,
+            base: base.to_string(),
+        });
+    }
     let mut out = Vec::new();
-    if matched {
+    if selected.base_allocation {
         let id = if set { BASE_ALLOCATION_CONTEXT_ID } else { 0 };
         out.extend(encode_option_reply(
             option,
             REP_META_CONTEXT,
             &encode_rep_meta_context(id, META_CONTEXT_BASE_ALLOCATION),
         ));
-        if set {
-            state.meta_context_export = Some(export.name);
-        }
+    }
+    for changed in &selected.changed {
+        let id = if set { changed.id } else { 0 };
+        let name = format!("{META_CONTEXT_GROVE_CHANGED_PREFIX}{}", changed.base);
+        out.extend(encode_option_reply(
+            option,
+            REP_META_CONTEXT,
+            &encode_rep_meta_context(id, &name),
+        ));
+    }
+    if set && selected.count() > 0 {
+        state.meta_contexts = Some((export.name, selected));
     }
     out.extend(encode_option_reply(option, REP_ACK, &[]));
     out
+}
+
+/// Longest context name a log line quotes; longer ones are cut.
+const LOGGED_NAME_MAX_BYTES: usize = 200;
+
+/// Whether `grove:changed:BASE` can be answered for `export`: BASE names a
+/// volume, snapshot or removed snapshot that the engine can compare the
+/// export with. Cheap: the engine checks without computing a diff.
+fn changed_base_usable(export: &Export, base: &str) -> Result<(), String> {
+    grove_store::validate_volume_name(base)
+        .map_err(|_| "it is not a valid volume name".to_string())?;
+    export
+        .volume
+        .diff_in(base, 0, 0)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }

@@ -3,8 +3,9 @@
 //! Every volume of a pool is an export under its own name; snapshots (and
 //! everything, with [`ServerOptions::read_only`]) are read-only exports.
 //! The server speaks fixed newstyle negotiation with NBD_OPT_GO, INFO, LIST,
-//! EXPORT_NAME, ABORT, STRUCTURED_REPLY and the `base:allocation` metadata
-//! context, and serves READ, WRITE, FLUSH, TRIM, WRITE_ZEROES, CACHE, DISC
+//! EXPORT_NAME, ABORT, STRUCTURED_REPLY and two metadata contexts,
+//! `base:allocation` and `grove:changed:BASE` (where the export differs
+//! from BASE, a volume or removed snapshot of its line), and serves READ, WRITE, FLUSH, TRIM, WRITE_ZEROES, CACHE, DISC
 //! and BLOCK_STATUS with FUA, on many connections at once (CAN_MULTI_CONN),
 //! with the requests of each connection running concurrently. TCP
 //! connections can be encrypted with NBD_OPT_STARTTLS ([`TlsOptions`]).
@@ -12,7 +13,7 @@
 //! Layout: [`codec`] is the wire format as pure functions over bytes (what a
 //! fuzz target drives); [`validate`] decides what the protocol allows of a
 //! request; [`block_status`] turns mapped extents into `base:allocation`
-//! answers; the handshake, transmission and server modules are the glue
+//! answers and diff extents into `grove:changed:BASE` answers; the handshake, transmission and server modules are the glue
 //! that does I/O.
 //!
 //! Limits, each a named constant: option data read into memory
@@ -20,8 +21,9 @@
 //! with NBD_REP_ERR_TOO_BIG), the READ/WRITE payload ([`PAYLOAD_MAX_BYTES`],
 //! advertised in NBD_INFO_BLOCK_SIZE), bytes in flight per connection
 //! ([`IN_FLIGHT_MAX_BYTES`]: past it the connection's reader stops reading),
-//! descriptors per block status reply
-//! ([`block_status::BLOCK_STATUS_DESCRIPTORS_MAX`]), and, in
+//! descriptors per block status chunk
+//! ([`block_status::BLOCK_STATUS_DESCRIPTORS_MAX`]), `grove:changed:`
+//! contexts per connection ([`CHANGED_CONTEXTS_MAX`]), and, in
 //! [`ServerOptions`], bytes in flight across the whole server, connections,
 //! workers per connection, the handshake deadline, the request timeout (a
 //! started request's data, or a reply, that does not move closes the
@@ -57,7 +59,7 @@ pub use export::{
     INFLIGHT_LIMIT_BYTES_DEFAULT, REQUEST_TIMEOUT_MS_DEFAULT, SHUTDOWN_GRACE_MS_DEFAULT,
     SOCKET_MODE_DEFAULT, WORKERS_PER_CONNECTION_DEFAULT,
 };
-pub use handshake::{BLOCK_SIZE_MINIMUM_BYTES, OPTION_DATA_MAX_BYTES};
+pub use handshake::{BLOCK_SIZE_MINIMUM_BYTES, CHANGED_CONTEXTS_MAX, OPTION_DATA_MAX_BYTES};
 pub use server::{bind_unix_socket, parse_listen_addr, Server, ShutdownHandle, DEFAULT_TCP_PORT};
 pub use tls::{TlsMode, TlsOptions};
 pub use transmission::{INFLIGHT_LIMIT_MIN_BYTES, IN_FLIGHT_MAX_BYTES, REQUEST_OVERHEAD_BYTES};

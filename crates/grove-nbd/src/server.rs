@@ -567,7 +567,8 @@ fn handle_connection(
         export = session.export.name,
         read_only = session.export.read_only,
         structured_replies = session.structured_replies,
-        base_allocation = session.base_allocation,
+        base_allocation = session.meta_contexts.base_allocation,
+        changed_bases = ?session.meta_contexts.changed.iter().map(|c| c.base.as_str()).collect::<Vec<_>>(),
         tls = reader.get_ref().is_tls(),
         "serving export"
     );

@@ -10,7 +10,9 @@ use std::sync::{mpsc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::block_status::{allocation_descriptors, BLOCK_STATUS_DESCRIPTORS_MAX};
+use crate::block_status::{
+    allocation_descriptors, changed_descriptors, BLOCK_STATUS_DESCRIPTORS_MAX,
+};
 use crate::buffers::{Buffer, BufferPool};
 use crate::codec::*;
 use crate::error::nbd_error_for;
@@ -36,8 +38,9 @@ pub const INFLIGHT_LIMIT_MIN_BYTES: u64 = PAYLOAD_MAX_BYTES as u64 + REQUEST_OVE
 /// pieces of this size rather than all at once.
 const CACHE_CHUNK_BYTES: usize = 1024 * 1024;
 
-/// The largest block status reply: every descriptor, with its headers.
-const BLOCK_STATUS_REPLY_MAX_BYTES: u64 = (STRUCTURED_REPLY_HEADER_BYTES
+/// The largest block status chunk: every descriptor, with its headers. A
+/// reply has one chunk per selected metadata context.
+const BLOCK_STATUS_CHUNK_MAX_BYTES: u64 = (STRUCTURED_REPLY_HEADER_BYTES
     + 4
     + BLOCK_STATUS_DESCRIPTORS_MAX * BLOCK_STATUS_DESCRIPTOR_BYTES)
     as u64;
@@ -200,7 +203,7 @@ pub(crate) fn serve(
             session.structured_replies,
         ),
         structured_replies: session.structured_replies,
-        base_allocation: session.base_allocation,
+        meta_context: session.meta_contexts.count() > 0,
         payload_max_bytes: PAYLOAD_MAX_BYTES,
     };
     let connection = Connection {
@@ -252,15 +255,16 @@ pub(crate) fn serve(
 }
 
 /// What a request holds in the budgets while it is in the server: its data
-/// or its reply, plus a fixed overhead.
-fn cost_bytes(request: &Request, accepted: bool) -> u64 {
+/// or its reply, plus a fixed overhead. `meta_contexts` is how many chunks
+/// a block status reply has.
+fn cost_bytes(request: &Request, accepted: bool, meta_contexts: usize) -> u64 {
     let data_bytes = match request.command {
         _ if !accepted => 0,
         Command::Read | Command::Write => u64::from(request.length),
         Command::Cache => CACHE_CHUNK_BYTES as u64,
         // Reserved at its largest; the worker gives back what the real
         // reply does not use as soon as it has built it.
-        Command::BlockStatus => BLOCK_STATUS_REPLY_MAX_BYTES,
+        Command::BlockStatus => BLOCK_STATUS_CHUNK_MAX_BYTES * meta_contexts as u64,
         _ => 0,
     };
     REQUEST_OVERHEAD_BYTES + data_bytes
@@ -309,7 +313,11 @@ fn read_requests(
             return End::Disconnect;
         }
         let rejection = validate_request(&request, &connection.negotiated).err();
-        let cost_bytes = cost_bytes(&request, rejection.is_none());
+        let cost_bytes = cost_bytes(
+            &request,
+            rejection.is_none(),
+            connection.session.meta_contexts.count(),
+        );
         if !connection.acquire(cost_bytes) {
             return End::Stopped;
         }
@@ -493,36 +501,93 @@ fn read(connection: &Connection<'_>, request: &Request) {
     connection.buffers.give(buf);
 }
 
-/// Answers BLOCK_STATUS. Returns the part of its reserved budget that the
-/// real reply did not need, which it gave back before sending.
+/// Answers BLOCK_STATUS: one chunk per selected metadata context, in the
+/// order they were selected. Returns the part of its reserved budget that
+/// the real reply did not need, which it gave back before sending.
 fn block_status(connection: &Connection<'_>, request: &Request) -> u64 {
-    let volume = &connection.session.export.volume;
-    // Only the queried window: the cost follows the request, not the volume.
-    let extents = match volume.mapped_extents_in(request.offset, u64::from(request.length)) {
-        Ok(extents) => extents,
+    let contexts = &connection.session.meta_contexts;
+    let reserved_bytes = BLOCK_STATUS_CHUNK_MAX_BYTES * contexts.count() as u64;
+    // Every context is worked out before anything is sent: an engine error
+    // is then the whole reply, not a chunk after others.
+    let chunks = match descriptors_per_context(connection, request) {
+        Ok(chunks) => chunks,
         Err(e) => {
             send_engine_error(connection, request, &e);
             return 0;
         }
     };
-    let req_one = request.flags & CMD_FLAG_REQ_ONE != 0;
-    let descriptors = allocation_descriptors(
+    let last = chunks.len().saturating_sub(1);
+    let mut reply = Vec::new();
+    for (index, (id, descriptors)) in chunks.iter().enumerate() {
+        reply.extend(encode_block_status_chunk(
+            request.cookie,
+            index == last,
+            *id,
+            descriptors,
+        ));
+    }
+    let unused_bytes = reserved_bytes.saturating_sub(reply.len() as u64);
+    connection.release(unused_bytes);
+    send(connection, &reply);
+    unused_bytes
+}
+
+/// The descriptors of a BLOCK_STATUS request for each selected context, as
+/// (context id, descriptors).
+fn descriptors_per_context(
+    connection: &Connection<'_>,
+    request: &Request,
+) -> grove_store::Result<Vec<(u32, Vec<Descriptor>)>> {
+    let contexts = &connection.session.meta_contexts;
+    let mut chunks = Vec::with_capacity(contexts.count());
+    if contexts.base_allocation {
+        chunks.push((BASE_ALLOCATION_CONTEXT_ID, allocation(connection, request)?));
+    }
+    for changed in &contexts.changed {
+        chunks.push((changed.id, changes(connection, request, &changed.base)?));
+    }
+    Ok(chunks)
+}
+
+/// `base:allocation` descriptors of a BLOCK_STATUS request.
+fn allocation(
+    connection: &Connection<'_>,
+    request: &Request,
+) -> grove_store::Result<Vec<Descriptor>> {
+    let volume = &connection.session.export.volume;
+    // Only the queried window: the cost follows the request, not the volume.
+    let extents = volume.mapped_extents_in(request.offset, u64::from(request.length))?;
+    Ok(allocation_descriptors(
         &extents,
         request.offset,
         request.length,
-        req_one,
+        request.flags & CMD_FLAG_REQ_ONE != 0,
         BLOCK_STATUS_DESCRIPTORS_MAX,
-    );
-    let chunk = encode_block_status_chunk(
-        request.cookie,
-        true,
-        BASE_ALLOCATION_CONTEXT_ID,
-        &descriptors,
-    );
-    let unused_bytes = BLOCK_STATUS_REPLY_MAX_BYTES.saturating_sub(chunk.len() as u64);
-    connection.release(unused_bytes);
-    send(connection, &chunk);
-    unused_bytes
+    ))
+}
+
+/// `grove:changed:BASE` descriptors of a BLOCK_STATUS request. The diff is
+/// worked out afresh for every request, so writes to the export (from any
+/// connection) or to a live base show at once; it covers only the queried
+/// window, so its cost follows what differs there.
+fn changes(
+    connection: &Connection<'_>,
+    request: &Request,
+    base: &str,
+) -> grove_store::Result<Vec<Descriptor>> {
+    let volume = &connection.session.export.volume;
+    let changes: Vec<(u64, u64)> = volume
+        .diff_in(base, request.offset, u64::from(request.length))?
+        .into_iter()
+        .map(|extent| (extent.offset_bytes, extent.length_bytes))
+        .collect();
+    Ok(changed_descriptors(
+        &changes,
+        request.offset,
+        request.length,
+        request.flags & CMD_FLAG_REQ_ONE != 0,
+        BLOCK_STATUS_DESCRIPTORS_MAX,
+    ))
 }
 
 fn send_engine_error(connection: &Connection<'_>, request: &Request, error: &grove_store::Error) {

@@ -16,8 +16,9 @@ pub struct Negotiated {
     /// Transmission flags as advertised.
     pub transmission_flags: u16,
     pub structured_replies: bool,
-    /// Whether `base:allocation` was selected for this export.
-    pub base_allocation: bool,
+    /// Whether a metadata context (`base:allocation`, `grove:changed:BASE`)
+    /// was selected for this export: BLOCK_STATUS needs one.
+    pub meta_context: bool,
     pub payload_max_bytes: u32,
 }
 
@@ -108,10 +109,10 @@ pub fn validate_request(request: &Request, negotiated: &Negotiated) -> Result<()
         }
         return Ok(());
     }
-    if command == Command::BlockStatus && !negotiated.base_allocation {
+    if command == Command::BlockStatus && !negotiated.meta_context {
         return reject(
             NBD_EINVAL,
-            "BLOCK_STATUS needs base:allocation selected with NBD_OPT_SET_META_CONTEXT for this export"
+            "BLOCK_STATUS needs a metadata context (base:allocation or grove:changed:BASE) selected with NBD_OPT_SET_META_CONTEXT for this export"
                 .to_string(),
         );
     }
@@ -181,7 +182,7 @@ mod tests {
             | FLAG_CAN_MULTI_CONN
             | FLAG_SEND_DF,
         structured_replies: true,
-        base_allocation: true,
+        meta_context: true,
         payload_max_bytes: PAYLOAD_MAX_BYTES,
     };
 
@@ -290,7 +291,7 @@ mod tests {
         );
         let simple = Negotiated {
             structured_replies: false,
-            base_allocation: false,
+            meta_context: false,
             transmission_flags: n.transmission_flags & !FLAG_SEND_DF,
             ..*n
         };

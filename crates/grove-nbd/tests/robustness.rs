@@ -745,3 +745,194 @@ fn reused_buffers_never_carry_one_request_into_another() {
         assert!(expected[len - half as usize..].iter().all(|&b| b == 0));
     }
 }
+
+/// Negotiates structured replies and the given metadata contexts for
+/// "disk"; returns the (id, name) of each context selected.
+fn select_contexts(c: &mut RawClient, queries: &[&str]) -> Vec<(u32, String)> {
+    c.greet(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES);
+    c.send_option(OPT_STRUCTURED_REPLY, &[]);
+    assert_eq!(c.option_reply(OPT_STRUCTURED_REPLY).0, REP_ACK);
+    c.structured = true;
+    let data = encode_meta_context_request(&MetaContextRequest {
+        name: "disk".into(),
+        queries: queries.iter().map(|q| q.to_string()).collect(),
+    });
+    c.send_option(OPT_SET_META_CONTEXT, &data);
+    let replies = c.option_replies(OPT_SET_META_CONTEXT);
+    assert_eq!(replies.last().unwrap().0, REP_ACK, "{replies:?}");
+    replies[..replies.len() - 1]
+        .iter()
+        .map(|(reply_type, payload)| {
+            assert_eq!(*reply_type, REP_META_CONTEXT);
+            let id = u32::from_be_bytes(payload[..4].try_into().unwrap());
+            (id, String::from_utf8(payload[4..].to_vec()).unwrap())
+        })
+        .collect()
+}
+
+/// One BLOCK_STATUS request; its chunks as (context id, (length, flags)).
+fn block_status(
+    c: &mut RawClient,
+    flags: u16,
+    offset: u64,
+    length: u32,
+) -> Vec<(u32, Vec<(u32, u32)>)> {
+    c.request(Command::BlockStatus, flags, 9, offset, length);
+    let Reply::Structured { chunks, .. } = c.reply(None) else {
+        panic!("structured")
+    };
+    chunks
+        .iter()
+        .map(|(reply_type, payload)| {
+            assert_eq!(*reply_type, REPLY_TYPE_BLOCK_STATUS);
+            let (id, descriptors) = decode_block_status_payload(payload).unwrap();
+            (
+                id,
+                descriptors.iter().map(|d| (d.length, d.flags)).collect(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn grove_changed_marks_what_differs_from_the_base() {
+    let t = server();
+    let v = t.pool.volume("disk").unwrap();
+    v.write_at(&[1; 16384], 0).unwrap();
+    t.pool.snapshot("disk", "monday").unwrap();
+    // After monday: a rewrite, new data, and an unmap of data monday had.
+    v.write_at(&[2; 4096], 4096).unwrap();
+    v.write_at(&[3; 8192], 40960).unwrap();
+    v.discard(12288, 4096).unwrap();
+    let changed = STATE_CHANGED;
+    let hole = STATE_HOLE | STATE_ZERO;
+
+    // Both contexts, each with its own id, one chunk each per reply.
+    let mut c = t.connect();
+    let selected = select_contexts(
+        &mut c,
+        &[
+            "base:allocation",
+            "grove:changed:monday",
+            "grove:changed:nope",
+        ],
+    );
+    let ids: Vec<u32> = selected.iter().map(|(id, _)| *id).collect();
+    let names: Vec<&str> = selected.iter().map(|(_, name)| name.as_str()).collect();
+    assert_eq!(names, ["base:allocation", "grove:changed:monday"]);
+    assert_ne!(ids[0], ids[1]);
+    c.go("disk").unwrap();
+    let chunks = block_status(&mut c, 0, 0, 65536);
+    assert_eq!(
+        chunks,
+        vec![
+            (
+                ids[0],
+                vec![(12288, 0), (28672, hole), (8192, 0), (16384, hole)]
+            ),
+            (
+                ids[1],
+                vec![
+                    (4096, 0),
+                    (4096, changed),
+                    (4096, 0),
+                    (4096, changed),
+                    (24576, 0),
+                    (8192, changed),
+                    (16384, 0)
+                ]
+            ),
+        ]
+    );
+    // A window inside, with REQ_ONE: one descriptor per context.
+    let chunks = block_status(&mut c, CMD_FLAG_REQ_ONE, 6000, 10000);
+    assert_eq!(
+        chunks,
+        vec![(ids[0], vec![(6288, 0)]), (ids[1], vec![(2192, changed)])]
+    );
+    // Writes while connected show in the next reply.
+    c.request(Command::Write, 0, 10, 65536, 4096);
+    c.send(&[4; 4096]);
+    assert_eq!(c.reply(None).error(), 0);
+    let chunks = block_status(&mut c, 0, 61440, 12288);
+    assert_eq!(
+        chunks[1],
+        (ids[1], vec![(4096, 0), (4096, changed), (4096, 0)])
+    );
+    drop(c);
+
+    // From a removed snapshot (a bookmark): the same answer.
+    t.pool.remove_volume("monday").unwrap();
+    let mut c = t.connect();
+    let selected = select_contexts(&mut c, &["grove:changed:monday"]);
+    assert_eq!(selected.len(), 1, "{selected:?}");
+    c.go("disk").unwrap();
+    let chunks = block_status(&mut c, 0, 0, 73728);
+    assert_eq!(
+        chunks,
+        vec![(
+            selected[0].0,
+            vec![
+                (4096, 0),
+                (4096, changed),
+                (4096, 0),
+                (4096, changed),
+                (24576, 0),
+                (8192, changed),
+                (16384, 0),
+                (4096, changed),
+                (4096, 0)
+            ]
+        )]
+    );
+    drop(c);
+
+    // Only unknown or incomparable bases: nothing selected, so BLOCK_STATUS
+    // is refused. A volume of another line cannot be compared with the
+    // bookmark.
+    t.pool.create_volume("stranger", SIZE_BYTES).unwrap();
+    let mut c = t.connect();
+    c.greet(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES);
+    c.send_option(OPT_STRUCTURED_REPLY, &[]);
+    assert_eq!(c.option_reply(OPT_STRUCTURED_REPLY).0, REP_ACK);
+    c.structured = true;
+    let query = |name: &str, queries: &[&str]| {
+        encode_meta_context_request(&MetaContextRequest {
+            name: name.into(),
+            queries: queries.iter().map(|q| q.to_string()).collect(),
+        })
+    };
+    c.send_option(
+        OPT_SET_META_CONTEXT,
+        &query(
+            "stranger",
+            &["grove:changed:monday", "grove:changed:no/such"],
+        ),
+    );
+    assert_eq!(
+        c.option_replies(OPT_SET_META_CONTEXT),
+        vec![(REP_ACK, vec![])]
+    );
+    // LIST answers an exact base that exists, and nothing for the bare
+    // namespace or a base that does not.
+    c.send_option(
+        OPT_LIST_META_CONTEXT,
+        &query(
+            "disk",
+            &[
+                "grove:",
+                "grove:changed:",
+                "grove:changed:monday",
+                "grove:changed:nope",
+            ],
+        ),
+    );
+    let replies = c.option_replies(OPT_LIST_META_CONTEXT);
+    assert_eq!(replies.len(), 2, "{replies:?}");
+    assert_eq!(replies[0].0, REP_META_CONTEXT);
+    assert_eq!(&replies[0].1[..4], &[0; 4]);
+    assert_eq!(&replies[0].1[4..], b"grove:changed:monday");
+    c.go("stranger").unwrap();
+    c.request(Command::BlockStatus, 0, 11, 0, 4096);
+    assert_eq!(c.reply(None).error(), NBD_EINVAL);
+}

@@ -19,6 +19,10 @@ use crate::format::record::VolumeRecord;
 use crate::state::State;
 use crate::types::BlockAddr;
 
+/// Runs of blocks where two volumes differ, as sorted (first block, count,
+/// data) triples.
+pub(crate) type Runs = Vec<(u64, u64, bool)>;
+
 /// One run of blocks where the newer volume differs from the base.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DiffExtent {
@@ -41,12 +45,15 @@ enum Side {
 }
 
 impl State {
-    /// Blocks [0, end_block) where `newer` differs from `base`, both live,
-    /// as sorted (first block, count, data) runs.
+    /// Blocks [from, end) where `newer` differs from `base`, both live, as
+    /// sorted (first block, count, data) runs; `end` is clipped to the
+    /// larger volume. Subtrees outside the window are not read.
     pub(crate) fn diff_live(
         &mut self,
         base: &VolumeRecord,
         newer: &VolumeRecord,
+        from: u64,
+        end: u64,
     ) -> Result<Vec<(u64, u64, bool)>> {
         let height = base.height.max(newer.height);
         let side = |r: &VolumeRecord| {
@@ -61,9 +68,11 @@ impl State {
         };
         let end = self
             .geometry()
-            .blocks_for(base.size_bytes.max(newer.size_bytes));
+            .blocks_for(base.size_bytes.max(newer.size_bytes))
+            .min(end);
         let mut out = Vec::new();
-        self.diff_sides(side(base), side(newer), height - 1, 0, end, &mut out)?;
+        let window = Window { from, end };
+        self.diff_sides(side(base), side(newer), height - 1, 0, window, &mut out)?;
         Ok(out)
     }
 
@@ -100,10 +109,10 @@ impl State {
         newer: Side,
         level: u8,
         first: u64,
-        end: u64,
+        window: Window,
         out: &mut Vec<(u64, u64, bool)>,
     ) -> Result<()> {
-        if base == newer || first >= end {
+        if base == newer || first >= window.end {
             return Ok(());
         }
         let span = self.geometry().span_blocks(level);
@@ -111,7 +120,7 @@ impl State {
         let newer_children = self.side_children(newer, level)?;
         for (slot, (b, n)) in base_children.into_iter().zip(newer_children).enumerate() {
             let child_first = first + slot as u64 * span;
-            if child_first >= end || b == n {
+            if b == n || !window.overlaps(child_first, span) {
                 continue;
             }
             if level == 0 {
@@ -121,13 +130,13 @@ impl State {
             match (b, n) {
                 // Whatever the newer side maps here is new.
                 (Side::Hole, Side::Node(addr)) => {
-                    self.push_mapped(addr, level - 1, child_first, end, true, out)?
+                    self.push_mapped(addr, level - 1, child_first, window, true, out)?
                 }
                 // Whatever the base mapped here is gone.
                 (Side::Node(addr), Side::Hole) => {
-                    self.push_mapped(addr, level - 1, child_first, end, false, out)?
+                    self.push_mapped(addr, level - 1, child_first, window, false, out)?
                 }
-                _ => self.diff_sides(b, n, level - 1, child_first, end, out)?,
+                _ => self.diff_sides(b, n, level - 1, child_first, window, out)?,
             }
         }
         Ok(())
@@ -138,28 +147,33 @@ impl State {
         addr: BlockAddr,
         level: u8,
         base: u64,
-        end: u64,
+        window: Window,
         data: bool,
         out: &mut Vec<(u64, u64, bool)>,
     ) -> Result<()> {
         let mut mapped = Vec::new();
-        self.mapped_below(addr, level, base, base, end, &mut mapped)?;
+        let first = base.max(window.from);
+        self.mapped_below(addr, level, base, first, window.end, &mut mapped)?;
         for (first, count) in mapped {
-            push_run(out, first, count.min(end - first), data);
+            push_run(out, first, count.min(window.end - first), data);
         }
         Ok(())
     }
 
-    /// Blocks of `newer` changed since generation `since` (a bookmark's
-    /// birth generation), as sorted runs.
+    /// Blocks [from, end) of `newer` changed since generation `since` (a
+    /// bookmark's birth generation), as sorted runs; `end` is clipped to
+    /// the volume. Subtrees outside the window are not read.
     pub(crate) fn diff_since(
         &mut self,
         since: u64,
         newer: &VolumeRecord,
+        from: u64,
+        end: u64,
     ) -> Result<Vec<(u64, u64, bool)>> {
-        let end = self.geometry().blocks_for(newer.size_bytes);
+        let end = self.geometry().blocks_for(newer.size_bytes).min(end);
+        let window = Window { from, end };
         let mut out = Vec::new();
-        self.changed_since(newer.root, newer.height - 1, 0, end, since, &mut out)?;
+        self.changed_since(newer.root, newer.height - 1, 0, window, since, &mut out)?;
         Ok(out)
     }
 
@@ -168,7 +182,7 @@ impl State {
         addr: BlockAddr,
         level: u8,
         first: u64,
-        end: u64,
+        window: Window,
         since: u64,
         out: &mut Vec<(u64, u64, bool)>,
     ) -> Result<()> {
@@ -178,18 +192,41 @@ impl State {
         let span = self.geometry().span_blocks(level);
         for (slot, entry) in entries.into_iter().enumerate() {
             let child_first = first + slot as u64 * span;
-            if child_first >= end || entry.birth() <= since {
+            if !window.overlaps(child_first, span) || entry.birth() <= since {
                 continue;
             }
             if entry.is_empty() {
-                push_run(out, child_first, span.min(end - child_first), false);
+                let start = child_first.max(window.from);
+                let end = child_first.saturating_add(span).min(window.end);
+                push_run(out, start, end - start, false);
             } else if level == 0 {
                 push_run(out, child_first, 1, true);
             } else {
-                self.changed_since(entry.addr(), level - 1, child_first, end, since, out)?;
+                self.changed_since(entry.addr(), level - 1, child_first, window, since, out)?;
             }
         }
         Ok(())
+    }
+
+    /// Blocks [from, end) where `newer` differs from the volume or
+    /// bookmark named `base`, as sorted (first block, count, data) runs,
+    /// with the base's record and whether it is live. Checks that the two
+    /// are comparable even when the window is empty.
+    pub(crate) fn diff_runs(
+        &mut self,
+        base: &str,
+        newer: &VolumeRecord,
+        from: u64,
+        end: u64,
+    ) -> Result<(VolumeRecord, bool, Runs)> {
+        let (base_record, base_live) = self.diff_base(base)?;
+        let runs = if base_live {
+            self.diff_live(&base_record, newer, from, end)?
+        } else {
+            self.check_bookmark_line(&base_record, newer)?;
+            self.diff_since(base_record.created_generation, newer, from, end)?
+        };
+        Ok((base_record, base_live, runs))
     }
 
     /// Checks that bookmark `base` (a removed snapshot) is in `newer`'s
@@ -239,6 +276,20 @@ impl State {
                 format!("no volume or removed snapshot named {name:?} in this pool"),
             )),
         }
+    }
+}
+
+/// The blocks [from, end) a diff looks at.
+#[derive(Clone, Copy)]
+struct Window {
+    from: u64,
+    end: u64,
+}
+
+impl Window {
+    /// Whether blocks [first, first + span) reach into the window.
+    fn overlaps(&self, first: u64, span: u64) -> bool {
+        first < self.end && first.saturating_add(span) > self.from
     }
 }
 

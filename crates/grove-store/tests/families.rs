@@ -223,9 +223,21 @@ fn diff_from_a_removed_snapshot_matches_the_diff_it_had_alive() {
             (200, 2, true)
         ]
     );
-    // A volume of another line cannot be compared with the bookmark.
+    // A window of it reads only what it needs, clipped to the window.
+    let window = v.diff_in("monday", 41 * BLOCK + 10, 60 * BLOCK).unwrap();
+    let window: Vec<(u64, u64, bool)> = window
+        .iter()
+        .map(|e| (e.offset_bytes / BLOCK, e.length_bytes / BLOCK, e.data))
+        .collect();
+    assert_eq!(window, [(41, 7, false), (100, 1, true)]);
+    assert!(v.diff_in("monday", 0, 0).unwrap().is_empty());
+    // A volume of another line cannot be compared with the bookmark, even
+    // over an empty window.
     pool.create_volume("stranger", VOLUME_BYTES).unwrap();
     let err = pool.diff("monday", "stranger").unwrap_err();
+    assert_eq!(err.kind(), grove_store::ErrorKind::InvalidArgument, "{err}");
+    let stranger = pool.volume("stranger").unwrap();
+    let err = stranger.diff_in("monday", 0, 0).unwrap_err();
     assert_eq!(err.kind(), grove_store::ErrorKind::InvalidArgument, "{err}");
     // The bookmark survives a reopen.
     assert_clean(&pool, "with a bookmark");

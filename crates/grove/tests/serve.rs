@@ -1,9 +1,11 @@
 //! `grove serve` as a real process: other grove commands work through it,
 //! a snapshot taken while a client writes holds every acknowledged write,
-//! SIGTERM shuts it down cleanly, and data flushed before a SIGKILL is
-//! there after a restart. NBD clients are the real qemu-io; the tests that
-//! need it say so and skip when it is missing; under scripts/test.sh
-//! ($GROVE_REQUIRE_TOOLS) a missing tool fails them instead.
+//! SIGTERM shuts it down cleanly, data flushed before a SIGKILL is there
+//! after a restart, and `nbdinfo --map=grove:changed:BASE` shows what
+//! changed since BASE. NBD clients are the real qemu-io and nbdinfo; the
+//! tests that need them say so and skip when they are missing; under
+//! scripts/test.sh ($GROVE_REQUIRE_TOOLS) a missing tool fails them
+//! instead.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
@@ -563,4 +565,112 @@ fn removing_a_family_of_a_hundred_thousand_volumes_through_the_server() {
         String::from_utf8_lossy(&check.stdout)
     );
     served.ok(&["create", "after", "--size", "1M"]);
+}
+
+/// `nbdinfo --map=CONTEXT` of an export, as (offset, length, flags) lines;
+/// Err(stderr) when nbdinfo fails.
+fn nbdinfo_map(
+    served: &Served,
+    export: &str,
+    context: &str,
+) -> Result<Vec<(u64, u64, u32)>, String> {
+    let output = Command::new("nbdinfo")
+        .arg(format!("--map={context}"))
+        .arg(served.uri(export))
+        .output()
+        .unwrap();
+    if !output.status.success() {
+        return Err(String::from_utf8_lossy(&output.stderr).into_owned());
+    }
+    let map = String::from_utf8(output.stdout).unwrap();
+    Ok(map
+        .lines()
+        .map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let number = |i: usize| -> u64 {
+                fields[i]
+                    .parse()
+                    .unwrap_or_else(|_| panic!("nbdinfo --map={context}: {map}"))
+            };
+            (number(0), number(1), number(2) as u32)
+        })
+        .collect())
+}
+
+/// Issue 24 point 7: `grove:changed:BASE` over NBD shows a backup tool
+/// exactly what changed since BASE, whether BASE is still a snapshot or
+/// was removed (a bookmark); an unknown BASE is not selected, and
+/// `base:allocation` goes on working.
+#[test]
+fn nbdinfo_maps_the_blocks_changed_since_a_snapshot_or_bookmark() {
+    if !have("nbdinfo") || !have("qemu-io") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let served = Served { dir, child: None };
+    served.ok(&["init"]);
+    served.ok(&["create", "disk", "--size", "1M"]);
+    let file = served.dir.path().join("bytes");
+    std::fs::write(&file, vec![7u8; 16384]).unwrap();
+    served.ok(&["write", "disk", file.to_str().unwrap()]);
+    served.ok(&["snapshot", "disk", "monday"]);
+    // After monday: a rewrite of one block, zeros written far away, and an
+    // unmap (through NBD, below) of a block monday had.
+    std::fs::write(&file, vec![8u8; 4096]).unwrap();
+    served.ok(&["write", "disk", file.to_str().unwrap(), "--offset", "4K"]);
+    std::fs::write(&file, vec![0u8; 8192]).unwrap();
+    served.ok(&["write", "disk", file.to_str().unwrap(), "--offset", "64K"]);
+    let served = served.spawn();
+    assert_qemu_io_ok(
+        &qemu_io(&served.uri("disk"), false, &["discard 12k 4k"]),
+        "discard",
+    );
+    let changed_since_monday = [
+        (0, 4096, 0),
+        (4096, 4096, 1),
+        (8192, 4096, 0),
+        (12288, 4096, 1),
+        (16384, 49152, 0),
+        (65536, 8192, 1),
+        (73728, 1048576 - 73728, 0),
+    ];
+    let map = nbdinfo_map(&served, "disk", "grove:changed:monday");
+    assert_eq!(map.as_deref(), Ok(&changed_since_monday[..]));
+    // The snapshot itself has not changed since monday.
+    let map = nbdinfo_map(&served, "monday", "grove:changed:monday");
+    assert_eq!(map.as_deref(), Ok(&[(0, 1048576, 0)][..]));
+    // Removed, monday is a bookmark: the same changes. The server lets go
+    // of the export nbdinfo read just after nbdinfo has gone.
+    let started = Instant::now();
+    loop {
+        let output = served.run(&["rm", "monday"]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        if output.status.success() {
+            break;
+        }
+        assert!(
+            stderr.contains("in use") && started.elapsed() < Duration::from_secs(10),
+            "grove rm monday: {stderr}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let map = nbdinfo_map(&served, "disk", "grove:changed:monday");
+    assert_eq!(map.as_deref(), Ok(&changed_since_monday[..]));
+    // An unknown base is not selected: nbdinfo says the server does not
+    // support the context, and base:allocation still works.
+    let error = nbdinfo_map(&served, "disk", "grove:changed:nope").unwrap_err();
+    assert!(
+        error.contains("does not support") && error.contains("grove:changed:nope"),
+        "{error}"
+    );
+    let map = nbdinfo_map(&served, "disk", "base:allocation");
+    assert_eq!(
+        map.as_deref(),
+        Ok(&[
+            (0, 12288, 0),
+            (12288, 53248, 3),
+            (65536, 8192, 0),
+            (73728, 1048576 - 73728, 3)
+        ][..])
+    );
 }

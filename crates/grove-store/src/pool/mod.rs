@@ -702,14 +702,8 @@ impl Pool {
     /// not what the volumes map.
     pub fn diff(&self, base: &str, newer: &str) -> Result<DiffReport> {
         let mut state = self.state();
-        let (base_record, base_live) = state.diff_base(base)?;
         let newer_record = state.volume_by_name(newer)?.clone();
-        let runs = if base_live {
-            state.diff_live(&base_record, &newer_record)?
-        } else {
-            state.check_bookmark_line(&base_record, &newer_record)?;
-            state.diff_since(base_record.created_generation, &newer_record)?
-        };
+        let (base_record, base_live, runs) = state.diff_runs(base, &newer_record, 0, u64::MAX)?;
         let block_bytes = state.geometry().block_bytes();
         let size = base_record.size_bytes.max(newer_record.size_bytes);
         let extents = runs

@@ -10,6 +10,7 @@ use super::{
     check_range, ensure_changes_allowed, read_only_error, volume_info, volume_summary, Inner,
     Volume, VolumeInfo, VolumeSummary,
 };
+use crate::diff::DiffExtent;
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::node::NodeKind;
 use crate::format::record::VolumeRecord;
@@ -262,6 +263,36 @@ impl Volume {
             .map(|(first, count)| {
                 let start = first * block_bytes;
                 (start, (count * block_bytes).min(record.size_bytes - start))
+            })
+            .collect())
+    }
+
+    /// The extents in bytes [offset, offset + len) where this volume
+    /// differs from `base`, a volume or a removed snapshot (bookmark) of
+    /// its line, as [`crate::Pool::diff`] reports them but clipped to the
+    /// range and to this volume's size. Costs what differs inside the
+    /// range: an NBD `grove:changed:` query asks about a window. With an
+    /// empty range, only checks that `base` exists and is comparable.
+    pub fn diff_in(&self, base: &str, offset: u64, len: u64) -> Result<Vec<DiffExtent>> {
+        let mut state = lock_state(&self.inner);
+        let record = self.record(&state)?;
+        let block_bytes = state.geometry().block_bytes();
+        let end_bytes = offset.saturating_add(len).min(record.size_bytes);
+        let (from, end) = if offset < end_bytes {
+            (offset / block_bytes, state.geometry().blocks_for(end_bytes))
+        } else {
+            (0, 0)
+        };
+        let (_, _, runs) = state.diff_runs(base, &record, from, end)?;
+        Ok(runs
+            .into_iter()
+            .map(|(first, count, data)| {
+                let start = first * block_bytes;
+                DiffExtent {
+                    offset_bytes: start,
+                    length_bytes: (count * block_bytes).min(record.size_bytes - start),
+                    data,
+                }
             })
             .collect())
     }
