@@ -63,6 +63,18 @@ pub const BASE_HINTS_MAX: usize = 16;
 /// Bytes a frame adds around its body.
 pub const FRAME_OVERHEAD_BYTES: u64 = 9;
 
+/// Bytes of the End frame, the last of every stream.
+pub const END_FRAME_BYTES: usize = 5 + 4 + END_MAGIC.len() + 4;
+
+/// Whether `tail` (a stream's last bytes) is a whole End frame.
+pub fn ends_a_stream(tail: &[u8]) -> bool {
+    tail.len() == END_FRAME_BYTES
+        && matches!(
+            FrameReader::new(tail).next(),
+            Ok(Frame::End { .. })
+        )
+}
+
 const TYPE_HEADER: u8 = 1;
 const TYPE_BEGIN: u8 = 2;
 const TYPE_DATA: u8 = 3;
@@ -169,6 +181,10 @@ impl<W: Write> FrameWriter<W> {
 
     pub fn into_inner(self) -> W {
         self.out
+    }
+
+    pub fn inner(&mut self) -> &mut W {
+        &mut self.out
     }
 }
 

@@ -10,6 +10,10 @@ pub mod receive;
 pub mod send;
 pub mod token;
 
-pub use receive::{abort, receive, resume_token, ReceiveError, ReceiveSummary};
-pub use send::{send, volume_digest, SendRequest, SendSummary};
+pub use receive::{
+    abort, receive, restart_point, resume_token, ReceiveError, ReceiveSummary, RestartPoint,
+};
+pub use send::{
+    send, send_to_sink, volume_digest, Position, SendRequest, SendSummary, StreamSink,
+};
 pub use token::ResumeToken;

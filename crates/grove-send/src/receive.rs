@@ -89,6 +89,13 @@ struct StreamState {
     section_base: Option<String>,
     section_target: String,
     tag: String,
+    /// This section's index in its stream, and the stream's sections.
+    section: u32,
+    sections_total: u32,
+    /// This section's Begin frame as it arrived (hex): with the stream's
+    /// header rebuilt from the fields above, it lets a receive from stored
+    /// objects start again in the middle of the section.
+    begin_frame: String,
     /// Running content digest and the progress it belongs to; a crash
     /// between the commit and this file's update leaves them behind the
     /// progress, and the section is then verified by reading it whole.
@@ -178,9 +185,16 @@ pub fn receive(
         }
         Err(e) => return Err(ReceiveError::refused(e.into(), Vec::new())),
     };
+    // A resumed stream numbers its sections as the whole stream did.
+    let mut first_section = None;
     for index in 0..header.sections {
         let begin = match reader.next() {
-            Ok(Frame::Begin(begin)) if begin.section == index => begin,
+            Ok(Frame::Begin(begin))
+                if begin.section == first_section.unwrap_or(begin.section) + index =>
+            {
+                first_section.get_or_insert(begin.section);
+                begin
+            }
             Ok(other) => {
                 return Err(ReceiveError::refused(
                     anyhow!("expected the start of section {index}, found {}", describe(&other)),
@@ -190,7 +204,8 @@ pub fn receive(
             Err(e) => return Err(ReceiveError::refused(e.into(), summary.snapshots)),
         };
         let local = local_name(name, &begin.target_name, index + 1 == header.sections);
-        let mut section = SectionReceiver::start(pool, &header, &begin, index, &local)
+        let total = first_section.unwrap_or(0) + header.sections;
+        let mut section = SectionReceiver::start(pool, &header, &begin, index, total, &local)
             .map_err(|e| ReceiveError::refused(e, summary.snapshots.clone()))?;
         match section.run(&mut reader, &mut summary, progress) {
             Ok(()) => summary.snapshots.push(local),
@@ -208,7 +223,8 @@ pub fn receive(
         }
     }
     match reader.next() {
-        Ok(Frame::End { sections }) if sections == header.sections => {}
+        Ok(Frame::End { sections })
+            if sections == first_section.unwrap_or(0) + header.sections => {}
         Ok(other) => {
             return Err(ReceiveError::refused(
                 anyhow!("expected the stream's end, found {}", describe(&other)),
@@ -284,6 +300,7 @@ impl<'a> SectionReceiver<'a> {
         header: &Header,
         begin: &Begin,
         index: u32,
+        sections_total: u32,
         name: &str,
     ) -> Result<SectionReceiver<'a>> {
         let resuming_this = header.resumed && index == 0;
@@ -326,7 +343,7 @@ impl<'a> SectionReceiver<'a> {
             None if resuming_this => bail!(
                 "the stream resumes a receive, but there is no partial receive named {name:?} in this pool (it finished, or was aborted)"
             ),
-            None => Self::start_new(pool, header, begin, name),
+            None => Self::start_new(pool, header, begin, sections_total, name),
         }
     }
 
@@ -334,6 +351,7 @@ impl<'a> SectionReceiver<'a> {
         pool: &'a Pool,
         header: &Header,
         begin: &Begin,
+        sections_total: u32,
         name: &str,
     ) -> Result<SectionReceiver<'a>> {
         if let Some(existing) = pool.snapshot_by_guid(&begin.target_guid) {
@@ -367,6 +385,13 @@ impl<'a> SectionReceiver<'a> {
             section_base: begin.base_guid.map(|g| guid_hex(&g)),
             section_target: guid_hex(&begin.target_guid),
             tag: guid_hex(&begin.resume_tag),
+            section: begin.section,
+            sections_total,
+            begin_frame: {
+                let mut writer = crate::format::FrameWriter::new(Vec::new());
+                writer.write(&Frame::Begin(begin.clone()))?;
+                crate::digest::hex(&writer.into_inner())
+            },
             digest: encode_state(&digest, 0),
         };
         write_state(pool.dir(), name, &state)?;
@@ -548,4 +573,40 @@ fn missing_base(pool: &Pool, header: &Header, begin: &Begin) -> anyhow::Error {
         begin.base_name,
         guid_hex(&base_guid)
     )
+}
+
+/// Where a partial receive stands in its stream, for reading the rest of
+/// it from stored objects: the section it is in, and the frames that
+/// restart it (a header, then the section's Begin) before the records
+/// from `progress_bytes` on.
+pub struct RestartPoint {
+    pub section: u32,
+    pub progress_bytes: u64,
+    /// Bytes to read before the stored frames: a header and, when the
+    /// stored part to start from begins inside the section, its Begin.
+    pub header: Vec<u8>,
+    pub begin: Vec<u8>,
+}
+
+/// How partial receive `name` restarts from a stored stream.
+pub fn restart_point(pool: &Pool, name: &str) -> Result<RestartPoint> {
+    let partial = pool
+        .partial_receive(name)
+        .with_context(|| format!("no partial receive named {name:?} in this pool"))?;
+    let state = read_state(pool.dir(), name)?;
+    let mut writer = crate::format::FrameWriter::new(Vec::new());
+    writer.write(&Frame::Header(Header {
+        range: state.range,
+        resumed: true,
+        sections: state.sections_total.saturating_sub(state.section).max(1),
+        resumed_offset: partial.progress_bytes,
+        final_target: guid_from_hex(&state.final_target)?,
+        base_hints: Vec::new(),
+    }))?;
+    Ok(RestartPoint {
+        section: state.section,
+        progress_bytes: partial.progress_bytes,
+        header: writer.into_inner(),
+        begin: crate::digest::unhex(&state.begin_frame)?,
+    })
 }

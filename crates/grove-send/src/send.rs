@@ -30,6 +30,56 @@ pub struct SendRequest {
     pub range: bool,
     /// Continue a partial receive from where its token says.
     pub resume: Option<ResumeToken>,
+    /// Write only the stream's bytes after this position (an interrupted
+    /// upload of the same stream stored those before it).
+    pub continue_at: Option<Position>,
+}
+
+/// A place between two frames of a stream, as an upload's parts record
+/// where they end: `begun` is false before section `section`'s Begin
+/// frame, true after the records of that section that end at `offset`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Position {
+    pub section: u32,
+    pub begun: bool,
+    pub offset: u64,
+}
+
+/// Where a stream goes: bytes, and a word at every frame boundary.
+pub trait StreamSink: Write {
+    /// Everything written so far ends at `next`.
+    fn boundary(&mut self, next: Position) -> std::io::Result<()>;
+    /// The stream's End frame was written.
+    fn end(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<S: StreamSink + ?Sized> StreamSink for &mut S {
+    fn boundary(&mut self, next: Position) -> std::io::Result<()> {
+        (**self).boundary(next)
+    }
+    fn end(&mut self) -> std::io::Result<()> {
+        (**self).end()
+    }
+}
+
+/// A sink that is only bytes.
+struct Plain<W: Write>(W);
+
+impl<W: Write> Write for Plain<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
+impl<W: Write> StreamSink for Plain<W> {
+    fn boundary(&mut self, _: Position) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// What a send carried.
@@ -61,15 +111,35 @@ pub fn send(
     out: impl Write,
     progress: &mut dyn FnMut(u64),
 ) -> Result<SendSummary> {
+    send_to_sink(pool, request, &mut Plain(out), progress)
+}
+
+/// `send` into a sink that hears of every frame boundary.
+pub fn send_to_sink(
+    pool: &Pool,
+    request: &SendRequest,
+    out: &mut dyn StreamSink,
+    progress: &mut dyn FnMut(u64),
+) -> Result<SendSummary> {
     let key = SendKey::load_or_create(pool.dir())?;
-    let (sections, final_target) = plan(pool, request, &key)?;
+    let (mut sections, final_target) = plan(pool, request, &key)?;
+    let continue_at = request.continue_at;
+    if let Some(at) = continue_at {
+        if at.section as usize >= sections.len() {
+            bail!("the stored part of the stream ends past its last section: it is not this stream");
+        }
+        if at.begun {
+            sections[at.section as usize].start_bytes = at.offset;
+        }
+    }
     let hints = pool
         .earlier_snapshots(&sections[0].target.name)?
         .into_iter()
         .map(|s| (s.guid, s.name))
         .collect();
     let mut writer = FrameWriter::new(out);
-    writer.write(&Frame::Header(Header {
+    if continue_at.is_none() {
+        writer.write(&Frame::Header(Header {
         range: request.range || request.resume.as_ref().is_some_and(|t| t.range),
         resumed: request.resume.is_some(),
         sections: sections.len() as u32,
@@ -77,6 +147,12 @@ pub fn send(
         final_target: final_target.guid,
         base_hints: hints,
     }))?;
+        writer.inner().boundary(Position {
+            section: 0,
+            begun: false,
+            offset: 0,
+        })?;
+    }
     let mut summary = SendSummary {
         sections: sections.len() as u32,
         target: final_target.name.clone(),
@@ -86,6 +162,11 @@ pub fn send(
     let range = request.range || request.resume.as_ref().is_some_and(|t| t.range);
     let cache = DigestCache::new(pool.dir());
     for (index, section) in sections.iter().enumerate() {
+        let skip_begin = match continue_at {
+            Some(at) if (index as u32) < at.section => continue,
+            Some(at) => index as u32 == at.section && at.begun,
+            None => false,
+        };
         let tag = key.tag(
             range,
             &final_target.guid,
@@ -99,12 +180,14 @@ pub fn send(
             writer: &mut writer,
             summary: &mut summary,
             progress,
+            index: index as u32,
         };
-        sender.send(index as u32, tag)?;
+        sender.send(index as u32, tag, skip_begin)?;
     }
     writer.write(&Frame::End {
         sections: sections.len() as u32,
     })?;
+    writer.inner().end()?;
     writer.flush()?;
     summary.stream_bytes = writer.bytes_written;
     progress(summary.stream_bytes);
@@ -231,13 +314,14 @@ fn check_order(base: &SnapshotIdentity, target: &SnapshotIdentity) -> Result<()>
 }
 
 /// Sends one section: Begin, records, Finish.
-struct SectionSender<'a, W: Write> {
+struct SectionSender<'a, W: StreamSink> {
     pool: &'a Pool,
     cache: &'a DigestCache,
     section: &'a Section,
     writer: &'a mut FrameWriter<W>,
     summary: &'a mut SendSummary,
     progress: &'a mut dyn FnMut(u64),
+    index: u32,
 }
 
 /// How the target's digest is found while its section is sent.
@@ -253,14 +337,16 @@ enum DigestPlan {
     },
 }
 
-impl<W: Write> SectionSender<'_, W> {
-    fn send(&mut self, index: u32, resume_tag: [u8; 16]) -> Result<()> {
+impl<W: StreamSink> SectionSender<'_, W> {
+    fn send(&mut self, index: u32, resume_tag: [u8; 16], skip_begin: bool) -> Result<()> {
+        self.index = index;
         let target = &self.section.target;
         let (base_guid, base_generation, base_name) = match &self.section.base {
             Some((_, base)) => (Some(base.guid), base.created_generation, base.name.clone()),
             None => (None, 0, String::new()),
         };
-        self.writer.write(&Frame::Begin(Begin {
+        if !skip_begin {
+            self.writer.write(&Frame::Begin(Begin {
             section: index,
             base_guid,
             base_generation,
@@ -273,6 +359,8 @@ impl<W: Write> SectionSender<'_, W> {
             target_name: target.name.clone(),
             base_name,
         }))?;
+            self.at_boundary(self.section.start_bytes)?;
+        }
         let volume = self.pool.volume(&target.name)?;
         let mut digest = self.digest_plan(&volume)?;
         let mut counts = Finish {
@@ -293,6 +381,20 @@ impl<W: Write> SectionSender<'_, W> {
         self.summary.zero_bytes += counts.zero_bytes;
         self.summary.hole_bytes += counts.hole_bytes;
         self.writer.write(&Frame::Finish(counts))?;
+        self.writer.inner().boundary(Position {
+            section: index + 1,
+            begun: false,
+            offset: 0,
+        })?;
+        Ok(())
+    }
+
+    fn at_boundary(&mut self, offset: u64) -> Result<()> {
+        self.writer.inner().boundary(Position {
+            section: self.index,
+            begun: true,
+            offset,
+        })?;
         Ok(())
     }
 
@@ -445,10 +547,13 @@ impl<W: Write> SectionSender<'_, W> {
         self.write(&Frame::Zero { offset, length })
     }
 
+    /// Writes a record, then marks the boundary after it.
     fn write(&mut self, frame: &Frame) -> Result<()> {
         self.writer
             .write(frame)
             .context("cannot write the stream")?;
+        let (offset, length) = frame.extent().expect("a record");
+        self.at_boundary(offset + length)?;
         (self.progress)(self.writer.bytes_written);
         Ok(())
     }

@@ -220,13 +220,26 @@ impl State {
         end: u64,
     ) -> Result<(VolumeRecord, bool, Runs)> {
         let (base_record, base_live) = self.diff_base(base)?;
-        let runs = if base_live {
-            self.diff_live(&base_record, newer, from, end)?
-        } else {
-            self.check_bookmark_line(&base_record, newer)?;
-            self.diff_since(base_record.created_generation, newer, from, end)?
-        };
+        let runs = self.diff_runs_from(&base_record, base_live, newer, from, end)?;
         Ok((base_record, base_live, runs))
+    }
+
+    /// The same from a base record already found: live, or a bookmark (or
+    /// cursor) compared through birth generations.
+    pub(crate) fn diff_runs_from(
+        &mut self,
+        base: &VolumeRecord,
+        base_live: bool,
+        newer: &VolumeRecord,
+        from: u64,
+        end: u64,
+    ) -> Result<Runs> {
+        if base_live {
+            self.diff_live(base, newer, from, end)
+        } else {
+            self.check_bookmark_line(base, newer)?;
+            self.diff_since(base.created_generation, newer, from, end)
+        }
     }
 
     /// Checks that bookmark `base` (a removed snapshot) is in `newer`'s

@@ -12,6 +12,7 @@ use grove_store::{Pool, PoolOptions};
 
 use crate::cli::{Cli, Command};
 use crate::control::{Admin, ControlClient};
+use crate::replicate::{self, SendArgs};
 use crate::output::{
     format_size, write_check_report, write_diff, write_pool_info, write_volume_table,
     write_volume_tree,
@@ -81,7 +82,12 @@ pub fn run(cli: Cli) -> Result<()> {
             // A running `grove serve` holds the pool: ask it instead.
             Err(e) if e.kind() == grove_store::ErrorKind::Busy => match ControlClient::connect(dir)
             {
-                Some(daemon) => run_admin(&daemon, command),
+                Some(daemon) => match command {
+                    Command::Send { .. } | Command::Receive { .. } | Command::Hash { .. } => {
+                        run_replication_remote(&daemon, command)
+                    }
+                    command => run_admin(&daemon, command),
+                },
                 None => Err(e.into()),
             },
             Err(e) => Err(e.into()),
@@ -160,12 +166,125 @@ fn run_local(pool: &Pool, command: Command) -> Result<()> {
             rollback(pool, &snapshot, volume.as_deref(), force)?;
             reclaim_with_progress(pool).map(drop)
         }
+        Command::Send {
+            snapshot,
+            from,
+            range_from,
+            cursor,
+            output,
+            to,
+            resume,
+        } => {
+            let args = SendArgs {
+                snapshot,
+                from,
+                range_from,
+                cursor,
+                resume,
+            };
+            let summary = match to {
+                Some(url) => crate::objects::send_to_url(pool, &args, &url)?,
+                None => {
+                    let mut out = replicate::open_output(output.as_deref())?;
+                    let summary = replicate::send_from_pool(pool, &args, &mut out)?;
+                    out.flush().context("cannot write the stream")?;
+                    summary
+                }
+            };
+            eprintln!("{}", replicate::describe_send(&summary));
+            Ok(())
+        }
+        Command::Receive {
+            name,
+            file,
+            from,
+            abort,
+            status,
+        } => {
+            if abort {
+                let freed = grove_send::abort(pool, &name)?;
+                return say(format_args!(
+                    "dropped the partial receive {name:?}; it gives back {}",
+                    format_size(freed)
+                ));
+            }
+            if status {
+                return say(format_args!("{}", replicate::status(pool, &name)?));
+            }
+            let summary = match from {
+                Some(url) => crate::objects::receive_from_url(pool, &name, &url)?,
+                None => replicate::receive_into_pool(
+                    pool,
+                    &name,
+                    replicate::open_input(file.as_deref())?,
+                )?,
+            };
+            say(format_args!("{}", replicate::describe_receive(&summary)))
+        }
+        Command::Hash { name } => say(format_args!("{}  {name}", replicate::hash(pool, &name)?)),
         command => run_admin(pool, command),
+    }
+}
+
+/// Send, receive and hash on a pool a daemon holds: the daemon runs them,
+/// and the stream flows over its control socket.
+fn run_replication_remote(daemon: &ControlClient, command: Command) -> Result<()> {
+    match command {
+        Command::Send {
+            snapshot,
+            from,
+            range_from,
+            cursor,
+            output,
+            to,
+            resume,
+        } => {
+            if to.is_some() {
+                bail!("sending to object storage from a pool a daemon holds is not supported yet: write the stream with -o FILE, or stop the daemon");
+            }
+            let args = SendArgs {
+                snapshot,
+                from,
+                range_from,
+                cursor,
+                resume,
+            };
+            let mut out = replicate::open_output(output.as_deref())?;
+            daemon.send_stream(&args, &mut out)?;
+            out.flush().context("cannot write the stream")?;
+            Ok(())
+        }
+        Command::Receive {
+            name,
+            file,
+            from,
+            abort,
+            status,
+        } => {
+            if abort {
+                daemon.receive_abort(&name)?;
+                return say(format_args!("dropped the partial receive {name:?}"));
+            }
+            if status {
+                return say(format_args!("{}", daemon.receive_status(&name)?));
+            }
+            if from.is_some() {
+                bail!("receiving from object storage into a pool a daemon holds is not supported yet: fetch the stream with grove on a pool of its own, or stop the daemon");
+            }
+            let summary =
+                daemon.receive_stream(&name, replicate::open_input(file.as_deref())?)?;
+            say(format_args!("{}", replicate::describe_receive(&summary)))
+        }
+        Command::Hash { name } => say(format_args!("{}  {name}", daemon.hash(&name)?)),
+        _ => unreachable!("only send, receive and hash stream"),
     }
 }
 
 fn run_admin(pool: &dyn Admin, command: Command) -> Result<()> {
     match command {
+        Command::Send { .. } | Command::Receive { .. } | Command::Hash { .. } => {
+            unreachable!("send, receive and hash run where the pool is open")
+        }
         Command::Init { .. }
         | Command::Serve { .. }
         | Command::Mount { .. }

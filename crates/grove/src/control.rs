@@ -100,7 +100,9 @@ impl Request {
     /// How long a client waits for the reply to this request.
     fn reply_timeout(&self) -> Duration {
         let ms = match self {
-            Request::Check { .. } | Request::Gc { wait: true } => LONG_REPLY_TIMEOUT_MS,
+            Request::Check { .. } | Request::Gc { wait: true } | Request::Hash { .. } => {
+                LONG_REPLY_TIMEOUT_MS
+            }
             _ => REPLY_TIMEOUT_MS,
         };
         Duration::from_millis(ms)
@@ -227,6 +229,25 @@ enum Request {
     },
     /// Which process holds the pool, so that a refused open can name it.
     Holder,
+    /// A replication stream follows the request line, up to its end; the
+    /// reply comes once it is received.
+    Receive {
+        name: String,
+    },
+    ReceiveAbort {
+        name: String,
+    },
+    ReceiveStatus {
+        name: String,
+    },
+    /// Answered with one reply line, then (if ok) the stream, then the
+    /// connection closes.
+    Send {
+        args: crate::replicate::SendArgs,
+    },
+    Hash {
+        name: String,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -271,6 +292,70 @@ fn execute(pool: &Pool, request: Request) -> Reply {
         Request::Info => reply(pool.info()),
         Request::Check { repair } => reply(pool.check(repair)),
         Request::Holder => reply(Ok(Holder::this_process())),
+        Request::ReceiveAbort { name } => reply_any(grove_send::abort(pool, &name)),
+        Request::ReceiveStatus { name } => reply_any(crate::replicate::status(pool, &name)),
+        Request::Hash { name } => reply_any(crate::replicate::hash(pool, &name)),
+        Request::Receive { .. } | Request::Send { .. } => Reply::Error {
+            kind: ErrorKind::InvalidArgument,
+            message: "send and receive stream on a connection of their own".into(),
+        },
+    }
+}
+
+/// The reply to a command-level result (an anyhow error's whole chain).
+fn reply_any<T: Serialize>(result: Result<T>) -> Reply {
+    match result {
+        Ok(value) => Reply::Ok(serde_json::to_value(value).unwrap_or(serde_json::Value::Null)),
+        Err(e) => Reply::Error {
+            kind: e
+                .downcast_ref::<Error>()
+                .map_or(ErrorKind::InvalidArgument, Error::kind),
+            message: format!("{e:#}"),
+        },
+    }
+}
+
+/// How long a receiving daemon waits for the next bytes of a stream: a
+/// sender behind ssh or a slow disk may pause, but not for ever.
+const STREAM_IDLE_TIMEOUT_MS: u64 = 10 * 60 * 1000;
+
+/// Runs a streaming request on its connection: reads a stream for
+/// Receive, writes one for Send. Returns false if the connection must close.
+fn serve_stream(
+    pool: &Pool,
+    request: Request,
+    reader: &mut BufReader<UnixStream>,
+    writer: &mut UnixStream,
+) {
+    let _ = reader
+        .get_ref()
+        .set_read_timeout(Some(Duration::from_millis(STREAM_IDLE_TIMEOUT_MS)));
+    let _ = writer.set_write_timeout(Some(Duration::from_millis(STREAM_IDLE_TIMEOUT_MS)));
+    match request {
+        Request::Receive { name } => {
+            let outcome = crate::replicate::receive_into_pool(pool, &name, &mut *reader);
+            if let Err(e) = &outcome {
+                tracing::warn!(name = %name, "receive through the control socket failed: {e:#}");
+            }
+            let _ = writer.write_all(reply_line(&reply_any(outcome)).as_bytes());
+        }
+        Request::Send { args } => {
+            // The stream's first bytes may fail (a bad name): answer that
+            // as an error; once the stream flows, a failure can only cut it.
+            let mut out = std::io::BufWriter::with_capacity(1 << 20, &mut *writer);
+            let started = out.write_all(reply_line(&Reply::Ok(serde_json::Value::Null)).as_bytes());
+            if started.is_err() {
+                return;
+            }
+            match crate::replicate::send_from_pool(pool, &args, &mut out) {
+                Ok(summary) => {
+                    let _ = out.flush();
+                    tracing::info!("{}", crate::replicate::describe_send(&summary));
+                }
+                Err(e) => tracing::warn!("send through the control socket failed: {e:#}"),
+            }
+        }
+        _ => unreachable!("only send and receive stream"),
     }
 }
 
@@ -490,6 +575,17 @@ fn serve_connection(stream: UnixStream, pool: &Pool) {
             }
         } else {
             match serde_json::from_str::<Request>(&line) {
+                Ok(request @ (Request::Receive { .. } | Request::Send { .. })) => {
+                    tracing::info!(?request, "control request");
+                    let mut writer = writer;
+                    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        serve_stream(pool, request, &mut reader, &mut writer)
+                    }));
+                    if caught.is_err() {
+                        tracing::error!("a streaming control request panicked; its connection is closed");
+                    }
+                    return;
+                }
                 Ok(request) => {
                     tracing::info!(?request, "control request");
                     match execute_catching_panics(pool, request) {
@@ -624,6 +720,103 @@ impl ControlClient {
             Reply::Ok(value) => Ok(serde_json::from_value(value)?),
             Reply::Error { kind, message } => Err(Error::new(kind, message)),
         })
+    }
+}
+
+impl ControlClient {
+    /// Sends a stream from `input` for the daemon to receive as `name`.
+    pub fn receive_stream(
+        &self,
+        name: &str,
+        mut input: impl Read,
+    ) -> Result<grove_send::ReceiveSummary> {
+        let mut stream = self.stream.borrow_mut();
+        let mut line = serde_json::to_string(&Request::Receive { name: name.into() })?;
+        line.push('\n');
+        stream.get_mut().write_all(line.as_bytes())?;
+        // The daemon may refuse early (a missing base) and stop reading:
+        // its answer says why, so a failed copy only matters without one.
+        let copied = std::io::copy(&mut input, stream.get_mut());
+        let _ = stream.get_ref().shutdown(std::net::Shutdown::Write);
+        stream
+            .get_ref()
+            .set_read_timeout(Some(Duration::from_millis(LONG_REPLY_TIMEOUT_MS)))?;
+        let mut answer = String::new();
+        match stream.read_line(&mut answer) {
+            Ok(n) if n > 0 => {}
+            _ => {
+                copied.context("cannot pass the stream to the daemon")?;
+                return Err(anyhow!("the daemon closed the connection without a reply"));
+            }
+        }
+        match serde_json::from_str::<Reply>(&answer)? {
+            Reply::Ok(value) => Ok(serde_json::from_value(value)?),
+            Reply::Error { message, .. } => Err(anyhow!("{message}")),
+        }
+    }
+
+    /// Has the daemon send a stream, copied to `out`.
+    pub fn send_stream(&self, args: &crate::replicate::SendArgs, out: &mut dyn Write) -> Result<()> {
+        let mut stream = self.stream.borrow_mut();
+        let mut line = serde_json::to_string(&Request::Send { args: args.clone() })?;
+        line.push('\n');
+        stream.get_mut().write_all(line.as_bytes())?;
+        stream
+            .get_ref()
+            .set_read_timeout(Some(Duration::from_millis(REPLY_TIMEOUT_MS)))?;
+        let mut answer = String::new();
+        if stream.read_line(&mut answer)? == 0 {
+            return Err(anyhow!("the daemon closed the connection without a reply"));
+        }
+        if let Reply::Error { message, .. } = serde_json::from_str::<Reply>(&answer)? {
+            return Err(anyhow!("{message}"));
+        }
+        // A stream ends with its End frame; anything short of one was cut
+        // by a failure the daemon logged.
+        let mut tail = TailWriter { out, tail: Vec::new() };
+        std::io::copy(&mut *stream, &mut tail).context("cannot copy the stream")?;
+        if !grove_send::format::ends_a_stream(&tail.tail) {
+            return Err(anyhow!(
+                "the daemon's stream ended early (see its log for why); the output is incomplete"
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn receive_abort(&self, name: &str) -> Result<u64> {
+        self.exchange::<u64>(&Request::ReceiveAbort { name: name.into() })?
+            .map_err(Into::into)
+    }
+
+    pub fn receive_status(&self, name: &str) -> Result<String> {
+        self.exchange::<String>(&Request::ReceiveStatus { name: name.into() })?
+            .map_err(Into::into)
+    }
+
+    pub fn hash(&self, name: &str) -> Result<String> {
+        self.exchange::<String>(&Request::Hash { name: name.into() })?
+            .map_err(Into::into)
+    }
+}
+
+/// Passes bytes on and keeps the last few, to see how a stream ended.
+struct TailWriter<'a> {
+    out: &'a mut dyn Write,
+    tail: Vec<u8>,
+}
+
+impl Write for TailWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.tail.extend_from_slice(&buf[..n]);
+        let keep = grove_send::format::END_FRAME_BYTES;
+        if self.tail.len() > keep {
+            self.tail.drain(..self.tail.len() - keep);
+        }
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
     }
 }
 

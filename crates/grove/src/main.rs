@@ -8,12 +8,14 @@ mod commands;
 mod control;
 mod daemon;
 mod mount;
+mod objects;
 mod output;
 mod progress;
 mod raif;
 mod reclaimer;
 mod serve;
 mod size;
+mod replicate;
 mod transfer;
 
 use std::process::ExitCode;

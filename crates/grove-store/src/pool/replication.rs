@@ -158,12 +158,7 @@ impl Pool {
         let mut state = self.state();
         let (base, base_live) = state.diff_from_record(from)?;
         let newer = state.volume_by_name(newer)?.clone();
-        let runs = if base_live {
-            state.diff_live(&base, &newer)?
-        } else {
-            state.check_bookmark_line(&base, &newer)?;
-            state.diff_since(base.created_generation, &newer)?
-        };
+        let runs = state.diff_runs_from(&base, base_live, &newer, 0, u64::MAX)?;
         let block_bytes = state.geometry().block_bytes();
         let size = base.size_bytes.max(newer.size_bytes);
         let extents = runs

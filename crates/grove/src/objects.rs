@@ -1,0 +1,1 @@
+//! Streams in object storage: `grove send --to URL`, `grove receive --from URL`.
