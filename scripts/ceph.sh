@@ -102,7 +102,8 @@ stop() {
   local d pid waited=0 left
   for d in "${DAEMONS[@]}"; do
     pid=$(daemon_pid "$d")
-    [ -n "$pid" ] && alive "$pid" && kill -TERM "$pid" 2>/dev/null || true
+    # Everything under $DIR is thrown away: no need for a clean shutdown.
+    [ -n "$pid" ] && alive "$pid" && kill -KILL "$pid" 2>/dev/null || true
   done
   while :; do
     left=()
@@ -112,10 +113,7 @@ stop() {
     done
     [ ${#left[@]} -eq 0 ] && break
     if [ $waited -ge $STOP_WAIT_TENTHS ]; then
-      log "killing ${left[*]} after $((STOP_WAIT_TENTHS / 10)) s"
-      kill -KILL "${left[@]}" 2>/dev/null || true
-      sleep 0.5
-      break
+      die "processes ${left[*]} still alive $((STOP_WAIT_TENTHS / 10)) s after SIGKILL; $DIR kept"
     fi
     sleep 0.1; waited=$((waited + 1))
   done
