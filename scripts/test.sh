@@ -2,8 +2,9 @@
 # Runs grove's whole test suite. First installs what the tests need, from the
 # package registries only: the real NBD clients the interop tests drive
 # (qemu-img, qemu-io, qemu-nbd, nbdinfo, nbdcopy, fio), openssl for the TLS
-# tests' certificates, and the tools for file systems on loop devices over
-# `grove mount` files (fuse3, util-linux, e2fsprogs, xfsprogs). Building needs
+# tests' certificates, the tools for file systems on loop devices over
+# `grove mount` files (fuse3, util-linux, e2fsprogs, xfsprogs), and Ceph with
+# radosgw (scripts/ceph.sh) for the S3 tests. Building needs
 # none of them: fuser mounts in pure Rust. Safe to run again: it installs only
 # what is missing, and stops with an error when it cannot.
 #
@@ -67,6 +68,19 @@ install_missing() {
 }
 
 install_missing
+
+# The S3 tests (crates/grove-objects) run against a single-node Ceph with
+# radosgw on 127.0.0.1 (scripts/ceph.sh installs and starts it, ~15 s after
+# the first install); its env file gives them the endpoint, credentials and
+# bucket. One this script started is stopped on exit; one already running
+# is used and left running.
+if scripts/ceph.sh env >/dev/null 2>&1; then
+  scripts/ceph.sh start >/dev/null || { echo "test.sh: error: scripts/ceph.sh start failed" >&2; exit 1; }
+else
+  trap 'scripts/ceph.sh stop || true' EXIT
+  scripts/ceph.sh start >/dev/null || { echo "test.sh: error: scripts/ceph.sh start failed" >&2; exit 1; }
+fi
+eval "$(scripts/ceph.sh env)"
 
 # Every test whose tool is missing now fails instead of skipping.
 export GROVE_REQUIRE_TOOLS=1

@@ -1,0 +1,59 @@
+//! What a store must do, in S3's terms: flat keys ("STREAM/OBJECT"),
+//! whole-object puts (optionally create-only), ranged gets, listing, and
+//! multipart uploads whose id the caller can record and abort later. The
+//! stream logic in lib.rs is written once against this trait; `file.rs` and
+//! `s3.rs` implement it.
+
+use crate::error::Result;
+use std::ops::Range;
+
+/// One object of a stream, as listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Entry {
+    /// The object's name within its stream (no '/').
+    pub name: String,
+    pub size_bytes: u64,
+}
+
+pub(crate) trait Backend: Send + Sync + 'static {
+    /// The store, for messages: "s3://bucket/prefix at http://..." or "file:///dir".
+    fn describe(&self) -> String;
+    /// The objects of stream `stream` (keys "stream/NAME"), in any order.
+    fn list(&self, stream: &str) -> Result<Vec<Entry>>;
+    /// The names of the streams that have at least one object.
+    fn list_streams(&self) -> Result<Vec<String>>;
+    /// Stores `data` at `key` whole: readers see all of it or none.
+    /// With `create_only`, fails with ErrorKind::AlreadyExists if the key
+    /// exists, atomically.
+    fn put(&self, key: &str, data: &[u8], create_only: bool) -> Result<()>;
+    /// Bytes `range` of the object at `key` (shorter if the object is).
+    fn get_range(&self, key: &str, range: Range<u64>) -> Result<Vec<u8>>;
+    /// The whole object at `key`.
+    fn get(&self, key: &str) -> Result<Vec<u8>>;
+    /// Removes the objects; missing ones are not an error.
+    fn delete(&self, keys: &[String]) -> Result<()>;
+    /// Starts a multipart upload to `key` and returns its id.
+    fn multipart_begin(&self, key: &str) -> Result<String>;
+    /// Uploads chunks `first..first + chunks.len()` (at least 5 MiB each but
+    /// the last of the object), concurrently where the store can; the first
+    /// starts at byte `offset` of the object and the others follow it.
+    /// Returns their tags, in order.
+    fn multipart_put(
+        &self,
+        key: &str,
+        id: &str,
+        first: usize,
+        offset: u64,
+        chunks: &[&[u8]],
+    ) -> Result<Vec<String>>;
+    /// Makes the object at `key` from the chunks' tags, atomically.
+    fn multipart_complete(&self, key: &str, id: &str, tags: Vec<String>) -> Result<()>;
+    /// Aborts the upload: its chunks are freed. An upload that no longer
+    /// exists (completed or already aborted) is not an error.
+    fn multipart_abort(&self, key: &str, id: &str) -> Result<()>;
+    /// Removes what an interrupted writer of `stream` left that is no
+    /// object (a local backend's temporary files); S3 has none.
+    fn clean_stream(&self, _stream: &str) -> Result<()> {
+        Ok(())
+    }
+}

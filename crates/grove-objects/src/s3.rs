@@ -1,0 +1,324 @@
+//! The `s3://BUCKET/PREFIX` backend: object_store's S3 client, run on a
+//! private tokio runtime so that the API stays synchronous. Endpoint and
+//! credentials come from the environment (see `S3Backend::from_env`);
+//! requests are path-style, and plain http is allowed to a loopback
+//! endpoint.
+
+use crate::backend::{Backend, Entry};
+use crate::error::{Error, ErrorKind, Result};
+use crate::location::endpoint_is_loopback;
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::multipart::{MultipartStore, PartId};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use std::ops::Range;
+use std::sync::Arc;
+
+/// Worker threads of the private runtime: request signing (SHA-256 of each
+/// payload) is CPU work, spread over two threads.
+const RUNTIME_THREADS: usize = 2;
+
+pub(crate) struct S3Backend {
+    runtime: tokio::runtime::Runtime,
+    store: Arc<AmazonS3>,
+    bucket: String,
+    /// "" or "a/b"
+    prefix: String,
+    endpoint: String,
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// object_store's errors, as ours: the kind for NotFound and the
+/// create-only conflicts, one line naming what was being done.
+fn store_error(what: String, e: object_store::Error) -> Error {
+    let kind = match e {
+        object_store::Error::NotFound { .. } => ErrorKind::NotFound,
+        object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. } => {
+            ErrorKind::AlreadyExists
+        }
+        _ => ErrorKind::Io,
+    };
+    Error::new(kind, format!("{what}: {e}"))
+}
+
+impl S3Backend {
+    /// A client for `bucket`/`prefix` configured from AWS_ENDPOINT_URL (or
+    /// AWS_ENDPOINT; AWS itself when unset), AWS_ACCESS_KEY_ID,
+    /// AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN (optional), AWS_REGION (or
+    /// AWS_DEFAULT_REGION; us-east-1 when unset). Plain http is allowed when
+    /// the endpoint is on the loopback, or when AWS_ALLOW_HTTP=true.
+    pub(crate) fn from_env(url: &str, bucket: String, prefix: String) -> Result<S3Backend> {
+        let config = |why: String| Error::new(ErrorKind::Config, format!("{url}: {why}"));
+        let key_id = env("AWS_ACCESS_KEY_ID").ok_or_else(|| {
+            config("AWS_ACCESS_KEY_ID is not set (S3 credentials come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)".into())
+        })?;
+        let secret = env("AWS_SECRET_ACCESS_KEY").ok_or_else(|| {
+            config("AWS_SECRET_ACCESS_KEY is not set (S3 credentials come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)".into())
+        })?;
+        let region = env("AWS_REGION")
+            .or_else(|| env("AWS_DEFAULT_REGION"))
+            .unwrap_or_else(|| "us-east-1".into());
+        let endpoint = env("AWS_ENDPOINT_URL").or_else(|| env("AWS_ENDPOINT"));
+        let mut builder = AmazonS3Builder::new()
+            .with_bucket_name(&bucket)
+            .with_region(&region)
+            .with_access_key_id(key_id)
+            .with_secret_access_key(secret)
+            .with_virtual_hosted_style_request(false);
+        if let Some(token) = env("AWS_SESSION_TOKEN") {
+            builder = builder.with_token(token);
+        }
+        let shown_endpoint = match &endpoint {
+            Some(endpoint) => {
+                let endpoint = endpoint.trim_end_matches('/').to_string();
+                let http = endpoint.starts_with("http://");
+                if !http && !endpoint.starts_with("https://") {
+                    return Err(config(format!(
+                        "AWS_ENDPOINT_URL {endpoint:?} is not an http:// or https:// URL"
+                    )));
+                }
+                let allow_http =
+                    env("AWS_ALLOW_HTTP").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+                if http && !endpoint_is_loopback(&endpoint) && !allow_http {
+                    return Err(config(format!(
+                        "AWS_ENDPOINT_URL {endpoint} is plain http to a host that is not on the loopback: use https, or set AWS_ALLOW_HTTP=true"
+                    )));
+                }
+                builder = builder.with_endpoint(&endpoint).with_allow_http(http);
+                endpoint
+            }
+            None => format!("https://s3.{region}.amazonaws.com"),
+        };
+        let store = builder
+            .build()
+            .map_err(|e| config(format!("cannot configure the S3 client: {e}")))?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(RUNTIME_THREADS)
+            .thread_name("grove-objects")
+            .enable_all()
+            .build()
+            .map_err(|e| {
+                Error::new(
+                    ErrorKind::Io,
+                    format!("{url}: cannot start the I/O runtime: {e}"),
+                )
+            })?;
+        Ok(S3Backend {
+            runtime,
+            store: Arc::new(store),
+            bucket,
+            prefix,
+            endpoint: shown_endpoint,
+        })
+    }
+
+    fn path(&self, key: &str) -> Path {
+        if self.prefix.is_empty() {
+            Path::from(key)
+        } else {
+            Path::from(format!("{}/{key}", self.prefix))
+        }
+    }
+
+    fn url(&self, key: &str) -> String {
+        format!("s3://{}/{}", self.bucket, self.path(key))
+    }
+}
+
+impl Backend for S3Backend {
+    fn describe(&self) -> String {
+        let slash = if self.prefix.is_empty() { "" } else { "/" };
+        format!(
+            "s3://{}{slash}{} at {}",
+            self.bucket, self.prefix, self.endpoint
+        )
+    }
+
+    fn list(&self, stream: &str) -> Result<Vec<Entry>> {
+        let dir = self.path(stream);
+        let listed: Vec<_> = self
+            .runtime
+            .block_on(self.store.list(Some(&dir)).try_collect())
+            .map_err(|e| store_error(format!("cannot list {}", self.url(stream)), e))?;
+        Ok(listed
+            .into_iter()
+            .filter_map(|meta| {
+                let name = meta
+                    .location
+                    .prefix_match(&dir)?
+                    .map(|p| p.as_ref().to_string())
+                    .collect::<Vec<_>>();
+                // Only the stream's own objects: one segment below it.
+                (name.len() == 1).then(|| Entry {
+                    name: name[0].clone(),
+                    size_bytes: meta.size,
+                })
+            })
+            .collect())
+    }
+
+    fn list_streams(&self) -> Result<Vec<String>> {
+        let prefix = (!self.prefix.is_empty()).then(|| Path::from(self.prefix.as_str()));
+        let listed = self
+            .runtime
+            .block_on(self.store.list_with_delimiter(prefix.as_ref()))
+            .map_err(|e| store_error(format!("cannot list {}", self.describe()), e))?;
+        Ok(listed
+            .common_prefixes
+            .iter()
+            .filter_map(|p| p.filename().map(str::to_string))
+            .collect())
+    }
+
+    fn put(&self, key: &str, data: &[u8], create_only: bool) -> Result<()> {
+        let mode = if create_only {
+            PutMode::Create
+        } else {
+            PutMode::Overwrite
+        };
+        let payload = PutPayload::from(Bytes::copy_from_slice(data));
+        self.runtime
+            .block_on(
+                self.store
+                    .put_opts(&self.path(key), payload, PutOptions::from(mode)),
+            )
+            .map_err(|e| store_error(format!("cannot store {}", self.url(key)), e))?;
+        Ok(())
+    }
+
+    fn get_range(&self, key: &str, range: Range<u64>) -> Result<Vec<u8>> {
+        let bytes = self
+            .runtime
+            .block_on(self.store.get_range(&self.path(key), range))
+            .map_err(|e| store_error(format!("cannot read {}", self.url(key)), e))?;
+        Ok(bytes.to_vec())
+    }
+
+    fn get(&self, key: &str) -> Result<Vec<u8>> {
+        let path = self.path(key);
+        let bytes = self
+            .runtime
+            .block_on(async { self.store.get(&path).await?.bytes().await })
+            .map_err(|e| store_error(format!("cannot read {}", self.url(key)), e))?;
+        Ok(bytes.to_vec())
+    }
+
+    fn delete(&self, keys: &[String]) -> Result<()> {
+        let paths: Vec<object_store::Result<Path>> =
+            keys.iter().map(|k| Ok(self.path(k))).collect();
+        let results: Vec<_> = self.runtime.block_on(
+            self.store
+                .delete_stream(futures::stream::iter(paths).boxed())
+                .collect::<Vec<_>>(),
+        );
+        for result in results {
+            match result {
+                Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => {
+                    return Err(store_error(
+                        format!("cannot remove objects from {}", self.describe()),
+                        e,
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn multipart_begin(&self, key: &str) -> Result<String> {
+        self.runtime
+            .block_on(self.store.create_multipart(&self.path(key)))
+            .map_err(|e| {
+                store_error(
+                    format!("cannot start a multipart upload to {}", self.url(key)),
+                    e,
+                )
+            })
+    }
+
+    fn multipart_put(
+        &self,
+        key: &str,
+        id: &str,
+        first: usize,
+        _offset: u64,
+        chunks: &[&[u8]],
+    ) -> Result<Vec<String>> {
+        let path = self.path(key);
+        let id = id.to_string();
+        let uploads = chunks.iter().enumerate().map(|(i, chunk)| {
+            let payload = PutPayload::from(Bytes::copy_from_slice(chunk));
+            let (store, path, id) = (Arc::clone(&self.store), path.clone(), id.clone());
+            // Spawned, so that the chunks' signing runs on both threads.
+            self.runtime
+                .spawn(async move { store.put_part(&path, &id, first + i, payload).await })
+        });
+        let handles: Vec<_> = uploads.collect();
+        let mut tags = Vec::with_capacity(handles.len());
+        let mut failure = None;
+        for handle in handles {
+            match self.runtime.block_on(handle) {
+                Ok(Ok(part)) => tags.push(part.content_id),
+                Ok(Err(e)) => {
+                    failure = failure.or(Some(store_error(
+                        format!("cannot upload to {}", self.url(key)),
+                        e,
+                    )))
+                }
+                Err(e) => {
+                    failure = failure.or(Some(Error::new(
+                        ErrorKind::Io,
+                        format!("upload task of {} failed: {e}", self.url(key)),
+                    )))
+                }
+            }
+        }
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(tags),
+        }
+    }
+
+    fn multipart_complete(&self, key: &str, id: &str, tags: Vec<String>) -> Result<()> {
+        let parts = tags
+            .into_iter()
+            .map(|content_id| PartId { content_id })
+            .collect();
+        self.runtime
+            .block_on(
+                self.store
+                    .complete_multipart(&self.path(key), &id.to_string(), parts),
+            )
+            .map_err(|e| {
+                store_error(
+                    format!("cannot complete the multipart upload to {}", self.url(key)),
+                    e,
+                )
+            })?;
+        Ok(())
+    }
+
+    fn multipart_abort(&self, key: &str, id: &str) -> Result<()> {
+        match self
+            .runtime
+            .block_on(self.store.abort_multipart(&self.path(key), &id.to_string()))
+        {
+            Ok(()) => Ok(()),
+            Err(object_store::Error::NotFound { .. }) => Ok(()),
+            // S3 answers NoSuchUpload (404) for an upload completed or aborted.
+            Err(e) if e.to_string().contains("NoSuchUpload") => Ok(()),
+            Err(e) => Err(store_error(
+                format!(
+                    "cannot abort the multipart upload {id} to {}",
+                    self.url(key)
+                ),
+                e,
+            )),
+        }
+    }
+}
