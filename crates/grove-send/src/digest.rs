@@ -119,6 +119,13 @@ pub fn is_zero(bytes: &[u8]) -> bool {
         && rest.iter().all(|&b| b == 0)
 }
 
+/// 16 bytes that name `bytes` (a mix-up guard, not a secret).
+pub fn fingerprint(bytes: &[u8]) -> [u8; 16] {
+    blake3::hash(bytes).as_bytes()[..16]
+        .try_into()
+        .expect("16 bytes")
+}
+
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -228,7 +235,10 @@ mod tests {
         // The size is part of the content.
         let mut digest = ContentDigest::empty();
         digest.add(0, &content);
-        assert_ne!(digest.finish(content.len() as u64 + 512), volume_digest(&content));
+        assert_ne!(
+            digest.finish(content.len() as u64 + 512),
+            volume_digest(&content)
+        );
     }
 
     #[test]

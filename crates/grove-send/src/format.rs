@@ -68,11 +68,7 @@ pub const END_FRAME_BYTES: usize = 5 + 4 + END_MAGIC.len() + 4;
 
 /// Whether `tail` (a stream's last bytes) is a whole End frame.
 pub fn ends_a_stream(tail: &[u8]) -> bool {
-    tail.len() == END_FRAME_BYTES
-        && matches!(
-            FrameReader::new(tail).next(),
-            Ok(Frame::End { .. })
-        )
+    tail.len() == END_FRAME_BYTES && matches!(FrameReader::new(tail).next_frame(), Ok(Frame::End { .. }))
 }
 
 const TYPE_HEADER: u8 = 1;
@@ -260,9 +256,14 @@ fn put_name(out: &mut Vec<u8>, name: &str) {
 #[derive(Debug)]
 pub enum StreamError {
     /// The input ended before the stream did.
-    Truncated { at_byte: u64 },
+    Truncated {
+        at_byte: u64,
+    },
     /// A frame is damaged or impossible.
-    Damaged { at_byte: u64, why: String },
+    Damaged {
+        at_byte: u64,
+        why: String,
+    },
     Io(io::Error),
 }
 
@@ -300,7 +301,7 @@ impl<R: Read> FrameReader<R> {
     }
 
     /// The next frame, or Truncated at the end of the input.
-    pub fn next(&mut self) -> Result<Frame, StreamError> {
+    pub fn next_frame(&mut self) -> Result<Frame, StreamError> {
         let at_byte = self.bytes_read;
         let mut head = [0u8; 5];
         self.read_exact(&mut head, at_byte)?;
@@ -561,12 +562,9 @@ mod tests {
         let bytes = encode(&frames);
         let mut reader = FrameReader::new(&bytes[..]);
         for frame in &frames {
-            assert_eq!(&reader.next().unwrap(), frame);
+            assert_eq!(&reader.next_frame().unwrap(), frame);
         }
-        assert!(matches!(
-            reader.next(),
-            Err(StreamError::Truncated { .. })
-        ));
+        assert!(matches!(reader.next_frame(), Err(StreamError::Truncated { .. })));
         assert_eq!(reader.bytes_read, bytes.len() as u64);
     }
 
@@ -579,7 +577,7 @@ mod tests {
             let mut reader = FrameReader::new(&damaged[..]);
             let mut decoded = Vec::new();
             let error = loop {
-                match reader.next() {
+                match reader.next_frame() {
                     Ok(frame) => decoded.push(frame),
                     Err(e) => break e,
                 }
@@ -593,7 +591,7 @@ mod tests {
         for cut in 0..bytes.len() {
             let mut reader = FrameReader::new(&bytes[..cut]);
             let mut frames = 0;
-            while reader.next().is_ok() {
+            while reader.next_frame().is_ok() {
                 frames += 1;
             }
             assert!(frames < sample_frames().len(), "cut at {cut}");
@@ -604,12 +602,15 @@ mod tests {
     fn oversized_and_unknown_frames_are_refused() {
         let mut bytes = vec![3u8];
         bytes.extend_from_slice(&u32::MAX.to_le_bytes());
-        let error = FrameReader::new(&bytes[..]).next().unwrap_err();
+        let error = FrameReader::new(&bytes[..]).next_frame().unwrap_err();
         assert!(error.to_string().contains("a frame of"), "{error}");
         let mut frame = vec![42u8, 0, 0, 0, 0];
         let crc = crc32c::crc32c(&frame);
         frame.extend_from_slice(&crc.to_le_bytes());
-        let error = FrameReader::new(&frame[..]).next().unwrap_err();
-        assert!(error.to_string().contains("unknown frame type 42"), "{error}");
+        let error = FrameReader::new(&frame[..]).next_frame().unwrap_err();
+        assert!(
+            error.to_string().contains("unknown frame type 42"),
+            "{error}"
+        );
     }
 }

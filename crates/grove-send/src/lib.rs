@@ -13,7 +13,5 @@ pub mod token;
 pub use receive::{
     abort, receive, restart_point, resume_token, ReceiveError, ReceiveSummary, RestartPoint,
 };
-pub use send::{
-    send, send_to_sink, volume_digest, Position, SendRequest, SendSummary, StreamSink,
-};
+pub use send::{send, send_to_sink, volume_digest, Position, SendRequest, SendSummary, StreamSink};
 pub use token::ResumeToken;

@@ -48,7 +48,7 @@ pub struct ReceiveError {
     pub cause: anyhow::Error,
     /// Set when a partial receive was kept: its name and the token that
     /// resumes it.
-    pub resumable: Option<(String, ResumeToken)>,
+    pub resumable: Option<Box<(String, ResumeToken)>>,
     /// Snapshots finished before it stopped.
     pub finished: Vec<String>,
 }
@@ -56,7 +56,8 @@ pub struct ReceiveError {
 impl std::fmt::Display for ReceiveError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{:#}", self.cause)?;
-        if let Some((name, token)) = &self.resumable {
+        if let Some(resumable) = &self.resumable {
+            let (name, token) = &**resumable;
             write!(
                 f,
                 "; the partial receive {name:?} keeps {} bytes: resume with `grove send --resume {}` into `grove receive {name}`, or drop it with `grove receive --abort {name}`",
@@ -115,8 +116,7 @@ fn write_state(pool_dir: &Path, name: &str, state: &StreamState) -> Result<()> {
         .with_context(|| format!("cannot create {}", temporary.display()))?;
     file.write_all(serde_json::to_string(state)?.as_bytes())?;
     file.sync_all()?;
-    fs::rename(&temporary, &path)
-        .with_context(|| format!("cannot write {}", path.display()))?;
+    fs::rename(&temporary, &path).with_context(|| format!("cannot write {}", path.display()))?;
     fs::File::open(&dir)?.sync_all()?;
     Ok(())
 }
@@ -147,7 +147,11 @@ pub fn resume_token(pool: &Pool, name: &str) -> Result<ResumeToken> {
     Ok(ResumeToken {
         range: state.range,
         final_target: guid_from_hex(&state.final_target)?,
-        section_base: state.section_base.as_deref().map(guid_from_hex).transpose()?,
+        section_base: state
+            .section_base
+            .as_deref()
+            .map(guid_from_hex)
+            .transpose()?,
         section_target: guid_from_hex(&state.section_target)?,
         progress_bytes: partial.progress_bytes,
         tag: guid_from_hex(&state.tag)?,
@@ -175,7 +179,7 @@ pub fn receive(
         .map_err(|e| ReceiveError::refused(e.into(), Vec::new()))?;
     let mut reader = FrameReader::new(input);
     let mut summary = ReceiveSummary::default();
-    let header = match reader.next() {
+    let header = match reader.next_frame() {
         Ok(Frame::Header(header)) => header,
         Ok(_) => {
             return Err(ReceiveError::refused(
@@ -188,7 +192,7 @@ pub fn receive(
     // A resumed stream numbers its sections as the whole stream did.
     let mut first_section = None;
     for index in 0..header.sections {
-        let begin = match reader.next() {
+        let begin = match reader.next_frame() {
             Ok(Frame::Begin(begin))
                 if begin.section == first_section.unwrap_or(begin.section) + index =>
             {
@@ -197,7 +201,10 @@ pub fn receive(
             }
             Ok(other) => {
                 return Err(ReceiveError::refused(
-                    anyhow!("expected the start of section {index}, found {}", describe(&other)),
+                    anyhow!(
+                        "expected the start of section {index}, found {}",
+                        describe(&other)
+                    ),
                     summary.snapshots,
                 ))
             }
@@ -210,7 +217,9 @@ pub fn receive(
         match section.run(&mut reader, &mut summary, progress) {
             Ok(()) => summary.snapshots.push(local),
             Err(SectionError::Interrupted(cause)) => {
-                let resumable = resume_token(pool, &local).ok().map(|t| (local.clone(), t));
+                let resumable = resume_token(pool, &local)
+                    .ok()
+                    .map(|t| Box::new((local.clone(), t)));
                 return Err(ReceiveError {
                     cause,
                     resumable,
@@ -222,9 +231,9 @@ pub fn receive(
             }
         }
     }
-    match reader.next() {
-        Ok(Frame::End { sections })
-            if sections == first_section.unwrap_or(0) + header.sections => {}
+    match reader.next_frame() {
+        Ok(Frame::End { sections }) if sections == first_section.unwrap_or(0) + header.sections => {
+        }
         Ok(other) => {
             return Err(ReceiveError::refused(
                 anyhow!("expected the stream's end, found {}", describe(&other)),
@@ -395,7 +404,8 @@ impl<'a> SectionReceiver<'a> {
             digest: encode_state(&digest, 0),
         };
         write_state(pool.dir(), name, &state)?;
-        let volume = pool.begin_receive(name, begin.base_guid, begin.target_guid, begin.size_bytes)?;
+        let volume =
+            pool.begin_receive(name, begin.base_guid, begin.target_guid, begin.size_bytes)?;
         Ok(SectionReceiver {
             pool,
             begin: begin.clone(),
@@ -417,7 +427,7 @@ impl<'a> SectionReceiver<'a> {
         progress: &mut dyn FnMut(u64),
     ) -> std::result::Result<(), SectionError> {
         loop {
-            let frame = match reader.next() {
+            let frame = match reader.next_frame() {
                 Ok(frame) => frame,
                 Err(e) => return Err(self.interrupted(e.into())),
             };
@@ -432,12 +442,17 @@ impl<'a> SectionReceiver<'a> {
                 Frame::Data { .. } | Frame::Zero { .. } | Frame::Hole { .. } => {
                     if let Err(why) = self.check_record(&frame) {
                         let at = reader.bytes_read;
-                        return Err(self.interrupted(anyhow!("the stream is damaged at byte {at}: {why}")));
+                        return Err(
+                            self.interrupted(anyhow!("the stream is damaged at byte {at}: {why}"))
+                        );
                     }
                     self.apply(&frame).map_err(|e| self.interrupted(e))?;
                 }
                 other => {
-                    let why = anyhow!("the stream is damaged: expected a record, found {}", describe(&other));
+                    let why = anyhow!(
+                        "the stream is damaged: expected a record, found {}",
+                        describe(&other)
+                    );
                     return Err(self.interrupted(why));
                 }
             }
@@ -449,12 +464,18 @@ impl<'a> SectionReceiver<'a> {
     fn check_record(&self, frame: &Frame) -> std::result::Result<(), String> {
         let (offset, length) = frame.extent().expect("a record");
         let size = self.begin.size_bytes;
-        let end = offset.checked_add(length).ok_or("a record past any volume's end")?;
+        let end = offset
+            .checked_add(length)
+            .ok_or("a record past any volume's end")?;
         if offset % UNIT_BYTES != 0 || (end % UNIT_BYTES != 0 && end != size) {
-            return Err(format!("a record at {offset}+{length} is not aligned to {UNIT_BYTES}"));
+            return Err(format!(
+                "a record at {offset}+{length} is not aligned to {UNIT_BYTES}"
+            ));
         }
         if end > size {
-            return Err(format!("a record at {offset}+{length} runs past the volume's {size} bytes"));
+            return Err(format!(
+                "a record at {offset}+{length} runs past the volume's {size} bytes"
+            ));
         }
         if offset < self.applied {
             return Err(format!(
@@ -506,7 +527,8 @@ impl<'a> SectionReceiver<'a> {
         if self.applied <= self.committed {
             return Ok(());
         }
-        self.pool.record_receive_progress(&self.name, self.applied)?;
+        self.pool
+            .record_receive_progress(&self.name, self.applied)?;
         self.committed = self.applied;
         self.committed_at = Instant::now();
         if let Some(digest) = &self.digest {
@@ -520,9 +542,9 @@ impl<'a> SectionReceiver<'a> {
     fn interrupted(&mut self, cause: anyhow::Error) -> SectionError {
         match self.commit() {
             Ok(()) => SectionError::Interrupted(cause),
-            Err(e) => SectionError::Interrupted(cause.context(format!(
-                "and keeping what arrived failed too ({e:#})"
-            ))),
+            Err(e) => SectionError::Interrupted(
+                cause.context(format!("and keeping what arrived failed too ({e:#})")),
+            ),
         }
     }
 
@@ -555,13 +577,10 @@ impl<'a> SectionReceiver<'a> {
 /// One line naming the missing base and what to send instead.
 fn missing_base(pool: &Pool, header: &Header, begin: &Begin) -> anyhow::Error {
     let base_guid = begin.base_guid.expect("an incremental section");
-    let instead = header
-        .base_hints
-        .iter()
-        .find_map(|(guid, sender_name)| {
-            pool.snapshot_by_guid(guid)
-                .map(|here| (sender_name.clone(), here.name))
-        });
+    let instead = header.base_hints.iter().find_map(|(guid, sender_name)| {
+        pool.snapshot_by_guid(guid)
+            .map(|here| (sender_name.clone(), here.name))
+    });
     let advice = match instead {
         Some((sender_name, here)) => format!(
             "send --from {sender_name} instead (this pool holds it as {here:?}), or a full stream"

@@ -126,7 +126,9 @@ pub fn send_to_sink(
     let continue_at = request.continue_at;
     if let Some(at) = continue_at {
         if at.section as usize >= sections.len() {
-            bail!("the stored part of the stream ends past its last section: it is not this stream");
+            bail!(
+                "the stored part of the stream ends past its last section: it is not this stream"
+            );
         }
         if at.begun {
             sections[at.section as usize].start_bytes = at.offset;
@@ -140,13 +142,13 @@ pub fn send_to_sink(
     let mut writer = FrameWriter::new(out);
     if continue_at.is_none() {
         writer.write(&Frame::Header(Header {
-        range: request.range || request.resume.as_ref().is_some_and(|t| t.range),
-        resumed: request.resume.is_some(),
-        sections: sections.len() as u32,
-        resumed_offset: sections[0].start_bytes,
-        final_target: final_target.guid,
-        base_hints: hints,
-    }))?;
+            range: request.range || request.resume.as_ref().is_some_and(|t| t.range),
+            resumed: request.resume.is_some(),
+            sections: sections.len() as u32,
+            resumed_offset: sections[0].start_bytes,
+            final_target: final_target.guid,
+            base_hints: hints,
+        }))?;
         writer.inner().boundary(Position {
             section: 0,
             begun: false,
@@ -301,7 +303,10 @@ fn snapshot_identity(pool: &Pool, name: &str) -> Result<SnapshotIdentity> {
 
 fn check_order(base: &SnapshotIdentity, target: &SnapshotIdentity) -> Result<()> {
     if base.guid == target.guid {
-        bail!("the base and the snapshot to send are the same snapshot ({:?})", target.name);
+        bail!(
+            "the base and the snapshot to send are the same snapshot ({:?})",
+            target.name
+        );
     }
     if base.created_generation > target.created_generation {
         bail!(
@@ -347,18 +352,18 @@ impl<W: StreamSink> SectionSender<'_, W> {
         };
         if !skip_begin {
             self.writer.write(&Frame::Begin(Begin {
-            section: index,
-            base_guid,
-            base_generation,
-            target_guid: target.guid,
-            target_generation: target.created_generation,
-            target_created_unix_secs: target.created_unix_secs,
-            size_bytes: target.size_bytes,
-            block_size_bytes: self.pool.block_size_bytes(),
-            resume_tag,
-            target_name: target.name.clone(),
-            base_name,
-        }))?;
+                section: index,
+                base_guid,
+                base_generation,
+                target_guid: target.guid,
+                target_generation: target.created_generation,
+                target_created_unix_secs: target.created_unix_secs,
+                size_bytes: target.size_bytes,
+                block_size_bytes: self.pool.block_size_bytes(),
+                resume_tag,
+                target_name: target.name.clone(),
+                base_name,
+            }))?;
             self.at_boundary(self.section.start_bytes)?;
         }
         let volume = self.pool.volume(&target.name)?;
@@ -478,7 +483,13 @@ impl<W: StreamSink> SectionSender<'_, W> {
         Ok(())
     }
 
-    fn hole(&mut self, start: u64, end: u64, digest: &mut DigestPlan, counts: &mut Finish) -> Result<()> {
+    fn hole(
+        &mut self,
+        start: u64,
+        end: u64,
+        digest: &mut DigestPlan,
+        counts: &mut Finish,
+    ) -> Result<()> {
         forget_old(digest, start, end)?;
         counts.hole_bytes += end - start;
         self.write(&Frame::Hole {

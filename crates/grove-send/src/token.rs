@@ -74,7 +74,10 @@ impl ResumeToken {
             bail!("invalid resume token: its checksum does not match (copy it whole)");
         }
         if body[0] != TOKEN_VERSION {
-            bail!("resume token version {} is not one this grove reads", body[0]);
+            bail!(
+                "resume token version {} is not one this grove reads",
+                body[0]
+            );
         }
         if body[1] & !1 != 0 {
             bail!("invalid resume token: unknown flags {:#x}", body[1]);
@@ -210,7 +213,10 @@ mod tests {
         token.tag = key.tag(true, &[1; 16], Some(&[2; 16]), &[3; 16]);
         key.verify(&token).unwrap();
         // The same key again from the file.
-        SendKey::load_or_create(dir.path()).unwrap().verify(&token).unwrap();
+        SendKey::load_or_create(dir.path())
+            .unwrap()
+            .verify(&token)
+            .unwrap();
         // Edited to name another snapshot: refused.
         let mut edited = token.clone();
         edited.section_target = [9; 16];
@@ -220,8 +226,14 @@ mod tests {
         assert!(key.verify(&edited).is_err());
         // Another pool's key: refused.
         let other = tempfile::tempdir().unwrap();
-        assert!(SendKey::load_or_create(other.path()).unwrap().verify(&token).is_err());
+        assert!(SendKey::load_or_create(other.path())
+            .unwrap()
+            .verify(&token)
+            .is_err());
         let mode = fs::metadata(dir.path().join(SEND_KEY_FILE)).unwrap();
-        assert_eq!(std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777, 0o600);
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777,
+            0o600
+        );
     }
 }

@@ -74,7 +74,10 @@ fn transfer(from: &Pool, request: &SendRequest, to: &Pool, name: &str) -> Vec<St
 fn run_family(seed: u64, sender_block: u32, receiver_block: u32) {
     let mut rng = Rng(seed);
     let dirs = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let (a, b) = (pool(dirs.0.path(), sender_block), pool(dirs.1.path(), receiver_block));
+    let (a, b) = (
+        pool(dirs.0.path(), sender_block),
+        pool(dirs.1.path(), receiver_block),
+    );
     let size = (64 + rng.below(512)) * 1024 + 512 * rng.below(2);
     a.create_volume("v", size).unwrap();
     let mut model = vec![0u8; size as usize];
@@ -122,7 +125,10 @@ fn run_family(seed: u64, sender_block: u32, receiver_block: u32) {
     };
     assert_eq!(transfer(&a, &from_cursor, &b, "r@8"), ["r@7", "r@8"]);
     for (name, expected) in &snapshots {
-        assert!(read_all(&b, name) == *expected, "seed {seed}: {name} differs");
+        assert!(
+            read_all(&b, name) == *expected,
+            "seed {seed}: {name} differs"
+        );
         let sender = name.replace("r@", "v@");
         if a.identity(&sender).is_ok() {
             assert_eq!(
@@ -153,7 +159,9 @@ fn a_sparse_volume_travels_as_what_it_holds() {
     a.create_volume("big", 1 << 40).unwrap();
     let volume = a.volume("big").unwrap();
     for i in 0..64u64 {
-        volume.write_at(&[i as u8 + 1; 65536], i * (1 << 34)).unwrap();
+        volume
+            .write_at(&[i as u8 + 1; 65536], i * (1 << 34))
+            .unwrap();
     }
     // Written zeros travel as a zero record, not as bytes.
     volume.write_at(&vec![0u8; 1 << 20], 5 << 20).unwrap();

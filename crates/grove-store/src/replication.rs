@@ -28,9 +28,7 @@ impl State {
 
     /// A live record of any kind (partial receives too) whose GUID is `guid`.
     pub(crate) fn live_record_by_guid(&self, guid: &[u8; 16]) -> Option<&VolumeRecord> {
-        self.volume_table
-            .live_records()
-            .find(|r| &r.guid == guid)
+        self.volume_table.live_records().find(|r| &r.guid == guid)
     }
 
     /// The partial receive named `name`.
@@ -120,7 +118,11 @@ impl State {
     /// the cursor it had.
     pub(crate) fn set_cursor(&mut self, target: &str, snapshot: VolumeId) {
         let snapshot = self.live_record(snapshot).clone();
-        assert_eq!(snapshot.kind, VolumeKind::Snapshot, "a cursor marks a snapshot");
+        assert_eq!(
+            snapshot.kind,
+            VolumeKind::Snapshot,
+            "a cursor marks a snapshot"
+        );
         self.remove_cursor(target);
         let id = self.next_volume_id();
         self.volume_table.insert(VolumeRecord {

@@ -230,7 +230,12 @@ pub enum Command {
         #[arg(long, value_name = "TARGET", conflicts_with = "resume")]
         cursor: Option<String>,
         /// Write the stream to FILE instead of standard output
-        #[arg(short = 'o', long = "output", value_name = "FILE", conflicts_with = "to")]
+        #[arg(
+            short = 'o',
+            long = "output",
+            value_name = "FILE",
+            conflicts_with = "to"
+        )]
         output: Option<PathBuf>,
         /// Store the stream as objects at URL (s3://BUCKET/PREFIX/NAME or file:///DIR/NAME); resumes an interrupted upload
         #[arg(long, value_name = "URL")]

@@ -12,11 +12,11 @@ use grove_store::{Pool, PoolOptions};
 
 use crate::cli::{Cli, Command};
 use crate::control::{Admin, ControlClient};
-use crate::replicate::{self, SendArgs};
 use crate::output::{
     format_size, write_check_report, write_diff, write_pool_info, write_volume_table,
     write_volume_tree,
 };
+use crate::replicate::{self, SendArgs};
 use crate::serve;
 use crate::size::parse_size;
 use crate::transfer;
@@ -271,8 +271,7 @@ fn run_replication_remote(daemon: &ControlClient, command: Command) -> Result<()
             if from.is_some() {
                 bail!("receiving from object storage into a pool a daemon holds is not supported yet: fetch the stream with grove on a pool of its own, or stop the daemon");
             }
-            let summary =
-                daemon.receive_stream(&name, replicate::open_input(file.as_deref())?)?;
+            let summary = daemon.receive_stream(&name, replicate::open_input(file.as_deref())?)?;
             say(format_args!("{}", replicate::describe_receive(&summary)))
         }
         Command::Hash { name } => say(format_args!("{}  {name}", daemon.hash(&name)?)),

@@ -582,7 +582,9 @@ fn serve_connection(stream: UnixStream, pool: &Pool) {
                         serve_stream(pool, request, &mut reader, &mut writer)
                     }));
                     if caught.is_err() {
-                        tracing::error!("a streaming control request panicked; its connection is closed");
+                        tracing::error!(
+                            "a streaming control request panicked; its connection is closed"
+                        );
                     }
                     return;
                 }
@@ -756,7 +758,11 @@ impl ControlClient {
     }
 
     /// Has the daemon send a stream, copied to `out`.
-    pub fn send_stream(&self, args: &crate::replicate::SendArgs, out: &mut dyn Write) -> Result<()> {
+    pub fn send_stream(
+        &self,
+        args: &crate::replicate::SendArgs,
+        out: &mut dyn Write,
+    ) -> Result<()> {
         let mut stream = self.stream.borrow_mut();
         let mut line = serde_json::to_string(&Request::Send { args: args.clone() })?;
         line.push('\n');
@@ -773,7 +779,10 @@ impl ControlClient {
         }
         // A stream ends with its End frame; anything short of one was cut
         // by a failure the daemon logged.
-        let mut tail = TailWriter { out, tail: Vec::new() };
+        let mut tail = TailWriter {
+            out,
+            tail: Vec::new(),
+        };
         std::io::copy(&mut *stream, &mut tail).context("cannot copy the stream")?;
         if !grove_send::format::ends_a_stream(&tail.tail) {
             return Err(anyhow!(

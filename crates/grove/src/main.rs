@@ -13,9 +13,9 @@ mod output;
 mod progress;
 mod raif;
 mod reclaimer;
+mod replicate;
 mod serve;
 mod size;
-mod replicate;
 mod transfer;
 
 use std::process::ExitCode;

@@ -1,1 +1,235 @@
-//! Streams in object storage: `grove send --to URL`, `grove receive --from URL`.
+//! Streams in object storage: `grove send --to URL` and `grove receive
+//! --from URL`, where URL is `s3://BUCKET/PREFIX/NAME` or
+//! `file:///DIR/NAME` (grove-objects stores stream NAME under the rest).
+//!
+//! An upload is cut into parts at frame boundaries; each part's cursor
+//! says where the stream goes on after it (and which stream it is), so an
+//! interrupted `grove send --to` run again sends only what is not stored.
+//! A receive from stored objects that was interrupted starts again at the
+//! part holding its progress, behind a header and Begin frame rebuilt from
+//! what the partial receive kept.
+
+use std::io::{self, Read, Write};
+
+use anyhow::{bail, Context, Result};
+use grove_objects::{StreamStore, Upload};
+use grove_send::{Position, ReceiveSummary, SendSummary, StreamSink};
+use grove_store::Pool;
+
+use crate::replicate::{self, SendArgs};
+
+/// Environment variable: part size in bytes (tests use small parts).
+const PART_SIZE_ENV: &str = "GROVE_STREAM_PART_BYTES";
+/// Cursor bytes: stream fingerprint (16), section (4), begun (1), offset (8).
+const CURSOR_BYTES: usize = 29;
+
+/// The store at URL's parent and the stream name (its last component).
+fn open(url: &str) -> Result<(StreamStore, String)> {
+    let trimmed = url.trim_end_matches('/');
+    let Some((parent, name)) = trimmed.rsplit_once('/') else {
+        bail!("invalid stream URL {url:?}: expected s3://BUCKET/PREFIX/NAME or file:///DIR/NAME");
+    };
+    if name.is_empty() || parent.ends_with(':') || parent.ends_with(":/") {
+        bail!("invalid stream URL {url:?}: it names no stream (expected s3://BUCKET/PREFIX/NAME or file:///DIR/NAME)");
+    }
+    let mut store = StreamStore::open(parent)?;
+    if let Some(bytes) = std::env::var(PART_SIZE_ENV)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        store = store.with_part_size(bytes.max(1 << 16));
+    }
+    Ok((store, name.to_string()))
+}
+
+/// Which stream an upload holds: the snapshots it carries.
+fn fingerprint(pool: &Pool, args: &SendArgs) -> Result<[u8; 16]> {
+    let target = args
+        .snapshot
+        .as_deref()
+        .context("name the snapshot to send")?;
+    let mut identities = pool.identity(target)?.guid.to_vec();
+    let request = replicate::request(pool, args)?;
+    if let Some(base) = &request.from {
+        identities.extend_from_slice(&pool.base_identity(base)?.guid);
+    }
+    identities.push(u8::from(request.range));
+    Ok(grove_send::digest::fingerprint(&identities))
+}
+
+fn encode_cursor(fingerprint: &[u8; 16], at: Position) -> Vec<u8> {
+    let mut out = Vec::with_capacity(CURSOR_BYTES);
+    out.extend_from_slice(fingerprint);
+    out.extend_from_slice(&at.section.to_le_bytes());
+    out.push(u8::from(at.begun));
+    out.extend_from_slice(&at.offset.to_le_bytes());
+    out
+}
+
+fn decode_cursor(bytes: &[u8]) -> Option<([u8; 16], Position)> {
+    if bytes.len() != CURSOR_BYTES || bytes[20] > 1 {
+        return None;
+    }
+    Some((
+        bytes[..16].try_into().ok()?,
+        Position {
+            section: u32::from_le_bytes(bytes[16..20].try_into().ok()?),
+            begun: bytes[20] == 1,
+            offset: u64::from_le_bytes(bytes[21..29].try_into().ok()?),
+        },
+    ))
+}
+
+/// Cuts the stream into parts at frame boundaries.
+struct PartWriter {
+    upload: Option<Upload>,
+    fingerprint: [u8; 16],
+    buffer: Vec<u8>,
+    part_bytes: usize,
+}
+
+impl Write for PartWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.buffer.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl StreamSink for PartWriter {
+    fn boundary(&mut self, next: Position) -> io::Result<()> {
+        if self.buffer.len() >= self.part_bytes {
+            let cursor = encode_cursor(&self.fingerprint, next);
+            self.put(&cursor)?;
+        }
+        Ok(())
+    }
+
+    fn end(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl PartWriter {
+    fn put(&mut self, cursor: &[u8]) -> io::Result<()> {
+        let upload = self.upload.as_mut().expect("an upload in progress");
+        upload
+            .put_part(&self.buffer, cursor)
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        self.buffer.clear();
+        Ok(())
+    }
+
+    /// Stores the rest (the End frame is in it) and marks the stream
+    /// complete.
+    fn finish(mut self) -> Result<()> {
+        if !self.buffer.is_empty() {
+            let cursor = encode_cursor(
+                &self.fingerprint,
+                Position {
+                    section: u32::MAX,
+                    begun: false,
+                    offset: 0,
+                },
+            );
+            self.put(&cursor)?;
+        }
+        self.upload
+            .take()
+            .expect("an upload in progress")
+            .finish()?;
+        Ok(())
+    }
+}
+
+/// `grove send ... --to URL`: stores the stream, or the rest of it after an
+/// interrupted run.
+pub fn send_to_url(pool: &Pool, args: &SendArgs, url: &str) -> Result<SendSummary> {
+    if args.resume.is_some() {
+        bail!("--resume sends to a receiver that is waiting; a stored stream resumes by running the same `grove send --to` again");
+    }
+    let (store, name) = open(url)?;
+    let upload = store.upload(&name)?;
+    if upload.is_complete() {
+        bail!("{url} already holds a whole stream: receive it, or remove it before storing another there");
+    }
+    let fingerprint = fingerprint(pool, args)?;
+    let continue_at = match upload.stored_parts().last() {
+        None => None,
+        Some(part) => match decode_cursor(&part.cursor) {
+            Some((stored, at)) if stored == fingerprint => Some(at),
+            _ => bail!("{url} holds part of another stream (other snapshots): remove it or choose another name"),
+        },
+    };
+    if continue_at.is_some() {
+        eprintln!(
+            "grove: {url} holds {} part(s) of this stream; sending the rest",
+            upload.stored_parts().len()
+        );
+    }
+    let mut request = replicate::request(pool, args)?;
+    request.continue_at = continue_at;
+    let mut writer = PartWriter {
+        upload: Some(upload),
+        fingerprint,
+        buffer: Vec::new(),
+        part_bytes: store.part_size_bytes() as usize,
+    };
+    let summary = grove_send::send_to_sink(pool, &request, &mut writer, &mut |_| {})?;
+    writer.finish()?;
+    replicate::move_cursor(pool, args, &summary)?;
+    Ok(summary)
+}
+
+/// `grove receive NAME --from URL`: from the start, or from the part that
+/// holds where an interrupted receive stopped.
+pub fn receive_from_url(pool: &Pool, name: &str, url: &str) -> Result<ReceiveSummary> {
+    let (store, stream) = open(url)?;
+    let listing = store.parts(&stream)?;
+    if listing.parts.is_empty() {
+        bail!("{url} holds no stream");
+    }
+    if !listing.complete {
+        eprintln!("grove: warning: {url} is not complete yet (its upload was interrupted); receiving what is there");
+    }
+    let input: Box<dyn Read + Send> = match pool.partial_receive(name) {
+        None => store.reader(&stream, 0)?,
+        Some(_) => {
+            let restart = grove_send::restart_point(pool, name)?;
+            // The last part that starts inside this section at or before
+            // the progress, or the part that opens the section.
+            let mut first = 0u64;
+            let mut inside = false;
+            for (i, part) in listing.parts.iter().enumerate() {
+                let Some((_, at)) = decode_cursor(&part.cursor) else {
+                    continue;
+                };
+                let next = i as u64 + 1;
+                if at.section < restart.section {
+                    first = next;
+                    inside = false;
+                } else if at.section == restart.section
+                    && (!at.begun || at.offset <= restart.progress_bytes)
+                {
+                    first = next;
+                    inside = at.begun;
+                }
+            }
+            if first >= listing.parts.len() as u64 {
+                bail!("{url} does not hold the rest of partial receive {name:?} yet: finish its upload (run the same `grove send --to` again), then receive again");
+            }
+            eprintln!(
+                "grove: resuming partial receive {name:?} at {} bytes, from part {first} of {url}",
+                restart.progress_bytes
+            );
+            let mut prefix = restart.header;
+            if inside {
+                prefix.extend_from_slice(&restart.begin);
+            }
+            Box::new(io::Cursor::new(prefix).chain(store.reader(&stream, first)?))
+        }
+    };
+    replicate::receive_into_pool(pool, name, input)
+}

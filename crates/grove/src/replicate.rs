@@ -28,7 +28,7 @@ pub struct SendArgs {
 }
 
 /// What the engine is asked to send for `args`.
-fn request(pool: &Pool, args: &SendArgs) -> Result<SendRequest> {
+pub fn request(pool: &Pool, args: &SendArgs) -> Result<SendRequest> {
     if let Some(text) = &args.resume {
         return Ok(SendRequest {
             resume: Some(ResumeToken::decode(text)?),
@@ -54,7 +54,7 @@ fn request(pool: &Pool, args: &SendArgs) -> Result<SendRequest> {
         target,
         from,
         range,
-        resume: None,
+        ..SendRequest::default()
     })
 }
 
@@ -63,11 +63,18 @@ fn request(pool: &Pool, args: &SendArgs) -> Result<SendRequest> {
 pub fn send_from_pool(pool: &Pool, args: &SendArgs, out: impl Write) -> Result<SendSummary> {
     let request = request(pool, args)?;
     let summary = grove_send::send(pool, &request, out, &mut |_| {})?;
+    move_cursor(pool, args, &summary)?;
+    Ok(summary)
+}
+
+/// After a whole stream went out: the cursor asked for points at its last
+/// snapshot.
+pub fn move_cursor(pool: &Pool, args: &SendArgs, summary: &SendSummary) -> Result<()> {
     if let Some(target) = &args.cursor {
         pool.set_cursor(target, &summary.target)
             .with_context(|| format!("the stream was sent, but moving cursor {target:?} failed"))?;
     }
-    Ok(summary)
+    Ok(())
 }
 
 /// The stream's destination: a file, or standard output if that is not a
@@ -75,9 +82,12 @@ pub fn send_from_pool(pool: &Pool, args: &SendArgs, out: impl Write) -> Result<S
 pub fn open_output(path: Option<&Path>) -> Result<Box<dyn Write>> {
     match path {
         Some(path) if path != Path::new("-") => {
-            let file = File::create(path)
-                .with_context(|| format!("cannot create {}", path.display()))?;
-            Ok(Box::new(BufWriter::with_capacity(STREAM_BUFFER_BYTES, file)))
+            let file =
+                File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+            Ok(Box::new(BufWriter::with_capacity(
+                STREAM_BUFFER_BYTES,
+                file,
+            )))
         }
         _ => {
             if io::stdout().is_terminal() {
@@ -97,7 +107,10 @@ pub fn open_input(path: Option<&Path>) -> Result<Box<dyn Read + Send>> {
         Some(path) if path != Path::new("-") => {
             let file =
                 File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-            Ok(Box::new(BufReader::with_capacity(STREAM_BUFFER_BYTES, file)))
+            Ok(Box::new(BufReader::with_capacity(
+                STREAM_BUFFER_BYTES,
+                file,
+            )))
         }
         _ => {
             if io::stdin().is_terminal() {
@@ -161,7 +174,9 @@ pub fn receive_into_pool(pool: &Pool, name: &str, input: impl Read) -> Result<Re
 pub fn hash(pool: &Pool, name: &str) -> Result<String> {
     let volume = pool.volume(name)?;
     let digest = grove_send::volume_digest(&volume)?;
-    Ok(grove_send::digest::hex(&digest.finish(volume.size_bytes()?)))
+    Ok(grove_send::digest::hex(
+        &digest.finish(volume.size_bytes()?),
+    ))
 }
 
 /// `grove receive --status`: the token that resumes a partial receive.

@@ -364,7 +364,10 @@ impl Pool {
         if record.kind != VolumeKind::Snapshot {
             return Err(Error::new(
                 ErrorKind::InvalidArgument,
-                format!("a cursor marks a snapshot, and {snapshot:?} is a writable {}", record.kind.as_str()),
+                format!(
+                    "a cursor marks a snapshot, and {snapshot:?} is a writable {}",
+                    record.kind.as_str()
+                ),
             ));
         }
         state.set_cursor(target, record.id);
