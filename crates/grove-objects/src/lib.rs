@@ -23,7 +23,9 @@
 //! Parts are numbered from 0 without gaps; a listing with a gap, or a
 //! complete marker that disagrees with the parts, is [`ErrorKind::Corrupt`].
 //! One writer per stream at a time: two concurrent uploads of the same stream
-//! are not detected.
+//! are not detected. A writer killed in the one request between starting a
+//! multipart upload and recording its id leaves an upload nothing records;
+//! on S3 a bucket lifecycle rule (AbortIncompleteMultipartUpload) reaps those.
 //!
 //! tokio and object_store stay inside: an S3 store owns a private runtime.
 
