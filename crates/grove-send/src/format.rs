@@ -68,7 +68,8 @@ pub const END_FRAME_BYTES: usize = 5 + 4 + END_MAGIC.len() + 4;
 
 /// Whether `tail` (a stream's last bytes) is a whole End frame.
 pub fn ends_a_stream(tail: &[u8]) -> bool {
-    tail.len() == END_FRAME_BYTES && matches!(FrameReader::new(tail).next_frame(), Ok(Frame::End { .. }))
+    tail.len() == END_FRAME_BYTES
+        && matches!(FrameReader::new(tail).next_frame(), Ok(Frame::End { .. }))
 }
 
 const TYPE_HEADER: u8 = 1;
@@ -564,7 +565,10 @@ mod tests {
         for frame in &frames {
             assert_eq!(&reader.next_frame().unwrap(), frame);
         }
-        assert!(matches!(reader.next_frame(), Err(StreamError::Truncated { .. })));
+        assert!(matches!(
+            reader.next_frame(),
+            Err(StreamError::Truncated { .. })
+        ));
         assert_eq!(reader.bytes_read, bytes.len() as u64);
     }
 

@@ -959,3 +959,110 @@ fn a_crash_anywhere_in_a_removal_committed_in_parts_leaves_a_consistent_pool() {
         "{states} crash states in a removal of {FAMILY} volumes; {partly_removed} between parts"
     );
 }
+
+/// A receive's life on disk: a partial receive made from a snapshot,
+/// written in steps whose progress commits with their data, turned into a
+/// snapshot, marked by a cursor. At every crash point the pool is clean,
+/// a partial receive is never visible as a snapshot, the progress it
+/// recorded never runs ahead of the data it holds, and the finished
+/// snapshot is whole.
+#[test]
+fn a_crash_anywhere_in_a_receive_never_shows_a_partial_snapshot() {
+    let device = Arc::new(CrashDevice::new());
+    let options = PoolOptions {
+        block_size_bytes: BLOCK_SIZE_BYTES,
+        capacity_bytes: None,
+        journal_bytes: Some(JOURNAL_BYTES),
+    };
+    let dir = Path::new("crash-sim");
+    let pool = Pool::format(device.clone(), &options, dir, None).unwrap();
+    let size: u64 = 96 * 1024;
+    pool.create_volume("v", size).unwrap();
+    let old = pattern(3, size as usize);
+    pool.volume("v").unwrap().write_at(&old, 0).unwrap();
+    pool.snapshot("v", "v@1").unwrap();
+    let base_guid = pool.identity("v@1").unwrap().guid;
+    pool.flush().unwrap();
+    let base = device.to_bytes();
+    let logged_before = device.op_count();
+    let new = pattern(4, size as usize);
+    let target_guid = *b"received-target!";
+    let volume = pool
+        .begin_receive("r@1", Some(base_guid), target_guid, size)
+        .unwrap();
+    let steps = [32 * 1024u64, 64 * 1024, size];
+    let mut at = 0u64;
+    for end in steps {
+        volume
+            .write_at(&new[at as usize..end as usize], at)
+            .unwrap();
+        pool.record_receive_progress("r@1", end).unwrap();
+        at = end;
+    }
+    drop(volume);
+    pool.finish_receive("r@1", 1_700_000_000).unwrap();
+    pool.set_cursor("offsite", "r@1").unwrap();
+    pool.remove_volume("r@1").unwrap();
+    drop(pool);
+    let ops = device.ops()[logged_before..].to_vec();
+    let mut images = CrashImages::with_base(base, ops.clone());
+    let (mut partial_states, mut finished_states) = (0, 0);
+    for position in 1..=ops.len() {
+        for fate in [WriteFate::Lost, WriteFate::Landed] {
+            let image = images.image(position, |_| fate);
+            let pool = Pool::open_device(Arc::new(MemDevice::from_bytes(image)), dir, None)
+                .unwrap_or_else(|e| panic!("op {position}: the pool does not open: {e}"));
+            let report = pool.check(false).unwrap();
+            assert!(report.is_clean(), "op {position}: {:?}", report.errors);
+            let mut buf = vec![0u8; size as usize];
+            match (
+                pool.partial_receive("r@1"),
+                pool.snapshot_by_guid(&target_guid),
+            ) {
+                (Some(_), Some(_)) => panic!("op {position}: partial and finished at once"),
+                (Some(partial), None) => {
+                    partial_states += 1;
+                    assert!(
+                        !pool.volume_names().contains(&"r@1".to_string()),
+                        "op {position}: a partial receive is listed"
+                    );
+                    let progress = partial.progress_bytes as usize;
+                    pool.receive_volume("r@1")
+                        .unwrap()
+                        .read_at(&mut buf, 0)
+                        .unwrap();
+                    assert!(
+                        buf[..progress] == new[..progress],
+                        "op {position}: progress {progress} runs ahead of the data"
+                    );
+                }
+                (None, Some(snapshot)) => {
+                    finished_states += 1;
+                    pool.volume(&snapshot.name)
+                        .unwrap()
+                        .read_at(&mut buf, 0)
+                        .unwrap();
+                    assert!(
+                        buf == new,
+                        "op {position}: the received snapshot is not whole"
+                    );
+                }
+                (None, None) => {
+                    // Before the partial receive's first commit, or after
+                    // the finished snapshot was removed: then the cursor
+                    // still marks it.
+                    if pool.cursors().is_empty() {
+                        assert!(pool.partial_receives().is_empty());
+                    } else {
+                        assert_eq!(pool.cursors()[0].target, "offsite");
+                    }
+                }
+            }
+            let mut buf = vec![0u8; size as usize];
+            pool.volume("v@1").unwrap().read_at(&mut buf, 0).unwrap();
+            assert!(buf == old, "op {position}: the base changed");
+        }
+    }
+    assert!(partial_states > 0 && finished_states > 0);
+    println!("{partial_states} partial, {finished_states} finished crash states checked");
+}

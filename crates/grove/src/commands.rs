@@ -411,10 +411,36 @@ fn create(pool: &dyn Admin, name: &str, size: &str) -> Result<()> {
 fn list(pool: &dyn Admin, json: bool) -> Result<()> {
     let volumes = pool.volumes()?;
     if json {
-        print_json(&volumes)
-    } else {
-        print_with(|out| write_volume_table(out, &volumes))
+        return print_json(&volumes);
     }
+    let replication = pool.replication_state()?;
+    print_with(|out| {
+        write_volume_table(out, &volumes)?;
+        for cursor in &replication.cursors {
+            writeln!(
+                out,
+                "cursor {:?}: last sent {} (GUID {}); the next `grove send --cursor {}` starts there",
+                cursor.target,
+                cursor
+                    .snapshot
+                    .as_deref()
+                    .map_or("a snapshot since removed (kept as a bookmark)".to_string(), |s| format!("{s:?}")),
+                cursor.snapshot_guid,
+                cursor.target
+            )?;
+        }
+        for partial in &replication.partial_receives {
+            writeln!(
+                out,
+                "partial receive {:?}: {} of {} received; `grove receive --status {}` prints its resume token",
+                partial.name,
+                format_size(partial.progress_bytes),
+                format_size(partial.size_bytes),
+                partial.name
+            )?;
+        }
+        Ok(())
+    })
 }
 
 fn remove(pool: &dyn Admin, name: &str, recursive: bool, force: bool) -> Result<()> {

@@ -86,6 +86,15 @@ pub trait Admin {
     fn volume_info(&self, name: &str) -> grove_store::Result<VolumeInfo>;
     fn info(&self) -> grove_store::Result<PoolInfo>;
     fn check(&self, repair: bool) -> grove_store::Result<CheckReport>;
+    /// Replication cursors and partial receives, for `grove list`.
+    fn replication_state(&self) -> grove_store::Result<ReplicationState>;
+}
+
+/// What `grove list` shows beside the volumes.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct ReplicationState {
+    pub cursors: Vec<grove_store::CursorInfo>,
+    pub partial_receives: Vec<grove_store::PartialReceive>,
 }
 
 impl Request {
@@ -168,6 +177,12 @@ impl Admin for Pool {
     fn check(&self, repair: bool) -> grove_store::Result<CheckReport> {
         Pool::check(self, repair)
     }
+    fn replication_state(&self) -> grove_store::Result<ReplicationState> {
+        Ok(ReplicationState {
+            cursors: self.cursors(),
+            partial_receives: self.partial_receives(),
+        })
+    }
 }
 
 /// What `gc` did.
@@ -229,6 +244,7 @@ enum Request {
     },
     /// Which process holds the pool, so that a refused open can name it.
     Holder,
+    ReplicationState,
     /// A replication stream follows the request line, up to its end; the
     /// reply comes once it is received.
     Receive {
@@ -292,6 +308,7 @@ fn execute(pool: &Pool, request: Request) -> Reply {
         Request::Info => reply(pool.info()),
         Request::Check { repair } => reply(pool.check(repair)),
         Request::Holder => reply(Ok(Holder::this_process())),
+        Request::ReplicationState => reply(Admin::replication_state(pool)),
         Request::ReceiveAbort { name } => reply_any(grove_send::abort(pool, &name)),
         Request::ReceiveStatus { name } => reply_any(crate::replicate::status(pool, &name)),
         Request::Hash { name } => reply_any(crate::replicate::hash(pool, &name)),
@@ -905,5 +922,8 @@ impl Admin for ControlClient {
     }
     fn check(&self, repair: bool) -> grove_store::Result<CheckReport> {
         self.call(Request::Check { repair })
+    }
+    fn replication_state(&self) -> grove_store::Result<ReplicationState> {
+        self.call(Request::ReplicationState)
     }
 }
