@@ -63,15 +63,6 @@ pub const BASE_HINTS_MAX: usize = 16;
 /// Bytes a frame adds around its body.
 pub const FRAME_OVERHEAD_BYTES: u64 = 9;
 
-/// Bytes of the End frame, the last of every stream.
-pub const END_FRAME_BYTES: usize = 5 + 4 + END_MAGIC.len() + 4;
-
-/// Whether `tail` (a stream's last bytes) is a whole End frame.
-pub fn ends_a_stream(tail: &[u8]) -> bool {
-    tail.len() == END_FRAME_BYTES
-        && matches!(FrameReader::new(tail).next_frame(), Ok(Frame::End { .. }))
-}
-
 const TYPE_HEADER: u8 = 1;
 const TYPE_BEGIN: u8 = 2;
 const TYPE_DATA: u8 = 3;
@@ -138,6 +129,79 @@ impl Frame {
             }
             _ => None,
         }
+    }
+}
+
+/// A place between two frames of a stream, as an upload's parts record
+/// where they end: `begun` is false before section `section`'s Begin
+/// frame, true after the records of that section that end at `offset`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Position {
+    pub section: u32,
+    pub begun: bool,
+    pub offset: u64,
+}
+
+/// Follows a stream frame by frame and says where it stands after each:
+/// the one place that knows how frames move a stream's position.
+#[derive(Clone, Debug)]
+pub struct Positions {
+    at: Position,
+    /// Where the first section's records start in a resumed stream.
+    resumed_offset: Option<u64>,
+}
+
+impl Positions {
+    /// A stream from its start.
+    pub fn new() -> Positions {
+        Positions::continuing(Position {
+            section: 0,
+            begun: false,
+            offset: 0,
+        })
+    }
+
+    /// A stream's bytes from `at` on.
+    pub fn continuing(at: Position) -> Positions {
+        Positions {
+            at,
+            resumed_offset: None,
+        }
+    }
+
+    /// The position after `frame`; None after the End frame.
+    pub fn advance(&mut self, frame: &Frame) -> Option<Position> {
+        match frame {
+            Frame::Header(h) => {
+                self.resumed_offset = h.resumed.then_some(h.resumed_offset);
+            }
+            Frame::Begin(b) => {
+                self.at = Position {
+                    section: b.section,
+                    begun: true,
+                    offset: self.resumed_offset.take().unwrap_or(0),
+                };
+            }
+            Frame::Data { .. } | Frame::Zero { .. } | Frame::Hole { .. } => {
+                let (offset, length) = frame.extent().expect("a record");
+                self.at.offset = offset + length;
+            }
+            Frame::Finish(_) => {
+                self.at = Position {
+                    section: self.at.section + 1,
+                    begun: false,
+                    offset: 0,
+                };
+            }
+            Frame::End { .. } => return None,
+        }
+        Some(self.at)
+    }
+}
+
+impl Default for Positions {
+    fn default() -> Self {
+        Positions::new()
     }
 }
 

@@ -10,8 +10,9 @@ pub mod receive;
 pub mod send;
 pub mod token;
 
+pub use format::{Position, Positions};
 pub use receive::{
     abort, receive, restart_point, resume_token, ReceiveError, ReceiveSummary, RestartPoint,
 };
-pub use send::{send, send_to_sink, volume_digest, Position, SendRequest, SendSummary, StreamSink};
+pub use send::{send, send_to_sink, volume_digest, SendRequest, SendSummary, StreamSink};
 pub use token::ResumeToken;

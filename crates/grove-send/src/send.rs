@@ -15,7 +15,9 @@ use anyhow::{bail, Context, Result};
 use grove_store::{guid_hex, DiffFrom, Pool, SnapshotIdentity, Volume, VolumeKind};
 
 use crate::digest::{is_zero, ContentDigest, DigestCache};
-use crate::format::{Begin, Finish, Frame, FrameWriter, Header, DATA_BYTES_MAX, UNIT_BYTES};
+use crate::format::{
+    Begin, Finish, Frame, FrameWriter, Header, Position, Positions, DATA_BYTES_MAX, UNIT_BYTES,
+};
 use crate::token::{ResumeToken, SendKey};
 
 /// What to send.
@@ -35,16 +37,6 @@ pub struct SendRequest {
     pub continue_at: Option<Position>,
 }
 
-/// A place between two frames of a stream, as an upload's parts record
-/// where they end: `begun` is false before section `section`'s Begin
-/// frame, true after the records of that section that end at `offset`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Position {
-    pub section: u32,
-    pub begun: bool,
-    pub offset: u64,
-}
-
 /// Where a stream goes: bytes, and a word at every frame boundary.
 pub trait StreamSink: Write {
     /// Everything written so far ends at `next`.
@@ -61,6 +53,23 @@ impl<S: StreamSink + ?Sized> StreamSink for &mut S {
     }
     fn end(&mut self) -> std::io::Result<()> {
         (**self).end()
+    }
+}
+
+/// Writes frames into a sink and tells it where the stream stands after
+/// each one.
+struct TrackedWriter<W: StreamSink> {
+    frames: FrameWriter<W>,
+    positions: Positions,
+}
+
+impl<W: StreamSink> TrackedWriter<W> {
+    fn write(&mut self, frame: &Frame) -> std::io::Result<()> {
+        self.frames.write(frame)?;
+        match self.positions.advance(frame) {
+            Some(next) => self.frames.inner().boundary(next),
+            None => self.frames.inner().end(),
+        }
     }
 }
 
@@ -139,7 +148,10 @@ pub fn send_to_sink(
         .into_iter()
         .map(|s| (s.guid, s.name))
         .collect();
-    let mut writer = FrameWriter::new(out);
+    let mut writer = TrackedWriter {
+        frames: FrameWriter::new(out),
+        positions: continue_at.map_or_else(Positions::new, Positions::continuing),
+    };
     if continue_at.is_none() {
         writer.write(&Frame::Header(Header {
             range: request.range || request.resume.as_ref().is_some_and(|t| t.range),
@@ -149,11 +161,6 @@ pub fn send_to_sink(
             final_target: final_target.guid,
             base_hints: hints,
         }))?;
-        writer.inner().boundary(Position {
-            section: 0,
-            begun: false,
-            offset: 0,
-        })?;
     }
     let mut summary = SendSummary {
         sections: sections.len() as u32,
@@ -182,16 +189,14 @@ pub fn send_to_sink(
             writer: &mut writer,
             summary: &mut summary,
             progress,
-            index: index as u32,
         };
         sender.send(index as u32, tag, skip_begin)?;
     }
     writer.write(&Frame::End {
         sections: sections.len() as u32,
     })?;
-    writer.inner().end()?;
-    writer.flush()?;
-    summary.stream_bytes = writer.bytes_written;
+    writer.frames.flush()?;
+    summary.stream_bytes = writer.frames.bytes_written;
     progress(summary.stream_bytes);
     Ok(summary)
 }
@@ -323,10 +328,9 @@ struct SectionSender<'a, W: StreamSink> {
     pool: &'a Pool,
     cache: &'a DigestCache,
     section: &'a Section,
-    writer: &'a mut FrameWriter<W>,
+    writer: &'a mut TrackedWriter<W>,
     summary: &'a mut SendSummary,
     progress: &'a mut dyn FnMut(u64),
-    index: u32,
 }
 
 /// How the target's digest is found while its section is sent.
@@ -344,7 +348,6 @@ enum DigestPlan {
 
 impl<W: StreamSink> SectionSender<'_, W> {
     fn send(&mut self, index: u32, resume_tag: [u8; 16], skip_begin: bool) -> Result<()> {
-        self.index = index;
         let target = &self.section.target;
         let (base_guid, base_generation, base_name) = match &self.section.base {
             Some((_, base)) => (Some(base.guid), base.created_generation, base.name.clone()),
@@ -364,7 +367,6 @@ impl<W: StreamSink> SectionSender<'_, W> {
                 target_name: target.name.clone(),
                 base_name,
             }))?;
-            self.at_boundary(self.section.start_bytes)?;
         }
         let volume = self.pool.volume(&target.name)?;
         let mut digest = self.digest_plan(&volume)?;
@@ -386,20 +388,6 @@ impl<W: StreamSink> SectionSender<'_, W> {
         self.summary.zero_bytes += counts.zero_bytes;
         self.summary.hole_bytes += counts.hole_bytes;
         self.writer.write(&Frame::Finish(counts))?;
-        self.writer.inner().boundary(Position {
-            section: index + 1,
-            begun: false,
-            offset: 0,
-        })?;
-        Ok(())
-    }
-
-    fn at_boundary(&mut self, offset: u64) -> Result<()> {
-        self.writer.inner().boundary(Position {
-            section: self.index,
-            begun: true,
-            offset,
-        })?;
         Ok(())
     }
 
@@ -558,14 +546,11 @@ impl<W: StreamSink> SectionSender<'_, W> {
         self.write(&Frame::Zero { offset, length })
     }
 
-    /// Writes a record, then marks the boundary after it.
     fn write(&mut self, frame: &Frame) -> Result<()> {
         self.writer
             .write(frame)
             .context("cannot write the stream")?;
-        let (offset, length) = frame.extent().expect("a record");
-        self.at_boundary(offset + length)?;
-        (self.progress)(self.writer.bytes_written);
+        (self.progress)(self.writer.frames.bytes_written);
         Ok(())
     }
 }

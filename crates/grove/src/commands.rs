@@ -181,6 +181,7 @@ fn run_local(pool: &Pool, command: Command) -> Result<()> {
                 range_from,
                 cursor,
                 resume,
+                continue_at: None,
             };
             let summary = match to {
                 Some(url) => crate::objects::send_to_url(pool, &args, &url)?,
@@ -226,6 +227,24 @@ fn run_local(pool: &Pool, command: Command) -> Result<()> {
     }
 }
 
+/// Copies a daemon's stream to `out`, checking that it ends with its End
+/// frame: anything short of that was cut by a failure the daemon logged.
+fn copy_whole_stream(stream: &mut dyn io::Read, out: &mut dyn Write) -> Result<()> {
+    let mut reader = grove_send::format::FrameReader::new(stream);
+    let mut writer = grove_send::format::FrameWriter::new(out);
+    loop {
+        let frame = reader.next_frame().map_err(|e| {
+            anyhow::anyhow!(
+                "the daemon's stream stopped ({e}; its log says why): the output is incomplete"
+            )
+        })?;
+        writer.write(&frame).context("cannot write the stream")?;
+        if matches!(frame, grove_send::format::Frame::End { .. }) {
+            return Ok(());
+        }
+    }
+}
+
 /// Send, receive and hash on a pool a daemon holds: the daemon runs them,
 /// and the stream flows over its control socket.
 fn run_replication_remote(daemon: &ControlClient, command: Command) -> Result<()> {
@@ -239,18 +258,19 @@ fn run_replication_remote(daemon: &ControlClient, command: Command) -> Result<()
             to,
             resume,
         } => {
-            if to.is_some() {
-                bail!("sending to object storage from a pool a daemon holds is not supported yet: write the stream with -o FILE, or stop the daemon");
-            }
             let args = SendArgs {
                 snapshot,
                 from,
                 range_from,
                 cursor,
                 resume,
+                continue_at: None,
             };
+            if let Some(url) = to {
+                return crate::objects::send_to_url_through(daemon, &args, &url);
+            }
             let mut out = replicate::open_output(output.as_deref())?;
-            daemon.send_stream(&args, &mut out)?;
+            daemon.send_stream(&args, &mut |stream| copy_whole_stream(stream, &mut out))?;
             out.flush().context("cannot write the stream")?;
             Ok(())
         }
@@ -268,10 +288,10 @@ fn run_replication_remote(daemon: &ControlClient, command: Command) -> Result<()
             if status {
                 return say(format_args!("{}", daemon.receive_status(&name)?));
             }
-            if from.is_some() {
-                bail!("receiving from object storage into a pool a daemon holds is not supported yet: fetch the stream with grove on a pool of its own, or stop the daemon");
-            }
-            let summary = daemon.receive_stream(&name, replicate::open_input(file.as_deref())?)?;
+            let summary = match from {
+                Some(url) => crate::objects::receive_from_url_through(daemon, &name, &url)?,
+                None => daemon.receive_stream(&name, replicate::open_input(file.as_deref())?)?,
+            };
             say(format_args!("{}", replicate::describe_receive(&summary)))
         }
         Command::Hash { name } => say(format_args!("{}  {name}", daemon.hash(&name)?)),

@@ -264,6 +264,21 @@ enum Request {
     Hash {
         name: String,
     },
+    StreamFingerprint {
+        args: crate::replicate::SendArgs,
+    },
+    RestartPoint {
+        name: String,
+    },
+}
+
+/// A restart point as the control socket carries it.
+#[derive(Debug, Serialize, Deserialize)]
+struct RestartWire {
+    section: u32,
+    progress_bytes: u64,
+    header: Vec<u8>,
+    begin: Vec<u8>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -312,6 +327,18 @@ fn execute(pool: &Pool, request: Request) -> Reply {
         Request::ReceiveAbort { name } => reply_any(grove_send::abort(pool, &name)),
         Request::ReceiveStatus { name } => reply_any(crate::replicate::status(pool, &name)),
         Request::Hash { name } => reply_any(crate::replicate::hash(pool, &name)),
+        Request::StreamFingerprint { args } => reply_any(crate::objects::fingerprint(pool, &args)),
+        Request::RestartPoint { name } => reply_any(match pool.partial_receive(&name) {
+            None => Ok(None),
+            Some(_) => grove_send::restart_point(pool, &name).map(|r| {
+                Some(RestartWire {
+                    section: r.section,
+                    progress_bytes: r.progress_bytes,
+                    header: r.header,
+                    begin: r.begin,
+                })
+            }),
+        }),
         Request::Receive { .. } | Request::Send { .. } => Reply::Error {
             kind: ErrorKind::InvalidArgument,
             message: "send and receive stream on a connection of their own".into(),
@@ -774,11 +801,11 @@ impl ControlClient {
         }
     }
 
-    /// Has the daemon send a stream, copied to `out`.
+    /// Has the daemon send a stream, which `consume` reads.
     pub fn send_stream(
         &self,
         args: &crate::replicate::SendArgs,
-        out: &mut dyn Write,
+        consume: &mut dyn FnMut(&mut dyn Read) -> Result<()>,
     ) -> Result<()> {
         let mut stream = self.stream.borrow_mut();
         let mut line = serde_json::to_string(&Request::Send { args: args.clone() })?;
@@ -794,19 +821,25 @@ impl ControlClient {
         if let Reply::Error { message, .. } = serde_json::from_str::<Reply>(&answer)? {
             return Err(anyhow!("{message}"));
         }
-        // A stream ends with its End frame; anything short of one was cut
-        // by a failure the daemon logged.
-        let mut tail = TailWriter {
-            out,
-            tail: Vec::new(),
-        };
-        std::io::copy(&mut *stream, &mut tail).context("cannot copy the stream")?;
-        if !grove_send::format::ends_a_stream(&tail.tail) {
-            return Err(anyhow!(
-                "the daemon's stream ended early (see its log for why); the output is incomplete"
-            ));
-        }
-        Ok(())
+        consume(&mut *stream)
+    }
+
+    /// Which stream `grove send` with `args` makes (for resuming uploads).
+    pub fn stream_fingerprint(&self, args: &crate::replicate::SendArgs) -> Result<[u8; 16]> {
+        self.exchange::<[u8; 16]>(&Request::StreamFingerprint { args: args.clone() })?
+            .map_err(Into::into)
+    }
+
+    /// Where partial receive `name` restarts, if there is one.
+    pub fn restart_point(&self, name: &str) -> Result<Option<grove_send::RestartPoint>> {
+        let wire =
+            self.exchange::<Option<RestartWire>>(&Request::RestartPoint { name: name.into() })??;
+        Ok(wire.map(|w| grove_send::RestartPoint {
+            section: w.section,
+            progress_bytes: w.progress_bytes,
+            header: w.header,
+            begin: w.begin,
+        }))
     }
 
     pub fn receive_abort(&self, name: &str) -> Result<u64> {
@@ -822,27 +855,6 @@ impl ControlClient {
     pub fn hash(&self, name: &str) -> Result<String> {
         self.exchange::<String>(&Request::Hash { name: name.into() })?
             .map_err(Into::into)
-    }
-}
-
-/// Passes bytes on and keeps the last few, to see how a stream ended.
-struct TailWriter<'a> {
-    out: &'a mut dyn Write,
-    tail: Vec<u8>,
-}
-
-impl Write for TailWriter<'_> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.out.write(buf)?;
-        self.tail.extend_from_slice(&buf[..n]);
-        let keep = grove_send::format::END_FRAME_BYTES;
-        if self.tail.len() > keep {
-            self.tail.drain(..self.tail.len() - keep);
-        }
-        Ok(n)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.out.flush()
     }
 }
 

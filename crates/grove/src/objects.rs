@@ -13,13 +13,17 @@ use std::io::{self, Read, Write};
 
 use anyhow::{bail, Context, Result};
 use grove_objects::{StreamStore, Upload};
-use grove_send::{Position, ReceiveSummary, SendSummary, StreamSink};
+use grove_send::format::{FrameReader, FrameWriter, FRAME_BODY_MAX, FRAME_OVERHEAD_BYTES};
+use grove_send::{Position, Positions, ReceiveSummary, RestartPoint, SendSummary, StreamSink};
 use grove_store::Pool;
 
+use crate::control::ControlClient;
 use crate::replicate::{self, SendArgs};
 
 /// Environment variable: part size in bytes (tests use small parts).
 const PART_SIZE_ENV: &str = "GROVE_STREAM_PART_BYTES";
+/// Smallest part: room for two of the largest frames.
+const PART_BYTES_MIN: u64 = 2 * (FRAME_BODY_MAX as u64 + FRAME_OVERHEAD_BYTES);
 /// Cursor bytes: stream fingerprint (16), section (4), begun (1), offset (8).
 const CURSOR_BYTES: usize = 29;
 
@@ -37,13 +41,13 @@ fn open(url: &str) -> Result<(StreamStore, String)> {
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
     {
-        store = store.with_part_size(bytes.max(1 << 16));
+        store = store.with_part_size(bytes.max(PART_BYTES_MIN));
     }
     Ok((store, name.to_string()))
 }
 
 /// Which stream an upload holds: the snapshots it carries.
-fn fingerprint(pool: &Pool, args: &SendArgs) -> Result<[u8; 16]> {
+pub fn fingerprint(pool: &Pool, args: &SendArgs) -> Result<[u8; 16]> {
     let target = args
         .snapshot
         .as_deref()
@@ -100,7 +104,9 @@ impl Write for PartWriter {
 
 impl StreamSink for PartWriter {
     fn boundary(&mut self, next: Position) -> io::Result<()> {
-        if self.buffer.len() >= self.part_bytes {
+        // Cut while one more frame still fits: a part never exceeds its size.
+        let room_for_a_frame = FRAME_BODY_MAX + FRAME_OVERHEAD_BYTES as usize;
+        if self.buffer.len() + room_for_a_frame > self.part_bytes {
             let cursor = encode_cursor(&self.fingerprint, next);
             self.put(&cursor)?;
         }
@@ -144,18 +150,20 @@ impl PartWriter {
     }
 }
 
-/// `grove send ... --to URL`: stores the stream, or the rest of it after an
-/// interrupted run.
-pub fn send_to_url(pool: &Pool, args: &SendArgs, url: &str) -> Result<SendSummary> {
-    if args.resume.is_some() {
-        bail!("--resume sends to a receiver that is waiting; a stored stream resumes by running the same `grove send --to` again");
-    }
+/// An upload of stream NAME at a URL, started or resumed.
+struct Destination {
+    writer: PartWriter,
+    continue_at: Option<Position>,
+}
+
+/// Opens the upload at `url` for the stream `fingerprint` names: where it
+/// continues, if parts of it are stored.
+fn destination(url: &str, fingerprint: [u8; 16]) -> Result<Destination> {
     let (store, name) = open(url)?;
     let upload = store.upload(&name)?;
     if upload.is_complete() {
         bail!("{url} already holds a whole stream: receive it, or remove it before storing another there");
     }
-    let fingerprint = fingerprint(pool, args)?;
     let continue_at = match upload.stored_parts().last() {
         None => None,
         Some(part) => match decode_cursor(&part.cursor) {
@@ -169,23 +177,70 @@ pub fn send_to_url(pool: &Pool, args: &SendArgs, url: &str) -> Result<SendSummar
             upload.stored_parts().len()
         );
     }
+    Ok(Destination {
+        writer: PartWriter {
+            upload: Some(upload),
+            fingerprint,
+            buffer: Vec::new(),
+            part_bytes: store.part_size_bytes() as usize,
+        },
+        continue_at,
+    })
+}
+
+/// `grove send ... --to URL` on an open pool: stores the stream, or the
+/// rest of it after an interrupted run.
+pub fn send_to_url(pool: &Pool, args: &SendArgs, url: &str) -> Result<SendSummary> {
+    refuse_resume(args)?;
+    let mut destination = destination(url, fingerprint(pool, args)?)?;
     let mut request = replicate::request(pool, args)?;
-    request.continue_at = continue_at;
-    let mut writer = PartWriter {
-        upload: Some(upload),
-        fingerprint,
-        buffer: Vec::new(),
-        part_bytes: store.part_size_bytes() as usize,
-    };
-    let summary = grove_send::send_to_sink(pool, &request, &mut writer, &mut |_| {})?;
-    writer.finish()?;
+    request.continue_at = destination.continue_at;
+    let summary = grove_send::send_to_sink(pool, &request, &mut destination.writer, &mut |_| {})?;
+    destination.writer.finish()?;
     replicate::move_cursor(pool, args, &summary)?;
     Ok(summary)
 }
 
-/// `grove receive NAME --from URL`: from the start, or from the part that
-/// holds where an interrupted receive stopped.
-pub fn receive_from_url(pool: &Pool, name: &str, url: &str) -> Result<ReceiveSummary> {
+/// The same on a pool a daemon holds: the daemon sends, this process
+/// stores, cutting parts where the frames it reads end.
+pub fn send_to_url_through(daemon: &ControlClient, args: &SendArgs, url: &str) -> Result<()> {
+    refuse_resume(args)?;
+    let mut destination = destination(url, daemon.stream_fingerprint(args)?)?;
+    let args = SendArgs {
+        continue_at: destination.continue_at,
+        ..args.clone()
+    };
+    let mut positions = destination
+        .continue_at
+        .map_or_else(Positions::new, Positions::continuing);
+    let mut frames = Vec::new();
+    daemon.send_stream(&args, &mut |reader| {
+        let mut reader = FrameReader::new(reader);
+        loop {
+            let frame = reader.next_frame()?;
+            frames.clear();
+            let mut encoded = FrameWriter::new(&mut frames);
+            encoded.write(&frame)?;
+            destination.writer.write_all(&frames)?;
+            match positions.advance(&frame) {
+                Some(next) => destination.writer.boundary(next)?,
+                None => return Ok(()),
+            }
+        }
+    })?;
+    destination.writer.finish()
+}
+
+fn refuse_resume(args: &SendArgs) -> Result<()> {
+    if args.resume.is_some() {
+        bail!("--resume sends to a receiver that is waiting; a stored stream resumes by running the same `grove send --to` again");
+    }
+    Ok(())
+}
+
+/// What to read for receiving stream `url`: from its start, or, for a
+/// partial receive, from the part that holds where it stopped.
+fn stored_input(url: &str, restart: Option<RestartPoint>) -> Result<Box<dyn Read + Send>> {
     let (store, stream) = open(url)?;
     let listing = store.parts(&stream)?;
     if listing.parts.is_empty() {
@@ -194,42 +249,55 @@ pub fn receive_from_url(pool: &Pool, name: &str, url: &str) -> Result<ReceiveSum
     if !listing.complete {
         eprintln!("grove: warning: {url} is not complete yet (its upload was interrupted); receiving what is there");
     }
-    let input: Box<dyn Read + Send> = match pool.partial_receive(name) {
-        None => store.reader(&stream, 0)?,
-        Some(_) => {
-            let restart = grove_send::restart_point(pool, name)?;
-            // The last part that starts inside this section at or before
-            // the progress, or the part that opens the section.
-            let mut first = 0u64;
-            let mut inside = false;
-            for (i, part) in listing.parts.iter().enumerate() {
-                let Some((_, at)) = decode_cursor(&part.cursor) else {
-                    continue;
-                };
-                let next = i as u64 + 1;
-                if at.section < restart.section {
-                    first = next;
-                    inside = false;
-                } else if at.section == restart.section
-                    && (!at.begun || at.offset <= restart.progress_bytes)
-                {
-                    first = next;
-                    inside = at.begun;
-                }
-            }
-            if first >= listing.parts.len() as u64 {
-                bail!("{url} does not hold the rest of partial receive {name:?} yet: finish its upload (run the same `grove send --to` again), then receive again");
-            }
-            eprintln!(
-                "grove: resuming partial receive {name:?} at {} bytes, from part {first} of {url}",
-                restart.progress_bytes
-            );
-            let mut prefix = restart.header;
-            if inside {
-                prefix.extend_from_slice(&restart.begin);
-            }
-            Box::new(io::Cursor::new(prefix).chain(store.reader(&stream, first)?))
-        }
+    let Some(restart) = restart else {
+        return Ok(store.reader(&stream, 0)?);
     };
-    replicate::receive_into_pool(pool, name, input)
+    // The last part that starts inside this section at or before the
+    // progress, or the part that opens the section.
+    let mut first = 0u64;
+    let mut inside = false;
+    for (i, part) in listing.parts.iter().enumerate() {
+        let Some((_, at)) = decode_cursor(&part.cursor) else {
+            continue;
+        };
+        if at.section < restart.section
+            || (at.section == restart.section && (!at.begun || at.offset <= restart.progress_bytes))
+        {
+            first = i as u64 + 1;
+            inside = at.section == restart.section && at.begun;
+        }
+    }
+    if first >= listing.parts.len() as u64 {
+        bail!("{url} does not hold the rest of this partial receive yet: finish its upload (run the same `grove send --to` again), then receive again");
+    }
+    eprintln!(
+        "grove: resuming at {} bytes, from part {first} of {url}",
+        restart.progress_bytes
+    );
+    let mut prefix = restart.header;
+    if inside {
+        prefix.extend_from_slice(&restart.begin);
+    }
+    Ok(Box::new(
+        io::Cursor::new(prefix).chain(store.reader(&stream, first)?),
+    ))
+}
+
+/// `grove receive NAME --from URL` on an open pool.
+pub fn receive_from_url(pool: &Pool, name: &str, url: &str) -> Result<ReceiveSummary> {
+    let restart = match pool.partial_receive(name) {
+        Some(_) => Some(grove_send::restart_point(pool, name)?),
+        None => None,
+    };
+    replicate::receive_into_pool(pool, name, stored_input(url, restart)?)
+}
+
+/// The same into a pool a daemon holds.
+pub fn receive_from_url_through(
+    daemon: &ControlClient,
+    name: &str,
+    url: &str,
+) -> Result<ReceiveSummary> {
+    let restart = daemon.restart_point(name)?;
+    daemon.receive_stream(name, stored_input(url, restart)?)
 }

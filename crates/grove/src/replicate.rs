@@ -25,6 +25,10 @@ pub struct SendArgs {
     pub range_from: Option<String>,
     pub cursor: Option<String>,
     pub resume: Option<String>,
+    /// Only the stream's bytes after this position (the rest of an
+    /// interrupted upload).
+    #[serde(default)]
+    pub continue_at: Option<grove_send::Position>,
 }
 
 /// What the engine is asked to send for `args`.
@@ -54,6 +58,7 @@ pub fn request(pool: &Pool, args: &SendArgs) -> Result<SendRequest> {
         target,
         from,
         range,
+        continue_at: args.continue_at,
         ..SendRequest::default()
     })
 }

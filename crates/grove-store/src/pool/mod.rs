@@ -701,30 +701,7 @@ impl Pool {
     /// removed snapshot of `newer`'s line (a bookmark). Costs what differs,
     /// not what the volumes map.
     pub fn diff(&self, base: &str, newer: &str) -> Result<DiffReport> {
-        let mut state = self.state();
-        let newer_record = state.volume_by_name(newer)?.clone();
-        let (base_record, base_live, runs) = state.diff_runs(base, &newer_record, 0, u64::MAX)?;
-        let block_bytes = state.geometry().block_bytes();
-        let size = base_record.size_bytes.max(newer_record.size_bytes);
-        let extents = runs
-            .into_iter()
-            .map(|(first, count, data)| {
-                let offset_bytes = first * block_bytes;
-                DiffExtent {
-                    offset_bytes,
-                    length_bytes: (count * block_bytes).min(size - offset_bytes),
-                    data,
-                }
-            })
-            .collect();
-        Ok(DiffReport {
-            base: base.to_string(),
-            newer: newer.to_string(),
-            base_removed: !base_live,
-            base_size_bytes: base_record.size_bytes,
-            newer_size_bytes: newer_record.size_bytes,
-            extents,
-        })
+        self.diff_from(&DiffFrom::Name(base.to_string()), newer)
     }
 
     /// What opening the pool found wrong and worked around (a damaged
