@@ -204,10 +204,12 @@ fn run_local(pool: &Pool, command: Command) -> Result<()> {
         } => {
             if abort {
                 let freed = grove_send::abort(pool, &name)?;
-                return say(format_args!(
+                say(format_args!(
                     "dropped the partial receive {name:?}; it gives back {}",
                     format_size(freed)
-                ));
+                ))?;
+                // Here nothing else would reclaim: give the space back now.
+                return reclaim_with_progress(pool).map(drop);
             }
             if status {
                 return say(format_args!("{}", replicate::status(pool, &name)?));

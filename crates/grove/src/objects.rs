@@ -22,6 +22,10 @@ use crate::replicate::{self, SendArgs};
 
 /// Environment variable: part size in bytes (tests use small parts).
 const PART_SIZE_ENV: &str = "GROVE_STREAM_PART_BYTES";
+/// Bytes per stored part: two multipart chunks, so that parts go up in
+/// parallel chunks, yet an interrupted upload or receive repeats at most
+/// one part.
+const PART_BYTES_DEFAULT: u64 = 2 * grove_objects::MULTIPART_CHUNK_BYTES as u64;
 /// Smallest part: room for two of the largest frames.
 const PART_BYTES_MIN: u64 = 2 * (FRAME_BODY_MAX as u64 + FRAME_OVERHEAD_BYTES);
 /// Cursor bytes: stream fingerprint (16), section (4), begun (1), offset (8).
@@ -36,13 +40,12 @@ fn open(url: &str) -> Result<(StreamStore, String)> {
     if name.is_empty() || parent.ends_with(':') || parent.ends_with(":/") {
         bail!("invalid stream URL {url:?}: it names no stream (expected s3://BUCKET/PREFIX/NAME or file:///DIR/NAME)");
     }
-    let mut store = StreamStore::open(parent)?;
-    if let Some(bytes) = std::env::var(PART_SIZE_ENV)
+    let part_bytes = std::env::var(PART_SIZE_ENV)
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
-    {
-        store = store.with_part_size(bytes.max(PART_BYTES_MIN));
-    }
+        .unwrap_or(PART_BYTES_DEFAULT)
+        .max(PART_BYTES_MIN);
+    let store = StreamStore::open(parent)?.with_part_size(part_bytes);
     Ok((store, name.to_string()))
 }
 
