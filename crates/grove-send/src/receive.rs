@@ -25,7 +25,7 @@ use crate::token::ResumeToken;
 
 /// Bytes received between two commits of data and progress: at most this
 /// much is sent again after an interruption.
-pub const PROGRESS_BYTES: u64 = 8 << 20;
+pub const PROGRESS_BYTES: u64 = 4 << 20;
 /// Longest time between two commits while data arrives.
 pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
 /// Directory of the partial receives' stream state, in the pool directory.

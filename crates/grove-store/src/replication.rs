@@ -103,6 +103,16 @@ impl State {
         Ok(())
     }
 
+    /// Drops a partial receive: an ordinary removed volume from then on,
+    /// whose tree the reclaimer gives back.
+    pub(crate) fn abort_receive(&mut self, id: VolumeId) {
+        self.volume_table.update(id, |record| {
+            assert!(record.receive_progress.is_some(), "not a partial receive");
+            record.receive_progress = None;
+        });
+        self.remove_volume(id);
+    }
+
     /// The cursor of replication target `target`.
     pub(crate) fn cursor(&self, target: &str) -> Option<&VolumeRecord> {
         self.volume_table

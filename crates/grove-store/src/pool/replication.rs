@@ -341,7 +341,7 @@ impl Pool {
         ensure_changes_allowed(&state)?;
         let id = state.partial_receive(name)?.id;
         let before = state.pending_free_blocks(false)?;
-        state.remove_volume(id);
+        state.abort_receive(id);
         let after = state.pending_free_blocks(false)?;
         commit_locked(&self.inner, &mut state)?;
         Ok(after.saturating_sub(before) * state.geometry().block_bytes())
