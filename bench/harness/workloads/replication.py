@@ -176,7 +176,7 @@ def scattered_extents(volume_bytes, data_bytes, count):
     in each of `count` equal slots of the volume, of sizes between half
     and one and a half of the mean (in whole blocks)."""
     rng = random.Random(SEED + 1)
-    slot = volume_bytes // count
+    slot = volume_bytes // count // BLOCK_BYTES * BLOCK_BYTES
     mean = data_bytes // count // BLOCK_BYTES
     sizes = []
     for _ in range(count // 2):
