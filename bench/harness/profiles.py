@@ -45,6 +45,7 @@ class Profile:
     # Replication: the volume sent full then after 1% of its blocks changed;
     # a large sparse volume; a stream of snapshots with no change between.
     repl_bytes: int = GIB
+    repl_rounds: int = 3
     repl_change_fraction: float = 0.01
     repl_big_volume_bytes: int = 1 << 40
     repl_big_data_bytes: int = 4 * GIB
@@ -76,6 +77,7 @@ QUICK = Profile(
     # Replication scaled down: 64 MiB sent, a 64 GiB volume holding 256 MiB,
     # 100 snapshots.
     repl_bytes=64 * MIB,
+    repl_rounds=2,
     repl_big_volume_bytes=64 * GIB,
     repl_big_data_bytes=256 * MIB,
     repl_big_extents=100,
@@ -105,6 +107,7 @@ SMOKE = Profile(
     snapcount_window=2,
     snapcount_budget_s=30.0,
     repl_bytes=16 * MIB,
+    repl_rounds=1,
     repl_big_volume_bytes=4 * GIB,
     repl_big_data_bytes=32 * MIB,
     repl_big_extents=16,

@@ -164,8 +164,10 @@ def replication_section(r, p):
     for x in t["rows"]:
         rows.append([x["transfer"], x["system"], f"{x['data_bytes'] / MIB:.2f}",
                      _f(x["pipe_s"], 3), _f(x["durable_s"], 3), _f(x["pipe_mb_s"], 1),
-                     _f(x["mb_s"], 1), _f(x["send_alone_s"], 3), _n(x["stream_bytes"]),
-                     x["verified"]])
+                     _f(x["mb_s"], 1),
+                     "–" if "durable_s_range" not in x else
+                     f"{x['durable_s_range'][0]:.3f}–{x['durable_s_range'][1]:.3f}",
+                     _f(x["send_alone_s"], 3), _n(x["stream_bytes"]), x["verified"]])
     ratios = t.get("grove_over_btrfs", {})
     lines = ["## Replication", "",
              f"`grove send | grove receive` between two pools against `btrfs send | btrfs "
@@ -174,9 +176,12 @@ def replication_section(r, p):
              f"{t['changed_blocks']:,} random 4 KiB blocks (1%) rewritten (pwrite for btrfs) "
              "and sent incrementally. Cache: " + r["cache"] + ". MB/s are 10^6 bytes of "
              "data (not stream) per second; \"durable\" adds a `sync` after the pipe "
-             "(btrfs receive does not sync). The sender alone is timed into `wc -c`.",
+             "(btrfs receive does not sync). The sender alone is timed into `wc -c`. "
+             f"Medians of {t.get('rounds', 1)} round(s) taking turns (order flipped "
+             "each round), each into a fresh receiving pool and file system.",
              ""] + _table(["transfer", "system", "data MiB", "pipe s", "durable s",
-                           "pipe MB/s", "durable MB/s", "sender alone s", "stream bytes",
+                           "pipe MB/s", "durable MB/s", "durable s min–max",
+                           "sender alone s", "stream bytes",
                            "verified"], rows)
     if r["btrfs"] != "ok":
         lines += ["", f"No btrfs peer in this run: {r['btrfs']}."]

@@ -9,7 +9,9 @@
    does not sync; grove receive does), with `sync` before every timed
    transfer. Each sender is also timed alone into `wc -c`, which gives
    the stream's bytes. The page cache is left as it is for both: the
-   source data was written just before, and nothing is dropped.
+   source data was written just before, and nothing is dropped. Rounds
+   take turns (the order flips each round), each into fresh receivers;
+   medians are kept, since fsync latency here swings from run to run.
 2. A large sparse volume (1 TiB holding 4 GiB in a few hundred scattered
    extents): stream bytes against data bytes, and the time of the
    transfer. The btrfs peer gets the same content (`grove export`, holes
@@ -24,12 +26,14 @@ pools and both file systems (sparse files on loop devices) sit in the
 work directory, on the same disk. The file systems are unmounted and the
 loop devices detached whatever happens."""
 
+import contextlib
 import hashlib
 import json
 import os
 import random
 import shlex
 import shutil
+import statistics
 import subprocess
 
 import images
@@ -211,7 +215,7 @@ def run(ctx):
     result["transfers"] = transfers(ctx, work, why_no_btrfs is None)
     result["sparse"] = sparse_volume(ctx, work, why_no_btrfs is None)
     result["snapshots"] = many_snapshots(ctx, work)
-    result["metadata"] = g.metadata(work / "b", f"replication (receiving pool, "
+    result["metadata"] = g.metadata(result["transfers"]["receiving_pool"], f"replication (receiving pool, "
                                     f"{p.repl_bytes // MIB} MiB full + 1% incremental)")
     return result
 
@@ -236,7 +240,10 @@ def verify_grove(g, a, b, name):
 
 
 def transfers(ctx, work, with_btrfs):
-    """The full and the incremental transfer, grove and btrfs in turns."""
+    """The full and the incremental transfer, grove and btrfs in turns,
+    `repl_rounds` rounds (the order flips each round), each round into a
+    fresh receiving pool and file system; the medians are kept. Both
+    senders are made once: v@1, then the change, then v@2."""
     p = ctx.profile
     g = ctx.grove
     size = p.repl_bytes
@@ -244,63 +251,98 @@ def transfers(ctx, work, with_btrfs):
     images.make_raw(raw, size)
     extents, change, changed_blocks = change_blocks(size, p.repl_change_fraction, work)
     changed_bytes = changed_blocks * BLOCK_BYTES
-    a, b = work / "a", work / "b"
+    a = work / "a"
     g.init(a)
-    g.init(b)
     g.import_image(a, "v", raw)
     g.cli(a, "snapshot", "v", "v@1")
-    rows = []
-
-    def row(system, kind, nbytes, timing, alone, verified):
-        rows.append({"system": system, "transfer": kind, "data_bytes": nbytes,
-                     **timing, **alone,
-                     "mb_s": mbps(nbytes, timing["durable_s"]),
-                     "pipe_mb_s": mbps(nbytes, timing["pipe_s"]),
-                     "verified": verified})
-
-    ctx.log(f"replication: grove full transfer of {size // MIB} MiB")
-    send = grove_send(g, a, "v@1")
-    alone = sender_alone(send)
-    timing = timed_transfer(send, grove_receive(g, b, "v@1"))
-    h1 = verify_grove(g, a, b, "v@1")
-    row("grove", "full", size, timing, alone, f"grove hash {h1[:16]}")
     bench = g.bench_json("write-extents", "--pool", a, "--volume", "v",
                          "--extents", extents, "--data", change)
     if bench["bytes_written"] != changed_bytes:
         raise CommandError(f"write-extents wrote {bench['bytes_written']} bytes, not {changed_bytes}")
     g.cli(a, "snapshot", "v", "v@2")
-    ctx.log(f"replication: grove incremental transfer of {changed_blocks} blocks")
-    send = grove_send(g, a, "v@2", "--from", "v@1")
-    alone = sender_alone(send)
-    timing = timed_transfer(send, grove_receive(g, b, "v@2"))
-    h2 = verify_grove(g, a, b, "v@2")
-    if h2 == h1:
+    grove_digest = {snap: grove_hash(g, a, snap) for snap in ("v@1", "v@2")}
+    if grove_digest["v@1"] == grove_digest["v@2"]:
         raise CommandError("v@2 hashes as v@1: the change did not land")
-    row("grove", "incremental", changed_bytes, timing, alone, f"grove hash {h2[:16]}")
+    samples = []
 
-    if with_btrfs:
-        with Btrfs(work, "btrfs-a", size * 4 + GIB) as fa, \
-                Btrfs(work, "btrfs-b", size * 4 + GIB) as fb:
+    def sample(system, kind, nbytes, timing, alone, verified, round_no):
+        samples.append({"system": system, "transfer": kind, "round": round_no,
+                        "data_bytes": nbytes, **timing, **alone, "verified": verified})
+
+    def grove_round(round_no):
+        b = work / f"b{round_no}"
+        g.init(b)
+        for kind, snap, base, nbytes in (("full", "v@1", (), size),
+                                         ("incremental", "v@2", ("--from", "v@1"),
+                                          changed_bytes)):
+            ctx.log(f"replication: round {round_no + 1}, grove {kind}")
+            send = grove_send(g, a, snap, *base)
+            alone = sender_alone(send)
+            timing = timed_transfer(send, grove_receive(g, b, snap))
+            received = grove_hash(g, b, snap)
+            if received != grove_digest[snap]:
+                raise CommandError(f"grove hash of {snap} differs: {grove_digest[snap]} "
+                                   f"sent, {received} received")
+            sample("grove", kind, nbytes, timing, alone, f"grove hash {received[:16]}",
+                   round_no)
+        return b
+
+    def btrfs_round(fa, round_no, digests):
+        with Btrfs(work, f"btrfs-b{round_no}", size * 2 + GIB) as fb:
+            for kind, snap, base, nbytes in (("full", "v@1", (), size),
+                                             ("incremental", "v@2", ("-p", fa.path("v@1")),
+                                              changed_bytes)):
+                ctx.log(f"replication: round {round_no + 1}, btrfs {kind}")
+                send = q("btrfs", "-q", "send", *base, fa.path(snap))
+                alone = sender_alone(send)
+                timing = timed_transfer(send, q("btrfs", "-q", "receive", fb.mnt))
+                received = sha256(fb.path(snap, "data"))
+                if received != digests[snap]:
+                    raise CommandError(f"btrfs {snap}/data differs: sha256 {digests[snap]} "
+                                       f"sent, {received} received")
+                sample("btrfs", kind, nbytes, timing, alone, f"sha256 {received[:16]}",
+                       round_no)
+
+    receiving = None
+    with contextlib.ExitStack() as stack:
+        fa = None
+        digests = {}
+        if with_btrfs:
+            fa = stack.enter_context(Btrfs(work, "btrfs-a", size * 3 + GIB))
             cmd(["btrfs", "-q", "subvolume", "create", fa.path("v")])
             images.copy(raw, fa.path("v", "data"))
             cmd(["btrfs", "-q", "subvolume", "snapshot", "-r", fa.path("v"), fa.path("v@1")])
-            ctx.log(f"replication: btrfs full transfer of {size // MIB} MiB")
-            send = q("btrfs", "-q", "send", fa.path("v@1"))
-            alone = sender_alone(send)
-            timing = timed_transfer(send, q("btrfs", "-q", "receive", fb.mnt))
-            s1 = verify_btrfs(fa, fb, "v@1")
-            row("btrfs", "full", size, timing, alone, f"sha256 {s1[:16]}")
             pwrite_extents(fa.path("v", "data"), extents, change)
             cmd(["btrfs", "-q", "subvolume", "snapshot", "-r", fa.path("v"), fa.path("v@2")])
-            ctx.log(f"replication: btrfs incremental transfer of {changed_blocks} blocks")
-            send = q("btrfs", "-q", "send", "-p", fa.path("v@1"), fa.path("v@2"))
-            alone = sender_alone(send)
-            timing = timed_transfer(send, q("btrfs", "-q", "receive", fb.mnt))
-            s2 = verify_btrfs(fa, fb, "v@2")
-            if s2 == s1:
+            digests = {snap: sha256(fa.path(snap, "data")) for snap in ("v@1", "v@2")}
+            if digests["v@1"] == digests["v@2"]:
                 raise CommandError("btrfs v@2 reads as v@1: the change did not land")
-            row("btrfs", "incremental", changed_bytes, timing, alone, f"sha256 {s2[:16]}")
+        for round_no in range(p.repl_rounds):
+            order = ["grove", "btrfs"] if round_no % 2 == 0 else ["btrfs", "grove"]
+            for system in order:
+                if system == "grove":
+                    if receiving is not None:
+                        shutil.rmtree(receiving)
+                    receiving = grove_round(round_no)
+                elif fa is not None:
+                    btrfs_round(fa, round_no, digests)
     raw.unlink()
+    rows = []
+    for system in ("grove", "btrfs"):
+        for kind in ("full", "incremental"):
+            mine = [x for x in samples if x["system"] == system and x["transfer"] == kind]
+            if not mine:
+                continue
+            row = {"system": system, "transfer": kind, "data_bytes": mine[0]["data_bytes"],
+                   "rounds": len(mine), "verified": mine[-1]["verified"],
+                   "stream_bytes": mine[-1]["stream_bytes"]}
+            for key in ("pipe_s", "durable_s", "send_alone_s"):
+                row[key] = statistics.median(x[key] for x in mine)
+            row["mb_s"] = mbps(row["data_bytes"], row["durable_s"])
+            row["pipe_mb_s"] = mbps(row["data_bytes"], row["pipe_s"])
+            row["durable_s_range"] = [min(x["durable_s"] for x in mine),
+                                      max(x["durable_s"] for x in mine)]
+            rows.append(row)
     by = {(r["system"], r["transfer"]): r for r in rows}
     ratios = {}
     for kind in ("full", "incremental"):
@@ -308,15 +350,9 @@ def transfers(ctx, work, with_btrfs):
             ratios[kind] = by[("grove", kind)]["mb_s"] / by[("btrfs", kind)]["mb_s"]
             ratios[kind + "_pipe"] = (by[("grove", kind)]["pipe_mb_s"]
                                       / by[("btrfs", kind)]["pipe_mb_s"])
-    return {"data_bytes": size, "changed_blocks": changed_blocks, "rows": rows,
-            "grove_over_btrfs": ratios}
-
-
-def verify_btrfs(fa, fb, snap):
-    left, right = sha256(fa.path(snap, "data")), sha256(fb.path(snap, "data"))
-    if left != right:
-        raise CommandError(f"btrfs {snap}/data differs: sha256 {left} sent, {right} received")
-    return left
+    return {"data_bytes": size, "changed_blocks": changed_blocks, "rounds": p.repl_rounds,
+            "rows": rows, "samples": samples, "grove_over_btrfs": ratios,
+            "receiving_pool": str(receiving)}
 
 
 def sparse_volume(ctx, work, with_btrfs):
