@@ -2,7 +2,7 @@
 profile, then writes <date>-<profile>.json, latest.md and PNG plots.
 
   main.py --grove BIN --grove-bench BIN [--quick | --smoke] [--out DIR]
-          [--only servers,depth,nsnaps,memory,snapcount] [--keep-work]
+          [--only servers,depth,nsnaps,memory,snapcount,replication] [--keep-work]
 """
 
 import argparse
@@ -27,7 +27,7 @@ import report  # noqa: E402
 import targets  # noqa: E402
 from grovecli import Grove  # noqa: E402
 from profiles import PROFILES  # noqa: E402
-from workloads import depth, memory, nsnaps, servers, snapcount  # noqa: E402
+from workloads import depth, memory, nsnaps, replication, servers, snapcount  # noqa: E402
 
 WORKLOADS = {
     "servers": servers.run,
@@ -35,6 +35,7 @@ WORKLOADS = {
     "nsnaps": nsnaps.run,
     "memory": memory.run,
     "snapcount": snapcount.run,
+    "replication": replication.run,
 }
 
 
@@ -73,7 +74,8 @@ def machine(repo):
     return {"cpus": os.cpu_count(), "cpu": cpu, "kernel": platform.release(),
             "grove_commit": commit, "fio": first_line(["fio", "--version"]),
             "qemu_nbd": first_line(["qemu-nbd", "--version"]),
-            "nbdkit": first_line(["nbdkit", "--version"])}
+            "nbdkit": first_line(["nbdkit", "--version"]),
+            "btrfs": first_line(["btrfs", "--version"])}
 
 
 def parse_args(argv):

@@ -42,7 +42,17 @@ class Profile:
     # Single snapshot timings swing with fsync latency: a median of this many.
     snapcount_window: int = 25
     snapcount_budget_s: float = 720.0
-    workloads: tuple = ("servers", "depth", "nsnaps", "memory", "snapcount")
+    # Replication: the volume sent full then after 1% of its blocks changed;
+    # a large sparse volume; a stream of snapshots with no change between.
+    repl_bytes: int = GIB
+    repl_rounds: int = 3
+    repl_change_fraction: float = 0.01
+    repl_big_volume_bytes: int = 1 << 40
+    repl_big_data_bytes: int = 4 * GIB
+    repl_big_extents: int = 300
+    repl_snapshots: int = 1000
+    repl_snapshot_data_bytes: int = 64 * MIB
+    workloads: tuple = ("servers", "depth", "nsnaps", "memory", "snapcount", "replication")
 
     def as_dict(self):
         return asdict(self)
@@ -64,6 +74,15 @@ QUICK = Profile(
     memory_writes_between=16,
     snapcount_checkpoints=(1, 1000, 10_000),
     snapcount_budget_s=120.0,
+    # Replication scaled down: 64 MiB sent, a 64 GiB volume holding 256 MiB,
+    # 100 snapshots.
+    repl_bytes=64 * MIB,
+    repl_rounds=2,
+    repl_big_volume_bytes=64 * GIB,
+    repl_big_data_bytes=256 * MIB,
+    repl_big_extents=100,
+    repl_snapshots=100,
+    repl_snapshot_data_bytes=16 * MIB,
 )
 
 SMOKE = Profile(
@@ -87,6 +106,13 @@ SMOKE = Profile(
     snapcount_checkpoints=(1, 10),
     snapcount_window=2,
     snapcount_budget_s=30.0,
+    repl_bytes=16 * MIB,
+    repl_rounds=1,
+    repl_big_volume_bytes=4 * GIB,
+    repl_big_data_bytes=32 * MIB,
+    repl_big_extents=16,
+    repl_snapshots=10,
+    repl_snapshot_data_bytes=1 * MIB,
 )
 
 PROFILES = {p.name: p for p in (SMOKE, QUICK, FULL)}

@@ -2,6 +2,7 @@
 run, each row with its cache mode, then the targets met or not."""
 
 MIB = 1 << 20
+GIB = 1 << 30
 
 
 def _numeric(cell):
@@ -157,12 +158,65 @@ def metadata_section(results):
          "metadata / data"], rows)
 
 
+def replication_section(r, p):
+    t = r["transfers"]
+    rows = []
+    for x in t["rows"]:
+        rows.append([x["transfer"], x["system"], f"{x['data_bytes'] / MIB:.2f}",
+                     _f(x["pipe_s"], 3), _f(x["durable_s"], 3), _f(x["pipe_mb_s"], 1),
+                     _f(x["mb_s"], 1),
+                     "–" if "durable_s_range" not in x else
+                     f"{x['durable_s_range'][0]:.3f}–{x['durable_s_range'][1]:.3f}",
+                     _f(x["send_alone_s"], 3), _n(x["stream_bytes"]), x["verified"]])
+    ratios = t.get("grove_over_btrfs", {})
+    lines = ["## Replication", "",
+             f"`grove send | grove receive` between two pools against `btrfs send | btrfs "
+             f"receive` between two btrfs file systems (sparse files on loop devices), all on "
+             f"the same disk: {t['data_bytes'] / MIB:.0f} MiB of random data sent full, then "
+             f"{t['changed_blocks']:,} random 4 KiB blocks (1%) rewritten (pwrite for btrfs) "
+             "and sent incrementally. Cache: " + r["cache"] + ". MB/s are 10^6 bytes of "
+             "data (not stream) per second; \"durable\" adds a `sync` after the pipe "
+             "(btrfs receive does not sync). The sender alone is timed into `wc -c`. "
+             f"Medians of {t.get('rounds', 1)} round(s) taking turns (order flipped "
+             "each round), each into a fresh receiving pool and file system.",
+             ""] + _table(["transfer", "system", "data MiB", "pipe s", "durable s",
+                           "pipe MB/s", "durable MB/s", "durable s min–max",
+                           "sender alone s", "stream bytes",
+                           "verified"], rows)
+    if r["btrfs"] != "ok":
+        lines += ["", f"No btrfs peer in this run: {r['btrfs']}."]
+    if ratios:
+        lines += ["", "grove / btrfs (MB/s): " + ", ".join(
+            f"{k.replace('_pipe', ' (pipe only)')} {v:.2f}" for k, v in ratios.items()) + "."]
+    s = r["sparse"]
+    srows = [["grove", _n(s["grove_stream_bytes"]), f"{(s['grove_over_data'] - 1) * 100:.3f}%",
+              _f(s["grove_send_alone_s"], 2), _f(s["durable_s"], 2), _f(s["mb_s"], 1),
+              s["verified"]]]
+    if "btrfs_stream_bytes" in s:
+        srows.append(["btrfs", _n(s["btrfs_stream_bytes"]),
+                      f"{(s['btrfs_over_data'] - 1) * 100:.3f}%",
+                      _f(s["btrfs_send_alone_s"], 2), "–", "–", "bytes counted only"])
+    lines += ["", f"A {s['volume_bytes'] / GIB:,.0f} GiB volume holding "
+              f"{s['data_bytes'] / MIB:,.0f} MiB in {s['extents']} scattered extents "
+              "(btrfs: the same content as a sparse file, from `grove export`):", ""]
+    lines += _table(["system", "stream bytes", "over data", "sender alone s",
+                     "send → receive s (durable)", "MB/s", "verified"], srows)
+    n = r["snapshots"]
+    lines += ["", f"{n['snapshots']:,} snapshots with no change between them "
+              f"(over {n['data_bytes'] / MIB:.0f} MiB of data) as one stream "
+              f"(`send -I v@0 v@{n['snapshots']}`, {n['stream_bytes']:,} bytes, through a "
+              f"file) into a pool holding v@0: sender {n['send_s']:.3f} s, receive "
+              f"{n['receive_s']:.3f} s, each a whole `grove` process; {n['verified']}."]
+    return lines
+
+
 SECTIONS = {
     "servers": servers_section,
     "depth": depth_section,
     "nsnaps": nsnaps_section,
     "memory": memory_section,
     "snapcount": snapcount_section,
+    "replication": replication_section,
 }
 
 

@@ -139,6 +139,24 @@ def snapcount_targets(snapcount):
     ]
 
 
+def replication_targets(r):
+    s = r["sparse"]
+    over = s["grove_over_data"] - 1
+    n = r["snapshots"]
+    return [
+        _target(f"stream bytes / data bytes, {s['volume_bytes'] >> 30:,} GiB volume holding "
+                f"{s['data_bytes'] / MIB:,.0f} MiB in {s['extents']} extents",
+                "stream over data (%)", over * 100, "<= 1%", over <= 0.01,
+                f"{s['grove_stream_bytes']:,} stream bytes for {s['data_bytes']:,} data bytes",
+                "each record of data carries a header and a checksum, and holes and "
+                "zeros travel as records"),
+        _target(f"receive of {n['snapshots']:,} snapshots with no change, one stream",
+                "receive of N empty snapshots (s)", n["receive_s"], "< 1 s",
+                n["receive_s"] < 1.0, f"{n['receive_s']:.3f} s (sender {n['send_s']:.3f} s)",
+                "each received snapshot is its own commit in the receiving pool"),
+    ]
+
+
 def evaluate(results):
     checks = []
     w = results["workloads"]
@@ -154,4 +172,6 @@ def evaluate(results):
         checks.append(metadata_target(w["servers"]))
     if "snapcount" in w:
         checks += snapcount_targets(w["snapcount"])
+    if "replication" in w:
+        checks += replication_targets(w["replication"])
     return checks

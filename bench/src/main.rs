@@ -12,6 +12,7 @@ use clap::{Parser, Subcommand};
 use grove_store::{Pool, PoolOptions};
 
 mod lifecycle;
+mod replication;
 mod sparse_device;
 mod suite;
 
@@ -145,6 +146,35 @@ enum Command {
         snapshots: u64,
         #[arg(long, default_value_t = 64)]
         writes_between: u64,
+    },
+    /// bench/run: writes the `[offset, length]` extents of the JSON file
+    /// --extents into --volume (made first with --create-size), with bytes
+    /// from --data read straight through, or pseudo-random ones without it.
+    WriteExtents {
+        #[arg(long)]
+        pool: PathBuf,
+        #[arg(long)]
+        volume: String,
+        /// Create the volume first, of this many bytes (and the pool, if
+        /// it does not exist).
+        #[arg(long)]
+        create_size: Option<u64>,
+        #[arg(long)]
+        extents: PathBuf,
+        #[arg(long)]
+        data: Option<PathBuf>,
+    },
+    /// bench/run: snapshots VOLUME@FIRST ... VOLUME@LAST with no writes
+    /// between them.
+    EmptySnapshots {
+        #[arg(long)]
+        pool: PathBuf,
+        #[arg(long)]
+        volume: String,
+        #[arg(long)]
+        first: u64,
+        #[arg(long)]
+        last: u64,
     },
 }
 
@@ -348,5 +378,18 @@ fn main() -> Result<()> {
             snapshots,
             writes_between,
         } => suite::memory_pool(&pool, size_gib, stride_kib, snapshots, writes_between),
+        Command::WriteExtents {
+            pool,
+            volume,
+            create_size,
+            extents,
+            data,
+        } => replication::write_extents(&pool, &volume, create_size, &extents, data.as_deref()),
+        Command::EmptySnapshots {
+            pool,
+            volume,
+            first,
+            last,
+        } => replication::empty_snapshots(&pool, &volume, first, last),
     }
 }

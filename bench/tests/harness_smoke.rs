@@ -8,8 +8,15 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const TOOLS: [&str; 5] = ["fio", "qemu-img", "qemu-nbd", "qemu-io", "nbdkit"];
-const WORKLOADS: [&str; 5] = ["servers", "depth", "nsnaps", "memory", "snapcount"];
-const TARGET_COUNT: usize = 7;
+const WORKLOADS: [&str; 6] = [
+    "servers",
+    "depth",
+    "nsnaps",
+    "memory",
+    "snapcount",
+    "replication",
+];
+const TARGET_COUNT: usize = 9;
 
 fn tools_required() -> bool {
     std::env::var_os("GROVE_REQUIRE_TOOLS").is_some_and(|v| v != "0")
@@ -114,6 +121,30 @@ fn smoke_profile_runs_every_workload_and_reports() {
             "nsnaps {field}: {nsnaps}"
         );
     }
+    // Replication: grove's transfers, each verified, next to btrfs's when
+    // this machine can mount btrfs (root, btrfs-progs, loop devices).
+    let replication = &results["workloads"]["replication"];
+    let rows = replication["transfers"]["rows"]
+        .as_array()
+        .expect("replication rows");
+    let systems: Vec<&str> = rows.iter().filter_map(|r| r["system"].as_str()).collect();
+    let expected = if replication["btrfs"] == "ok" { 4 } else { 2 };
+    assert_eq!(rows.len(), expected, "{replication}");
+    assert!(systems.contains(&"grove"), "{replication}");
+    for row in rows {
+        assert!(row["mb_s"].as_f64().is_some_and(|v| v > 0.0), "{row}");
+        assert!(row["verified"].is_string(), "{row}");
+    }
+    assert!(
+        replication["sparse"]["grove_over_data"]
+            .as_f64()
+            .is_some_and(|v| v >= 1.0),
+        "{replication}"
+    );
+    assert!(
+        replication["snapshots"]["receive_s"].is_f64(),
+        "{replication}"
+    );
     let targets = results["targets"].as_array().expect("targets");
     assert_eq!(targets.len(), TARGET_COUNT, "{text}");
     for target in targets {
