@@ -180,8 +180,9 @@ impl DigestCache {
         let temporary = path.with_extension("new");
         let mut file = fs::File::create(&temporary)
             .with_context(|| format!("cannot create {}", temporary.display()))?;
+        // Not synced: a cache entry lost or cut by a crash fails its
+        // length or checksum and is computed again.
         file.write_all(&bytes)?;
-        file.sync_all()?;
         fs::rename(&temporary, &path)?;
         Ok(())
     }

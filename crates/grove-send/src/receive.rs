@@ -97,28 +97,55 @@ struct StreamState {
     /// header rebuilt from the fields above, it lets a receive from stored
     /// objects start again in the middle of the section.
     begin_frame: String,
-    /// Running content digest and the progress it belongs to; a crash
-    /// between the commit and this file's update leaves them behind the
-    /// progress, and the section is then verified by reading it whole.
-    digest: String,
 }
 
 fn state_path(pool_dir: &Path, name: &str) -> PathBuf {
     pool_dir.join(RECEIVING_DIR).join(name)
 }
 
-fn write_state(pool_dir: &Path, name: &str, state: &StreamState) -> Result<()> {
-    let dir = pool_dir.join(RECEIVING_DIR);
-    fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let path = state_path(pool_dir, name);
+/// The running content digest of a partial receive and the progress it
+/// belongs to, beside its state. Written after each progress commit and
+/// never synced: a crash that loses it leaves it behind the progress, and
+/// the section is then verified by reading it whole.
+fn digest_path(pool_dir: &Path, name: &str) -> PathBuf {
+    pool_dir.join(RECEIVING_DIR).join(format!("{name}.digest"))
+}
+
+/// Writes `text` to `path` through a temporary file and a rename, so a
+/// reader sees the old or the new text; synced (file and directory) if
+/// `durable`.
+fn replace_file(path: &Path, text: &str, durable: bool) -> Result<()> {
+    let dir = path.parent().expect("a file in a directory");
+    fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let temporary = path.with_extension("new");
     let mut file = fs::File::create(&temporary)
         .with_context(|| format!("cannot create {}", temporary.display()))?;
-    file.write_all(serde_json::to_string(state)?.as_bytes())?;
-    file.sync_all()?;
-    fs::rename(&temporary, &path).with_context(|| format!("cannot write {}", path.display()))?;
-    fs::File::open(&dir)?.sync_all()?;
+    file.write_all(text.as_bytes())?;
+    if durable {
+        file.sync_all()?;
+    }
+    fs::rename(&temporary, path).with_context(|| format!("cannot write {}", path.display()))?;
+    if durable {
+        fs::File::open(dir)?.sync_all()?;
+    }
     Ok(())
+}
+
+fn write_state(pool_dir: &Path, name: &str, state: &StreamState, durable: bool) -> Result<()> {
+    let text = serde_json::to_string(state)?;
+    replace_file(&state_path(pool_dir, name), &text, durable)
+}
+
+/// The running digest kept for `progress_bytes`, if the file holds it.
+fn read_digest(pool_dir: &Path, name: &str, progress_bytes: u64) -> Option<ContentDigest> {
+    let text = fs::read_to_string(digest_path(pool_dir, name)).ok()?;
+    let (digest, at) = decode_state(text.trim()).ok()?;
+    (at == progress_bytes).then_some(digest)
+}
+
+fn forget_state(pool_dir: &Path, name: &str) {
+    let _ = fs::remove_file(state_path(pool_dir, name));
+    let _ = fs::remove_file(digest_path(pool_dir, name));
 }
 
 fn read_state(pool_dir: &Path, name: &str) -> Result<StreamState> {
@@ -162,7 +189,7 @@ pub fn resume_token(pool: &Pool, name: &str) -> Result<ResumeToken> {
 /// reclaimer gives back.
 pub fn abort(pool: &Pool, name: &str) -> Result<u64> {
     let freed = pool.abort_receive(name)?;
-    let _ = fs::remove_file(state_path(pool.dir(), name));
+    forget_state(pool.dir(), name);
     Ok(freed)
 }
 
@@ -292,6 +319,11 @@ struct SectionReceiver<'a> {
     name: String,
     volume: Volume,
     state: StreamState,
+    /// The state file is synced: it must be before the partial receive
+    /// is first committed on purpose, so a resumable one always has it.
+    state_durable: bool,
+    /// The stream's last section: its snapshot commits when it finishes.
+    last: bool,
     /// The running digest, while it follows the progress exactly.
     digest: Option<ContentDigest>,
     /// The partial receive held nothing past this when this run started:
@@ -334,14 +366,15 @@ impl<'a> SectionReceiver<'a> {
                     );
                 }
                 let state = read_state(pool.dir(), name)?;
-                let (digest, digest_progress) = decode_state(&state.digest)?;
-                let digest = (digest_progress == partial.progress_bytes).then_some(digest);
+                let digest = read_digest(pool.dir(), name, partial.progress_bytes);
                 Ok(SectionReceiver {
                     pool,
                     begin: begin.clone(),
                     name: name.to_string(),
                     volume: pool.receive_volume(name)?,
                     state,
+                    state_durable: true,
+                    last: begin.section + 1 == sections_total,
                     digest,
                     fresh_from: partial.progress_bytes,
                     applied: 0,
@@ -401,9 +434,10 @@ impl<'a> SectionReceiver<'a> {
                 writer.write(&Frame::Begin(begin.clone()))?;
                 crate::digest::hex(&writer.into_inner())
             },
-            digest: encode_state(&digest, 0),
         };
-        write_state(pool.dir(), name, &state)?;
+        // Synced only when the partial receive first commits (`commit`):
+        // a short section finishes before that, and costs no sync here.
+        write_state(pool.dir(), name, &state, false)?;
         let volume =
             pool.begin_receive(name, begin.base_guid, begin.target_guid, begin.size_bytes)?;
         Ok(SectionReceiver {
@@ -412,6 +446,8 @@ impl<'a> SectionReceiver<'a> {
             name: name.to_string(),
             volume,
             state,
+            state_durable: false,
+            last: begin.section + 1 == sections_total,
             digest: Some(digest),
             fresh_from: 0,
             applied: 0,
@@ -527,20 +563,31 @@ impl<'a> SectionReceiver<'a> {
         if self.applied <= self.committed {
             return Ok(());
         }
+        self.make_state_durable()?;
         self.pool
             .record_receive_progress(&self.name, self.applied)?;
         self.committed = self.applied;
         self.committed_at = Instant::now();
         if let Some(digest) = &self.digest {
-            self.state.digest = encode_state(digest, self.committed);
-            write_state(self.pool.dir(), &self.name, &self.state)?;
+            let text = encode_state(digest, self.committed);
+            replace_file(&digest_path(self.pool.dir(), &self.name), &text, false)?;
+        }
+        Ok(())
+    }
+
+    fn make_state_durable(&mut self) -> Result<()> {
+        if !self.state_durable {
+            write_state(self.pool.dir(), &self.name, &self.state, true)?;
+            self.state_durable = true;
         }
         Ok(())
     }
 
     /// Keeps what arrived and says why it stopped.
     fn interrupted(&mut self, cause: anyhow::Error) -> SectionError {
-        match self.commit() {
+        // The partial receive may be committed by whoever commits next
+        // (closing the pool does): its state must be there to resume it.
+        match self.make_state_durable().and_then(|()| self.commit()) {
             Ok(()) => SectionError::Interrupted(cause),
             Err(e) => SectionError::Interrupted(
                 cause.context(format!("and keeping what arrived failed too ({e:#})")),
@@ -566,10 +613,10 @@ impl<'a> SectionReceiver<'a> {
             )));
         }
         self.pool
-            .finish_receive(&self.name, self.begin.target_created_unix_secs)
+            .finish_receive(&self.name, self.begin.target_created_unix_secs, self.last)
             .map_err(|e| SectionError::Refused(e.into()))?;
         DigestCache::new(self.pool.dir()).put(&self.begin.target_guid, size, &digest);
-        let _ = fs::remove_file(state_path(self.pool.dir(), &self.name));
+        forget_state(self.pool.dir(), &self.name);
         Ok(())
     }
 }

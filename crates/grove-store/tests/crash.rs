@@ -1000,7 +1000,7 @@ fn a_crash_anywhere_in_a_receive_never_shows_a_partial_snapshot() {
         at = end;
     }
     drop(volume);
-    pool.finish_receive("r@1", 1_700_000_000).unwrap();
+    pool.finish_receive("r@1", 1_700_000_000, true).unwrap();
     pool.set_cursor("offsite", "r@1").unwrap();
     pool.remove_volume("r@1").unwrap();
     drop(pool);

@@ -16,6 +16,16 @@ use crate::output::format_size;
 
 /// Buffer between the engine and a pipe, file or socket.
 const STREAM_BUFFER_BYTES: usize = 1 << 20;
+/// Capacity asked of a pipe on stdin or stdout: Linux's default 64 KiB
+/// makes the sender and receiver take turns a few bytes at a time (the
+/// sender spent most of its time in pipe wake-ups); 1 MiB is the most an
+/// unprivileged process may ask for by default.
+const PIPE_BYTES: usize = 1 << 20;
+
+/// Widens a pipe; anything that is not a pipe is left as it is.
+fn widen_pipe(fd: impl std::os::fd::AsFd) {
+    let _ = rustix::pipe::fcntl_setpipe_size(fd, PIPE_BYTES);
+}
 
 /// `grove send`'s arguments, as the control socket carries them too.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -98,6 +108,7 @@ pub fn open_output(path: Option<&Path>) -> Result<Box<dyn Write>> {
             if io::stdout().is_terminal() {
                 bail!("refusing to write a binary stream to a terminal: pipe it (grove send ... | grove receive ...) or give -o FILE");
             }
+            widen_pipe(io::stdout());
             Ok(Box::new(BufWriter::with_capacity(
                 STREAM_BUFFER_BYTES,
                 io::stdout().lock(),
@@ -121,6 +132,7 @@ pub fn open_input(path: Option<&Path>) -> Result<Box<dyn Read + Send>> {
             if io::stdin().is_terminal() {
                 bail!("no stream to read: pipe one in (grove send ... | grove receive NAME) or name a FILE");
             }
+            widen_pipe(io::stdin());
             Ok(Box::new(BufReader::with_capacity(
                 STREAM_BUFFER_BYTES,
                 io::stdin(),

@@ -7,7 +7,7 @@
 use super::locking::commit_locked;
 use super::{
     ensure_changes_allowed, ensure_name_free, now_unix_secs, validate_volume_name,
-    validate_volume_size, volume_info, DiffReport, Pool, Volume, VolumeInfo,
+    validate_volume_size, DiffReport, Pool, Volume,
 };
 use crate::diff::DiffExtent;
 use crate::error::{Error, ErrorKind, Result};
@@ -242,7 +242,10 @@ impl Pool {
 
     /// Starts a partial receive named `name` of the snapshot `target_guid`:
     /// empty for a full stream, a writable copy of the snapshot
-    /// `base_guid` for an incremental one. Durable when it returns.
+    /// `base_guid` for an incremental one. Durable with the first progress
+    /// recorded (`record_receive_progress`) or the finish, whichever comes
+    /// first, or with any other commit: a receive of a few records costs
+    /// one commit in all.
     pub fn begin_receive(
         &self,
         name: &str,
@@ -270,7 +273,6 @@ impl Pool {
             ),
         };
         let id = state.begin_receive(name, base, target_guid, size_bytes, now_unix_secs())?;
-        commit_locked(&self.inner, &mut state)?;
         Ok(Volume {
             inner: self.inner.clone(),
             id,
@@ -317,8 +319,9 @@ impl Pool {
 
     /// Turns partial receive `name` into a visible read-only snapshot,
     /// made at `created_unix_secs` (the sender's time). Durable when it
-    /// returns.
-    pub fn finish_receive(&self, name: &str, created_unix_secs: u64) -> Result<VolumeInfo> {
+    /// returns if `durable`; otherwise with the next commit (a range
+    /// stream's earlier snapshots commit with the later ones).
+    pub fn finish_receive(&self, name: &str, created_unix_secs: u64, durable: bool) -> Result<()> {
         let mut state = self.state();
         ensure_changes_allowed(&state)?;
         let id = state.partial_receive(name)?.id;
@@ -329,9 +332,10 @@ impl Pool {
             ));
         }
         state.finish_receive(id, created_unix_secs)?;
-        commit_locked(&self.inner, &mut state)?;
-        let record = state.live_record(id).clone();
-        volume_info(&mut state, &record)
+        if durable {
+            commit_locked(&self.inner, &mut state)?;
+        }
+        Ok(())
     }
 
     /// Drops partial receive `name`: the reclaimer gives back what it
