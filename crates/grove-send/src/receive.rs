@@ -12,6 +12,7 @@
 use std::fs;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -23,8 +24,8 @@ use crate::format::{Begin, Frame, FrameReader, Header, StreamError, UNIT_BYTES};
 use crate::send::volume_digest;
 use crate::token::ResumeToken;
 
-/// Bytes received between two commits of data and progress: at most this
-/// much is sent again after an interruption.
+/// Stream bytes applied between two commits of data and progress: at most
+/// this much (and one record) is sent again after an interruption.
 pub const PROGRESS_BYTES: u64 = 4 << 20;
 /// Longest time between two commits while data arrives.
 pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
@@ -312,6 +313,84 @@ impl From<StreamError> for SectionError {
     }
 }
 
+/// Progress commits in the background: the receiver goes on writing while
+/// the pool flushes what came before, with at most one commit in flight
+/// (so at most two intervals of the stream are not yet durable).
+struct Committer {
+    requests: Option<SyncSender<(u64, Option<ContentDigest>)>>,
+    done: Receiver<Result<()>>,
+    in_flight: bool,
+    worker: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Committer {
+    fn start(pool: &Pool, name: &str) -> Result<Committer> {
+        let (requests, work) = sync_channel::<(u64, Option<ContentDigest>)>(1);
+        let (report, done) = sync_channel(1);
+        let (pool, name) = (pool.clone(), name.to_string());
+        let worker = std::thread::Builder::new()
+            .name("grove-receive-commit".into())
+            .spawn(move || {
+                for (progress, digest) in work {
+                    let result = pool
+                        .record_receive_progress(&name, progress)
+                        .map_err(anyhow::Error::from)
+                        .and_then(|()| match digest {
+                            Some(digest) => replace_file(
+                                &digest_path(pool.dir(), &name),
+                                &encode_state(&digest, progress),
+                                false,
+                            ),
+                            None => Ok(()),
+                        });
+                    if report.send(result).is_err() {
+                        return;
+                    }
+                }
+            })
+            .context("cannot start the receive's commit thread")?;
+        Ok(Committer {
+            requests: Some(requests),
+            done,
+            in_flight: false,
+            worker: Some(worker),
+        })
+    }
+
+    /// Asks for `progress` (and the digest that belongs to it) to be made
+    /// durable, once the commit in flight is done.
+    fn request(&mut self, progress: u64, digest: Option<ContentDigest>) -> Result<()> {
+        self.wait()?;
+        self.requests
+            .as_ref()
+            .expect("the committer runs")
+            .send((progress, digest))
+            .map_err(|_| anyhow!("the receive's commit thread stopped"))?;
+        self.in_flight = true;
+        Ok(())
+    }
+
+    /// Waits for the commit in flight.
+    fn wait(&mut self) -> Result<()> {
+        if !self.in_flight {
+            return Ok(());
+        }
+        self.in_flight = false;
+        self.done
+            .recv()
+            .map_err(|_| anyhow!("the receive's commit thread stopped"))?
+    }
+}
+
+impl Drop for Committer {
+    fn drop(&mut self) {
+        self.requests = None;
+        if let Some(worker) = self.worker.take() {
+            let _ = worker.join();
+        }
+    }
+}
+
 /// Receives one section into its partial receive.
 struct SectionReceiver<'a> {
     pool: &'a Pool,
@@ -333,6 +412,11 @@ struct SectionReceiver<'a> {
     applied: u64,
     committed: u64,
     committed_at: Instant,
+    /// Stream bytes applied since the last commit: what a resume would
+    /// send again. (Progress is an offset in the volume, which an
+    /// incremental stream crosses far faster than it sends bytes.)
+    uncommitted_bytes: u64,
+    committer: Committer,
 }
 
 impl<'a> SectionReceiver<'a> {
@@ -380,6 +464,8 @@ impl<'a> SectionReceiver<'a> {
                     applied: 0,
                     committed: partial.progress_bytes,
                     committed_at: Instant::now(),
+                    uncommitted_bytes: 0,
+                    committer: Committer::start(pool, name)?,
                 })
             }
             None if resuming_this => bail!(
@@ -453,6 +539,8 @@ impl<'a> SectionReceiver<'a> {
             applied: 0,
             committed: 0,
             committed_at: Instant::now(),
+            uncommitted_bytes: 0,
+            committer: Committer::start(pool, name)?,
         })
     }
 
@@ -549,7 +637,11 @@ impl<'a> SectionReceiver<'a> {
             _ => self.volume.discard(offset, length)?,
         }
         self.applied = end;
-        if self.applied - self.committed >= PROGRESS_BYTES
+        self.uncommitted_bytes += match frame {
+            Frame::Data { bytes, .. } => bytes.len() as u64,
+            _ => 0,
+        } + crate::format::FRAME_OVERHEAD_BYTES;
+        if self.uncommitted_bytes >= PROGRESS_BYTES
             || self.committed_at.elapsed() >= PROGRESS_INTERVAL
         {
             self.commit()?;
@@ -557,22 +649,24 @@ impl<'a> SectionReceiver<'a> {
         Ok(())
     }
 
-    /// Makes the data and the progress durable together, then the running
-    /// digest that belongs to that progress.
+    /// Has the data and the progress made durable together, then the
+    /// running digest that belongs to that progress, in the background.
     fn commit(&mut self) -> Result<()> {
         if self.applied <= self.committed {
             return Ok(());
         }
         self.make_state_durable()?;
-        self.pool
-            .record_receive_progress(&self.name, self.applied)?;
+        self.committer.request(self.applied, self.digest)?;
         self.committed = self.applied;
         self.committed_at = Instant::now();
-        if let Some(digest) = &self.digest {
-            let text = encode_state(digest, self.committed);
-            replace_file(&digest_path(self.pool.dir(), &self.name), &text, false)?;
-        }
+        self.uncommitted_bytes = 0;
         Ok(())
+    }
+
+    /// Commits what was applied and waits until it is durable.
+    fn commit_and_wait(&mut self) -> Result<()> {
+        self.commit()?;
+        self.committer.wait()
     }
 
     fn make_state_durable(&mut self) -> Result<()> {
@@ -587,7 +681,10 @@ impl<'a> SectionReceiver<'a> {
     fn interrupted(&mut self, cause: anyhow::Error) -> SectionError {
         // The partial receive may be committed by whoever commits next
         // (closing the pool does): its state must be there to resume it.
-        match self.make_state_durable().and_then(|()| self.commit()) {
+        match self
+            .make_state_durable()
+            .and_then(|()| self.commit_and_wait())
+        {
             Ok(()) => SectionError::Interrupted(cause),
             Err(e) => SectionError::Interrupted(
                 cause.context(format!("and keeping what arrived failed too ({e:#})")),
@@ -596,6 +693,8 @@ impl<'a> SectionReceiver<'a> {
     }
 
     fn finish(&mut self, expected: [u8; 32]) -> std::result::Result<(), SectionError> {
+        // A progress commit in flight must not land after the finish.
+        self.committer.wait().map_err(SectionError::Refused)?;
         let size = self.begin.size_bytes;
         let digest = match self.digest {
             Some(digest) => digest,

@@ -189,6 +189,7 @@ pub fn send_to_sink(
             writer: &mut writer,
             summary: &mut summary,
             progress,
+            buffer: Vec::new(),
         };
         sender.send(index as u32, tag, skip_begin)?;
     }
@@ -331,6 +332,9 @@ struct SectionSender<'a, W: StreamSink> {
     writer: &'a mut TrackedWriter<W>,
     summary: &'a mut SendSummary,
     progress: &'a mut dyn FnMut(u64),
+    /// Read buffer for data, kept across ranges: an incremental stream
+    /// has thousands of small ones.
+    buffer: Vec<u8>,
 }
 
 /// How the target's digest is found while its section is sent.
@@ -496,7 +500,8 @@ impl<W: StreamSink> SectionSender<'_, W> {
         digest: &mut DigestPlan,
         counts: &mut Finish,
     ) -> Result<()> {
-        let mut buf = vec![0u8; DATA_BYTES_MAX];
+        let mut buf = std::mem::take(&mut self.buffer);
+        buf.resize(DATA_BYTES_MAX, 0);
         let mut at = start;
         let mut pending_zero: Option<(u64, u64)> = None;
         while at < end {
@@ -538,6 +543,7 @@ impl<W: StreamSink> SectionSender<'_, W> {
         if let Some((o, l)) = pending_zero {
             self.zero(o, l, counts)?;
         }
+        self.buffer = buf;
         Ok(())
     }
 

@@ -4,7 +4,7 @@
 //! stream itself is the replication crate's business; nothing here knows
 //! its format.
 
-use super::locking::commit_locked;
+use super::locking::{commit, commit_locked};
 use super::{
     ensure_changes_allowed, ensure_name_free, now_unix_secs, validate_volume_name,
     validate_volume_size, DiffReport, Pool, Volume,
@@ -308,13 +308,18 @@ impl Pool {
 
     /// Makes what was written into partial receive `name` durable,
     /// together with its progress: after a crash, receiving resumes from
-    /// `progress_bytes`.
+    /// `progress_bytes`. The commit's I/O runs without the state lock, so
+    /// the receiver can go on writing meanwhile: what it writes past
+    /// `progress_bytes` may or may not be in this commit, and either is
+    /// right.
     pub fn record_receive_progress(&self, name: &str, progress_bytes: u64) -> Result<()> {
-        let mut state = self.state();
-        ensure_changes_allowed(&state)?;
-        let id = state.partial_receive(name)?.id;
-        state.set_receive_progress(id, progress_bytes);
-        commit_locked(&self.inner, &mut state)
+        {
+            let mut state = self.state();
+            ensure_changes_allowed(&state)?;
+            let id = state.partial_receive(name)?.id;
+            state.set_receive_progress(id, progress_bytes);
+        }
+        commit(&self.inner)
     }
 
     /// Turns partial receive `name` into a visible read-only snapshot,
