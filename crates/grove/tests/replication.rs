@@ -480,11 +480,14 @@ fn serve(pool: &Pool) -> Server {
 
 #[test]
 fn receive_into_a_served_pool_while_clients_write() {
-    if !have("qemu-io") {
+    if !have("fio") {
         return;
     }
-    let runs = [(0, 4 * MIB), (20 * MIB, 8 * MIB)];
-    let (a, _) = source(32, &runs, 0x1234_5678_9abc_def1);
+    let runs = [(0, 24 * MIB), (40 * MIB, 24 * MIB)];
+    let (a, _) = source(64, &runs, 0x1234_5678_9abc_def1);
+    let stream_path = a.path.join("full.stream");
+    a.ok(&["send", "v@1", "-o", stream_path.to_str().unwrap()]);
+    let stream = std::fs::read(&stream_path).unwrap();
     let b = Pool::new();
     b.ok(&["create", "disk", "--size", "64M"]);
     let _server = serve(&b);
@@ -493,28 +496,29 @@ fn receive_into_a_served_pool_while_clients_write() {
         b.path.join("nbd.sock").display()
     );
 
+    // fio writes random blocks and reads them back verified, pass after
+    // pass, for as long as the receive runs.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let writer = {
+    let client = {
         let stop = stop.clone();
         std::thread::spawn(move || {
             let mut passes = 0u32;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) || passes == 0 {
-                let pattern = passes % 200 + 1;
-                let output = Command::new("qemu-io")
-                    .args(["-f", "raw"])
-                    .args(["-c", &format!("write -P {pattern} 0 4M")])
-                    .args(["-c", &format!("write -P {pattern} 32M 1M")])
-                    .args(["-c", "flush"])
-                    .args(["-c", &format!("read -P {pattern} 0 4M")])
-                    .arg(&uri)
+                let output = Command::new("fio")
+                    .args([
+                        "--name=during-receive",
+                        "--ioengine=nbd",
+                        &format!("--uri={uri}"),
+                    ])
+                    .args(["--rw=randwrite", "--bs=4k", "--size=8M", "--iodepth=8"])
+                    .args(["--verify=crc32c", "--verify_fatal=1", "--do_verify=1"])
+                    .arg(format!("--randseed={}", passes + 1))
                     .output()
                     .unwrap();
-                let text = String::from_utf8_lossy(&output.stdout);
                 assert!(
-                    output.status.success()
-                        && !text.contains("failed")
-                        && !text.contains("Pattern verification"),
-                    "qemu-io: {text}{}",
+                    output.status.success(),
+                    "fio: {}{}",
+                    String::from_utf8_lossy(&output.stdout),
                     String::from_utf8_lossy(&output.stderr)
                 );
                 passes += 1;
@@ -523,27 +527,37 @@ fn receive_into_a_served_pool_while_clients_write() {
         })
     };
 
-    let mut sender = a
-        .command(&["send", "v@1"])
+    // The stream is fed in small pieces, so that the receive lasts while
+    // fio runs several passes.
+    let mut receiver = b
+        .command(&["receive", "r@1"])
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let output = b
-        .command(&["receive", "r@1"])
-        .stdin(Stdio::from(sender.stdout.take().unwrap()))
-        .output()
-        .unwrap();
-    assert!(sender.wait().unwrap().success());
+    {
+        let mut stdin = receiver.stdin.take().unwrap();
+        for piece in stream.chunks(MIB) {
+            stdin.write_all(piece).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(25));
+        }
+    }
+    let output = receiver.wait_with_output().unwrap();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let passes = writer.join().unwrap();
+    let passes = client.join().unwrap();
     assert!(
         output.status.success(),
         "receive into the served pool failed: {}",
         String::from_utf8_lossy(&output.stderr)
     );
     println!(
-        "served receive: {}; qemu-io passes meanwhile: {passes}",
+        "served receive: {}; verified fio passes meanwhile: {passes}",
         String::from_utf8_lossy(&output.stdout).trim()
+    );
+    assert!(
+        passes >= 2,
+        "fio ran only {passes} pass(es) during the receive"
     );
     assert_eq!(b.hash("r@1"), a.hash("v@1"));
 }
