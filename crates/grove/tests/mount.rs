@@ -646,6 +646,30 @@ fn volume_files_follow_the_pool() {
         ],
     );
     drop(file);
+
+    // A stream received into the mounted pool (through its control
+    // socket) shows as a file holding what was sent; the mounted pool can
+    // send too.
+    let source = TestPool::new();
+    source.ok(&["create", "vm", "--size", "4M"]);
+    let data_path = source.dir("files").join("data");
+    std::fs::write(&data_path, pattern(9, 1 << 20)).unwrap();
+    source.ok(&["write", "vm", "--offset", "1M", s(&data_path)]);
+    source.ok(&["snapshot", "vm", "vm@1"]);
+    let stream = source.dir("files").join("vm.stream");
+    source.ok(&["send", "vm@1", "-o", s(&stream)]);
+    pool.ok(&["receive", "vm@1", s(&stream)]);
+    assert!(names().contains(&"vm@1".to_string()));
+    let received = std::fs::read(grove.file("vm@1")).unwrap();
+    assert!(received[1 << 20..2 << 20] == pattern(9, 1 << 20)[..]);
+    assert!(received[..1 << 20].iter().all(|b| *b == 0));
+    let back = pool.dir("files").join("back.stream");
+    pool.ok(&["send", "disk@1", "-o", s(&back)]);
+    source.ok(&["receive", "disk@1", s(&back)]);
+    assert_eq!(
+        source.ok(&["hash", "disk@1"]).split_whitespace().next(),
+        pool.ok(&["hash", "disk@1"]).split_whitespace().next()
+    );
     grove.unmount(&pool);
 }
 
