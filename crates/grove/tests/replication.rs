@@ -653,3 +653,83 @@ fn streams_round_trip_through_file_urls_and_an_interrupted_upload_resumes() {
         ),
     }
 }
+
+/// Sends `args` from `from` into a file, then receives it into `to` as
+/// `name`; returns the receive's output.
+fn pipe(from: &Pool, args: &[&str], to: &Pool, name: &str) -> Output {
+    let stream = from.file("pipe.stream");
+    let mut send = args.to_vec();
+    send.extend(["-o", stream.to_str().unwrap()]);
+    from.ok(&send);
+    to.run(&["receive", name, stream.to_str().unwrap()])
+}
+
+#[test]
+fn cursors_ranges_and_a_missing_base_name_what_to_send() {
+    let (a, _) = source(8, &[(0, MIB)], 0x5eed_0001);
+    let mut rng = Rng(7);
+    for i in 2..=4 {
+        a.write("v", i * MIB, &rng.bytes(MIB / 2));
+        a.ok(&["snapshot", "v", &format!("v@{i}")]);
+    }
+    let b = Pool::new();
+    // A full send starts the cursor; the next one goes from it.
+    let out = pipe(&a, &["send", "v@1", "--cursor", "b"], &b, "v@1");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listing = a.ok(&["list"]);
+    assert!(
+        listing.contains(r#"cursor "b": last sent "v@1""#),
+        "{listing}"
+    );
+    let out = pipe(&a, &["send", "v@3", "--cursor", "b"], &b, "v@3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The cursor's snapshot removed: the cursor still carries the next
+    // incremental.
+    a.ok(&["rm", "v@3"]);
+    let listing = a.ok(&["list"]);
+    assert!(listing.contains("kept as a bookmark"), "{listing}");
+    let out = pipe(&a, &["send", "v@4", "--cursor", "b"], &b, "v@4");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(a.hash("v@4"), b.hash("v@4"));
+
+    // A range (`--from BASE..`) makes every snapshot between, named under
+    // the receiver's prefix.
+    let c = Pool::new();
+    assert!(pipe(&a, &["send", "v@1"], &c, "c@1").status.success());
+    let out = pipe(&a, &["send", "v@4", "--from", "v@1.."], &c, "c@4");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(c.has_volume("c@2") && c.has_volume("c@4"));
+    assert_eq!(c.hash("c@2"), a.hash("v@2"));
+    assert_eq!(c.hash("c@4"), a.hash("v@4"));
+
+    // Missing base: one line naming it and an earlier snapshot both hold.
+    let d = Pool::new();
+    assert!(pipe(&a, &["send", "v@1"], &d, "d@1").status.success());
+    let out = pipe(&a, &["send", "v@4", "--from", "v@2"], &d, "x@4");
+    assert!(!out.status.success());
+    let error = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(error.trim().lines().count(), 1, "{error}");
+    assert!(
+        error.contains(r#"snapshot "v@2""#)
+            && error.contains("send --from v@1 instead")
+            && error.contains(r#"as "d@1""#),
+        "{error}"
+    );
+    assert!(!d.has_volume("x@4"));
+}
