@@ -16,7 +16,7 @@ use crate::output::{
     format_size, write_check_report, write_diff, write_pool_info, write_volume_table,
     write_volume_tree,
 };
-use crate::replicate::{self, SendArgs};
+use crate::replicate::{self, Place};
 use crate::serve;
 use crate::size::parse_size;
 use crate::transfer;
@@ -84,7 +84,7 @@ pub fn run(cli: Cli) -> Result<()> {
             {
                 Some(daemon) => match command {
                     Command::Send { .. } | Command::Receive { .. } | Command::Hash { .. } => {
-                        run_replication_remote(&daemon, command)
+                        replicate::run(Place::Daemon(&daemon), command)
                     }
                     command => run_admin(&daemon, command),
                 },
@@ -166,138 +166,10 @@ fn run_local(pool: &Pool, command: Command) -> Result<()> {
             rollback(pool, &snapshot, volume.as_deref(), force)?;
             reclaim_with_progress(pool).map(drop)
         }
-        Command::Send {
-            snapshot,
-            from,
-            range_from,
-            cursor,
-            output,
-            to,
-            resume,
-        } => {
-            let args = SendArgs {
-                snapshot,
-                from,
-                range_from,
-                cursor,
-                resume,
-                continue_at: None,
-            };
-            let summary = match to {
-                Some(url) => crate::objects::send_to_url(pool, &args, &url)?,
-                None => {
-                    let mut out = replicate::open_output(output.as_deref())?;
-                    let summary = replicate::send_from_pool(pool, &args, &mut out)?;
-                    out.flush().context("cannot write the stream")?;
-                    summary
-                }
-            };
-            eprintln!("{}", replicate::describe_send(&summary));
-            Ok(())
+        command @ (Command::Send { .. } | Command::Receive { .. } | Command::Hash { .. }) => {
+            replicate::run(Place::Here(pool), command)
         }
-        Command::Receive {
-            name,
-            file,
-            from,
-            abort,
-            status,
-        } => {
-            if abort {
-                let freed = grove_send::abort(pool, &name)?;
-                say(format_args!(
-                    "dropped the partial receive {name:?}; it gives back {}",
-                    format_size(freed)
-                ))?;
-                // Here nothing else would reclaim: give the space back now.
-                return reclaim_with_progress(pool).map(drop);
-            }
-            if status {
-                return say(format_args!("{}", replicate::status(pool, &name)?));
-            }
-            let summary = match from {
-                Some(url) => crate::objects::receive_from_url(pool, &name, &url)?,
-                None => replicate::receive_into_pool(
-                    pool,
-                    &name,
-                    replicate::open_input(file.as_deref())?,
-                )?,
-            };
-            say(format_args!("{}", replicate::describe_receive(&summary)))
-        }
-        Command::Hash { name } => say(format_args!("{}  {name}", replicate::hash(pool, &name)?)),
         command => run_admin(pool, command),
-    }
-}
-
-/// Copies a daemon's stream to `out`, checking that it ends with its End
-/// frame: anything short of that was cut by a failure the daemon logged.
-fn copy_whole_stream(stream: &mut dyn io::Read, out: &mut dyn Write) -> Result<()> {
-    let mut reader = grove_send::format::FrameReader::new(stream);
-    let mut writer = grove_send::format::FrameWriter::new(out);
-    loop {
-        let frame = reader.next_frame().map_err(|e| {
-            anyhow::anyhow!(
-                "the daemon's stream stopped ({e}; its log says why): the output is incomplete"
-            )
-        })?;
-        writer.write(&frame).context("cannot write the stream")?;
-        if matches!(frame, grove_send::format::Frame::End { .. }) {
-            return Ok(());
-        }
-    }
-}
-
-/// Send, receive and hash on a pool a daemon holds: the daemon runs them,
-/// and the stream flows over its control socket.
-fn run_replication_remote(daemon: &ControlClient, command: Command) -> Result<()> {
-    match command {
-        Command::Send {
-            snapshot,
-            from,
-            range_from,
-            cursor,
-            output,
-            to,
-            resume,
-        } => {
-            let args = SendArgs {
-                snapshot,
-                from,
-                range_from,
-                cursor,
-                resume,
-                continue_at: None,
-            };
-            if let Some(url) = to {
-                return crate::objects::send_to_url_through(daemon, &args, &url);
-            }
-            let mut out = replicate::open_output(output.as_deref())?;
-            daemon.send_stream(&args, &mut |stream| copy_whole_stream(stream, &mut out))?;
-            out.flush().context("cannot write the stream")?;
-            Ok(())
-        }
-        Command::Receive {
-            name,
-            file,
-            from,
-            abort,
-            status,
-        } => {
-            if abort {
-                daemon.receive_abort(&name)?;
-                return say(format_args!("dropped the partial receive {name:?}"));
-            }
-            if status {
-                return say(format_args!("{}", daemon.receive_status(&name)?));
-            }
-            let summary = match from {
-                Some(url) => crate::objects::receive_from_url_through(daemon, &name, &url)?,
-                None => daemon.receive_stream(&name, replicate::open_input(file.as_deref())?)?,
-            };
-            say(format_args!("{}", replicate::describe_receive(&summary)))
-        }
-        Command::Hash { name } => say(format_args!("{}  {name}", daemon.hash(&name)?)),
-        _ => unreachable!("only send, receive and hash stream"),
     }
 }
 
@@ -509,7 +381,7 @@ fn rollback(pool: &dyn Admin, snapshot: &str, volume: Option<&str>, force: bool)
 
 /// Reclaims everything pending in bounded batches, with a progress bar on
 /// a terminal. Returns the bytes freed.
-fn reclaim_with_progress(pool: &Pool) -> Result<u64> {
+pub(crate) fn reclaim_with_progress(pool: &Pool) -> Result<u64> {
     let pending = pool.pending_free_bytes()?;
     if pending == 0 {
         return Ok(0);
@@ -584,6 +456,6 @@ fn print_with(render: impl FnOnce(&mut BufWriter<io::StdoutLock>) -> io::Result<
 /// Prints one line of a command's report on stdout. Unlike println!, a
 /// closed stdout is an error rather than a panic, and a reader that went
 /// away early is not an error (the change itself is already done).
-fn say(line: std::fmt::Arguments) -> Result<()> {
+pub(crate) fn say(line: std::fmt::Arguments) -> Result<()> {
     print_with(|out| writeln!(out, "{line}"))
 }
