@@ -62,15 +62,20 @@ impl Shares {
     }
 
     /// One more entry points at `addr`.
-    pub fn increment(&mut self, addr: BlockAddr) -> Result<()> {
-        let extra = self.extra(addr);
-        if extra >= EXTRA_REFERENCES_MAX {
+    /// Returns the count before and after. One lookup: a snapshot's first
+    /// write into a shared leaf counts a reference for each of its
+    /// hundreds of children.
+    pub fn increment(&mut self, addr: BlockAddr) -> Result<(u32, u32)> {
+        let count = self.live.entry(addr.0).or_insert(0);
+        let before = *count;
+        if before >= EXTRA_REFERENCES_MAX {
             return Err(Error::corrupt(format!(
-                "{addr} already has {extra} extra references"
+                "{addr} already has {before} extra references"
             )));
         }
-        self.set(addr, extra + 1);
-        Ok(())
+        *count = before + 1;
+        self.changes.insert(addr.0, before + 1);
+        Ok((before, before + 1))
     }
 
     /// One entry that pointed at `addr` is gone; `addr` must have been shared.
@@ -145,19 +150,31 @@ impl Shares {
     /// durable copy.
     pub fn seal(&mut self) {
         let changes = std::mem::take(&mut self.changes);
+        // Changes come in address order, so neighbours share a count
+        // block: mark each one dirty once.
+        let mut last_dirty = None;
         for (addr, extra) in changes {
-            self.set_durable(addr, extra);
+            self.set_durable_count(addr, extra);
+            let first = self.count_block_first(addr);
+            if last_dirty != Some(first) {
+                self.dirty_count_blocks.insert(first);
+                last_dirty = Some(first);
+            }
         }
     }
 
     fn set_durable(&mut self, addr: u64, extra: u32) {
+        self.set_durable_count(addr, extra);
+        let first = self.count_block_first(addr);
+        self.dirty_count_blocks.insert(first);
+    }
+
+    fn set_durable_count(&mut self, addr: u64, extra: u32) {
         if extra == 0 {
             self.durable.remove(&addr);
         } else {
             self.durable.insert(addr, extra);
         }
-        let first = self.count_block_first(addr);
-        self.dirty_count_blocks.insert(first);
     }
 
     /// Applies a replayed transaction's runs to the durable copy. A run

@@ -73,13 +73,13 @@ impl SpaceMap {
     /// One more entry points at `addr`. Refused (as damage) rather than
     /// wrapped at `EXTRA_REFERENCES_MAX`.
     pub(crate) fn take_reference(&mut self, addr: BlockAddr) -> Result<()> {
-        let before = self.shares.extra(addr);
-        self.shares.increment(addr)?;
-        assert_eq!(
+        let (before, after) = self.shares.increment(addr)?;
+        debug_assert_eq!(
             self.shares.extra(addr),
             before + 1,
             "{addr}: count did not grow"
         );
+        debug_assert_eq!(after, before + 1);
         Ok(())
     }
 
