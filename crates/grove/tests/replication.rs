@@ -733,3 +733,64 @@ fn cursors_ranges_and_a_missing_base_name_what_to_send() {
     );
     assert!(!d.has_volume("x@4"));
 }
+
+/// A token whose bytes are edited (and its checksum made to match again)
+/// to name another snapshot is refused by the sending pool, as is a token
+/// taken to another pool; the token as given still works.
+#[test]
+fn an_edited_resume_token_sends_nothing() {
+    let (a, full) = source(16, &[(0, 6 * MIB)], 11);
+    a.ok(&["snapshot", "v", "v@other"]);
+    let other_guid = a.list().iter().find(|v| v["name"] == "v@other").unwrap()["guid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let b = Pool::new();
+    let truncated = b.file("truncated.stream");
+    std::fs::write(&truncated, &full[..full.len() * 3 / 4]).unwrap();
+    assert!(!b
+        .run(&["receive", "r@1", truncated.to_str().unwrap()])
+        .status
+        .success());
+    let token = b.status("r@1").expect("a partial receive is kept");
+
+    // Token bytes: version, flags, final target (16), section base (16),
+    // section target (16), progress (8), tag (16), then a CRC-32C.
+    let hex = token.strip_prefix("grove1-").unwrap();
+    let mut bytes: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect();
+    for (i, at) in (0..32).step_by(2).enumerate() {
+        let byte = u8::from_str_radix(&other_guid[at..at + 2], 16).unwrap();
+        bytes[2 + i] = byte;
+        bytes[34 + i] = byte;
+    }
+    let crc = crc32c::crc32c(&bytes[..74]);
+    bytes[74..78].copy_from_slice(&crc.to_le_bytes());
+    let edited: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let output = a.run(&[
+        "send",
+        "--resume",
+        &format!("grove1-{edited}"),
+        "-o",
+        "/dev/null",
+    ]);
+    assert!(!output.status.success());
+    let error = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        error.contains("was not issued for a stream of this pool"),
+        "{error}"
+    );
+
+    // Another pool does not accept it either.
+    let c = Pool::new();
+    let output = c.run(&["send", "--resume", &token, "-o", "/dev/null"]);
+    assert!(!output.status.success());
+
+    // The token as given resumes.
+    let rest = a.file("rest.stream");
+    a.ok(&["send", "--resume", &token, "-o", rest.to_str().unwrap()]);
+    b.ok(&["receive", "r@1", rest.to_str().unwrap()]);
+    assert_eq!(b.hash("r@1"), a.hash("v@1"));
+}
