@@ -666,6 +666,33 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Whatever the bytes, reading them ends in frames and an error,
+        /// never a panic.
+        #[test]
+        fn any_bytes_read_without_a_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..4096)) {
+            let mut reader = FrameReader::new(&bytes[..]);
+            for _ in 0..bytes.len() + 1 {
+                if reader.next_frame().is_err() {
+                    break;
+                }
+            }
+        }
+
+        /// The same for bytes that start as a real stream and go wrong.
+        #[test]
+        fn a_stream_with_any_tail_reads_without_a_panic(
+            cut in 0usize..2000,
+            tail in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512),
+        ) {
+            let mut bytes = encode(&sample_frames());
+            bytes.truncate(cut.min(bytes.len()));
+            bytes.extend_from_slice(&tail);
+            let mut reader = FrameReader::new(&bytes[..]);
+            while reader.next_frame().is_ok() {}
+        }
+    }
+
     #[test]
     fn oversized_and_unknown_frames_are_refused() {
         let mut bytes = vec![3u8];

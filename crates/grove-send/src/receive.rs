@@ -391,6 +391,17 @@ impl Drop for Committer {
     }
 }
 
+/// What a partial receive holds when a run over it starts.
+struct Held {
+    state: StreamState,
+    /// Whether `state` is synced already (a resumed receive's is).
+    state_durable: bool,
+    /// The running digest at `bytes`, if known.
+    digest: Option<ContentDigest>,
+    /// Bytes of the target held and durable.
+    bytes: u64,
+}
+
 /// Receives one section into its partial receive.
 struct SectionReceiver<'a> {
     pool: &'a Pool,
@@ -451,22 +462,14 @@ impl<'a> SectionReceiver<'a> {
                 }
                 let state = read_state(pool.dir(), name)?;
                 let digest = read_digest(pool.dir(), name, partial.progress_bytes);
-                Ok(SectionReceiver {
-                    pool,
-                    begin: begin.clone(),
-                    name: name.to_string(),
-                    volume: pool.receive_volume(name)?,
+                let volume = pool.receive_volume(name)?;
+                let held = Held {
                     state,
                     state_durable: true,
-                    last: begin.section + 1 == sections_total,
                     digest,
-                    fresh_from: partial.progress_bytes,
-                    applied: 0,
-                    committed: partial.progress_bytes,
-                    committed_at: Instant::now(),
-                    uncommitted_bytes: 0,
-                    committer: Committer::start(pool, name)?,
-                })
+                    bytes: partial.progress_bytes,
+                };
+                Self::assemble(pool, begin, sections_total, name, volume, held)
             }
             None if resuming_this => bail!(
                 "the stream resumes a receive, but there is no partial receive named {name:?} in this pool (it finished, or was aborted)"
@@ -526,18 +529,35 @@ impl<'a> SectionReceiver<'a> {
         write_state(pool.dir(), name, &state, false)?;
         let volume =
             pool.begin_receive(name, begin.base_guid, begin.target_guid, begin.size_bytes)?;
+        let held = Held {
+            state,
+            state_durable: false,
+            digest: Some(digest),
+            bytes: 0,
+        };
+        Self::assemble(pool, begin, sections_total, name, volume, held)
+    }
+
+    fn assemble(
+        pool: &'a Pool,
+        begin: &Begin,
+        sections_total: u32,
+        name: &str,
+        volume: Volume,
+        held: Held,
+    ) -> Result<SectionReceiver<'a>> {
         Ok(SectionReceiver {
             pool,
             begin: begin.clone(),
             name: name.to_string(),
             volume,
-            state,
-            state_durable: false,
+            state: held.state,
+            state_durable: held.state_durable,
             last: begin.section + 1 == sections_total,
-            digest: Some(digest),
-            fresh_from: 0,
+            digest: held.digest,
+            fresh_from: held.bytes,
             applied: 0,
-            committed: 0,
+            committed: held.bytes,
             committed_at: Instant::now(),
             uncommitted_bytes: 0,
             committer: Committer::start(pool, name)?,
@@ -744,6 +764,7 @@ fn missing_base(pool: &Pool, header: &Header, begin: &Begin) -> anyhow::Error {
 /// it from stored objects: the section it is in, and the frames that
 /// restart it (a header, then the section's Begin) before the records
 /// from `progress_bytes` on.
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RestartPoint {
     pub section: u32,
     pub progress_bytes: u64,

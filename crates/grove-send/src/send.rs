@@ -339,8 +339,10 @@ struct SectionSender<'a, W: StreamSink> {
 
 /// How the target's digest is found while its section is sent.
 enum DigestPlan {
-    /// Known already (cached, or computed before sending).
-    Known(ContentDigest),
+    /// In the pool's digest cache already.
+    Cached(ContentDigest),
+    /// Computed before sending, by reading the whole target.
+    Computed(ContentDigest),
     /// Tracked from the records: a full stream's units added to nothing,
     /// or an incremental's changed units swapped in the base's digest,
     /// reading the old ones from the base.
@@ -384,9 +386,12 @@ impl<W: StreamSink> SectionSender<'_, W> {
             self.send_range(&volume, start, end, &mut digest, &mut counts)?;
         }
         let running = match digest {
-            DigestPlan::Known(d) | DigestPlan::Tracked { running: d, .. } => d,
+            DigestPlan::Cached(d) => d,
+            DigestPlan::Computed(d) | DigestPlan::Tracked { running: d, .. } => {
+                self.cache.put(&target.guid, target.size_bytes, &d);
+                d
+            }
         };
-        self.cache.put(&target.guid, target.size_bytes, &running);
         counts.content_digest = running.finish(target.size_bytes);
         self.summary.data_bytes += counts.data_bytes;
         self.summary.zero_bytes += counts.zero_bytes;
@@ -398,7 +403,7 @@ impl<W: StreamSink> SectionSender<'_, W> {
     fn digest_plan(&self, volume: &Volume) -> Result<DigestPlan> {
         let target = &self.section.target;
         if let Some(known) = self.cache.get(&target.guid, target.size_bytes) {
-            return Ok(DigestPlan::Known(known));
+            return Ok(DigestPlan::Cached(known));
         }
         if self.section.start_bytes == 0 {
             match &self.section.base {
@@ -421,7 +426,7 @@ impl<W: StreamSink> SectionSender<'_, W> {
         }
         // Resumed, or from a base whose digest is unknown or whose data is
         // gone: read the whole target once (and never again: it is cached).
-        Ok(DigestPlan::Known(volume_digest(volume)?))
+        Ok(DigestPlan::Computed(volume_digest(volume)?))
     }
 
     /// Unit-aligned, sorted, disjoint byte ranges [start, end) of the

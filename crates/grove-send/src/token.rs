@@ -205,6 +205,14 @@ mod tests {
         assert!(ResumeToken::decode("hello").is_err());
     }
 
+    proptest::proptest! {
+        #[test]
+        fn any_text_decodes_without_a_panic(text in ".{0,200}", hex in "grove1-[0-9a-f]{0,160}") {
+            let _ = ResumeToken::decode(&text);
+            let _ = ResumeToken::decode(&hex);
+        }
+    }
+
     #[test]
     fn only_the_issuing_pool_accepts_a_token_and_edits_fail() {
         let dir = tempfile::tempdir().unwrap();

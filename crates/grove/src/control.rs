@@ -272,15 +272,6 @@ enum Request {
     },
 }
 
-/// A restart point as the control socket carries it.
-#[derive(Debug, Serialize, Deserialize)]
-struct RestartWire {
-    section: u32,
-    progress_bytes: u64,
-    header: Vec<u8>,
-    begin: Vec<u8>,
-}
-
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 enum Reply {
@@ -330,14 +321,7 @@ fn execute(pool: &Pool, request: Request) -> Reply {
         Request::StreamFingerprint { args } => reply_any(crate::objects::fingerprint(pool, &args)),
         Request::RestartPoint { name } => reply_any(match pool.partial_receive(&name) {
             None => Ok(None),
-            Some(_) => grove_send::restart_point(pool, &name).map(|r| {
-                Some(RestartWire {
-                    section: r.section,
-                    progress_bytes: r.progress_bytes,
-                    header: r.header,
-                    begin: r.begin,
-                })
-            }),
+            Some(_) => grove_send::restart_point(pool, &name).map(Some),
         }),
         Request::Receive { .. } | Request::Send { .. } => Reply::Error {
             kind: ErrorKind::InvalidArgument,
@@ -832,14 +816,10 @@ impl ControlClient {
 
     /// Where partial receive `name` restarts, if there is one.
     pub fn restart_point(&self, name: &str) -> Result<Option<grove_send::RestartPoint>> {
-        let wire =
-            self.exchange::<Option<RestartWire>>(&Request::RestartPoint { name: name.into() })??;
-        Ok(wire.map(|w| grove_send::RestartPoint {
-            section: w.section,
-            progress_bytes: w.progress_bytes,
-            header: w.header,
-            begin: w.begin,
-        }))
+        self.exchange::<Option<grove_send::RestartPoint>>(&Request::RestartPoint {
+            name: name.into(),
+        })?
+        .map_err(Into::into)
     }
 
     pub fn receive_abort(&self, name: &str) -> Result<u64> {

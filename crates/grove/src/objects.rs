@@ -11,10 +11,12 @@
 
 use std::io::{self, Read, Write};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use grove_objects::{StreamStore, Upload};
 use grove_send::format::{FrameReader, FrameWriter, FRAME_BODY_MAX, FRAME_OVERHEAD_BYTES};
-use grove_send::{Position, Positions, ReceiveSummary, RestartPoint, SendSummary, StreamSink};
+use grove_send::{
+    Position, Positions, ReceiveSummary, RestartPoint, SendRequest, SendSummary, StreamSink,
+};
 use grove_store::Pool;
 
 use crate::control::ControlClient;
@@ -49,14 +51,14 @@ fn open(url: &str) -> Result<(StreamStore, String)> {
     Ok((store, name.to_string()))
 }
 
-/// Which stream an upload holds: the snapshots it carries.
+/// Which stream an upload of `grove send` with `args` holds.
 pub fn fingerprint(pool: &Pool, args: &SendArgs) -> Result<[u8; 16]> {
-    let target = args
-        .snapshot
-        .as_deref()
-        .context("name the snapshot to send")?;
-    let mut identities = pool.identity(target)?.guid.to_vec();
-    let request = replicate::request(pool, args)?;
+    request_fingerprint(pool, &replicate::request(pool, args)?)
+}
+
+/// Which stream an upload of `request` holds: the snapshots it carries.
+fn request_fingerprint(pool: &Pool, request: &SendRequest) -> Result<[u8; 16]> {
+    let mut identities = pool.identity(&request.target)?.guid.to_vec();
     if let Some(base) = &request.from {
         identities.extend_from_slice(&pool.base_identity(base)?.guid);
     }
@@ -195,8 +197,8 @@ fn destination(url: &str, fingerprint: [u8; 16]) -> Result<Destination> {
 /// rest of it after an interrupted run.
 pub fn send_to_url(pool: &Pool, args: &SendArgs, url: &str) -> Result<SendSummary> {
     refuse_resume(args)?;
-    let mut destination = destination(url, fingerprint(pool, args)?)?;
     let mut request = replicate::request(pool, args)?;
+    let mut destination = destination(url, request_fingerprint(pool, &request)?)?;
     request.continue_at = destination.continue_at;
     let summary = grove_send::send_to_sink(pool, &request, &mut destination.writer, &mut |_| {})?;
     destination.writer.finish()?;

@@ -647,10 +647,6 @@ impl Pool {
         Ok(after.saturating_sub(before) * state.geometry().block_bytes())
     }
 
-    fn has_claims(&self, id: VolumeId) -> bool {
-        lock_handles(&self.inner).contains_key(&id)
-    }
-
     /// Refuses when any of `ids` is claimed (an NBD client, an open FUSE
     /// file), naming it and what would help.
     fn ensure_unclaimed(&self, state: &State, ids: &[VolumeId], what: &str) -> Result<()> {

@@ -330,12 +330,6 @@ impl Pool {
         let mut state = self.state();
         ensure_changes_allowed(&state)?;
         let id = state.partial_receive(name)?.id;
-        if self.has_claims(id) {
-            return Err(Error::new(
-                ErrorKind::Busy,
-                format!("partial receive {name:?} is still being written"),
-            ));
-        }
         state.finish_receive(id, created_unix_secs)?;
         if durable {
             commit_locked(&self.inner, &mut state)?;
