@@ -59,6 +59,8 @@ const OPS_PER_CASE_MAX: usize = 60;
 
 /// Few names, so that operations keep hitting existing volumes.
 const NAMES: [&str; 5] = ["a", "b", "c", "d", "e"];
+/// Replication targets whose cursors the model moves.
+const CURSOR_TARGETS: [&str; 2] = ["offsite", "backup"];
 
 /// Volume sizes: one level (101 blocks), two levels, exactly the capacity of
 /// two levels (16384 blocks), just past it (three levels, partial last
@@ -185,6 +187,22 @@ enum Op {
         a: usize,
         b: usize,
     },
+    /// Point replication target `target`'s cursor at a snapshot: a pinned
+    /// bookmark record that removal, reclaim and reopening must keep.
+    Cursor {
+        snapshot: usize,
+        target: usize,
+    },
+    /// Receive a copy of a volume as a full stream would arrive: a partial
+    /// receive written and committed with its progress, hidden; then,
+    /// after a crash-like reopen or not, finished into a snapshot or
+    /// dropped.
+    Receive {
+        source: usize,
+        name: usize,
+        reopen: bool,
+        finish: bool,
+    },
     /// Run the reclaimer until nothing is pending.
     Gc,
     /// Run the reclaimer only a few small batches, as a busy server or a
@@ -287,6 +305,16 @@ fn op_strategy() -> impl Strategy<Value = Op> {
             .prop_map(|(name, recursive)| Op::Remove { name, recursive }),
         2 => (name(), name()).prop_map(|(snapshot, volume)| Op::Rollback { snapshot, volume }),
         2 => (name(), name()).prop_map(|(a, b)| Op::Diff { a, b }),
+        2 => (name(), name(), any::<bool>(), prop::bool::weighted(0.7)).prop_map(
+            |(source, name, reopen, finish)| Op::Receive {
+                source,
+                name,
+                reopen,
+                finish
+            }
+        ),
+        3 => (name(), 0..CURSOR_TARGETS.len())
+            .prop_map(|(snapshot, target)| Op::Cursor { snapshot, target }),
         2 => Just(Op::Gc),
         3 => (
             1..=RECLAIM_BATCHES_MAX,
@@ -606,6 +634,11 @@ static LONG_LINES: AtomicU64 = AtomicU64::new(0);
 /// Removed snapshots of a long line found gone after a full reclaim.
 static BOOKMARKS_ROLLED_OFF: AtomicU64 = AtomicU64::new(0);
 static POOLS_PAST_TWO_GROUPS: AtomicU64 = AtomicU64::new(0);
+/// Cursors whose snapshot was removed while they pointed at it.
+static CURSORS_OUTLIVING_THEIR_SNAPSHOT: AtomicU64 = AtomicU64::new(0);
+/// Partial receives found whole after a reopen, then finished.
+static RECEIVES_FINISHED_AFTER_A_REOPEN: AtomicU64 = AtomicU64::new(0);
+static RECEIVES_DROPPED: AtomicU64 = AtomicU64::new(0);
 
 struct Harness {
     path: PathBuf,
@@ -621,6 +654,8 @@ struct Harness {
     roll_serial: u64,
     /// The most bytes the pool has had in use in this case.
     peak_used_bytes: Cell<u64>,
+    /// Each replication target's cursor: the GUID of the snapshot it marks.
+    cursors: BTreeMap<String, [u8; 16]>,
 }
 
 /// The snapshots of one volume's rolling line.
@@ -704,6 +739,7 @@ impl Harness {
             lines: BTreeMap::new(),
             roll_serial: 0,
             peak_used_bytes: Cell::new(0),
+            cursors: BTreeMap::new(),
         }
     }
 
@@ -726,6 +762,28 @@ impl Harness {
             Op::Remove { name, recursive } => self.remove(NAMES[*name], *recursive),
             Op::Rollback { snapshot, volume } => self.rollback(NAMES[*snapshot], NAMES[*volume]),
             Op::Diff { a, b } => self.diff(NAMES[*a], NAMES[*b]),
+            Op::Receive {
+                source,
+                name,
+                reopen,
+                finish,
+            } => self.receive(NAMES[*source], NAMES[*name], *reopen, *finish),
+            Op::Cursor { snapshot, target } => {
+                // A named volume if it is a snapshot, else the newest
+                // snapshot (rolling lines make many, then remove them).
+                let named = NAMES[*snapshot];
+                let name = match self.model.by_name(named) {
+                    Some(v) if v.kind == VolumeKind::Snapshot => named.to_string(),
+                    _ => self
+                        .model
+                        .volumes
+                        .values()
+                        .rev()
+                        .find(|v| v.kind == VolumeKind::Snapshot)
+                        .map_or(named.to_string(), |v| v.name.clone()),
+                };
+                self.cursor(&name, CURSOR_TARGETS[*target])
+            }
             Op::Gc => self.gc(),
             Op::ReclaimSome { batches, budget } => self.reclaim_some(*batches, *budget),
             Op::RollMany(rolling) => self.roll_many(rolling),
@@ -974,6 +1032,127 @@ impl Harness {
 
     /// The engine's diff against the oracle's identities: a block differs
     /// exactly when the two volumes do not hold the same physical block.
+    /// A copy of `source` received as `name`, through the engine's partial
+    /// receives: hidden while it is written, durable with its progress,
+    /// and then a snapshot of its own (no parent) or given back.
+    fn receive(
+        &mut self,
+        source: &str,
+        name: &str,
+        reopen: bool,
+        finish: bool,
+    ) -> Result<(), TestCaseError> {
+        let Some(source_volume) = self.model.by_name(source).cloned() else {
+            return Ok(());
+        };
+        self.stamp += 1;
+        let mut guid = *b"model-receive---";
+        guid[..8].copy_from_slice(&self.stamp.to_le_bytes());
+        let size = source_volume.size_bytes;
+        let result = self.pool().begin_receive(name, None, guid, size);
+        if self.model.by_name(name).is_some() {
+            return expect_kind(
+                result.map(|_| ()),
+                ErrorKind::AlreadyExists,
+                "receive over a name",
+            );
+        }
+        let volume = result.map_err(fail("begin_receive"))?;
+        let mut copy = ModelVolume {
+            name: name.to_string(),
+            kind: VolumeKind::Volume,
+            parent: None,
+            size_bytes: size,
+            blocks: BTreeMap::new(),
+            written_base: 0,
+        };
+        for (index, block) in &source_volume.blocks {
+            let offset = index * BLOCK;
+            let len = BLOCK.min(size - offset) as usize;
+            volume
+                .write_at(&block.data[..len], offset)
+                .map_err(fail("receive write"))?;
+            copy.write(offset, &block.data[..len], &mut self.model.clock);
+        }
+        drop(volume);
+        self.pool()
+            .record_receive_progress(name, size)
+            .map_err(fail("receive progress"))?;
+        prop_assert!(!self.pool().volume_names().contains(&name.to_string()));
+        if reopen {
+            self.reopen(false)?;
+            let partial = self.pool().partial_receive(name);
+            prop_assert_eq!(partial.map(|p| p.progress_bytes), Some(size));
+        }
+        if finish {
+            self.pool()
+                .finish_receive(name, 0, true)
+                .map_err(fail("finish_receive"))?;
+            let generation = self.model.clock.take_generation();
+            let info = self.pool().volume_info(name).map_err(fail("info"))?;
+            prop_assert_eq!(info.created_generation, generation);
+            prop_assert_eq!(info.summary.kind, VolumeKind::Snapshot);
+            copy.kind = VolumeKind::Snapshot;
+            self.model.volumes.insert(info.summary.id, copy);
+            if reopen {
+                RECEIVES_FINISHED_AFTER_A_REOPEN.fetch_add(1, Ordering::Relaxed);
+            }
+        } else {
+            self.pool()
+                .abort_receive(name)
+                .map_err(fail("abort_receive"))?;
+            self.model
+                .dying
+                .extend(copy.blocks.values().map(|b| b.identity));
+            RECEIVES_DROPPED.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// A cursor is set on a snapshot and refused on anything else; the
+    /// model keeps the GUID it marks.
+    fn cursor(&mut self, snapshot: &str, target: &str) -> Result<(), TestCaseError> {
+        let result = self.pool().set_cursor(target, snapshot);
+        match self.model.by_name(snapshot) {
+            Some(volume) if volume.kind == VolumeKind::Snapshot => {
+                result.map_err(fail("set_cursor"))?;
+                let guid = self
+                    .pool()
+                    .identity(snapshot)
+                    .map_err(fail("identity"))?
+                    .guid;
+                self.cursors.insert(target.to_string(), guid);
+            }
+            _ => prop_assert!(result.is_err(), "a cursor on {} was accepted", snapshot),
+        }
+        Ok(())
+    }
+
+    /// The pool's cursors are the model's, each naming its snapshot while
+    /// that lives.
+    fn check_cursors(&self) -> Result<(), TestCaseError> {
+        let cursors = self.pool().cursors();
+        let listed: BTreeMap<String, String> = cursors
+            .iter()
+            .map(|c| (c.target.clone(), c.snapshot_guid.clone()))
+            .collect();
+        let expected: BTreeMap<String, String> = self
+            .cursors
+            .iter()
+            .map(|(target, guid)| (target.clone(), grove_store::guid_hex(guid)))
+            .collect();
+        prop_assert_eq!(listed, expected, "cursors");
+        for cursor in &cursors {
+            let guid = self.cursors[&cursor.target];
+            let live = self.pool().snapshot_by_guid(&guid).map(|s| s.name);
+            prop_assert_eq!(&cursor.snapshot, &live, "cursor {}", cursor.target);
+            if live.is_none() {
+                CURSORS_OUTLIVING_THEIR_SNAPSHOT.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
     fn diff(&mut self, a: &str, b: &str) -> Result<(), TestCaseError> {
         let result = self.pool().diff(a, b);
         let (Some(a_volume), Some(b_volume)) = (self.model.by_name(a), self.model.by_name(b))
@@ -1380,6 +1559,7 @@ impl Harness {
         let pool = self.pool();
         let report = pool.check(false).map_err(fail("check"))?;
         prop_assert!(report.errors.is_empty(), "check: {:?}", report.errors);
+        self.check_cursors()?;
         let listed = pool.volumes().unwrap();
         let listed_ids: Vec<u64> = listed.iter().map(|v| v.summary.id).collect();
         let model_ids: Vec<u64> = self.model.volumes.keys().copied().collect();
@@ -1655,6 +1835,15 @@ fn engine_matches_the_model() {
         ),
         ("rolling lines past the bookmarks kept", seen(&LONG_LINES)),
         ("bookmarks that rolled off", seen(&BOOKMARKS_ROLLED_OFF)),
+        (
+            "receives finished after a reopen",
+            seen(&RECEIVES_FINISHED_AFTER_A_REOPEN),
+        ),
+        ("receives dropped", seen(&RECEIVES_DROPPED)),
+        (
+            "cursors outliving their snapshot",
+            seen(&CURSORS_OUTLIVING_THEIR_SNAPSHOT),
+        ),
         (
             "pools past two allocation groups",
             seen(&POOLS_PAST_TWO_GROUPS),
