@@ -72,6 +72,7 @@ impl State {
                 }
             }
         }
+        self.space_map.finish_loading_share_counts();
         Ok(())
     }
 

@@ -209,6 +209,11 @@ impl SpaceMap {
         self.shares.load(first, counts);
     }
 
+    /// Every count block is loaded.
+    pub(crate) fn finish_loading_share_counts(&mut self) {
+        self.shares.finish_load();
+    }
+
     /// Replaces every count with what the trees say.
     pub(crate) fn rebuild_shares(&mut self, extra: HashMap<u64, u32>) {
         self.shares.rebuild(extra);
