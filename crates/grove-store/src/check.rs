@@ -305,7 +305,7 @@ impl State {
             }
         }
         let window = walk.tally.window();
-        for &addr in self.space_map.shares().all().keys() {
+        for addr in self.space_map.shares().shared_blocks() {
             if window.contains(&addr) && !walk.tally.contains(addr) {
                 findings.high_counts.push((addr, 0));
             }

@@ -72,7 +72,6 @@ impl State {
                 }
             }
         }
-        self.space_map.finish_loading_share_counts();
         Ok(())
     }
 

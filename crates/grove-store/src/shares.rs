@@ -4,10 +4,12 @@
 //! changes since the last seal, which ride in the next journal descriptor
 //! as runs. Checkpoints write the count blocks from the durable copy.
 //!
-//! Only blocks with extra references are kept in memory, so a pool whose
-//! blocks are mostly unshared costs almost nothing here.
+//! Only chunks of neighbouring blocks with extra references are kept in
+//! memory, so a pool whose blocks are mostly unshared costs almost nothing
+//! here. A chunk costs about 9 bytes a block when its blocks are all
+//! shared (a leaf's children usually are) and 140 bytes when only one is.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 
 use crate::types::AddrMap;
 
@@ -21,16 +23,44 @@ use crate::types::BlockAddr;
 /// the generation counter allows, and checked rather than wrapped.
 pub const EXTRA_REFERENCES_MAX: u32 = u32::MAX - 1;
 
+/// Neighbouring blocks whose counts are kept together. A snapshot's first
+/// write into a shared leaf counts a reference for each of its hundreds of
+/// children, which usually sit side by side: one map lookup then serves a
+/// run of them instead of one each.
+const CHUNK_BLOCKS: u64 = 16;
+
+/// The counts of `CHUNK_BLOCKS` neighbouring blocks, now and as of the last
+/// sealed transaction, with the ones that changed in between marked.
+#[derive(Clone, Default)]
+struct Chunk {
+    now: [u32; CHUNK_BLOCKS as usize],
+    durable: [u32; CHUNK_BLOCKS as usize],
+    /// Bit i: block i's count changed since the last seal.
+    changed: u16,
+}
+
+impl Chunk {
+    fn is_empty(&self) -> bool {
+        self.now.iter().chain(&self.durable).all(|&n| n == 0)
+    }
+}
+
+fn chunk_of(addr: u64) -> (u64, usize) {
+    (addr / CHUNK_BLOCKS, (addr % CHUNK_BLOCKS) as usize)
+}
+
 pub struct Shares {
     data_start: u64,
     group_blocks: u64,
     counts_per_block: u64,
-    /// Extra references of every block that has some, as of now.
-    live: AddrMap<u64, u32>,
-    /// The same as of the last sealed transaction.
-    durable: AddrMap<u64, u32>,
-    /// Blocks whose count changed since the last seal, with the new count.
-    changes: BTreeMap<u64, u32>,
+    /// Every chunk holding a block with extra references now or as of the
+    /// last seal, by chunk number (`addr / CHUNK_BLOCKS`).
+    chunks: AddrMap<u64, Chunk>,
+    /// Chunks with a count changed since the last seal, each once, in the
+    /// order they first changed.
+    changed_chunks: Vec<u64>,
+    /// Blocks whose count changed since the last seal.
+    changed_blocks: usize,
     /// Count blocks (by first covered block) whose durable counts changed
     /// since the last checkpoint wrote them.
     dirty_count_blocks: BTreeSet<u64>,
@@ -44,37 +74,40 @@ impl Shares {
             data_start: data_start.0,
             group_blocks,
             counts_per_block,
-            live: AddrMap::default(),
-            durable: AddrMap::default(),
-            changes: BTreeMap::new(),
+            chunks: AddrMap::default(),
+            changed_chunks: Vec::new(),
+            changed_blocks: 0,
             dirty_count_blocks: BTreeSet::new(),
         }
     }
 
     /// Extra references of `addr`: 0 for a block only one entry points at.
     pub fn extra(&self, addr: BlockAddr) -> u32 {
-        self.live.get(&addr.0).copied().unwrap_or(0)
+        let (chunk, i) = chunk_of(addr.0);
+        self.chunks.get(&chunk).map_or(0, |c| c.now[i])
+    }
+
+    /// Extra references of `addr` as of the last sealed transaction.
+    fn durable_extra(&self, addr: u64) -> u32 {
+        let (chunk, i) = chunk_of(addr);
+        self.chunks.get(&chunk).map_or(0, |c| c.durable[i])
     }
 
     /// True if more than one entry or record points at `addr`.
     pub fn is_shared(&self, addr: BlockAddr) -> bool {
-        self.live.contains_key(&addr.0)
+        self.extra(addr) > 0
     }
 
     /// One more entry points at `addr`.
-    /// Returns the count before and after. One lookup: a snapshot's first
-    /// write into a shared leaf counts a reference for each of its
-    /// hundreds of children.
+    /// Returns the count before and after.
     pub fn increment(&mut self, addr: BlockAddr) -> Result<(u32, u32)> {
-        let count = self.live.entry(addr.0).or_insert(0);
-        let before = *count;
+        let before = self.extra(addr);
         if before >= EXTRA_REFERENCES_MAX {
             return Err(Error::corrupt(format!(
                 "{addr} already has {before} extra references"
             )));
         }
-        *count = before + 1;
-        self.changes.insert(addr.0, before + 1);
+        self.set(addr, before + 1);
         Ok((before, before + 1))
     }
 
@@ -85,13 +118,21 @@ impl Shares {
         self.set(addr, extra - 1);
     }
 
+    /// Sets the live count, marking it changed for the next seal. A chunk
+    /// whose counts all fall to zero stays until the seal, which still
+    /// needs its durable counts.
     fn set(&mut self, addr: BlockAddr, extra: u32) {
-        if extra == 0 {
-            self.live.remove(&addr.0);
-        } else {
-            self.live.insert(addr.0, extra);
+        let (chunk_no, i) = chunk_of(addr.0);
+        let chunk = self.chunks.entry(chunk_no).or_default();
+        if chunk.changed == 0 {
+            self.changed_chunks.push(chunk_no);
         }
-        self.changes.insert(addr.0, extra);
+        let bit = 1u16 << i;
+        if chunk.changed & bit == 0 {
+            chunk.changed |= bit;
+            self.changed_blocks += 1;
+        }
+        chunk.now[i] = extra;
     }
 
     /// Sets a block's count outright (check --repair).
@@ -105,13 +146,46 @@ impl Shares {
     /// journal are overwritten too: the trees are the truth.
     pub fn rebuild(&mut self, extra: HashMap<u64, u32>) {
         let mut touched: BTreeSet<u64> = BTreeSet::new();
-        for addr in self.durable.keys().chain(extra.keys()) {
-            touched.insert(self.count_block_first(*addr));
+        let held = self.blocks_where(|c, i| c.durable[i] > 0 || c.now[i] > 0);
+        for addr in held.chain(extra.keys().copied()) {
+            touched.insert(self.count_block_first(addr));
         }
-        self.live = extra.iter().map(|(&a, &n)| (a, n)).collect();
-        self.durable = self.live.clone();
-        self.changes.clear();
+        self.chunks.clear();
+        self.changed_chunks.clear();
+        self.changed_blocks = 0;
+        for (&addr, &n) in &extra {
+            if n > 0 {
+                self.set_both(addr, n);
+            }
+        }
         self.dirty_count_blocks.extend(touched);
+    }
+
+    /// Sets a block's live and durable count alike (loading, replay, rebuild).
+    fn set_both(&mut self, addr: u64, extra: u32) {
+        let (chunk_no, i) = chunk_of(addr);
+        debug_assert!(
+            self.chunks.get(&chunk_no).is_none_or(|c| c.changed == 0),
+            "block {addr}: a count changed since the last seal is overwritten"
+        );
+        let chunk = self.chunks.entry(chunk_no).or_default();
+        chunk.now[i] = extra;
+        chunk.durable[i] = extra;
+        if extra == 0 && chunk.is_empty() {
+            self.chunks.remove(&chunk_no);
+        }
+    }
+
+    /// Every block in a chunk for which `wanted` holds, in no order.
+    fn blocks_where<'a>(
+        &'a self,
+        wanted: impl Fn(&Chunk, usize) -> bool + Copy + 'a,
+    ) -> impl Iterator<Item = u64> + 'a {
+        self.chunks.iter().flat_map(move |(&chunk_no, chunk)| {
+            (0..CHUNK_BLOCKS as usize)
+                .filter(move |&i| wanted(chunk, i))
+                .map(move |i| chunk_no * CHUNK_BLOCKS + i as u64)
+        })
     }
 
     /// Marks the count block covering blocks from `first` for rewriting.
@@ -119,19 +193,33 @@ impl Shares {
         self.dirty_count_blocks.insert(first);
     }
 
-    /// Blocks with extra references, and how many (for `check`).
-    pub fn all(&self) -> &AddrMap<u64, u32> {
-        &self.live
+    /// Blocks with extra references now, in no order (for `check`).
+    pub fn shared_blocks(&self) -> impl Iterator<Item = u64> + '_ {
+        self.blocks_where(|c, i| c.now[i] > 0)
     }
 
+    /// Blocks whose count changed since the last seal.
     pub fn change_count(&self) -> usize {
-        self.changes.len()
+        self.changed_blocks
+    }
+
+    /// The changed blocks since the last seal with their counts now, in
+    /// address order.
+    fn changes(&mut self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.changed_chunks.sort_unstable();
+        let chunks = &self.chunks;
+        self.changed_chunks.iter().flat_map(move |chunk_no| {
+            let chunk = &chunks[chunk_no];
+            (0..CHUNK_BLOCKS as usize)
+                .filter(move |&i| chunk.changed & (1 << i) != 0)
+                .map(move |i| (chunk_no * CHUNK_BLOCKS + i as u64, chunk.now[i]))
+        })
     }
 
     /// The changes since the last seal as runs of neighbours with the same count.
-    pub fn pending_runs(&self) -> Vec<ShareRun> {
+    pub fn pending_runs(&mut self) -> Vec<ShareRun> {
         let mut runs: Vec<ShareRun> = Vec::new();
-        for (&addr, &extra) in &self.changes {
+        for (addr, extra) in self.changes() {
             match runs.last_mut() {
                 Some(run) if run.extra == extra && run.first.0 + u64::from(run.count) == addr => {
                     run.count += 1
@@ -147,38 +235,34 @@ impl Shares {
     }
 
     /// The changes since the last seal are durable: fold them into the
-    /// durable copy.
+    /// durable counts.
     pub fn seal(&mut self) {
-        let changes = std::mem::take(&mut self.changes);
         // Changes come in address order, so neighbours share a count
         // block: mark each one dirty once.
+        let changed: Vec<u64> = self.changes().map(|(addr, _)| addr).collect();
         let mut last_dirty = None;
-        for (addr, extra) in changes {
-            self.set_durable_count(addr, extra);
+        for addr in changed {
             let first = self.count_block_first(addr);
             if last_dirty != Some(first) {
                 self.dirty_count_blocks.insert(first);
                 last_dirty = Some(first);
             }
         }
-    }
-
-    fn set_durable(&mut self, addr: u64, extra: u32) {
-        self.set_durable_count(addr, extra);
-        let first = self.count_block_first(addr);
-        self.dirty_count_blocks.insert(first);
-    }
-
-    fn set_durable_count(&mut self, addr: u64, extra: u32) {
-        if extra == 0 {
-            self.durable.remove(&addr);
-        } else {
-            self.durable.insert(addr, extra);
+        for chunk_no in std::mem::take(&mut self.changed_chunks) {
+            let chunk = self.chunks.get_mut(&chunk_no).expect("a changed chunk");
+            assert!(chunk.changed != 0, "chunk {chunk_no} listed but unchanged");
+            chunk.durable = chunk.now;
+            chunk.changed = 0;
+            if chunk.is_empty() {
+                self.chunks.remove(&chunk_no);
+            }
         }
+        self.changed_blocks = 0;
     }
 
-    /// Applies a replayed transaction's runs to the durable copy. A run
-    /// outside the store or on a group's own blocks is damage.
+    /// Applies a replayed transaction's runs to the durable counts (and the
+    /// live ones with them: nothing changes a count before replay ends). A
+    /// run outside the store or on a group's own blocks is damage.
     pub fn replay(&mut self, runs: &[ShareRun], store_end: u64) -> Result<()> {
         for run in runs {
             let end = run.first.0.saturating_add(u64::from(run.count));
@@ -194,15 +278,12 @@ impl Shares {
                         "a journal share-count run counts block {addr}, a group's own block"
                     )));
                 }
-                self.set_durable(addr, run.extra);
+                self.set_both(addr, run.extra);
+                let first = self.count_block_first(addr);
+                self.dirty_count_blocks.insert(first);
             }
         }
         Ok(())
-    }
-
-    /// After replay, the live counts start from the durable ones.
-    pub fn finish_replay(&mut self) {
-        self.live = self.durable.clone();
     }
 
     fn is_group_header(&self, addr: u64) -> bool {
@@ -240,22 +321,15 @@ impl Shares {
         (self.group_end(first) - first).min(self.counts_per_block) as usize
     }
 
-    /// Loads the counts of one count block read at open, as durable ones;
-    /// `finish_load` then starts the live counts from them.
+    /// Loads the counts of one count block read at open, as live and
+    /// durable ones.
     pub fn load(&mut self, first: u64, counts: &[u32]) {
         let in_group = self.counts_in_group(first);
         for (i, &extra) in counts.iter().enumerate().take(in_group) {
             if extra != 0 {
-                self.durable.insert(first + i as u64, extra);
+                self.set_both(first + i as u64, extra);
             }
         }
-    }
-
-    /// After loading, the live counts start from the durable ones: one copy
-    /// of the table rather than a second insert per shared block (a pool
-    /// whose snapshots share a million blocks opens that much faster).
-    pub fn finish_load(&mut self) {
-        self.live = self.durable.clone();
     }
 
     /// First covered block of count block `k` of group `group`.
@@ -272,7 +346,7 @@ impl Shares {
                 let mut counts = vec![0u32; self.counts_per_block as usize];
                 let in_group = self.counts_in_group(first);
                 for (i, count) in counts.iter_mut().enumerate().take(in_group) {
-                    *count = self.durable.get(&(first + i as u64)).copied().unwrap_or(0);
+                    *count = self.durable_extra(first + i as u64);
                 }
                 let mut block = vec![0u8; block_size_bytes as usize];
                 shares::encode(BlockAddr(first), &counts, &mut block);
@@ -322,6 +396,62 @@ mod tests {
         )
     }
 
+    /// Changes made in any order come out as runs in address order, across
+    /// chunk boundaries; a count that went up and back down in one
+    /// transaction is still recorded (its durable count may differ); only
+    /// the seal moves counts into what checkpoints write.
+    #[test]
+    fn changes_seal_in_address_order_and_checkpoints_see_only_sealed_counts() {
+        let mut shares = shares();
+        let first = DATA_START + 10 * CHUNK_BLOCKS - 3;
+        for addr in (first..first + 40).rev() {
+            shares.increment(BlockAddr(addr)).unwrap();
+        }
+        shares.increment(BlockAddr(first + 100)).unwrap();
+        shares.decrement(BlockAddr(first + 100));
+        assert_eq!(shares.change_count(), 41);
+        let runs = shares.pending_runs();
+        assert_eq!(runs.len(), 2, "{runs:?}");
+        assert_eq!(
+            (runs[0].first.0, runs[0].count, runs[0].extra),
+            (first, 40, 1)
+        );
+        assert_eq!(
+            (runs[1].first.0, runs[1].count, runs[1].extra),
+            (first + 100, 1, 0)
+        );
+        shares.seal();
+        assert_eq!(shares.change_count(), 0);
+        assert!(shares.pending_runs().is_empty());
+        assert!(!shares.is_shared(BlockAddr(first + 100)));
+
+        // Changed again but not sealed: the count block still says 1.
+        shares.increment(BlockAddr(first)).unwrap();
+        assert_eq!(shares.extra(BlockAddr(first)), 2);
+        let count_block_first = shares.count_block_first(first);
+        let written = shares.dirty_count_blocks(BLOCK_BYTES);
+        let block = written
+            .iter()
+            .find(|b| shares.count_block_first_of(b.group, u64::from(b.index)) == count_block_first)
+            .expect("the sealed change dirtied its count block");
+        let counts =
+            crate::format::shares::decode(BlockAddr(count_block_first), &block.block).unwrap();
+        assert_eq!(counts[(first - count_block_first) as usize], 1);
+
+        // Back to no extra reference: sealed, the chunk is gone.
+        shares.decrement(BlockAddr(first));
+        shares.seal();
+        for addr in first..first + 40 {
+            shares.decrement(BlockAddr(addr));
+        }
+        shares.seal();
+        assert_eq!(shares.shared_blocks().count(), 0);
+        assert!(
+            shares.chunks.is_empty(),
+            "empty chunks are dropped at the seal"
+        );
+    }
+
     /// The last count block of a group covers slots past the group's end,
     /// which the next group's first count block counts. A stale count
     /// there used to be loaded over the right one: rolling snapshots
@@ -338,7 +468,6 @@ mod tests {
         );
 
         shares.load(last_first, &vec![5; per_block as usize]);
-        shares.finish_load();
         for addr in last_first..last_first + per_block {
             let expected = if addr < group_end { 5 } else { 0 };
             assert_eq!(shares.extra(BlockAddr(addr)), expected, "block {addr}");

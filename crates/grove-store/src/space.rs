@@ -159,7 +159,7 @@ impl SpaceMap {
     // ----- persistence -----
 
     /// The open transaction's share-count runs.
-    pub(crate) fn pending_share_runs(&self) -> Vec<ShareRun> {
+    pub(crate) fn pending_share_runs(&mut self) -> Vec<ShareRun> {
         self.shares.pending_runs()
     }
 
@@ -187,7 +187,6 @@ impl SpaceMap {
     /// After replay, the live state starts from the durable one.
     pub(crate) fn finish_replay(&mut self) {
         self.alloc.finish_replay();
-        self.shares.finish_replay();
     }
 
     /// The allocation maps are written.
@@ -207,11 +206,6 @@ impl SpaceMap {
     /// Loads the counts of one count block read at open.
     pub(crate) fn load_share_counts(&mut self, first: u64, counts: &[u32]) {
         self.shares.load(first, counts);
-    }
-
-    /// Every count block is loaded.
-    pub(crate) fn finish_loading_share_counts(&mut self) {
-        self.shares.finish_load();
     }
 
     /// Replaces every count with what the trees say.
