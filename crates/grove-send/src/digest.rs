@@ -3,7 +3,8 @@
 //! digest the same).
 //!
 //! The content is cut into 4 KiB units. Each unit that is not all zeros
-//! contributes BLAKE3(offset ‖ unit) read as eight 64-bit lanes; the
+//! contributes BLAKE3, keyed with a key derived from `UNIT_CONTEXT`, of
+//! (unit ‖ offset), read as eight 64-bit lanes; the
 //! digest is the lane-wise sum of the contributions (wrapping), finished
 //! by hashing the lanes with the volume size. A sum can be updated: taking
 //! away a unit's old contribution and adding its new one gives the digest
@@ -23,10 +24,18 @@ use crate::format::UNIT_BYTES;
 
 const LANES: usize = 8;
 /// Domain separation for the per-unit hash and the final one.
-const UNIT_CONTEXT: &str = "grove content digest v1 unit";
-const FINISH_CONTEXT: &str = "grove content digest v1";
-/// Bytes a stored digest state takes (lanes, then the size).
-const STATE_BYTES: usize = LANES * 8 + 8;
+const UNIT_CONTEXT: &str = "grove content digest v2 unit";
+const FINISH_CONTEXT: &str = "grove content digest v2";
+/// Which definition of the digest a stored state belongs to: a state of
+/// another one is never mixed into a running digest.
+const DIGEST_VERSION: u32 = 2;
+/// Bytes a stored digest state takes (version, lanes, then the size).
+const STATE_BYTES: usize = 4 + LANES * 8 + 8;
+
+/// The per-unit key, derived once: deriving it for every unit cost as
+/// much as hashing the unit.
+static UNIT_KEY: std::sync::LazyLock<[u8; 32]> =
+    std::sync::LazyLock::new(|| blake3::derive_key(UNIT_CONTEXT, &[]));
 
 /// A running content digest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -76,35 +85,40 @@ impl ContentDigest {
 
     fn to_bytes(self, size_bytes: u64) -> [u8; STATE_BYTES] {
         let mut out = [0u8; STATE_BYTES];
+        out[..4].copy_from_slice(&DIGEST_VERSION.to_le_bytes());
         for (i, lane) in self.lanes.iter().enumerate() {
-            out[i * 8..i * 8 + 8].copy_from_slice(&lane.to_le_bytes());
+            out[4 + i * 8..4 + i * 8 + 8].copy_from_slice(&lane.to_le_bytes());
         }
-        out[LANES * 8..].copy_from_slice(&size_bytes.to_le_bytes());
+        out[4 + LANES * 8..].copy_from_slice(&size_bytes.to_le_bytes());
         out
     }
 
+    /// None for anything but a state of this digest's version.
     fn from_bytes(bytes: &[u8]) -> Option<(ContentDigest, u64)> {
-        if bytes.len() != STATE_BYTES {
+        if bytes.len() != STATE_BYTES
+            || u32::from_le_bytes(bytes[..4].try_into().ok()?) != DIGEST_VERSION
+        {
             return None;
         }
         let mut lanes = [0u64; LANES];
         for (i, lane) in lanes.iter_mut().enumerate() {
-            *lane = u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().ok()?);
+            *lane = u64::from_le_bytes(bytes[4 + i * 8..4 + i * 8 + 8].try_into().ok()?);
         }
-        let size = u64::from_le_bytes(bytes[LANES * 8..].try_into().ok()?);
+        let size = u64::from_le_bytes(bytes[4 + LANES * 8..].try_into().ok()?);
         Some((ContentDigest { lanes }, size))
     }
 }
 
 /// A unit shorter than UNIT_BYTES (at a volume's end) counts as if padded
-/// with zeros, which is what lies past the end.
+/// with zeros, which is what lies past the end. The unit comes first, so
+/// its four 1 KiB chunks hash side by side (SIMD), the offset after them.
 fn unit_lanes(offset: u64, unit: &[u8]) -> [u64; LANES] {
-    let mut hasher = blake3::Hasher::new_derive_key(UNIT_CONTEXT);
-    hasher.update(&offset.to_le_bytes());
+    let mut hasher = blake3::Hasher::new_keyed(&UNIT_KEY);
     hasher.update(unit);
     if unit.len() < UNIT_BYTES as usize {
         hasher.update(&[0u8; UNIT_BYTES as usize][unit.len()..]);
     }
+    hasher.update(&offset.to_le_bytes());
     let mut out = [0u8; LANES * 8];
     hasher.finalize_xof().fill(&mut out);
     std::array::from_fn(|i| u64::from_le_bytes(out[i * 8..i * 8 + 8].try_into().expect("8")))
@@ -150,6 +164,8 @@ impl DigestCache {
         self.dir.join(hex(guid))
     }
 
+    /// None for a missing or damaged entry, or one of another digest
+    /// version (computed again and replaced).
     pub fn get(&self, guid: &[u8; 16], size_bytes: u64) -> Option<ContentDigest> {
         let bytes = fs::read(self.path(guid)).ok()?;
         if bytes.len() != STATE_BYTES + 4 {
@@ -281,8 +297,18 @@ mod tests {
         assert_eq!(cache.get(&[2; 16], 8192), None);
         let path = dir.path().join("grove.digests").join(hex(&[1; 16]));
         let mut bytes = fs::read(&path).unwrap();
-        bytes[3] ^= 1;
-        fs::write(&path, bytes).unwrap();
+        bytes[9] ^= 1;
+        fs::write(&path, &bytes).unwrap();
+        assert_eq!(cache.get(&[1; 16], 8192), None);
+
+        // An entry of another digest version (checksum made to match) is
+        // ignored, never mixed in.
+        bytes[9] ^= 1;
+        bytes[0] = 1;
+        let end = bytes.len() - 4;
+        let crc = crc32c::crc32c(&bytes[..end]).to_le_bytes();
+        bytes[end..].copy_from_slice(&crc);
+        fs::write(&path, &bytes).unwrap();
         assert_eq!(cache.get(&[1; 16], 8192), None);
     }
 }

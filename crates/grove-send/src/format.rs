@@ -16,7 +16,7 @@
 //!
 //!   Header (type 1)
 //!     0   16  magic "grove-stream\0\0\0\0"
-//!     16  4   version (1)
+//!     16  4   version (2: the content digest of `digest.rs` v2)
 //!     20  4   flags: bit 0 = range (every snapshot between base and target),
 //!             bit 1 = resumed (the first section continues a partial receive)
 //!     24  4   section count
@@ -51,7 +51,7 @@ pub const STREAM_MAGIC: [u8; 16] = *b"grove-stream\0\0\0\0";
 /// Last bytes of every stream's End frame.
 pub const END_MAGIC: [u8; 9] = *b"grove-end";
 /// Version of the stream format this build writes and reads.
-pub const STREAM_VERSION: u32 = 1;
+pub const STREAM_VERSION: u32 = 2;
 /// Records are aligned to this, the content digest's unit.
 pub const UNIT_BYTES: u64 = 4096;
 /// Most bytes one Data frame carries.
