@@ -127,7 +127,7 @@ impl State {
         let descriptor_bytes = Descriptor::encoded_len(
             images,
             self.space_map.alloc().change_count(),
-            self.space_map.shares().change_count(),
+            self.space_map.shares().run_count(),
         );
         (images + descriptor_bytes.div_ceil(self.geometry().block_size_bytes as usize)) as u64
     }

@@ -40,9 +40,20 @@ struct Chunk {
 }
 
 impl Chunk {
+    /// Block `i`'s live count if it changed since the last seal; None
+    /// also for an `i` outside the chunk.
+    fn changed_count(&self, i: usize) -> Option<u32> {
+        (i < CHUNK_BLOCKS as usize && self.changed & (1 << i) != 0).then(|| self.now[i])
+    }
+
     fn is_empty(&self) -> bool {
         self.now.iter().chain(&self.durable).all(|&n| n == 0)
     }
+}
+
+/// 1 if two neighbouring changed blocks fall in one share run.
+fn joins(left: Option<u32>, right: Option<u32>) -> usize {
+    usize::from(left.is_some() && left == right)
 }
 
 fn chunk_of(addr: u64) -> (u64, usize) {
@@ -61,6 +72,9 @@ pub struct Shares {
     changed_chunks: Vec<u64>,
     /// Blocks whose count changed since the last seal.
     changed_blocks: usize,
+    /// Pairs of neighbouring changed blocks with the same live count: the
+    /// changes make `changed_blocks - run_links` share runs.
+    run_links: usize,
     /// Count blocks (by first covered block) whose durable counts changed
     /// since the last checkpoint wrote them.
     dirty_count_blocks: BTreeSet<u64>,
@@ -77,6 +91,7 @@ impl Shares {
             chunks: AddrMap::default(),
             changed_chunks: Vec::new(),
             changed_blocks: 0,
+            run_links: 0,
             dirty_count_blocks: BTreeSet::new(),
         }
     }
@@ -123,7 +138,15 @@ impl Shares {
     /// needs its durable counts.
     fn set(&mut self, addr: BlockAddr, extra: u32) {
         let (chunk_no, i) = chunk_of(addr.0);
+        let last = CHUNK_BLOCKS as usize - 1;
+        // Neighbours in other chunks are looked up only at a chunk's edges.
+        let left_outside =
+            (i == 0).then(|| addr.0.checked_sub(1).and_then(|a| self.changed_count(a)));
+        let right_outside = (i == last).then(|| self.changed_count(addr.0 + 1));
         let chunk = self.chunks.entry(chunk_no).or_default();
+        let left = left_outside.unwrap_or_else(|| chunk.changed_count(i.wrapping_sub(1)));
+        let right = right_outside.unwrap_or_else(|| chunk.changed_count(i + 1));
+        let was = chunk.changed_count(i);
         if chunk.changed == 0 {
             self.changed_chunks.push(chunk_no);
         }
@@ -133,6 +156,23 @@ impl Shares {
             self.changed_blocks += 1;
         }
         chunk.now[i] = extra;
+        let is = Some(extra);
+        self.run_links = self.run_links + joins(left, is) + joins(is, right)
+            - joins(left, was)
+            - joins(was, right);
+    }
+
+    /// The live count of `addr` if it changed since the last seal.
+    fn changed_count(&self, addr: u64) -> Option<u32> {
+        let (chunk_no, i) = chunk_of(addr);
+        self.chunks.get(&chunk_no)?.changed_count(i)
+    }
+
+    /// Runs the changes since the last seal make in a journal descriptor
+    /// (neighbours with the same count share one): what a commit's size
+    /// is estimated from.
+    pub fn run_count(&self) -> usize {
+        self.changed_blocks - self.run_links
     }
 
     /// Sets a block's count outright (check --repair).
@@ -153,6 +193,7 @@ impl Shares {
         self.chunks.clear();
         self.changed_chunks.clear();
         self.changed_blocks = 0;
+        self.run_links = 0;
         for (&addr, &n) in &extra {
             if n > 0 {
                 self.set_both(addr, n);
@@ -231,6 +272,11 @@ impl Shares {
                 }),
             }
         }
+        debug_assert_eq!(
+            runs.len(),
+            self.run_count(),
+            "share runs counted as they changed"
+        );
         runs
     }
 
@@ -258,6 +304,7 @@ impl Shares {
             }
         }
         self.changed_blocks = 0;
+        self.run_links = 0;
     }
 
     /// Applies a replayed transaction's runs to the durable counts (and the
@@ -410,6 +457,7 @@ mod tests {
         shares.increment(BlockAddr(first + 100)).unwrap();
         shares.decrement(BlockAddr(first + 100));
         assert_eq!(shares.change_count(), 41);
+        assert_eq!(shares.run_count(), 2);
         let runs = shares.pending_runs();
         assert_eq!(runs.len(), 2, "{runs:?}");
         assert_eq!(
