@@ -30,6 +30,7 @@ mod diff;
 pub mod error;
 pub mod format;
 mod geometry;
+mod holds;
 mod journal;
 mod map_rebuild;
 mod node_store;
@@ -56,7 +57,7 @@ pub use error::{Error, ErrorKind, Result};
 pub use format::record::VolumeKind;
 pub use pool::{
     guid_hex, validate_volume_name, validate_volume_size, CursorInfo, DiffFrom, DiffReport,
-    PartialReceive, Pool, PoolInfo, PoolOptions, RemoveOptions, SnapshotIdentity, Volume,
+    HoldInfo, PartialReceive, Pool, PoolInfo, PoolOptions, RemoveOptions, SnapshotIdentity, Volume,
     VolumeClaim, VolumeInfo, VolumeSummary,
 };
 pub use punch::PunchStats;

@@ -144,6 +144,7 @@ impl State {
             referenced_blocks: 0,
             receive_progress: None,
             cursor: true,
+            rank: 0,
             ..snapshot
         });
     }

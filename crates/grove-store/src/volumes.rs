@@ -161,6 +161,9 @@ impl State {
             guid: crate::pool::random_uuid(),
             receive_progress: None,
             cursor: false,
+            rank: 0,
+            hold: false,
+            hold_until_unix_secs: 0,
         });
         Ok(id)
     }
@@ -218,6 +221,9 @@ impl State {
             guid: crate::pool::random_uuid(),
             receive_progress: None,
             cursor: false,
+            rank: 0,
+            hold: false,
+            hold_until_unix_secs: 0,
         });
         Ok(id)
     }
@@ -326,6 +332,9 @@ impl State {
             guid: crate::pool::random_uuid(),
             receive_progress: None,
             cursor: false,
+            rank: 0,
+            hold: false,
+            hold_until_unix_secs: 0,
             ..old.clone()
         });
         self.volume_table.update(target, |target_mut| {
@@ -435,7 +444,7 @@ impl State {
         if !record.root.is_none() {
             return true;
         }
-        if self.volume_table.has_children(id) || record.cursor {
+        if self.volume_table.has_children(id) || record.cursor || record.hold {
             return true;
         }
         record.kind == VolumeKind::Snapshot && self.is_useful_bookmark(record)
@@ -454,6 +463,7 @@ impl State {
             .filter(|s| {
                 s.removed
                     && !s.cursor
+                    && !s.hold
                     && s.root.is_none()
                     && s.kind == VolumeKind::Snapshot
                     && s.created_generation > record.created_generation
@@ -473,7 +483,7 @@ impl State {
     pub(crate) fn bookmark_by_name(&self, name: &str) -> Option<&VolumeRecord> {
         self.volume_table
             .removed_records()
-            .filter(|r| r.name == name && r.kind == VolumeKind::Snapshot && !r.cursor)
+            .filter(|r| r.name == name && r.kind == VolumeKind::Snapshot && !r.cursor && !r.hold)
             .max_by_key(|r| r.created_generation)
     }
 }

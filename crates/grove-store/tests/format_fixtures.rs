@@ -1014,6 +1014,9 @@ fn sample_record() -> VolumeRecord {
         guid: *b"guid-of-vol-0042",
         receive_progress: None,
         cursor: false,
+        rank: 0,
+        hold: false,
+        hold_until_unix_secs: 0,
     }
 }
 

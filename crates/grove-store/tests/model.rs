@@ -61,6 +61,7 @@ const OPS_PER_CASE_MAX: usize = 60;
 const NAMES: [&str; 5] = ["a", "b", "c", "d", "e"];
 /// Replication targets whose cursors the model moves.
 const CURSOR_TARGETS: [&str; 2] = ["offsite", "backup"];
+const HOLD_TAGS: [&str; 2] = ["keep", "audit"];
 
 /// Volume sizes: one level (101 blocks), two levels, exactly the capacity of
 /// two levels (16384 blocks), just past it (three levels, partial last
@@ -203,6 +204,18 @@ enum Op {
         reopen: bool,
         finish: bool,
     },
+    /// Place or release hold `tag` on a snapshot: a held snapshot's
+    /// removal (also through a recursive one) is refused.
+    Hold {
+        snapshot: usize,
+        tag: usize,
+        release: bool,
+    },
+    /// Rank a snapshot (0 takes the rank away).
+    Rank {
+        snapshot: usize,
+        rank: u8,
+    },
     /// Run the reclaimer until nothing is pending.
     Gc,
     /// Run the reclaimer only a few small batches, as a busy server or a
@@ -315,6 +328,14 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         ),
         3 => (name(), 0..CURSOR_TARGETS.len())
             .prop_map(|(snapshot, target)| Op::Cursor { snapshot, target }),
+        3 => (name(), 0..HOLD_TAGS.len(), prop::bool::weighted(0.4)).prop_map(
+            |(snapshot, tag, release)| Op::Hold {
+                snapshot,
+                tag,
+                release
+            }
+        ),
+        2 => (name(), 0u8..4).prop_map(|(snapshot, rank)| Op::Rank { snapshot, rank }),
         2 => Just(Op::Gc),
         3 => (
             1..=RECLAIM_BATCHES_MAX,
@@ -638,6 +659,10 @@ static POOLS_PAST_TWO_GROUPS: AtomicU64 = AtomicU64::new(0);
 static CURSORS_OUTLIVING_THEIR_SNAPSHOT: AtomicU64 = AtomicU64::new(0);
 /// Partial receives found whole after a reopen, then finished.
 static RECEIVES_FINISHED_AFTER_A_REOPEN: AtomicU64 = AtomicU64::new(0);
+/// Removals refused because a snapshot they would take is held.
+static REMOVALS_REFUSED_BY_HOLDS: AtomicU64 = AtomicU64::new(0);
+/// Snapshots given a rank.
+static SNAPSHOTS_RANKED: AtomicU64 = AtomicU64::new(0);
 static RECEIVES_DROPPED: AtomicU64 = AtomicU64::new(0);
 
 struct Harness {
@@ -656,6 +681,10 @@ struct Harness {
     peak_used_bytes: Cell<u64>,
     /// Each replication target's cursor: the GUID of the snapshot it marks.
     cursors: BTreeMap<String, [u8; 16]>,
+    /// Hold tags by snapshot (engine id).
+    holds: BTreeMap<u64, BTreeSet<String>>,
+    /// Ranks by snapshot (engine id); absent is 0.
+    ranks: BTreeMap<u64, u8>,
 }
 
 /// The snapshots of one volume's rolling line.
@@ -740,6 +769,8 @@ impl Harness {
             roll_serial: 0,
             peak_used_bytes: Cell::new(0),
             cursors: BTreeMap::new(),
+            holds: BTreeMap::new(),
+            ranks: BTreeMap::new(),
         }
     }
 
@@ -783,6 +814,18 @@ impl Harness {
                         .map_or(named.to_string(), |v| v.name.clone()),
                 };
                 self.cursor(&name, CURSOR_TARGETS[*target])
+            }
+            Op::Hold {
+                snapshot,
+                tag,
+                release,
+            } => {
+                let name = self.named_snapshot(*snapshot);
+                self.hold(&name, HOLD_TAGS[*tag], *release)
+            }
+            Op::Rank { snapshot, rank } => {
+                let name = self.named_snapshot(*snapshot);
+                self.rank(&name, *rank)
             }
             Op::Gc => self.gc(),
             Op::ReclaimSome { batches, budget } => self.reclaim_some(*batches, *budget),
@@ -1128,6 +1171,100 @@ impl Harness {
         Ok(())
     }
 
+    /// `NAMES[index]` if it is a snapshot, else the newest snapshot named
+    /// from NAMES (rolling lines' snapshots are left alone), else the name.
+    fn named_snapshot(&self, index: usize) -> String {
+        let named = NAMES[index];
+        match self.model.by_name(named) {
+            Some(v) if v.kind == VolumeKind::Snapshot => named.to_string(),
+            _ => self
+                .model
+                .volumes
+                .values()
+                .rev()
+                .find(|v| v.kind == VolumeKind::Snapshot && NAMES.contains(&v.name.as_str()))
+                .map_or(named.to_string(), |v| v.name.clone()),
+        }
+    }
+
+    fn hold(&mut self, snapshot: &str, tag: &str, release: bool) -> Result<(), TestCaseError> {
+        let target = self
+            .model
+            .by_name(snapshot)
+            .filter(|v| v.kind == VolumeKind::Snapshot)
+            .and_then(|_| self.model.id_of(snapshot));
+        let held = target.is_some_and(|id| self.holds.get(&id).is_some_and(|t| t.contains(tag)));
+        if release {
+            let result = self.pool().release(snapshot, tag);
+            if !held {
+                prop_assert!(result.is_err(), "released {} from {} twice", tag, snapshot);
+                return Ok(());
+            }
+            result.map_err(fail("release"))?;
+            let id = target.expect("held");
+            self.holds.get_mut(&id).expect("held").remove(tag);
+            return Ok(());
+        }
+        let result = self.pool().hold(snapshot, tag, None);
+        match target {
+            Some(id) => {
+                result.map_err(fail("hold"))?;
+                self.holds.entry(id).or_default().insert(tag.to_string());
+                // Held, it stays whatever a removal asks (unforced).
+                let refused = self.pool().remove(snapshot, RemoveOptions::default());
+                REMOVALS_REFUSED_BY_HOLDS.fetch_add(1, Ordering::Relaxed);
+                expect_kind(
+                    refused,
+                    ErrorKind::InvalidState,
+                    "remove of a held snapshot",
+                )?;
+            }
+            None => prop_assert!(result.is_err(), "a hold on {} was accepted", snapshot),
+        }
+        Ok(())
+    }
+
+    fn rank(&mut self, snapshot: &str, rank: u8) -> Result<(), TestCaseError> {
+        let result = self.pool().set_rank(snapshot, rank);
+        match self.model.by_name(snapshot) {
+            Some(v) if v.kind == VolumeKind::Snapshot => {
+                result.map_err(fail("set_rank"))?;
+                let id = self.model.id_of(snapshot).expect("named");
+                self.ranks.insert(id, rank);
+                if rank > 0 {
+                    SNAPSHOTS_RANKED.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            _ => prop_assert!(result.is_err(), "a rank on {} was accepted", snapshot),
+        }
+        Ok(())
+    }
+
+    /// The pool's holds and ranks are the model's.
+    fn check_holds_and_ranks(&self) -> Result<(), TestCaseError> {
+        let listed: BTreeSet<(u64, String)> = self
+            .pool()
+            .holds()
+            .into_iter()
+            .map(|h| (self.model.id_of(&h.snapshot).unwrap_or(0), h.tag))
+            .collect();
+        let expected: BTreeSet<(u64, String)> = self
+            .holds
+            .iter()
+            .flat_map(|(id, tags)| tags.iter().map(move |t| (*id, t.clone())))
+            .collect();
+        prop_assert_eq!(listed, expected, "holds");
+        for (id, volume) in &self.model.volumes {
+            let summary = self
+                .pool()
+                .volume_summary(&volume.name)
+                .map_err(fail("volume_summary"))?;
+            let rank = self.ranks.get(id).copied().unwrap_or(0);
+            prop_assert_eq!(summary.rank, rank, "rank of {}", volume.name);
+        }
+        Ok(())
+    }
+
     /// The pool's cursors are the model's, each naming its snapshot while
     /// that lives.
     fn check_cursors(&self) -> Result<(), TestCaseError> {
@@ -1295,6 +1432,30 @@ impl Harness {
             let refused = self.pool().remove(name, RemoveOptions::default());
             expect_kind(refused, ErrorKind::Busy, "remove of a volume in use")?;
             drop(claim);
+        }
+        if let Some(id) = self.model.id_of(name) {
+            let mut doomed = vec![id];
+            if recursive {
+                doomed.extend(self.model.descendants(id));
+            }
+            if doomed
+                .iter()
+                .any(|d| self.holds.get(d).is_some_and(|tags| !tags.is_empty()))
+            {
+                let refused = self.pool().remove(
+                    name,
+                    RemoveOptions {
+                        recursive,
+                        force: false,
+                    },
+                );
+                REMOVALS_REFUSED_BY_HOLDS.fetch_add(1, Ordering::Relaxed);
+                return expect_kind(
+                    refused,
+                    ErrorKind::InvalidState,
+                    "remove of a held snapshot",
+                );
+            }
         }
         let unique_bytes = self
             .pool()
@@ -1560,6 +1721,7 @@ impl Harness {
         let report = pool.check(false).map_err(fail("check"))?;
         prop_assert!(report.errors.is_empty(), "check: {:?}", report.errors);
         self.check_cursors()?;
+        self.check_holds_and_ranks()?;
         let listed = pool.volumes().unwrap();
         let listed_ids: Vec<u64> = listed.iter().map(|v| v.summary.id).collect();
         let model_ids: Vec<u64> = self.model.volumes.keys().copied().collect();
@@ -1844,6 +2006,11 @@ fn engine_matches_the_model() {
             "cursors outliving their snapshot",
             seen(&CURSORS_OUTLIVING_THEIR_SNAPSHOT),
         ),
+        (
+            "removals refused by holds",
+            seen(&REMOVALS_REFUSED_BY_HOLDS),
+        ),
+        ("snapshots ranked", seen(&SNAPSHOTS_RANKED)),
         (
             "pools past two allocation groups",
             seen(&POOLS_PAST_TWO_GROUPS),

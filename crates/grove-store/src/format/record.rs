@@ -56,8 +56,12 @@ impl VolumeKind {
 //               bit 1 = receiving (a partial `grove receive`: live but hidden,
 //               its name reserved); bit 2 = cursor (a replication cursor: a
 //               removed snapshot record kept whatever rm and retention do,
-//               named after its target)
-//   44     4    reserved, zero
+//               named after its target); bit 3 = hold (a hold on the
+//               snapshot whose GUID it carries, named after its tag: a
+//               removed snapshot record with no tree, like a cursor)
+//   44     1    rank: 0 = none; else the retention level the snapshot was
+//               taken or later ranked at (1 = lowest; see grove-retention)
+//   45     3    reserved, zero
 //   48     8    created_unix_secs
 //   56     8    referenced_blocks: data blocks this volume maps
 //   64     8    created_generation: the pool's birth generation when it was made;
@@ -71,7 +75,9 @@ impl VolumeKind {
 //               otherwise zero
 //   96     128  name, UTF-8, name_len bytes, zero padded
 //   224    16   guid: random, unique across pools (replication will name volumes by it)
-//   240    16   reserved, zero
+//   240    8    hold lease: with the hold flag, the Unix time the hold ends
+//               by itself; 0 = held until released. Otherwise zero
+//   248    8    reserved, zero
 const MAGIC_OFFSET: usize = 0;
 const CRC_OFFSET: usize = MAGIC_OFFSET + 4;
 const ID_OFFSET: usize = CRC_OFFSET + 4;
@@ -82,6 +88,7 @@ const HEIGHT_OFFSET: usize = ROOT_OFFSET + 8;
 const KIND_OFFSET: usize = HEIGHT_OFFSET + 1;
 const NAME_LEN_OFFSET: usize = KIND_OFFSET + 1;
 const FLAGS_OFFSET: usize = NAME_LEN_OFFSET + 1;
+const RANK_OFFSET: usize = FLAGS_OFFSET + 1;
 const CREATED_OFFSET: usize = FLAGS_OFFSET + 5;
 const REFERENCED_OFFSET: usize = CREATED_OFFSET + 8;
 const CREATED_GENERATION_OFFSET: usize = REFERENCED_OFFSET + 8;
@@ -90,14 +97,17 @@ const WRITTEN_BASE_OFFSET: usize = SHARE_FLOOR_OFFSET + 8;
 const RECEIVE_PROGRESS_OFFSET: usize = WRITTEN_BASE_OFFSET + 8;
 const NAME_OFFSET: usize = RECEIVE_PROGRESS_OFFSET + 8;
 const GUID_OFFSET: usize = NAME_OFFSET + VOLUME_NAME_MAX_BYTES;
-const TAIL_OFFSET: usize = GUID_OFFSET + 16;
-const _: () = assert!(TAIL_OFFSET + 16 == RECORD_BYTES);
+const HOLD_UNTIL_OFFSET: usize = GUID_OFFSET + 16;
+const TAIL_OFFSET: usize = HOLD_UNTIL_OFFSET + 8;
+const _: () = assert!(TAIL_OFFSET + 8 == RECORD_BYTES);
 /// Flag bit: the volume was removed.
 const FLAG_REMOVED: u8 = 0x1;
 /// Flag bit: a partial receive (see `receive_progress`).
 const FLAG_RECEIVING: u8 = 0x2;
 /// Flag bit: a replication cursor (see `cursor`).
 const FLAG_CURSOR: u8 = 0x4;
+/// Flag bit: a hold (see `hold`).
+const FLAG_HOLD: u8 = 0x8;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VolumeRecord {
@@ -126,6 +136,13 @@ pub struct VolumeRecord {
     /// Its guid, parent and created generation are those of the snapshot
     /// last sent there.
     pub cursor: bool,
+    /// Retention rank: 0 for none, else the level a snapshot was ranked at.
+    pub rank: u8,
+    /// A hold: a removed snapshot record (no tree) named after its tag,
+    /// whose guid is the held snapshot's; `hold_until_unix_secs` is when
+    /// its lease ends (0: held until released).
+    pub hold: bool,
+    pub hold_until_unix_secs: u64,
 }
 
 impl VolumeRecord {
@@ -139,6 +156,9 @@ impl VolumeRecord {
         }
         if self.cursor {
             flags |= FLAG_CURSOR;
+        }
+        if self.hold {
+            flags |= FLAG_HOLD;
         }
         flags
     }
@@ -163,6 +183,8 @@ impl VolumeRecord {
         out[KIND_OFFSET] = self.kind as u8;
         out[NAME_LEN_OFFSET] = self.name.len() as u8;
         out[FLAGS_OFFSET] = self.flags();
+        out[RANK_OFFSET] = self.rank;
+        put_u64(out, HOLD_UNTIL_OFFSET, self.hold_until_unix_secs);
         put_u64(out, CREATED_OFFSET, self.created_unix_secs);
         put_u64(out, REFERENCED_OFFSET, self.referenced_blocks);
         put_u64(out, CREATED_GENERATION_OFFSET, self.created_generation);
@@ -223,11 +245,11 @@ impl VolumeRecord {
             .map_err(|_| damaged("name is not UTF-8".into()))?
             .to_string();
         let flags = bytes[FLAGS_OFFSET];
-        if flags & !(FLAG_REMOVED | FLAG_RECEIVING | FLAG_CURSOR) != 0 {
+        if flags & !(FLAG_REMOVED | FLAG_RECEIVING | FLAG_CURSOR | FLAG_HOLD) != 0 {
             return Err(damaged(format!("unknown flags {flags:#04x}")));
         }
         let reserved = [
-            FLAGS_OFFSET + 1..CREATED_OFFSET,
+            RANK_OFFSET + 1..CREATED_OFFSET,
             NAME_OFFSET + name_len..GUID_OFFSET,
             TAIL_OFFSET..RECORD_BYTES,
         ];
@@ -257,6 +279,9 @@ impl VolumeRecord {
             receive_progress: (flags & FLAG_RECEIVING != 0)
                 .then(|| get_u64(bytes, RECEIVE_PROGRESS_OFFSET)),
             cursor: flags & FLAG_CURSOR != 0,
+            rank: bytes[RANK_OFFSET],
+            hold: flags & FLAG_HOLD != 0,
+            hold_until_unix_secs: get_u64(bytes, HOLD_UNTIL_OFFSET),
         };
         if record.receive_progress.is_none() && get_u64(bytes, RECEIVE_PROGRESS_OFFSET) != 0 {
             return Err(damaged(
@@ -299,6 +324,20 @@ impl VolumeRecord {
             && (!self.removed || !self.root.is_none() || self.kind != VolumeKind::Snapshot)
         {
             return Err("a cursor that is live, has a tree or is not a snapshot".into());
+        }
+        if self.hold
+            && (!self.removed
+                || !self.root.is_none()
+                || self.kind != VolumeKind::Snapshot
+                || self.cursor)
+        {
+            return Err("a hold that is live, has a tree, is a cursor or not a snapshot".into());
+        }
+        if !self.hold && self.hold_until_unix_secs != 0 {
+            return Err("a hold lease on a record that is not a hold".into());
+        }
+        if self.rank != 0 && self.kind != VolumeKind::Snapshot {
+            return Err(format!("a {} with a retention rank", self.kind.as_str()));
         }
         let generation_max = super::node::BIRTH_GENERATION_MAX;
         if self.created_generation > generation_max

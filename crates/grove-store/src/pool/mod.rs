@@ -4,9 +4,11 @@
 
 mod locking;
 mod replication;
+mod retention;
 mod volume;
 
 pub use replication::{guid_hex, CursorInfo, DiffFrom, PartialReceive, SnapshotIdentity};
+pub use retention::HoldInfo;
 
 use locking::{
     commit, commit_if_large, commit_locked, lock_state, punch_freed, release_frees, settle_commit,
@@ -97,6 +99,13 @@ pub struct VolumeSummary {
     /// Bytes of data this volume maps (kept as it changes, so cheap).
     pub referenced_bytes: u64,
     pub created_unix_secs: u64,
+    /// A snapshot's retention rank; 0 for none (left out of JSON).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rank: u8,
+}
+
+fn is_zero(rank: &u8) -> bool {
+    *rank == 0
 }
 
 /// Space and shape of a pool.
@@ -633,6 +642,7 @@ impl Pool {
         if !options.force {
             self.ensure_unclaimed(&state, &doomed, "remove it")?;
         }
+        retention::settle_holds(&mut state, &doomed, options.force)?;
         let before = state.pending_free_blocks(false)?;
         // Deepest first. Any volume may be removed alone, so every prefix
         // of the removals is a consistent pool: a large family commits in
@@ -991,6 +1001,7 @@ fn volume_summary(state: &State, record: &VolumeRecord) -> VolumeSummary {
         size_bytes: record.size_bytes,
         referenced_bytes: record.referenced_blocks * state.geometry().block_bytes(),
         created_unix_secs: record.created_unix_secs,
+        rank: record.rank,
     }
 }
 

@@ -1,0 +1,205 @@
+//! The pool API that retention stands on: snapshots taken with a rank (at
+//! a time the caller's clock gives), ranks given later, and holds with
+//! optional leases. What the ranks mean and which snapshots a policy keeps
+//! is grove-retention's business; the engine only refuses to remove a held
+//! snapshot without `force`.
+
+use super::locking::commit_locked;
+use super::locking::write_gate;
+use super::{
+    ensure_changes_allowed, ensure_name_free, guid_hex, validate_volume_name, volume_info, Pool,
+    VolumeInfo,
+};
+use crate::error::{Error, ErrorKind, Result};
+use crate::format::record::{VolumeKind, VolumeRecord};
+use crate::state::State;
+use crate::types::VolumeId;
+
+/// One hold, as `grove holds` lists it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct HoldInfo {
+    /// The held snapshot's name.
+    pub snapshot: String,
+    pub snapshot_guid: String,
+    pub tag: String,
+    /// When the lease ends by itself; None: held until released.
+    pub until_unix_secs: Option<u64>,
+}
+
+impl Pool {
+    /// A read-only snapshot of `source` ranked `rank` (0: none), created at
+    /// `created_unix_secs`, in one commit: a crash never leaves it unranked.
+    pub fn snapshot_ranked(
+        &self,
+        source: &str,
+        name: &str,
+        rank: u8,
+        created_unix_secs: u64,
+    ) -> Result<VolumeInfo> {
+        validate_volume_name(name)?;
+        let mut state = self.state();
+        ensure_changes_allowed(&state)?;
+        // As for any snapshot: writes in flight to the source land first.
+        let gate = write_gate(&self.inner);
+        let id = {
+            let source_id = state.volume_by_name(source)?.id;
+            ensure_name_free(&state, name)?;
+            state.snapshot(source_id, name, VolumeKind::Snapshot, created_unix_secs)?
+        };
+        drop(gate);
+        state.set_rank(id, rank);
+        commit_locked(&self.inner, &mut state)?;
+        let record = state.live_record(id).clone();
+        volume_info(&mut state, &record)
+    }
+
+    /// Ranks snapshot `name` (0 takes its rank away).
+    pub fn set_rank(&self, name: &str, rank: u8) -> Result<()> {
+        let mut state = self.state();
+        ensure_changes_allowed(&state)?;
+        let id = live_snapshot(&state, name, "ranked")?.id;
+        state.set_rank(id, rank);
+        commit_locked(&self.inner, &mut state)
+    }
+
+    /// Places hold `tag` on snapshot `snapshot`, until `until_unix_secs` if
+    /// given; holding it again under the same tag sets a new lease.
+    pub fn hold(&self, snapshot: &str, tag: &str, until_unix_secs: Option<u64>) -> Result<()> {
+        validate_hold_tag(tag)?;
+        if until_unix_secs == Some(0) {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "a hold's lease must end after 1970",
+            ));
+        }
+        let mut state = self.state();
+        ensure_changes_allowed(&state)?;
+        let id = live_snapshot(&state, snapshot, "held")?.id;
+        state.place_hold(id, tag, until_unix_secs.unwrap_or(0));
+        commit_locked(&self.inner, &mut state)
+    }
+
+    /// Releases hold `tag` on snapshot `snapshot`; NotFound if there is none.
+    pub fn release(&self, snapshot: &str, tag: &str) -> Result<()> {
+        let mut state = self.state();
+        ensure_changes_allowed(&state)?;
+        let guid = live_snapshot(&state, snapshot, "released")?.guid;
+        if !state.release_hold(guid, tag) {
+            let tags = hold_tags(&state, guid);
+            let has = if tags.is_empty() {
+                "it has no holds".to_string()
+            } else {
+                format!("its holds are {}", tags.join(", "))
+            };
+            return Err(Error::new(
+                ErrorKind::NotFound,
+                format!("snapshot {snapshot:?} has no hold {tag:?}; {has}"),
+            ));
+        }
+        commit_locked(&self.inner, &mut state)
+    }
+
+    /// Releases every hold whose lease ended at `now_unix_secs` or before,
+    /// in one commit; returns them.
+    pub fn release_expired_holds(&self, now_unix_secs: u64) -> Result<Vec<HoldInfo>> {
+        let mut state = self.state();
+        let expired: Vec<HoldInfo> = state
+            .holds()
+            .filter(|h| h.hold_until_unix_secs != 0 && h.hold_until_unix_secs <= now_unix_secs)
+            .map(|h| hold_info(&state, h))
+            .collect();
+        if expired.is_empty() {
+            return Ok(expired);
+        }
+        ensure_changes_allowed(&state)?;
+        let guids: Vec<([u8; 16], String)> = state
+            .holds()
+            .filter(|h| h.hold_until_unix_secs != 0 && h.hold_until_unix_secs <= now_unix_secs)
+            .map(|h| (h.guid, h.name.clone()))
+            .collect();
+        for (guid, tag) in guids {
+            let released = state.release_hold(guid, &tag);
+            assert!(released, "an expired hold found a moment ago");
+        }
+        commit_locked(&self.inner, &mut state)?;
+        Ok(expired)
+    }
+
+    /// Every hold, by snapshot name then tag.
+    pub fn holds(&self) -> Vec<HoldInfo> {
+        let state = self.state();
+        let mut holds: Vec<HoldInfo> = state.holds().map(|h| hold_info(&state, h)).collect();
+        holds.sort_by(|a, b| (&a.snapshot, &a.tag).cmp(&(&b.snapshot, &b.tag)));
+        holds
+    }
+}
+
+/// Refuses to remove held snapshots among `ids` unless forced; forced, their
+/// holds go with them. Called by `Pool::remove` under the state lock,
+/// before anything changes.
+pub(super) fn settle_holds(state: &mut State, ids: &[VolumeId], force: bool) -> Result<()> {
+    for &id in ids {
+        let record = state.live_record(id);
+        let (name, guid) = (record.name.clone(), record.guid);
+        let tags = hold_tags(state, guid);
+        if tags.is_empty() {
+            continue;
+        }
+        if !force {
+            return Err(Error::new(
+                ErrorKind::InvalidState,
+                format!(
+                    "snapshot {name:?} is held ({}); release it with `grove release {name} TAG`, or remove it with --force",
+                    tags.join(", ")
+                ),
+            ));
+        }
+        for tag in tags {
+            state.release_hold(guid, &tag);
+        }
+    }
+    Ok(())
+}
+
+fn hold_tags(state: &State, guid: [u8; 16]) -> Vec<String> {
+    let mut tags: Vec<String> = state.holds_on(guid).map(|h| h.name.clone()).collect();
+    tags.sort();
+    tags
+}
+
+fn hold_info(state: &State, hold: &VolumeRecord) -> HoldInfo {
+    let snapshot = state
+        .snapshot_by_guid(&hold.guid)
+        .map(|s| s.name.clone())
+        .unwrap_or_else(|| hold.name.clone());
+    HoldInfo {
+        snapshot,
+        snapshot_guid: guid_hex(&hold.guid),
+        tag: hold.name.clone(),
+        until_unix_secs: (hold.hold_until_unix_secs != 0).then_some(hold.hold_until_unix_secs),
+    }
+}
+
+fn live_snapshot<'a>(state: &'a State, name: &str, what: &str) -> Result<&'a VolumeRecord> {
+    let record = state.volume_by_name(name)?;
+    if record.kind != VolumeKind::Snapshot {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!(
+                "only read-only snapshots are {what}, and {name:?} is a {}",
+                record.kind.as_str()
+            ),
+        ));
+    }
+    Ok(record)
+}
+
+/// A hold's tag follows the rules of a volume name (it is stored as one).
+fn validate_hold_tag(tag: &str) -> Result<()> {
+    validate_volume_name(tag).map_err(|e| {
+        Error::new(
+            ErrorKind::InvalidArgument,
+            format!("bad hold tag: {}", e.message()),
+        )
+    })
+}
