@@ -1,0 +1,337 @@
+//! Policies: how many snapshots of each level a volume keeps, in the terms
+//! sanoid and zfs-auto-snapshot users know, and where they come from: the
+//! `[retention]` table of grove.toml, with templates (built-in or the
+//! pool's own) that a volume's policy names and may override.
+//!
+//! ```toml
+//! [retention.templates.vm]
+//! template = "production"       # start from another template
+//! daily = 14
+//! frequent_period = "10m"
+//!
+//! [retention.volumes]
+//! web = "production"            # a template as it is
+//! db = { template = "vm", hourly = 48 }
+//! ```
+
+use std::collections::BTreeMap;
+
+use crate::calendar::{parse_duration, MINUTE_SECS};
+use crate::level::Level;
+
+/// The frequent level's period unless a policy sets `frequent_period`.
+pub const FREQUENT_PERIOD_DEFAULT_SECS: u64 = 15 * MINUTE_SECS;
+/// Snapshots of a volume that pruning for space leaves, newest first,
+/// unless a policy sets `minimum`.
+pub const MINIMUM_DEFAULT: u32 = 1;
+/// Most snapshots one level may keep: far past any real schedule, and a
+/// bound on what a policy can ask the planner to hold.
+pub const KEEP_MAX: u32 = 100_000;
+/// How deep templates may build on one another.
+const TEMPLATE_DEPTH_MAX: usize = 8;
+
+/// Keys a policy table may hold besides the levels' names.
+const OTHER_KEYS: [&str; 3] = ["template", "frequent_period", "minimum"];
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{0}")]
+pub struct PolicyError(pub String);
+
+fn error(message: impl Into<String>) -> PolicyError {
+    PolicyError(message.into())
+}
+
+/// What a volume keeps.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Policy {
+    /// Snapshots kept at each level, by `Level::index`.
+    pub keep: [u32; 6],
+    /// The frequent level's period.
+    pub frequent_secs: u64,
+    /// Snapshots pruning for space never takes, newest first.
+    pub minimum: u32,
+}
+
+impl Policy {
+    pub fn keeps(&self, level: Level) -> u32 {
+        self.keep[level.index()]
+    }
+
+    /// The highest level this policy keeps any snapshot of.
+    pub fn top_level(&self) -> Option<Level> {
+        Level::ALL.into_iter().rev().find(|&l| self.keeps(l) > 0)
+    }
+
+    /// One line: `hourly 24, daily 7, monthly 12 (frequent every 15m)`.
+    pub fn describe(&self) -> String {
+        let levels: Vec<String> = Level::ALL
+            .into_iter()
+            .filter(|&l| self.keeps(l) > 0)
+            .map(|l| format!("{l} {}", self.keeps(l)))
+            .collect();
+        let mut text = if levels.is_empty() {
+            "keeps nothing".to_string()
+        } else {
+            levels.join(", ")
+        };
+        if self.keeps(Level::Frequent) > 0 {
+            text += &format!(" (frequent every {})", describe_secs(self.frequent_secs));
+        }
+        text
+    }
+}
+
+fn describe_secs(secs: u64) -> String {
+    match secs {
+        s if s % 86_400 == 0 => format!("{}d", s / 86_400),
+        s if s % 3600 == 0 => format!("{}h", s / 3600),
+        s if s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    }
+}
+
+/// Templates every pool has, after sanoid's: `production` for servers,
+/// `backup` for replicas that only receive, `frequent` for desktops and
+/// CI hosts that want a short undo history.
+pub fn builtin_templates() -> BTreeMap<&'static str, Policy> {
+    let policy = |keep: [u32; 6]| Policy {
+        keep,
+        frequent_secs: FREQUENT_PERIOD_DEFAULT_SECS,
+        minimum: MINIMUM_DEFAULT,
+    };
+    BTreeMap::from([
+        ("production", policy([0, 36, 30, 0, 3, 0])),
+        ("backup", policy([0, 0, 90, 0, 12, 0])),
+        ("frequent", policy([4, 24, 7, 4, 12, 1])),
+    ])
+}
+
+/// The `[retention]` table of grove.toml: templates and volumes' policies
+/// as written (a template name or a table), resolved on demand.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RetentionConfig {
+    pub templates: BTreeMap<String, toml::Value>,
+    pub volumes: BTreeMap<String, toml::Value>,
+}
+
+impl RetentionConfig {
+    /// Reads and checks the table: every template and volume policy must
+    /// resolve, so that a mistake is reported when it is made.
+    pub fn from_table(table: Option<&toml::Table>) -> Result<RetentionConfig, PolicyError> {
+        let Some(table) = table else {
+            return Ok(RetentionConfig::default());
+        };
+        let mut config = RetentionConfig::default();
+        for (key, value) in table {
+            let section = match key.as_str() {
+                "templates" => &mut config.templates,
+                "volumes" => &mut config.volumes,
+                other => {
+                    return Err(error(format!(
+                        "grove.toml: unknown key retention.{other} (known: templates, volumes)"
+                    )))
+                }
+            };
+            let entries = value
+                .as_table()
+                .ok_or_else(|| error(format!("grove.toml: retention.{key} must be a table")))?;
+            section.extend(entries.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        for name in config.templates.keys() {
+            config
+                .template(name)
+                .map_err(|e| error(format!("grove.toml: template {name:?}: {e}")))?;
+        }
+        for volume in config.volumes.keys() {
+            config
+                .policy_for(volume)
+                .map_err(|e| error(format!("grove.toml: the policy of {volume:?}: {e}")))?;
+        }
+        Ok(config)
+    }
+
+    /// The table to write back into grove.toml; None when empty.
+    pub fn to_table(&self) -> Option<toml::Table> {
+        let mut table = toml::Table::new();
+        for (key, section) in [("templates", &self.templates), ("volumes", &self.volumes)] {
+            if !section.is_empty() {
+                let entries: toml::Table = section
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                table.insert(key.to_string(), toml::Value::Table(entries));
+            }
+        }
+        (!table.is_empty()).then_some(table)
+    }
+
+    /// The policy of `volume`, if it has one.
+    pub fn policy_for(&self, volume: &str) -> Result<Option<Policy>, PolicyError> {
+        match self.volumes.get(volume) {
+            None => Ok(None),
+            Some(spec) => self.resolve(spec, 0).map(Some),
+        }
+    }
+
+    /// Template `name`: the pool's own, else a built-in one.
+    pub fn template(&self, name: &str) -> Result<Policy, PolicyError> {
+        self.template_at(name, 0)
+    }
+
+    /// Every template's name, the pool's and the built-in ones.
+    pub fn template_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = builtin_templates()
+            .keys()
+            .map(|n| n.to_string())
+            .chain(self.templates.keys().cloned())
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    fn template_at(&self, name: &str, depth: usize) -> Result<Policy, PolicyError> {
+        if depth > TEMPLATE_DEPTH_MAX {
+            return Err(error(format!(
+                "templates build on each other more than {TEMPLATE_DEPTH_MAX} deep (a loop through {name:?}?)"
+            )));
+        }
+        if let Some(spec) = self.templates.get(name) {
+            return self.resolve(spec, depth + 1);
+        }
+        builtin_templates().remove(name).ok_or_else(|| {
+            error(format!(
+                "no template named {name:?} (there are {})",
+                self.template_names().join(", ")
+            ))
+        })
+    }
+
+    /// A policy as written: a template's name, or a table of counts that
+    /// may start from a template.
+    fn resolve(&self, spec: &toml::Value, depth: usize) -> Result<Policy, PolicyError> {
+        match spec {
+            toml::Value::String(name) => self.template_at(name, depth),
+            toml::Value::Table(table) => self.resolve_table(table, depth),
+            other => Err(error(format!(
+                "a policy is a template's name or a table, not {}",
+                other.type_str()
+            ))),
+        }
+    }
+
+    fn resolve_table(&self, table: &toml::Table, depth: usize) -> Result<Policy, PolicyError> {
+        let mut policy = match table.get("template") {
+            Some(toml::Value::String(name)) => self.template_at(name, depth)?,
+            Some(_) => return Err(error("template must be a template's name")),
+            None => Policy {
+                keep: [0; 6],
+                frequent_secs: FREQUENT_PERIOD_DEFAULT_SECS,
+                minimum: MINIMUM_DEFAULT,
+            },
+        };
+        for (key, value) in table {
+            if let Some(level) = Level::from_name(key) {
+                policy.keep[level.index()] = count(key, value)?;
+                continue;
+            }
+            match key.as_str() {
+                "template" => {}
+                "minimum" => policy.minimum = count(key, value)?,
+                "frequent_period" => {
+                    let text = value.as_str().ok_or_else(|| {
+                        error("frequent_period must be a duration such as \"15m\"")
+                    })?;
+                    policy.frequent_secs = parse_duration(text).map_err(error)?;
+                    if policy.frequent_secs < MINUTE_SECS {
+                        return Err(error("frequent_period must be at least 1m"));
+                    }
+                }
+                other => {
+                    let known: Vec<&str> = Level::ALL
+                        .iter()
+                        .map(|l| l.name())
+                        .chain(OTHER_KEYS)
+                        .collect();
+                    return Err(error(format!(
+                        "unknown key {other:?} (known: {})",
+                        known.join(", ")
+                    )));
+                }
+            }
+        }
+        Ok(policy)
+    }
+}
+
+fn count(key: &str, value: &toml::Value) -> Result<u32, PolicyError> {
+    value
+        .as_integer()
+        .and_then(|n| u32::try_from(n).ok())
+        .filter(|&n| n <= KEEP_MAX)
+        .ok_or_else(|| error(format!("{key} must be a whole number from 0 to {KEEP_MAX}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(text: &str) -> Result<RetentionConfig, PolicyError> {
+        let table: toml::Table = toml::from_str(text).unwrap();
+        RetentionConfig::from_table(table.get("retention").and_then(|v| v.as_table()))
+    }
+
+    #[test]
+    fn volumes_name_templates_and_override_them() {
+        let c = config(
+            r#"
+            [retention.templates.vm]
+            template = "production"
+            daily = 14
+            frequent_period = "10m"
+            [retention.volumes]
+            web = "production"
+            db = { template = "vm", hourly = 48, minimum = 3 }
+            ci = { frequent = 8 }
+            "#,
+        )
+        .unwrap();
+        let web = c.policy_for("web").unwrap().unwrap();
+        assert_eq!(web, builtin_templates()["production"]);
+        let db = c.policy_for("db").unwrap().unwrap();
+        assert_eq!(db.keep, [0, 48, 14, 0, 3, 0]);
+        assert_eq!((db.frequent_secs, db.minimum), (600, 3));
+        assert_eq!(
+            c.policy_for("ci").unwrap().unwrap().keep,
+            [8, 0, 0, 0, 0, 0]
+        );
+        assert_eq!(c.policy_for("other").unwrap(), None);
+        assert_eq!(db.describe(), "hourly 48, daily 14, monthly 3");
+        // Written back and read again, it is the same.
+        let mut outer = toml::Table::new();
+        outer.insert(
+            "retention".into(),
+            toml::Value::Table(c.to_table().unwrap()),
+        );
+        assert_eq!(config(&toml::to_string(&outer).unwrap()).unwrap(), c);
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        let e = config("[retention.volumes]\nweb = \"prod\"").unwrap_err();
+        assert!(e.0.contains("no template named \"prod\""), "{e}");
+        let e = config("[retention.volumes]\nweb = { dayly = 3 }").unwrap_err();
+        assert!(e.0.contains("unknown key \"dayly\""), "{e}");
+        let e = config("[retention.volumes]\nweb = { daily = -1 }").unwrap_err();
+        assert!(e.0.contains("daily must be a whole number"), "{e}");
+        let e = config(
+            "[retention.templates.a]\ntemplate = \"b\"\n[retention.templates.b]\ntemplate = \"a\"",
+        )
+        .unwrap_err();
+        assert!(e.0.contains("more than"), "{e}");
+        let e = config("[retention.schedule]\nx = 1").unwrap_err();
+        assert!(e.0.contains("unknown key retention.schedule"), "{e}");
+        let e = config("[retention.volumes]\nweb = { frequent_period = \"5s\" }").unwrap_err();
+        assert!(e.0.contains("at least 1m"), "{e}");
+    }
+}
