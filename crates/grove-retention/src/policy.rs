@@ -165,6 +165,16 @@ impl RetentionConfig {
         (!table.is_empty()).then_some(table)
     }
 
+    /// Gives `volume` the policy `spec` (see `spec`), replacing its own.
+    pub fn set_volume_policy(&mut self, volume: &str, spec: toml::Value) {
+        self.volumes.insert(volume.to_string(), spec);
+    }
+
+    /// Takes `volume`'s policy away; false if it had none.
+    pub fn unset_volume_policy(&mut self, volume: &str) -> bool {
+        self.volumes.remove(volume).is_some()
+    }
+
     /// The policy of `volume`, if it has one.
     pub fn policy_for(&self, volume: &str) -> Result<Option<Policy>, PolicyError> {
         match self.volumes.get(volume) {
@@ -262,6 +272,37 @@ impl RetentionConfig {
         }
         Ok(policy)
     }
+}
+
+/// A policy as grove.toml writes it: just the template's name when
+/// nothing overrides it, else a table.
+pub fn spec(
+    template: Option<&str>,
+    counts: &[(Level, u32)],
+    frequent_period: Option<&str>,
+    minimum: Option<u32>,
+) -> toml::Value {
+    if let (Some(name), true, None, None) = (template, counts.is_empty(), frequent_period, minimum)
+    {
+        return toml::Value::String(name.to_string());
+    }
+    let mut table = toml::Table::new();
+    if let Some(name) = template {
+        table.insert("template".into(), toml::Value::String(name.to_string()));
+    }
+    for (level, count) in counts {
+        table.insert(level.name().into(), toml::Value::Integer(i64::from(*count)));
+    }
+    if let Some(period) = frequent_period {
+        table.insert(
+            "frequent_period".into(),
+            toml::Value::String(period.to_string()),
+        );
+    }
+    if let Some(minimum) = minimum {
+        table.insert("minimum".into(), toml::Value::Integer(i64::from(minimum)));
+    }
+    toml::Value::Table(table)
 }
 
 fn count(key: &str, value: &toml::Value) -> Result<u32, PolicyError> {

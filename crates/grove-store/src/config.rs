@@ -14,13 +14,13 @@ pub const STORE_FILE_NAME: &str = "grove.store";
 /// Every key grove.toml may hold: the fields of `PoolConfig`. Any other
 /// key is refused by name, so that a misspelt setting (`cache-size`) is
 /// not silently ignored.
-const CONFIG_KEYS: [&str; 3] = ["format_version", "store", "cache_size"];
+const CONFIG_KEYS: [&str; 4] = ["format_version", "store", "cache_size", "retention"];
 
 /// Most single-character edits between an unknown key and a known one for
 /// the known one to be suggested: `cache-size`, `cachesize`, `cache_sise`.
 const KEY_SUGGESTION_EDITS_MAX: usize = 2;
 
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PoolConfig {
     /// On-disk format of the pool; a newer one is refused.
@@ -31,6 +31,10 @@ pub struct PoolConfig {
     /// are powers of 1024); absent means CACHE_SIZE_DEFAULT_BYTES.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_size: Option<String>,
+    /// Retention policies and templates: grove-retention reads and checks
+    /// them; the engine only keeps the table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<toml::Table>,
 }
 
 impl PoolConfig {
@@ -39,6 +43,7 @@ impl PoolConfig {
             format_version: FORMAT_VERSION,
             store: STORE_FILE_NAME.to_string(),
             cache_size: None,
+            retention: None,
         }
     }
 
@@ -50,6 +55,18 @@ impl PoolConfig {
     pub fn to_toml(&self) -> String {
         let body = toml::to_string(self).expect("a PoolConfig always serializes");
         format!("# grove pool configuration (see docs/design.md)\n{body}")
+    }
+
+    /// Writes `DIR/grove.toml` atomically and durably: a reader sees the
+    /// old file or the new one, and a crash leaves one of them.
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        let path = dir.join(CONFIG_FILE_NAME);
+        let temp = dir.join(format!("{CONFIG_FILE_NAME}.tmp"));
+        std::fs::write(&temp, self.to_toml())
+            .and_then(|()| std::fs::File::open(&temp)?.sync_all())
+            .and_then(|()| std::fs::rename(&temp, &path))
+            .and_then(|()| std::fs::File::open(dir)?.sync_all())
+            .map_err(|e| Error::io(format!("cannot write {}", path.display()), e))
     }
 
     /// Reads and validates `DIR/grove.toml`.

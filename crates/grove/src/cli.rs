@@ -99,12 +99,27 @@ pub enum Command {
     },
 
     /// Take a read-only snapshot of a volume or snapshot
-    #[command(after_help = "Example:\n  grove snapshot disk disk@monday")]
+    #[command(
+        long_about = "Take a read-only snapshot of a volume or snapshot, in O(1). With --auto, \
+                      take the snapshot a volume's retention policy has due now (for cron): \
+                      named VOLUME@auto-YYYYMMDD-HHMMSS (UTC) and ranked at the highest level \
+                      due, or none if nothing is due; without a VOLUME, every volume with a \
+                      policy.",
+        after_help = "Examples:\n  grove snapshot disk disk@monday\n  grove snapshot --auto disk\n  \
+                      */15 * * * *  grove --pool /srv/pool snapshot --auto && grove --pool /srv/pool prune"
+    )]
     Snapshot {
-        /// Volume or snapshot to take it of
-        source: String,
-        /// Name of the new snapshot
-        name: String,
+        /// Volume or snapshot to take it of (with --auto: the volume, or none for all)
+        source: Option<String>,
+        /// Name of the new snapshot (not with --auto)
+        name: Option<String>,
+        /// Take what the retention policy has due, named and ranked by it
+        #[arg(long)]
+        auto: bool,
+        /// With --auto: the time to act at, as YYYY-MM-DDTHH:MM[:SS] (UTC) or
+        /// @UNIXSECONDS, instead of now (for scripts and tests)
+        #[arg(long, requires = "auto", value_name = "TIME")]
+        now: Option<String>,
     },
 
     /// Make a writable clone of a volume or snapshot
@@ -498,6 +513,126 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+
+    /// Set and explain retention policies (how many snapshots of each level to keep)
+    #[command(
+        long_about = "Retention policies, in rank-tree terms (Thresher): a volume keeps its \
+                      newest N frequent, hourly, daily, weekly, monthly and yearly snapshots. \
+                      A snapshot ranked daily also counts as hourly and frequent, so a higher \
+                      rank lives longer; within a rank the newest live longest. `grove serve` \
+                      and `grove mount` take and prune snapshots on the policies' schedule; \
+                      without them, run `grove snapshot --auto` and `grove prune` from cron. \
+                      Policies live in grove.toml under [retention]."
+    )]
+    Policy {
+        #[command(subcommand)]
+        command: PolicyCommand,
+    },
+
+    /// Rank a snapshot at a retention level, or take its rank away (none)
+    #[command(after_help = "Example:\n  grove rank disk@before-upgrade monthly")]
+    Rank {
+        /// The snapshot
+        snapshot: String,
+        /// frequent, hourly, daily, weekly, monthly, yearly or none
+        level: String,
+    },
+
+    /// Hold a snapshot: never pruned, nor removed without --force
+    #[command(
+        after_help = "Examples:\n  grove hold disk@monday legal\n  grove hold disk@monday restore-test --for 2d"
+    )]
+    Hold {
+        /// The snapshot
+        snapshot: String,
+        /// A name for the hold (one snapshot may have several)
+        tag: String,
+        /// A lease: the hold releases itself after this long (30m, 12h, 7d, 2w)
+        #[arg(long = "for", value_name = "DURATION")]
+        lease: Option<String>,
+        /// With --for: the time the lease starts at, instead of now (for scripts and tests)
+        #[arg(long, requires = "lease", value_name = "TIME")]
+        now: Option<String>,
+    },
+
+    /// Release a hold on a snapshot
+    Release { snapshot: String, tag: String },
+
+    /// List holds
+    Holds {
+        /// Print a JSON array
+        #[arg(long)]
+        json: bool,
+    },
+
+    /// Remove the snapshots retention policies no longer keep
+    #[command(
+        long_about = "Remove every snapshot that its volume's policy no longer keeps, and \
+                      release holds whose lease has ended. Held snapshots, the snapshots \
+                      replication cursors mark, and snapshots never ranked (taken by hand) \
+                      are kept. Removal is O(1) each; the space comes back in the background \
+                      (or with `grove gc`).",
+        after_help = "Examples:\n  grove prune --dry-run\n  grove prune disk"
+    )]
+    Prune {
+        /// Only these volumes' snapshots (default: every volume with a policy)
+        volumes: Vec<String>,
+        /// Say what would be removed, and remove nothing
+        #[arg(long)]
+        dry_run: bool,
+        /// The time to judge at, as YYYY-MM-DDTHH:MM[:SS] (UTC) or @UNIXSECONDS
+        #[arg(long, value_name = "TIME")]
+        now: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Give a volume a policy: a template, counts, or a template with counts over it
+    #[command(
+        after_help = "Examples:\n  grove policy set disk --template production\n  \
+                            grove policy set db --template production --hourly 48 --daily 14\n  \
+                            grove policy set ci --frequent 8 --frequent-period 5m"
+    )]
+    Set {
+        volume: String,
+        /// Start from this template (see `grove policy templates`)
+        #[arg(long)]
+        template: Option<String>,
+        #[arg(long, value_name = "N")]
+        frequent: Option<u32>,
+        #[arg(long, value_name = "N")]
+        hourly: Option<u32>,
+        #[arg(long, value_name = "N")]
+        daily: Option<u32>,
+        #[arg(long, value_name = "N")]
+        weekly: Option<u32>,
+        #[arg(long, value_name = "N")]
+        monthly: Option<u32>,
+        #[arg(long, value_name = "N")]
+        yearly: Option<u32>,
+        /// How often a frequent snapshot is due (default 15m)
+        #[arg(long, value_name = "DURATION")]
+        frequent_period: Option<String>,
+        /// Snapshots pruning for space never takes, newest first (default 1)
+        #[arg(long, value_name = "N")]
+        minimum: Option<u32>,
+    },
+    /// Take a volume's policy away (its snapshots stay)
+    Unset { volume: String },
+    /// For each snapshot: its rank, and the rule that keeps it and until when
+    Show {
+        /// Only these volumes (default: every volume with a policy)
+        volumes: Vec<String>,
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+        /// The time to judge at, as YYYY-MM-DDTHH:MM[:SS] (UTC) or @UNIXSECONDS
+        #[arg(long, value_name = "TIME")]
+        now: Option<String>,
+    },
+    /// List the templates: built-in and the pool's own
+    Templates,
 }
 
 #[cfg(test)]

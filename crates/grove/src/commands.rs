@@ -194,12 +194,27 @@ fn run_admin(pool: &dyn Admin, command: Command) -> Result<()> {
             )
         }
         Command::Create { name, size } => create(pool, &name, &size),
-        Command::Snapshot { source, name } => {
+        Command::Snapshot {
+            source,
+            name,
+            auto: false,
+            ..
+        } => {
+            let (Some(source), Some(name)) = (source, name) else {
+                bail!("give the volume to snapshot and the snapshot's name (or --auto to let its retention policy name it)");
+            };
             pool.snapshot(&source, &name)?;
             say(format_args!(
                 "created snapshot {name:?} of {source:?} (read-only)"
             ))
         }
+        command @ (Command::Snapshot { .. }
+        | Command::Policy { .. }
+        | Command::Rank { .. }
+        | Command::Hold { .. }
+        | Command::Release { .. }
+        | Command::Holds { .. }
+        | Command::Prune { .. }) => crate::retention::run_command(pool, command),
         Command::Clone { source, name } => {
             pool.clone_volume(&source, &name)?;
             say(format_args!(

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
 use grove_store::{
-    CheckReport, DiffReport, Error, ErrorKind, Pool, PoolInfo, RemoveOptions, VolumeInfo,
+    CheckReport, DiffReport, Error, ErrorKind, HoldInfo, Pool, PoolInfo, RemoveOptions, VolumeInfo,
     VolumeSummary,
 };
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
@@ -88,6 +88,20 @@ pub trait Admin {
     fn check(&self, repair: bool) -> grove_store::Result<CheckReport>;
     /// Replication cursors and partial receives, for `grove list`.
     fn replication_state(&self) -> grove_store::Result<ReplicationState>;
+    /// A snapshot taken with a rank at `created_unix_secs` (retention's).
+    fn snapshot_ranked(
+        &self,
+        source: &str,
+        name: &str,
+        rank: u8,
+        created_unix_secs: u64,
+    ) -> grove_store::Result<VolumeInfo>;
+    fn set_rank(&self, snapshot: &str, rank: u8) -> grove_store::Result<()>;
+    fn hold(&self, snapshot: &str, tag: &str, until: Option<u64>) -> grove_store::Result<()>;
+    fn release(&self, snapshot: &str, tag: &str) -> grove_store::Result<()>;
+    fn holds(&self) -> grove_store::Result<Vec<HoldInfo>>;
+    /// Releases the holds whose lease ended by `now_unix_secs`.
+    fn release_expired_holds(&self, now_unix_secs: u64) -> grove_store::Result<Vec<HoldInfo>>;
 }
 
 /// What `grove list` shows beside the volumes.
@@ -183,6 +197,30 @@ impl Admin for Pool {
             partial_receives: self.partial_receives(),
         })
     }
+    fn snapshot_ranked(
+        &self,
+        source: &str,
+        name: &str,
+        rank: u8,
+        created_unix_secs: u64,
+    ) -> grove_store::Result<VolumeInfo> {
+        Pool::snapshot_ranked(self, source, name, rank, created_unix_secs)
+    }
+    fn set_rank(&self, snapshot: &str, rank: u8) -> grove_store::Result<()> {
+        Pool::set_rank(self, snapshot, rank)
+    }
+    fn hold(&self, snapshot: &str, tag: &str, until: Option<u64>) -> grove_store::Result<()> {
+        Pool::hold(self, snapshot, tag, until)
+    }
+    fn release(&self, snapshot: &str, tag: &str) -> grove_store::Result<()> {
+        Pool::release(self, snapshot, tag)
+    }
+    fn holds(&self) -> grove_store::Result<Vec<HoldInfo>> {
+        Ok(Pool::holds(self))
+    }
+    fn release_expired_holds(&self, now_unix_secs: u64) -> grove_store::Result<Vec<HoldInfo>> {
+        Pool::release_expired_holds(self, now_unix_secs)
+    }
 }
 
 /// What `gc` did.
@@ -270,6 +308,29 @@ enum Request {
     RestartPoint {
         name: String,
     },
+    SnapshotRanked {
+        source: String,
+        name: String,
+        rank: u8,
+        created_unix_secs: u64,
+    },
+    SetRank {
+        snapshot: String,
+        rank: u8,
+    },
+    Hold {
+        snapshot: String,
+        tag: String,
+        until: Option<u64>,
+    },
+    Release {
+        snapshot: String,
+        tag: String,
+    },
+    Holds,
+    ReleaseExpiredHolds {
+        now_unix_secs: u64,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -314,6 +375,23 @@ fn execute(pool: &Pool, request: Request) -> Reply {
         Request::Info => reply(pool.info()),
         Request::Check { repair } => reply(pool.check(repair)),
         Request::Holder => reply(Ok(Holder::this_process())),
+        Request::SnapshotRanked {
+            source,
+            name,
+            rank,
+            created_unix_secs,
+        } => reply(pool.snapshot_ranked(&source, &name, rank, created_unix_secs)),
+        Request::SetRank { snapshot, rank } => reply(pool.set_rank(&snapshot, rank)),
+        Request::Hold {
+            snapshot,
+            tag,
+            until,
+        } => reply(pool.hold(&snapshot, &tag, until)),
+        Request::Release { snapshot, tag } => reply(pool.release(&snapshot, &tag)),
+        Request::Holds => reply(Ok(pool.holds())),
+        Request::ReleaseExpiredHolds { now_unix_secs } => {
+            reply(pool.release_expired_holds(now_unix_secs))
+        }
         Request::ReplicationState => reply(Admin::replication_state(pool)),
         Request::ReceiveAbort { name } => reply_any(grove_send::abort(pool, &name)),
         Request::ReceiveStatus { name } => reply_any(crate::replicate::status(pool, &name)),
@@ -917,5 +995,44 @@ impl Admin for ControlClient {
     }
     fn replication_state(&self) -> grove_store::Result<ReplicationState> {
         self.call(Request::ReplicationState)
+    }
+    fn snapshot_ranked(
+        &self,
+        source: &str,
+        name: &str,
+        rank: u8,
+        created_unix_secs: u64,
+    ) -> grove_store::Result<VolumeInfo> {
+        self.call(Request::SnapshotRanked {
+            source: source.into(),
+            name: name.into(),
+            rank,
+            created_unix_secs,
+        })
+    }
+    fn set_rank(&self, snapshot: &str, rank: u8) -> grove_store::Result<()> {
+        self.call(Request::SetRank {
+            snapshot: snapshot.into(),
+            rank,
+        })
+    }
+    fn hold(&self, snapshot: &str, tag: &str, until: Option<u64>) -> grove_store::Result<()> {
+        self.call(Request::Hold {
+            snapshot: snapshot.into(),
+            tag: tag.into(),
+            until,
+        })
+    }
+    fn release(&self, snapshot: &str, tag: &str) -> grove_store::Result<()> {
+        self.call(Request::Release {
+            snapshot: snapshot.into(),
+            tag: tag.into(),
+        })
+    }
+    fn holds(&self) -> grove_store::Result<Vec<HoldInfo>> {
+        self.call(Request::Holds)
+    }
+    fn release_expired_holds(&self, now_unix_secs: u64) -> grove_store::Result<Vec<HoldInfo>> {
+        self.call(Request::ReleaseExpiredHolds { now_unix_secs })
     }
 }

@@ -14,6 +14,8 @@ mod progress;
 mod raif;
 mod reclaimer;
 mod replicate;
+mod retention;
+mod scheduler;
 mod serve;
 mod size;
 mod transfer;

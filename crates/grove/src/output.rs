@@ -326,6 +326,7 @@ mod tests {
                 size_bytes: 1 << 30,
                 referenced_bytes: 4096,
                 created_unix_secs: 0,
+                rank: 0,
             },
             unique_bytes: 0,
             written_bytes: 0,

@@ -342,17 +342,7 @@ impl Pool {
         let pool = Pool::format(Arc::new(device), options, dir, Some(lock))?;
         // grove.toml is written last and atomically: a directory with it is a
         // complete pool, one without it never half-looks like one.
-        let temp = dir.join(format!("{CONFIG_FILE_NAME}.tmp"));
-        std::fs::write(&temp, config.to_toml())
-            .and_then(|()| File::open(&temp)?.sync_all())
-            .and_then(|()| std::fs::rename(&temp, dir.join(CONFIG_FILE_NAME)))
-            .and_then(|()| File::open(dir)?.sync_all())
-            .map_err(|e| {
-                Error::io(
-                    format!("cannot write {}", dir.join(CONFIG_FILE_NAME).display()),
-                    e,
-                )
-            })?;
+        config.save(dir)?;
         Ok(pool)
     }
 

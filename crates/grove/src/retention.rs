@@ -1,0 +1,702 @@
+//! Retention in the CLI and the daemons: `grove policy`, `grove rank`,
+//! `grove hold`, `release` and `holds`, `grove prune`, `grove snapshot
+//! --auto`, and the tick `grove serve` and `grove mount` run on their
+//! schedule. Everything goes through `Admin`, so it works on a pool opened
+//! here and on one a daemon holds. Which snapshots a policy keeps is
+//! grove-retention's; taking and removing them is the engine's.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use grove_retention::calendar::{display, parse_duration, parse_time};
+use grove_retention::{
+    auto_snapshot_name, due_level, plan, space_order, Level, Policy, RetentionConfig,
+    SnapshotFacts, Verdict,
+};
+use grove_store::config::PoolConfig;
+use grove_store::{VolumeKind, VolumeSummary};
+use serde::Serialize;
+
+use crate::control::Admin;
+
+/// The time retention works at: `--now` if given (for scripts and tests),
+/// else the system clock.
+pub fn now(given: Option<&str>) -> Result<u64> {
+    match given {
+        Some(text) => parse_time(text).map_err(anyhow::Error::msg),
+        None => Ok(std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0)),
+    }
+}
+
+/// The pool's retention settings, read from grove.toml each time (the
+/// daemons pick up `grove policy set` at their next tick).
+pub fn load_config(dir: &Path) -> Result<RetentionConfig> {
+    let config = PoolConfig::load(dir)?;
+    RetentionConfig::from_table(config.retention.as_ref()).map_err(anyhow::Error::msg)
+}
+
+/// One volume under a policy, with the facts about its snapshots.
+pub struct VolumeUnderPolicy {
+    pub volume: String,
+    pub policy: Policy,
+    pub snapshots: Vec<SnapshotFacts>,
+}
+
+/// Every volume with a policy (only those in `only`, if any), with what
+/// holds each snapshot: hold tags whose lease has not ended at `now`, and
+/// the replication cursors that mark it.
+pub fn volumes_under_policy(
+    admin: &dyn Admin,
+    config: &RetentionConfig,
+    now: u64,
+    only: &[String],
+) -> Result<Vec<VolumeUnderPolicy>> {
+    let summaries = admin.summaries()?;
+    for name in only {
+        if !summaries.iter().any(|s| &s.name == name) {
+            bail!("no volume named {name:?}");
+        }
+    }
+    let mut holds: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for hold in admin.holds()? {
+        if hold.until_unix_secs.is_none_or(|until| until > now) {
+            holds.entry(hold.snapshot).or_default().push(hold.tag);
+        }
+    }
+    for cursor in admin.replication_state()?.cursors {
+        if let Some(snapshot) = cursor.snapshot {
+            holds
+                .entry(snapshot)
+                .or_default()
+                .push(format!("cursor:{}", cursor.target));
+        }
+    }
+    let mut out = Vec::new();
+    for volume in summaries.iter().filter(|s| s.kind != VolumeKind::Snapshot) {
+        if !only.is_empty() && !only.contains(&volume.name) {
+            continue;
+        }
+        let Some(policy) = config
+            .policy_for(&volume.name)
+            .map_err(anyhow::Error::msg)?
+        else {
+            continue;
+        };
+        let snapshots = snapshots_of(&summaries, &volume.name)
+            .map(|s| SnapshotFacts {
+                name: s.name.clone(),
+                created_unix_secs: s.created_unix_secs,
+                rank: Level::from_rank(s.rank),
+                holds: holds.get(&s.name).cloned().unwrap_or_default(),
+            })
+            .collect();
+        out.push(VolumeUnderPolicy {
+            volume: volume.name.clone(),
+            policy,
+            snapshots,
+        });
+    }
+    Ok(out)
+}
+
+/// The read-only snapshots taken of `volume` (its policy's to keep).
+fn snapshots_of<'a>(
+    summaries: &'a [VolumeSummary],
+    volume: &'a str,
+) -> impl Iterator<Item = &'a VolumeSummary> {
+    summaries
+        .iter()
+        .filter(move |s| s.kind == VolumeKind::Snapshot && s.parent.as_deref() == Some(volume))
+}
+
+/// What one run of the schedule did.
+#[derive(Debug, Default, Serialize)]
+pub struct TickReport {
+    /// Snapshots taken, with their level.
+    pub taken: Vec<(String, String)>,
+    /// Snapshots removed (or, in a dry run, that would be).
+    pub pruned: Vec<String>,
+    /// Holds whose lease ended, as "SNAPSHOT TAG".
+    pub released: Vec<String>,
+    /// Snapshots that could not be taken or removed, with why.
+    pub failed: Vec<String>,
+}
+
+/// `grove snapshot --auto`: a snapshot of each volume (of `only`, if any)
+/// whose policy has a level due at `now`, ranked at the highest such level.
+pub fn take_due_snapshots(
+    admin: &dyn Admin,
+    config: &RetentionConfig,
+    now: u64,
+    only: &[String],
+    report: &mut TickReport,
+) -> Result<()> {
+    for under in volumes_under_policy(admin, config, now, only)? {
+        let Some(level) = due_level(&under.policy, &under.snapshots, now) else {
+            continue;
+        };
+        let name = auto_snapshot_name(&under.volume, now);
+        match admin.snapshot_ranked(&under.volume, &name, level.rank(), now) {
+            Ok(_) => report.taken.push((name, level.name().to_string())),
+            Err(e) => report.failed.push(format!("snapshot {name}: {e}")),
+        }
+    }
+    Ok(())
+}
+
+/// `grove prune`: releases holds whose lease ended, then removes every
+/// snapshot the policies no longer keep. A dry run changes nothing and
+/// reports what a real one would do.
+pub fn prune(
+    admin: &dyn Admin,
+    config: &RetentionConfig,
+    now: u64,
+    only: &[String],
+    dry_run: bool,
+    report: &mut TickReport,
+) -> Result<()> {
+    let expired = if dry_run {
+        admin
+            .holds()?
+            .into_iter()
+            .filter(|h| h.until_unix_secs.is_some_and(|until| until <= now))
+            .collect()
+    } else {
+        admin.release_expired_holds(now)?
+    };
+    report.released.extend(
+        expired
+            .into_iter()
+            .map(|h| format!("{} {}", h.snapshot, h.tag)),
+    );
+    for under in volumes_under_policy(admin, config, now, only)? {
+        for verdict in plan(&under.policy, &under.snapshots, now) {
+            if verdict.keep {
+                continue;
+            }
+            if dry_run {
+                report.pruned.push(verdict.name);
+                continue;
+            }
+            match admin.remove(&verdict.name, false, false) {
+                Ok(_) => report.pruned.push(verdict.name),
+                Err(e) => report.failed.push(format!("remove {}: {e}", verdict.name)),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One run of the schedule, as the daemons do it: take what is due, then
+/// prune.
+pub fn tick(admin: &dyn Admin, now: u64) -> Result<TickReport> {
+    let config = load_config(admin.dir())?;
+    let mut report = TickReport::default();
+    take_due_snapshots(admin, &config, now, &[], &mut report)?;
+    prune(admin, &config, now, &[], false, &mut report)?;
+    Ok(report)
+}
+
+/// Removes snapshots in the order space pressure takes them (expired
+/// first, then the lowest ranks, oldest first; never a held or unranked
+/// one, nor a volume's newest `minimum`) until `bytes_wanted` are on their
+/// way back. Returns the bytes removal gives back.
+#[allow(dead_code)] // the space watcher (thresholds) calls it
+pub fn free_space(admin: &dyn Admin, now: u64, bytes_wanted: u64) -> Result<u64> {
+    let config = load_config(admin.dir())?;
+    let mut candidates: Vec<(u8, u64, String)> = Vec::new();
+    for under in volumes_under_policy(admin, &config, now, &[])? {
+        let verdicts = plan(&under.policy, &under.snapshots, now);
+        let rank_class = |v: &Verdict| match &v.reason {
+            grove_retention::Reason::Kept { level, .. } => level.rank(),
+            _ => 0,
+        };
+        for name in space_order(&under.policy, &verdicts) {
+            let verdict = verdicts.iter().find(|v| v.name == name).expect("planned");
+            candidates.push((rank_class(verdict), verdict.created_unix_secs, name));
+        }
+    }
+    candidates.sort();
+    let mut freed = 0;
+    for (_, _, name) in candidates {
+        if freed >= bytes_wanted {
+            break;
+        }
+        match admin.remove(&name, false, false) {
+            Ok(bytes) => {
+                tracing::warn!("space: removed snapshot {name:?} to give back space");
+                freed += bytes;
+            }
+            Err(e) => tracing::warn!("space: cannot remove snapshot {name:?}: {e}"),
+        }
+    }
+    Ok(freed)
+}
+
+/// How a policy set on the command line changes a volume's.
+#[derive(Clone, Debug, Default)]
+pub struct PolicyChange {
+    pub template: Option<String>,
+    pub counts: Vec<(Level, u32)>,
+    pub frequent_period: Option<String>,
+    pub minimum: Option<u32>,
+}
+
+/// `grove policy set`: writes the volume's policy into grove.toml, as a
+/// template's name when nothing overrides it, else as a table. Checked
+/// before it is written.
+pub fn set_policy(admin: &dyn Admin, volume: &str, change: &PolicyChange) -> Result<Policy> {
+    let summaries = admin.summaries()?;
+    match summaries.iter().find(|s| s.name == volume) {
+        None => bail!("no volume named {volume:?}"),
+        Some(s) if s.kind == VolumeKind::Snapshot => bail!(
+            "{volume:?} is a snapshot; a policy belongs to the volume its snapshots are taken of"
+        ),
+        Some(_) => {}
+    }
+    if let Some(period) = &change.frequent_period {
+        parse_duration(period).map_err(anyhow::Error::msg)?;
+    }
+    if change.template.is_none() && change.counts.is_empty() {
+        bail!("say what to keep: --template NAME and/or counts such as --hourly 24 --daily 7");
+    }
+    let spec = grove_retention::policy::spec(
+        change.template.as_deref(),
+        &change.counts,
+        change.frequent_period.as_deref(),
+        change.minimum,
+    );
+    update_config(admin.dir(), |config| {
+        config.set_volume_policy(volume, spec);
+        Ok(())
+    })?;
+    let config = load_config(admin.dir())?;
+    Ok(config
+        .policy_for(volume)
+        .map_err(anyhow::Error::msg)?
+        .expect("just set"))
+}
+
+/// `grove policy unset`.
+pub fn unset_policy(dir: &Path, volume: &str) -> Result<()> {
+    update_config(dir, |config| {
+        if !config.unset_volume_policy(volume) {
+            bail!("volume {volume:?} has no policy");
+        }
+        Ok(())
+    })
+}
+
+/// Changes the `[retention]` table of grove.toml, checks the result, and
+/// writes it atomically.
+fn update_config(
+    dir: &Path,
+    change: impl FnOnce(&mut RetentionConfig) -> Result<()>,
+) -> Result<()> {
+    let mut pool_config = PoolConfig::load(dir)?;
+    let mut config =
+        RetentionConfig::from_table(pool_config.retention.as_ref()).map_err(anyhow::Error::msg)?;
+    change(&mut config)?;
+    let table = config.to_table();
+    RetentionConfig::from_table(table.as_ref()).map_err(anyhow::Error::msg)?;
+    pool_config.retention = table;
+    pool_config
+        .save(dir)
+        .with_context(|| format!("cannot save the policy in {}", dir.display()))
+}
+
+/// One snapshot as `grove policy show --json` lists it.
+#[derive(Serialize)]
+pub struct ShownSnapshot {
+    pub name: String,
+    pub created: String,
+    pub created_unix_secs: u64,
+    pub rank: Option<&'static str>,
+    pub keep: bool,
+    pub rule: String,
+    pub kept_by: Option<&'static str>,
+    pub until_unix_secs: Option<u64>,
+    pub holds: Vec<String>,
+}
+
+/// One volume as `grove policy show --json` lists it.
+#[derive(Serialize)]
+pub struct ShownVolume {
+    pub volume: String,
+    pub policy: String,
+    pub due_now: Option<&'static str>,
+    pub snapshots: Vec<ShownSnapshot>,
+}
+
+/// `grove policy show`: for each snapshot, the rule that keeps it and
+/// until when, or why it goes.
+pub fn show(
+    admin: &dyn Admin,
+    config: &RetentionConfig,
+    now: u64,
+    only: &[String],
+) -> Result<Vec<ShownVolume>> {
+    let mut shown = Vec::new();
+    for under in volumes_under_policy(admin, config, now, only)? {
+        let holds: BTreeMap<&str, &Vec<String>> = under
+            .snapshots
+            .iter()
+            .map(|s| (s.name.as_str(), &s.holds))
+            .collect();
+        let snapshots = plan(&under.policy, &under.snapshots, now)
+            .into_iter()
+            .map(|v| {
+                let (kept_by, until) = match &v.reason {
+                    grove_retention::Reason::Kept {
+                        level,
+                        until_unix_secs,
+                        ..
+                    } => (Some(level.name()), Some(*until_unix_secs)),
+                    _ => (None, None),
+                };
+                ShownSnapshot {
+                    created: display(v.created_unix_secs),
+                    created_unix_secs: v.created_unix_secs,
+                    rank: v.rank.map(Level::name),
+                    keep: v.keep,
+                    rule: v.explain(),
+                    kept_by,
+                    until_unix_secs: until,
+                    holds: holds[v.name.as_str()].clone(),
+                    name: v.name,
+                }
+            })
+            .collect();
+        shown.push(ShownVolume {
+            due_now: due_level(&under.policy, &under.snapshots, now).map(Level::name),
+            policy: under.policy.describe(),
+            volume: under.volume,
+            snapshots,
+        });
+    }
+    Ok(shown)
+}
+
+/// A level from the command line: its name, or `none`.
+pub fn parse_rank(text: &str) -> Result<u8> {
+    if text == "none" {
+        return Ok(0);
+    }
+    match Level::from_name(text) {
+        Some(level) => Ok(level.rank()),
+        None => bail!(
+            "unknown level {text:?}: one of {}, or none",
+            Level::ALL.map(|l| l.name()).join(", ")
+        ),
+    }
+}
+
+/// The retention commands (and `grove snapshot --auto`).
+pub fn run_command(admin: &dyn Admin, command: crate::cli::Command) -> Result<()> {
+    use crate::cli::{Command, PolicyCommand};
+    use crate::commands::say;
+    match command {
+        Command::Snapshot {
+            source,
+            name,
+            now: at,
+            ..
+        } => {
+            if name.is_some() {
+                bail!("--auto names the snapshot itself: give only the volume");
+            }
+            let config = load_config(admin.dir())?;
+            let at = now(at.as_deref())?;
+            let only: Vec<String> = source.into_iter().collect();
+            let mut report = TickReport::default();
+            take_due_snapshots(admin, &config, at, &only, &mut report)?;
+            for (name, level) in &report.taken {
+                say(format_args!("created snapshot {name:?} ({level})"))?;
+            }
+            if report.taken.is_empty() && report.failed.is_empty() {
+                say(format_args!("no snapshot is due at {}", display(at)))?;
+            }
+            fail_on(&report.failed)
+        }
+        Command::Prune {
+            volumes,
+            dry_run,
+            now: at,
+        } => {
+            let config = load_config(admin.dir())?;
+            let at = now(at.as_deref())?;
+            let mut report = TickReport::default();
+            prune(admin, &config, at, &volumes, dry_run, &mut report)?;
+            let (released, removed) = if dry_run {
+                ("would release hold", "would remove")
+            } else {
+                ("released hold", "removed")
+            };
+            for hold in &report.released {
+                say(format_args!("{released} {hold} (its lease ended)"))?;
+            }
+            for name in &report.pruned {
+                say(format_args!("{removed} {name}"))?;
+            }
+            if report.pruned.is_empty() {
+                say(format_args!("nothing to prune at {}", display(at)))?;
+            }
+            fail_on(&report.failed)
+        }
+        Command::Rank { snapshot, level } => {
+            admin.set_rank(&snapshot, parse_rank(&level)?)?;
+            say(format_args!("ranked {snapshot:?} {level}"))
+        }
+        Command::Hold {
+            snapshot,
+            tag,
+            lease,
+            now: at,
+        } => {
+            let until = match &lease {
+                Some(lease) => {
+                    let secs = parse_duration(lease).map_err(anyhow::Error::msg)?;
+                    Some(now(at.as_deref())?.saturating_add(secs))
+                }
+                None => None,
+            };
+            admin.hold(&snapshot, &tag, until)?;
+            match until {
+                Some(until) => say(format_args!(
+                    "held {snapshot:?} as {tag:?} until {}",
+                    display(until)
+                )),
+                None => say(format_args!(
+                    "held {snapshot:?} as {tag:?} (until `grove release {snapshot} {tag}`)"
+                )),
+            }
+        }
+        Command::Release { snapshot, tag } => {
+            admin.release(&snapshot, &tag)?;
+            say(format_args!("released hold {tag:?} on {snapshot:?}"))
+        }
+        Command::Holds { json } => {
+            let holds = admin.holds()?;
+            if json {
+                return say(format_args!("{}", serde_json::to_string_pretty(&holds)?));
+            }
+            if holds.is_empty() {
+                return say(format_args!("no holds"));
+            }
+            for hold in holds {
+                let until = hold
+                    .until_unix_secs
+                    .map_or("until released".to_string(), |u| {
+                        format!("until {}", display(u))
+                    });
+                say(format_args!("{}  {}  {until}", hold.snapshot, hold.tag))?;
+            }
+            Ok(())
+        }
+        Command::Policy { command } => match command {
+            PolicyCommand::Set {
+                volume,
+                template,
+                frequent,
+                hourly,
+                daily,
+                weekly,
+                monthly,
+                yearly,
+                frequent_period,
+                minimum,
+            } => {
+                let counts = [frequent, hourly, daily, weekly, monthly, yearly];
+                let change = PolicyChange {
+                    template,
+                    counts: Level::ALL
+                        .into_iter()
+                        .zip(counts)
+                        .filter_map(|(level, n)| n.map(|n| (level, n)))
+                        .collect(),
+                    frequent_period,
+                    minimum,
+                };
+                let policy = set_policy(admin, &volume, &change)?;
+                say(format_args!("{volume}: {}", policy.describe()))
+            }
+            PolicyCommand::Unset { volume } => {
+                unset_policy(admin.dir(), &volume)?;
+                say(format_args!(
+                    "{volume} has no policy now; its snapshots stay until removed"
+                ))
+            }
+            PolicyCommand::Show {
+                volumes,
+                json,
+                now: at,
+            } => {
+                let config = load_config(admin.dir())?;
+                let at = now(at.as_deref())?;
+                let shown = show(admin, &config, at, &volumes)?;
+                if json {
+                    return say(format_args!("{}", serde_json::to_string_pretty(&shown)?));
+                }
+                if shown.is_empty() {
+                    return say(format_args!(
+                        "no volume has a retention policy (see `grove policy set --help`)"
+                    ));
+                }
+                for volume in shown {
+                    let due = volume
+                        .due_now
+                        .map_or("nothing due".to_string(), |l| format!("{l} due now"));
+                    say(format_args!("{}: {} ({due})", volume.volume, volume.policy))?;
+                    for s in volume.snapshots {
+                        let verdict = if s.keep { "keep " } else { "prune" };
+                        say(format_args!(
+                            "  {verdict} {}  {}  {:<8}  {}",
+                            s.name,
+                            s.created,
+                            s.rank.unwrap_or("-"),
+                            s.rule
+                        ))?;
+                    }
+                }
+                Ok(())
+            }
+            PolicyCommand::Templates => {
+                let config = load_config(admin.dir())?;
+                for name in config.template_names() {
+                    let policy = config.template(&name).map_err(anyhow::Error::msg)?;
+                    say(format_args!("{name}: {}", policy.describe()))?;
+                }
+                Ok(())
+            }
+        },
+        _ => unreachable!("not a retention command"),
+    }
+}
+
+/// Errors for single snapshots are reported together, after the rest ran.
+fn fail_on(failed: &[String]) -> Result<()> {
+    for line in failed {
+        eprintln!("grove: error: {line}");
+    }
+    if !failed.is_empty() {
+        bail!("{} snapshot(s) could not be handled", failed.len());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use grove_retention::calendar::{bucket_start, HOUR_SECS};
+    use grove_store::Pool;
+    use std::collections::BTreeSet;
+
+    /// A year of the daemon's ticks, one an hour, on a real pool (in
+    /// memory-backed storage where there is some, so it runs in seconds):
+    /// the snapshots left are what the policy's calendar says, a held one
+    /// and a hand-taken one stay, and nothing leaks.
+    #[test]
+    fn a_year_of_hourly_ticks_on_a_pool_keeps_what_the_calendar_says() {
+        let base = Path::new("/dev/shm");
+        let dir = if base.is_dir() {
+            tempfile::tempdir_in(base).unwrap()
+        } else {
+            tempfile::tempdir().unwrap()
+        };
+        let path = dir.path().join("pool");
+        let pool = Pool::create(&path, &grove_store::PoolOptions::default()).unwrap();
+        pool.create_volume("vm", 1 << 20).unwrap();
+        let mut config = PoolConfig::load(&path).unwrap();
+        let mut retention = RetentionConfig::default();
+        let counts = [
+            (Level::Hourly, 24),
+            (Level::Daily, 7),
+            (Level::Weekly, 4),
+            (Level::Monthly, 12),
+            (Level::Yearly, 2),
+        ];
+        retention.set_volume_policy(
+            "vm",
+            grove_retention::policy::spec(None, &counts, None, None),
+        );
+        config.retention = retention.to_table();
+        config.save(&path).unwrap();
+        let policy = load_config(&path)
+            .unwrap()
+            .policy_for("vm")
+            .unwrap()
+            .unwrap();
+
+        let start = grove_retention::calendar::parse_time("2025-01-01T00:00").unwrap();
+        let hours = 365 * 24;
+        let volume = pool.volume("vm").unwrap();
+        let mut taken = Vec::new();
+        for hour in 0..hours {
+            let now = start + hour * HOUR_SECS;
+            // A write between snapshots, so they differ.
+            volume
+                .write_at(&hour.to_le_bytes(), (hour % 128) * 4096)
+                .unwrap();
+            let report = tick(&pool, now).unwrap();
+            assert!(report.failed.is_empty(), "{:?}", report.failed);
+            assert_eq!(report.taken.len(), 1, "hour {hour}: {report:?}");
+            taken.push(now);
+            // The daemon's reclaimer gives the pruned snapshots back
+            // between ticks.
+            pool.reclaim_all(|_| {}).unwrap();
+            if hour == 100 {
+                pool.snapshot("vm", "vm@by-hand").unwrap();
+                let name = auto_snapshot_name("vm", now);
+                pool.hold(&name, "legal", None).unwrap();
+            }
+        }
+        // The oracle: a time counts at level L if it was the first of its
+        // period at some level L' >= L the policy keeps; each level keeps
+        // its newest.
+        let firsts = |level: Level| -> BTreeSet<u64> {
+            let period = |t: u64| bucket_start(level, t, policy.frequent_secs);
+            taken
+                .iter()
+                .enumerate()
+                .filter(|&(i, &t)| i == 0 || period(taken[i - 1]) != period(t))
+                .map(|(_, &t)| t)
+                .collect()
+        };
+        let first_in: Vec<BTreeSet<u64>> = Level::ALL.into_iter().map(firsts).collect();
+        let mut expected = BTreeSet::new();
+        for level in Level::ALL {
+            let counted: Vec<u64> = taken
+                .iter()
+                .copied()
+                .filter(|&t| {
+                    Level::ALL
+                        .into_iter()
+                        .filter(|&l| l >= level && policy.keeps(l) > 0)
+                        .any(|l| first_in[l.index()].contains(&t))
+                })
+                .collect();
+            expected.extend(counted.iter().rev().take(policy.keeps(level) as usize));
+        }
+        expected.insert(start + 100 * HOUR_SECS);
+        let summaries = pool.volume_summaries();
+        let autos: BTreeSet<u64> = summaries
+            .iter()
+            .filter(|s| s.name.starts_with("vm@auto-"))
+            .map(|s| s.created_unix_secs)
+            .collect();
+        assert_eq!(autos, expected);
+        assert!(summaries.iter().any(|s| s.name == "vm@by-hand"));
+        pool.reclaim_all(|_| {}).unwrap();
+        let report = pool.check(false).unwrap();
+        assert!(report.is_clean(), "{:?}", report.errors);
+        println!(
+            "{} snapshots taken in a year, {} kept",
+            taken.len(),
+            autos.len()
+        );
+    }
+}

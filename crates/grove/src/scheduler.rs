@@ -1,0 +1,127 @@
+//! The retention scheduler of `grove serve` and `grove mount`: every tick
+//! it takes the snapshots the policies have due (each through the pool, so
+//! it holds every write acknowledged before it, as a snapshot through the
+//! control socket does), releases holds whose lease ended, and prunes what
+//! the policies no longer keep. Policies are read from grove.toml at each
+//! tick, so `grove policy set` takes effect without a restart.
+//!
+//! Its clock is the system's, unless `GROVE_CLOCK_FILE` names a file that
+//! holds the time as Unix seconds (read at every tick): tests drive a year
+//! of schedule through a daemon that way. `GROVE_SCHEDULER_TICK_MS`
+//! shortens the tick for them too.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use grove_store::Pool;
+
+/// How often the scheduler looks: the frequent level's shortest period is
+/// a minute, and a snapshot due is taken within one tick of it.
+const TICK_DEFAULT: Duration = Duration::from_secs(20);
+/// Slices a tick's wait is cut into, so that stopping is prompt.
+const STOP_POLL: Duration = Duration::from_millis(50);
+const CLOCK_FILE_VAR: &str = "GROVE_CLOCK_FILE";
+const TICK_VAR: &str = "GROVE_SCHEDULER_TICK_MS";
+
+/// Where the scheduler's time comes from.
+enum Clock {
+    System,
+    /// A file holding Unix seconds (tests).
+    File(PathBuf),
+}
+
+impl Clock {
+    fn from_env() -> Clock {
+        match std::env::var_os(CLOCK_FILE_VAR) {
+            Some(path) => Clock::File(path.into()),
+            None => Clock::System,
+        }
+    }
+
+    fn now(&self) -> anyhow::Result<u64> {
+        match self {
+            Clock::System => crate::retention::now(None),
+            Clock::File(path) => {
+                let text = std::fs::read_to_string(path)?;
+                text.trim().parse().map_err(|_| {
+                    anyhow::anyhow!("{CLOCK_FILE_VAR} {}: not Unix seconds", path.display())
+                })
+            }
+        }
+    }
+}
+
+pub struct Scheduler {
+    stopping: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Scheduler {
+    pub fn start(pool: Pool) -> std::io::Result<Scheduler> {
+        let stopping = Arc::new(AtomicBool::new(false));
+        let flag = stopping.clone();
+        let tick = std::env::var(TICK_VAR)
+            .ok()
+            .and_then(|ms| ms.parse().ok())
+            .map_or(TICK_DEFAULT, Duration::from_millis);
+        let thread = std::thread::Builder::new()
+            .name("grove-scheduler".into())
+            .spawn(move || run(&pool, &flag, Clock::from_env(), tick))?;
+        Ok(Scheduler {
+            stopping,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops after the tick in progress.
+    pub fn stop(mut self) {
+        self.stopping.store(true, Ordering::Release);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn run(pool: &Pool, stopping: &AtomicBool, clock: Clock, tick: Duration) {
+    // The last time acted at: a clock that has not moved is not acted on
+    // twice (a test's clock file, or a tick shorter than a second).
+    let mut last = None;
+    while !stopping.load(Ordering::Acquire) {
+        match clock.now() {
+            Ok(now) if last != Some(now) => {
+                last = Some(now);
+                run_once(pool, now);
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!("scheduler: cannot read the clock: {e:#}"),
+        }
+        let mut waited = Duration::ZERO;
+        while waited < tick && !stopping.load(Ordering::Acquire) {
+            std::thread::sleep(STOP_POLL.min(tick));
+            waited += STOP_POLL.min(tick);
+        }
+    }
+}
+
+fn run_once(pool: &Pool, now: u64) {
+    match crate::retention::tick(pool, now) {
+        Ok(report) => {
+            for (name, level) in &report.taken {
+                tracing::info!("scheduler: took snapshot {name} ({level})");
+            }
+            for hold in &report.released {
+                tracing::info!("scheduler: released hold {hold} (its lease ended)");
+            }
+            for name in &report.pruned {
+                tracing::info!("scheduler: pruned snapshot {name}");
+            }
+            for failure in &report.failed {
+                tracing::warn!("scheduler: {failure}");
+            }
+        }
+        Err(e) => tracing::warn!("scheduler: {e:#}"),
+    }
+}

@@ -1,0 +1,387 @@
+//! Retention end to end with the real binary: policies set, explained and
+//! refused when wrong; `grove snapshot --auto` and `grove prune` driven
+//! through days of `--now`, keeping what the policy says; holds with and
+//! without leases against rm and prune; a replication cursor holding its
+//! snapshot; and `grove serve`'s scheduler taking and pruning snapshots on
+//! a clock the test drives, while the pool is served.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tempfile::TempDir;
+
+const GROVE: &str = env!("CARGO_BIN_EXE_grove");
+const HOUR: u64 = 3600;
+/// 2026-11-23 00:00:00 UTC, a Monday.
+const MONDAY: u64 = 1_795_392_000;
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
+const SCHEDULER_TIMEOUT: Duration = Duration::from_secs(20);
+
+struct Pool {
+    dir: TempDir,
+    path: PathBuf,
+}
+
+impl Pool {
+    fn new() -> Pool {
+        let dir = TempDir::new().unwrap();
+        let path = dir.path().join("pool");
+        let pool = Pool { dir, path };
+        pool.ok(&["init"]);
+        pool.ok(&["create", "vm", "--size", "16M"]);
+        pool
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(GROVE);
+        command
+            .arg("--pool")
+            .arg(&self.path)
+            .args(args)
+            .env_remove("GROVE_POOL")
+            .current_dir(self.dir.path())
+            .stdin(Stdio::null());
+        command
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.command(args).output().unwrap()
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let output = self.run(args);
+        assert!(
+            output.status.success(),
+            "grove {args:?} failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).unwrap()
+    }
+
+    /// The one-line error of a command that must fail.
+    fn fails(&self, args: &[&str]) -> String {
+        let output = self.run(args);
+        assert!(!output.status.success(), "grove {args:?} succeeded");
+        let stderr = String::from_utf8(output.stderr).unwrap();
+        assert!(stderr.starts_with("grove: error: "), "{stderr}");
+        stderr
+    }
+
+    fn snapshots(&self) -> BTreeSet<String> {
+        let out = self.ok(&["list", "--json"]);
+        serde_json::from_str::<Value>(&out)
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|v| v["kind"] == "snapshot")
+            .map(|v| v["name"].as_str().unwrap().to_string())
+            .collect()
+    }
+}
+
+fn at(t: u64) -> String {
+    format!("@{t}")
+}
+
+#[test]
+fn policies_are_set_explained_and_refused_when_wrong() {
+    let pool = Pool::new();
+    let out = pool.ok(&[
+        "policy",
+        "set",
+        "vm",
+        "--template",
+        "production",
+        "--hourly",
+        "4",
+    ]);
+    assert_eq!(out.trim(), "vm: hourly 4, daily 30, monthly 3");
+    let toml = std::fs::read_to_string(pool.path.join("grove.toml")).unwrap();
+    assert!(toml.contains("[retention.volumes.vm]"), "{toml}");
+    let templates = pool.ok(&["policy", "templates"]);
+    assert!(
+        templates.contains("production: hourly 36, daily 30, monthly 3"),
+        "{templates}"
+    );
+
+    let e = pool.fails(&["policy", "set", "vm", "--template", "prod"]);
+    assert!(e.contains("no template named \"prod\""), "{e}");
+    let e = pool.fails(&["policy", "set", "nope", "--daily", "3"]);
+    assert!(e.contains("no volume named \"nope\""), "{e}");
+    pool.ok(&["snapshot", "vm", "vm@x"]);
+    let e = pool.fails(&["policy", "set", "vm@x", "--daily", "3"]);
+    assert!(e.contains("is a snapshot"), "{e}");
+    let e = pool.fails(&[
+        "policy",
+        "set",
+        "vm",
+        "--frequent",
+        "2",
+        "--frequent-period",
+        "5s",
+    ]);
+    assert!(e.contains("at least 1m"), "{e}");
+    let e = pool.fails(&["rank", "vm@x", "daly"]);
+    assert!(e.contains("unknown level \"daly\""), "{e}");
+    let e = pool.fails(&["rank", "vm", "daily"]);
+    assert!(e.contains("only read-only snapshots are ranked"), "{e}");
+    let e = pool.fails(&["snapshot", "--auto", "vm", "vm@y"]);
+    assert!(e.contains("--auto names the snapshot itself"), "{e}");
+    let e = pool.fails(&["prune", "--now", "tomorrow"]);
+    assert!(e.contains("bad time \"tomorrow\""), "{e}");
+    // The refusals changed nothing.
+    assert_eq!(
+        toml,
+        std::fs::read_to_string(pool.path.join("grove.toml")).unwrap()
+    );
+
+    // A hand-edited mistake is named by key.
+    std::fs::write(
+        pool.path.join("grove.toml"),
+        toml.replace("hourly = 4", "hourlyy = 4"),
+    )
+    .unwrap();
+    let e = pool.fails(&["policy", "show"]);
+    assert!(e.contains("unknown key \"hourlyy\""), "{e}");
+    std::fs::write(pool.path.join("grove.toml"), &toml).unwrap();
+    pool.ok(&["policy", "unset", "vm"]);
+    let out = pool.ok(&["policy", "show"]);
+    assert!(out.contains("no volume has a retention policy"), "{out}");
+}
+
+/// Three days of hourly `snapshot --auto` and `prune`, as cron would run
+/// them: at the end the pool holds the 3 newest hourly snapshots, the
+/// midnights of the last 2 days, the hand-taken one and the held one, and
+/// `policy show --json` says which rule keeps each.
+#[test]
+fn cron_style_auto_snapshots_and_prunes_keep_what_the_policy_says() {
+    let pool = Pool::new();
+    pool.ok(&["policy", "set", "vm", "--hourly", "3", "--daily", "2"]);
+    for hour in 0..72 {
+        let now = MONDAY + hour * HOUR;
+        let out = pool.ok(&["snapshot", "--auto", "vm", "--now", &at(now)]);
+        assert!(out.starts_with("created snapshot"), "hour {hour}: {out}");
+        if hour == 5 {
+            pool.ok(&["snapshot", "vm", "vm@by-hand"]);
+            let held = newest_auto(&pool);
+            pool.ok(&["hold", &held, "legal"]);
+        }
+        // A second run in the same hour has nothing due.
+        let again = pool.ok(&["snapshot", "--auto", "vm", "--now", &at(now + 60)]);
+        assert!(again.contains("no snapshot is due"), "{again}");
+        pool.ok(&["prune", "--now", &at(now + 60)]);
+    }
+    let end = MONDAY + 71 * HOUR + 60;
+    let shown: Value =
+        serde_json::from_str(&pool.ok(&["policy", "show", "--json", "--now", &at(end)])).unwrap();
+    let snapshots = shown[0]["snapshots"].as_array().unwrap();
+    let kept_by = |rule: &str| -> Vec<u64> {
+        snapshots
+            .iter()
+            .filter(|s| s["kept_by"] == rule)
+            .map(|s| s["created_unix_secs"].as_u64().unwrap())
+            .collect()
+    };
+    assert_eq!(
+        kept_by("hourly"),
+        [MONDAY + 71 * HOUR, MONDAY + 70 * HOUR, MONDAY + 69 * HOUR]
+    );
+    assert_eq!(kept_by("daily"), [MONDAY + 48 * HOUR, MONDAY + 24 * HOUR]);
+    let rules: Vec<&str> = snapshots
+        .iter()
+        .map(|s| s["rule"].as_str().unwrap())
+        .collect();
+    assert!(
+        rules.iter().any(|r| r.starts_with("held by legal")),
+        "{rules:?}"
+    );
+    assert!(
+        rules.iter().any(|r| r.starts_with("not ranked")),
+        "{rules:?}"
+    );
+    assert!(snapshots.iter().all(|s| s["keep"] == true));
+    assert_eq!(pool.snapshots().len(), 3 + 2 + 2, "{:?}", pool.snapshots());
+    assert!(pool.snapshots().contains("vm@by-hand"));
+    // Nothing left to prune, and a dry run says so.
+    let dry = pool.ok(&["prune", "--dry-run", "--now", &at(end)]);
+    assert!(dry.contains("nothing to prune"), "{dry}");
+}
+
+fn newest_auto(pool: &Pool) -> String {
+    pool.snapshots()
+        .into_iter()
+        .filter(|n| n.starts_with("vm@auto-"))
+        .max()
+        .unwrap()
+}
+
+#[test]
+fn holds_stop_rm_and_prune_until_released_or_their_lease_ends() {
+    let pool = Pool::new();
+    pool.ok(&["policy", "set", "vm", "--hourly", "1"]);
+    pool.ok(&["snapshot", "--auto", "vm", "--now", &at(MONDAY)]);
+    let first = newest_auto(&pool);
+    pool.ok(&["hold", &first, "audit", "--for", "2h", "--now", &at(MONDAY)]);
+    pool.ok(&["hold", &first, "legal"]);
+    let holds: Value = serde_json::from_str(&pool.ok(&["holds", "--json"])).unwrap();
+    assert_eq!(holds.as_array().unwrap().len(), 2, "{holds}");
+    assert_eq!(holds[0]["tag"], "audit");
+    assert_eq!(holds[0]["until_unix_secs"], MONDAY + 2 * HOUR);
+    let e = pool.fails(&["rm", &first]);
+    assert!(e.contains("is held (audit, legal)"), "{e}");
+    let e = pool.fails(&["release", &first, "nope"]);
+    assert!(
+        e.contains("has no hold \"nope\"; its holds are audit, legal"),
+        "{e}"
+    );
+    let e = pool.fails(&["hold", "vm", "x"]);
+    assert!(e.contains("only read-only snapshots are held"), "{e}");
+
+    // Newer snapshots push it out of the policy, but the holds keep it.
+    pool.ok(&["snapshot", "--auto", "vm", "--now", &at(MONDAY + HOUR)]);
+    pool.ok(&["prune", "--now", &at(MONDAY + HOUR)]);
+    assert!(pool.snapshots().contains(&first));
+    pool.ok(&["release", &first, "legal"]);
+    // The lease still holds it an hour later...
+    pool.ok(&["prune", "--now", &at(MONDAY + HOUR + 60)]);
+    assert!(pool.snapshots().contains(&first));
+    // ...and once it ends, prune releases it and the policy lets it go.
+    let out = pool.ok(&["prune", "--now", &at(MONDAY + 2 * HOUR)]);
+    assert!(
+        out.contains(&format!("released hold {first} audit")),
+        "{out}"
+    );
+    assert!(out.contains(&format!("removed {first}")), "{out}");
+    assert!(!pool.snapshots().contains(&first));
+    assert!(pool.ok(&["holds"]).contains("no holds"));
+
+    // --force removes a held snapshot, and its holds with it.
+    pool.ok(&["snapshot", "vm", "vm@kept"]);
+    pool.ok(&["hold", "vm@kept", "t"]);
+    pool.ok(&["rm", "--force", "vm@kept"]);
+    assert!(pool.ok(&["holds"]).contains("no holds"));
+}
+
+/// The snapshot a replication cursor marks is the next incremental's base:
+/// prune keeps it while the cursor is there.
+#[test]
+fn a_replication_cursor_holds_its_snapshot() {
+    let pool = Pool::new();
+    pool.ok(&["policy", "set", "vm", "--hourly", "1"]);
+    pool.ok(&["snapshot", "--auto", "vm", "--now", &at(MONDAY)]);
+    let sent = newest_auto(&pool);
+    let stream = pool.dir.path().join("s");
+    pool.ok(&[
+        "send",
+        &sent,
+        "--cursor",
+        "offsite",
+        "-o",
+        stream.to_str().unwrap(),
+    ]);
+    pool.ok(&["snapshot", "--auto", "vm", "--now", &at(MONDAY + HOUR)]);
+    let shown = pool.ok(&["policy", "show", "--now", &at(MONDAY + HOUR)]);
+    assert!(shown.contains("held by cursor:offsite"), "{shown}");
+    pool.ok(&["prune", "--now", &at(MONDAY + HOUR)]);
+    assert!(pool.snapshots().contains(&sent));
+}
+
+/// `grove serve` runs the schedule: with its clock driven through a file,
+/// a snapshot appears each hour of a day and a half, ranked and pruned as
+/// the policy says, while the pool is served.
+#[test]
+fn the_served_pool_s_scheduler_takes_and_prunes_on_its_clock() {
+    let pool = Pool::new();
+    pool.ok(&["policy", "set", "vm", "--hourly", "2", "--daily", "1"]);
+    let clock = pool.dir.path().join("clock");
+    std::fs::write(&clock, MONDAY.to_string()).unwrap();
+    let server = serve(&pool, &clock);
+    for hour in 0..36 {
+        let now = MONDAY + hour * HOUR;
+        std::fs::write(&clock, now.to_string()).unwrap();
+        wait_until(&pool, || {
+            let shown: Value =
+                serde_json::from_str(&pool.ok(&["policy", "show", "--json", "--now", &at(now)]))
+                    .unwrap();
+            let snapshots = shown[0]["snapshots"].as_array().unwrap().clone();
+            let newest = snapshots[0]["created_unix_secs"].as_u64() == Some(now);
+            newest && snapshots.iter().all(|s| s["keep"] == true)
+        });
+    }
+    let shown: Value = serde_json::from_str(&pool.ok(&[
+        "policy",
+        "show",
+        "--json",
+        "--now",
+        &at(MONDAY + 35 * HOUR),
+    ]))
+    .unwrap();
+    let kept: Vec<(u64, String)> = shown[0]["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["created_unix_secs"].as_u64().unwrap(),
+                s["kept_by"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        kept,
+        [
+            (MONDAY + 35 * HOUR, "hourly".to_string()),
+            (MONDAY + 34 * HOUR, "hourly".to_string()),
+            (MONDAY + 24 * HOUR, "daily".to_string()),
+        ]
+    );
+    drop(server);
+}
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn serve(pool: &Pool, clock: &Path) -> Server {
+    let child = pool
+        .command(&["serve"])
+        .env("GROVE_CLOCK_FILE", clock)
+        .env("GROVE_SCHEDULER_TICK_MS", "20")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let server = Server(child);
+    let started = Instant::now();
+    let accepts = |path: PathBuf| std::os::unix::net::UnixStream::connect(path).is_ok();
+    while !accepts(pool.path.join("grove.control")) {
+        assert!(
+            started.elapsed() < STARTUP_TIMEOUT,
+            "grove serve did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    server
+}
+
+fn wait_until(pool: &Pool, mut done: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !done() {
+        assert!(
+            started.elapsed() < SCHEDULER_TIMEOUT,
+            "the scheduler did not act in time; snapshots: {:?}",
+            pool.snapshots()
+        );
+        std::thread::sleep(Duration::from_millis(30));
+    }
+}
