@@ -1193,7 +1193,7 @@ fn unknown_config_keys_are_refused() {
         ),
         (
             "compression = true\n",
-            "unknown setting \"compression\" (known settings: format_version, store, cache_size)",
+            "unknown setting \"compression\" (known settings: format_version, store, cache_size, space)",
         ),
     ] {
         fs::write(&config_path, format!("{config}{extra}")).unwrap();
