@@ -20,6 +20,9 @@
 
 use serde::{Deserialize, Serialize};
 
+/// The capacity `grove init` gives a pool unless told (auto-extension
+/// grows it from there).
+pub const CAPACITY_INITIAL_DEFAULT_BYTES: u64 = 1 << 30;
 /// Default for `extend_at`: LVM's usual autoextend threshold.
 pub const EXTEND_AT_DEFAULT_PERCENT: u8 = 80;
 /// Default for `extend_step`: LVM's usual autoextend percent.

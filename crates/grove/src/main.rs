@@ -16,6 +16,10 @@ mod reclaimer;
 mod replicate;
 mod serve;
 mod size;
+mod space_cmd;
+mod space_hook;
+mod space_pruning;
+mod space_watch;
 mod transfer;
 
 use std::process::ExitCode;

@@ -63,6 +63,8 @@ pub fn run(
     let control = ControlServer::start(pool.clone(), grove_nbd::SOCKET_MODE_DEFAULT)?;
     let reclaimer =
         crate::reclaimer::Reclaimer::start(pool.clone()).context("cannot start the reclaimer")?;
+    let space = crate::space_watch::SpaceWatcher::start(pool.clone())
+        .context("cannot start the space watcher")?;
     let (events, received) = mpsc::channel();
     let ended = events.clone();
     let mount = match grove_fuse::mount(pool.clone(), &mountpoint, &options, move || {
@@ -70,6 +72,7 @@ pub fn run(
     }) {
         Ok(mount) => mount,
         Err(e) => {
+            space.stop();
             reclaimer.stop();
             control.stop(control_deadline());
             return Err(anyhow!(e).context(format!(
@@ -94,6 +97,7 @@ pub fn run(
     } else {
         mount.join()?;
     }
+    space.stop();
     reclaimer.stop();
     control.stop(control_deadline());
     pool.close()

@@ -145,6 +145,8 @@ pub fn run(
     let control = ControlServer::start(pool.clone(), base_options.socket_mode)?;
     let shutdown_grace_ms = base_options.shutdown_grace_ms;
     let reclaimer = Reclaimer::start(pool.clone()).context("cannot start the reclaimer")?;
+    let space = crate::space_watch::SpaceWatcher::start(pool.clone())
+        .context("cannot start the space watcher")?;
     let exports_filter = if exports.is_empty() {
         ExportFilter::All
     } else {
@@ -189,6 +191,7 @@ pub fn run(
         crate::mount::unmount_for_shutdown(mounted);
     }
     server.shutdown()?;
+    space.stop();
     reclaimer.stop();
     control.stop(deadline);
     pool.close()

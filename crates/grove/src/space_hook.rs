@@ -1,0 +1,146 @@
+//! The space hook: a command (grove.toml's `space.hook`) run by `sh -c`
+//! when the pool's space level changes, with the level and figures in its
+//! environment. It runs on a thread of its own, one at a time, so it never
+//! blocks I/O or the watcher; it is killed past `hook_timeout_secs`, and
+//! its failure is logged. Level changes that arrive while the queue is
+//! full are logged and not run.
+
+use std::process::{Command, Stdio};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::time::{Duration, Instant};
+
+use grove_store::{SpaceLevel, SpaceStatus};
+
+/// Level changes waiting for the hook; more are dropped (and logged).
+const HOOK_QUEUE_MAX: usize = 4;
+/// How often a running hook is checked for its end.
+const HOOK_POLL_MS: u64 = 20;
+
+/// One run of the hook.
+pub struct HookRun {
+    pub command: String,
+    pub timeout: Duration,
+    pub env: Vec<(String, String)>,
+}
+
+impl HookRun {
+    /// The run for a change from `previous` to `status.level`.
+    pub fn for_change(
+        command: &str,
+        timeout_secs: u64,
+        pool_dir: &std::path::Path,
+        previous: SpaceLevel,
+        status: &SpaceStatus,
+    ) -> HookRun {
+        let bytes = |value: Option<u64>| value.map_or(String::new(), |b| b.to_string());
+        let env = [
+            ("GROVE_POOL", pool_dir.display().to_string()),
+            ("GROVE_SPACE_LEVEL", status.level.name().to_string()),
+            ("GROVE_SPACE_PREVIOUS_LEVEL", previous.name().to_string()),
+            ("GROVE_SPACE_USED_BYTES", status.used_bytes.to_string()),
+            ("GROVE_SPACE_CAPACITY_BYTES", bytes(status.capacity_bytes)),
+            ("GROVE_SPACE_CEILING_BYTES", bytes(status.ceiling_bytes)),
+            ("GROVE_SPACE_WARN_BYTES", bytes(status.warn_bytes)),
+            ("GROVE_SPACE_PRUNE_BYTES", bytes(status.prune_bytes)),
+        ];
+        HookRun {
+            command: command.to_string(),
+            timeout: Duration::from_secs(timeout_secs),
+            env: env.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+        }
+    }
+}
+
+/// The thread that runs hooks, one at a time, from a bounded queue. It
+/// ends when the runner is dropped, after the hook in progress.
+pub struct HookRunner {
+    queue: SyncSender<HookRun>,
+}
+
+impl HookRunner {
+    pub fn start() -> std::io::Result<HookRunner> {
+        let (queue, runs) = sync_channel(HOOK_QUEUE_MAX);
+        std::thread::Builder::new()
+            .name("grove-space-hook".into())
+            .spawn(move || serve(runs))?;
+        Ok(HookRunner { queue })
+    }
+
+    /// Queues a run; never waits.
+    pub fn submit(&self, run: HookRun) {
+        match self.queue.try_send(run) {
+            Ok(()) => {}
+            Err(TrySendError::Full(run)) => tracing::warn!(
+                "space hook {:?}: {HOOK_QUEUE_MAX} runs already wait; this level change is not reported to it",
+                run.command
+            ),
+            Err(TrySendError::Disconnected(_)) => {
+                tracing::error!("space hook: its thread has ended")
+            }
+        }
+    }
+}
+
+fn serve(runs: Receiver<HookRun>) {
+    for run in runs {
+        if let Err(why) = run_one(&run) {
+            tracing::warn!("space hook {:?}: {why}", run.command);
+        }
+    }
+}
+
+/// Runs the hook to its end or its timeout; Err says what went wrong.
+pub fn run_one(run: &HookRun) -> Result<(), String> {
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(&run.command)
+        .envs(run.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start it: {e}"))?;
+    let deadline = Instant::now() + run.timeout;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) if status.success() => return Ok(()),
+            Ok(Some(status)) => return Err(format!("it failed ({status})")),
+            Ok(None) if Instant::now() >= deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "it ran past its {} s timeout and was killed",
+                    run.timeout.as_secs()
+                ));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(HOOK_POLL_MS)),
+            Err(e) => return Err(format!("cannot wait for it: {e}")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(command: &str, timeout_ms: u64) -> Result<(), String> {
+        run_one(&HookRun {
+            command: command.into(),
+            timeout: Duration::from_millis(timeout_ms),
+            env: vec![("GROVE_SPACE_LEVEL".into(), "warn".into())],
+        })
+    }
+
+    #[test]
+    fn hooks_see_their_environment_and_fail_or_time_out_cleanly() {
+        assert_eq!(run("test \"$GROVE_SPACE_LEVEL\" = warn", 10_000), Ok(()));
+        let failed = run("exit 3", 10_000).unwrap_err();
+        assert!(
+            failed.contains("failed") && failed.contains('3'),
+            "{failed}"
+        );
+        let started = Instant::now();
+        let killed = run("sleep 30", 200).unwrap_err();
+        assert!(killed.contains("killed"), "{killed}");
+        assert!(started.elapsed() < Duration::from_secs(10));
+    }
+}
