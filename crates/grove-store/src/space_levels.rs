@@ -249,7 +249,7 @@ mod tests {
         );
         let off = SpaceSettings {
             auto_extend: false,
-            ..s
+            ..s.clone()
         };
         assert_eq!(next_capacity_bytes(&f, &off), None);
         assert_eq!(ceiling_bytes(&f, &off), Some(100 * MIB));

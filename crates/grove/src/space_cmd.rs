@@ -62,7 +62,7 @@ pub enum SpaceCommand {
         #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
         capacity: Option<String>,
         #[command(flatten)]
-        settings: SpaceArgs,
+        settings: Box<SpaceArgs>,
     },
     /// Show the space settings, the levels and where the pool stands
     Show {
