@@ -5,7 +5,8 @@
 //! its failure is logged. Level changes that arrive while the queue is
 //! full are logged and not run.
 
-use std::process::{Command, Stdio};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::time::{Duration, Instant};
 
@@ -97,6 +98,9 @@ pub fn run_one(run: &HookRun) -> Result<(), String> {
         .envs(run.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
+        // A group of its own, so that a timeout kills what it started too
+        // (`sleep` under `sh -c`), not only the shell.
+        .process_group(0)
         .spawn()
         .map_err(|e| format!("cannot start it: {e}"))?;
     let deadline = Instant::now() + run.timeout;
@@ -105,8 +109,7 @@ pub fn run_one(run: &HookRun) -> Result<(), String> {
             Ok(Some(status)) if status.success() => return Ok(()),
             Ok(Some(status)) => return Err(format!("it failed ({status})")),
             Ok(None) if Instant::now() >= deadline => {
-                let _ = child.kill();
-                let _ = child.wait();
+                kill_group(&mut child);
                 return Err(format!(
                     "it ran past its {} s timeout and was killed",
                     run.timeout.as_secs()
@@ -116,6 +119,21 @@ pub fn run_one(run: &HookRun) -> Result<(), String> {
             Err(e) => return Err(format!("cannot wait for it: {e}")),
         }
     }
+}
+
+/// Kills the hook's process group (its id is the hook's own), then
+/// reaps the hook.
+fn kill_group(child: &mut Child) {
+    let group = rustix::process::Pid::from_raw(child.id() as i32);
+    match group {
+        Some(group) => {
+            let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+        }
+        None => {
+            let _ = child.kill();
+        }
+    }
+    let _ = child.wait();
 }
 
 #[cfg(test)]
@@ -139,8 +157,26 @@ mod tests {
             "{failed}"
         );
         let started = Instant::now();
-        let killed = run("sleep 30", 200).unwrap_err();
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("pid");
+        let hook = format!("sleep 30 & echo $! > {}; wait", pid_file.display());
+        let killed = run(&hook, 500).unwrap_err();
         assert!(killed.contains("killed"), "{killed}");
         assert!(started.elapsed() < Duration::from_secs(10));
+        // What the shell started went with it.
+        let pid = std::fs::read_to_string(&pid_file).unwrap();
+        let alive = || {
+            std::fs::read_to_string(format!("/proc/{}/stat", pid.trim()))
+                .is_ok_and(|stat| stat.split(' ').nth(2) != Some("Z"))
+        };
+        let waited = Instant::now();
+        while alive() && waited.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            !alive(),
+            "a killed hook left its child {} running",
+            pid.trim()
+        );
     }
 }
