@@ -225,6 +225,36 @@ impl Allocator {
         self.groups.len() as u64
     }
 
+    /// Moves the capacity to `capacity_blocks` (never 0, never below the
+    /// groups' own blocks): the slots it adds to a group become free, and
+    /// the ones it takes away must be free already (a raise that could
+    /// not be made durable is taken back this way).
+    pub fn set_capacity(&mut self, capacity_blocks: u64) {
+        let groups = self.groups.len() as u64;
+        assert!(
+            capacity_blocks > 0 && capacity_blocks.div_ceil(self.group_blocks) >= groups,
+            "a capacity of {capacity_blocks} blocks cannot hold {groups} groups"
+        );
+        for (index, group) in self.groups.iter_mut().enumerate() {
+            let usable = usable_slots(self.group_blocks, capacity_blocks, index as u64);
+            let old = group.usable_slots;
+            let changed = old.min(usable)..old.max(usable);
+            let span = changed.len() as u64;
+            let free = changed.filter(|&slot| group.nibbles.get(slot) == 0).count() as u64;
+            // Slots past the capacity are never in use, and a lowered
+            // capacity only takes back slots nothing took meanwhile.
+            assert_eq!(free, span, "slots crossing the capacity must be free");
+            if usable > old {
+                group.free_blocks += free;
+            } else {
+                group.free_blocks -= free;
+            }
+            group.usable_slots = usable;
+        }
+        self.capacity_blocks = capacity_blocks;
+        debug_assert!(self.check_capacity().is_ok());
+    }
+
     /// First block of group `index`: its map block.
     pub fn group_start(&self, index: u64) -> BlockAddr {
         BlockAddr(self.data_start + index * self.group_blocks)

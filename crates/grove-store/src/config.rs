@@ -4,6 +4,7 @@
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::FORMAT_VERSION;
+use crate::space_settings::{SpaceConfig, SpaceSettings, SPACE_KEYS};
 use std::path::Path;
 
 /// Name of the configuration file inside a pool directory.
@@ -14,7 +15,7 @@ pub const STORE_FILE_NAME: &str = "grove.store";
 /// Every key grove.toml may hold: the fields of `PoolConfig`. Any other
 /// key is refused by name, so that a misspelt setting (`cache-size`) is
 /// not silently ignored.
-const CONFIG_KEYS: [&str; 4] = ["format_version", "store", "cache_size", "retention"];
+const CONFIG_KEYS: [&str; 5] = ["format_version", "store", "cache_size", "space", "retention"];
 
 /// Most single-character edits between an unknown key and a known one for
 /// the known one to be suggested: `cache-size`, `cachesize`, `cache_sise`.
@@ -35,6 +36,10 @@ pub struct PoolConfig {
     /// them; the engine only keeps the table.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retention: Option<toml::Table>,
+    /// How the pool watches and grows its space (`space_settings.rs`);
+    /// absent means every default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub space: Option<SpaceConfig>,
 }
 
 impl PoolConfig {
@@ -44,6 +49,7 @@ impl PoolConfig {
             store: STORE_FILE_NAME.to_string(),
             cache_size: None,
             retention: None,
+            space: None,
         }
     }
 
@@ -52,13 +58,22 @@ impl PoolConfig {
         self.cache_size.as_deref().and_then(parse_size_bytes)
     }
 
-    pub fn to_toml(&self) -> String {
-        let body = toml::to_string(self).expect("a PoolConfig always serializes");
-        format!("# grove pool configuration (see docs/design.md)\n{body}")
+    /// The space settings this configuration asks for (checked at load).
+    pub fn space_settings(&self) -> SpaceSettings {
+        self.space
+            .as_ref()
+            .and_then(|space| space.settings().ok())
+            .unwrap_or_default()
     }
 
-    /// Writes `DIR/grove.toml` atomically and durably: a reader sees the
-    /// old file or the new one, and a crash leaves one of them.
+    /// Replaces the `[space]` table (left out when all are defaults).
+    pub fn set_space_settings(&mut self, settings: &SpaceSettings) {
+        let table = SpaceConfig::from_settings(settings);
+        self.space = (!table.is_empty()).then_some(table);
+    }
+
+    /// Writes `DIR/grove.toml` atomically: a temporary file, synced, then
+    /// renamed over it, so a crash leaves the old file or the new one.
     pub fn save(&self, dir: &Path) -> Result<()> {
         let path = dir.join(CONFIG_FILE_NAME);
         let temp = dir.join(format!("{CONFIG_FILE_NAME}.tmp"));
@@ -67,6 +82,11 @@ impl PoolConfig {
             .and_then(|()| std::fs::rename(&temp, &path))
             .and_then(|()| std::fs::File::open(dir)?.sync_all())
             .map_err(|e| Error::io(format!("cannot write {}", path.display()), e))
+    }
+
+    pub fn to_toml(&self) -> String {
+        let body = toml::to_string(self).expect("a PoolConfig always serializes");
+        format!("# grove pool configuration (see docs/design.md)\n{body}")
     }
 
     /// Reads and validates `DIR/grove.toml`.
@@ -107,6 +127,9 @@ impl PoolConfig {
                 config.store
             )));
         }
+        if let Some(space) = &config.space {
+            space.settings().map_err(bad)?;
+        }
         if let Some(text) = &config.cache_size {
             if parse_size_bytes(text).is_none() {
                 return Err(bad(format!(
@@ -122,19 +145,36 @@ impl PoolConfig {
 /// the known key it is closest to, if one is close.
 fn check_keys(text: &str) -> std::result::Result<(), String> {
     let table: toml::Table = toml::from_str(text).map_err(|e| one_line(&e.to_string()))?;
-    let Some(key) = table.keys().find(|k| !CONFIG_KEYS.contains(&k.as_str())) else {
+    check_table_keys(&table, &CONFIG_KEYS, "")?;
+    match table.get("space") {
+        None => Ok(()),
+        Some(toml::Value::Table(space)) => check_table_keys(space, &SPACE_KEYS, "space."),
+        Some(_) => Err("space must be a table ([space])".into()),
+    }
+}
+
+/// Refuses the first key of `table` not in `known`, with the nearest
+/// known one if one is close; `prefix` names the table ("space.").
+fn check_table_keys(
+    table: &toml::Table,
+    known: &[&str],
+    prefix: &str,
+) -> std::result::Result<(), String> {
+    let Some(key) = table.keys().find(|k| !known.contains(&k.as_str())) else {
         return Ok(());
     };
-    let nearest = CONFIG_KEYS
+    let nearest = known
         .iter()
         .map(|known| (edit_distance(key, known), known))
         .min()
         .filter(|(edits, _)| *edits <= KEY_SUGGESTION_EDITS_MAX);
     Err(match nearest {
-        Some((_, known)) => format!("unknown setting {key:?} (did you mean {known}?)"),
+        Some((_, near)) => {
+            format!("unknown setting \"{prefix}{key}\" (did you mean {prefix}{near}?)")
+        }
         None => format!(
-            "unknown setting {key:?} (known settings: {})",
-            CONFIG_KEYS.join(", ")
+            "unknown setting \"{prefix}{key}\" (known settings: {})",
+            known.join(", ")
         ),
     })
 }
@@ -256,9 +296,18 @@ mod tests {
         );
         let unknown = check_keys("format_version = 2\ncompression = true\n").unwrap_err();
         assert!(
-            unknown.contains("\"compression\" (known settings: format_version, store, cache_size)"),
+            unknown.contains(
+                "\"compression\" (known settings: format_version, store, cache_size, space)"
+            ),
             "{unknown}"
         );
+        let nested = check_keys("format_version = 2\n[space]\nwarm = \"80%\"\n").unwrap_err();
+        assert_eq!(
+            nested,
+            "unknown setting \"space.warm\" (did you mean space.warn?)"
+        );
+        let not_table = check_keys("format_version = 2\nspace = 3\n").unwrap_err();
+        assert_eq!(not_table, "space must be a table ([space])");
     }
 
     #[test]

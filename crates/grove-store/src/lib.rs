@@ -21,6 +21,7 @@
 mod accounting;
 pub mod alloc;
 mod cache;
+mod capacity;
 pub mod check;
 mod checkpoint;
 mod commit;
@@ -41,6 +42,8 @@ mod records;
 mod replication;
 mod shares;
 mod space;
+pub mod space_levels;
+pub mod space_settings;
 mod state;
 pub mod testing;
 mod tree;
@@ -62,5 +65,7 @@ pub use pool::{
 };
 pub use punch::PunchStats;
 pub use reclaim::RECLAIM_BATCH_ENTRIES;
+pub use space_levels::{HostSpace, SpaceLevel, SpaceStatus};
+pub use space_settings::{Amount, SpaceSettings};
 pub use types::{BlockAddr, VolumeId};
 pub use volumes::BOOKMARKS_PER_PARENT_MAX;

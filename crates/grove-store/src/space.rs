@@ -62,6 +62,12 @@ impl SpaceMap {
         &self.shares
     }
 
+    /// Moves the capacity (see `Allocator::set_capacity`); only
+    /// `capacity.rs` calls it, with the superblock kept in step.
+    pub(crate) fn set_capacity(&mut self, capacity_blocks: u64) {
+        self.alloc.set_capacity(capacity_blocks);
+    }
+
     /// True if `addr` has no other reference than the one a caller is
     /// about to release: releasing it will free it.
     pub(crate) fn is_last_reference(&self, addr: BlockAddr) -> bool {

@@ -666,6 +666,76 @@ fn freed_node_blocks_reused_for_data_survive_replay() {
     }
 }
 
+/// A capacity raise (auto-extension during a write, and an explicit one)
+/// grows the store file and checkpoints a superblock with the new capacity
+/// before any block past the old one is allocated: a crash anywhere in it
+/// opens with the old capacity or the new one, never with a journaled
+/// allocation past the capacity its superblock names, and every write
+/// acknowledged before the last durable point reads back.
+#[test]
+fn a_crash_anywhere_in_a_capacity_raise_keeps_the_contract() {
+    let device = Arc::new(CrashDevice::new());
+    let options = PoolOptions {
+        block_size_bytes: BLOCK_SIZE_BYTES,
+        capacity_bytes: Some(600 * 1024),
+        journal_bytes: Some(JOURNAL_BYTES),
+    };
+    let pool = Pool::format(device.clone(), &options, Path::new("crash-sim"), None).unwrap();
+    // The host is unknown in memory: max_capacity alone bounds growth,
+    // across the end of the first allocation group.
+    pool.set_space_settings(&grove_store::SpaceSettings {
+        max_capacity_bytes: Some(4 << 20),
+        extend_step: grove_store::Amount::Bytes(300 * 1024),
+        ..Default::default()
+    })
+    .unwrap();
+    let mut model = Model::new();
+    let mut states = Vec::new();
+    let record = |model: &Model, durable: bool, states: &mut Vec<ModelState>| {
+        states.push(ModelState {
+            log_position: device.op_count(),
+            durable,
+            model: model.clone(),
+        });
+    };
+    record(&model, true, &mut states);
+    pool.create_volume("v", 4 << 20).unwrap();
+    model.insert(
+        "v".into(),
+        VolumeModel {
+            data: Arc::new(vec![0; 4 << 20]),
+            writable: true,
+        },
+    );
+    record(&model, true, &mut states);
+    let capacity = || pool.info().unwrap().capacity_bytes.unwrap();
+    // Writes that fill the capacity several times over: each raise
+    // happens inside a write, between flushes.
+    for (i, offset) in (0..2600 * 1024).step_by(100 * 1024).enumerate() {
+        let data = pattern(i as u64 + 11, 100 * 1024);
+        pool.volume("v").unwrap().write_at(&data, offset).unwrap();
+        Arc::make_mut(&mut model.get_mut("v").unwrap().data)
+            [offset as usize..offset as usize + data.len()]
+            .copy_from_slice(&data);
+        let durable = i % 3 == 2;
+        if durable {
+            pool.flush().unwrap();
+        }
+        record(&model, durable, &mut states);
+    }
+    let extended = capacity();
+    assert!(
+        extended > 2600 * 1024,
+        "the capacity did not grow: {extended}"
+    );
+    // An explicit raise is durable when it returns.
+    pool.raise_capacity(extended + 512 * 1024).unwrap();
+    record(&model, true, &mut states);
+    let ops = device.ops();
+    drop(pool);
+    assert!(check_crash_points(600, ops, &states).states > 100);
+}
+
 #[test]
 fn every_crash_state_keeps_the_consistency_contract() {
     let workloads_asked: Option<u64> = std::env::var("GROVE_CRASH_WORKLOADS")

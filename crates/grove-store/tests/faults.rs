@@ -353,7 +353,12 @@ fn a_full_pool_refuses_allocation_but_reads_deletes_and_recovers() {
         capacity_bytes: Some(1920 * 1024),
         journal_bytes: Some(64 * 1024),
     };
-    let pool = Pool::create(&path, &options).unwrap();
+    // A fixed capacity: auto-extension would grow it into the host.
+    let fixed = grove_store::SpaceSettings {
+        auto_extend: false,
+        ..Default::default()
+    };
+    let pool = Pool::create_with_space(&path, &options, &fixed).unwrap();
     pool.create_volume("keep", 1 << 20).unwrap();
     pool.create_volume("fill", 8 << 20).unwrap();
     let keep = pool.volume("keep").unwrap();

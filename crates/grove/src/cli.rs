@@ -69,8 +69,18 @@ pub enum Command {
         command: crate::raif::RaifCommand,
     },
     /// Create a pool (an error if one exists)
+    ///
+    /// The pool starts with a capacity (--capacity, default 1G) that
+    /// auto-extension grows by steps when use passes --extend-at, up to
+    /// --max-capacity or the host's free space less --host-reserve. Past
+    /// --warn a warning is logged and the hook runs; past --prune snapshots
+    /// are pruned; at the ceiling writes fail with ENOSPC and snapshots are
+    /// refused. The settings live in grove.toml's [space] table; `grove
+    /// space set` changes them later.
     #[command(
-        after_help = "Example:\n  grove --pool /srv/pool init --block-size 16K --capacity 100G"
+        after_help = "Examples:\n  grove --pool /srv/pool init --block-size 16K --capacity 100G\n  \
+                      grove init --capacity 10G --max-capacity 200G --warn 75%\n  \
+                      grove init --capacity 50G --auto-extend off"
     )]
     Init {
         /// Block size: 1K, 2K, 4K, 8K, 16K, 32K or 64K. Larger blocks mean less
@@ -82,9 +92,17 @@ pub enum Command {
             allow_hyphen_values = true
         )]
         block_size: String,
-        /// Largest size the store may grow to (default: while the file system has room)
+        /// Capacity to start with; auto-extension grows it [default: 1G, or --max-capacity if smaller]
         #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
         capacity: Option<String>,
+        #[command(flatten)]
+        space: crate::space_cmd::SpaceArgs,
+    },
+
+    /// Space levels and auto-extension: change them, or show where the pool stands
+    Space {
+        #[command(subcommand)]
+        command: crate::space_cmd::SpaceCommand,
     },
 
     /// Create a new empty thin volume

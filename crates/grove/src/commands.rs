@@ -8,7 +8,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use grove_store::types::is_valid_block_size;
-use grove_store::{Pool, PoolOptions};
+use grove_store::{Pool, PoolOptions, SpaceSettings};
 
 use crate::cli::{Cli, Command};
 use crate::control::{Admin, ControlClient};
@@ -28,7 +28,8 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Init {
             block_size,
             capacity,
-        } => init(dir, &block_size, capacity.as_deref()),
+            space,
+        } => init(dir, &block_size, capacity.as_deref(), &space),
         Command::Serve {
             socket,
             listen,
@@ -263,6 +264,7 @@ fn run_admin(pool: &dyn Admin, command: Command) -> Result<()> {
             say(format_args!("renamed {name:?} to {new_name:?}"))
         }
         Command::Check { repair, json } => check(pool, repair, json),
+        Command::Space { command } => crate::space_cmd::run(pool, command),
         Command::Info { json } => {
             let info = pool.info()?;
             if json {
@@ -274,21 +276,25 @@ fn run_admin(pool: &dyn Admin, command: Command) -> Result<()> {
     }
 }
 
-fn init(dir: &Path, block_size: &str, capacity: Option<&str>) -> Result<()> {
+fn init(
+    dir: &Path,
+    block_size: &str,
+    capacity: Option<&str>,
+    space: &crate::space_cmd::SpaceArgs,
+) -> Result<()> {
     let block_size_bytes = parse_size(block_size, "block size")?;
     let block_size_bytes = match u32::try_from(block_size_bytes) {
         Ok(bytes) if is_valid_block_size(bytes) => bytes,
         _ => bail!("invalid block size {block_size:?}: choose 1K, 2K, 4K, 8K, 16K, 32K or 64K"),
     };
-    let capacity_bytes = capacity
-        .map(|text| parse_size(text, "capacity"))
-        .transpose()?;
+    let settings = crate::space_cmd::apply(space, &SpaceSettings::default())?;
+    let capacity_bytes = Some(crate::space_cmd::initial_capacity(capacity, &settings)?);
     let options = PoolOptions {
         block_size_bytes,
         capacity_bytes,
         ..PoolOptions::default()
     };
-    let pool = Pool::create(dir, &options)?;
+    let pool = Pool::create_with_space(dir, &options, &settings)?;
     let info = pool.info()?;
     pool.close()
         .with_context(|| format!("cannot close pool {}", dir.display()))?;
@@ -451,7 +457,7 @@ fn check(pool: &dyn Admin, repair: bool, json: bool) -> Result<()> {
 }
 
 /// JSON on one line: what scripts grep and parse (pipe through `jq` to read it).
-fn print_json(value: &impl serde::Serialize) -> Result<()> {
+pub(crate) fn print_json(value: &impl serde::Serialize) -> Result<()> {
     print_with(|out| {
         serde_json::to_writer(&mut *out, value).map_err(io::Error::from)?;
         writeln!(out)
@@ -460,7 +466,9 @@ fn print_json(value: &impl serde::Serialize) -> Result<()> {
 
 /// Runs `render` on buffered stdout. A reader that went away early
 /// (`grove list | head`) is not an error.
-fn print_with(render: impl FnOnce(&mut BufWriter<io::StdoutLock>) -> io::Result<()>) -> Result<()> {
+pub(crate) fn print_with(
+    render: impl FnOnce(&mut BufWriter<io::StdoutLock>) -> io::Result<()>,
+) -> Result<()> {
     let mut out = BufWriter::new(io::stdout().lock());
     match render(&mut out).and_then(|()| out.flush()) {
         Err(e) if e.kind() == ErrorKind::BrokenPipe => Ok(()),

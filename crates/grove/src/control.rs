@@ -24,8 +24,8 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
 use grove_store::{
-    CheckReport, DiffReport, Error, ErrorKind, HoldInfo, Pool, PoolInfo, RemoveOptions, VolumeInfo,
-    VolumeSummary,
+    CheckReport, DiffReport, Error, ErrorKind, HoldInfo, Pool, PoolInfo, RemoveOptions,
+    SpaceSettings, SpaceStatus, VolumeInfo, VolumeSummary,
 };
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
@@ -102,6 +102,15 @@ pub trait Admin {
     fn holds(&self) -> grove_store::Result<Vec<HoldInfo>>;
     /// Releases the holds whose lease ended by `now_unix_secs`.
     fn release_expired_holds(&self, now_unix_secs: u64) -> grove_store::Result<Vec<HoldInfo>>;
+    /// The space settings (grove.toml's `[space]`).
+    fn space_settings(&self) -> grove_store::Result<SpaceSettings>;
+    /// Applies space settings, then raises the capacity if asked; returns
+    /// where the pool stands after.
+    fn set_space(
+        &self,
+        settings: &SpaceSettings,
+        capacity_bytes: Option<u64>,
+    ) -> grove_store::Result<SpaceStatus>;
 }
 
 /// What `grove list` shows beside the volumes.
@@ -221,6 +230,20 @@ impl Admin for Pool {
     fn release_expired_holds(&self, now_unix_secs: u64) -> grove_store::Result<Vec<HoldInfo>> {
         Pool::release_expired_holds(self, now_unix_secs)
     }
+    fn space_settings(&self) -> grove_store::Result<SpaceSettings> {
+        Ok(Pool::space_settings(self))
+    }
+    fn set_space(
+        &self,
+        settings: &SpaceSettings,
+        capacity_bytes: Option<u64>,
+    ) -> grove_store::Result<SpaceStatus> {
+        self.set_space_settings(settings)?;
+        if let Some(bytes) = capacity_bytes {
+            self.raise_capacity(bytes)?;
+        }
+        self.watch_space()
+    }
 }
 
 /// What `gc` did.
@@ -331,6 +354,11 @@ enum Request {
     ReleaseExpiredHolds {
         now_unix_secs: u64,
     },
+    SpaceSettings,
+    SetSpace {
+        settings: SpaceSettings,
+        capacity_bytes: Option<u64>,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -401,6 +429,11 @@ fn execute(pool: &Pool, request: Request) -> Reply {
             None => Ok(None),
             Some(_) => grove_send::restart_point(pool, &name).map(Some),
         }),
+        Request::SpaceSettings => reply(Admin::space_settings(pool)),
+        Request::SetSpace {
+            settings,
+            capacity_bytes,
+        } => reply(Admin::set_space(pool, &settings, capacity_bytes)),
         Request::Receive { .. } | Request::Send { .. } => Reply::Error {
             kind: ErrorKind::InvalidArgument,
             message: "send and receive stream on a connection of their own".into(),
@@ -919,6 +952,19 @@ impl ControlClient {
 impl Admin for ControlClient {
     fn dir(&self) -> &Path {
         &self.dir
+    }
+    fn space_settings(&self) -> grove_store::Result<SpaceSettings> {
+        self.call(Request::SpaceSettings)
+    }
+    fn set_space(
+        &self,
+        settings: &SpaceSettings,
+        capacity_bytes: Option<u64>,
+    ) -> grove_store::Result<SpaceStatus> {
+        self.call(Request::SetSpace {
+            settings: settings.clone(),
+            capacity_bytes,
+        })
     }
     fn create_volume(&self, name: &str, size_bytes: u64) -> grove_store::Result<VolumeInfo> {
         self.call(Request::Create {

@@ -18,6 +18,9 @@ mod retention;
 mod scheduler;
 mod serve;
 mod size;
+mod space_cmd;
+mod space_hook;
+mod space_watch;
 mod transfer;
 
 use std::process::ExitCode;

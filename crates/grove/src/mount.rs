@@ -65,6 +65,8 @@ pub fn run(
         crate::reclaimer::Reclaimer::start(pool.clone()).context("cannot start the reclaimer")?;
     let scheduler =
         crate::scheduler::Scheduler::start(pool.clone()).context("cannot start the scheduler")?;
+    let space = crate::space_watch::SpaceWatcher::start(pool.clone())
+        .context("cannot start the space watcher")?;
     let (events, received) = mpsc::channel();
     let ended = events.clone();
     let mount = match grove_fuse::mount(pool.clone(), &mountpoint, &options, move || {
@@ -73,6 +75,7 @@ pub fn run(
         Ok(mount) => mount,
         Err(e) => {
             scheduler.stop();
+            space.stop();
             reclaimer.stop();
             control.stop(control_deadline());
             return Err(anyhow!(e).context(format!(
@@ -98,6 +101,7 @@ pub fn run(
         mount.join()?;
     }
     scheduler.stop();
+    space.stop();
     reclaimer.stop();
     control.stop(control_deadline());
     pool.close()

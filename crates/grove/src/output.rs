@@ -235,15 +235,16 @@ pub fn write_pool_info(out: &mut impl Write, info: &PoolInfo) -> io::Result<()> 
         ("free", format_size(info.free_bytes)),
         ("capacity", capacity),
     ];
-    let width = lines
-        .iter()
-        .map(|(field, _)| field.len())
-        .max()
-        .unwrap_or(0);
-    for (field, value) in lines {
-        writeln!(out, "{field:<width$}  {value}")?;
+    let mut lines = lines.to_vec();
+    if let Some(space) = &info.space {
+        // "used" is already there, as a size.
+        lines.extend(
+            crate::space_cmd::space_lines(space)
+                .into_iter()
+                .filter(|(field, _)| *field != "used"),
+        );
     }
-    Ok(())
+    crate::space_cmd::write_fields(out, &lines)
 }
 
 /// The report of `grove check`: what was checked and how fast, then every

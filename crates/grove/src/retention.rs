@@ -205,7 +205,6 @@ pub fn tick(admin: &dyn Admin, now: u64) -> Result<TickReport> {
 /// first, then the lowest ranks, oldest first; never a held or unranked
 /// one, nor a volume's newest `minimum`) until `bytes_wanted` are on their
 /// way back. Returns the bytes removal gives back.
-#[allow(dead_code)] // the space watcher (thresholds) calls it
 pub fn free_space(admin: &dyn Admin, now: u64, bytes_wanted: u64) -> Result<u64> {
     let config = load_config(admin.dir())?;
     let mut candidates: Vec<(u8, u64, String)> = Vec::new();

@@ -147,6 +147,8 @@ pub fn run(
     let reclaimer = Reclaimer::start(pool.clone()).context("cannot start the reclaimer")?;
     let scheduler =
         crate::scheduler::Scheduler::start(pool.clone()).context("cannot start the scheduler")?;
+    let space = crate::space_watch::SpaceWatcher::start(pool.clone())
+        .context("cannot start the space watcher")?;
     let exports_filter = if exports.is_empty() {
         ExportFilter::All
     } else {
@@ -192,6 +194,7 @@ pub fn run(
     }
     server.shutdown()?;
     scheduler.stop();
+    space.stop();
     reclaimer.stop();
     control.stop(deadline);
     pool.close()

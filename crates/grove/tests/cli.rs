@@ -140,6 +140,16 @@ impl Pool {
         info.as_object_mut()
             .unwrap()
             .remove("store_allocated_bytes");
+        // The levels' figures that follow the host's free space.
+        let space = info["space"].as_object_mut().unwrap();
+        for host_bound in [
+            "ceiling_bytes",
+            "warn_bytes",
+            "prune_bytes",
+            "host_available_bytes",
+        ] {
+            space.remove(host_bound);
+        }
         let store = fs::read(self.store_path()).unwrap();
         (list, info, store)
     }
@@ -248,7 +258,8 @@ fn init_with_each_block_size() {
 fn capacity_is_reported() {
     let pool = Pool::new(&["--capacity", "1G"]);
     assert_eq!(u64_of(&pool.info(), "capacity_bytes"), GIB);
-    assert!(Pool::new(&[]).info()["capacity_bytes"].is_null());
+    // Without --capacity a pool starts at 1 GiB, which auto-extension grows.
+    assert_eq!(u64_of(&Pool::new(&[]).info(), "capacity_bytes"), GIB);
     // The capacity is exact to the block, even far below one allocation
     // group (8 GiB at 64K blocks)...
     let pool = Pool::new(&["--block-size", "64K", "--capacity", "1M"]);
@@ -1193,7 +1204,7 @@ fn unknown_config_keys_are_refused() {
         ),
         (
             "compression = true\n",
-            "unknown setting \"compression\" (known settings: format_version, store, cache_size)",
+            "unknown setting \"compression\" (known settings: format_version, store, cache_size, space)",
         ),
     ] {
         fs::write(&config_path, format!("{config}{extra}")).unwrap();
@@ -1569,4 +1580,173 @@ fn check_fails_on_a_block_in_use_marked_free_and_repair_fixes_it() {
     assert!(text.contains("after repair, the pool is clean"), "{text}");
     pool.ok(&["check"]);
     assert_eq!(pool.read("v", 0, 100_000), vec![0xab; 100_000]);
+}
+
+// ------------------------------------------------------------------ space
+
+#[test]
+fn init_space_flags_go_into_grove_toml_and_info_shows_the_levels() {
+    let pool = Pool::new(&[
+        "--capacity",
+        "2G",
+        "--max-capacity",
+        "200G",
+        "--warn",
+        "70%",
+        "--prune",
+        "85%",
+        "--extend-step",
+        "4G",
+        "--host-reserve",
+        "5%",
+        "--hook",
+        "logger -t grove",
+    ]);
+    let config = fs::read_to_string(pool.path.join("grove.toml")).unwrap();
+    for line in [
+        "[space]",
+        "max_capacity = \"200G\"",
+        "extend_step = \"4G\"",
+        "host_reserve = \"5%\"",
+        "warn = \"70%\"",
+        "prune = \"85%\"",
+        "hook = \"logger -t grove\"",
+    ] {
+        assert!(config.contains(line), "{line} missing from {config}");
+    }
+    let space = &pool.info()["space"];
+    assert_eq!(space["level"], "normal");
+    assert_eq!(u64_of(space, "capacity_bytes"), 2 * GIB);
+    assert_eq!(u64_of(space, "max_capacity_bytes"), 200 * GIB);
+    assert_eq!(u64_of(space, "extend_at_bytes"), 2 * GIB * 80 / 100);
+    let ceiling = u64_of(space, "ceiling_bytes");
+    assert!((2 * GIB..=200 * GIB).contains(&ceiling), "{space}");
+    assert_eq!(u64_of(space, "warn_bytes"), ceiling * 70 / 100);
+    assert_eq!(u64_of(space, "prune_bytes"), ceiling * 85 / 100);
+    let text = pool.ok_text(&["info"]);
+    for line in [
+        "space level        normal",
+        "max capacity       200.0 GiB",
+        "auto-extend        on: at 1.6 GiB used, to ",
+        "warn at ",
+        "(70%)",
+        "(85%)",
+    ] {
+        assert!(text.contains(line), "{line:?} missing from {text}");
+    }
+    let shown: Value = serde_json::from_slice(&pool.ok(&["space", "show", "--json"])).unwrap();
+    assert_eq!(shown["settings"]["warn_percent"], 70);
+    assert_eq!(shown["settings"]["hook"], "logger -t grove");
+    assert!(pool
+        .ok_text(&["space", "show"])
+        .contains("hook          logger -t grove (killed after 10 s)"));
+}
+
+#[test]
+fn space_set_changes_the_settings_and_raises_the_capacity() {
+    let pool = Pool::new(&["--capacity", "1G", "--hook", "true"]);
+    let out = pool.ok_text(&["space", "set", "--capacity", "3G", "--warn", "60%"]);
+    assert!(out.contains("capacity      3.0 GiB"), "{out}");
+    assert_eq!(u64_of(&pool.info(), "capacity_bytes"), 3 * GIB);
+    pool.ok(&["space", "set", "--auto-extend", "off", "--hook", ""]);
+    let config = fs::read_to_string(pool.path.join("grove.toml")).unwrap();
+    assert!(
+        config.contains("auto_extend = false") && config.contains("warn = \"60%\""),
+        "{config}"
+    );
+    assert!(!config.contains("hook"), "an empty hook stays in: {config}");
+    let space = &pool.info()["space"];
+    assert_eq!(space["auto_extend"], false);
+    // Without auto-extension the capacity is the ceiling.
+    assert_eq!(u64_of(space, "ceiling_bytes"), 3 * GIB);
+    assert!(pool.ok_text(&["info"]).contains("auto-extend        off"));
+    // Back to the defaults: the table holds only what differs.
+    pool.ok(&["space", "set", "--auto-extend", "on", "--warn", "80%"]);
+    let config = fs::read_to_string(pool.path.join("grove.toml")).unwrap();
+    assert!(!config.contains("[space]"), "{config}");
+}
+
+#[test]
+fn bad_space_settings_get_one_line_and_change_nothing() {
+    let pool = Pool::new(&["--capacity", "2G", "--max-capacity", "10G"]);
+    let config_path = pool.path.join("grove.toml");
+    let config = fs::read_to_string(&config_path).unwrap();
+    for (args, says) in [
+        (
+            &["space", "set", "--warn", "120%"][..],
+            "space.warn \"120%\" is not a percentage from 1% to 100%",
+        ),
+        (
+            &["space", "set", "--prune", "50%"][..],
+            "space.warn 80% is above space.prune 50%",
+        ),
+        (
+            &["space", "set", "--extend-step", "0"][..],
+            "space.extend_step",
+        ),
+        (
+            &["space", "set", "--host-reserve", "100%"][..],
+            "space.host_reserve",
+        ),
+        (
+            &["space", "set", "--max-capacity", "lots"][..],
+            "max capacity",
+        ),
+        (
+            &["space", "set", "--auto-extend", "maybe"][..],
+            "say on or off",
+        ),
+        (
+            &["space", "set", "--hook-timeout", "soon"][..],
+            "--hook-timeout",
+        ),
+        (
+            &["space", "set", "--hook-timeout", "0"][..],
+            "space.hook_timeout_secs",
+        ),
+        (
+            &["space", "set", "--capacity", "1G"][..],
+            "the capacity can only grow",
+        ),
+        (
+            &["space", "set", "--capacity", "20G"][..],
+            "above max_capacity",
+        ),
+    ] {
+        let line = pool.refused(args);
+        assert!(line.contains(says), "{args:?}: {line}");
+        assert_eq!(
+            fs::read_to_string(&config_path).unwrap(),
+            config,
+            "{args:?}"
+        );
+    }
+    let fresh = Pool::uninitialized();
+    let output = fresh.run(&["init", "--capacity", "5G", "--max-capacity", "2G"]);
+    let line = expect_error_line(&["init"], &output);
+    assert!(line.contains("above --max-capacity"), "{line}");
+    assert!(!fresh.path.join("grove.toml").exists());
+}
+
+#[test]
+fn a_bad_space_table_in_grove_toml_is_refused_by_key() {
+    let pool = Pool::new(&[]);
+    let config_path = pool.path.join("grove.toml");
+    let config = fs::read_to_string(&config_path).unwrap();
+    for (table, says) in [
+        (
+            "[space]\nwarn = \"x\"\n",
+            "space.warn \"x\" is not a percentage from 1% to 100%",
+        ),
+        (
+            "[space]\nwarm = \"80%\"\n",
+            "unknown setting \"space.warm\" (did you mean space.warn?)",
+        ),
+        ("[space]\nauto_extend = \"yes\"\n", "auto_extend"),
+    ] {
+        fs::write(&config_path, format!("{config}{table}")).unwrap();
+        let output = pool.run(&["info"]);
+        let line = expect_error_line(&["info"], &output);
+        assert!(line.contains("grove.toml") && line.contains(says), "{line}");
+    }
 }

@@ -2,6 +2,7 @@
 //! through `Volume` handles. `Pool` and `Volume` are cheap to clone and safe
 //! to share between threads.
 
+mod capacity;
 mod locking;
 mod replication;
 mod retention;
@@ -35,6 +36,8 @@ use crate::format::superblock::{
 };
 use crate::format::FORMAT_VERSION;
 use crate::reclaim::ReclaimBatch;
+use crate::space_levels::SpaceStatus;
+use crate::space_settings::SpaceSettings;
 use crate::state::State;
 use crate::types::*;
 
@@ -136,6 +139,9 @@ pub struct PoolInfo {
     /// it. None for a store without a file (in memory).
     #[serde(default)]
     pub store_allocated_bytes: Option<u64>,
+    /// Where the pool stands against its space levels (`grove space`).
+    #[serde(default)]
+    pub space: Option<SpaceStatus>,
 }
 
 struct Inner {
@@ -155,6 +161,9 @@ struct Inner {
     /// Claims per volume (NBD clients, open FUSE files): a volume in use
     /// is not removed unless forced.
     handles: Mutex<HashMap<VolumeId, usize>>,
+    /// The space settings (`capacity.rs`); locked after the state, never
+    /// before it.
+    space: Mutex<capacity::SpaceControl>,
 }
 
 /// How `Pool::remove` treats a volume's family and its users.
@@ -312,6 +321,18 @@ pub fn validate_volume_size(size_bytes: u64) -> Result<()> {
 impl Pool {
     /// Creates a pool in `dir` (made if missing). Fails if one is there.
     pub fn create(dir: &Path, options: &PoolOptions) -> Result<Pool> {
+        Pool::create_with_space(dir, options, &SpaceSettings::default())
+    }
+
+    /// Creates a pool whose grove.toml holds these space settings.
+    pub fn create_with_space(
+        dir: &Path,
+        options: &PoolOptions,
+        space: &SpaceSettings,
+    ) -> Result<Pool> {
+        space
+            .check()
+            .map_err(|why| Error::new(ErrorKind::InvalidArgument, why))?;
         // Before anything is created: a store file left behind by a refused
         // attempt would make the corrected retry fail with AlreadyExists.
         check_options(options)?;
@@ -323,7 +344,8 @@ impl Pool {
         }
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::io(format!("cannot create pool directory {}", dir.display()), e))?;
-        let config = PoolConfig::new();
+        let mut config = PoolConfig::new();
+        config.set_space_settings(space);
         let store_path = dir.join(&config.store);
         let device = FileDevice::create_new(&store_path).map_err(|e| {
             if e.kind() == std::io::ErrorKind::AlreadyExists {
@@ -340,6 +362,8 @@ impl Pool {
         })?;
         let lock = lock_store(&store_path)?;
         let pool = Pool::format(Arc::new(device), options, dir, Some(lock))?;
+        *locking::lock(&pool.inner.space) =
+            capacity::SpaceControl::new(space.clone(), Some(dir.to_path_buf()));
         // grove.toml is written last and atomically: a directory with it is a
         // complete pool, one without it never half-looks like one.
         config.save(dir)?;
@@ -433,6 +457,8 @@ impl Pool {
         if let Some(bytes) = config.cache_size_bytes() {
             pool.set_cache_size(bytes);
         }
+        *locking::lock(&pool.inner.space) =
+            capacity::SpaceControl::new(config.space_settings(), Some(dir.to_path_buf()));
         Ok(pool)
     }
 
@@ -509,6 +535,7 @@ impl Pool {
                 commit_outcome: Mutex::new(None),
                 _lock_file: lock,
                 handles: Mutex::new(HashMap::new()),
+                space: Mutex::new(capacity::SpaceControl::new(SpaceSettings::default(), None)),
             }),
         }
     }
@@ -595,6 +622,7 @@ impl Pool {
         validate_volume_name(name)?;
         let mut state = self.state();
         ensure_changes_allowed(&state)?;
+        capacity::ensure_room_for_snapshot(&self.inner, &mut state, name)?;
         // Writes in flight to blocks the source owns must land before those
         // blocks become shared, or the new snapshot would change under them.
         let gate = write_gate(&self.inner);
@@ -827,6 +855,7 @@ impl Pool {
             // What the host says is informative: a failed stat leaves it out
             // rather than failing `info`.
             store_allocated_bytes: state.device().allocated_bytes().ok().flatten(),
+            space: Some(capacity::status_locked(&self.inner, &state)),
         })
     }
 

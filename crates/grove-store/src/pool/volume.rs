@@ -151,16 +151,20 @@ impl Volume {
         } else {
             record
         };
-        let plan = match write::plan(&mut state, &record, offset, buf.len()) {
-            // Blocks freed since the last commit cannot be reused until a
-            // commit makes their free durable: commit, then try again,
-            // rather than report a full pool that is not full.
-            Err(e) if e.kind() == ErrorKind::NoSpace && state.has_frees_awaiting_commit() => {
-                commit_locked(&self.inner, &mut state)?;
-                write::plan(&mut state, &record, offset, buf.len())?
-            }
-            plan => plan?,
-        };
+        let mut plan = write::plan(&mut state, &record, offset, buf.len());
+        // Blocks freed since the last commit cannot be reused until a
+        // commit makes their free durable: commit, then try again, rather
+        // than report a full pool that is not full.
+        if is_no_space(&plan) && state.has_frees_awaiting_commit() {
+            commit_locked(&self.inner, &mut state)?;
+            plan = write::plan(&mut state, &record, offset, buf.len());
+        }
+        // Then grow the capacity a step at a time while the settings allow
+        // (each step is bounded by the ceiling, so this ends).
+        while is_no_space(&plan) && super::capacity::extend_locked(&self.inner, &mut state)? {
+            plan = write::plan(&mut state, &record, offset, buf.len());
+        }
+        let plan = plan?;
         let device = state.device().clone();
         let data_dirty = state.data_dirty().clone();
         let block_bytes = state.geometry().block_bytes();
@@ -357,4 +361,8 @@ fn prefetch_paths<'a>(
         }
     }
     (state, reads > 0)
+}
+
+fn is_no_space<T>(result: &Result<T>) -> bool {
+    matches!(result, Err(e) if e.kind() == ErrorKind::NoSpace)
 }
