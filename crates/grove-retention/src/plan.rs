@@ -172,18 +172,10 @@ pub fn auto_snapshot_name(volume: &str, now: u64) -> String {
 /// The order in which space pressure takes snapshots of one volume:
 /// expired ones first, then what the policy keeps, lowest level first and
 /// oldest first within a level. Never a held or unranked one, nor the
-/// newest `policy.minimum` snapshots.
+/// newest `policy.minimum` of the ranked ones it could take.
 pub fn space_order(policy: &Policy, verdicts: &[Verdict]) -> Vec<String> {
-    let mut newest: Vec<&Verdict> = verdicts.iter().collect();
-    newest.sort_by(|a, b| (b.created_unix_secs, &b.name).cmp(&(a.created_unix_secs, &a.name)));
-    let protected: Vec<&str> = newest
+    let mut takeable: Vec<(u8, u64, &str)> = verdicts
         .iter()
-        .take(policy.minimum as usize)
-        .map(|v| v.name.as_str())
-        .collect();
-    let mut order: Vec<(u8, u64, &str)> = verdicts
-        .iter()
-        .filter(|v| !protected.contains(&v.name.as_str()))
         .filter_map(|v| {
             let class = match &v.reason {
                 Reason::Expired => 0,
@@ -193,11 +185,14 @@ pub fn space_order(policy: &Policy, verdicts: &[Verdict]) -> Vec<String> {
             Some((class, v.created_unix_secs, v.name.as_str()))
         })
         .collect();
-    order.sort();
-    order
+    // The newest ones stay, whatever their rank.
+    takeable.sort_by(|a, b| (b.1, b.2).cmp(&(a.1, a.2)));
+    let mut order: Vec<(u8, u64, &str)> = takeable
         .into_iter()
-        .map(|(_, _, name)| name.to_string())
-        .collect()
+        .skip(policy.minimum as usize)
+        .collect();
+    order.sort();
+    order.into_iter().map(|(_, _, name)| name.to_string()).collect()
 }
 
 #[cfg(test)]

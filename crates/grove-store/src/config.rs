@@ -15,7 +15,13 @@ pub const STORE_FILE_NAME: &str = "grove.store";
 /// Every key grove.toml may hold: the fields of `PoolConfig`. Any other
 /// key is refused by name, so that a misspelt setting (`cache-size`) is
 /// not silently ignored.
-const CONFIG_KEYS: [&str; 5] = ["format_version", "store", "cache_size", "space", "retention"];
+const CONFIG_KEYS: [&str; 5] = [
+    "format_version",
+    "store",
+    "cache_size",
+    "space",
+    "retention",
+];
 
 /// Most single-character edits between an unknown key and a known one for
 /// the known one to be suggested: `cache-size`, `cachesize`, `cache_sise`.

@@ -128,8 +128,10 @@ pub enum Command {
     )]
     Snapshot {
         /// Volume or snapshot to take it of (with --auto: the volume, or none for all)
+        #[arg(required_unless_present = "auto")]
         source: Option<String>,
         /// Name of the new snapshot (not with --auto)
+        #[arg(required_unless_present = "auto", conflicts_with = "auto")]
         name: Option<String>,
         /// Take what the retention policy has due, named and ranked by it
         #[arg(long)]

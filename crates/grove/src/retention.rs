@@ -405,9 +405,7 @@ pub fn run_command(admin: &dyn Admin, command: crate::cli::Command) -> Result<()
             now: at,
             ..
         } => {
-            if name.is_some() {
-                bail!("--auto names the snapshot itself: give only the volume");
-            }
+            debug_assert!(name.is_none(), "clap refuses a name with --auto");
             let config = load_config(admin.dir())?;
             let at = now(at.as_deref())?;
             let only: Vec<String> = source.into_iter().collect();
@@ -697,5 +695,66 @@ mod tests {
             taken.len(),
             autos.len()
         );
+    }
+}
+
+#[cfg(test)]
+mod space_tests {
+    use super::*;
+    use grove_store::Pool;
+
+    /// Space pressure takes expired snapshots first, then the lowest rank,
+    /// oldest first, and stops once enough comes back; never a held or
+    /// hand-taken one, nor the volume's newest.
+    #[test]
+    fn free_space_takes_the_lowest_ranks_first_and_stops_when_enough_comes_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pool");
+        let pool = Pool::create(&path, &grove_store::PoolOptions::default()).unwrap();
+        pool.create_volume("vm", 8 << 20).unwrap();
+        let volume = pool.volume("vm").unwrap();
+        let hour = 3600;
+        let start = 1_795_392_000; // a Monday, 00:00 UTC
+                                   // Each snapshot holds 1 MiB that only it keeps (the volume is
+                                   // rewritten after it).
+        let ranks = [
+            ("d0", Level::Daily, 0),
+            ("h1", Level::Hourly, 1),
+            ("h2", Level::Hourly, 2),
+            ("h3", Level::Hourly, 3),
+            ("h4", Level::Hourly, 4),
+        ];
+        for (i, (name, level, at)) in ranks.iter().enumerate() {
+            volume.write_at(&vec![i as u8 + 1; 1 << 20], 0).unwrap();
+            pool.snapshot_ranked("vm", name, level.rank(), start + at * hour)
+                .unwrap();
+        }
+        volume.write_at(&vec![0xee; 1 << 20], 0).unwrap();
+        pool.snapshot("vm", "by-hand").unwrap();
+        pool.hold("h1", "legal", None).unwrap();
+        let mut config = PoolConfig::load(&path).unwrap();
+        let mut retention = RetentionConfig::default();
+        let counts = [(Level::Hourly, 4), (Level::Daily, 1)];
+        retention.set_volume_policy(
+            "vm",
+            grove_retention::policy::spec(None, &counts, None, None),
+        );
+        config.retention = retention.to_table();
+        config.save(&path).unwrap();
+
+        let now = start + 4 * hour + 60;
+        let names = |pool: &Pool| -> Vec<String> {
+            pool.volume_summaries()
+                .into_iter()
+                .map(|s| s.name)
+                .collect()
+        };
+        // 1.5 MiB wanted: h2 (the oldest unheld hourly) gives 1 MiB, then h3.
+        let freed = free_space(&pool, now, 3 << 19).unwrap();
+        assert_eq!(freed, 2 << 20);
+        assert_eq!(names(&pool), ["vm", "d0", "h1", "h4", "by-hand"]);
+        // Asked for far more: the daily goes, the rest is protected.
+        free_space(&pool, now, 1 << 30).unwrap();
+        assert_eq!(names(&pool), ["vm", "h1", "h4", "by-hand"]);
     }
 }

@@ -87,8 +87,8 @@ fn prune(pool: &Pool, status: &SpaceStatus) {
     if over == 0 {
         return;
     }
-    let pruned = crate::retention::now(None)
-        .and_then(|now| crate::retention::free_space(pool, now, over));
+    let pruned =
+        crate::retention::now(None).and_then(|now| crate::retention::free_space(pool, now, over));
     match pruned {
         Ok(freed) if freed > 0 => tracing::info!(
             "pool {}: pruning gives back {}",

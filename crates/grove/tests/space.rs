@@ -219,7 +219,8 @@ impl Daemon {
         self.wait_for_hook_level("prune");
         self.wait_until("the pruning call", |d| {
             d.log().contains("past the pruning level")
-                && d.log().contains("no retention policy prunes yet")
+                && d.log()
+                    .contains("no snapshot is left that the policies let go")
         });
         let wrote = write(7, 16);
         assert!(wrote < 9, "the pool never filled");
