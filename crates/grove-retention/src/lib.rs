@@ -9,9 +9,11 @@
 //! - `policy`: how many of each level a volume keeps; templates; grove.toml.
 //! - `plan`: the rank tree: which snapshots a policy keeps and until when,
 //!   which level is due, and the order space pressure prunes in.
+//! - `oracle`: what a policy keeps read off the calendar, for tests.
 
 pub mod calendar;
 pub mod level;
+pub mod oracle;
 pub mod plan;
 pub mod policy;
 

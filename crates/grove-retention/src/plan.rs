@@ -187,12 +187,13 @@ pub fn space_order(policy: &Policy, verdicts: &[Verdict]) -> Vec<String> {
         .collect();
     // The newest ones stay, whatever their rank.
     takeable.sort_by(|a, b| (b.1, b.2).cmp(&(a.1, a.2)));
-    let mut order: Vec<(u8, u64, &str)> = takeable
-        .into_iter()
-        .skip(policy.minimum as usize)
-        .collect();
+    let mut order: Vec<(u8, u64, &str)> =
+        takeable.into_iter().skip(policy.minimum as usize).collect();
     order.sort();
-    order.into_iter().map(|(_, _, name)| name.to_string()).collect()
+    order
+        .into_iter()
+        .map(|(_, _, name)| name.to_string())
+        .collect()
 }
 
 #[cfg(test)]

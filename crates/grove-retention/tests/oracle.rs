@@ -5,8 +5,9 @@
 
 use std::collections::BTreeSet;
 
-use grove_retention::calendar::{bucket_start, parse_time, HOUR_SECS, MINUTE_SECS};
-use grove_retention::{due_level, plan, Level, Policy, SnapshotFacts};
+use grove_retention::calendar::{parse_time, HOUR_SECS, MINUTE_SECS};
+use grove_retention::oracle::kept_by_calendar;
+use grove_retention::{due_level, plan, Policy, SnapshotFacts};
 use proptest::prelude::*;
 
 /// The scheduler's loop without a pool: at each tick take the due
@@ -35,38 +36,8 @@ fn simulate(policy: &Policy, start: u64, ticks: u64, step: u64) -> (Vec<Snapshot
     (live, taken)
 }
 
-/// What the policy keeps at `now`, from the times snapshots were taken
-/// alone: a time counts at level L if it was the first in its period of
-/// some level L' >= L that the policy keeps.
 fn oracle(policy: &Policy, taken: &[u64]) -> BTreeSet<u64> {
-    // `taken` is in time order: a time is first in its period when the
-    // time before it lies in an earlier period.
-    let firsts = |level: Level| -> BTreeSet<u64> {
-        let period = |t: u64| bucket_start(level, t, policy.frequent_secs);
-        taken
-            .iter()
-            .enumerate()
-            .filter(|&(i, &t)| i == 0 || period(taken[i - 1]) != period(t))
-            .map(|(_, &t)| t)
-            .collect()
-    };
-    let first_in: Vec<BTreeSet<u64>> = Level::ALL.into_iter().map(firsts).collect();
-    let first_in_period = |level: Level, t: u64| first_in[level.index()].contains(&t);
-    let mut kept = BTreeSet::new();
-    for level in Level::ALL {
-        let counts: Vec<u64> = taken
-            .iter()
-            .copied()
-            .filter(|&t| {
-                Level::ALL
-                    .into_iter()
-                    .filter(|&l| l >= level && policy.keeps(l) > 0)
-                    .any(|l| first_in_period(l, t))
-            })
-            .collect();
-        kept.extend(counts.iter().rev().take(policy.keeps(level) as usize));
-    }
-    kept
+    kept_by_calendar(policy, taken)
 }
 
 #[test]

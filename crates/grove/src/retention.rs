@@ -588,7 +588,7 @@ fn fail_on(failed: &[String]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use grove_retention::calendar::{bucket_start, HOUR_SECS};
+    use grove_retention::calendar::HOUR_SECS;
     use grove_store::Pool;
     use std::collections::BTreeSet;
 
@@ -651,33 +651,7 @@ mod tests {
                 pool.hold(&name, "legal", None).unwrap();
             }
         }
-        // The oracle: a time counts at level L if it was the first of its
-        // period at some level L' >= L the policy keeps; each level keeps
-        // its newest.
-        let firsts = |level: Level| -> BTreeSet<u64> {
-            let period = |t: u64| bucket_start(level, t, policy.frequent_secs);
-            taken
-                .iter()
-                .enumerate()
-                .filter(|&(i, &t)| i == 0 || period(taken[i - 1]) != period(t))
-                .map(|(_, &t)| t)
-                .collect()
-        };
-        let first_in: Vec<BTreeSet<u64>> = Level::ALL.into_iter().map(firsts).collect();
-        let mut expected = BTreeSet::new();
-        for level in Level::ALL {
-            let counted: Vec<u64> = taken
-                .iter()
-                .copied()
-                .filter(|&t| {
-                    Level::ALL
-                        .into_iter()
-                        .filter(|&l| l >= level && policy.keeps(l) > 0)
-                        .any(|l| first_in[l.index()].contains(&t))
-                })
-                .collect();
-            expected.extend(counted.iter().rev().take(policy.keeps(level) as usize));
-        }
+        let mut expected = grove_retention::oracle::kept_by_calendar(&policy, &taken);
         expected.insert(start + 100 * HOUR_SECS);
         let summaries = pool.volume_summaries();
         let autos: BTreeSet<u64> = summaries
