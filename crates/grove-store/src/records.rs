@@ -57,6 +57,13 @@ impl VolumeTable {
         self.live.values()
     }
 
+    /// Live records after `id`, in id order: a listing in slices resumes
+    /// there.
+    pub(crate) fn live_records_after(&self, id: VolumeId) -> impl Iterator<Item = &VolumeRecord> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        self.live.range((Excluded(id), Unbounded)).map(|(_, r)| r)
+    }
+
     /// Removed records still kept, in id order.
     pub(crate) fn removed_records(&self) -> impl Iterator<Item = &VolumeRecord> {
         self.removed.values()
