@@ -155,7 +155,10 @@ fn list(dir: &Path) -> grove_store::Result<()> {
     // Warm the page cache and the node cache as a served pool would be.
     let started = Instant::now();
     pool.volumes()?;
-    println!("list alone (first, cold node cache): {:.0} ms", ms(started.elapsed()));
+    println!(
+        "list alone (first, cold node cache): {:.0} ms",
+        ms(started.elapsed())
+    );
     let started = Instant::now();
     pool.volumes()?;
     println!("list alone (again): {:.0} ms", ms(started.elapsed()));
