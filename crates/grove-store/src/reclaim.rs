@@ -30,6 +30,9 @@ pub struct ReclaimBatch {
     pub done: bool,
 }
 
+/// Blocks only removed trees reach: (data, nodes).
+type DyingBlocks = (u64, u64);
+
 /// One walk of the removed trees (and of trees about to be removed).
 #[derive(Default)]
 struct DyingTally {
@@ -168,7 +171,7 @@ impl State {
         &mut self,
         doomed: &[VolumeId],
         reads: &mut NodeReads,
-    ) -> Result<Option<((u64, u64), (u64, u64))>> {
+    ) -> Result<Option<(DyingBlocks, DyingBlocks)>> {
         let tally = self.dying_tally(doomed, reads)?;
         Ok(tally.all.zip(tally.without_doomed))
     }
