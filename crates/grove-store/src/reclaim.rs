@@ -81,6 +81,7 @@ impl State {
     pub fn reclaim_batch(&mut self, budget_entries: usize) -> Result<ReclaimBatch> {
         let mut budget = budget_entries.max(1);
         let mut freed_blocks = 0;
+        let mut emptied_ids = Vec::new();
         // Each removed record given back costs a unit of the budget too,
         // and the batch ends once its changes near what one transaction
         // holds: 100,000 removed snapshots whose roots are shared would
@@ -104,10 +105,13 @@ impl State {
             if emptied {
                 self.volume_table
                     .update(id, |record| record.root = BlockAddr::NONE);
-                self.prune_removed(id);
+                emptied_ids.push(id);
                 budget = budget.saturating_sub(1);
             }
         }
+        // Once per batch: what the emptied records let go of is decided
+        // with one look at each family (`prune_removed_all`).
+        self.prune_removed_all(&emptied_ids);
         Ok(ReclaimBatch {
             freed_blocks,
             done: !self.has_pending_reclaim(),

@@ -84,6 +84,16 @@ impl VolumeTable {
         self.children.get(&id).into_iter().flatten().copied()
     }
 
+    /// How many children `id` has, live and removed.
+    pub(crate) fn child_count(&self, id: VolumeId) -> usize {
+        self.children.get(&id).map_or(0, |c| c.len())
+    }
+
+    /// How many removed records are kept.
+    pub(crate) fn removed_count(&self) -> usize {
+        self.removed.len()
+    }
+
     pub(crate) fn has_children(&self, id: VolumeId) -> bool {
         self.children.get(&id).is_some_and(|c| !c.is_empty())
     }
