@@ -15,7 +15,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use grove_store::{
-    BlockDevice, ErrorKind, MemDevice, Pool, PoolOptions, RemoveOptions, REMOVE_BATCH_SNAPSHOTS,
+    BlockDevice, ErrorKind, MemDevice, Pool, PoolOptions, RemoveOptions, BOOKMARKS_PER_PARENT_MAX,
+    REMOVE_BATCH_SNAPSHOTS,
 };
 
 const BLOCK: u64 = 1024;
@@ -255,6 +256,14 @@ fn removing_thousands_of_snapshots_goes_in_few_batches_and_little_metadata() {
     let mut after = vec![0u8; VOLUME_BYTES as usize];
     pool.volume("v").unwrap().read_at(&mut after, 0).unwrap();
     assert!(after == expected, "the volume kept every byte");
+    // The newest BOOKMARKS_PER_PARENT_MAX removed snapshots stay as
+    // bookmarks to diff from; older ones are gone.
+    let newest_kept = format!("v@{}", COUNT - BOOKMARKS_PER_PARENT_MAX + 1);
+    let report = pool.diff(&newest_kept, "v").unwrap();
+    assert!(report.base_removed);
+    let dropped = format!("v@{}", COUNT - BOOKMARKS_PER_PARENT_MAX);
+    let gone = pool.diff(&dropped, "v").unwrap_err();
+    assert_eq!(gone.kind(), ErrorKind::NotFound, "{gone}");
     assert_clean(&pool, "after removing and reclaiming");
 }
 
