@@ -1024,7 +1024,7 @@ fn volume_summary(state: &State, record: &VolumeRecord) -> VolumeSummary {
 
 /// Volumes a listing computes per lock hold: how long other clients may
 /// wait for it (each volume's walk uses nodes read without the lock).
-pub const LIST_SLICE_VOLUMES: usize = 64;
+pub const LIST_SLICE_VOLUMES: usize = 16;
 
 /// The next LIST_SLICE_VOLUMES visible volumes after `after`, with their
 /// accounting; None if some nodes must be read first.
