@@ -12,6 +12,7 @@
 use crate::error::Result;
 use crate::format::node::NodeKind;
 use crate::format::record::VolumeRecord;
+use crate::node_reads::NodeReads;
 use crate::state::State;
 use crate::types::BlockAddr;
 
@@ -24,16 +25,27 @@ pub struct Usage {
 }
 
 impl State {
-    pub fn usage(&mut self, record: &VolumeRecord) -> Result<Usage> {
-        Ok(Usage {
-            referenced_blocks: record.referenced_blocks,
-            unique_blocks: self.unique_blocks_below(record.root, record.height, false)?,
-            written_blocks: self.written_blocks_below(
-                record.root,
-                record.height - 1,
-                record.written_base_generation,
-            )?,
-        })
+    /// A volume's usage from the nodes at hand (`node_reads.rs`); None if
+    /// some must be read first (`reads` then names them).
+    pub(crate) fn usage_via(
+        &mut self,
+        record: &VolumeRecord,
+        reads: &mut NodeReads,
+    ) -> Result<Option<Usage>> {
+        let unique = self.unique_blocks_below(record.root, record.height, false, reads)?;
+        let written = self.written_blocks_below(
+            record.root,
+            record.height - 1,
+            record.written_base_generation,
+            reads,
+        )?;
+        Ok(unique
+            .zip(written)
+            .map(|(unique_blocks, written_blocks)| Usage {
+                referenced_blocks: record.referenced_blocks,
+                unique_blocks,
+                written_blocks,
+            }))
     }
 
     /// Blocks reachable from `root` through unshared blocks only, data only
@@ -43,39 +55,62 @@ impl State {
         root: BlockAddr,
         height: u8,
         with_nodes: bool,
-    ) -> Result<u64> {
+        reads: &mut NodeReads,
+    ) -> Result<Option<u64>> {
         if self.space_map.shares().is_shared(root) {
-            return Ok(0);
+            return Ok(Some(0));
         }
-        self.unique_in_node(root, height - 1, with_nodes)
-            .map(|n| n + u64::from(with_nodes))
+        Ok(self
+            .unique_in_node(root, height - 1, with_nodes, reads)?
+            .map(|n| n + u64::from(with_nodes)))
     }
 
-    fn unique_in_node(&mut self, addr: BlockAddr, level: u8, with_nodes: bool) -> Result<u64> {
-        let entries = self.node_entries(addr, NodeKind::VolumeData, level)?;
-        let mut count = 0;
+    /// Goes on past a node it must read first, so that one round names
+    /// every node of the next level it needs.
+    fn unique_in_node(
+        &mut self,
+        addr: BlockAddr,
+        level: u8,
+        with_nodes: bool,
+        reads: &mut NodeReads,
+    ) -> Result<Option<u64>> {
+        let Some(entries) = self.entries_via(addr, NodeKind::VolumeData, level, reads)? else {
+            return Ok(None);
+        };
+        let mut count = Some(0);
         for entry in entries.iter().filter(|e| !e.is_empty()) {
             if self.space_map.shares().is_shared(entry.addr()) {
                 continue;
             }
-            count += if level == 0 {
-                1
+            let below = if level == 0 {
+                Some(1)
             } else {
-                u64::from(with_nodes) + self.unique_in_node(entry.addr(), level - 1, with_nodes)?
+                self.unique_in_node(entry.addr(), level - 1, with_nodes, reads)?
+                    .map(|n| n + u64::from(with_nodes))
             };
+            count = count.zip(below).map(|(a, b)| a + b);
         }
         Ok(count)
     }
 
-    fn written_blocks_below(&mut self, addr: BlockAddr, level: u8, base: u64) -> Result<u64> {
-        let entries = self.node_entries(addr, NodeKind::VolumeData, level)?;
-        let mut count = 0;
+    fn written_blocks_below(
+        &mut self,
+        addr: BlockAddr,
+        level: u8,
+        base: u64,
+        reads: &mut NodeReads,
+    ) -> Result<Option<u64>> {
+        let Some(entries) = self.entries_via(addr, NodeKind::VolumeData, level, reads)? else {
+            return Ok(None);
+        };
+        let mut count = Some(0);
         for entry in entries.iter().filter(|e| !e.is_empty() && e.birth() > base) {
-            count += if level == 0 {
-                1
+            let below = if level == 0 {
+                Some(1)
             } else {
-                self.written_blocks_below(entry.addr(), level - 1, base)?
+                self.written_blocks_below(entry.addr(), level - 1, base, reads)?
             };
+            count = count.zip(below).map(|(a, b)| a + b);
         }
         Ok(count)
     }

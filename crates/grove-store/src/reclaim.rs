@@ -11,6 +11,7 @@ use std::collections::HashMap;
 
 use crate::error::Result;
 use crate::format::node::{Entry, NodeKind};
+use crate::node_reads::NodeReads;
 use crate::space::Release;
 use crate::state::State;
 use crate::types::{BlockAddr, VolumeId};
@@ -27,6 +28,25 @@ pub struct ReclaimBatch {
     pub freed_blocks: u64,
     /// Nothing is left to reclaim.
     pub done: bool,
+}
+
+/// Blocks only removed trees reach: (data, nodes).
+type DyingBlocks = (u64, u64);
+
+/// One walk of the removed trees (and of trees about to be removed).
+#[derive(Default)]
+struct DyingTally {
+    /// References seen so far to each block, from any walked tree.
+    seen: HashMap<BlockAddr, u32>,
+    /// Of those, references from trees removed already (or from nodes only
+    /// they reach), until the block's last reference is seen.
+    seen_without_doomed: HashMap<BlockAddr, u32>,
+    /// Blocks only walked trees reach: (data, nodes); None if incomplete.
+    all: Option<(u64, u64)>,
+    /// Blocks only trees removed already reach.
+    without_doomed: Option<(u64, u64)>,
+    /// Some node must be read first.
+    incomplete: bool,
 }
 
 impl State {
@@ -61,6 +81,7 @@ impl State {
     pub fn reclaim_batch(&mut self, budget_entries: usize) -> Result<ReclaimBatch> {
         let mut budget = budget_entries.max(1);
         let mut freed_blocks = 0;
+        let mut emptied_ids = Vec::new();
         // Each removed record given back costs a unit of the budget too,
         // and the batch ends once its changes near what one transaction
         // holds: 100,000 removed snapshots whose roots are shared would
@@ -84,10 +105,13 @@ impl State {
             if emptied {
                 self.volume_table
                     .update(id, |record| record.root = BlockAddr::NONE);
-                self.prune_removed(id);
+                emptied_ids.push(id);
                 budget = budget.saturating_sub(1);
             }
         }
+        // Once per batch: what the emptied records let go of is decided
+        // with one look at each family (`prune_removed_all`).
+        self.prune_removed_all(&emptied_ids);
         Ok(ReclaimBatch {
             freed_blocks,
             done: !self.has_pending_reclaim(),
@@ -137,50 +161,108 @@ impl State {
     /// comes from a removed tree, so blocks shared between removed trees
     /// are counted too, once. Costs what the removed trees hold.
     pub fn dying_only_blocks(&mut self) -> Result<(u64, u64)> {
-        let dying: Vec<(BlockAddr, u8)> = self
+        let mut reads = NodeReads::new(self.metadata_epoch(), self.geometry().block_bytes());
+        reads.read_directly();
+        let tally = self.dying_tally(&[], &mut reads)?;
+        Ok(tally.all.expect("a direct walk finds every node"))
+    }
+
+    /// `dying_only_blocks` as if the live volumes `doomed` were removed
+    /// too, from the nodes at hand (`node_reads.rs`): (with them, without
+    /// them), or None if some nodes must be read first. With minus without
+    /// is what removing them gives back, found in one walk.
+    pub(crate) fn dying_only_blocks_via(
+        &mut self,
+        doomed: &[VolumeId],
+        reads: &mut NodeReads,
+    ) -> Result<Option<(DyingBlocks, DyingBlocks)>> {
+        let tally = self.dying_tally(doomed, reads)?;
+        Ok(tally.all.zip(tally.without_doomed))
+    }
+
+    fn dying_tally(&mut self, doomed: &[VolumeId], reads: &mut NodeReads) -> Result<DyingTally> {
+        let removed = self
             .volume_table
             .removed_records()
             .filter(|r| !r.root.is_none())
-            .map(|r| (r.root, r.height))
-            .collect();
-        let mut tally: HashMap<BlockAddr, u32> = HashMap::new();
-        let mut counts = (0, 0);
-        for (root, height) in dying {
-            self.tally_reference(root, Some(height - 1), &mut tally, &mut counts)?;
+            .map(|r| (r.root, r.height, true));
+        let doomed = doomed
+            .iter()
+            .map(|&id| self.live_record(id))
+            .map(|r| (r.root, r.height, false));
+        let trees: Vec<(BlockAddr, u8, bool)> = removed.chain(doomed).collect();
+        let mut tally = DyingTally {
+            all: Some((0, 0)),
+            without_doomed: Some((0, 0)),
+            ..DyingTally::default()
+        };
+        for (root, height, removed) in trees {
+            self.tally_reference(root, Some(height - 1), removed, &mut tally, reads);
         }
-        Ok(counts)
+        if tally.incomplete {
+            tally.all = None;
+            tally.without_doomed = None;
+        }
+        Ok(tally)
     }
 
-    /// Notes one reference from a removed tree to `addr` (a level-`level`
-    /// node, or data for None); once all of its references are, it is
-    /// removed-only and its own children are walked.
+    /// Notes one reference from a removed (or doomed) tree to `addr` (a
+    /// level-`level` node, or data for None); once all of its references
+    /// are, it is removed-only and its own children are walked. A reference
+    /// counts without the doomed trees too if it comes from a node that
+    /// is removed-only without them (`removed`).
     fn tally_reference(
         &mut self,
         addr: BlockAddr,
         level: Option<u8>,
-        tally: &mut HashMap<BlockAddr, u32>,
-        counts: &mut (u64, u64),
-    ) -> Result<()> {
-        let seen = tally.entry(addr).or_default();
+        removed: bool,
+        tally: &mut DyingTally,
+        reads: &mut NodeReads,
+    ) {
+        let references = self.space_map.shares().extra(addr).saturating_add(1);
+        let seen = tally.seen.entry(addr).or_default();
         *seen += 1;
-        if *seen != self.space_map.shares().extra(addr).saturating_add(1) {
-            return Ok(());
+        if *seen != references {
+            if removed {
+                *tally.seen_without_doomed.entry(addr).or_default() += 1;
+            }
+            return;
         }
-        let Some(level) = level else {
-            counts.0 += 1;
-            return Ok(());
+        // Every reference is seen now: whether they all came from removed
+        // trees is final too.
+        let seen_removed =
+            tally.seen_without_doomed.remove(&addr).unwrap_or(0) + u32::from(removed);
+        let without_doomed = seen_removed == references;
+        let count = |counts: &mut Option<(u64, u64)>| {
+            if let Some((data, nodes)) = counts {
+                *(if level.is_some() { nodes } else { data }) += 1;
+            }
         };
-        counts.1 += 1;
+        count(&mut tally.all);
+        if without_doomed {
+            count(&mut tally.without_doomed);
+        }
+        let Some(level) = level else { return };
         // A damaged removed tree must not stop `info` or removals of other
         // volumes: what cannot be read is not counted (`check` reports it,
         // and the reclaimer stops there with an error).
-        let Ok(entries) = self.node_entries(addr, NodeKind::VolumeData, level) else {
-            return Ok(());
+        let entries = match self.entries_via(addr, NodeKind::VolumeData, level, reads) {
+            Ok(Some(entries)) => entries,
+            Ok(None) => {
+                tally.incomplete = true;
+                return;
+            }
+            Err(_) => return,
         };
         for entry in entries.iter().filter(|e| !e.is_empty()) {
-            self.tally_reference(entry.addr(), level.checked_sub(1), tally, counts)?;
+            self.tally_reference(
+                entry.addr(),
+                level.checked_sub(1),
+                without_doomed,
+                tally,
+                reads,
+            );
         }
-        Ok(())
     }
 
     /// Blocks the reclaimer will still free (data only, or nodes too).

@@ -57,6 +57,13 @@ impl VolumeTable {
         self.live.values()
     }
 
+    /// Live records after `id`, in id order: a listing in slices resumes
+    /// there.
+    pub(crate) fn live_records_after(&self, id: VolumeId) -> impl Iterator<Item = &VolumeRecord> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        self.live.range((Excluded(id), Unbounded)).map(|(_, r)| r)
+    }
+
     /// Removed records still kept, in id order.
     pub(crate) fn removed_records(&self) -> impl Iterator<Item = &VolumeRecord> {
         self.removed.values()
@@ -75,6 +82,16 @@ impl VolumeTable {
     /// Children of `id`, live and removed, in id order.
     pub(crate) fn children_of(&self, id: VolumeId) -> impl Iterator<Item = VolumeId> + '_ {
         self.children.get(&id).into_iter().flatten().copied()
+    }
+
+    /// How many children `id` has, live and removed.
+    pub(crate) fn child_count(&self, id: VolumeId) -> usize {
+        self.children.get(&id).map_or(0, |c| c.len())
+    }
+
+    /// How many removed records are kept.
+    pub(crate) fn removed_count(&self) -> usize {
+        self.removed.len()
     }
 
     pub(crate) fn has_children(&self, id: VolumeId) -> bool {

@@ -335,7 +335,7 @@ impl State {
         self.decode_node(addr, kind, level, &block)
     }
 
-    fn decode_node(
+    pub(crate) fn decode_node(
         &self,
         addr: BlockAddr,
         kind: NodeKind,
@@ -363,7 +363,12 @@ impl State {
         Ok(node)
     }
 
-    fn check_shape(node: &Node, addr: BlockAddr, kind: NodeKind, level: u8) -> Result<()> {
+    pub(crate) fn check_shape(
+        node: &Node,
+        addr: BlockAddr,
+        kind: NodeKind,
+        level: u8,
+    ) -> Result<()> {
         if node.kind != kind || node.level != level {
             return Err(Error::corrupt(format!(
                 "radix node at {addr} is damaged: a {:?} level-{} node reached as a {kind:?} level-{level} node",

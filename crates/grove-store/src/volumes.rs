@@ -3,7 +3,7 @@
 //! bookmarks). Everything here is O(1) in the volume's size: removal hands
 //! the tree to the reclaimer (`reclaim.rs`) instead of walking it.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::node::{Entry, Node, NodeKind, BIRTH_GENERATION_MAX};
@@ -412,32 +412,68 @@ impl State {
     /// parent's newest BOOKMARKS_PER_PARENT_MAX removed snapshots while the
     /// parent's line lives on.
     pub(crate) fn prune_removed(&mut self, id: VolumeId) {
-        let mut todo: Vec<VolumeId> = vec![id];
-        todo.extend(self.volume_table.children_of(id));
-        // `id` may have just become a bookmark, which pushes its parent's
-        // oldest one past BOOKMARKS_PER_PARENT_MAX: look at its removed
-        // siblings too (live ones are needed anyway, and not worth a look).
-        if let Some(parent) = self.volume_table.removed(id).map(|r| r.parent) {
-            todo.extend(
-                self.volume_table
-                    .children_of(parent)
-                    .filter(|&s| s != id && self.volume_table.removed(s).is_some()),
-            );
+        self.prune_removed_all(&[id]);
+    }
+
+    /// `prune_removed` for every record of `ids` at once (a reclaim batch's):
+    /// each parent's children are looked at once (`Family`), not once per
+    /// record, so giving back 10,000 snapshots of a volume with 100,000
+    /// costs a pass over its children per batch, not per snapshot.
+    pub(crate) fn prune_removed_all(&mut self, ids: &[VolumeId]) {
+        let mut families: HashMap<VolumeId, Family> = HashMap::new();
+        let mut todo: Vec<VolumeId> = Vec::new();
+        for &id in ids {
+            todo.push(id);
+            todo.extend(self.volume_table.children_of(id));
+            // `id` may have just become a bookmark, which pushes its
+            // parent's oldest one past BOOKMARKS_PER_PARENT_MAX: look at
+            // its sibling bookmarks too (other siblings are kept for
+            // reasons a new bookmark does not change).
+            if let Some(parent) = self.volume_table.removed(id).map(|r| r.parent) {
+                if !families.contains_key(&parent) {
+                    let family = self.family(&mut families, parent);
+                    todo.extend(family.bookmarks.iter().map(|&(_, sibling)| sibling));
+                }
+            }
         }
         // Every record is dropped at most once, and each drop queues at
-        // most its parent and siblings: the loop is bounded by the table.
-        let bound = 4 * (self.volume_table.record_count() + 1);
+        // most its parent and its sibling bookmarks: the loop is bounded.
+        let bound =
+            (BOOKMARKS_PER_PARENT_MAX + 4) * (self.volume_table.record_count() + 1) + todo.len();
         for _ in 0..bound {
             let Some(next) = todo.pop() else { break };
-            if !self.removed_record_is_needed(next) && self.volume_table.removed(next).is_some() {
-                let record = self.volume_table.drop_removed(next);
-                todo.extend(self.volume_table.children_of(record.parent));
-                todo.push(record.parent);
+            if self.volume_table.removed(next).is_none()
+                || self.removed_record_is_needed(next, &mut families)
+            {
+                continue;
             }
+            let record = self.volume_table.drop_removed(next);
+            debug_assert!(self.volume_table.any(next).is_none());
+            let family = self.family(&mut families, record.parent);
+            family.forget(&record);
+            // Of its siblings, only bookmarks may be judged anew: the
+            // others are kept for reasons a drop does not change.
+            todo.extend(family.bookmarks.iter().map(|&(_, sibling)| sibling));
+            todo.push(record.parent);
         }
     }
 
-    fn removed_record_is_needed(&self, id: VolumeId) -> bool {
+    /// The family summary of `parent`'s children, made on first use.
+    fn family<'a>(
+        &self,
+        families: &'a mut HashMap<VolumeId, Family>,
+        parent: VolumeId,
+    ) -> &'a mut Family {
+        families
+            .entry(parent)
+            .or_insert_with(|| Family::of(self, parent))
+    }
+
+    fn removed_record_is_needed(
+        &self,
+        id: VolumeId,
+        families: &mut HashMap<VolumeId, Family>,
+    ) -> bool {
         let Some(record) = self.volume_table.removed(id) else {
             return true;
         };
@@ -447,36 +483,8 @@ impl State {
         if self.volume_table.has_children(id) || record.cursor || record.hold {
             return true;
         }
-        record.kind == VolumeKind::Snapshot && self.is_useful_bookmark(record)
-    }
-
-    /// A removed snapshot is worth keeping to diff from while a later
-    /// volume of its line lives: its parent, or a later sibling.
-    fn is_useful_bookmark(&self, record: &VolumeRecord) -> bool {
-        let siblings: Vec<&VolumeRecord> = self
-            .volume_table
-            .children_of(record.parent)
-            .filter_map(|id| self.any_record(id))
-            .collect();
-        let newer_bookmarks = siblings
-            .iter()
-            .filter(|s| {
-                s.removed
-                    && !s.cursor
-                    && !s.hold
-                    && s.root.is_none()
-                    && s.kind == VolumeKind::Snapshot
-                    && s.created_generation > record.created_generation
-            })
-            .count();
-        if newer_bookmarks >= BOOKMARKS_PER_PARENT_MAX {
-            return false;
-        }
-        let parent_lives = self.volume_table.live(record.parent).is_some();
-        parent_lives
-            || siblings
-                .iter()
-                .any(|s| !s.removed && s.created_generation > record.created_generation)
+        record.kind == VolumeKind::Snapshot
+            && self.family(families, record.parent).keeps_bookmark(record)
     }
 
     /// The newest removed snapshot (a bookmark) named `name`, if any.
@@ -485,5 +493,90 @@ impl State {
             .removed_records()
             .filter(|r| r.name == name && r.kind == VolumeKind::Snapshot && !r.cursor && !r.hold)
             .max_by_key(|r| r.created_generation)
+    }
+}
+
+/// What decides which of one parent's removed snapshots are worth keeping
+/// as bookmarks, gathered in one pass and kept up to date as records are
+/// dropped. The pass goes over the parent's children or over the removed
+/// records, whichever is cheaper: a volume with 100,000 snapshots, 10,000
+/// of them being given back, costs a pass over the removed ones.
+struct Family {
+    /// Bookmarks among the parent's children (removed snapshots given
+    /// back, not cursors), by creation generation.
+    bookmarks: BTreeSet<(u64, VolumeId)>,
+    parent_lives: bool,
+    /// The newest live child's creation generation: looked for only when
+    /// the parent is removed (otherwise its line lives anyway).
+    newest_live_generation: Option<u64>,
+}
+
+/// A look at a child through the children index costs a record lookup;
+/// a look at a removed record through the removed records costs about
+/// this many times less.
+const CHILD_LOOKUP_COST: usize = 16;
+
+impl Family {
+    fn of(state: &State, parent: VolumeId) -> Family {
+        let table = &state.volume_table;
+        let parent_lives = table.live(parent).is_some();
+        let mut family = Family {
+            bookmarks: BTreeSet::new(),
+            parent_lives,
+            newest_live_generation: None,
+        };
+        if parent_lives && table.removed_count() < table.child_count(parent) * CHILD_LOOKUP_COST {
+            for record in table.removed_records().filter(|r| r.parent == parent) {
+                family.note(record);
+            }
+            return family;
+        }
+        for record in table.children_of(parent).filter_map(|c| table.any(c)) {
+            family.note(record);
+        }
+        family
+    }
+
+    fn note(&mut self, record: &VolumeRecord) {
+        if !record.removed {
+            self.newest_live_generation = self
+                .newest_live_generation
+                .max(Some(record.created_generation));
+        } else if Family::is_bookmark(record) {
+            self.bookmarks
+                .insert((record.created_generation, record.id));
+        }
+    }
+
+    fn is_bookmark(record: &VolumeRecord) -> bool {
+        record.removed
+            && !record.cursor
+            && !record.hold
+            && record.root.is_none()
+            && record.kind == VolumeKind::Snapshot
+    }
+
+    /// A removed snapshot is worth keeping to diff from while a later
+    /// volume of its line lives (its parent, or a later sibling), and
+    /// fewer than BOOKMARKS_PER_PARENT_MAX newer bookmarks exist.
+    fn keeps_bookmark(&self, record: &VolumeRecord) -> bool {
+        let newer_bookmarks = self
+            .bookmarks
+            .range((record.created_generation + 1, VolumeId::NONE)..)
+            .take(BOOKMARKS_PER_PARENT_MAX)
+            .count();
+        if newer_bookmarks >= BOOKMARKS_PER_PARENT_MAX {
+            return false;
+        }
+        self.parent_lives
+            || self
+                .newest_live_generation
+                .is_some_and(|newest| newest > record.created_generation)
+    }
+
+    /// A removed child was dropped.
+    fn forget(&mut self, record: &VolumeRecord) {
+        self.bookmarks
+            .remove(&(record.created_generation, record.id));
     }
 }

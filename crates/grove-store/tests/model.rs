@@ -180,6 +180,14 @@ enum Op {
         name: usize,
         recursive: bool,
     },
+    /// `Pool::remove_snapshots` (pruning): several names at once, picked
+    /// among the model's snapshots (or, if `any_name`, among all names,
+    /// which makes refusals).
+    RemoveSnapshots {
+        picks: Vec<usize>,
+        any_name: bool,
+        recursive: bool,
+    },
     Rollback {
         snapshot: usize,
         volume: usize,
@@ -316,6 +324,16 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         5 => (name(), name()).prop_map(|(source, name)| Op::Clone { source, name }),
         4 => (name(), prop::bool::weighted(0.2))
             .prop_map(|(name, recursive)| Op::Remove { name, recursive }),
+        2 => (
+            prop::collection::vec(0..NAMES.len(), 1..=4),
+            prop::bool::weighted(0.3),
+            prop::bool::weighted(0.2)
+        )
+            .prop_map(|(picks, any_name, recursive)| Op::RemoveSnapshots {
+                picks,
+                any_name,
+                recursive
+            }),
         2 => (name(), name()).prop_map(|(snapshot, volume)| Op::Rollback { snapshot, volume }),
         2 => (name(), name()).prop_map(|(a, b)| Op::Diff { a, b }),
         2 => (name(), name(), any::<bool>(), prop::bool::weighted(0.7)).prop_map(
@@ -639,6 +657,8 @@ impl Model {
 /// How often the interesting cases came up over the whole run, to prove
 /// that the generator reaches them.
 static REMOVED_LEAVES: AtomicU64 = AtomicU64::new(0);
+/// `remove_snapshots` calls that removed two volumes or more.
+static REMOVED_SEVERAL: AtomicU64 = AtomicU64::new(0);
 static REMOVED_RECURSIVE: AtomicU64 = AtomicU64::new(0);
 static ROLLBACKS: AtomicU64 = AtomicU64::new(0);
 static DIFFS_WITH_CHANGES: AtomicU64 = AtomicU64::new(0);
@@ -791,6 +811,11 @@ impl Harness {
                 self.snapshot(NAMES[*source], NAMES[*name], VolumeKind::Clone)
             }
             Op::Remove { name, recursive } => self.remove(NAMES[*name], *recursive),
+            Op::RemoveSnapshots {
+                picks,
+                any_name,
+                recursive,
+            } => self.remove_snapshots(picks, *any_name, *recursive),
             Op::Rollback { snapshot, volume } => self.rollback(NAMES[*snapshot], NAMES[*volume]),
             Op::Diff { a, b } => self.diff(NAMES[*a], NAMES[*b]),
             Op::Receive {
@@ -1541,6 +1566,103 @@ impl Harness {
         Ok(())
     }
 
+    /// Removes several snapshots at once: refused whole if a name is
+    /// missing or not a snapshot; otherwise each goes (with its live
+    /// descendants if `recursive`), once, as `remove` would take it.
+    fn remove_snapshots(
+        &mut self,
+        picks: &[usize],
+        any_name: bool,
+        recursive: bool,
+    ) -> Result<(), TestCaseError> {
+        let snapshots: Vec<String> = self
+            .model
+            .volumes
+            .values()
+            .filter(|v| v.kind == VolumeKind::Snapshot)
+            .map(|v| v.name.clone())
+            .collect();
+        let names: Vec<String> = match any_name || snapshots.is_empty() {
+            true => picks.iter().map(|&n| NAMES[n].to_string()).collect(),
+            false => picks
+                .iter()
+                .map(|&n| snapshots[n % snapshots.len()].clone())
+                .collect(),
+        };
+        let options = RemoveOptions {
+            recursive,
+            force: false,
+        };
+        let result = self.pool().remove_snapshots(&names, options);
+        let ids: Option<Vec<u64>> = names.iter().map(|n| self.model.id_of(n)).collect();
+        let Some(ids) = ids else {
+            return expect_kind(
+                result,
+                ErrorKind::NotFound,
+                "remove_snapshots of a missing name",
+            );
+        };
+        if ids
+            .iter()
+            .any(|id| self.model.volumes[id].kind != VolumeKind::Snapshot)
+        {
+            return expect_kind(
+                result,
+                ErrorKind::InvalidArgument,
+                "remove_snapshots of a writable volume",
+            );
+        }
+        let mut doomed: Vec<u64> = Vec::new();
+        for &id in &ids {
+            if recursive {
+                for descendant in self.model.descendants(id) {
+                    if !doomed.contains(&descendant) {
+                        doomed.push(descendant);
+                    }
+                }
+            }
+            if !doomed.contains(&id) {
+                doomed.push(id);
+            }
+        }
+        if doomed
+            .iter()
+            .any(|d| self.holds.get(d).is_some_and(|tags| !tags.is_empty()))
+        {
+            REMOVALS_REFUSED_BY_HOLDS.fetch_add(1, Ordering::Relaxed);
+            return expect_kind(
+                result,
+                ErrorKind::InvalidState,
+                "remove_snapshots of a held snapshot",
+            );
+        }
+        let summary = result.map_err(fail("remove_snapshots"))?;
+        let mut expected: Vec<String> = doomed
+            .iter()
+            .map(|id| self.model.volumes[id].name.clone())
+            .collect();
+        let mut removed = summary.removed.clone();
+        expected.sort();
+        removed.sort();
+        prop_assert_eq!(removed, expected, "removed by remove_snapshots");
+        prop_assert!(summary.vanished.is_empty());
+        if doomed.len() > 1 {
+            REMOVED_SEVERAL.fetch_add(1, Ordering::Relaxed);
+        }
+        for &gone in &doomed {
+            let removed = self.model.volumes.remove(&gone).expect("exists");
+            self.model
+                .dying
+                .extend(removed.blocks.values().map(|b| b.identity));
+            for volume in self.model.volumes.values_mut() {
+                if volume.parent == Some(gone) {
+                    volume.parent = removed.parent;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// `count` rolling cycles on `name`, continuing its line: the snapshots
     /// are ordinary volumes to the model, under fresh names.
     fn roll_many(&mut self, rolling: &Rolling) -> Result<(), TestCaseError> {
@@ -1975,6 +2097,7 @@ fn engine_matches_the_model() {
     let seen = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
     let coverage = [
         ("removed leaf volumes", seen(&REMOVED_LEAVES)),
+        ("several snapshots removed at once", seen(&REMOVED_SEVERAL)),
         ("recursive removals", seen(&REMOVED_RECURSIVE)),
         ("rollbacks", seen(&ROLLBACKS)),
         ("diffs that found changes", seen(&DIFFS_WITH_CHANGES)),

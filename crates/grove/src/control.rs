@@ -24,8 +24,8 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
 use grove_store::{
-    CheckReport, DiffReport, Error, ErrorKind, HoldInfo, Pool, PoolInfo, RemoveOptions,
-    SpaceSettings, SpaceStatus, VolumeInfo, VolumeSummary,
+    CheckReport, DiffReport, Error, ErrorKind, HoldInfo, Pool, PoolInfo, RemovalSummary,
+    RemoveOptions, SpaceSettings, SpaceStatus, VolumeInfo, VolumeSummary,
 };
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
@@ -100,6 +100,9 @@ pub trait Admin {
     fn hold(&self, snapshot: &str, tag: &str, until: Option<u64>) -> grove_store::Result<()>;
     fn release(&self, snapshot: &str, tag: &str) -> grove_store::Result<()>;
     fn holds(&self) -> grove_store::Result<Vec<HoldInfo>>;
+    /// Removes many snapshots in batches (pruning), all or none checked
+    /// first: unforced, one held or in use refuses the lot.
+    fn remove_snapshots(&self, names: &[String]) -> grove_store::Result<RemovalSummary>;
     /// Releases the holds whose lease ended by `now_unix_secs`.
     fn release_expired_holds(&self, now_unix_secs: u64) -> grove_store::Result<Vec<HoldInfo>>;
     /// The space settings (grove.toml's `[space]`).
@@ -227,6 +230,9 @@ impl Admin for Pool {
     fn holds(&self) -> grove_store::Result<Vec<HoldInfo>> {
         Ok(Pool::holds(self))
     }
+    fn remove_snapshots(&self, names: &[String]) -> grove_store::Result<RemovalSummary> {
+        Pool::remove_snapshots(self, names, RemoveOptions::default())
+    }
     fn release_expired_holds(&self, now_unix_secs: u64) -> grove_store::Result<Vec<HoldInfo>> {
         Pool::release_expired_holds(self, now_unix_secs)
     }
@@ -351,6 +357,9 @@ enum Request {
         tag: String,
     },
     Holds,
+    RemoveSnapshots {
+        names: Vec<String>,
+    },
     ReleaseExpiredHolds {
         now_unix_secs: u64,
     },
@@ -417,6 +426,9 @@ fn execute(pool: &Pool, request: Request) -> Reply {
         } => reply(pool.hold(&snapshot, &tag, until)),
         Request::Release { snapshot, tag } => reply(pool.release(&snapshot, &tag)),
         Request::Holds => reply(Ok(pool.holds())),
+        Request::RemoveSnapshots { names } => {
+            reply(pool.remove_snapshots(&names, RemoveOptions::default()))
+        }
         Request::ReleaseExpiredHolds { now_unix_secs } => {
             reply(pool.release_expired_holds(now_unix_secs))
         }
@@ -1077,6 +1089,11 @@ impl Admin for ControlClient {
     }
     fn holds(&self) -> grove_store::Result<Vec<HoldInfo>> {
         self.call(Request::Holds)
+    }
+    fn remove_snapshots(&self, names: &[String]) -> grove_store::Result<RemovalSummary> {
+        self.call(Request::RemoveSnapshots {
+            names: names.to_vec(),
+        })
     }
     fn release_expired_holds(&self, now_unix_secs: u64) -> grove_store::Result<Vec<HoldInfo>> {
         self.call(Request::ReleaseExpiredHolds { now_unix_secs })

@@ -173,18 +173,26 @@ pub fn prune(
             .into_iter()
             .map(|h| format!("{} {}", h.snapshot, h.tag)),
     );
+    let mut expired = Vec::new();
     for under in volumes_under_policy(admin, config, now, only)? {
-        for verdict in plan(&under.policy, &under.snapshots, now) {
-            if verdict.keep {
-                continue;
-            }
-            if dry_run {
-                report.pruned.push(verdict.name);
-                continue;
-            }
-            match admin.remove(&verdict.name, false, false) {
-                Ok(_) => report.pruned.push(verdict.name),
-                Err(e) => report.failed.push(format!("remove {}: {e}", verdict.name)),
+        let verdicts = plan(&under.policy, &under.snapshots, now);
+        expired.extend(verdicts.into_iter().filter(|v| !v.keep).map(|v| v.name));
+    }
+    if dry_run || expired.is_empty() {
+        report.pruned.extend(expired);
+        return Ok(());
+    }
+    // All at once, in batches of one commit each; if the lot is refused (a
+    // snapshot held or claimed since the plan), one at a time, so the
+    // others still go.
+    match admin.remove_snapshots(&expired) {
+        Ok(summary) => report.pruned.extend(summary.removed),
+        Err(_) => {
+            for name in expired {
+                match admin.remove(&name, false, false) {
+                    Ok(_) => report.pruned.push(name),
+                    Err(e) => report.failed.push(format!("remove {name}: {e}")),
+                }
             }
         }
     }

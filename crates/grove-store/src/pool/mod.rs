@@ -4,12 +4,19 @@
 
 mod capacity;
 mod locking;
+mod off_lock;
+mod removal;
 mod replication;
 mod retention;
 mod volume;
 
+pub use off_lock::WALK_ROUNDS_MAX;
+pub use removal::{RemovalSummary, REMOVE_BATCH_SNAPSHOTS};
+
 pub use replication::{guid_hex, CursorInfo, DiffFrom, PartialReceive, SnapshotIdentity};
 pub use retention::HoldInfo;
+
+use off_lock::walk_off_lock;
 
 use locking::{
     commit, commit_if_large, commit_locked, lock_state, punch_freed, release_frees, settle_commit,
@@ -35,6 +42,7 @@ use crate::format::superblock::{
     choose_slot, SlotProblem, Superblock, SUPERBLOCK_LEN, SUPERBLOCK_SLOTS,
 };
 use crate::format::FORMAT_VERSION;
+use crate::node_reads::NodeReads;
 use crate::reclaim::ReclaimBatch;
 use crate::space_levels::SpaceStatus;
 use crate::space_settings::SpaceSettings;
@@ -553,11 +561,30 @@ impl Pool {
     }
 
     /// Every volume, in creation order, with its space accounting (which
-    /// costs a walk of what each volume owns alone).
+    /// costs a walk of what each volume owns alone). Computed
+    /// LIST_SLICE_VOLUMES volumes per lock hold, with the nodes read
+    /// without the lock (`off_lock.rs`): other clients wait for one slice
+    /// at most, never for the whole listing. Each volume's figures come
+    /// from one moment; a volume made or removed while the listing runs
+    /// may or may not be in it.
     pub fn volumes(&self) -> Result<Vec<VolumeInfo>> {
-        let mut state = self.state();
-        let records: Vec<VolumeRecord> = state.visible_records().cloned().collect();
-        records.iter().map(|r| volume_info(&mut state, r)).collect()
+        let mut infos: Vec<VolumeInfo> = Vec::new();
+        loop {
+            let after = infos
+                .last()
+                .map_or(VolumeId::NONE, |i| VolumeId(i.summary.id));
+            let (state, slice) = walk_off_lock(&self.inner, self.state(), |state, reads| {
+                volume_infos_after(state, after, reads)
+            })?;
+            drop(state);
+            let done = slice.len() < LIST_SLICE_VOLUMES;
+            infos.extend(slice);
+            if done {
+                return Ok(infos);
+            }
+            // Let a client that waited for this slice have the lock.
+            std::thread::yield_now();
+        }
     }
 
     /// Names of every volume, in creation order, without the accounting.
@@ -583,9 +610,9 @@ impl Pool {
     }
 
     pub fn volume_info(&self, name: &str) -> Result<VolumeInfo> {
-        let mut state = self.state();
-        let record = state.volume_by_name(name)?.clone();
-        volume_info(&mut state, &record)
+        let state = self.state();
+        let id = state.volume_by_name(name)?.id;
+        volume_info_off_lock(&self.inner, state, id)
     }
 
     /// A handle for I/O on the named volume.
@@ -610,15 +637,24 @@ impl Pool {
 
     /// Read-only snapshot of any volume or snapshot. O(1); durable when it returns.
     pub fn snapshot(&self, source: &str, name: &str) -> Result<VolumeInfo> {
-        self.snapshot_as(source, name, VolumeKind::Snapshot)
+        self.snapshot_as(source, name, VolumeKind::Snapshot, 0, now_unix_secs())
     }
 
     /// Writable snapshot (clone) of any volume or snapshot.
     pub fn clone_volume(&self, source: &str, name: &str) -> Result<VolumeInfo> {
-        self.snapshot_as(source, name, VolumeKind::Clone)
+        self.snapshot_as(source, name, VolumeKind::Clone, 0, now_unix_secs())
     }
 
-    fn snapshot_as(&self, source: &str, name: &str, kind: VolumeKind) -> Result<VolumeInfo> {
+    /// A snapshot or clone of `source`, ranked `rank` (0: none; retention's)
+    /// and created at `created_unix_secs`, in one commit.
+    fn snapshot_as(
+        &self,
+        source: &str,
+        name: &str,
+        kind: VolumeKind,
+        rank: u8,
+        created_unix_secs: u64,
+    ) -> Result<VolumeInfo> {
         validate_volume_name(name)?;
         let mut state = self.state();
         ensure_changes_allowed(&state)?;
@@ -629,12 +665,14 @@ impl Pool {
         let id = {
             let source_id = state.volume_by_name(source)?.id;
             ensure_name_free(&state, name)?;
-            state.snapshot(source_id, name, kind, now_unix_secs())?
+            state.snapshot(source_id, name, kind, created_unix_secs)?
         };
         drop(gate);
+        if rank != 0 {
+            state.set_rank(id, rank);
+        }
         commit_locked(&self.inner, &mut state)?;
-        let record = state.live_record(id).clone();
-        volume_info(&mut state, &record)
+        volume_info_off_lock(&self.inner, state, id)
     }
 
     /// Removes any volume in O(1); its snapshots and clones keep every
@@ -649,19 +687,30 @@ impl Pool {
     /// bytes of data the reclaimer will give back (its unique bytes; the
     /// tree's own nodes come back too).
     pub fn remove(&self, name: &str, options: RemoveOptions) -> Result<u64> {
-        let mut state = self.state();
-        ensure_changes_allowed(&state)?;
-        let record = state.volume_by_name(name)?.clone();
-        let mut doomed = vec![record.id];
-        let descendants = state.live_descendants(record.id);
-        if options.recursive {
-            doomed.extend(descendants);
+        // What the removal gives back is found by one walk of the removed
+        // trees and the doomed ones, with its reads made without the lock;
+        // the round that finds every node also checks the request, and the
+        // removal follows in the same lock hold, so nothing changes between.
+        let (mut state, (doomed, freed_blocks)) =
+            walk_off_lock(&self.inner, self.state(), |state, reads| {
+                ensure_changes_allowed(state)?;
+                let record = state.volume_by_name(name)?.clone();
+                let mut doomed = vec![record.id];
+                if options.recursive {
+                    doomed.extend(state.live_descendants(record.id));
+                }
+                if !options.force {
+                    self.ensure_unclaimed(state, &doomed, "remove it")?;
+                }
+                if !options.force {
+                    retention::ensure_not_held(state, &doomed)?;
+                }
+                let tally = state.dying_only_blocks_via(&doomed, reads)?;
+                Ok(tally.map(|(with, without)| (doomed, with.0 - without.0)))
+            })?;
+        if options.force {
+            retention::drop_holds_of(&mut state, &doomed);
         }
-        if !options.force {
-            self.ensure_unclaimed(&state, &doomed, "remove it")?;
-        }
-        retention::settle_holds(&mut state, &doomed, options.force)?;
-        let before = state.pending_free_blocks(false)?;
         // Deepest first. Any volume may be removed alone, so every prefix
         // of the removals is a consistent pool: a large family commits in
         // parts, each within one journal transaction, and a crash between
@@ -670,9 +719,8 @@ impl Pool {
             state.remove_volume(*id);
             commit_if_large(&self.inner, &mut state)?;
         }
-        let after = state.pending_free_blocks(false)?;
         commit_locked(&self.inner, &mut state)?;
-        Ok(after.saturating_sub(before) * state.geometry().block_bytes())
+        Ok(freed_blocks * state.geometry().block_bytes())
     }
 
     /// Refuses when any of `ids` is claimed (an NBD client, an open FUSE
@@ -717,8 +765,7 @@ impl Pool {
         state.rollback(source.id, target.id, now_unix_secs())?;
         drop(gate);
         commit_locked(&self.inner, &mut state)?;
-        let record = state.live_record(target.id).clone();
-        volume_info(&mut state, &record)
+        volume_info_off_lock(&self.inner, state, target.id)
     }
 
     /// The extents where `newer` differs from `base`. `base` may be a
@@ -744,8 +791,8 @@ impl Pool {
 
     /// Bytes removed volumes still hold; the reclaimer frees them.
     pub fn pending_free_bytes(&self) -> Result<u64> {
-        let mut state = self.state();
-        Ok(state.pending_free_blocks(true)? * state.geometry().block_bytes())
+        let (state, (data, nodes)) = walk_off_lock(&self.inner, self.state(), dying_only_blocks)?;
+        Ok((data + nodes) * state.geometry().block_bytes())
     }
 
     /// Reclaims one bounded batch of removed trees and commits it. Other
@@ -803,8 +850,7 @@ impl Pool {
         }
         state.resize_volume(record.id, size_bytes)?;
         commit_locked(&self.inner, &mut state)?;
-        let record = state.live_record(record.id).clone();
-        volume_info(&mut state, &record)
+        volume_info_off_lock(&self.inner, state, record.id)
     }
 
     pub fn rename_volume(&self, name: &str, new_name: &str) -> Result<VolumeInfo> {
@@ -815,8 +861,7 @@ impl Pool {
         ensure_name_free(&state, new_name)?;
         state.rename_volume(id, new_name);
         commit_locked(&self.inner, &mut state)?;
-        let record = state.live_record(id).clone();
-        volume_info(&mut state, &record)
+        volume_info_off_lock(&self.inner, state, id)
     }
 
     /// Runs a change that creates a volume, then commits it.
@@ -824,15 +869,15 @@ impl Pool {
         let mut state = self.state();
         let id = f(&mut state)?;
         commit_locked(&self.inner, &mut state)?;
-        let record = state.live_record(id).clone();
-        volume_info(&mut state, &record)
+        volume_info_off_lock(&self.inner, state, id)
     }
 
     pub fn info(&self) -> Result<PoolInfo> {
-        let mut state = self.state();
         // One walk of the removed trees gives both what they will free and
-        // how much of the allocated data only they hold.
-        let (dying_data, dying_nodes) = state.dying_only_blocks()?;
+        // how much of the allocated data only they hold; the rest comes
+        // from the same lock hold as its last round.
+        let (state, (dying_data, dying_nodes)) =
+            walk_off_lock(&self.inner, self.state(), dying_only_blocks)?;
         let pending_free_bytes = (dying_data + dying_nodes) * state.geometry().block_bytes();
         let space = state.space();
         let block_bytes = state.geometry().block_bytes();
@@ -1024,17 +1069,74 @@ fn volume_summary(state: &State, record: &VolumeRecord) -> VolumeSummary {
     }
 }
 
-/// The summary plus the accounting, which walks what the volume owns alone.
-fn volume_info(state: &mut State, record: &VolumeRecord) -> Result<VolumeInfo> {
+/// Volumes a listing computes per lock hold: how long other clients may
+/// wait for it (each volume's walk uses nodes read without the lock).
+pub const LIST_SLICE_VOLUMES: usize = 16;
+
+/// The next LIST_SLICE_VOLUMES visible volumes after `after`, with their
+/// accounting; None if some nodes must be read first.
+fn volume_infos_after(
+    state: &mut State,
+    after: VolumeId,
+    reads: &mut NodeReads,
+) -> Result<Option<Vec<VolumeInfo>>> {
+    let records: Vec<VolumeRecord> = state
+        .volume_table
+        .live_records_after(after)
+        .filter(|r| r.is_visible())
+        .take(LIST_SLICE_VOLUMES)
+        .cloned()
+        .collect();
+    let mut infos = Some(Vec::with_capacity(records.len()));
+    // Past the first volume that lacks nodes, the others are still walked,
+    // so that one read between rounds serves them all.
+    for record in &records {
+        let info = volume_info_via(state, record, reads)?;
+        infos = infos.zip(info).map(|(mut infos, info)| {
+            infos.push(info);
+            infos
+        });
+    }
+    Ok(infos)
+}
+
+/// A volume's summary and accounting, computed with its device reads made
+/// without the lock (`off_lock.rs`).
+fn volume_info_off_lock(
+    inner: &Inner,
+    state: MutexGuard<'_, State>,
+    id: VolumeId,
+) -> Result<VolumeInfo> {
+    let (_state, info) = walk_off_lock(inner, state, |state, reads| {
+        let record = state.volume_by_id(id)?.clone();
+        volume_info_via(state, &record, reads)
+    })?;
+    Ok(info)
+}
+
+/// The summary plus the accounting, which walks what the volume owns
+/// alone; None if some nodes must be read first.
+fn volume_info_via(
+    state: &mut State,
+    record: &VolumeRecord,
+    reads: &mut NodeReads,
+) -> Result<Option<VolumeInfo>> {
     let block_bytes = state.geometry().block_bytes();
-    let usage = state.usage(record)?;
-    Ok(VolumeInfo {
+    let Some(usage) = state.usage_via(record, reads)? else {
+        return Ok(None);
+    };
+    Ok(Some(VolumeInfo {
         summary: volume_summary(state, record),
         unique_bytes: usage.unique_blocks * block_bytes,
         written_bytes: usage.written_blocks * block_bytes,
         created_generation: record.created_generation,
         guid: record.guid.iter().map(|b| format!("{b:02x}")).collect(),
-    })
+    }))
+}
+
+/// What only removed trees reach, (data, nodes), for `walk_off_lock`.
+fn dying_only_blocks(state: &mut State, reads: &mut NodeReads) -> Result<Option<(u64, u64)>> {
+    Ok(state.dying_only_blocks_via(&[], reads)?.map(|(all, _)| all))
 }
 
 /// Reads both superblock slots. Slot 1 sits one block in, and the block size

@@ -5,15 +5,12 @@
 //! snapshot without `force`.
 
 use super::locking::commit_locked;
-use super::locking::write_gate;
-use super::{
-    ensure_changes_allowed, ensure_name_free, guid_hex, validate_volume_name, volume_info, Pool,
-    VolumeInfo,
-};
+use super::{ensure_changes_allowed, guid_hex, validate_volume_name, Pool, VolumeInfo};
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::record::{VolumeKind, VolumeRecord};
 use crate::state::State;
 use crate::types::VolumeId;
+use std::collections::{HashMap, HashSet};
 
 /// One hold, as `grove holds` lists it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -36,21 +33,7 @@ impl Pool {
         rank: u8,
         created_unix_secs: u64,
     ) -> Result<VolumeInfo> {
-        validate_volume_name(name)?;
-        let mut state = self.state();
-        ensure_changes_allowed(&state)?;
-        // As for any snapshot: writes in flight to the source land first.
-        let gate = write_gate(&self.inner);
-        let id = {
-            let source_id = state.volume_by_name(source)?.id;
-            ensure_name_free(&state, name)?;
-            state.snapshot(source_id, name, VolumeKind::Snapshot, created_unix_secs)?
-        };
-        drop(gate);
-        state.set_rank(id, rank);
-        commit_locked(&self.inner, &mut state)?;
-        let record = state.live_record(id).clone();
-        volume_info(&mut state, &record)
+        self.snapshot_as(source, name, VolumeKind::Snapshot, rank, created_unix_secs)
     }
 
     /// Ranks snapshot `name` (0 takes its rank away).
@@ -135,17 +118,31 @@ impl Pool {
 }
 
 /// Refuses to remove held snapshots among `ids` unless forced; forced, their
-/// holds go with them. Called by `Pool::remove` under the state lock,
-/// before anything changes.
+/// holds go with them. Called by the removals under the state lock, before
+/// anything changes; one pass over the holds, whatever the number of ids.
 pub(super) fn settle_holds(state: &mut State, ids: &[VolumeId], force: bool) -> Result<()> {
+    if force {
+        drop_holds_of(state, ids);
+        Ok(())
+    } else {
+        ensure_not_held(state, ids)
+    }
+}
+
+/// Refuses, naming the first held snapshot among `ids` and its tags.
+pub(super) fn ensure_not_held(state: &State, ids: &[VolumeId]) -> Result<()> {
+    let mut held: HashMap<[u8; 16], Vec<String>> = HashMap::new();
+    for hold in state.holds() {
+        held.entry(hold.guid).or_default().push(hold.name.clone());
+    }
+    if held.is_empty() {
+        return Ok(());
+    }
     for &id in ids {
         let record = state.live_record(id);
-        let (name, guid) = (record.name.clone(), record.guid);
-        let tags = hold_tags(state, guid);
-        if tags.is_empty() {
-            continue;
-        }
-        if !force {
+        if let Some(tags) = held.get_mut(&record.guid) {
+            tags.sort();
+            let name = &record.name;
             return Err(Error::new(
                 ErrorKind::InvalidState,
                 format!(
@@ -154,11 +151,22 @@ pub(super) fn settle_holds(state: &mut State, ids: &[VolumeId], force: bool) -> 
                 ),
             ));
         }
-        for tag in tags {
-            state.release_hold(guid, &tag);
-        }
     }
     Ok(())
+}
+
+/// Releases every hold on the snapshots `ids` (a forced removal's).
+pub(super) fn drop_holds_of(state: &mut State, ids: &[VolumeId]) {
+    let guids: HashSet<[u8; 16]> = ids.iter().map(|&id| state.live_record(id).guid).collect();
+    let doomed: Vec<([u8; 16], String)> = state
+        .holds()
+        .filter(|h| guids.contains(&h.guid))
+        .map(|h| (h.guid, h.name.clone()))
+        .collect();
+    for (guid, tag) in doomed {
+        let released = state.release_hold(guid, &tag);
+        assert!(released, "a hold found a moment ago");
+    }
 }
 
 fn hold_tags(state: &State, guid: [u8; 16]) -> Vec<String> {

@@ -7,8 +7,8 @@ use std::sync::MutexGuard;
 
 use super::locking::{commit, commit_if_large, commit_locked, lock_state};
 use super::{
-    check_range, ensure_changes_allowed, read_only_error, volume_info, volume_summary, Inner,
-    Volume, VolumeInfo, VolumeSummary,
+    check_range, ensure_changes_allowed, read_only_error, volume_info_off_lock, volume_summary,
+    Inner, Volume, VolumeInfo, VolumeSummary,
 };
 use crate::diff::DiffExtent;
 use crate::error::{Error, ErrorKind, Result};
@@ -23,9 +23,7 @@ impl Volume {
     }
 
     pub fn info(&self) -> Result<VolumeInfo> {
-        let mut state = lock_state(&self.inner);
-        let record = state.volume_by_id(self.id)?.clone();
-        volume_info(&mut state, &record)
+        volume_info_off_lock(&self.inner, lock_state(&self.inner), self.id)
     }
 
     /// What the volume is, without the accounting (cheap).

@@ -1,0 +1,345 @@
+//! Issue 25, point 5: listing and pruning do not stall foreground I/O.
+//! A listing of a big pool lets readers in while it runs, and gives the
+//! same figures under a stream of commits as in a quiet pool; removing
+//! thousands of snapshots goes in a few batches that write little
+//! metadata, refuses bad requests whole, and leaves a clean pool once
+//! reclaimed. No timing bound here: the reader's latency is compared with
+//! the listing's own duration.
+
+mod common;
+
+use std::io;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use grove_store::{
+    BlockDevice, ErrorKind, MemDevice, Pool, PoolOptions, RemoveOptions, BOOKMARKS_PER_PARENT_MAX,
+    REMOVE_BATCH_SNAPSHOTS,
+};
+
+const BLOCK: u64 = 1024;
+const VOLUME_BYTES: u64 = 1024 * BLOCK;
+/// A volume record's size on disk.
+const RECORD_BYTES: u64 = 256;
+
+/// A memory device counting the bytes written to it.
+struct CountingDevice {
+    inner: MemDevice,
+    written_bytes: AtomicU64,
+}
+
+impl BlockDevice for CountingDevice {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.written_bytes
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> io::Result<()> {
+        self.inner.flush()
+    }
+    fn len_bytes(&self) -> io::Result<u64> {
+        self.inner.len_bytes()
+    }
+    fn set_len_bytes(&self, len_bytes: u64) -> io::Result<()> {
+        self.inner.set_len_bytes(len_bytes)
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+}
+
+fn counting_pool() -> (Pool, Arc<CountingDevice>) {
+    let device = Arc::new(CountingDevice {
+        inner: MemDevice::new(),
+        written_bytes: AtomicU64::new(0),
+    });
+    let options = PoolOptions {
+        block_size_bytes: BLOCK as u32,
+        capacity_bytes: None,
+        journal_bytes: Some(4 << 20),
+    };
+    let pool = Pool::format(device.clone(), &options, Path::new("nondisruptive"), None).unwrap();
+    (pool, device)
+}
+
+/// Volume `v` with data, and `count` snapshots `v@1..` with one block of
+/// `v` rewritten after each, so each snapshot owns a block alone.
+fn pool_with_snapshots(count: usize) -> (Pool, Arc<CountingDevice>) {
+    let (pool, device) = counting_pool();
+    pool.create_volume("v", VOLUME_BYTES).unwrap();
+    let volume = pool.volume("v").unwrap();
+    volume
+        .write_at(&vec![7u8; 256 * BLOCK as usize], 0)
+        .unwrap();
+    for i in 1..=count {
+        pool.snapshot("v", &format!("v@{i}")).unwrap();
+        let block = (i as u64 * 37) % 256;
+        volume
+            .write_at(&[i as u8; BLOCK as usize], block * BLOCK)
+            .unwrap();
+    }
+    volume.flush().unwrap();
+    (pool, device)
+}
+
+fn assert_clean(pool: &Pool, context: &str) {
+    let report = pool.check(false).unwrap();
+    assert!(report.is_clean(), "{context}: {:?}", report.errors);
+    assert!(
+        !report
+            .warnings
+            .iter()
+            .any(|w| w.contains("leaked") || w.contains("more references")),
+        "{context}: {:?}",
+        report.warnings
+    );
+}
+
+/// Reads of `v` made while `work` ran: (start, end) of each, and the work's.
+fn reads_during(pool: &Pool, work: impl FnOnce()) -> (Vec<(Instant, Instant)>, Instant, Instant) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (pool, stop) = (pool.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let volume = pool.volume("v").unwrap();
+            let mut buf = vec![0u8; 4096];
+            let mut reads = Vec::new();
+            let mut rng = common::Rng(0x5eed);
+            while !stop.load(Ordering::Relaxed) {
+                let offset = rng.below(VOLUME_BYTES / 4096) * 4096;
+                let started = Instant::now();
+                volume.read_at(&mut buf, offset).unwrap();
+                reads.push((started, Instant::now()));
+            }
+            reads
+        })
+    };
+    std::thread::sleep(Duration::from_millis(20));
+    let started = Instant::now();
+    work();
+    let ended = Instant::now();
+    stop.store(true, Ordering::Relaxed);
+    (reader.join().unwrap(), started, ended)
+}
+
+/// Held across the whole listing, the lock would let no read start and
+/// end inside it, and the worst read would wait about as long as the
+/// listing: both are checked against the listing's own duration.
+#[test]
+fn a_listing_of_many_volumes_lets_readers_in() {
+    let (pool, _) = pool_with_snapshots(20_000);
+    let quiet = pool.volumes().unwrap();
+    let mut listed = Vec::new();
+    let (reads, started, ended) = reads_during(&pool, || listed = pool.volumes().unwrap());
+    assert_eq!(
+        listed, quiet,
+        "a listing beside a reader gives the quiet figures"
+    );
+    let listing = ended - started;
+    let inside = reads
+        .iter()
+        .filter(|(s, e)| *s > started && *e < ended)
+        .count();
+    let worst = reads
+        .iter()
+        .filter(|(s, e)| *e > started && *s < ended)
+        .map(|(s, e)| *e - *s)
+        .max()
+        .unwrap_or_default();
+    assert!(
+        inside >= 10,
+        "only {inside} reads ran inside a listing of {listing:?}"
+    );
+    assert!(
+        worst < listing / 2,
+        "a read waited {worst:?} during a listing of {listing:?}"
+    );
+}
+
+/// A writer commits all the time (so reads made without the lock are
+/// thrown away again and again, and walks end by reading under the lock):
+/// the snapshots' figures are still exactly the quiet ones.
+#[test]
+fn figures_under_a_stream_of_commits_are_the_quiet_ones() {
+    let (pool, _) = pool_with_snapshots(400);
+    pool.create_volume("busy", VOLUME_BYTES).unwrap();
+    let quiet: Vec<_> = pool
+        .volumes()
+        .unwrap()
+        .into_iter()
+        .filter(|v| v.summary.name.starts_with("v@"))
+        .collect();
+    let quiet_info = pool.info().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (pool, stop) = (pool.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let volume = pool.volume("busy").unwrap();
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                volume
+                    .write_at(&[i as u8; BLOCK as usize], (i % 1024) * BLOCK)
+                    .unwrap();
+                volume.flush().unwrap();
+                i += 1;
+            }
+        })
+    };
+    for round in 0..3 {
+        let busy: Vec<_> = pool
+            .volumes()
+            .unwrap()
+            .into_iter()
+            .filter(|v| v.summary.name.starts_with("v@"))
+            .collect();
+        assert_eq!(busy, quiet, "round {round}");
+        assert_eq!(
+            pool.volume_info("v@17").unwrap(),
+            quiet[16],
+            "round {round}"
+        );
+        let info = pool.info().unwrap();
+        assert_eq!(info.pending_free_bytes, quiet_info.pending_free_bytes);
+    }
+    stop.store(true, Ordering::Relaxed);
+    writer.join().unwrap();
+    assert_clean(&pool, "after the busy listings");
+}
+
+#[test]
+fn removing_thousands_of_snapshots_goes_in_few_batches_and_little_metadata() {
+    const COUNT: usize = 3_000;
+    let (pool, device) = pool_with_snapshots(COUNT);
+    let names: Vec<String> = (1..=COUNT).map(|i| format!("v@{i}")).collect();
+    let unique_bytes: u64 = pool
+        .volumes()
+        .unwrap()
+        .iter()
+        .filter(|v| v.summary.name.starts_with("v@"))
+        .map(|v| v.unique_bytes)
+        .sum();
+    assert!(unique_bytes > 0, "each snapshot owns a block alone");
+    let mut expected = vec![0u8; VOLUME_BYTES as usize];
+    pool.volume("v").unwrap().read_at(&mut expected, 0).unwrap();
+    let written_before = device.written_bytes.load(Ordering::Relaxed);
+
+    let summary = pool
+        .remove_snapshots(&names, RemoveOptions::default())
+        .unwrap();
+
+    let written = device.written_bytes.load(Ordering::Relaxed) - written_before;
+    assert_eq!(summary.removed, names);
+    assert!(summary.vanished.is_empty());
+    assert_eq!(
+        summary.batches as usize,
+        COUNT.div_ceil(REMOVE_BATCH_SNAPSHOTS)
+    );
+    // A 256-byte record each, journaled then written home, and a little
+    // more: a commit per removal would cost a journal block and a record
+    // block at least (2 KiB each here).
+    assert!(
+        written < COUNT as u64 * RECORD_BYTES * 3,
+        "{written} bytes written to remove {COUNT} snapshots"
+    );
+    assert_eq!(pool.volume_names(), vec!["v".to_string()]);
+    let pending = pool.pending_free_bytes().unwrap();
+    assert!(pending >= unique_bytes, "{pending} < {unique_bytes}");
+    assert_eq!(pool.reclaim_all(|_| {}).unwrap(), pending);
+    let info = pool.info().unwrap();
+    assert_eq!(info.pending_free_bytes, 0);
+    assert_eq!(info.referenced_bytes, 256 * BLOCK);
+    let mut after = vec![0u8; VOLUME_BYTES as usize];
+    pool.volume("v").unwrap().read_at(&mut after, 0).unwrap();
+    assert!(after == expected, "the volume kept every byte");
+    // The newest BOOKMARKS_PER_PARENT_MAX removed snapshots stay as
+    // bookmarks to diff from; older ones are gone.
+    let newest_kept = format!("v@{}", COUNT - BOOKMARKS_PER_PARENT_MAX + 1);
+    let report = pool.diff(&newest_kept, "v").unwrap();
+    assert!(report.base_removed);
+    let dropped = format!("v@{}", COUNT - BOOKMARKS_PER_PARENT_MAX);
+    let gone = pool.diff(&dropped, "v").unwrap_err();
+    assert_eq!(gone.kind(), ErrorKind::NotFound, "{gone}");
+    assert_clean(&pool, "after removing and reclaiming");
+}
+
+#[test]
+fn a_bad_removal_request_removes_nothing() {
+    let (pool, _) = pool_with_snapshots(4);
+    pool.clone_volume("v@2", "c").unwrap();
+    pool.snapshot("c", "c@1").unwrap();
+    let before = pool.volume_names();
+    let names = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+
+    let missing = pool
+        .remove_snapshots(&names(&["v@1", "nope"]), RemoveOptions::default())
+        .unwrap_err();
+    assert_eq!(missing.kind(), ErrorKind::NotFound);
+    assert!(missing.to_string().contains("\"nope\""), "{missing}");
+
+    let writable = pool
+        .remove_snapshots(&names(&["v@1", "c"]), RemoveOptions::default())
+        .unwrap_err();
+    assert_eq!(writable.kind(), ErrorKind::InvalidArgument);
+    assert!(
+        writable.to_string().contains("not a snapshot"),
+        "{writable}"
+    );
+
+    let claim = pool.volume("c@1").unwrap().claim();
+    let recursive = RemoveOptions {
+        recursive: true,
+        force: false,
+    };
+    let busy = pool
+        .remove_snapshots(&names(&["v@1", "v@2"]), recursive)
+        .unwrap_err();
+    assert_eq!(busy.kind(), ErrorKind::Busy);
+    assert_eq!(
+        pool.volume_names(),
+        before,
+        "refused requests change nothing"
+    );
+
+    // Forced, recursive, a name given twice: descendants go first, once.
+    let forced = RemoveOptions {
+        recursive: true,
+        force: true,
+    };
+    let summary = pool
+        .remove_snapshots(&names(&["v@2", "v@1", "v@2"]), forced)
+        .unwrap();
+    assert_eq!(summary.removed, names(&["c@1", "c", "v@2", "v@1"]));
+    assert_eq!(summary.batches, 1);
+    drop(claim);
+    assert_eq!(pool.volume_names(), names(&["v", "v@3", "v@4"]));
+    let by_id = pool.volume_summary("v@3").unwrap().id;
+    let summary = pool
+        .remove_snapshots_by_id(&[by_id], RemoveOptions::default())
+        .unwrap();
+    assert_eq!(summary.removed, names(&["v@3"]));
+    pool.reclaim_all(|_| {}).unwrap();
+    assert_clean(&pool, "after the removals");
+}
+
+/// `remove` reports what it gives back from one walk made with its reads
+/// outside the lock: the same as the pending bytes it adds.
+#[test]
+fn remove_reports_what_it_adds_to_pending() {
+    let (pool, _) = pool_with_snapshots(50);
+    pool.remove_volume("v@10").unwrap();
+    for name in ["v@11", "v@12", "v@30"] {
+        let before = pool.info().unwrap().pending_free_bytes;
+        let unique = pool.volume_info(name).unwrap().unique_bytes;
+        let freed = pool.remove_volume(name).unwrap();
+        let after = pool.info().unwrap().pending_free_bytes;
+        assert!(freed >= unique, "{name}: {freed} < {unique}");
+        assert!(after - before >= freed, "{name}: nodes come back too");
+    }
+    pool.reclaim_all(|_| {}).unwrap();
+    assert_clean(&pool, "after the removals");
+}
