@@ -24,8 +24,8 @@
 //! descriptors per block status chunk
 //! ([`block_status::BLOCK_STATUS_DESCRIPTORS_MAX`]), `grove:changed:`
 //! contexts per connection ([`CHANGED_CONTEXTS_MAX`]), fair shares of the
-//! in-flight budget per connection and per peer
-//! ([`CONNECTION_SHARE_DIVISOR`], [`PEER_SHARE_DIVISOR`]), and, in
+//! in-flight budget per connection ([`CONNECTION_SHARE_DIVISOR`]) and per
+//! peer (an equal share among the peers connected), and, in
 //! [`ServerOptions`], bytes in flight across the whole server, connections
 //! (and per peer: uid on a unix socket, address over TCP; unfinished
 //! handshakes give way when slots run out), workers per connection, the
@@ -72,6 +72,6 @@ pub use server::{bind_unix_socket, parse_listen_addr, Server, ShutdownHandle, DE
 pub use tls::{TlsMode, TlsOptions};
 pub use transmission::{
     connection_share_bytes, peer_share_bytes, CONNECTION_SHARE_DIVISOR, INFLIGHT_LIMIT_MIN_BYTES,
-    IN_FLIGHT_MAX_BYTES, PEER_SHARE_DIVISOR, REQUEST_OVERHEAD_BYTES,
+    IN_FLIGHT_MAX_BYTES, REQUEST_OVERHEAD_BYTES,
 };
 pub use validate::PAYLOAD_MAX_BYTES;

@@ -124,28 +124,17 @@ mod tests {
             (2, occupant(a, true, 10, now)),
             (3, occupant(a, true, 20, now)),
         ];
-        let view = |o: &Vec<(u64, Occupant)>| o.iter().map(|(id, o)| (*id, o)).collect::<Vec<_>>();
-        assert_eq!(
-            admit(view(&occupants).into_iter(), b, 3, 8),
-            Admission::AdmitInPlaceOf(3)
-        );
-        assert_eq!(
-            admit(view(&occupants).into_iter(), b, 4, 8),
-            Admission::Admit
-        );
+        let decide =
+            |o: &[(u64, Occupant)], max| admit(o.iter().map(|(id, o)| (*id, o)), b, max, 8);
+        assert_eq!(decide(&occupants, 3), Admission::AdmitInPlaceOf(3));
+        assert_eq!(decide(&occupants, 4), Admission::Admit);
         // Once told to give way, a connection's slot counts as free.
         occupants[2].1.evicted = true;
-        assert_eq!(
-            admit(view(&occupants).into_iter(), b, 3, 8),
-            Admission::Admit
-        );
+        assert_eq!(decide(&occupants, 3), Admission::Admit);
         occupants[1].1.handshaking = false;
         occupants[2].1.evicted = false;
         occupants[2].1.handshaking = false;
-        assert_eq!(
-            admit(view(&occupants).into_iter(), b, 3, 8),
-            Admission::ServerFull
-        );
+        assert_eq!(decide(&occupants, 3), Admission::ServerFull);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -21,7 +21,7 @@ use crate::export::ServerOptions;
 use crate::handshake::{self, Context, HandshakeError, Outcome};
 use crate::peers::{admit, peer_of, Admission, Occupant, Peer};
 use crate::stream::{DeadlineReader, Stream};
-use crate::transmission::{self, peer_share_bytes, Budget, End, Limits};
+use crate::transmission::{self, Budget, End, Limits};
 
 /// The port IANA reserved for NBD.
 pub const DEFAULT_TCP_PORT: u16 = 10809;
@@ -110,6 +110,9 @@ struct Control {
     stopping: AtomicBool,
     /// What connection deadlines count from.
     epoch: Instant,
+    /// Peers with connections now (`State::peers`' length), read by the
+    /// connections without the lock.
+    peers_connected: AtomicUsize,
     /// Request payloads and replies in flight across all connections.
     budget: Budget,
     /// Buffers of request data and replies, reused across connections.
@@ -143,7 +146,8 @@ struct Registered {
 /// What the connections of one peer share.
 struct PeerShare {
     connections: usize,
-    /// The peer's part of the in-flight budget (see [`peer_share_bytes`]).
+    /// What the peer's connections hold of the in-flight budget (at most
+    /// [`transmission::peer_share_bytes`]).
     budget: Arc<Budget>,
 }
 
@@ -170,6 +174,7 @@ impl Server {
                 control: Arc::new(Control {
                     stopping: AtomicBool::new(false),
                     epoch: Instant::now(),
+                    peers_connected: AtomicUsize::new(0),
                     budget,
                     buffers: BufferPool::default(),
                     state: Mutex::new(State::default()),
@@ -561,10 +566,12 @@ fn start_connection(inner: &Arc<Inner>, stream: Stream) {
     let limit_bytes = inner.options.inflight_limit_bytes;
     let share = state.peers.entry(peer).or_insert_with(|| PeerShare {
         connections: 0,
-        budget: Arc::new(Budget::new(peer_share_bytes(limit_bytes))),
+        budget: Arc::new(Budget::new(limit_bytes)),
     });
     share.connections += 1;
     let peer_budget = share.budget.clone();
+    let peers = state.peers.len();
+    inner.control.peers_connected.store(peers, Ordering::SeqCst);
     let occupant = Occupant {
         peer,
         handshaking: true,
@@ -680,6 +687,8 @@ fn unregister(control: &Control, id: u64) {
         if share.connections == 0 {
             state.peers.remove(&peer);
         }
+        let peers = state.peers.len();
+        control.peers_connected.store(peers, Ordering::SeqCst);
     }
     drop(state);
     control.changed.notify_all();
@@ -721,9 +730,14 @@ fn handle_connection(pool: Pool, options: &ServerOptions, ours: &Ours<'_>, strea
     let negotiated = negotiate(
         &mut reader,
         &mut writer,
-        &pool,
-        options,
-        stopping,
+        &Context {
+            pool: &pool,
+            options,
+            stopping,
+            tls: None,
+            tls_active: false,
+            entering_transmission: &|| ours.finished_handshake(),
+        },
         deadline,
         &label,
     );
@@ -748,7 +762,6 @@ fn handle_connection(pool: Pool, options: &ServerOptions, ours: &Ours<'_>, strea
             return;
         }
     };
-    ours.finished_handshake();
     tracing::info!(
         connection = label,
         export = session.export.name,
@@ -762,6 +775,7 @@ fn handle_connection(pool: Pool, options: &ServerOptions, ours: &Ours<'_>, strea
     let limits = Limits {
         server_budget: &control.budget,
         peer_budget: ours.peer_budget,
+        peers_connected: &control.peers_connected,
         buffers: &control.buffers,
         stopping,
         deadlines: ours.deadlines,
@@ -776,19 +790,18 @@ fn handle_connection(pool: Pool, options: &ServerOptions, ours: &Ours<'_>, strea
 
 /// The handshake: the greeting, then options until the client picks an
 /// export or leaves, starting TLS on the way if it asks.
+/// `base` is the context but for TLS, which this works out.
 fn negotiate(
     reader: &mut BufReader<Stream>,
     writer: &mut Stream,
-    pool: &Pool,
-    options: &ServerOptions,
-    stopping: &AtomicBool,
+    base: &Context<'_>,
     deadline: Option<Instant>,
     label: &str,
 ) -> Result<Outcome, HandshakeError> {
     // TLS is offered on TCP connections only: a unix socket is guarded by
     // its file's permissions.
     let tls = match reader.get_ref() {
-        Stream::Tcp(_) => options.tls.as_ref(),
+        Stream::Tcp(_) => base.options.tls.as_ref(),
         _ => None,
     };
     let mut client_flags = None;
@@ -808,11 +821,9 @@ fn negotiate(
             },
         };
         let context = Context {
-            pool,
-            options,
-            stopping,
             tls,
             tls_active,
+            ..*base
         };
         match handshake::negotiate_options(&mut timed, writer, &context, flags) {
             Ok(Outcome::StartTls) => {}

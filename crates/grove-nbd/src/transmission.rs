@@ -5,7 +5,7 @@
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::Shutdown;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Condvar, Mutex};
 use std::thread;
 use std::time::Duration;
@@ -37,10 +37,10 @@ pub const INFLIGHT_LIMIT_MIN_BYTES: u64 = PAYLOAD_MAX_BYTES as u64 + REQUEST_OVE
 
 /// Fair shares: one connection holds at most this fraction of the
 /// server's in-flight limit, and the connections of one peer (a uid, an
-/// address) together at most [`PEER_SHARE_DIVISOR`]'s, so a client that
-/// drains its replies slowly cannot hold the budget while others wait.
+/// address) together at most an equal share among the peers connected
+/// (all of it when there is one), so a client that drains its replies
+/// slowly cannot hold the budget while others wait.
 pub const CONNECTION_SHARE_DIVISOR: u64 = 8;
-pub const PEER_SHARE_DIVISOR: u64 = 2;
 
 /// A connection's cap on bytes in flight, for a server-wide `limit_bytes`:
 /// its fair share, but room for one request of the largest payload.
@@ -48,9 +48,10 @@ pub fn connection_share_bytes(limit_bytes: u64) -> u64 {
     (limit_bytes / CONNECTION_SHARE_DIVISOR).clamp(INFLIGHT_LIMIT_MIN_BYTES, IN_FLIGHT_MAX_BYTES)
 }
 
-/// The cap of all the connections of one peer together.
-pub fn peer_share_bytes(limit_bytes: u64) -> u64 {
-    (limit_bytes / PEER_SHARE_DIVISOR).max(INFLIGHT_LIMIT_MIN_BYTES)
+/// The cap of all the connections of one peer together, when `peers`
+/// peers are connected.
+pub fn peer_share_bytes(limit_bytes: u64, peers: usize) -> u64 {
+    (limit_bytes / peers.max(1) as u64).max(INFLIGHT_LIMIT_MIN_BYTES)
 }
 
 /// Bytes read per engine call for NBD_CMD_CACHE, which reads ahead in
@@ -115,8 +116,19 @@ impl Budget {
     /// itself. Gives up, taking nothing, and returns false once `cancelled`
     /// says so.
     fn acquire(&self, bytes: u64, cancelled: &dyn Fn() -> bool) -> bool {
+        self.acquire_within(bytes, &|| self.max_bytes, cancelled)
+    }
+
+    /// [`Budget::acquire`] under a limit that may change while it waits
+    /// (a peer's share, as peers come and go), looked at every poll.
+    fn acquire_within(
+        &self,
+        bytes: u64,
+        max_bytes: &dyn Fn() -> u64,
+        cancelled: &dyn Fn() -> bool,
+    ) -> bool {
         let mut used = self.used_bytes.lock().unwrap_or_else(|e| e.into_inner());
-        while *used > 0 && *used + bytes > self.max_bytes {
+        while *used > 0 && *used + bytes > max_bytes().min(self.max_bytes) {
             if cancelled() {
                 return false;
             }
@@ -165,6 +177,8 @@ struct Connection<'a> {
     budget: Budget,
     /// The budget the connections of this peer share.
     peer_budget: &'a Budget,
+    /// Peers with connections to the server now: they split the budget.
+    peers_connected: &'a AtomicUsize,
     /// The budget all connections of the server share.
     server_budget: &'a Budget,
     /// Deadlines of the reader and of the reply being sent.
@@ -189,7 +203,14 @@ impl Connection<'_> {
         if !self.budget.acquire(bytes, &cancelled) {
             return false;
         }
-        if !self.peer_budget.acquire(bytes, &cancelled) {
+        let peer_share = || {
+            let peers = self.peers_connected.load(Ordering::SeqCst);
+            peer_share_bytes(self.server_budget.max_bytes, peers)
+        };
+        if !self
+            .peer_budget
+            .acquire_within(bytes, &peer_share, &cancelled)
+        {
             self.budget.release(bytes);
             return false;
         }
@@ -217,6 +238,7 @@ impl Connection<'_> {
 pub(crate) struct Limits<'a> {
     pub server_budget: &'a Budget,
     pub peer_budget: &'a Budget,
+    pub peers_connected: &'a AtomicUsize,
     pub buffers: &'a BufferPool,
     pub stopping: &'a AtomicBool,
     pub deadlines: &'a Deadlines,
@@ -257,6 +279,7 @@ pub(crate) fn serve(
         wrote: AtomicBool::new(false),
         budget: Budget::new(connection_share_bytes(limits.server_budget.max_bytes)),
         peer_budget: limits.peer_budget,
+        peers_connected: limits.peers_connected,
         server_budget: limits.server_budget,
         deadlines: limits.deadlines,
         request_timeout: limits.request_timeout,
