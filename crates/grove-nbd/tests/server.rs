@@ -384,3 +384,48 @@ fn wait_for_inflight_zero(t: &TestServer) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+#[test]
+fn trickled_data_and_trickled_reads_are_cut_off_at_their_deadlines_whatever_progress() {
+    // 1 MiB at 1 MiB/s plus the base: a deadline about 2.5 s away.
+    let t = TestServer::start(
+        &[("disk", 64 << 20)],
+        ServerOptions {
+            request_timeout_ms: TEST_REQUEST_TIMEOUT_MS,
+            min_rate_bytes_per_s: 1 << 20,
+            ..Default::default()
+        },
+    );
+    let deadline = Duration::from_millis(TEST_REQUEST_TIMEOUT_MS + 1_000);
+    // A write whose data comes one byte every 50 ms: an inactivity timer
+    // would never fire.
+    let mut writer = t.connect();
+    writer.handshake("disk", false);
+    writer.request(Command::Write, 0, 1, 0, 1 << 20);
+    // A read of 1 MiB whose reply is taken 1 KiB every 50 ms.
+    let mut reader = t.connect();
+    reader.handshake("disk", false);
+    reader.request(Command::Read, 0, 2, 0, 1 << 20);
+    let started = Instant::now();
+    let mut buf = [0u8; 1024];
+    // Until the server has closed both (what the clients still read from
+    // their socket buffers after that does not matter).
+    while t.server.connection_count() > 0 && started.elapsed() < 10 * deadline {
+        writer.try_send(&[0x33]);
+        reader.try_recv(&mut buf);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let took = started.elapsed();
+    assert_eq!(t.server.connection_count(), 0, "both were cut off");
+    assert!(
+        took >= deadline - Duration::from_millis(200),
+        "not before their deadline: {took:?}"
+    );
+    wait_for_connections(&t, 0, Duration::from_millis(10 * TEST_REQUEST_TIMEOUT_MS));
+    wait_for_inflight_zero(&t);
+    assert_eq!(
+        t.read_volume("disk", 0, 4),
+        vec![0u8; 4],
+        "the trickled write is not applied"
+    );
+}
