@@ -847,10 +847,10 @@ fn log_end(label: &str, end: End) {
         End::Truncated(e) => {
             tracing::info!(connection = label, error = %e, "client left in the middle of a request")
         }
-        End::TimedOut(e) => tracing::warn!(
+        End::TimedOut(e) => tracing::info!(
             connection = label,
             error = %e,
-            "client stopped sending in the middle of a request; closing the connection"
+            "client too slow in the middle of a request; connection closed"
         ),
         End::Protocol(e) => tracing::warn!(
             connection = label,

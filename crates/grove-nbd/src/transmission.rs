@@ -436,7 +436,12 @@ fn read_payload(
 
 /// How a read inside a request failed.
 fn truncated(e: io::Error, deadlines: &Deadlines) -> End {
-    if deadlines.expired() || is_timeout(&e) {
+    if deadlines.expired() {
+        End::TimedOut(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "the request did not arrive by its deadline",
+        ))
+    } else if is_timeout(&e) {
         End::TimedOut(e)
     } else if e.kind() == io::ErrorKind::UnexpectedEof {
         End::Truncated(e)
