@@ -397,7 +397,9 @@ fn execute(pool: &Pool, request: Request, stopping: &AtomicBool) -> Reply {
         Request::Summaries => reply(Ok(pool.volume_summaries())),
         Request::VolumeInfo { name } => reply(pool.volume_info(&name)),
         Request::Info => reply(pool.info()),
-        Request::Check { repair } => reply(pool.check(repair)),
+        Request::Check { repair } => {
+            reply(control_limits::check_until_stopped(pool, repair, stopping))
+        }
         Request::Holder => reply(Ok(Holder::this_process())),
         Request::SnapshotRanked {
             source,

@@ -179,6 +179,25 @@ pub fn gc_until_stopped(
     })
 }
 
+/// `check` in the daemon: stopped (nothing repaired) when the daemon
+/// stops, and the client told why.
+pub fn check_until_stopped(
+    pool: &Pool,
+    repair: bool,
+    stopping: &AtomicBool,
+) -> grove_store::Result<grove_store::CheckReport> {
+    pool.check_cancellable(repair, stopping).map_err(|e| {
+        if stopping.load(Ordering::SeqCst) {
+            Error::new(
+                e.kind(),
+                format!("the daemon is shutting down: {}", e.message()),
+            )
+        } else {
+            e
+        }
+    })
+}
+
 /// The pause between reclaim batches that tests ask for (0 otherwise, and
 /// always 0 in release builds).
 pub fn reclaim_delay_for_tests_ms() -> u64 {
