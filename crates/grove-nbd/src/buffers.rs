@@ -3,9 +3,12 @@
 //! threshold, a page fault on every page: under sequential 1 MiB writes
 //! perf showed memset, page faults and clear_page at about 14% of
 //! `grove serve`. The pool is server-wide and bounded, so idle buffers
-//! stay a few MiB whatever the number of connections.
+//! stay a few MiB whatever the number of connections; and once the
+//! server has been idle a moment they are let go (memory back to the
+//! system, not held for the next burst that may never come).
 
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 /// Buffers the pool keeps at most.
 pub(crate) const POOLED_BUFFERS_MAX: usize = 16;
@@ -14,9 +17,31 @@ pub(crate) const POOLED_BUFFERS_MAX: usize = 16;
 /// A larger one is made for its request and freed after it.
 pub(crate) const POOLED_BUFFER_BYTES_MAX: usize = 1024 * 1024 + 64;
 
-#[derive(Default)]
+/// How long no buffer is taken or given back before the kept ones are
+/// freed: longer than the gaps of a client working with queue depth one.
+pub(crate) const BUFFERS_IDLE_MS: u64 = 2_000;
+
 pub(crate) struct BufferPool {
-    free: Mutex<Vec<Vec<u8>>>,
+    free: Mutex<Free>,
+}
+
+struct Free {
+    buffers: Vec<Vec<u8>>,
+    last_used: Instant,
+    /// Set once an idle spell has been trimmed; cleared by the next use.
+    trimmed: bool,
+}
+
+impl Default for BufferPool {
+    fn default() -> Self {
+        BufferPool {
+            free: Mutex::new(Free {
+                buffers: Vec::new(),
+                last_used: Instant::now(),
+                trimmed: true,
+            }),
+        }
+    }
 }
 
 /// `len` bytes on loan from a [`BufferPool`]. The bytes behind it may be
@@ -42,10 +67,14 @@ impl BufferPool {
     /// A buffer of `len` bytes: a kept one if one is free (grown, zeroing
     /// only the growth, if it is too short), else a new one.
     pub(crate) fn take(&self, len: usize) -> Buffer {
-        let kept = if len <= POOLED_BUFFER_BYTES_MAX {
-            self.lock().pop()
-        } else {
-            None
+        let kept = {
+            let mut free = self.lock();
+            free.used();
+            if len <= POOLED_BUFFER_BYTES_MAX {
+                free.buffers.pop()
+            } else {
+                None
+            }
         };
         let mut bytes = kept.unwrap_or_default();
         if bytes.len() < len {
@@ -61,14 +90,37 @@ impl BufferPool {
             return;
         }
         let mut free = self.lock();
-        if free.len() < POOLED_BUFFERS_MAX {
-            free.push(buffer.bytes);
+        free.used();
+        if free.buffers.len() < POOLED_BUFFERS_MAX {
+            free.buffers.push(buffer.bytes);
         }
-        debug_assert!(free.len() <= POOLED_BUFFERS_MAX);
+        debug_assert!(free.buffers.len() <= POOLED_BUFFERS_MAX);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Vec<u8>>> {
+    /// Frees the kept buffers once nothing has used the pool for
+    /// [`BUFFERS_IDLE_MS`]. Returns true once per idle spell (when it
+    /// trims), so the caller can give the allocator's memory back too.
+    pub(crate) fn trim_if_idle(&self, now: Instant) -> bool {
+        let mut free = self.lock();
+        let idle =
+            now.saturating_duration_since(free.last_used) >= Duration::from_millis(BUFFERS_IDLE_MS);
+        if free.trimmed || !idle {
+            return false;
+        }
+        free.buffers = Vec::new();
+        free.trimmed = true;
+        true
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Free> {
         self.free.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Free {
+    fn used(&mut self) {
+        self.last_used = Instant::now();
+        self.trimmed = false;
     }
 }
 
@@ -99,11 +151,27 @@ mod tests {
         for buffer in loans {
             pool.give(buffer);
         }
-        assert_eq!(pool.lock().len(), POOLED_BUFFERS_MAX);
+        assert_eq!(pool.lock().buffers.len(), POOLED_BUFFERS_MAX);
         pool.give(pool.take(POOLED_BUFFER_BYTES_MAX + 1));
         assert!(pool
             .lock()
+            .buffers
             .iter()
             .all(|b| b.len() <= POOLED_BUFFER_BYTES_MAX));
+    }
+
+    #[test]
+    fn kept_buffers_are_freed_once_the_pool_has_been_idle() {
+        let pool = BufferPool::default();
+        pool.give(pool.take(4096));
+        let now = Instant::now();
+        assert!(!pool.trim_if_idle(now), "just used: kept");
+        assert_eq!(pool.lock().buffers.len(), 1);
+        let later = now + Duration::from_millis(BUFFERS_IDLE_MS + 1);
+        assert!(pool.trim_if_idle(later));
+        assert!(pool.lock().buffers.is_empty());
+        assert!(!pool.trim_if_idle(later), "once per idle spell");
+        pool.give(pool.take(4096));
+        assert!(pool.trim_if_idle(Instant::now() + Duration::from_millis(BUFFERS_IDLE_MS + 1)));
     }
 }

@@ -11,6 +11,14 @@ use crate::codec::*;
 pub const WORKERS_PER_CONNECTION_DEFAULT: usize = 4;
 /// Connections served at once, by default; more are closed at accept.
 pub const CONNECTIONS_MAX_DEFAULT: usize = 128;
+/// Connections one client (a uid on a unix socket, an address over TCP)
+/// may hold at once, by default: room for multi-conn clients (nbdcopy
+/// opens 4), while 8 clients are needed to fill the server.
+pub const CONNECTIONS_PER_CLIENT_MAX_DEFAULT: usize = 16;
+/// The rate below which a client is too slow, by default: a request's
+/// data and a reply get the request timeout plus their bytes at this
+/// rate. A 32 MiB read may take 30 s + 128 s.
+pub const MIN_RATE_BYTES_PER_S_DEFAULT: u64 = 256 * 1024;
 /// How long a client may take over the whole handshake, by default. A
 /// client that connects and says nothing would otherwise hold a connection
 /// slot forever (qemu-nbd's limit is the same).
@@ -19,9 +27,10 @@ pub const HANDSHAKE_TIMEOUT_MS_DEFAULT: u64 = 10_000;
 /// default. Past it, connections stop reading new requests until replies
 /// drain; nothing fails.
 pub const INFLIGHT_LIMIT_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
-/// How long a request's header and payload may take to arrive once it has
-/// begun, and a reply or handshake message to be taken by the client, by
-/// default. A client idle between requests is not limited.
+/// The base of a request's deadlines, by default: its header has this
+/// long to arrive once begun, its data and its reply this plus their
+/// bytes at the minimum rate. A client idle between requests is not
+/// limited.
 pub const REQUEST_TIMEOUT_MS_DEFAULT: u64 = 30_000;
 /// How long shutdown waits for connections to finish their in-flight
 /// requests before it closes their sockets outright, by default.
@@ -60,22 +69,33 @@ pub struct ServerOptions {
     pub exports: ExportFilter,
     /// Requests of one connection that run at once.
     pub workers_per_connection: usize,
-    /// Connections served at once; a client over the limit is disconnected.
+    /// Connections served at once; past it, a client still in its
+    /// handshake gives way to a new one, else the new one is disconnected.
     pub connections_max: usize,
+    /// Connections one peer (uid, address) holds at once.
+    pub connections_per_client_max: usize,
     /// Time a client has to finish negotiating; 0 means no limit.
     pub handshake_timeout_ms: u64,
     /// Bytes of request payloads and replies held by the whole server at
     /// once (see [`INFLIGHT_LIMIT_BYTES_DEFAULT`]).
     pub inflight_limit_bytes: u64,
-    /// Time a started request's data, or a reply, may take; 0 means no
-    /// limit. Past it the connection is closed.
+    /// The base of a started request's deadlines (its header; its data
+    /// and its reply, with their bytes at `min_rate_bytes_per_s`); 0
+    /// means no limit. Past a deadline the connection is closed.
     pub request_timeout_ms: u64,
+    /// The rate a client must at least keep up with its data and replies.
+    pub min_rate_bytes_per_s: u64,
     /// Time shutdown waits for connections before closing them.
     pub shutdown_grace_ms: u64,
     /// Permissions of unix socket files the server creates.
     pub socket_mode: u32,
     /// TLS for TCP connections (NBD_OPT_STARTTLS); None: plaintext only.
     pub tls: Option<crate::tls::TlsOptions>,
+    /// Called once each time the server goes idle, after it let go of its
+    /// kept buffers: where a binary gives the allocator's free memory
+    /// back to the system (malloc_trim), which this crate cannot do
+    /// without unsafe code.
+    pub on_idle: Option<fn()>,
 }
 
 impl Default for ServerOptions {
@@ -86,12 +106,15 @@ impl Default for ServerOptions {
             exports: ExportFilter::All,
             workers_per_connection: WORKERS_PER_CONNECTION_DEFAULT,
             connections_max: CONNECTIONS_MAX_DEFAULT,
+            connections_per_client_max: CONNECTIONS_PER_CLIENT_MAX_DEFAULT,
             handshake_timeout_ms: HANDSHAKE_TIMEOUT_MS_DEFAULT,
             inflight_limit_bytes: INFLIGHT_LIMIT_BYTES_DEFAULT,
             request_timeout_ms: REQUEST_TIMEOUT_MS_DEFAULT,
+            min_rate_bytes_per_s: MIN_RATE_BYTES_PER_S_DEFAULT,
             shutdown_grace_ms: SHUTDOWN_GRACE_MS_DEFAULT,
             socket_mode: SOCKET_MODE_DEFAULT,
             tls: None,
+            on_idle: None,
         }
     }
 }

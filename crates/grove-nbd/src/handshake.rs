@@ -106,6 +106,11 @@ pub(crate) struct Context<'a> {
     pub tls: Option<&'a TlsOptions>,
     /// Whether this connection already runs over TLS.
     pub tls_active: bool,
+    /// Called once an export is chosen, before the reply that ends the
+    /// handshake goes out: from then on the connection no longer gives
+    /// way to newcomers, and the client cannot see its handshake done
+    /// while the server still counts it as unfinished.
+    pub entering_transmission: &'a dyn Fn(),
 }
 
 /// Sends the greeting and reads the client's flags; None if the client
@@ -281,6 +286,7 @@ fn handle_option(
             let export = export::resolve(context.pool, context.options, &name)
                 .map_err(|refusal| HandshakeError::Protocol(refusal.message))?;
             let flags = export::transmission_flags(export.read_only, state.structured_replies);
+            (context.entering_transmission)();
             writer.write_all(&encode_export_name_reply(
                 export.size_bytes,
                 flags,
@@ -299,8 +305,12 @@ fn handle_option(
         OPT_LIST => send(writer, &list(context, data))?,
         OPT_INFO | OPT_GO => {
             let (out, export) = info(option, data, context, state);
+            let entering = option == OPT_GO && export.is_some();
+            if entering {
+                (context.entering_transmission)();
+            }
             send(writer, &out)?;
-            if let (OPT_GO, Some(export)) = (option, export) {
+            if let (true, Some(export)) = (entering, export) {
                 return Ok(Some(Outcome::Transmission(session(export, state))));
             }
         }

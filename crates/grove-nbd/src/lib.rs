@@ -23,11 +23,16 @@
 //! ([`IN_FLIGHT_MAX_BYTES`]: past it the connection's reader stops reading),
 //! descriptors per block status chunk
 //! ([`block_status::BLOCK_STATUS_DESCRIPTORS_MAX`]), `grove:changed:`
-//! contexts per connection ([`CHANGED_CONTEXTS_MAX`]), and, in
-//! [`ServerOptions`], bytes in flight across the whole server, connections,
-//! workers per connection, the handshake deadline, the request timeout (a
-//! started request's data, or a reply, that does not move closes the
-//! connection) and the shutdown grace.
+//! contexts per connection ([`CHANGED_CONTEXTS_MAX`]), fair shares of the
+//! in-flight budget per connection ([`CONNECTION_SHARE_DIVISOR`]) and per
+//! peer (an equal share among the peers connected), and, in
+//! [`ServerOptions`], bytes in flight across the whole server, connections
+//! (and per peer: uid on a unix socket, address over TCP; unfinished
+//! handshakes give way when slots run out), workers per connection, the
+//! handshake deadline (TLS included), the request deadlines (a started
+//! request's data, or a reply, gets the request timeout plus its bytes at
+//! the minimum rate, however it trickles; a watchdog closes connections
+//! past them) and the shutdown grace.
 //!
 //! ```no_run
 //! use grove_nbd::{Server, ServerOptions};
@@ -44,9 +49,11 @@
 pub mod block_status;
 mod buffers;
 pub mod codec;
+mod deadline;
 mod error;
 mod export;
 mod handshake;
+mod peers;
 mod server;
 mod stream;
 mod tls;
@@ -55,12 +62,16 @@ pub mod validate;
 
 pub use error::{nbd_error_for, NbdError, NbdErrorKind};
 pub use export::{
-    ExportFilter, ServerOptions, CONNECTIONS_MAX_DEFAULT, HANDSHAKE_TIMEOUT_MS_DEFAULT,
-    INFLIGHT_LIMIT_BYTES_DEFAULT, REQUEST_TIMEOUT_MS_DEFAULT, SHUTDOWN_GRACE_MS_DEFAULT,
-    SOCKET_MODE_DEFAULT, WORKERS_PER_CONNECTION_DEFAULT,
+    ExportFilter, ServerOptions, CONNECTIONS_MAX_DEFAULT, CONNECTIONS_PER_CLIENT_MAX_DEFAULT,
+    HANDSHAKE_TIMEOUT_MS_DEFAULT, INFLIGHT_LIMIT_BYTES_DEFAULT, MIN_RATE_BYTES_PER_S_DEFAULT,
+    REQUEST_TIMEOUT_MS_DEFAULT, SHUTDOWN_GRACE_MS_DEFAULT, SOCKET_MODE_DEFAULT,
+    WORKERS_PER_CONNECTION_DEFAULT,
 };
 pub use handshake::{BLOCK_SIZE_MINIMUM_BYTES, CHANGED_CONTEXTS_MAX, OPTION_DATA_MAX_BYTES};
 pub use server::{bind_unix_socket, parse_listen_addr, Server, ShutdownHandle, DEFAULT_TCP_PORT};
 pub use tls::{TlsMode, TlsOptions};
-pub use transmission::{INFLIGHT_LIMIT_MIN_BYTES, IN_FLIGHT_MAX_BYTES, REQUEST_OVERHEAD_BYTES};
+pub use transmission::{
+    connection_share_bytes, peer_share_bytes, CONNECTION_SHARE_DIVISOR, INFLIGHT_LIMIT_MIN_BYTES,
+    IN_FLIGHT_MAX_BYTES, REQUEST_OVERHEAD_BYTES,
+};
 pub use validate::PAYLOAD_MAX_BYTES;

@@ -7,7 +7,7 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -15,9 +15,11 @@ use std::time::{Duration, Instant};
 use grove_store::Pool;
 
 use crate::buffers::BufferPool;
+use crate::deadline::{Deadlines, Slot, WATCHDOG_TICK_MS};
 use crate::error::{NbdError, NbdErrorKind};
 use crate::export::ServerOptions;
 use crate::handshake::{self, Context, HandshakeError, Outcome};
+use crate::peers::{admit, peer_of, Admission, Occupant, Peer};
 use crate::stream::{DeadlineReader, Stream};
 use crate::transmission::{self, Budget, End, Limits};
 
@@ -106,6 +108,11 @@ struct Inner {
 /// the pool.
 struct Control {
     stopping: AtomicBool,
+    /// What connection deadlines count from.
+    epoch: Instant,
+    /// Peers with connections now (`State::peers`' length), read by the
+    /// connections without the lock.
+    peers_connected: AtomicUsize,
     /// Request payloads and replies in flight across all connections.
     budget: Budget,
     /// Buffers of request data and replies, reused across connections.
@@ -117,10 +124,31 @@ struct Control {
 #[derive(Default)]
 struct State {
     listeners: Vec<Listener>,
-    /// Live connections: a clone of each socket, so shutdown can end reads.
-    connections: HashMap<u64, Stream>,
+    /// Live connections, so shutdown can end reads and the watchdog can
+    /// cut off those past a deadline.
+    connections: HashMap<u64, Registered>,
+    /// Connections and in-flight budget per peer.
+    peers: HashMap<Peer, PeerShare>,
     next_connection_id: u64,
+    /// The watchdog thread, started with the first listener.
+    watchdog: Option<JoinHandle<()>>,
     stopped: bool,
+}
+
+/// A live connection as the server sees it.
+struct Registered {
+    /// A clone of its socket.
+    stream: Stream,
+    occupant: Occupant,
+    deadlines: Arc<Deadlines>,
+}
+
+/// What the connections of one peer share.
+struct PeerShare {
+    connections: usize,
+    /// What the peer's connections hold of the in-flight budget (at most
+    /// [`transmission::peer_share_bytes`]).
+    budget: Arc<Budget>,
 }
 
 struct Listener {
@@ -145,6 +173,8 @@ impl Server {
                 options: Arc::new(options),
                 control: Arc::new(Control {
                     stopping: AtomicBool::new(false),
+                    epoch: Instant::now(),
+                    peers_connected: AtomicUsize::new(0),
                     budget,
                     buffers: BufferPool::default(),
                     state: Mutex::new(State::default()),
@@ -291,8 +321,8 @@ impl Server {
         // End every connection's reads: readers see end-of-file, workers
         // answer what was already read, and the connections close.
         let mut state = inner.control.lock();
-        for stream in state.connections.values() {
-            let _ = stream.shutdown(Shutdown::Read);
+        for connection in state.connections.values() {
+            let _ = connection.stream.shutdown(Shutdown::Read);
         }
         let deadline = Instant::now() + Duration::from_millis(inner.options.shutdown_grace_ms);
         while !state.connections.is_empty() {
@@ -302,8 +332,8 @@ impl Server {
                     connections = state.connections.len(),
                     "connections still busy after the grace period; closing them"
                 );
-                for stream in state.connections.values() {
-                    let _ = stream.shutdown(Shutdown::Both);
+                for connection in state.connections.values() {
+                    let _ = connection.stream.shutdown(Shutdown::Both);
                 }
                 while !state.connections.is_empty() {
                     state = inner
@@ -327,8 +357,12 @@ impl Server {
         });
         let mut state = inner.control.lock();
         state.stopped = true;
+        let watchdog = state.watchdog.take();
         inner.control.changed.notify_all();
         drop(state);
+        if let Some(watchdog) = watchdog {
+            let _ = watchdog.join();
+        }
         tracing::info!("NBD server stopped");
         flushed
     }
@@ -362,6 +396,7 @@ impl Server {
         wake: WakeTarget,
         socket_path: Option<PathBuf>,
     ) -> Result<(), NbdError> {
+        self.start_watchdog()?;
         let inner = self.inner.clone();
         let thread = thread::Builder::new()
             .name("nbd-accept".into())
@@ -373,6 +408,64 @@ impl Server {
             socket_path,
         });
         Ok(())
+    }
+}
+
+impl Server {
+    /// Starts the watchdog (once): deadlines, and memory given back when idle.
+    fn start_watchdog(&self) -> Result<(), NbdError> {
+        let mut state = self.inner.control.lock();
+        if state.watchdog.is_some() {
+            return Ok(());
+        }
+        let control = self.inner.control.clone();
+        let on_idle = self.inner.options.on_idle;
+        let thread = thread::Builder::new()
+            .name("nbd-watchdog".into())
+            .spawn(move || watchdog(&control, on_idle))
+            .map_err(|e| {
+                NbdError::io(NbdErrorKind::Listen, "cannot start the watchdog thread", e)
+            })?;
+        state.watchdog = Some(thread);
+        Ok(())
+    }
+}
+
+/// Cuts off connections past a deadline, and gives idle buffers back,
+/// until the server has stopped.
+fn watchdog(control: &Control, on_idle: Option<fn()>) {
+    let mut state = control.lock();
+    while !state.stopped {
+        let now = Instant::now();
+        for (id, connection) in &state.connections {
+            if let Some(slot) = connection.deadlines.check(now) {
+                let what = match (slot, connection.occupant.handshaking) {
+                    (Slot::Read, true) => "the handshake",
+                    (Slot::Read, false) => "a request's data",
+                    (Slot::Write, _) => "taking a reply",
+                };
+                tracing::warn!(
+                    connection = id,
+                    peer = %connection.occupant.peer,
+                    "client too slow over {what}: past its deadline; closing the connection"
+                );
+                let _ = connection.stream.shutdown(Shutdown::Both);
+            }
+        }
+        drop(state);
+        if control.buffers.trim_if_idle(now) {
+            if let Some(give_back) = on_idle {
+                give_back();
+            }
+        }
+        state = control.lock();
+        if !state.stopped {
+            state = control
+                .changed
+                .wait_timeout(state, Duration::from_millis(WATCHDOG_TICK_MS))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
     }
 }
 
@@ -452,20 +545,8 @@ fn start_connection(inner: &Arc<Inner>, stream: Stream) {
     if inner.control.stopping.load(Ordering::SeqCst) {
         return;
     }
-    if state.connections.len() >= inner.options.connections_max {
-        tracing::warn!(
-            limit = inner.options.connections_max,
-            peer = stream.peer(),
-            "too many NBD connections; refusing one"
-        );
-        return;
-    }
-    // A reply or handshake message the client does not take within the
-    // request timeout ends the connection.
-    let timeout = (inner.options.request_timeout_ms > 0)
-        .then(|| Duration::from_millis(inner.options.request_timeout_ms));
-    if let Err(e) = stream.set_write_timeout(timeout) {
-        tracing::warn!(error = %e, "cannot set a connection's write timeout; dropping it");
+    let peer = peer_of(&stream);
+    if !make_room(&mut state, &inner.options, peer) {
         return;
     }
     let control = match stream.try_clone() {
@@ -475,9 +556,34 @@ fn start_connection(inner: &Arc<Inner>, stream: Stream) {
             return;
         }
     };
+    let deadlines = Arc::new(Deadlines::new(inner.control.epoch));
+    // One deadline for the whole handshake, TLS included.
+    let handshake_deadline = (inner.options.handshake_timeout_ms > 0)
+        .then(|| Duration::from_millis(inner.options.handshake_timeout_ms));
+    deadlines.arm(Slot::Read, handshake_deadline);
     let id = state.next_connection_id;
     state.next_connection_id += 1;
-    state.connections.insert(id, control);
+    let limit_bytes = inner.options.inflight_limit_bytes;
+    let share = state.peers.entry(peer).or_insert_with(|| PeerShare {
+        connections: 0,
+        budget: Arc::new(Budget::new(limit_bytes)),
+    });
+    share.connections += 1;
+    let peer_budget = share.budget.clone();
+    let peers = state.peers.len();
+    inner.control.peers_connected.store(peers, Ordering::SeqCst);
+    let occupant = Occupant {
+        peer,
+        handshaking: true,
+        evicted: false,
+        since: Instant::now(),
+    };
+    let registered = Registered {
+        stream: control,
+        occupant,
+        deadlines: deadlines.clone(),
+    };
+    state.connections.insert(id, registered);
     drop(state);
     let control = inner.control.clone();
     let pool = inner.pool.clone();
@@ -486,13 +592,106 @@ fn start_connection(inner: &Arc<Inner>, stream: Stream) {
         .name(format!("nbd-conn-{id}"))
         .spawn(move || {
             let guard = ConnectionGuard { control, id };
-            handle_connection(pool, &options, &guard.control, stream, id);
+            let ours = Ours {
+                control: &guard.control,
+                id,
+                deadlines: &deadlines,
+                peer_budget: &peer_budget,
+            };
+            handle_connection(pool, &options, &ours, stream);
         });
     if let Err(e) = spawned {
         tracing::warn!(error = %e, "cannot start a connection thread; dropping the connection");
-        inner.control.lock().connections.remove(&id);
-        inner.control.changed.notify_all();
+        unregister(&inner.control, id);
     }
+}
+
+/// Whether a new connection from `peer` may have a slot, closing the
+/// oldest unfinished handshake when that is what makes room.
+fn make_room(state: &mut State, options: &ServerOptions, peer: Peer) -> bool {
+    let occupants = state.connections.iter().map(|(id, c)| (*id, &c.occupant));
+    let admission = admit(
+        occupants,
+        peer,
+        options.connections_max,
+        options.connections_per_client_max,
+    );
+    match admission {
+        Admission::Admit => true,
+        Admission::AdmitInPlaceOf(id) => {
+            let evicted = state
+                .connections
+                .get_mut(&id)
+                .expect("admit names a live connection");
+            assert!(evicted.occupant.handshaking && !evicted.occupant.evicted);
+            evicted.occupant.evicted = true;
+            let _ = evicted.stream.shutdown(Shutdown::Both);
+            tracing::warn!(
+                connection = id,
+                peer = %evicted.occupant.peer,
+                newcomer = %peer,
+                "every NBD connection slot is taken: a client still in its handshake gave way"
+            );
+            true
+        }
+        Admission::PeerFull => {
+            tracing::warn!(
+                %peer,
+                limit = options.connections_per_client_max,
+                "this client has its share of NBD connections; refusing one more"
+            );
+            false
+        }
+        Admission::ServerFull => {
+            tracing::warn!(
+                limit = options.connections_max,
+                %peer,
+                "too many NBD connections; refusing one"
+            );
+            false
+        }
+    }
+}
+
+/// What a connection's thread knows of its own registration.
+struct Ours<'a> {
+    control: &'a Control,
+    id: u64,
+    deadlines: &'a Deadlines,
+    peer_budget: &'a Budget,
+}
+
+impl Ours<'_> {
+    /// The handshake is over: the connection no longer gives way, and
+    /// waiting for requests has no deadline.
+    fn finished_handshake(&self) {
+        self.deadlines.disarm(Slot::Read);
+        if let Some(connection) = self.control.lock().connections.get_mut(&self.id) {
+            connection.occupant.handshaking = false;
+        }
+    }
+}
+
+/// Removes a connection from the server's books and closes its socket.
+fn unregister(control: &Control, id: u64) {
+    let mut state = control.lock();
+    if let Some(connection) = state.connections.remove(&id) {
+        let _ = connection.stream.shutdown(Shutdown::Both);
+        let peer = connection.occupant.peer;
+        let share = state
+            .peers
+            .get_mut(&peer)
+            .expect("a connection's peer is counted");
+        assert!(share.connections > 0);
+        share.connections -= 1;
+        if share.connections == 0 {
+            state.peers.remove(&peer);
+        }
+        let peers = state.peers.len();
+        control.peers_connected.store(peers, Ordering::SeqCst);
+    }
+    drop(state);
+    control.changed.notify_all();
 }
 
 /// Unregisters a connection when its thread ends, however it ends.
@@ -503,24 +702,16 @@ struct ConnectionGuard {
 
 impl Drop for ConnectionGuard {
     fn drop(&mut self) {
-        if let Some(stream) = self.control.lock().connections.remove(&self.id) {
-            let _ = stream.shutdown(Shutdown::Both);
-        }
-        self.control.changed.notify_all();
+        unregister(&self.control, self.id);
     }
 }
 
 /// Serves one connection. Takes the pool by value so that it is let go
 /// before the connection unregisters.
-fn handle_connection(
-    pool: Pool,
-    options: &ServerOptions,
-    control: &Control,
-    stream: Stream,
-    id: u64,
-) {
+fn handle_connection(pool: Pool, options: &ServerOptions, ours: &Ours<'_>, stream: Stream) {
+    let control = ours.control;
     let stopping = &control.stopping;
-    let label = format!("{id} ({})", stream.peer());
+    let label = format!("{} ({})", ours.id, stream.peer());
     let mut writer = match stream.try_clone() {
         Ok(writer) => writer,
         Err(e) => {
@@ -539,9 +730,14 @@ fn handle_connection(
     let negotiated = negotiate(
         &mut reader,
         &mut writer,
-        &pool,
-        options,
-        stopping,
+        &Context {
+            pool: &pool,
+            options,
+            stopping,
+            tls: None,
+            tls_active: false,
+            entering_transmission: &|| ours.finished_handshake(),
+        },
         deadline,
         &label,
     );
@@ -555,6 +751,10 @@ fn handle_connection(
         Ok(Outcome::Transmission(session)) => session,
         Ok(Outcome::Ended | Outcome::StartTls) => {
             tracing::debug!(connection = label, "client left during the handshake");
+            return;
+        }
+        Err(e) if ours.deadlines.expired() => {
+            tracing::info!(connection = label, error = %e, "handshake cut off at its deadline");
             return;
         }
         Err(e) => {
@@ -574,10 +774,14 @@ fn handle_connection(
     );
     let limits = Limits {
         server_budget: &control.budget,
+        peer_budget: ours.peer_budget,
+        peers_connected: &control.peers_connected,
         buffers: &control.buffers,
         stopping,
+        deadlines: ours.deadlines,
         request_timeout: (options.request_timeout_ms > 0)
             .then(|| Duration::from_millis(options.request_timeout_ms)),
+        min_rate_bytes_per_s: options.min_rate_bytes_per_s,
         workers: options.workers_per_connection,
     };
     let end = transmission::serve(&mut reader, writer, &session, &limits, &label);
@@ -586,19 +790,18 @@ fn handle_connection(
 
 /// The handshake: the greeting, then options until the client picks an
 /// export or leaves, starting TLS on the way if it asks.
+/// `base` is the context but for TLS, which this works out.
 fn negotiate(
     reader: &mut BufReader<Stream>,
     writer: &mut Stream,
-    pool: &Pool,
-    options: &ServerOptions,
-    stopping: &AtomicBool,
+    base: &Context<'_>,
     deadline: Option<Instant>,
     label: &str,
 ) -> Result<Outcome, HandshakeError> {
     // TLS is offered on TCP connections only: a unix socket is guarded by
     // its file's permissions.
     let tls = match reader.get_ref() {
-        Stream::Tcp(_) => options.tls.as_ref(),
+        Stream::Tcp(_) => base.options.tls.as_ref(),
         _ => None,
     };
     let mut client_flags = None;
@@ -618,11 +821,9 @@ fn negotiate(
             },
         };
         let context = Context {
-            pool,
-            options,
-            stopping,
             tls,
             tls_active,
+            ..*base
         };
         match handshake::negotiate_options(&mut timed, writer, &context, flags) {
             Ok(Outcome::StartTls) => {}
@@ -646,10 +847,10 @@ fn log_end(label: &str, end: End) {
         End::Truncated(e) => {
             tracing::info!(connection = label, error = %e, "client left in the middle of a request")
         }
-        End::TimedOut(e) => tracing::warn!(
+        End::TimedOut(e) => tracing::info!(
             connection = label,
             error = %e,
-            "client stopped sending in the middle of a request; closing the connection"
+            "client too slow in the middle of a request; connection closed"
         ),
         End::Protocol(e) => tracing::warn!(
             connection = label,

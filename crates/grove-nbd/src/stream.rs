@@ -24,16 +24,6 @@ impl Stream {
         })
     }
 
-    /// Limits how long a write waits for the peer to take data (None:
-    /// forever). Applies to the socket, so to every clone of it.
-    pub fn set_write_timeout(&self, timeout: Option<std::time::Duration>) -> io::Result<()> {
-        match self {
-            Stream::Unix(s) => s.set_write_timeout(timeout),
-            Stream::Tcp(s) => s.set_write_timeout(timeout),
-            Stream::Tls(s) => s.socket().set_write_timeout(timeout),
-        }
-    }
-
     pub fn is_tls(&self) -> bool {
         matches!(self, Stream::Tls(_))
     }

@@ -5,19 +5,20 @@
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::Shutdown;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Condvar, Mutex};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::block_status::{
     allocation_descriptors, changed_descriptors, BLOCK_STATUS_DESCRIPTORS_MAX,
 };
 use crate::buffers::{Buffer, BufferPool};
 use crate::codec::*;
+use crate::deadline::{transfer_allowance, Deadlines, Slot};
 use crate::error::nbd_error_for;
 use crate::handshake::{Session, BASE_ALLOCATION_CONTEXT_ID};
-use crate::stream::{discard, is_timeout, DeadlineReader, Stream};
+use crate::stream::{discard, is_timeout, Stream};
 use crate::validate::{validate_request, Negotiated, Rejection, PAYLOAD_MAX_BYTES};
 
 /// Bytes of requests one connection may have in the server at once: write
@@ -33,6 +34,25 @@ pub const REQUEST_OVERHEAD_BYTES: u64 = 4096;
 /// Smallest server-wide in-flight limit: one request of the largest
 /// payload must fit, or it could never be read.
 pub const INFLIGHT_LIMIT_MIN_BYTES: u64 = PAYLOAD_MAX_BYTES as u64 + REQUEST_OVERHEAD_BYTES;
+
+/// Fair shares: one connection holds at most this fraction of the
+/// server's in-flight limit, and the connections of one peer (a uid, an
+/// address) together at most an equal share among the peers connected
+/// (all of it when there is one), so a client that drains its replies
+/// slowly cannot hold the budget while others wait.
+pub const CONNECTION_SHARE_DIVISOR: u64 = 8;
+
+/// A connection's cap on bytes in flight, for a server-wide `limit_bytes`:
+/// its fair share, but room for one request of the largest payload.
+pub fn connection_share_bytes(limit_bytes: u64) -> u64 {
+    (limit_bytes / CONNECTION_SHARE_DIVISOR).clamp(INFLIGHT_LIMIT_MIN_BYTES, IN_FLIGHT_MAX_BYTES)
+}
+
+/// The cap of all the connections of one peer together, when `peers`
+/// peers are connected.
+pub fn peer_share_bytes(limit_bytes: u64, peers: usize) -> u64 {
+    (limit_bytes / peers.max(1) as u64).max(INFLIGHT_LIMIT_MIN_BYTES)
+}
 
 /// Bytes read per engine call for NBD_CMD_CACHE, which reads ahead in
 /// pieces of this size rather than all at once.
@@ -66,8 +86,7 @@ pub(crate) enum End {
     Truncated(io::Error),
     /// The stream lost its framing; nothing after can be trusted.
     Protocol(String),
-    /// A request's header or data stopped arriving for longer than the
-    /// request timeout.
+    /// A request's header or data did not arrive by its deadline.
     TimedOut(io::Error),
     /// The server is shutting down, or the connection broke, while the
     /// reader waited for room in the in-flight budget.
@@ -97,8 +116,19 @@ impl Budget {
     /// itself. Gives up, taking nothing, and returns false once `cancelled`
     /// says so.
     fn acquire(&self, bytes: u64, cancelled: &dyn Fn() -> bool) -> bool {
+        self.acquire_within(bytes, &|| self.max_bytes, cancelled)
+    }
+
+    /// [`Budget::acquire`] under a limit that may change while it waits
+    /// (a peer's share, as peers come and go), looked at every poll.
+    fn acquire_within(
+        &self,
+        bytes: u64,
+        max_bytes: &dyn Fn() -> u64,
+        cancelled: &dyn Fn() -> bool,
+    ) -> bool {
         let mut used = self.used_bytes.lock().unwrap_or_else(|e| e.into_inner());
-        while *used > 0 && *used + bytes > self.max_bytes {
+        while *used > 0 && *used + bytes > max_bytes().min(self.max_bytes) {
             if cancelled() {
                 return false;
             }
@@ -145,8 +175,18 @@ struct Connection<'a> {
     /// when it ends.
     wrote: AtomicBool,
     budget: Budget,
+    /// The budget the connections of this peer share.
+    peer_budget: &'a Budget,
+    /// Peers with connections to the server now: they split the budget.
+    peers_connected: &'a AtomicUsize,
     /// The budget all connections of the server share.
     server_budget: &'a Budget,
+    /// Deadlines of the reader and of the reply being sent.
+    deadlines: &'a Deadlines,
+    /// What a request's data or reply may take besides its bytes at the
+    /// minimum rate; None: no deadlines.
+    request_timeout: Option<Duration>,
+    min_rate_bytes_per_s: u64,
     /// Buffers all connections of the server reuse.
     buffers: &'a BufferPool,
     /// Set when the server shuts down.
@@ -158,10 +198,24 @@ impl Connection<'_> {
     fn acquire(&self, bytes: u64) -> bool {
         let cancelled =
             || self.stopping.load(Ordering::SeqCst) || self.broken.load(Ordering::SeqCst);
+        // Always in this order (connection, peer, server), so waiters for
+        // the same budgets never hold them crosswise.
         if !self.budget.acquire(bytes, &cancelled) {
             return false;
         }
+        let peer_share = || {
+            let peers = self.peers_connected.load(Ordering::SeqCst);
+            peer_share_bytes(self.server_budget.max_bytes, peers)
+        };
+        if !self
+            .peer_budget
+            .acquire_within(bytes, &peer_share, &cancelled)
+        {
+            self.budget.release(bytes);
+            return false;
+        }
         if !self.server_budget.acquire(bytes, &cancelled) {
+            self.peer_budget.release(bytes);
             self.budget.release(bytes);
             return false;
         }
@@ -170,17 +224,28 @@ impl Connection<'_> {
 
     fn release(&self, bytes: u64) {
         self.server_budget.release(bytes);
+        self.peer_budget.release(bytes);
         self.budget.release(bytes);
+    }
+
+    /// How long a transfer of `bytes` (a request's data, a reply) may take.
+    fn allowance(&self, bytes: u64) -> Option<Duration> {
+        transfer_allowance(self.request_timeout, bytes, self.min_rate_bytes_per_s)
     }
 }
 
 /// What a connection's transmission phase shares with the server.
 pub(crate) struct Limits<'a> {
     pub server_budget: &'a Budget,
+    pub peer_budget: &'a Budget,
+    pub peers_connected: &'a AtomicUsize,
     pub buffers: &'a BufferPool,
     pub stopping: &'a AtomicBool,
-    /// How long a started request may take to arrive; None: forever.
+    pub deadlines: &'a Deadlines,
+    /// The base of every transfer's deadline; None: no deadlines.
     pub request_timeout: Option<Duration>,
+    /// What the rest of a transfer's deadline is counted at.
+    pub min_rate_bytes_per_s: u64,
     pub workers: usize,
 }
 
@@ -212,8 +277,13 @@ pub(crate) fn serve(
         writer: Mutex::new(writer),
         broken: AtomicBool::new(false),
         wrote: AtomicBool::new(false),
-        budget: Budget::new(IN_FLIGHT_MAX_BYTES),
+        budget: Budget::new(connection_share_bytes(limits.server_budget.max_bytes)),
+        peer_budget: limits.peer_budget,
+        peers_connected: limits.peers_connected,
         server_budget: limits.server_budget,
+        deadlines: limits.deadlines,
+        request_timeout: limits.request_timeout,
+        min_rate_bytes_per_s: limits.min_rate_bytes_per_s,
         buffers: limits.buffers,
         stopping: limits.stopping,
         label,
@@ -239,7 +309,7 @@ pub(crate) fn serve(
         if started == 0 {
             return End::Io(io::Error::other("no worker thread could be started"));
         }
-        let end = read_requests(reader, &connection, &sender, limits.request_timeout);
+        let end = read_requests(reader, &connection, &sender);
         // Closing the queue lets the workers finish what is queued and stop.
         drop(sender);
         end
@@ -274,19 +344,13 @@ fn read_requests(
     reader: &mut BufReader<Stream>,
     connection: &Connection<'_>,
     sender: &mpsc::Sender<Job>,
-    request_timeout: Option<Duration>,
 ) -> End {
-    let deadline_after = |timeout: Option<Duration>| timeout.map(|t| Instant::now() + t);
+    let deadlines = connection.deadlines;
     loop {
-        // Waiting for the next request has no time limit: a client idle
+        // Waiting for the next request has no deadline: a client idle
         // between requests (a mounted disk) is legitimate. Once its first
-        // byte is in, the rest of the request has `request_timeout`.
+        // byte is in, the header has the base allowance.
         if reader.buffer().is_empty() {
-            if request_timeout.is_some() {
-                if let Err(e) = reader.get_ref().set_read_timeout(None) {
-                    return End::Io(e);
-                }
-            }
             match reader.fill_buf() {
                 Ok([]) => return End::Closed,
                 Ok(_) => {}
@@ -295,14 +359,12 @@ fn read_requests(
             }
         }
         let mut header = [0u8; REQUEST_BYTES];
-        let read = DeadlineReader {
-            reader: &mut *reader,
-            deadline: deadline_after(request_timeout),
-            what: "a request header",
-        }
-        .read_exact(&mut header);
+        deadlines.arm(Slot::Read, connection.allowance(0));
+        let read = reader.read_exact(&mut header);
+        // Waiting for room in the budget below is the server's doing.
+        deadlines.disarm(Slot::Read);
         if let Err(e) = read {
-            return truncated(e);
+            return truncated(e, deadlines);
         }
         let request = match decode_request(&header) {
             Ok(request) => request,
@@ -321,31 +383,12 @@ fn read_requests(
         if !connection.acquire(cost_bytes) {
             return End::Stopped;
         }
-        let payload_bytes = request.payload_bytes();
-        // The payload's time starts once there is room for it.
-        let mut payload_reader = DeadlineReader {
-            reader: &mut *reader,
-            deadline: deadline_after(request_timeout),
-            what: "a request's data",
-        };
-        let payload = if payload_bytes == 0 {
-            None
-        } else if rejection.is_some() {
-            // A refused write's data still follows its header; read past it
-            // (without keeping it) to stay in step with the client.
-            if let Err(e) = discard(&mut payload_reader, u64::from(payload_bytes)) {
+        let payload = match read_payload(reader, connection, &request, rejection.is_some()) {
+            Ok(payload) => payload,
+            Err(e) => {
                 connection.release(cost_bytes);
-                return truncated(e);
+                return truncated(e, deadlines);
             }
-            None
-        } else {
-            let mut data = connection.buffers.take(payload_bytes as usize);
-            if let Err(e) = payload_reader.read_exact(data.as_mut_slice()) {
-                connection.buffers.give(data);
-                connection.release(cost_bytes);
-                return truncated(e);
-            }
-            Some(data)
         };
         let job = Job {
             request,
@@ -360,9 +403,45 @@ fn read_requests(
     }
 }
 
+/// Reads a request's data by its deadline, which starts once there is
+/// room for it and grows with its size at the minimum rate. A refused
+/// write's data is read past (without keeping it) to stay in step.
+fn read_payload(
+    reader: &mut BufReader<Stream>,
+    connection: &Connection<'_>,
+    request: &Request,
+    refused: bool,
+) -> io::Result<Option<Buffer>> {
+    let payload_bytes = request.payload_bytes();
+    if payload_bytes == 0 {
+        return Ok(None);
+    }
+    let deadlines = connection.deadlines;
+    deadlines.arm(Slot::Read, connection.allowance(u64::from(payload_bytes)));
+    let payload = if refused {
+        discard(reader, u64::from(payload_bytes)).map(|()| None)
+    } else {
+        let mut data = connection.buffers.take(payload_bytes as usize);
+        match reader.read_exact(data.as_mut_slice()) {
+            Ok(()) => Ok(Some(data)),
+            Err(e) => {
+                connection.buffers.give(data);
+                Err(e)
+            }
+        }
+    };
+    deadlines.disarm(Slot::Read);
+    payload
+}
+
 /// How a read inside a request failed.
-fn truncated(e: io::Error) -> End {
-    if is_timeout(&e) {
+fn truncated(e: io::Error, deadlines: &Deadlines) -> End {
+    if deadlines.expired() {
+        End::TimedOut(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "the request did not arrive by its deadline",
+        ))
+    } else if is_timeout(&e) {
         End::TimedOut(e)
     } else if e.kind() == io::ErrorKind::UnexpectedEof {
         End::Truncated(e)
@@ -624,12 +703,17 @@ fn send(connection: &Connection<'_>, bytes: &[u8]) {
         return;
     }
     let mut writer = connection.writer.lock().unwrap_or_else(|e| e.into_inner());
-    if let Err(e) = writer.write_all(bytes).and_then(|()| writer.flush()) {
+    // The reply's time starts once it is its turn to go out.
+    let deadlines = connection.deadlines;
+    deadlines.arm(Slot::Write, connection.allowance(bytes.len() as u64));
+    let sent = writer.write_all(bytes).and_then(|()| writer.flush());
+    deadlines.disarm(Slot::Write);
+    if let Err(e) = sent {
         if !connection.broken.swap(true, Ordering::SeqCst) {
-            if is_timeout(&e) {
+            if deadlines.expired() {
                 tracing::warn!(
                     connection = connection.label,
-                    "the client did not take a reply within the request timeout; closing the connection"
+                    "the client did not take a reply by its deadline; closing the connection"
                 );
             } else {
                 tracing::debug!(connection = connection.label, error = %e, "cannot send reply; dropping the connection");

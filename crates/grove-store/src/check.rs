@@ -10,10 +10,11 @@
 //! reads.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use crate::alloc::BlockUse;
-use crate::error::Result;
+use crate::error::{Error, ErrorKind, Result};
 use crate::format::group::{NIBBLE_ALLOCATED, NIBBLE_META};
 use crate::format::node::NodeKind;
 use crate::format::superblock::{SlotProblem, Superblock, SUPERBLOCK_LEN};
@@ -132,7 +133,11 @@ impl Tally {
     }
 }
 
-struct Walk {
+struct Walk<'c> {
+    /// Set from another thread to stop the check (a daemon shutting
+    /// down): the walk then skips the rest, and the check returns an
+    /// error before it repairs anything.
+    cancel: &'c AtomicBool,
     tally: Tally,
     /// Later passes walk again only to count: their errors were reported.
     quiet: bool,
@@ -144,7 +149,11 @@ struct Walk {
     suppressed_errors: u64,
 }
 
-impl Walk {
+impl Walk<'_> {
+    fn cancelled(&self) -> bool {
+        self.cancel.load(Ordering::Relaxed)
+    }
+
     fn error(&mut self, message: String) {
         if self.quiet {
             return;
@@ -189,8 +198,8 @@ struct Findings {
 impl State {
     /// Verifies all metadata; with `repair`, fixes leaks, map disagreements,
     /// share counts and space accounting, committing as it goes.
-    pub fn check(&mut self, repair: bool) -> Result<CheckReport> {
-        self.check_in_windows(repair, CHECK_WINDOW_BLOCKS)
+    pub fn check(&mut self, repair: bool, cancel: &AtomicBool) -> Result<CheckReport> {
+        self.check_in_windows(repair, CHECK_WINDOW_BLOCKS, cancel)
     }
 
     /// `check`, counting references for `window_blocks` blocks of the
@@ -199,6 +208,7 @@ impl State {
         &mut self,
         repair: bool,
         window_blocks: u64,
+        cancel: &AtomicBool,
     ) -> Result<CheckReport> {
         let started = Instant::now();
         let mut report = CheckReport::default();
@@ -214,6 +224,7 @@ impl State {
         let store_end = self.space_map.alloc().store_end().max(data_start + 1);
         let window_blocks = window_blocks.clamp(1, CHECK_WINDOW_BLOCKS);
         let mut walk = Walk {
+            cancel,
             tally: Tally::new(data_start..(data_start + window_blocks).min(store_end)),
             quiet: false,
             walked: HashSet::new(),
@@ -227,6 +238,13 @@ impl State {
         }
         let counts = self.walk_everything(&mut walk);
         loop {
+            // A safe point: nothing is repaired before the walks are done.
+            if walk.cancelled() {
+                return Err(Error::new(
+                    ErrorKind::Busy,
+                    "the check was cancelled before it finished; nothing was repaired",
+                ));
+            }
             self.tally_share_counts(&walk, &mut findings);
             self.tally_maps(&walk, &mut findings);
             report.blocks_checked += walk.tally.seen().count() as u64;
@@ -508,7 +526,7 @@ impl State {
     }
 
     fn walk_table(&mut self, addr: BlockAddr, level: u8, walk: &mut Walk) {
-        if !walk.walked.insert(addr.0) {
+        if walk.cancelled() || !walk.walked.insert(addr.0) {
             return;
         }
         let entries = match self.load_node_for_check(addr, NodeKind::VolumeTable, level) {
@@ -530,6 +548,9 @@ impl State {
     fn walk_volume(&mut self, addr: BlockAddr, level: u8, walk: &mut Walk, volume: &str) -> Counts {
         if let Some(counts) = walk.counts.get(&addr.0) {
             return *counts;
+        }
+        if walk.cancelled() {
+            return Counts::default();
         }
         let entries = match self.load_node_for_check(addr, NodeKind::VolumeData, level) {
             Ok(entries) => entries,

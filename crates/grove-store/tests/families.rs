@@ -433,3 +433,28 @@ fn a_check_in_windows_finds_what_a_one_pass_check_finds() {
     assert!(!damaged.is_clean());
     assert_same_in_windows(&pool, &damaged, "damaged");
 }
+
+#[test]
+fn a_cancelled_check_stops_with_an_error_and_repairs_nothing() {
+    let pool = memory_pool(256 * 1024);
+    pool.create_volume("a", VOLUME_BYTES).unwrap();
+    pool.volume("a")
+        .unwrap()
+        .write_at(&vec![1u8; VOLUME_BYTES as usize / 2], 0)
+        .unwrap();
+    pool.snapshot("a", "a@1").unwrap();
+    pool.damage_accounting_for_tests("a@1", 3).unwrap();
+    let cancel = std::sync::atomic::AtomicBool::new(true);
+    let cancelled = pool.check_cancellable(true, &cancel).unwrap_err();
+    assert_eq!(cancelled.kind(), grove_store::ErrorKind::Busy);
+    assert!(
+        cancelled.to_string().contains("nothing was repaired"),
+        "{cancelled}"
+    );
+    // The damage is still there for a whole check to find and repair.
+    assert!(!pool.check(false).unwrap().is_clean());
+    cancel.store(false, std::sync::atomic::Ordering::SeqCst);
+    let repaired = pool.check_cancellable(true, &cancel).unwrap();
+    assert!(!repaired.repaired.is_empty(), "{repaired:?}");
+    assert!(pool.check(false).unwrap().is_clean());
+}

@@ -29,19 +29,14 @@ use grove_store::{
 };
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
+use crate::control_limits;
+
 /// The control socket's file name inside the pool directory.
 pub const CONTROL_SOCKET_NAME: &str = "grove.control";
 /// Longest request line the daemon reads; requests are small.
 const REQUEST_LINE_MAX_BYTES: u64 = 64 * 1024;
 /// Requests one control connection may send before it is closed.
 const REQUESTS_PER_CONNECTION_MAX: usize = 1000;
-/// A control client that sends nothing for this long is disconnected.
-const IDLE_TIMEOUT_MS: u64 = 30_000;
-/// Control connections served at once; more are closed at accept.
-const CONNECTIONS_MAX: usize = 64;
-/// A control client that does not take a reply for this long is
-/// disconnected.
-const WRITE_TIMEOUT_MS: u64 = 30_000;
 /// How often stopping checks whether the connections have finished.
 const STOP_POLL_MS: u64 = 20;
 /// How long a command waits for the daemon's reply before it gives up: a
@@ -378,7 +373,8 @@ enum Reply {
 }
 
 /// Runs one request against the pool and turns the result into a reply.
-fn execute(pool: &Pool, request: Request) -> Reply {
+/// A long request stops at a safe point once `stopping` is set.
+fn execute(pool: &Pool, request: Request, stopping: &AtomicBool) -> Reply {
     fn reply<T: Serialize>(result: grove_store::Result<T>) -> Reply {
         match result {
             Ok(value) => Reply::Ok(serde_json::to_value(value).unwrap_or(serde_json::Value::Null)),
@@ -403,14 +399,16 @@ fn execute(pool: &Pool, request: Request) -> Reply {
             force,
         } => reply(pool.rollback(&snapshot, volume.as_deref(), force)),
         Request::Diff { a, b } => reply(pool.diff(&a, &b)),
-        Request::Gc { wait } => reply(Admin::gc(pool, wait)),
+        Request::Gc { wait } => reply(control_limits::gc_until_stopped(pool, wait, stopping)),
         Request::Resize { name, size_bytes } => reply(pool.resize_volume(&name, size_bytes)),
         Request::Rename { name, new_name } => reply(pool.rename_volume(&name, &new_name)),
         Request::List => reply(pool.volumes()),
         Request::Summaries => reply(Ok(pool.volume_summaries())),
         Request::VolumeInfo { name } => reply(pool.volume_info(&name)),
         Request::Info => reply(pool.info()),
-        Request::Check { repair } => reply(pool.check(repair)),
+        Request::Check { repair } => {
+            reply(control_limits::check_until_stopped(pool, repair, stopping))
+        }
         Request::Holder => reply(Ok(Holder::this_process())),
         Request::SnapshotRanked {
             source,
@@ -647,16 +645,30 @@ fn accept_loop(
     stopping: Arc<AtomicBool>,
     connections: Connections,
 ) {
-    let mut handlers: Vec<JoinHandle<()>> = Vec::new();
+    // Handlers with the uid of their client.
+    let mut handlers: Vec<(JoinHandle<()>, Option<u32>)> = Vec::new();
     let mut next_id = 0u64;
+    let owner = {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(pool.dir()).map_or(0, |m| m.uid())
+    };
     for stream in listener.incoming() {
         if stopping.load(Ordering::SeqCst) {
             break;
         }
-        handlers.retain(|h| !h.is_finished());
-        let Ok(stream) = stream else { continue };
-        if handlers.len() >= CONNECTIONS_MAX {
-            tracing::warn!("control connection refused: {CONNECTIONS_MAX} already open");
+        handlers.retain(|(h, _)| !h.is_finished());
+        let Ok(mut stream) = stream else { continue };
+        let uid = control_limits::peer_uid(&stream);
+        let open: Vec<Option<u32>> = handlers.iter().map(|(_, uid)| *uid).collect();
+        if let Err(why) = control_limits::admit(uid, owner, &open) {
+            tracing::warn!("control connection refused: {why}");
+            // A fresh socket's buffer takes one short line without waiting.
+            let refusal = Reply::Error {
+                kind: ErrorKind::Busy,
+                message: why,
+            };
+            let _ = stream.set_write_timeout(Some(Duration::from_millis(STOP_POLL_MS)));
+            let _ = stream.write_all(reply_line(&refusal).as_bytes());
             continue;
         }
         next_id += 1;
@@ -667,18 +679,18 @@ fn accept_loop(
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(id, clone);
         }
-        let (pool, connections) = (pool.clone(), connections.clone());
+        let (pool, connections, stopping) = (pool.clone(), connections.clone(), stopping.clone());
         if let Ok(handler) = std::thread::Builder::new()
             .name("grove-control-conn".into())
             .spawn(move || {
                 let _registered = Registered { id, connections };
-                serve_connection(stream, &pool);
+                serve_connection(stream, &pool, &stopping);
             })
         {
-            handlers.push(handler);
+            handlers.push((handler, uid));
         }
     }
-    for handler in handlers {
+    for (handler, _) in handlers {
         let _ = handler.join();
     }
 }
@@ -700,22 +712,21 @@ impl Drop for Registered {
     }
 }
 
-fn serve_connection(stream: UnixStream, pool: &Pool) {
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(IDLE_TIMEOUT_MS)));
-    let _ = stream.set_write_timeout(Some(Duration::from_millis(WRITE_TIMEOUT_MS)));
+fn serve_connection(stream: UnixStream, pool: &Pool, stopping: &AtomicBool) {
     let Ok(mut writer) = stream.try_clone() else {
         return;
     };
     let mut reader = BufReader::new(stream);
     for _ in 0..REQUESTS_PER_CONNECTION_MAX {
-        let mut line = String::new();
-        match (&mut reader)
-            .take(REQUEST_LINE_MAX_BYTES)
-            .read_line(&mut line)
-        {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {}
-        }
+        let line =
+            match control_limits::read_request_line(&mut reader, REQUEST_LINE_MAX_BYTES as usize) {
+                Ok(Some(line)) => line,
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::info!("control connection closed: {e}");
+                    return;
+                }
+            };
         // A line that did not end within the limit gets one answer and a
         // hang-up, rather than have its rest read as more requests.
         let too_long = !line.ends_with('\n');
@@ -741,12 +752,15 @@ fn serve_connection(stream: UnixStream, pool: &Pool) {
                 }
                 Ok(request) => {
                     tracing::info!(?request, "control request");
-                    match execute_catching_panics(pool, request) {
+                    match execute_catching_panics(pool, request, stopping) {
                         Ok(reply) => reply,
                         Err(panicked) => {
                             // Answered, then closed: the client must not
                             // wait for the server to stop.
-                            let _ = writer.write_all(reply_line(&panicked).as_bytes());
+                            let _ = control_limits::write_reply(
+                                &mut writer,
+                                reply_line(&panicked).as_bytes(),
+                            );
                             return;
                         }
                     }
@@ -757,7 +771,11 @@ fn serve_connection(stream: UnixStream, pool: &Pool) {
                 },
             }
         };
-        if writer.write_all(reply_line(&reply).as_bytes()).is_err() || too_long {
+        if let Err(e) = control_limits::write_reply(&mut writer, reply_line(&reply).as_bytes()) {
+            tracing::info!("control connection closed: {e}");
+            return;
+        }
+        if too_long {
             return;
         }
     }
@@ -774,7 +792,11 @@ fn reply_line(reply: &Reply) -> String {
 /// the engine's state lock held poisons it, and the engine then takes no
 /// more changes (`lock_state`), as after a failed commit; a panic outside
 /// that lock left no change half made, so the pool goes on as it was.
-fn execute_catching_panics(pool: &Pool, request: Request) -> std::result::Result<Reply, Reply> {
+fn execute_catching_panics(
+    pool: &Pool,
+    request: Request,
+    stopping: &AtomicBool,
+) -> std::result::Result<Reply, Reply> {
     let kind = request.kind();
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         if cfg!(debug_assertions) {
@@ -788,7 +810,7 @@ fn execute_catching_panics(pool: &Pool, request: Request) -> std::result::Result
                 _ => {}
             }
         }
-        execute(pool, request)
+        execute(pool, request, stopping)
     }));
     let payload = match outcome {
         Ok(reply) => return Ok(reply),

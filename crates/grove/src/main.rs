@@ -6,7 +6,9 @@
 mod cli;
 mod commands;
 mod control;
+mod control_limits;
 mod daemon;
+mod memory;
 mod mount;
 mod objects;
 mod output;

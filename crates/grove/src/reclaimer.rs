@@ -48,7 +48,7 @@ impl Reclaimer {
 fn run(pool: &Pool, stopping: &AtomicBool) {
     while !stopping.load(Ordering::Acquire) {
         let pause_ms = match pool.reclaim_batch() {
-            Ok((_, false)) => BATCH_PAUSE_MS,
+            Ok((_, false)) => BATCH_PAUSE_MS + crate::control_limits::reclaim_delay_for_tests_ms(),
             Ok((freed, true)) => {
                 if freed > 0 {
                     tracing::info!("reclaimer: removed volumes' space is all given back");

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use grove_nbd::{
     parse_listen_addr, ExportFilter, Server, ServerOptions, TlsMode, TlsOptions,
-    CONNECTIONS_MAX_DEFAULT, INFLIGHT_LIMIT_MIN_BYTES,
+    CONNECTIONS_MAX_DEFAULT, CONNECTIONS_PER_CLIENT_MAX_DEFAULT, INFLIGHT_LIMIT_MIN_BYTES,
 };
 use grove_store::Pool;
 use signal_hook::consts::{SIGINT, SIGTERM};
@@ -38,14 +38,24 @@ pub struct ServeArgs {
         allow_hyphen_values = true
     )]
     pub inflight_limit: String,
-    /// Connections served at once; more are closed as they arrive
+    /// Connections served at once; when all are taken, a client still in
+    /// its handshake gives way to a new one, else the new one is closed
     #[arg(long, value_name = "N", default_value_t = CONNECTIONS_MAX_DEFAULT)]
     pub max_connections: usize,
-    /// Seconds a started request, a reply or a handshake message may take
-    /// before the connection is closed (0: no limit). A client idle
+    /// Connections one client may hold at once: a uid on the unix socket,
+    /// an address over TCP
+    #[arg(long, value_name = "N", default_value_t = CONNECTIONS_PER_CLIENT_MAX_DEFAULT)]
+    pub max_connections_per_client: usize,
+    /// Seconds a started request's header may take, and the base of its
+    /// data's and its reply's deadlines (0: no deadlines). A client idle
     /// between requests is not limited
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     pub request_timeout: u64,
+    /// Bytes per second a client must keep up with: a request's data and
+    /// its reply get the request timeout plus their size at this rate,
+    /// however the client trickles
+    #[arg(long, value_name = "SIZE", default_value = "256K")]
+    pub min_rate: String,
     /// Permissions of the NBD and control sockets, in octal
     #[arg(long, value_name = "MODE", default_value = "0660", value_parser = parse_socket_mode)]
     pub socket_mode: u32,
@@ -90,6 +100,13 @@ impl ServeArgs {
         if self.max_connections == 0 {
             bail!("--max-connections must be at least 1");
         }
+        if self.max_connections_per_client == 0 {
+            bail!("--max-connections-per-client must be at least 1");
+        }
+        let min_rate_bytes_per_s = crate::size::parse_size(&self.min_rate, "--min-rate")?;
+        if min_rate_bytes_per_s == 0 {
+            bail!("--min-rate must be at least 1 byte per second");
+        }
         let tls = match (&self.tls_cert, &self.tls_key) {
             (Some(cert), Some(key)) => {
                 let mode = if self.tls == "allow" {
@@ -104,7 +121,10 @@ impl ServeArgs {
         Ok(ServerOptions {
             inflight_limit_bytes,
             connections_max: self.max_connections,
+            connections_per_client_max: self.max_connections_per_client,
             request_timeout_ms: self.request_timeout.saturating_mul(1000),
+            min_rate_bytes_per_s,
+            on_idle: Some(crate::memory::give_back_free_memory),
             socket_mode: self.socket_mode,
             tls,
             ..ServerOptions::default()
@@ -128,6 +148,7 @@ pub fn run(
     mount: Option<PathBuf>,
 ) -> Result<()> {
     init_logging();
+    crate::memory::keep_large_buffers_apart();
     let base_options = limits.server_options()?;
     if base_options.tls.is_some() && listen.tcp.is_none() {
         bail!("--tls-cert applies to TCP connections: give --listen too");

@@ -7,261 +7,16 @@
 //! Tools that are missing make a test skip, visibly; under scripts/test.sh
 //! ($GROVE_REQUIRE_TOOLS) they make it fail.
 
-use std::io::{Read, Write};
+mod support;
+
+use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use grove_nbd::codec::{Command as NbdCommand, *};
-
-const GROVE: &str = env!("CARGO_BIN_EXE_grove");
-/// How long a server may take to start listening.
-const STARTUP_TIMEOUT_MS: u64 = 20_000;
-/// Longest a test waits for any one reply before calling the server stuck.
-const REPLY_TIMEOUT_MS: u64 = 30_000;
-const MIB: u64 = 1 << 20;
-
-fn have(tool: &str) -> bool {
-    let found = Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found {
-        if std::env::var_os("GROVE_REQUIRE_TOOLS").is_some_and(|v| v != "0") {
-            panic!("{tool} is not installed, and GROVE_REQUIRE_TOOLS is set: install it (scripts/test.sh does)");
-        }
-        eprintln!(
-            "SKIP: {tool} is not installed; skipping this test (scripts/test.sh installs it)"
-        );
-    }
-    found
-}
-
-/// A pool with a volume "disk", and `grove serve` on it as a child process
-/// whose output goes to files in the pool's temporary directory.
-struct Daemon {
-    dir: tempfile::TempDir,
-    child: Option<Child>,
-    tcp: Option<std::net::SocketAddr>,
-}
-
-impl Daemon {
-    fn start(disk_size: &str, args: &[&str]) -> Daemon {
-        Daemon::start_with(disk_size, args, None)
-    }
-
-    /// `umask`: run under this umask, to show socket modes do not follow it.
-    fn start_with(disk_size: &str, args: &[&str], umask: Option<&str>) -> Daemon {
-        let dir = tempfile::tempdir().unwrap();
-        let mut daemon = Daemon {
-            dir,
-            child: None,
-            tcp: None,
-        };
-        daemon.grove_ok(&["init"]);
-        daemon.grove_ok(&["create", "disk", "--size", disk_size]);
-        let stdout = std::fs::File::create(daemon.dir.path().join("stdout")).unwrap();
-        let stderr = std::fs::File::create(daemon.dir.path().join("stderr")).unwrap();
-        let mut command = Command::new("sh");
-        command
-            .arg("-c")
-            .arg(format!(
-                "umask {}; exec \"$0\" \"$@\"",
-                umask.unwrap_or("022")
-            ))
-            .arg(GROVE)
-            .arg("--pool")
-            .arg(daemon.pool())
-            .arg("serve")
-            .args(args)
-            .env("GROVE_LOG", "info")
-            .stdout(stdout)
-            .stderr(stderr);
-        daemon.child = Some(command.spawn().unwrap());
-        let started = Instant::now();
-        loop {
-            let out = std::fs::read_to_string(daemon.dir.path().join("stdout")).unwrap();
-            if out.contains("Stop with Ctrl-C") {
-                daemon.tcp = out
-                    .lines()
-                    .find_map(|l| l.strip_prefix("TCP ")?.split(';').next()?.parse().ok());
-                break;
-            }
-            if let Some(status) = daemon.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("grove serve exited with {status}:\n{}", daemon.log());
-            }
-            assert!(
-                started.elapsed() < Duration::from_millis(STARTUP_TIMEOUT_MS),
-                "grove serve did not start:\n{}",
-                daemon.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        daemon
-    }
-
-    fn pool(&self) -> PathBuf {
-        self.dir.path().join("pool")
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.pool().join("nbd.sock")
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.as_ref().unwrap().id()
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("stderr")).unwrap_or_default()
-    }
-
-    fn grove_ok(&self, args: &[&str]) -> String {
-        let output = Command::new(GROVE)
-            .arg("--pool")
-            .arg(self.pool())
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            output.status.success(),
-            "grove {args:?}: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8(output.stdout).unwrap()
-    }
-
-    /// A field of /proc/PID/status, in KiB (VmRSS, VmHWM).
-    fn memory_kib(&self, field: &str) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or_else(|| panic!("no {field} in /proc status"))
-    }
-
-    /// Sends SIGTERM; returns how long the server took to exit 0, failing
-    /// the test if it is still running after `limit`.
-    fn terminate_within(&mut self, limit: Duration) -> Duration {
-        let mut child = self.child.take().unwrap();
-        let started = Instant::now();
-        let sent = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(sent.success());
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                assert!(
-                    status.success(),
-                    "grove serve exited with {status} after SIGTERM:\n{}",
-                    self.log()
-                );
-                return started.elapsed();
-            }
-            if started.elapsed() > limit {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "grove serve still running {limit:?} after SIGTERM:\n{}",
-                    self.log()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-/// A client that speaks NBD byte by byte over any socket.
-struct Raw<S: Read + Write> {
-    s: S,
-}
-
-impl<S: Read + Write> Raw<S> {
-    fn recv(&mut self, len: usize) -> Vec<u8> {
-        let mut buf = vec![0u8; len];
-        self.s.read_exact(&mut buf).expect("receive");
-        buf
-    }
-
-    fn greet(&mut self) {
-        decode_greeting(&self.recv(GREETING_BYTES)).expect("greeting");
-        self.s
-            .write_all(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes())
-            .unwrap();
-    }
-
-    fn option(&mut self, option: u32, data: &[u8]) {
-        let header = encode_option_header(OptionHeader {
-            option,
-            length: data.len() as u32,
-        });
-        self.s.write_all(&header).unwrap();
-        self.s.write_all(data).unwrap();
-    }
-
-    /// NBD_OPT_GO; the reply types received, the last being ACK or an error.
-    fn go(&mut self, export: &str) -> Vec<u32> {
-        let data = encode_info_request(&InfoRequest {
-            name: export.into(),
-            info_types: vec![],
-        });
-        self.option(OPT_GO, &data);
-        let mut types = Vec::new();
-        loop {
-            let header = decode_option_reply_header(&self.recv(OPTION_REPLY_HEADER_BYTES)).unwrap();
-            self.recv(header.length as usize);
-            types.push(header.reply_type);
-            if header.reply_type == REP_ACK || is_option_error(header.reply_type) {
-                return types;
-            }
-        }
-    }
-
-    fn request(&mut self, command: NbdCommand, cookie: u64, offset: u64, length: u32) {
-        let bytes = encode_request(&Request {
-            flags: 0,
-            command,
-            cookie,
-            offset,
-            length,
-        });
-        self.s.write_all(&bytes).unwrap();
-    }
-}
-
-fn unix_client(path: &Path) -> Raw<UnixStream> {
-    let s = UnixStream::connect(path).unwrap();
-    s.set_read_timeout(Some(Duration::from_millis(REPLY_TIMEOUT_MS)))
-        .unwrap();
-    let mut c = Raw { s };
-    c.greet();
-    c
-}
-
-/// Whether the server has closed the connection (end of file or reset).
-fn closed(s: &mut impl Read) -> bool {
-    let mut byte = [0u8; 1];
-    match s.read(&mut byte) {
-        Ok(0) => true,
-        Ok(_) => false,
-        Err(e) => matches!(
-            e.kind(),
-            std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
-        ),
-    }
-}
+use support::*;
 
 #[test]
 fn greedy_writers_stay_within_the_inflight_budget_and_stalled_ones_are_cut_off() {
@@ -274,6 +29,12 @@ fn greedy_writers_stay_within_the_inflight_budget_and_stalled_ones_are_cut_off()
             &format!("{LIMIT_MIB}M"),
             "--request-timeout",
             "2",
+            // 32 MiB at 16 MiB/s: a deadline 4 s after the data began.
+            "--min-rate",
+            "16M",
+            // All from this uid: every one is let in.
+            "--max-connections-per-client",
+            "20",
         ],
     );
     let baseline_kib = daemon.memory_kib("VmRSS");
@@ -324,7 +85,7 @@ fn greedy_writers_stay_within_the_inflight_budget_and_stalled_ones_are_cut_off()
     );
     let log = daemon.log();
     assert_eq!(
-        log.matches("client stopped sending in the middle of a request")
+        log.matches("client too slow over a request's data: past its deadline")
             .count(),
         CLIENTS,
         "every stalled client is cut off with a log line:\n{log}"
@@ -386,10 +147,12 @@ fn shutdown_ends_within_the_grace_whatever_nbd_and_control_clients_do() {
     let took = daemon.terminate_within(Duration::from_secs(30));
     eprintln!("shutdown with two non-reading clients took {took:?}");
     let log = daemon.log();
+    // The control client's reply deadline (10 s) may end it first.
     assert!(
         log.contains("connections still busy after the grace period")
-            && log.contains("control clients still busy after the grace period"),
-        "the grace ended both clients:\n{log}"
+            && (log.contains("control clients still busy after the grace period")
+                || log.contains("took too long to take its reply")),
+        "the grace, or a deadline, ended both clients:\n{log}"
     );
     drop(control);
 }
@@ -410,133 +173,23 @@ fn sockets_are_created_0660_whatever_the_umask_and_socket_mode_changes_it() {
 #[test]
 fn max_connections_closes_the_clients_over_the_limit() {
     let daemon = Daemon::start("1M", &["--max-connections", "2"]);
+    // Past their handshakes, the two keep their slots.
     let mut first = unix_client(&daemon.socket());
-    let _second = unix_client(&daemon.socket());
+    assert_eq!(*first.go("disk").last().unwrap(), REP_ACK);
+    let mut second = unix_client(&daemon.socket());
+    assert_eq!(*second.go("disk").last().unwrap(), REP_ACK);
     let mut third = UnixStream::connect(daemon.socket()).unwrap();
     third
         .set_read_timeout(Some(Duration::from_millis(REPLY_TIMEOUT_MS)))
         .unwrap();
     assert!(closed(&mut third), "the third connection is closed");
     // The two within the limit are served.
-    assert_eq!(*first.go("disk").last().unwrap(), REP_ACK);
-}
-
-/// Makes a CA, a server certificate for 127.0.0.1 and localhost, and a
-/// client certificate, with openssl. Returns (server dir, client dir,
-/// client dir without a client certificate), laid out as libnbd's
-/// tls-certificates and qemu's tls-creds-x509 want them.
-fn make_certificates(root: &Path) -> (PathBuf, PathBuf, PathBuf) {
-    let openssl = |args: &[&str]| {
-        let output = Command::new("openssl")
-            .args(args)
-            .current_dir(root)
-            .output()
-            .unwrap();
-        assert!(
-            output.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    };
-    let key = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    openssl(
-        &[
-            &["req", "-x509"][..],
-            &key,
-            &[
-                "-keyout",
-                "ca-key.pem",
-                "-out",
-                "ca-cert.pem",
-                "-days",
-                "2",
-                "-subj",
-                "/CN=grove test CA",
-                "-addext",
-                "basicConstraints=critical,CA:TRUE",
-                "-addext",
-                "keyUsage=critical,keyCertSign,cRLSign",
-            ],
-        ]
-        .concat(),
+    first.request(NbdCommand::Flush, 1, 0, 0);
+    assert_eq!(
+        decode_simple_reply(&first.recv(SIMPLE_REPLY_BYTES)).unwrap(),
+        (0, 1)
     );
-    for (name, cn, usage, san) in [
-        (
-            "server",
-            "localhost",
-            "serverAuth",
-            "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
-        ),
-        ("client", "grove test client", "clientAuth", ""),
-    ] {
-        openssl(
-            &[
-                &["req"][..],
-                &key,
-                &[
-                    "-keyout",
-                    &format!("{name}-key.pem"),
-                    "-out",
-                    &format!("{name}.csr"),
-                    "-subj",
-                    &format!("/CN={cn}"),
-                ],
-            ]
-            .concat(),
-        );
-        let ext = format!(
-            "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage={usage}\n{san}"
-        );
-        std::fs::write(root.join(format!("{name}.ext")), ext).unwrap();
-        openssl(&[
-            "x509",
-            "-req",
-            "-in",
-            &format!("{name}.csr"),
-            "-CA",
-            "ca-cert.pem",
-            "-CAkey",
-            "ca-key.pem",
-            "-CAcreateserial",
-            "-out",
-            &format!("{name}-cert.pem"),
-            "-days",
-            "2",
-            "-extfile",
-            &format!("{name}.ext"),
-        ]);
-    }
-    let server = root.to_path_buf();
-    let client = root.join("client");
-    let anonymous = root.join("anonymous");
-    for dir in [&client, &anonymous] {
-        std::fs::create_dir(dir).unwrap();
-        std::fs::copy(root.join("ca-cert.pem"), dir.join("ca-cert.pem")).unwrap();
-    }
-    std::fs::copy(root.join("client-cert.pem"), client.join("client-cert.pem")).unwrap();
-    std::fs::copy(root.join("client-key.pem"), client.join("client-key.pem")).unwrap();
-    (server, client, anonymous)
-}
-
-fn run(command: &mut Command) -> Output {
-    command
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"))
-}
-
-fn text(output: &Output) -> String {
-    format!(
-        "status {}\nstdout:\n{}\nstderr:\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
+    drop(second);
 }
 
 #[test]

@@ -354,6 +354,16 @@ impl RawClient {
         }
     }
 
+    /// Sends what it can; false once the connection is closed.
+    pub fn try_send(&mut self, bytes: &[u8]) -> bool {
+        self.stream.write_all(bytes).is_ok()
+    }
+
+    /// Reads some bytes; false at end-of-file or on an error.
+    pub fn try_recv(&mut self, buf: &mut [u8]) -> bool {
+        matches!(self.stream.read(buf), Ok(n) if n > 0)
+    }
+
     /// Whether the server closed the connection: the next read sees
     /// end-of-file (or a reset) rather than data or a timeout.
     pub fn is_closed(&mut self) -> bool {

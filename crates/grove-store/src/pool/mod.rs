@@ -935,13 +935,24 @@ impl Pool {
     /// Verifies all metadata (see `check.rs`). With `repair`, fixes leaks,
     /// allocation-map disagreements and space accounting, and commits.
     pub fn check(&self, repair: bool) -> Result<CheckReport> {
+        self.check_cancellable(repair, &std::sync::atomic::AtomicBool::new(false))
+    }
+
+    /// [`Pool::check`] that stops early, with an error and nothing
+    /// repaired, once `cancel` is set from another thread (a daemon
+    /// shutting down within its grace).
+    pub fn check_cancellable(
+        &self,
+        repair: bool,
+        cancel: &std::sync::atomic::AtomicBool,
+    ) -> Result<CheckReport> {
         let mut state = self.state();
         // The journal must read back every transaction it has reserved.
         settle_commit(&self.inner, &mut state)?;
         if repair {
             ensure_changes_allowed(&state)?;
         }
-        let report = state.check(repair);
+        let report = state.check(repair, cancel);
         let deferred = state.take_deferred_frees();
         release_frees(&self.inner, &mut state, deferred);
         let report = report?;
@@ -981,7 +992,8 @@ impl Pool {
     ) -> Result<CheckReport> {
         let mut state = self.state();
         settle_commit(&self.inner, &mut state)?;
-        state.check_in_windows(repair, window_blocks)
+        let never = std::sync::atomic::AtomicBool::new(false);
+        state.check_in_windows(repair, window_blocks, &never)
     }
 
     /// Sets a volume's recorded referenced bytes outright and commits: a
