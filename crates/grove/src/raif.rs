@@ -246,9 +246,15 @@ fn mount(config: Config, mountpoint: &Path, how: &How) -> Result<()> {
         .context("cannot install signal handlers")?;
     let (events, received) = mpsc::channel();
     let ended = events.clone();
-    let mount = grove_fuse::raif::mount_raif(config, mountpoint, how.allow_other, how.degraded, move || {
-        let _ = ended.send(MountEvent::Unmounted);
-    })
+    let mount = grove_fuse::raif::mount_raif(
+        config,
+        mountpoint,
+        how.allow_other,
+        how.degraded,
+        move || {
+            let _ = ended.send(MountEvent::Unmounted);
+        },
+    )
     .with_context(|| format!("cannot mount RAIF on {}", mountpoint.display()))?;
     announce(mountpoint, daemon, log)?;
     if let Some(warning) = &warning {
@@ -524,4 +530,44 @@ fn scrub(mountpoint: &Path, repair: bool) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A background copy that fails before it can log (a usage error from
+    /// clap) is reported by its own first line, not only by exit status.
+    #[test]
+    fn a_background_failure_is_reported_by_what_it_said() {
+        let usage =
+            "error: unexpected argument '/tmp/x/raif' found\n\nUsage: grove raif mount [OPTIONS]\n";
+        assert_eq!(
+            background_error(usage, "exit status: 2"),
+            "error: unexpected argument '/tmp/x/raif' found"
+        );
+        let ours = "log noise\ngrove: error: cannot mount RAIF on /m: busy\n";
+        assert_eq!(
+            background_error(ours, "exit status: 1"),
+            "cannot mount RAIF on /m: busy"
+        );
+        assert!(background_error("", "exit status: 2").contains("exit status: 2"));
+    }
+
+    /// The background copy gets the values as given, paths made absolute,
+    /// after `--` so that no path is read as a flag.
+    #[test]
+    fn background_arguments_are_the_given_values() {
+        let args = background_args(
+            None,
+            &Some("raif5".into()),
+            &Some("4K".into()),
+            &[PathBuf::from("/b0"), PathBuf::from("/mnt")],
+        );
+        let args: Vec<&str> = args.iter().map(|a| a.to_str().unwrap()).collect();
+        assert_eq!(
+            args,
+            ["--level", "raif5", "--stripe-unit=4K", "--", "/b0", "/mnt"]
+        );
+    }
 }

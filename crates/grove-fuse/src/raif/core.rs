@@ -70,7 +70,10 @@ impl Branches {
     }
 
     pub fn set_rebuilding(&self, branch: Option<usize>) {
-        assert!(branch.is_none_or(|b| self.is_failed(b)), "a branch being rebuilt is failed");
+        assert!(
+            branch.is_none_or(|b| self.is_failed(b)),
+            "a branch being rebuilt is failed"
+        );
         *lock(&self.rebuilding) = branch;
     }
 
@@ -673,6 +676,8 @@ impl Core {
     /// rule with a size threshold now picks another layout for the file,
     /// lays it out again (see [`Core::relayout`]).
     pub fn release(&self, ino: u64) -> io::Result<()> {
+        // Before the open table's lock: node() takes the inode lock first.
+        let rel = self.path_of(ino);
         // Held to the end: nobody opens the file while it is laid out
         // again. Nothing below takes the inode lock (node() takes that
         // one first, then this one).
@@ -692,7 +697,7 @@ impl Core {
             }
             return Ok(());
         }
-        let rel = self.path_of(ino)?;
+        let rel = rel?;
         if !last {
             drop(open);
             return self.persist_at(&rel, &file, false);

@@ -611,8 +611,9 @@ impl fuser::Filesystem for RaifFs {
     ) {
         let _gate = self.gate();
         let made = self.child(parent, name).and_then(|rel| {
+            let (uid, gid, _) = self.owner(req, &rel);
             self.core
-                .create(&rel, mode & !umask, req.uid(), req.gid())
+                .create(&rel, mode & !umask, uid, gid)
                 .map_err(errno)?;
             let ino = self.core.ino_for(&rel);
             let file = self.core.open(ino, &rel).map_err(errno)?;

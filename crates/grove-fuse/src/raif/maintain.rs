@@ -212,7 +212,11 @@ fn branch_list(core: &Core) -> String {
     (0..b.count())
         .map(|i| {
             let state = if b.is_failed(i) { "failed" } else { "ok" };
-            format!("{} ({}, {state})", b.config.branches[i].label, b.root(i).display())
+            format!(
+                "{} ({}, {state})",
+                b.config.branches[i].label,
+                b.root(i).display()
+            )
         })
         .collect::<Vec<_>>()
         .join(", ")

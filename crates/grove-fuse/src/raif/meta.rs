@@ -235,7 +235,10 @@ mod tests {
         assert_eq!(read(dir.path(), &rel).unwrap().unwrap().size_bytes, 7);
         remove(dir.path(), &rel).unwrap();
         assert!(read(dir.path(), &rel).unwrap().is_none());
-        assert!(!dir.path().join(META_DIR).exists(), "the empty meta dir goes");
+        assert!(
+            !dir.path().join(META_DIR).exists(),
+            "the empty meta dir goes"
+        );
     }
 
     /// A format 1 sidecar is read, and replaced by the first write.
@@ -315,8 +318,13 @@ mod tests {
         });
         let m = read(dir.path(), rel).unwrap().unwrap();
         assert_eq!(m, sample(m.size_bytes));
-        assert_eq!(sidecar_path(dir.path(), rel), dir.path().join(".grove-raif/f"));
-        let left = std::fs::read_dir(dir.path().join(WORK_DIR)).unwrap().count();
+        assert_eq!(
+            sidecar_path(dir.path(), rel),
+            dir.path().join(".grove-raif/f")
+        );
+        let left = std::fs::read_dir(dir.path().join(WORK_DIR))
+            .unwrap()
+            .count();
         assert_eq!(left, 0, "no temporary file left");
     }
 }

@@ -106,6 +106,12 @@ pub fn mount_raif(
         MountOption::DefaultPermissions,
         MountOption::RW,
     ];
+    if rustix::process::geteuid().is_root() {
+        // As on any file system root mounts: device nodes open and set-ID
+        // bits count (fusermount3 refuses both to other users).
+        fuse.mount_options
+            .extend([MountOption::Dev, MountOption::Suid]);
+    }
     fuse.acl = if allow_other {
         SessionACL::All
     } else {

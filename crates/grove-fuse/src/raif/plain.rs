@@ -88,11 +88,7 @@ pub fn dir_nlink(path: &Path, lower: &std::fs::Metadata) -> u32 {
 /// (or kept), a symlink points where `target` says, a special file gets
 /// its type and device number; then the mode, owner and times follow.
 /// The directory's times are set again once its children are made.
-pub fn copy_entry(
-    m: &std::fs::Metadata,
-    target: Option<&Path>,
-    to: &Path,
-) -> io::Result<()> {
+pub fn copy_entry(m: &std::fs::Metadata, target: Option<&Path>, to: &Path) -> io::Result<()> {
     let file_type = m.file_type();
     if file_type.is_dir() {
         match std::fs::create_dir(to) {
