@@ -241,6 +241,19 @@ mod tests {
         );
     }
 
+    /// A temporary file a crash left (a sidecar before its rename) is gone
+    /// after the next mount's clean-up, and the sidecar is untouched.
+    #[test]
+    fn a_crash_leftover_goes_at_the_next_mount() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), Path::new("f"), &sample(1), false).unwrap();
+        std::fs::write(temp_path(dir.path()).unwrap(), b"torn").unwrap();
+        clean_work_dir(dir.path()).unwrap();
+        assert!(!dir.path().join(WORK_DIR).exists());
+        assert!(read(dir.path(), Path::new("f")).unwrap().is_some());
+        clean_work_dir(dir.path()).unwrap();
+    }
+
     /// A format 1 sidecar is read, and replaced by the first write.
     #[test]
     fn a_format_1_sidecar_is_read_and_moved_on_write() {
