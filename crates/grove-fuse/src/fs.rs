@@ -62,6 +62,9 @@ pub(crate) struct VolumeFs {
     /// Open files, by file handle: each claims its volume, so that removing
     /// a volume with an open file is refused unless forced.
     open_files: Mutex<OpenFiles>,
+    /// How files open: direct I/O, unless the kernel cannot map such files
+    /// shared (see [`open_flags`]).
+    open_flags: FopenFlags,
     /// Called once, when the session ends (unmounted, or the connection
     /// aborted), after the pool is flushed.
     on_end: Mutex<Option<Box<dyn FnOnce() + Send>>>,
@@ -77,6 +80,7 @@ impl VolumeFs {
             gid: rustix::process::getgid().as_raw(),
             mounted_at: SystemTime::now(),
             open_files: Mutex::new(OpenFiles::default()),
+            open_flags: FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES,
             inodes: Mutex::new(Inodes {
                 next_ino: FIRST_VOLUME_INO,
                 ..Inodes::default()
@@ -293,6 +297,23 @@ fn log_data_error(what: &str, error: &grove_store::Error) -> Errno {
     errno
 }
 
+/// How the files of a mount open. Direct I/O keeps the page cache out
+/// between a file and the engine, and with FUSE_DIRECT_IO_ALLOW_MMAP
+/// (Linux 6.6) such files can still be mapped shared: pages written
+/// through a mapping go to the engine as write requests, and msync is an
+/// fsync. An older kernel answers ENODEV to a shared mapping of a direct
+/// I/O file, so there files use the page cache instead (invalidated at
+/// each open) and mapping them works.
+pub(crate) fn open_flags(config: &mut KernelConfig) -> FopenFlags {
+    match config.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP) {
+        Ok(()) => FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES,
+        Err(_) => {
+            tracing::info!("the kernel cannot map direct I/O files: files use the page cache");
+            FopenFlags::empty()
+        }
+    }
+}
+
 impl fuser::Filesystem for VolumeFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
         // What the kernel cannot do is left at its default: each setting
@@ -300,6 +321,7 @@ impl fuser::Filesystem for VolumeFs {
         let _ = config.set_max_write(MAX_WRITE_BYTES);
         let _ = config.set_max_background(MAX_BACKGROUND_REQUESTS);
         let _ = config.add_capabilities(InitFlags::FUSE_ASYNC_DIO);
+        self.open_flags = open_flags(config);
         Ok(())
     }
 
@@ -400,11 +422,7 @@ impl fuser::Filesystem for VolumeFs {
             fh
         });
         match claimed {
-            // Direct I/O: no page cache between the file and the engine.
-            Ok(fh) => reply.opened(
-                FileHandle(fh),
-                FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES,
-            ),
+            Ok(fh) => reply.opened(FileHandle(fh), self.open_flags),
             Err(errno) => reply.error(errno),
         }
     }

@@ -57,6 +57,11 @@ pub enum RaifCommand {
         /// refills them
         #[arg(long)]
         degraded: bool,
+        /// Let other users than the one mounting use the mount (root, or
+        /// user_allow_other in /etc/fuse.conf); the kernel checks modes and
+        /// owners as on any file system (default_permissions)
+        #[arg(long)]
+        allow_other: bool,
         /// Without --config: BRANCH_DIR... then the mount point; with it, the mount point
         #[arg(required = true, num_args = 1..)]
         paths: Vec<PathBuf>,
@@ -69,17 +74,26 @@ pub enum RaifCommand {
     },
     /// Which rule laid a file out, and where its metadata and units live
     Explain { path: PathBuf },
-    /// Restore redundancy: refill an empty directory that replaces a branch
-    /// (failed or not) from the other branches, on a mounted RAIF
+    /// Restore redundancy: refill an empty directory that replaces a failed
+    /// branch from the other branches, on a mounted RAIF
     #[command(
         after_help = "The mount goes on serving reads meanwhile; requests that change \
-                      something wait until the rebuild ends.\n\nExample:\n  \
-                      grove raif rebuild --branch b1 --to /srv/new-b1 /mnt/raif"
+                      something wait until the rebuild ends. The branch shows as \
+                      rebuilding until every file on it is whole; a rebuild that fails \
+                      leaves the mount as it was.\n\nExample (labels as `grove raif status` \
+                      shows them; with --level they count from b0 in the order the \
+                      directories were given):\n  \
+                      grove raif status /mnt/raif\n  \
+                      grove raif rebuild --branch b1 --to /srv/new /mnt/raif"
     )]
     Rebuild {
-        /// Label of the branch to replace
+        /// Label of the branch to replace (see `grove raif status`)
         #[arg(long, value_name = "LABEL")]
         branch: String,
+        /// Replace a branch that is not failed (its redundancy is lost
+        /// until the rebuild ends)
+        #[arg(long)]
+        force: bool,
         /// The empty replacement directory
         #[arg(long, value_name = "NEWDIR")]
         to: PathBuf,
@@ -104,22 +118,27 @@ pub fn run(command: RaifCommand) -> Result<()> {
             foreground,
             log,
             degraded,
+            allow_other,
             paths,
         } => {
+            let args = background_args(config.as_deref(), &level, &stripe_unit, &paths);
             let (config, mountpoint) = load_config(config.as_deref(), level, stripe_unit, paths)?;
             let how = How {
                 foreground,
                 log: log.as_deref(),
                 degraded,
+                allow_other,
+                args,
             };
             mount(config, &mountpoint, &how)
         }
         RaifCommand::Status { mountpoint, json } => status(&mountpoint, json),
         RaifCommand::Rebuild {
             branch,
+            force,
             to,
             mountpoint,
-        } => rebuild(&mountpoint, branch, &to),
+        } => rebuild(&mountpoint, branch, &to, force),
         RaifCommand::Scrub { repair, mountpoint } => scrub(&mountpoint, repair),
         RaifCommand::Explain { path } => {
             let text = xattr(&path, grove_fuse::raif::XATTR_EXPLAIN)?;
@@ -163,6 +182,39 @@ struct How<'a> {
     foreground: bool,
     log: Option<&'a Path>,
     degraded: bool,
+    allow_other: bool,
+    /// The layout arguments again, for the background copy.
+    args: Vec<std::ffi::OsString>,
+}
+
+/// The layout arguments of `grove raif mount` as the background copy gets
+/// them: the same values, with paths made absolute (it works from /) and
+/// nothing else touched.
+fn background_args(
+    config: Option<&Path>,
+    level: &Option<String>,
+    stripe_unit: &Option<String>,
+    paths: &[PathBuf],
+) -> Vec<std::ffi::OsString> {
+    let absolute = |p: &Path| {
+        std::path::absolute(p)
+            .unwrap_or_else(|_| p.to_path_buf())
+            .into_os_string()
+    };
+    let mut args: Vec<std::ffi::OsString> = Vec::new();
+    if let Some(config) = config {
+        args.extend(["--config".into(), absolute(config)]);
+    }
+    if let Some(level) = level {
+        args.extend(["--level".into(), level.into()]);
+    }
+    if let Some(unit) = stripe_unit {
+        args.push(format!("--stripe-unit={unit}").into());
+    }
+    // After `--`: a path named like a flag stays a path.
+    args.push("--".into());
+    args.extend(paths.iter().map(|p| absolute(p)));
+    args
 }
 
 fn mount(config: Config, mountpoint: &Path, how: &How) -> Result<()> {
@@ -179,7 +231,7 @@ fn mount(config: Config, mountpoint: &Path, how: &How) -> Result<()> {
     let log = log.as_deref();
     let daemon = std::env::var_os(DAEMON_ENV).is_some();
     if !how.foreground && !daemon {
-        start_in_background()?;
+        start_in_background(how, log)?;
         if let Some(warning) = &warning {
             eprintln!("grove: warning: {warning}");
         }
@@ -194,9 +246,15 @@ fn mount(config: Config, mountpoint: &Path, how: &How) -> Result<()> {
         .context("cannot install signal handlers")?;
     let (events, received) = mpsc::channel();
     let ended = events.clone();
-    let mount = grove_fuse::raif::mount_raif(config, mountpoint, false, how.degraded, move || {
-        let _ = ended.send(MountEvent::Unmounted);
-    })
+    let mount = grove_fuse::raif::mount_raif(
+        config,
+        mountpoint,
+        how.allow_other,
+        how.degraded,
+        move || {
+            let _ = ended.send(MountEvent::Unmounted);
+        },
+    )
     .with_context(|| format!("cannot mount RAIF on {}", mountpoint.display()))?;
     announce(mountpoint, daemon, log)?;
     if let Some(warning) = &warning {
@@ -247,22 +305,22 @@ fn announce(mountpoint: &Path, daemon: bool, log: Option<&Path>) -> Result<()> {
 }
 
 /// Runs this same command again with --foreground, detached, and waits
-/// until it is mounted or has failed.
-fn start_in_background() -> Result<()> {
+/// until it is mounted or has failed; its error is reported as it said it.
+fn start_in_background(how: &How, log: Option<&Path>) -> Result<()> {
     let exe = std::env::current_exe().context("cannot find the grove executable")?;
-    let mut args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-    // Paths are made absolute: the background copy works from /.
-    for arg in args.iter_mut() {
-        let path = Path::new(arg.as_os_str());
-        if path.exists() {
-            *arg = std::path::absolute(path)
-                .unwrap_or_else(|_| path.to_path_buf())
-                .into_os_string();
-        }
+    let mut command = Command::new(exe);
+    command.args(["raif", "mount", "--foreground"]);
+    if let Some(log) = log {
+        command.arg("--log").arg(log);
     }
-    let mut child = Command::new(exe)
-        .args(&args)
-        .arg("--foreground")
+    if how.degraded {
+        command.arg("--degraded");
+    }
+    if how.allow_other {
+        command.arg("--allow-other");
+    }
+    let mut child = command
+        .args(&how.args)
         .env(DAEMON_ENV, "1")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -286,9 +344,19 @@ fn start_in_background() -> Result<()> {
         let _ = pipe.read_to_string(&mut stderr);
     }
     let status = child.wait()?;
-    match stderr.lines().find_map(|l| l.strip_prefix(ERROR_PREFIX)) {
-        Some(message) => bail!("{message}"),
-        None => bail!("the background grove raif mount exited with {status} before mounting"),
+    bail!("{}", background_error(&stderr, &status.to_string()))
+}
+
+/// The error a background mount that failed printed: its `grove: error:`
+/// line, else its first line of any kind (a usage error), else its status.
+fn background_error(stderr: &str, status: &str) -> String {
+    let said = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix(ERROR_PREFIX))
+        .or_else(|| stderr.lines().map(str::trim).find(|l| !l.is_empty()));
+    match said {
+        Some(message) => message.to_string(),
+        None => format!("the background grove raif mount exited with {status} before mounting"),
     }
 }
 
@@ -312,25 +380,38 @@ fn status(mountpoint: &Path, json: bool) -> Result<()> {
         println!("{text}");
     } else {
         println!("state: {}", value["state"].as_str().unwrap_or("?"));
-        println!(
-            "{:<12} {:<8} {:>12} {:>10}  path",
-            "branch", "state", "latency_us", "reads"
-        );
-        for b in value["branches"].as_array().into_iter().flatten() {
-            println!(
-                "{:<12} {:<8} {:>12} {:>10}  {}",
-                b["label"].as_str().unwrap_or(""),
-                b["state"].as_str().unwrap_or(""),
-                b["latency_us"].as_u64().unwrap_or(0),
-                b["reads"].as_u64().unwrap_or(0),
-                b["path"].as_str().unwrap_or("")
-            );
-        }
+        print_branches(&value);
     }
     if value["state"] == "degraded" {
         bail!("{} is degraded: a branch failed", mountpoint.display());
     }
     Ok(())
+}
+
+/// One line per branch: its label (what `rebuild --branch` takes) beside
+/// its directory, then its health; a replacement also names the directory
+/// of the configuration it stands in for.
+fn print_branches(value: &serde_json::Value) {
+    println!(
+        "{:<8} {:<40} {:<10} {:>10} {:>10}",
+        "label", "directory", "state", "latency_us", "reads"
+    );
+    for b in value["branches"].as_array().into_iter().flatten() {
+        let path = b["path"].as_str().unwrap_or("");
+        let configured = b["configured_path"].as_str().unwrap_or(path);
+        let directory = match configured == path {
+            true => path.to_string(),
+            false => format!("{path} (replaces {configured})"),
+        };
+        println!(
+            "{:<8} {:<40} {:<10} {:>10} {:>10}",
+            b["label"].as_str().unwrap_or(""),
+            directory,
+            b["state"].as_str().unwrap_or(""),
+            b["latency_us"].as_u64().unwrap_or(0),
+            b["reads"].as_u64().unwrap_or(0)
+        );
+    }
 }
 
 /// Starts a rebuild or scrub in the mount and follows it with a progress
@@ -393,13 +474,14 @@ fn print_problems(job: &grove_fuse::raif::Job) {
     }
 }
 
-fn rebuild(mountpoint: &Path, branch: String, to: &Path) -> Result<()> {
+fn rebuild(mountpoint: &Path, branch: String, to: &Path, force: bool) -> Result<()> {
     let to = std::path::absolute(to).with_context(|| format!("cannot resolve {}", to.display()))?;
     let id = job_id();
     let request = grove_fuse::raif::Request::Rebuild {
         id: id.clone(),
         branch: branch.clone(),
         to: to.clone(),
+        force,
     };
     let job = run_job(mountpoint, &request, &id, "rebuild")?;
     if let Some(error) = job.error {
@@ -448,4 +530,44 @@ fn scrub(mountpoint: &Path, repair: bool) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A background copy that fails before it can log (a usage error from
+    /// clap) is reported by its own first line, not only by exit status.
+    #[test]
+    fn a_background_failure_is_reported_by_what_it_said() {
+        let usage =
+            "error: unexpected argument '/tmp/x/raif' found\n\nUsage: grove raif mount [OPTIONS]\n";
+        assert_eq!(
+            background_error(usage, "exit status: 2"),
+            "error: unexpected argument '/tmp/x/raif' found"
+        );
+        let ours = "log noise\ngrove: error: cannot mount RAIF on /m: busy\n";
+        assert_eq!(
+            background_error(ours, "exit status: 1"),
+            "cannot mount RAIF on /m: busy"
+        );
+        assert!(background_error("", "exit status: 2").contains("exit status: 2"));
+    }
+
+    /// The background copy gets the values as given, paths made absolute,
+    /// after `--` so that no path is read as a flag.
+    #[test]
+    fn background_arguments_are_the_given_values() {
+        let args = background_args(
+            None,
+            &Some("raif5".into()),
+            &Some("4K".into()),
+            &[PathBuf::from("/b0"), PathBuf::from("/mnt")],
+        );
+        let args: Vec<&str> = args.iter().map(|a| a.to_str().unwrap()).collect();
+        assert_eq!(
+            args,
+            ["--level", "raif5", "--stripe-unit=4K", "--", "/b0", "/mnt"]
+        );
+    }
 }

@@ -993,3 +993,57 @@ fn export_onto_a_block_device_writes_every_byte() {
         "a refused export wrote"
     );
 }
+
+/// Maps `len` bytes of `file` shared and read-write.
+fn map_shared(file: &std::fs::File, len: usize) -> rustix::io::Result<*mut u8> {
+    use rustix::mm::{mmap, MapFlags, ProtFlags};
+    // SAFETY: a fresh mapping of a file the caller keeps open; nothing
+    // else in the process refers to that address range.
+    let ptr = unsafe {
+        mmap(
+            std::ptr::null_mut(),
+            len,
+            ProtFlags::READ | ProtFlags::WRITE,
+            MapFlags::SHARED,
+            file,
+            0,
+        )
+    }?;
+    Ok(ptr.cast())
+}
+
+/// Programs that map their disk images need shared mappings of volume
+/// files: they failed with ENODEV (direct I/O). Bytes written through the
+/// mapping and msync'ed reach the volume: another mount reads them.
+#[test]
+fn a_volume_file_maps_shared_and_msync_makes_writes_durable() {
+    require!("timeout");
+    const MAP_BYTES: usize = 1 << 20;
+    let pool = TestPool::new();
+    pool.ok(&["create", "disk", "--size", "4M"]);
+    let mountpoint = pool.dir("mnt");
+    let grove = GroveMount::foreground(&pool, &mountpoint);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(grove.file("disk"))
+        .unwrap();
+    let ptr = map_shared(&file, MAP_BYTES).expect("a shared mapping of a volume file");
+    let data = pattern(7, MAP_BYTES);
+    // SAFETY: the mapping is MAP_BYTES long, writable, and only used here.
+    unsafe {
+        std::ptr::copy_nonoverlapping(data.as_ptr(), ptr, MAP_BYTES);
+        rustix::mm::msync(ptr.cast(), MAP_BYTES, rustix::mm::MsyncFlags::SYNC).unwrap();
+        rustix::mm::munmap(ptr.cast(), MAP_BYTES).unwrap();
+    }
+    drop(file);
+    grove.unmount(&pool);
+    let grove = GroveMount::foreground(&pool, &mountpoint);
+    let mut back = vec![0u8; MAP_BYTES];
+    std::fs::File::open(grove.file("disk"))
+        .unwrap()
+        .read_exact_at(&mut back, 0)
+        .unwrap();
+    assert!(back == data, "the mapped writes are in the volume");
+    grove.unmount(&pool);
+}

@@ -365,9 +365,16 @@ fn posix_operations_behave() {
     fs::remove_dir(r.p("e")).unwrap();
     assert!(rustix::fs::statvfs(&r.mnt).unwrap().f_blocks > 0);
     assert!(fs::hard_link(r.p("x"), r.p("y")).is_err());
-    // nothing is left on the branches
+    // nothing is left on the branches but the empty work directory
     for b in &r.branches {
-        assert_eq!(fs::read_dir(b).unwrap().count(), 0, "{}", b.display());
+        let left: Vec<_> = fs::read_dir(b)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|n| n != ".grove-raif.tmp")
+            .collect();
+        assert!(left.is_empty(), "{}: {left:?}", b.display());
+        let work = b.join(".grove-raif.tmp");
+        assert!(!work.exists() || fs::read_dir(&work).unwrap().count() == 0);
     }
 }
 
@@ -658,6 +665,52 @@ fn rebuild_restores_full_redundancy() {
 /// failure with eprintln!, whose panic killed the request's thread and
 /// fuser answered EIO. A foreground mount whose stderr reader is gone
 /// shows the same deterministically: it must serve on, logs lost or not.
+/// The traps of issue 26: a healthy branch is refused without --force
+/// (the README's example once replaced one); a forced rebuild that cannot
+/// finish (RAIF5 with another branch failed) leaves the mount as it was,
+/// the new directory empty again and the files readable; the branch that
+/// really failed is then rebuilt into that same directory, and status
+/// shows labels beside directories.
+#[test]
+fn rebuild_refuses_a_healthy_branch_and_a_failed_one_leaves_the_mount_as_it_was() {
+    require!();
+    let r = Raif::new("raif5", 3, "4K");
+    let data = pattern(100_000, 5);
+    fs::write(r.p("f"), &data).unwrap();
+    fs::remove_dir_all(&r.branches[1]).unwrap();
+    assert_eq!(r.status()["state"], "degraded");
+    let new = r.dir.path().join("new");
+    fs::create_dir(&new).unwrap();
+    let to = new.to_str().unwrap();
+    let out = r.run(&["rebuild", "--branch", "b2", "--to", to]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("is not failed"), "{}", text(&out));
+    assert!(
+        text(&out).contains("b1"),
+        "names the failed one: {}",
+        text(&out)
+    );
+    let out = r.run(&["rebuild", "--branch", "b2", "--force", "--to", to]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("as it was"), "{}", text(&out));
+    assert_eq!(fs::read_dir(&new).unwrap().count(), 0, "emptied again");
+    let status = r.status();
+    assert_eq!(status["branches"][2]["state"], "ok", "{status}");
+    assert_eq!(
+        status["branches"][2]["path"],
+        r.branches[2].to_str().unwrap()
+    );
+    assert_eq!(fs::read(r.p("f")).unwrap(), data, "still readable");
+    let out = r.run(&["rebuild", "--branch", "b1", "--to", to]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(r.status()["state"], "ok");
+    let out = grove(&["raif", "status", r.mnt.to_str().unwrap()]);
+    let human = text(&out);
+    let line = human.lines().find(|l| l.starts_with("b1")).unwrap();
+    assert!(line.contains(to) && line.contains("replaces"), "{human}");
+    assert_eq!(fs::read(r.p("f")).unwrap(), data);
+}
+
 #[test]
 fn a_mount_whose_log_cannot_be_written_still_serves() {
     require!();

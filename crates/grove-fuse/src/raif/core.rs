@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use grove_raif::config::{Config, FileFacts};
 use grove_raif::{raid, start_branch, Balancer, BranchIo, Layout};
 
-use super::meta::{self, Meta, META_FORMAT, RESERVED_PREFIX};
+use super::meta::{self, Meta, META_DIR, META_FORMAT, RESERVED_PREFIX};
 
 /// Mode bits of a component file on a branch: only root reads it there.
 const COMPONENT_MODE: u32 = 0o600;
@@ -41,6 +41,9 @@ pub struct Branches {
     pub balancer: Balancer,
     /// Injected read delay per branch ([`READ_DELAY_ENV`]), zero normally.
     read_delay: Vec<Duration>,
+    /// The branch a rebuild is refilling, if any: failed until it is
+    /// whole, and shown as rebuilding meanwhile.
+    rebuilding: Mutex<Option<usize>>,
 }
 
 impl Branches {
@@ -53,6 +56,7 @@ impl Branches {
             failed: (0..n).map(|_| AtomicBool::new(false)).collect(),
             balancer: Balancer::new(n),
             read_delay,
+            rebuilding: Mutex::new(None),
         }
     }
 
@@ -63,6 +67,25 @@ impl Branches {
     /// Points a branch at a new directory (a rebuild's replacement).
     pub fn set_root(&self, branch: usize, path: PathBuf) {
         self.roots.write().unwrap_or_else(|e| e.into_inner())[branch] = path;
+    }
+
+    pub fn set_rebuilding(&self, branch: Option<usize>) {
+        assert!(
+            branch.is_none_or(|b| self.is_failed(b)),
+            "a branch being rebuilt is failed"
+        );
+        *lock(&self.rebuilding) = branch;
+    }
+
+    /// What `status` says of a branch: ok, failed, or rebuilding.
+    pub fn state(&self, branch: usize) -> &'static str {
+        if *lock(&self.rebuilding) == Some(branch) {
+            "rebuilding"
+        } else if self.is_failed(branch) {
+            "failed"
+        } else {
+            "ok"
+        }
     }
 
     /// Marks a rebuilt branch healthy again.
@@ -361,9 +384,13 @@ pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Whether a name is grove's own: a sidecar directory, a format 1 sidecar,
+/// the work directory.
 pub fn is_reserved(name: &std::ffi::OsStr) -> bool {
-    name.as_encoded_bytes()
-        .starts_with(RESERVED_PREFIX.as_bytes())
+    name == META_DIR
+        || name
+            .as_encoded_bytes()
+            .starts_with(RESERVED_PREFIX.as_bytes())
 }
 
 impl Core {
@@ -467,12 +494,24 @@ impl Core {
         self.lower_metadata(rel).map(Node::Plain)
     }
 
-    /// lstat of a directory or symlink on the first healthy branch with it.
+    /// A directory's link count as the user sees it, from the first
+    /// healthy branch that has it (directories are on every branch).
+    pub fn dir_nlink(&self, rel: &Path, m: &std::fs::Metadata) -> u32 {
+        self.branches
+            .healthy()
+            .map(|b| self.branches.root(b).join(rel))
+            .find(|p| p.is_dir())
+            .map_or(2, |p| super::plain::dir_nlink(&p, m))
+    }
+
+    /// lstat of a directory, symlink or special file (anything but a
+    /// regular file, which is a component) on the first healthy branch
+    /// with it.
     pub fn lower_metadata(&self, rel: &Path) -> io::Result<std::fs::Metadata> {
         let mut last = io::Error::from_raw_os_error(2);
         for branch in self.branches.healthy() {
             match std::fs::symlink_metadata(self.branches.root(branch).join(rel)) {
-                Ok(m) if m.is_dir() || m.file_type().is_symlink() => return Ok(m),
+                Ok(m) if !m.is_file() => return Ok(m),
                 Ok(_) => {}
                 Err(e) => {
                     self.branches.check_error(branch, &e);
@@ -489,7 +528,8 @@ impl Core {
         let mut names = BTreeMap::new();
         let mut any = false;
         for branch in self.branches.healthy() {
-            let Ok(entries) = std::fs::read_dir(self.branches.root(branch).join(rel)) else {
+            let dir = self.branches.root(branch).join(rel);
+            let Ok(entries) = std::fs::read_dir(&dir) else {
                 continue;
             };
             any = true;
@@ -497,10 +537,16 @@ impl Core {
                 let name = entry.file_name().to_string_lossy().into_owned();
                 let kind = entry.file_type()?;
                 if let Some(file) = name.strip_prefix(RESERVED_PREFIX) {
+                    // A format 1 sidecar.
                     if !file.starts_with("tmp.") && kind.is_file() {
                         names.insert(file.to_string(), true);
                     }
-                } else if kind.is_dir() || kind.is_symlink() {
+                } else if name == META_DIR && kind.is_dir() {
+                    for sidecar in std::fs::read_dir(dir.join(META_DIR))?.flatten() {
+                        let file = sidecar.file_name().to_string_lossy().into_owned();
+                        names.insert(file, true);
+                    }
+                } else if !kind.is_file() {
                     names.entry(name).or_insert(false);
                 }
             }
@@ -630,7 +676,8 @@ impl Core {
     /// rule with a size threshold now picks another layout for the file,
     /// lays it out again (see [`Core::relayout`]).
     pub fn release(&self, ino: u64) -> io::Result<()> {
-        let rel = self.path_of(ino)?;
+        // Before the open table's lock: node() takes the inode lock first.
+        let rel = self.path_of(ino);
         // Held to the end: nobody opens the file while it is laid out
         // again. Nothing below takes the inode lock (node() takes that
         // one first, then this one).
@@ -642,6 +689,15 @@ impl Core {
         *opens = opens.saturating_sub(1);
         let last = *opens == 0;
         drop(opens);
+        if file.unlinked.load(Ordering::Relaxed) {
+            // Its names are gone: the last close drops the component
+            // handles, and the lower file systems free the space.
+            if last {
+                open.remove(&ino);
+            }
+            return Ok(());
+        }
+        let rel = rel?;
         if !last {
             drop(open);
             return self.persist_at(&rel, &file, false);
@@ -661,9 +717,8 @@ impl Core {
 
     /// Lays a closed file out again when the rule that applies to it now
     /// (its size having crossed a rule's `min_size`) is not the one that
-    /// laid it out: the data is copied into hidden components
-    /// (`.grove-raif.tmp..grove-raif.NAME`, a name no file or sidecar can
-    /// have) on the new rule's branches and synced; then the components are
+    /// laid it out: the data is copied into hidden components (in each new
+    /// branch's [`meta::WORK_DIR`]) and synced; then the components are
     /// renamed into place, the old rule's other components removed, and the
     /// sidecars rewritten durably. A crash during those last renames can
     /// leave sidecars and components of different layouts: the same window
@@ -692,22 +747,22 @@ impl Core {
             .map(|&b| config.branches[b].label.clone())
             .collect();
         new.rule = rule.name.clone();
-        let tmp_rel = rel.with_file_name(format!(
-            "{}{RESERVED_PREFIX}{}",
-            meta::TMP_PREFIX,
-            name.to_string_lossy()
-        ));
+        // Each new component starts in its branch's work directory.
+        let temps: Vec<Option<PathBuf>> = rule
+            .branches
+            .iter()
+            .map(|&b| {
+                (!self.branches.is_failed(b))
+                    .then(|| meta::temp_path(&self.branches.root(b)).ok())
+                    .flatten()
+            })
+            .collect();
         let temp = OpenFile {
             meta: RwLock::new(new.clone()),
             subset: rule.branches.clone(),
-            components: rule
-                .branches
+            components: temps
                 .iter()
-                .map(|&b| {
-                    let made = (!self.branches.is_failed(b))
-                        .then(|| create_component(&self.branches.root(b).join(&tmp_rel)).ok());
-                    RwLock::new(made.flatten())
-                })
+                .map(|t| RwLock::new(t.as_ref().and_then(|t| create_component(t).ok())))
                 .collect(),
             opens: Mutex::new(1),
             dirty: AtomicBool::new(false),
@@ -716,8 +771,8 @@ impl Core {
         };
         let copied = self.copy_into(file, &old, &temp, &new);
         let remove_temps = || {
-            for &b in &rule.branches {
-                let _ = remove_if_there(&self.branches.root(b).join(&tmp_rel));
+            for t in temps.iter().flatten() {
+                let _ = remove_if_there(t);
             }
         };
         if let Err(e) = copied {
@@ -729,9 +784,8 @@ impl Core {
                 .read()
                 .unwrap_or_else(|e| e.into_inner())
                 .is_some();
-            if made {
-                let root = self.branches.root(b);
-                std::fs::rename(root.join(&tmp_rel), root.join(rel))?;
+            if let (true, Some(t)) = (made, &temps[position]) {
+                std::fs::rename(t, self.branches.root(b).join(rel))?;
             }
         }
         for b in self.subset_of(&old)? {
@@ -929,21 +983,55 @@ impl Core {
         Ok(())
     }
 
-    /// Removes a regular file's components and sidecars everywhere.
+    /// Removes an empty directory from every branch (ENOTEMPTY if it has
+    /// any entry on any healthy branch), with the sidecar directory that
+    /// may be left in it.
+    pub fn remove_empty_dir(&self, rel: &Path) -> io::Result<()> {
+        self.check_empty_dir(rel)?;
+        self.remove_plain(rel, |p| std::fs::remove_dir(p))
+    }
+
+    /// ENOTEMPTY unless the directory has no entry; its (then empty)
+    /// sidecar directories go, since the lower file systems count them.
+    pub fn check_empty_dir(&self, rel: &Path) -> io::Result<()> {
+        if !self.list(rel)?.is_empty() {
+            return Err(io::Error::from_raw_os_error(39));
+        }
+        for branch in self.branches.healthy().collect::<Vec<_>>() {
+            let ours = self.branches.root(branch).join(rel).join(META_DIR);
+            match std::fs::remove_dir(&ours) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes a regular file's components and sidecars everywhere. A file
+    /// still open stays readable and writable through its component
+    /// handles (the lower files live on, nameless, until those close), and
+    /// its inode answers fstat until the last close: nothing is renamed or
+    /// kept on the branches, so a crash meanwhile leaves nothing behind.
     pub fn unlink_file(&self, rel: &Path) -> io::Result<()> {
-        let sidecar = |root: &Path| meta::sidecar_path(root, rel);
         self.on_all(|root| {
-            let a = remove_if_there(&root.join(rel));
-            let b = remove_if_there(&sidecar(root));
-            a.and(b)
+            let component = remove_if_there(&root.join(rel));
+            meta::remove(root, rel).and(component)
         })?;
-        let ino = lock(&self.inodes).by_path.get(rel).copied();
+        let mut inodes = lock(&self.inodes);
+        let ino = inodes.by_path.get(rel).copied();
         if let Some(file) = ino.and_then(|i| self.open_file(i)) {
             file.unlinked.store(true, Ordering::Relaxed);
-            lock(&self.open).remove(&ino.unwrap_or(0));
+            let mut m = file.meta.write().unwrap_or_else(|e| e.into_inner());
+            m.ctime_ns = meta::now_ns();
         }
-        lock(&self.inodes).forget_path(rel);
+        inodes.forget_path(rel);
         Ok(())
+    }
+
+    /// An open file whose every name is gone, by inode.
+    pub fn unlinked_open(&self, ino: u64) -> Option<Arc<OpenFile>> {
+        self.open_file(ino)
+            .filter(|f| f.unlinked.load(Ordering::Relaxed))
     }
 
     /// Renames a regular file: components on every branch, and metadata
@@ -959,9 +1047,9 @@ impl Core {
         })?;
         for branch in self.branches.healthy().collect::<Vec<_>>() {
             let root = self.branches.root(branch);
-            let _ = remove_if_there(&meta::sidecar_path(&root, from));
+            let _ = meta::remove(&root, from);
             if !new_meta.contains(&branch) {
-                let _ = remove_if_there(&meta::sidecar_path(&root, to));
+                let _ = meta::remove(&root, to);
             }
         }
         lock(&self.inodes).rename(from, to);

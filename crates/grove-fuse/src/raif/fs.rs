@@ -5,7 +5,7 @@
 
 use std::ffi::OsStr;
 use std::io;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLockReadGuard};
 use std::time::{Duration, SystemTime};
@@ -19,7 +19,7 @@ use fuser::{
 
 use super::core::{is_reserved, lower_mode, Core, Node, OpenFile};
 use super::meta::{self, Meta};
-use super::report;
+use super::{plain, report};
 
 /// Attributes are not cached: metadata lives in sidecars that only this
 /// process changes, but a branch may fail between two requests.
@@ -32,11 +32,15 @@ pub const XATTR_EXPLAIN: &str = "user.grove.raif.explain";
 const STAT_BLOCK_BYTES: u64 = 512;
 /// statfs's block size, whatever the branches use.
 const STATFS_BLOCK_BYTES: u64 = 4096;
-/// Longest name a branch takes, less the sidecar prefix.
-const NAME_MAX_BYTES: u32 = 255 - meta::RESERVED_PREFIX.len() as u32 - 4;
+/// Longest name the mount takes: what ext4, xfs, btrfs and tmpfs take (a
+/// sidecar's name is the file's, see `meta`). A branch that takes less
+/// answers ENAMETOOLONG itself.
+const NAME_MAX_BYTES: u32 = 255;
 
 pub struct RaifFs {
     pub core: Arc<Core>,
+    /// How files open: see [`crate::fs::open_flags`].
+    open_flags: FopenFlags,
     on_end: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
@@ -44,7 +48,7 @@ fn errno(e: io::Error) -> Errno {
     Errno::from(e)
 }
 
-fn file_attr(ino: u64, m: &Meta) -> FileAttr {
+fn file_attr(ino: u64, m: &Meta, nlink: u32) -> FileAttr {
     FileAttr {
         ino: INodeNo(ino),
         size: m.size_bytes,
@@ -55,7 +59,7 @@ fn file_attr(ino: u64, m: &Meta) -> FileAttr {
         crtime: meta::from_ns(m.ctime_ns),
         kind: FileType::RegularFile,
         perm: (m.mode & 0o7777) as u16,
-        nlink: 1,
+        nlink,
         uid: m.uid,
         gid: m.gid,
         rdev: 0,
@@ -64,7 +68,9 @@ fn file_attr(ino: u64, m: &Meta) -> FileAttr {
     }
 }
 
-fn lower_attr(ino: u64, m: &std::fs::Metadata) -> FileAttr {
+/// The attributes of a replicated entry; `nlink` is a directory's count as
+/// the user sees it (see [`plain::dir_nlink`]).
+fn lower_attr(ino: u64, m: &std::fs::Metadata, nlink: u32) -> FileAttr {
     let time = |s: i64, ns: i64| {
         SystemTime::UNIX_EPOCH + Duration::new(s.max(0) as u64, ns.clamp(0, 999_999_999) as u32)
     };
@@ -76,16 +82,12 @@ fn lower_attr(ino: u64, m: &std::fs::Metadata) -> FileAttr {
         mtime: time(m.mtime(), m.mtime_nsec()),
         ctime: time(m.ctime(), m.ctime_nsec()),
         crtime: time(m.ctime(), m.ctime_nsec()),
-        kind: if m.is_dir() {
-            FileType::Directory
-        } else {
-            FileType::Symlink
-        },
+        kind: FileType::from_std(m.file_type()).unwrap_or(FileType::RegularFile),
         perm: (lower_mode(m) & 0o7777) as u16,
-        nlink: if m.is_dir() { 2 } else { 1 },
+        nlink,
         uid: m.uid(),
         gid: m.gid(),
-        rdev: 0,
+        rdev: m.rdev() as u32,
         blksize: m.blksize() as u32,
         flags: 0,
     }
@@ -102,30 +104,32 @@ impl RaifFs {
     pub fn new(core: Core, on_end: Box<dyn FnOnce() + Send>) -> RaifFs {
         RaifFs {
             core: Arc::new(core),
+            open_flags: FopenFlags::FOPEN_DIRECT_IO,
             on_end: Mutex::new(Some(on_end)),
         }
     }
 
-    /// mkdir and symlink: `make` creates the entry at each branch's path
-    /// (replicated on every branch), which then gets the caller as owner.
+    /// mkdir, symlink and mknod: `make` creates the entry at each branch's
+    /// path (replicated on every branch), which then gets its owner (see
+    /// [`RaifFs::owner`]).
     fn make_plain(
         &self,
         req: &Request,
         parent: INodeNo,
         name: &OsStr,
         reply: ReplyEntry,
-        make: impl Fn(&Path) -> io::Result<()>,
+        make: impl Fn(&Path, bool) -> io::Result<()>,
     ) {
         let _gate = self.gate();
         let made = self.child(parent, name).and_then(|rel| {
             if self.core.node(&rel).is_ok() {
                 return Err(Errno::EEXIST);
             }
-            let (uid, gid) = (req.uid(), req.gid());
+            let (uid, gid, setgid) = self.owner(req, &rel);
             self.core
                 .on_all(|root| {
                     let path = root.join(&rel);
-                    make(&path)?;
+                    make(&path, setgid)?;
                     std::os::unix::fs::lchown(&path, Some(uid), Some(gid))
                 })
                 .map_err(errno)?;
@@ -134,6 +138,18 @@ impl RaifFs {
         match made {
             Ok(rel) => self.entry(&rel, reply),
             Err(e) => reply.error(e),
+        }
+    }
+
+    /// The owner of a new entry `rel`: the caller, with the group of the
+    /// parent directory when that has the set-group-ID bit (as POSIX and
+    /// every Linux file system do), and whether a new directory inherits
+    /// that bit.
+    fn owner(&self, req: &Request, rel: &Path) -> (u32, u32, bool) {
+        let parent = rel.parent().unwrap_or(Path::new(""));
+        match self.core.lower_metadata(parent) {
+            Ok(p) if p.mode() & 0o2000 != 0 => (req.uid(), p.gid(), true),
+            _ => (req.uid(), req.gid(), false),
         }
     }
 
@@ -155,9 +171,20 @@ impl RaifFs {
     fn attr_of(&self, rel: &Path) -> Result<FileAttr, Errno> {
         let ino = self.core.ino_for(rel);
         match self.core.node(rel).map_err(errno)? {
-            Node::File(m) => Ok(file_attr(ino, &m)),
-            Node::Plain(m) => Ok(lower_attr(ino, &m)),
+            Node::File(m) => Ok(file_attr(ino, &m, 1)),
+            Node::Plain(m) if m.is_dir() => Ok(lower_attr(ino, &m, self.core.dir_nlink(rel, &m))),
+            Node::Plain(m) => Ok(lower_attr(ino, &m, m.nlink() as u32)),
         }
+    }
+
+    /// The attributes of an inode: of an open file whose names are all
+    /// gone (link count 0) from memory, else of its path.
+    fn attr_of_ino(&self, ino: INodeNo) -> Result<FileAttr, Errno> {
+        if let Some(file) = self.core.unlinked_open(ino.0) {
+            let m = file.meta.read().unwrap_or_else(|e| e.into_inner());
+            return Ok(file_attr(ino.0, &m, 0));
+        }
+        self.attr_of(&self.core.path_of(ino.0).map_err(errno)?)
     }
 
     fn entry(&self, rel: &Path, reply: ReplyEntry) {
@@ -182,6 +209,14 @@ impl RaifFs {
         atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
     ) -> Result<FileAttr, Errno> {
+        if let Some(file) = self.core.unlinked_open(ino.0) {
+            // ftruncate, fchmod, futimens of a file with no name left.
+            if let Some(size) = size {
+                self.core.truncate(&file, size).map_err(errno)?;
+            }
+            set_file_attrs(&file, mode, uid, gid, atime, mtime);
+            return self.attr_of_ino(ino);
+        }
         let rel = self.core.path_of(ino.0).map_err(errno)?;
         match self.core.node(&rel).map_err(errno)? {
             Node::File(_) => {
@@ -190,50 +225,32 @@ impl RaifFs {
                     if let Some(size) = size {
                         self.core.truncate(&file, size)?;
                     }
-                    {
-                        let mut m = file.meta.write().unwrap_or_else(|e| e.into_inner());
-                        if let Some(mode) = mode {
-                            m.mode = (m.mode & !0o7777) | (mode & 0o7777);
-                        }
-                        m.uid = uid.unwrap_or(m.uid);
-                        m.gid = gid.unwrap_or(m.gid);
-                        if let Some(t) = atime {
-                            m.atime_ns = to_ns(t);
-                        }
-                        if let Some(t) = mtime {
-                            m.mtime_ns = to_ns(t);
-                        }
-                        m.ctime_ns = meta::now_ns();
-                    }
-                    file.dirty.store(true, std::sync::atomic::Ordering::Relaxed);
+                    set_file_attrs(&file, mode, uid, gid, atime, mtime);
                     self.core.persist(ino.0, &file, false)
                 })();
                 let _ = self.core.release(ino.0);
                 result.map_err(errno)?;
             }
             Node::Plain(lower) => {
-                let is_dir = lower.is_dir();
+                let is_symlink = lower.file_type().is_symlink();
+                // One time for every branch, so that they agree.
+                let (atime, mtime) = (atime.map(to_ns), mtime.map(to_ns));
                 self.core
                     .on_all(|root| {
                         let path = root.join(&rel);
-                        if let (Some(mode), true) = (mode, is_dir) {
-                            std::fs::set_permissions(
-                                &path,
-                                std::fs::Permissions::from_mode(mode & 0o7777),
-                            )?;
-                        }
+                        // Owner first: a chown clears set-ID bits a chmod sets.
                         if uid.is_some() || gid.is_some() {
                             std::os::unix::fs::lchown(&path, uid, gid)?;
                         }
-                        if is_dir && (atime.is_some() || mtime.is_some()) {
-                            let mut times = std::fs::FileTimes::new();
-                            if let Some(t) = atime {
-                                times = times.set_accessed(meta::from_ns(to_ns(t)));
-                            }
-                            if let Some(t) = mtime {
-                                times = times.set_modified(meta::from_ns(to_ns(t)));
-                            }
-                            std::fs::File::open(&path)?.set_times(times)?;
+                        if let (Some(mode), false) = (mode, is_symlink) {
+                            plain::set_mode(&path, mode)?;
+                        }
+                        if atime.is_some() || mtime.is_some() {
+                            plain::set_times(
+                                &path,
+                                atime.map(meta::from_ns),
+                                mtime.map(meta::from_ns),
+                            )?;
                         }
                         Ok(())
                     })
@@ -283,7 +300,13 @@ impl RaifFs {
                     .rename_file(from, to, &current.unwrap_or(m))
                     .map_err(errno)
             }
-            Node::Plain(_) => {
+            Node::Plain(s) => {
+                if let (true, Some(Node::Plain(t))) = (s.is_dir(), &target) {
+                    // Replacing a directory: only an empty one, as POSIX says.
+                    if t.is_dir() {
+                        self.core.check_empty_dir(to).map_err(errno)?;
+                    }
+                }
                 self.core
                     .on_all(|root| std::fs::rename(root.join(from), root.join(to)))
                     .map_err(errno)?;
@@ -311,6 +334,31 @@ impl RaifFs {
     }
 }
 
+/// Applies a setattr's mode, owner and times to an open file's metadata.
+fn set_file_attrs(
+    file: &OpenFile,
+    mode: Option<u32>,
+    uid: Option<u32>,
+    gid: Option<u32>,
+    atime: Option<TimeOrNow>,
+    mtime: Option<TimeOrNow>,
+) {
+    let mut m = file.meta.write().unwrap_or_else(|e| e.into_inner());
+    if let Some(mode) = mode {
+        m.mode = (m.mode & !0o7777) | (mode & 0o7777);
+    }
+    m.uid = uid.unwrap_or(m.uid);
+    m.gid = gid.unwrap_or(m.gid);
+    if let Some(t) = atime {
+        m.atime_ns = to_ns(t);
+    }
+    if let Some(t) = mtime {
+        m.mtime_ns = to_ns(t);
+    }
+    m.ctime_ns = meta::now_ns();
+    file.dirty.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
 fn reply_xattr(data: Result<Vec<u8>, Errno>, size: u32, reply: ReplyXattr) {
     match data {
         Err(e) => reply.error(e),
@@ -323,6 +371,8 @@ fn reply_xattr(data: Result<Vec<u8>, Errno>, size: u32, reply: ReplyXattr) {
 impl fuser::Filesystem for RaifFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
         let _ = config.set_max_write(crate::MAX_WRITE_BYTES);
+        // Parallel direct writes would let two writes of one stripe race.
+        self.open_flags = crate::fs::open_flags(config) & !FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES;
         Ok(())
     }
 
@@ -353,12 +403,7 @@ impl fuser::Filesystem for RaifFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self
-            .core
-            .path_of(ino.0)
-            .map_err(errno)
-            .and_then(|rel| self.attr_of(&rel))
-        {
+        match self.attr_of_ino(ino) {
             Ok(attr) => reply.attr(&TTL, &attr),
             Err(e) => reply.error(e),
         }
@@ -415,12 +460,10 @@ impl fuser::Filesystem for RaifFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        self.make_plain(req, parent, name, reply, |path| {
+        self.make_plain(req, parent, name, reply, |path, setgid| {
             std::fs::create_dir(path)?;
-            std::fs::set_permissions(
-                path,
-                std::fs::Permissions::from_mode(mode & !umask & 0o7777),
-            )
+            let inherited = if setgid { 0o2000 } else { 0 };
+            plain::set_mode(path, (mode & !umask & 0o7777) | inherited)
         });
     }
 
@@ -432,8 +475,37 @@ impl fuser::Filesystem for RaifFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        self.make_plain(req, parent, link_name, reply, |path| {
+        self.make_plain(req, parent, link_name, reply, |path, _| {
             std::os::unix::fs::symlink(target, path)
+        });
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let perm = mode & !umask & 0o7777;
+        let Some(kind) = plain::special_type(mode) else {
+            // A regular file: a layout like any other, made by create.
+            let _gate = self.gate();
+            let made = self.child(parent, name).and_then(|rel| {
+                let (uid, gid, _) = self.owner(req, &rel);
+                self.core.create(&rel, perm, uid, gid).map_err(errno)?;
+                Ok(rel)
+            });
+            return match made {
+                Ok(rel) => self.entry(&rel, reply),
+                Err(e) => reply.error(e),
+            };
+        };
+        self.make_plain(req, parent, name, reply, |path, _| {
+            plain::make_special(path, kind, perm, u64::from(rdev))
         });
     }
 
@@ -462,12 +534,7 @@ impl fuser::Filesystem for RaifFs {
                 Node::Plain(m) if m.is_dir() => {}
                 _ => return Err(Errno::ENOTDIR),
             }
-            if !self.core.list(&rel).map_err(errno)?.is_empty() {
-                return Err(Errno::ENOTEMPTY);
-            }
-            self.core
-                .remove_plain(&rel, |p| std::fs::remove_dir(p))
-                .map_err(errno)
+            self.core.remove_empty_dir(&rel).map_err(errno)
         });
         match done {
             Ok(()) => reply.ok(),
@@ -526,7 +593,7 @@ impl fuser::Filesystem for RaifFs {
                         return reply.error(errno(e));
                     }
                 }
-                reply.opened(FileHandle(ino.0), FopenFlags::FOPEN_DIRECT_IO)
+                reply.opened(FileHandle(ino.0), self.open_flags)
             }
             Err(e) => reply.error(errno(e)),
         }
@@ -544,13 +611,14 @@ impl fuser::Filesystem for RaifFs {
     ) {
         let _gate = self.gate();
         let made = self.child(parent, name).and_then(|rel| {
+            let (uid, gid, _) = self.owner(req, &rel);
             self.core
-                .create(&rel, mode & !umask, req.uid(), req.gid())
+                .create(&rel, mode & !umask, uid, gid)
                 .map_err(errno)?;
             let ino = self.core.ino_for(&rel);
             let file = self.core.open(ino, &rel).map_err(errno)?;
             let m = file.meta.read().unwrap_or_else(|e| e.into_inner()).clone();
-            Ok(file_attr(ino, &m))
+            Ok(file_attr(ino, &m, 1))
         });
         match made {
             Ok(attr) => reply.created(
@@ -558,7 +626,7 @@ impl fuser::Filesystem for RaifFs {
                 &attr,
                 Generation(0),
                 FileHandle(attr.ino.0),
-                FopenFlags::FOPEN_DIRECT_IO,
+                self.open_flags,
             ),
             Err(e) => reply.error(e),
         }
@@ -684,10 +752,11 @@ impl fuser::Filesystem for RaifFs {
             let kind = if is_file {
                 FileType::RegularFile
             } else {
-                match self.core.lower_metadata(&child) {
-                    Ok(m) if m.is_dir() => FileType::Directory,
-                    _ => FileType::Symlink,
-                }
+                self.core
+                    .lower_metadata(&child)
+                    .ok()
+                    .and_then(|m| FileType::from_std(m.file_type()))
+                    .unwrap_or(FileType::Symlink)
             };
             entries.push((self.core.ino_for(&child), kind, name));
         }

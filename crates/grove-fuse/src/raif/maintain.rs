@@ -41,6 +41,10 @@ pub enum Request {
         id: String,
         branch: String,
         to: PathBuf,
+        /// Replace a branch that is not failed (it loses its redundancy
+        /// until the rebuild ends).
+        #[serde(default)]
+        force: bool,
     },
     Scrub {
         id: String,
@@ -86,7 +90,9 @@ pub fn start(core: &Arc<Core>, value: &[u8]) -> io::Result<()> {
     let core = core.clone();
     std::thread::spawn(move || {
         let outcome = match request {
-            Request::Rebuild { branch, to, .. } => rebuild(&core, &branch, &to),
+            Request::Rebuild {
+                branch, to, force, ..
+            } => rebuild(&core, &branch, &to, force),
             Request::Scrub { repair, .. } => scrub(&core, repair),
         };
         update(&core, |j| {
@@ -117,7 +123,8 @@ fn problem(core: &Core, line: String) {
 #[derive(Default)]
 struct Tree {
     dirs: Vec<PathBuf>,
-    symlinks: Vec<PathBuf>,
+    /// Symlinks and special files.
+    others: Vec<PathBuf>,
     files: Vec<(PathBuf, u64)>,
 }
 
@@ -136,7 +143,7 @@ fn walk(core: &Core) -> Result<Tree, String> {
                     tree.dirs.push(rel.clone());
                     pending.push(rel);
                 }
-                Ok(Node::Plain(_)) => tree.symlinks.push(rel),
+                Ok(Node::Plain(_)) => tree.others.push(rel),
                 Ok(Node::File(_)) => {}
                 Err(e) => problem(core, format!("{}: {e}", rel.display())),
             }
@@ -148,13 +155,92 @@ fn walk(core: &Core) -> Result<Tree, String> {
 }
 
 /// Refills branch `label` in the empty directory `to` from the others:
-/// directories, symlinks, sidecars and every unit the branch holds.
-fn rebuild(core: &Core, label: &str, to: &Path) -> Result<(), String> {
+/// directories, symlinks, special files, sidecars and every unit the
+/// branch holds. A branch that is not failed is refused unless `force`.
+/// Meanwhile the branch shows as rebuilding; it is revived only once every
+/// file on it is whole. If anything fails, the mount is left as it was
+/// (the old directory and health) and `to` is emptied again.
+fn rebuild(core: &Core, label: &str, to: &Path, force: bool) -> Result<(), String> {
     let b = &core.branches;
-    let branch = b
-        .config
-        .branch_index(label)
-        .ok_or_else(|| format!("the mount has no branch labelled {label:?}"))?;
+    let branch = b.config.branch_index(label).ok_or_else(|| {
+        format!(
+            "the mount has no branch labelled {label:?}; its branches are {}",
+            branch_list(core)
+        )
+    })?;
+    check_target(core, branch, to, force)?;
+    let _gate = core.gate.write().unwrap_or_else(|e| e.into_inner());
+    let (old_root, was_failed) = (b.root(branch), b.is_failed(branch));
+    b.fail(
+        branch,
+        &io::Error::other(format!("replaced by {} for a rebuild", to.display())),
+    );
+    b.set_root(branch, to.to_path_buf());
+    b.set_rebuilding(Some(branch));
+    let refilled = refill(core, branch, to);
+    b.set_rebuilding(None);
+    let problems = lock(&core.job).as_ref().map_or(0, |j| j.problems);
+    if let Err(e) = refilled.and_then(|()| match problems {
+        0 => Ok(()),
+        n => Err(format!("{n} files could not be rebuilt")),
+    }) {
+        b.set_root(branch, old_root.clone());
+        if !was_failed {
+            b.revive(branch);
+        }
+        empty_dir(to);
+        return Err(format!(
+            "{e}; the mount is as it was (branch {label} on {}, {}) and {} is empty again",
+            old_root.display(),
+            if was_failed { "failed" } else { "ok" },
+            to.display()
+        ));
+    }
+    // Open files get handles on their new components while the branch is
+    // still failed (a handle from before the old directory vanished must
+    // not be read); files opened between that pass and the revival hold no
+    // handle on the branch, so a second pass gives them one.
+    install_open_components(core, branch, to, true);
+    b.revive(branch);
+    install_open_components(core, branch, to, false);
+    Ok(())
+}
+
+/// Every branch as `label (directory, state)`, for error messages.
+fn branch_list(core: &Core) -> String {
+    let b = &core.branches;
+    (0..b.count())
+        .map(|i| {
+            let state = if b.is_failed(i) { "failed" } else { "ok" };
+            format!(
+                "{} ({}, {state})",
+                b.config.branches[i].label,
+                b.root(i).display()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Whether `to` can replace `branch`: an absolute, empty directory that is
+/// no branch, for a failed branch (or any with `force`).
+fn check_target(core: &Core, branch: usize, to: &Path, force: bool) -> Result<(), String> {
+    let b = &core.branches;
+    let label = &b.config.branches[branch].label;
+    if !b.is_failed(branch) && !force {
+        let failed: Vec<&str> = (0..b.count())
+            .filter(|&i| b.is_failed(i))
+            .map(|i| b.config.branches[i].label.as_str())
+            .collect();
+        let hint = match failed.is_empty() {
+            true => "no branch is failed".to_string(),
+            false => format!("the failed branches are {}", failed.join(", ")),
+        };
+        return Err(format!(
+            "branch {label} ({}) is not failed: {hint}; give --force to replace a healthy branch anyway",
+            b.root(branch).display()
+        ));
+    }
     if !to.is_absolute() {
         return Err(format!("{} is not an absolute path", to.display()));
     }
@@ -166,22 +252,39 @@ fn rebuild(core: &Core, label: &str, to: &Path) -> Result<(), String> {
             to.display()
         ));
     }
-    if (0..b.count()).any(|i| i != branch && b.root(i) == to) {
-        return Err(format!("{} is already a branch", to.display()));
+    if let Some(i) = (0..b.count()).find(|&i| b.root(i) == to) {
+        return Err(format!(
+            "{} is already branch {}",
+            to.display(),
+            b.config.branches[i].label
+        ));
     }
-    let _gate = core.gate.write().unwrap_or_else(|e| e.into_inner());
-    b.fail(
-        branch,
-        &io::Error::other(format!("replaced by {} for a rebuild", to.display())),
-    );
-    b.set_root(branch, to.to_path_buf());
+    Ok(())
+}
+
+/// Removes everything a failed rebuild made in `to` (empty before it).
+fn empty_dir(to: &Path) {
+    for entry in std::fs::read_dir(to).into_iter().flatten().flatten() {
+        let path = entry.path();
+        let removed = match entry.file_type() {
+            Ok(t) if t.is_dir() => std::fs::remove_dir_all(&path),
+            _ => std::fs::remove_file(&path),
+        };
+        if let Err(e) = removed {
+            tracing::warn!("cannot remove {}: {e}", path.display());
+        }
+    }
+}
+
+/// Makes the tree and every file's part of it on the new branch.
+fn refill(core: &Core, branch: usize, to: &Path) -> Result<(), String> {
     let tree = walk(core)?;
     for dir in &tree.dirs {
-        copy_dir(core, to, dir).map_err(|e| format!("cannot make /{}: {e}", dir.display()))?;
+        copy_plain(core, to, dir).map_err(|e| format!("cannot make /{}: {e}", dir.display()))?;
     }
-    for link in &tree.symlinks {
-        if let Err(e) = copy_symlink(core, to, link) {
-            problem(core, format!("{}: {e}", link.display()));
+    for other in &tree.others {
+        if let Err(e) = copy_plain(core, to, other) {
+            problem(core, format!("{}: {e}", other.display()));
         }
     }
     for (rel, size_bytes) in &tree.files {
@@ -197,45 +300,25 @@ fn rebuild(core: &Core, label: &str, to: &Path) -> Result<(), String> {
     // Times last: making the children changed the directories' mtimes.
     for dir in tree.dirs.iter().rev() {
         if let Ok(m) = core.lower_metadata(dir) {
-            let times = std::fs::FileTimes::new()
-                .set_accessed(m.accessed().unwrap_or(std::time::UNIX_EPOCH))
-                .set_modified(m.modified().unwrap_or(std::time::UNIX_EPOCH));
-            let _ = std::fs::File::open(to.join(dir)).and_then(|f| f.set_times(times));
+            let _ = super::plain::set_times(&to.join(dir), m.accessed().ok(), m.modified().ok());
         }
     }
-    // Open files get handles on their new components while the branch is
-    // still failed (a handle from before the old directory vanished must
-    // not be read); files opened between that pass and the revival hold no
-    // handle on the branch, so a second pass gives them one.
-    install_open_components(core, branch, to, true);
-    b.revive(branch);
-    install_open_components(core, branch, to, false);
     Ok(())
 }
 
-fn copy_dir(core: &Core, to: &Path, dir: &Path) -> io::Result<()> {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    let m = core.lower_metadata(dir)?;
-    let path = to.join(dir);
-    match std::fs::create_dir(&path) {
-        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
-        _ => {}
-    }
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(m.mode() & 0o7777))?;
-    std::os::unix::fs::lchown(&path, Some(m.uid()), Some(m.gid()))
-}
-
-fn copy_symlink(core: &Core, to: &Path, link: &Path) -> io::Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    let m = core.lower_metadata(link)?;
-    let target = core
-        .branches
-        .healthy()
-        .find_map(|b| std::fs::read_link(core.branches.root(b).join(link)).ok())
-        .ok_or_else(|| io::Error::from_raw_os_error(2))?;
-    let path = to.join(link);
-    std::os::unix::fs::symlink(target, &path)?;
-    std::os::unix::fs::lchown(&path, Some(m.uid()), Some(m.gid()))
+/// Copies a directory, symlink or special file onto the new branch.
+fn copy_plain(core: &Core, to: &Path, rel: &Path) -> io::Result<()> {
+    let m = core.lower_metadata(rel)?;
+    let target = m
+        .file_type()
+        .is_symlink()
+        .then(|| {
+            core.branches
+                .healthy()
+                .find_map(|b| std::fs::read_link(core.branches.root(b).join(rel)).ok())
+        })
+        .flatten();
+    super::plain::copy_entry(&m, target.as_deref(), &to.join(rel))
 }
 
 /// One file's sidecar (if the branch keeps one) and component, rebuilt.

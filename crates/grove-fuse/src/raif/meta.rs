@@ -1,16 +1,20 @@
-//! Per-file metadata: a sidecar file beside the component on the file's
-//! authoritative branch and on the next branch (one copy).
+//! Per-file metadata: a sidecar file on the file's authoritative branch
+//! and on the next branch (one copy).
 //!
 //! Why a sidecar and not xattrs: branches may sit on NFS, tmpfs before
 //! Linux 6.6 or other file systems without user xattrs; a sidecar works on
 //! any of them, and is copied by any backup tool.
 //!
-//! For a file `DIR/NAME` the sidecar is `DIR/.grove-raif.NAME` on the
-//! branches `a = fnv1a(NAME) mod N` and `(a + 1) mod N` of the mount's N
-//! branches. Names starting with [`RESERVED_PREFIX`] are hidden from the
-//! mount and refused there. A sidecar is written to `.grove-raif.tmp.NAME`
-//! and renamed over the old one, so a crash leaves the old or the new one.
-//! Writers of one sidecar take turns (see [`WRITE_LOCK_COUNT`]).
+//! For a file `DIR/NAME` the sidecar is `DIR/.grove-raif/NAME` (format 1
+//! kept it as `DIR/.grove-raif.NAME`, still read) on the branches
+//! `a = fnv1a(NAME) mod N` and `(a + 1) mod N` of the mount's N branches.
+//! Its name is the user's name, in a directory of its own: metadata never
+//! makes a name longer, so names up to the lower file system's limit work.
+//! Names starting with [`RESERVED_PREFIX`], and [`META_DIR`] itself, are
+//! hidden from the mount and refused there. A sidecar is written to a
+//! temporary file of a unique name in the branch's [`WORK_DIR`] and
+//! renamed over the old one, so a crash leaves the old or the new one (and
+//! a temporary file the next mount removes).
 //!
 //! Layout: a TOML document, one key per line:
 //!
@@ -31,7 +35,7 @@
 //! ```
 
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use grove_raif::Level;
@@ -39,22 +43,21 @@ use serde::{Deserialize, Serialize};
 
 /// Names of grove's own files on the branches begin with this.
 pub const RESERVED_PREFIX: &str = ".grove-raif.";
-/// What a temporary sidecar is called before it is renamed into place.
-pub const TMP_PREFIX: &str = ".grove-raif.tmp.";
+/// The directory, in each directory of a branch, that holds the sidecars
+/// of the files there.
+pub const META_DIR: &str = ".grove-raif";
+/// The directory, at the root of each branch, of temporary files: sidecars
+/// before their rename, components being laid out again. Emptied at mount.
+pub const WORK_DIR: &str = ".grove-raif.tmp";
 /// The version of the sidecar format.
 pub const META_FORMAT: u32 = 1;
 /// Largest sidecar read: anything bigger is not one of ours.
 const META_MAX_BYTES: u64 = 64 * 1024;
-/// Locks taken by sidecar writers, by the hash of the temporary name. That
-/// name is the same for every writer of a sidecar (a unique one would not
-/// fit NAME_MAX beside the longest file names), and two FUSE threads may
-/// write one file's sidecar at once (the release of one handle and the
-/// flush of the next): sharing the temporary file, one of them failed its
-/// rename with ENOENT, or renamed into place a file the other was still
-/// truncating and writing, leaving a torn sidecar (EIO once the other copy
-/// is on a lost branch).
-const WRITE_LOCK_COUNT: usize = 64;
-static WRITE_LOCKS: [Mutex<()>; WRITE_LOCK_COUNT] = [const { Mutex::new(()) }; WRITE_LOCK_COUNT];
+/// Tries of a sidecar's rename: an unlink in the same directory may
+/// remove the emptied [`META_DIR`] between its creation and the rename.
+const META_WRITE_TRIES: usize = 3;
+/// Numbers temporary files uniquely within the process.
+static TEMP_SERIAL: AtomicU64 = AtomicU64::new(0);
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Meta {
@@ -88,6 +91,11 @@ pub fn from_ns(ns: u64) -> SystemTime {
 
 /// The sidecar path of `rel` (a file path below the mount) under `root`.
 pub fn sidecar_path(root: &Path, rel: &Path) -> PathBuf {
+    meta_dir(root, rel).join(rel.file_name().unwrap_or_default())
+}
+
+/// Where format 1 kept the sidecar: `DIR/.grove-raif.NAME`.
+pub fn legacy_sidecar_path(root: &Path, rel: &Path) -> PathBuf {
     let name = rel
         .file_name()
         .map(|n| n.to_string_lossy())
@@ -96,21 +104,35 @@ pub fn sidecar_path(root: &Path, rel: &Path) -> PathBuf {
         .join(format!("{RESERVED_PREFIX}{name}"))
 }
 
-fn tmp_path(root: &Path, rel: &Path) -> PathBuf {
-    let name = rel
-        .file_name()
-        .map(|n| n.to_string_lossy())
-        .unwrap_or_default();
-    root.join(rel.parent().unwrap_or(Path::new("")))
-        .join(format!("{TMP_PREFIX}{name}"))
+/// Whether an error on a path means there is nothing there: not found, or
+/// a name too long to exist (a format 1 sidecar of a long name).
+fn absent(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(ENAMETOOLONG)
 }
 
-/// The lock a writer of the temporary file `tmp` holds while it uses it.
-fn write_lock(tmp: &Path) -> MutexGuard<'static, ()> {
-    let hash = grove_raif::name_hash(tmp.as_os_str().as_encoded_bytes());
-    WRITE_LOCKS[(hash % WRITE_LOCK_COUNT as u64) as usize]
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
+/// ENAMETOOLONG on Linux.
+const ENAMETOOLONG: i32 = 36;
+
+/// The [`META_DIR`] of the directory that holds `rel`.
+pub fn meta_dir(root: &Path, rel: &Path) -> PathBuf {
+    root.join(rel.parent().unwrap_or(Path::new("")))
+        .join(META_DIR)
+}
+
+/// A fresh temporary path in the branch's [`WORK_DIR`], which is created.
+pub fn temp_path(root: &Path) -> std::io::Result<PathBuf> {
+    let dir = root.join(WORK_DIR);
+    std::fs::create_dir_all(&dir)?;
+    let serial = TEMP_SERIAL.fetch_add(1, Ordering::Relaxed);
+    Ok(dir.join(format!("{}-{serial}", std::process::id())))
+}
+
+/// Removes what a crash left in a branch's [`WORK_DIR`].
+pub fn clean_work_dir(root: &Path) -> std::io::Result<()> {
+    match std::fs::remove_dir_all(root.join(WORK_DIR)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
 }
 
 /// Encodes and writes a sidecar atomically; `durable` fsyncs it first.
@@ -118,8 +140,7 @@ pub fn write(root: &Path, rel: &Path, meta: &Meta, durable: bool) -> std::io::Re
     assert_eq!(meta.format, META_FORMAT);
     assert!(meta.start < meta.branches.len().max(1));
     let text = toml::to_string(meta).map_err(std::io::Error::other)?;
-    let tmp = tmp_path(root, rel);
-    let _turn = write_lock(&tmp);
+    let tmp = temp_path(root)?;
     {
         use std::io::Write;
         let mut file = std::fs::File::create(&tmp)?;
@@ -128,15 +149,53 @@ pub fn write(root: &Path, rel: &Path, meta: &Meta, durable: bool) -> std::io::Re
             file.sync_all()?;
         }
     }
-    std::fs::rename(&tmp, sidecar_path(root, rel))
+    let target = sidecar_path(root, rel);
+    let mut tries = 0;
+    let renamed = loop {
+        tries += 1;
+        let _ = std::fs::create_dir(meta_dir(root, rel));
+        match std::fs::rename(&tmp, &target) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && tries < META_WRITE_TRIES => {}
+            other => break other,
+        }
+    };
+    if renamed.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    renamed?;
+    // A format 1 sidecar would hide a later removal of this one.
+    match std::fs::remove_file(legacy_sidecar_path(root, rel)) {
+        Err(e) if !absent(&e) => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Removes a file's sidecar (either format) and its [`META_DIR`] if that
+/// is then empty.
+pub fn remove(root: &Path, rel: &Path) -> std::io::Result<()> {
+    let gone = |r: std::io::Result<()>| match r {
+        Err(e) if absent(&e) => Ok(()),
+        other => other,
+    };
+    gone(std::fs::remove_file(sidecar_path(root, rel)))?;
+    gone(std::fs::remove_file(legacy_sidecar_path(root, rel)))?;
+    // Fails while other sidecars live there, as it should.
+    let _ = std::fs::remove_dir(meta_dir(root, rel));
+    Ok(())
 }
 
 /// Reads and checks a sidecar: Ok(None) if there is none.
 pub fn read(root: &Path, rel: &Path) -> std::io::Result<Option<Meta>> {
     use std::io::Read;
-    let path = sidecar_path(root, rel);
+    let mut path = sidecar_path(root, rel);
     let file = match std::fs::File::open(&path) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            path = legacy_sidecar_path(root, rel);
+            match std::fs::File::open(&path) {
+                Err(e) if absent(&e) => return Ok(None),
+                other => other?,
+            }
+        }
         other => other?,
     };
     let mut text = String::new();
@@ -162,6 +221,52 @@ pub fn read(root: &Path, rel: &Path) -> std::io::Result<Option<Meta>> {
 
 #[cfg(test)]
 mod tests {
+    /// The longest name ext4 and most others take.
+    const NAME_MAX_BYTES: usize = 255;
+
+    /// A sidecar's name is the file's: a name of the longest length the
+    /// lower file system takes still has one (format 1 prefixed it with
+    /// `.grove-raif.`, and such names failed with ENAMETOOLONG).
+    #[test]
+    fn a_name_of_the_longest_length_has_a_sidecar() {
+        let dir = tempfile::tempdir().unwrap();
+        let rel = PathBuf::from("x".repeat(NAME_MAX_BYTES));
+        write(dir.path(), &rel, &sample(7), true).unwrap();
+        assert_eq!(read(dir.path(), &rel).unwrap().unwrap().size_bytes, 7);
+        remove(dir.path(), &rel).unwrap();
+        assert!(read(dir.path(), &rel).unwrap().is_none());
+        assert!(
+            !dir.path().join(META_DIR).exists(),
+            "the empty meta dir goes"
+        );
+    }
+
+    /// A temporary file a crash left (a sidecar before its rename) is gone
+    /// after the next mount's clean-up, and the sidecar is untouched.
+    #[test]
+    fn a_crash_leftover_goes_at_the_next_mount() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), Path::new("f"), &sample(1), false).unwrap();
+        std::fs::write(temp_path(dir.path()).unwrap(), b"torn").unwrap();
+        clean_work_dir(dir.path()).unwrap();
+        assert!(!dir.path().join(WORK_DIR).exists());
+        assert!(read(dir.path(), Path::new("f")).unwrap().is_some());
+        clean_work_dir(dir.path()).unwrap();
+    }
+
+    /// A format 1 sidecar is read, and replaced by the first write.
+    #[test]
+    fn a_format_1_sidecar_is_read_and_moved_on_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let rel = Path::new("f");
+        let text = toml::to_string(&sample(5)).unwrap();
+        std::fs::write(legacy_sidecar_path(dir.path(), rel), text).unwrap();
+        assert_eq!(read(dir.path(), rel).unwrap().unwrap().size_bytes, 5);
+        write(dir.path(), rel, &sample(6), false).unwrap();
+        assert!(!legacy_sidecar_path(dir.path(), rel).exists());
+        assert_eq!(read(dir.path(), rel).unwrap().unwrap().size_bytes, 6);
+    }
+
     use super::*;
     use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -191,8 +296,8 @@ mod tests {
     /// Two FUSE threads may write one file's sidecar at once (the release
     /// of one handle and the flush of another): no write may fail, and a
     /// reader meanwhile and afterwards must find a whole sidecar. Sharing
-    /// the temporary name unserialized, renames failed with ENOENT and
-    /// readers found torn sidecars: one text with another's tail.
+    /// one temporary name, renames failed with ENOENT and readers found
+    /// torn sidecars: one text with another's tail.
     #[test]
     fn concurrent_writes_of_one_sidecar_all_succeed_and_never_tear_it() {
         let dir = tempfile::tempdir().unwrap();
@@ -226,9 +331,13 @@ mod tests {
         });
         let m = read(dir.path(), rel).unwrap().unwrap();
         assert_eq!(m, sample(m.size_bytes));
-        assert!(
-            !tmp_path(dir.path(), rel).exists(),
-            "no temporary file left"
+        assert_eq!(
+            sidecar_path(dir.path(), rel),
+            dir.path().join(".grove-raif/f")
         );
+        let left = std::fs::read_dir(dir.path().join(WORK_DIR))
+            .unwrap()
+            .count();
+        assert_eq!(left, 0, "no temporary file left");
     }
 }

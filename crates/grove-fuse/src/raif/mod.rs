@@ -9,6 +9,7 @@ mod core;
 mod fs;
 mod maintain;
 pub mod meta;
+mod plain;
 mod report;
 
 use std::path::Path;
@@ -105,6 +106,12 @@ pub fn mount_raif(
         MountOption::DefaultPermissions,
         MountOption::RW,
     ];
+    if rustix::process::geteuid().is_root() {
+        // As on any file system root mounts: device nodes open and set-ID
+        // bits count (fusermount3 refuses both to other users).
+        fuse.mount_options
+            .extend([MountOption::Dev, MountOption::Suid]);
+    }
     fuse.acl = if allow_other {
         SessionACL::All
     } else {
@@ -112,6 +119,14 @@ pub fn mount_raif(
     };
     fuse.n_threads = Some(RAIF_SESSION_THREADS);
     fuse.clone_fd = true;
+    for (branch, b) in config.branches.iter().enumerate() {
+        if !missing.contains(&branch) {
+            meta::clean_work_dir(&b.path).map_err(|e| MountError::Io {
+                context: format!("cannot clean {}", b.path.join(meta::WORK_DIR).display()),
+                source: e,
+            })?;
+        }
+    }
     let core = core::Core::new(config);
     for branch in missing {
         let why = std::io::Error::new(

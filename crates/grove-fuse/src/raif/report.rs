@@ -21,7 +21,8 @@ pub fn status(core: &Core) -> String {
             json!({
                 "label": b.config.branches[i].label,
                 "path": b.root(i).display().to_string(),
-                "state": if b.is_failed(i) { "failed" } else { "ok" },
+                "configured_path": b.config.branches[i].path.display().to_string(),
+                "state": b.state(i),
                 "latency_us": b.balancer.latency_ns(i) / 1000,
                 "reads": b.balancer.reads(i),
             })
