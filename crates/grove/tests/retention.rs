@@ -13,6 +13,9 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tempfile::TempDir;
 
+#[allow(dead_code)] // each test binary uses part of the shared support
+mod support;
+
 const GROVE: &str = env!("CARGO_BIN_EXE_grove");
 const HOUR: u64 = 3600;
 /// 2026-11-23 00:00:00 UTC, a Monday.
@@ -342,6 +345,86 @@ fn the_served_pool_s_scheduler_takes_and_prunes_on_its_clock() {
         ]
     );
     drop(server);
+}
+
+/// The scheduler snapshots a volume an NBD client (qemu-io) is writing:
+/// each hour's snapshot holds every write acknowledged before the clock
+/// reached that hour, and none after; pruning goes on meanwhile.
+#[test]
+fn the_scheduler_s_snapshots_hold_every_write_acknowledged_before_them() {
+    if !support::have("qemu-io") {
+        return;
+    }
+    let pool = Pool::new();
+    pool.ok(&["policy", "set", "vm", "--hourly", "3"]);
+    let clock = pool.dir.path().join("clock");
+    std::fs::write(&clock, (MONDAY - HOUR).to_string()).unwrap();
+    let _server = serve(&pool, &clock);
+    let socket = pool.path.join("nbd.sock");
+    let uri = |export: &str| format!("nbd+unix:///{export}?socket={}", socket.display());
+    let chunk = 64 * 1024;
+    let hours = 6u64;
+    for hour in 0..hours {
+        // Acknowledged before the clock moves on to this hour.
+        let write = format!("write -P {} {} {chunk}", hour + 1, hour * chunk);
+        let out = qemu_io(&uri("vm"), &[&write]);
+        assert!(out.contains("wrote"), "{out}");
+        let now = MONDAY + hour * HOUR;
+        std::fs::write(&clock, now.to_string()).unwrap();
+        wait_until(&pool, || newest_auto_created(&pool) == Some(now));
+    }
+    let snapshots: Vec<String> = pool
+        .snapshots()
+        .into_iter()
+        .filter(|n| n.starts_with("vm@auto-"))
+        .collect();
+    assert_eq!(snapshots.len(), 3, "{snapshots:?}");
+    for (i, name) in snapshots.iter().enumerate() {
+        // The 3 kept are the last hours' snapshots, oldest first.
+        let hour = hours - 3 + i as u64;
+        let mut reads = Vec::new();
+        for h in 0..hours {
+            let pattern = if h <= hour { h + 1 } else { 0 };
+            reads.push(format!("read -P {pattern} {} {chunk}", h * chunk));
+        }
+        let reads: Vec<&str> = reads.iter().map(String::as_str).collect();
+        let out = qemu_io(&uri(name), &reads);
+        assert!(
+            !out.contains("Pattern verification failed")
+                && out.matches("read ").count() == hours as usize,
+            "{name} (hour {hour}): {out}"
+        );
+    }
+}
+
+fn newest_auto_created(pool: &Pool) -> Option<u64> {
+    let out = pool.ok(&["list", "--json"]);
+    serde_json::from_str::<Value>(&out)
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|v| {
+            v["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("vm@auto-"))
+        })
+        .filter_map(|v| v["created_unix_secs"].as_u64())
+        .max()
+}
+
+/// qemu-io's output for `commands` on `uri` (read-only unless one writes).
+fn qemu_io(uri: &str, commands: &[&str]) -> String {
+    let mut command = Command::new("qemu-io");
+    command.args(["-f", "raw"]);
+    if !commands.iter().any(|c| c.starts_with("write")) {
+        command.arg("-r");
+    }
+    for c in commands {
+        command.args(["-c", c]);
+    }
+    let output = command.arg(uri).output().unwrap();
+    String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr)
 }
 
 struct Server(Child);
