@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tempfile::TempDir;
 
-#[allow(dead_code)] // each test binary uses part of the shared support
 mod support;
 
 const GROVE: &str = env!("CARGO_BIN_EXE_grove");
