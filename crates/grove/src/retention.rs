@@ -57,8 +57,12 @@ pub fn volumes_under_policy(
 ) -> Result<Vec<VolumeUnderPolicy>> {
     let summaries = admin.summaries()?;
     for name in only {
-        if !summaries.iter().any(|s| &s.name == name) {
-            bail!("no volume named {name:?}");
+        match summaries.iter().find(|s| &s.name == name) {
+            None => bail!("no volume named {name:?}"),
+            Some(s) if s.kind == VolumeKind::Snapshot => bail!(
+                "{name:?} is a snapshot; retention works on the volume its snapshots are taken of"
+            ),
+            Some(_) => {}
         }
     }
     let mut holds: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -84,6 +88,13 @@ pub fn volumes_under_policy(
             .policy_for(&volume.name)
             .map_err(anyhow::Error::msg)?
         else {
+            if only.contains(&volume.name) {
+                bail!(
+                    "volume {:?} has no retention policy; give it one with `grove policy set {} --template NAME`",
+                    volume.name,
+                    volume.name
+                );
+            }
             continue;
         };
         let snapshots = snapshots_of(&summaries, &volume.name)

@@ -135,6 +135,14 @@ fn policies_are_set_explained_and_refused_when_wrong() {
     // --auto names the snapshot itself: a name with it is a usage error.
     let usage = pool.run(&["snapshot", "--auto", "vm", "vm@y"]);
     assert_eq!(usage.status.code(), Some(2));
+    pool.ok(&["create", "scratch", "--size", "1M"]);
+    let e = pool.fails(&["snapshot", "--auto", "scratch"]);
+    assert!(
+        e.contains("volume \"scratch\" has no retention policy"),
+        "{e}"
+    );
+    let e = pool.fails(&["prune", "vm@x"]);
+    assert!(e.contains("is a snapshot"), "{e}");
     let e = pool.fails(&["prune", "--now", "tomorrow"]);
     assert!(e.contains("bad time \"tomorrow\""), "{e}");
     // The refusals changed nothing.
