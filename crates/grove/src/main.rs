@@ -24,6 +24,7 @@ mod space_cmd;
 mod space_hook;
 mod space_watch;
 mod transfer;
+mod worker;
 
 use std::process::ExitCode;
 

@@ -3,12 +3,11 @@
 //! foreground I/O between batches (each batch holds the pool lock briefly
 //! and commits on its own, so a crash resumes where it left off).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::Duration;
+use std::sync::atomic::AtomicBool;
 
 use grove_store::Pool;
+
+use crate::worker::{is_stopping, sleep_unless_stopping, Worker};
 
 /// Pause between batches while work remains: leaves the lock to I/O.
 const BATCH_PAUSE_MS: u64 = 2;
@@ -18,35 +17,21 @@ const IDLE_POLL_MS: u64 = 200;
 /// so a persistent error is logged now and then, not in a loop.
 const ERROR_PAUSE_MS: u64 = 30_000;
 
-pub struct Reclaimer {
-    stopping: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
+pub struct Reclaimer(Worker);
 
 impl Reclaimer {
     pub fn start(pool: Pool) -> std::io::Result<Reclaimer> {
-        let stopping = Arc::new(AtomicBool::new(false));
-        let flag = stopping.clone();
-        let thread = std::thread::Builder::new()
-            .name("grove-reclaimer".into())
-            .spawn(move || run(&pool, &flag))?;
-        Ok(Reclaimer {
-            stopping,
-            thread: Some(thread),
-        })
+        Worker::start("grove-reclaimer", move |stopping| run(&pool, stopping)).map(Reclaimer)
     }
 
     /// Stops after the batch in progress; what is left resumes next time.
-    pub fn stop(mut self) {
-        self.stopping.store(true, Ordering::Release);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+    pub fn stop(self) {
+        self.0.stop();
     }
 }
 
 fn run(pool: &Pool, stopping: &AtomicBool) {
-    while !stopping.load(Ordering::Acquire) {
+    while !is_stopping(stopping) {
         let pause_ms = match pool.reclaim_batch() {
             Ok((_, false)) => BATCH_PAUSE_MS + crate::control_limits::reclaim_delay_for_tests_ms(),
             Ok((freed, true)) => {
@@ -61,16 +46,5 @@ fn run(pool: &Pool, stopping: &AtomicBool) {
             }
         };
         sleep_unless_stopping(pause_ms, stopping);
-    }
-}
-
-/// Sleeps in short steps so that stopping is never held up for long.
-fn sleep_unless_stopping(ms: u64, stopping: &AtomicBool) {
-    const STEP_MS: u64 = 50;
-    let mut left = ms;
-    while left > 0 && !stopping.load(Ordering::Acquire) {
-        let step = left.min(STEP_MS);
-        std::thread::sleep(Duration::from_millis(step));
-        left -= step;
     }
 }

@@ -11,18 +11,15 @@
 //! shortens the tick for them too.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::Duration;
+use std::sync::atomic::AtomicBool;
 
 use grove_store::Pool;
 
+use crate::worker::{is_stopping, sleep_unless_stopping, Worker};
+
 /// How often the scheduler looks: the frequent level's shortest period is
 /// a minute, and a snapshot due is taken within one tick of it.
-const TICK_DEFAULT: Duration = Duration::from_secs(20);
-/// Slices a tick's wait is cut into, so that stopping is prompt.
-const STOP_POLL: Duration = Duration::from_millis(50);
+const TICK_DEFAULT_MS: u64 = 20_000;
 const CLOCK_FILE_VAR: &str = "GROVE_CLOCK_FILE";
 const TICK_VAR: &str = "GROVE_SCHEDULER_TICK_MS";
 
@@ -54,42 +51,31 @@ impl Clock {
     }
 }
 
-pub struct Scheduler {
-    stopping: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
+pub struct Scheduler(Worker);
 
 impl Scheduler {
     pub fn start(pool: Pool) -> std::io::Result<Scheduler> {
-        let stopping = Arc::new(AtomicBool::new(false));
-        let flag = stopping.clone();
-        let tick = std::env::var(TICK_VAR)
+        let tick_ms = std::env::var(TICK_VAR)
             .ok()
             .and_then(|ms| ms.parse().ok())
-            .map_or(TICK_DEFAULT, Duration::from_millis);
-        let thread = std::thread::Builder::new()
-            .name("grove-scheduler".into())
-            .spawn(move || run(&pool, &flag, Clock::from_env(), tick))?;
-        Ok(Scheduler {
-            stopping,
-            thread: Some(thread),
+            .unwrap_or(TICK_DEFAULT_MS);
+        Worker::start("grove-scheduler", move |stopping| {
+            run(&pool, stopping, Clock::from_env(), tick_ms)
         })
+        .map(Scheduler)
     }
 
     /// Stops after the tick in progress.
-    pub fn stop(mut self) {
-        self.stopping.store(true, Ordering::Release);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+    pub fn stop(self) {
+        self.0.stop();
     }
 }
 
-fn run(pool: &Pool, stopping: &AtomicBool, clock: Clock, tick: Duration) {
+fn run(pool: &Pool, stopping: &AtomicBool, clock: Clock, tick_ms: u64) {
     // The last time acted at: a clock that has not moved is not acted on
     // twice (a test's clock file, or a tick shorter than a second).
     let mut last = None;
-    while !stopping.load(Ordering::Acquire) {
+    while !is_stopping(stopping) {
         match clock.now() {
             Ok(now) if last != Some(now) => {
                 last = Some(now);
@@ -98,11 +84,7 @@ fn run(pool: &Pool, stopping: &AtomicBool, clock: Clock, tick: Duration) {
             Ok(_) => {}
             Err(e) => tracing::warn!("scheduler: cannot read the clock: {e:#}"),
         }
-        let mut waited = Duration::ZERO;
-        while waited < tick && !stopping.load(Ordering::Acquire) {
-            std::thread::sleep(STOP_POLL.min(tick));
-            waited += STOP_POLL.min(tick);
-        }
+        sleep_unless_stopping(tick_ms, stopping);
     }
 }
 

@@ -4,15 +4,14 @@
 //! logs every level change and hands it to the hook, and past the pruning
 //! level asks `retention::free_space` for the bytes over it.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
 
 use grove_store::{Pool, SpaceLevel, SpaceStatus};
 
 use crate::output::format_size;
 use crate::space_hook::{HookRun, HookRunner};
+use crate::worker::{is_stopping, sleep_unless_stopping, Worker};
 
 /// How often the levels are evaluated: soon after any commit that moves
 /// them, and cheap enough to do this often.
@@ -25,31 +24,17 @@ const PRUNE_INTERVAL_MS: u64 = 10_000;
 /// then rather than four times a second.
 const ERROR_PAUSE_MS: u64 = 30_000;
 
-pub struct SpaceWatcher {
-    stopping: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
+pub struct SpaceWatcher(Worker);
 
 impl SpaceWatcher {
     pub fn start(pool: Pool) -> std::io::Result<SpaceWatcher> {
         let hooks = HookRunner::start()?;
-        let stopping = Arc::new(AtomicBool::new(false));
-        let flag = stopping.clone();
-        let thread = std::thread::Builder::new()
-            .name("grove-space".into())
-            .spawn(move || run(&pool, &hooks, &flag))?;
-        Ok(SpaceWatcher {
-            stopping,
-            thread: Some(thread),
-        })
+        Worker::start("grove-space", move |stopping| run(&pool, &hooks, stopping)).map(SpaceWatcher)
     }
 
     /// Stops the watcher; a hook in progress finishes on its own thread.
-    pub fn stop(mut self) {
-        self.stopping.store(true, Ordering::Release);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+    pub fn stop(self) {
+        self.0.stop();
     }
 }
 
@@ -57,7 +42,7 @@ fn run(pool: &Pool, hooks: &HookRunner, stopping: &AtomicBool) {
     // Starting past a level reports it as a change from normal.
     let mut level = SpaceLevel::Normal;
     let mut last_prune: Option<Instant> = None;
-    while !stopping.load(Ordering::Acquire) {
+    while !is_stopping(stopping) {
         let pause_ms = match pool.watch_space() {
             Ok(status) => {
                 if status.level != level {
@@ -129,16 +114,5 @@ fn report_change(pool: &Pool, hooks: &HookRunner, previous: SpaceLevel, status: 
             previous,
             status,
         ));
-    }
-}
-
-/// Sleeps in short steps so that stopping is never held up for long.
-fn sleep_unless_stopping(ms: u64, stopping: &AtomicBool) {
-    const STEP_MS: u64 = 50;
-    let mut left = ms;
-    while left > 0 && !stopping.load(Ordering::Acquire) {
-        let step = left.min(STEP_MS);
-        std::thread::sleep(Duration::from_millis(step));
-        left -= step;
     }
 }
