@@ -30,6 +30,9 @@ pub const BASE_ALLOCATION_CONTEXT_ID: u32 = 1;
 /// NBD_OPT_SET_META_CONTEXT selects; the next ones count up from it.
 pub const CHANGED_CONTEXT_ID_FIRST: u32 = 2;
 
+/// Most `grove:changed:BASE` contexts a LIST of the bare "grove:" namespace
+/// offers (the newest bases): a reply stays small whatever the pool holds.
+const LISTED_BASES_MAX: usize = 64;
 /// Most `grove:changed:BASE` contexts one connection selects. Each costs a
 /// diff and a chunk per BLOCK_STATUS request; more are skipped (with a
 /// warning).
@@ -500,10 +503,12 @@ fn meta_context(option: u32, data: &[u8], context: &Context<'_>, state: &mut Sta
         Ok(export) => export,
         Err(refusal) => return error_reply(option, refusal.reply_type, &refusal.message),
     };
-    // LIST with no query lists every context; grove:changed: has one per
-    // base, which are not listed: clients ask for the base they mean.
+    // LIST with no query lists every context but grove:changed:, which has
+    // one per base; LIST of "grove:" or "grove:changed:" lists those of the
+    // export's newest earlier snapshots (SET selects only named bases).
     let mut base_allocation = request.queries.is_empty() && !set;
-    let mut bases: Vec<&str> = Vec::new();
+    let mut bases: Vec<String> = Vec::new();
+    let mut list_changed = false;
     for query in &request.queries {
         let Some((namespace, leaf)) = query.split_once(':') else {
             return error_reply(
@@ -514,12 +519,21 @@ fn meta_context(option: u32, data: &[u8], context: &Context<'_>, state: &mut Sta
         };
         // Unknown namespaces and leaves are ignored, as the protocol asks;
         // "base:" lists the namespace but selects nothing, and "grove:" or
-        // "grove:changed:" (no base) list and select nothing.
+        // "grove:changed:" (no base) select nothing.
         if namespace == "base" && (leaf == "allocation" || (leaf.is_empty() && !set)) {
             base_allocation = true;
         }
         if let Some(base) = query.strip_prefix(META_CONTEXT_GROVE_CHANGED_PREFIX) {
-            if !base.is_empty() && !bases.contains(&base) {
+            if !base.is_empty() && !bases.iter().any(|b| b == base) {
+                bases.push(base.to_string());
+            }
+        }
+        let whole_namespace = query == "grove:" || query == META_CONTEXT_GROVE_CHANGED_PREFIX;
+        list_changed |= !set && whole_namespace;
+    }
+    if list_changed {
+        for base in listed_bases(context.pool, &export.name) {
+            if !bases.contains(&base) {
                 bases.push(base);
             }
         }
@@ -528,7 +542,7 @@ fn meta_context(option: u32, data: &[u8], context: &Context<'_>, state: &mut Sta
         base_allocation,
         changed: Vec::new(),
     };
-    for base in bases {
+    for base in &bases {
         let name = format!("{META_CONTEXT_GROVE_CHANGED_PREFIX}{base}");
         if set && selected.changed.len() >= CHANGED_CONTEXTS_MAX {
             tracing::warn!(
@@ -590,6 +604,34 @@ const LOGGED_NAME_MAX_BYTES: usize = 200;
 /// Whether `grove:changed:BASE` can be answered for `export`: BASE names a
 /// volume, snapshot or removed snapshot that the engine can compare the
 /// export with. Cheap: the engine checks without computing a diff.
+/// The bases a LIST of "grove:" offers for export `name`, newest first, at
+/// most LISTED_BASES_MAX: a volume's snapshots, or a snapshot's earlier
+/// ones in its line.
+fn listed_bases(pool: &Pool, name: &str) -> Vec<String> {
+    let summaries = pool.volume_summaries();
+    let is_snapshot = summaries
+        .iter()
+        .any(|s| s.name == name && s.kind == grove_store::VolumeKind::Snapshot);
+    let mut bases: Vec<(u64, String)> = if is_snapshot {
+        pool.earlier_snapshots(name)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|s| (s.created_generation, s.name))
+            .collect()
+    } else {
+        summaries
+            .into_iter()
+            .filter(|s| {
+                s.kind == grove_store::VolumeKind::Snapshot && s.parent.as_deref() == Some(name)
+            })
+            .map(|s| (s.id, s.name))
+            .collect()
+    };
+    bases.sort_by_key(|b| std::cmp::Reverse(b.0));
+    bases.truncate(LISTED_BASES_MAX);
+    bases.into_iter().map(|(_, name)| name).collect()
+}
+
 fn changed_base_usable(export: &Export, base: &str) -> Result<(), String> {
     grove_store::validate_volume_name(base)
         .map_err(|_| "it is not a valid volume name".to_string())?;

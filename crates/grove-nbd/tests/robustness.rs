@@ -913,8 +913,9 @@ fn grove_changed_marks_what_differs_from_the_base() {
         c.option_replies(OPT_SET_META_CONTEXT),
         vec![(REP_ACK, vec![])]
     );
-    // LIST answers an exact base that exists, and nothing for the bare
-    // namespace or a base that does not.
+    // LIST answers an exact base that exists, and nothing for a base that
+    // does not; the bare namespace lists the export's live snapshots
+    // (snap; monday is a bookmark now, named here).
     c.send_option(
         OPT_LIST_META_CONTEXT,
         &query(
@@ -928,11 +929,43 @@ fn grove_changed_marks_what_differs_from_the_base() {
         ),
     );
     let replies = c.option_replies(OPT_LIST_META_CONTEXT);
-    assert_eq!(replies.len(), 2, "{replies:?}");
+    assert_eq!(replies.len(), 3, "{replies:?}");
     assert_eq!(replies[0].0, REP_META_CONTEXT);
     assert_eq!(&replies[0].1[..4], &[0; 4]);
     assert_eq!(&replies[0].1[4..], b"grove:changed:monday");
+    assert_eq!(&replies[1].1[4..], b"grove:changed:snap");
     c.go("stranger").unwrap();
     c.request(Command::BlockStatus, 0, 11, 0, 4096);
     assert_eq!(c.reply(None).error(), NBD_EINVAL);
+    drop(c);
+
+    // With snapshots of disk, "grove:" lists a context for each, newest
+    // first, and selects none of them.
+    t.pool.snapshot("disk", "tuesday").unwrap();
+    t.pool.snapshot("disk", "wednesday").unwrap();
+    let mut c = t.connect();
+    c.greet(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES);
+    c.send_option(OPT_STRUCTURED_REPLY, &[]);
+    assert_eq!(c.option_reply(OPT_STRUCTURED_REPLY).0, REP_ACK);
+    c.structured = true;
+    c.send_option(OPT_LIST_META_CONTEXT, &query("disk", &["grove:"]));
+    let listed: Vec<Vec<u8>> = c
+        .option_replies(OPT_LIST_META_CONTEXT)
+        .into_iter()
+        .filter(|(kind, _)| *kind == REP_META_CONTEXT)
+        .map(|(_, body)| body[4..].to_vec())
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            b"grove:changed:wednesday".to_vec(),
+            b"grove:changed:tuesday".to_vec(),
+            b"grove:changed:snap".to_vec(),
+        ]
+    );
+    c.send_option(OPT_SET_META_CONTEXT, &query("disk", &["grove:"]));
+    assert_eq!(
+        c.option_replies(OPT_SET_META_CONTEXT),
+        vec![(REP_ACK, vec![])]
+    );
 }
