@@ -70,56 +70,72 @@ def run_nbd_exports(profile, job, sock, exports):
     return run_clean(profile, args)
 
 
-# Windowed logs: one row per job every LOG_WINDOW_MS, holding the window's
-# IOPS (iops log) and its worst total latency in ns (lat log, with
-# log_max_value), so that a span inside a run can be measured apart.
+# Windowed logs: one row per job every LOG_WINDOW_MS, holding the
+# histogram of that window's completion latencies (fio's hist log), so that
+# a span inside a run has its own IOPS (the rows' counts) and worst latency
+# (the highest bin used, within 1/64 of the true value).
 LOG_WINDOW_MS = 100
+# fio's histogram bins: 64 per power of two (FIO_IO_U_PLAT_BITS = 6).
+PLAT_BITS = 6
 
 
 def logged_nbd_args(job, sock, export, runtime_s, numjobs, iodepth, log_prefix):
-    """A time-based job through fio's nbd engine that writes windowed IOPS
-    and worst-latency logs to LOG_PREFIX_{iops,lat}.N.log (N: job number)."""
+    """A time-based job through fio's nbd engine that writes windowed
+    latency histograms to LOG_PREFIX_clat_hist.N.log (N: job number)."""
     rw, bs = JOBS[job]
     return ["fio", "--name=job", f"--rw={rw}", f"--bs={bs}", f"--numjobs={numjobs}",
             f"--iodepth={iodepth}", f"--runtime={int(runtime_s * 1000)}ms", "--time_based",
             "--group_reporting", "--output-format=json", "--ioengine=nbd",
-            f"--uri={nbd_uri(sock, export)}", f"--log_avg_msec={LOG_WINDOW_MS}",
-            "--log_max_value=1", f"--write_iops_log={log_prefix}",
-            f"--write_lat_log={log_prefix}"]
+            f"--uri={nbd_uri(sock, export)}", f"--log_hist_msec={LOG_WINDOW_MS}",
+            f"--write_hist_log={log_prefix}"]
 
 
 def parse_summary(text):
-    """IOPS, worst and 99.9th percentile total latency (ms) of a
+    """IOPS, worst and 99.9th percentile completion latency (ms) of a
     group-reported run of one direction."""
     job = json.loads(text[text.index("{"):])["jobs"][0]
     side = job["write"] if job["write"]["total_ios"] else job["read"]
     pct = side["clat_ns"].get("percentile", {})
     return {"iops": side["iops"], "ios": side["total_ios"],
-            "lat_max_ms": side["lat_ns"]["max"] / 1e6,
+            "lat_max_ms": side["clat_ns"]["max"] / 1e6,
             "clat_p999_ms": pct.get("99.900000", 0) / 1e6}
 
 
-def read_log(path):
-    """(time ms, value) rows of one fio log file."""
+def bin_ns(index):
+    """The latency (ns) a histogram bin stands for (fio's plat_idx_to_val)."""
+    per_power = 1 << PLAT_BITS
+    if index < per_power << 1:
+        return index
+    error_bits = (index >> PLAT_BITS) - 1
+    return (1 << (error_bits + PLAT_BITS)) + (index % per_power + 0.5) * (1 << error_bits)
+
+
+def read_hist_log(path):
+    """(time ms, completions, worst ns) per row of one fio hist log."""
     rows = []
     with open(path) as f:
         for line in f:
             fields = line.split(",")
-            if len(fields) >= 2:
-                rows.append((int(fields[0]), int(fields[1])))
+            counts = [int(c) for c in fields[3:]]
+            used = [i for i, c in enumerate(counts) if c]
+            rows.append((int(fields[0]), sum(counts), bin_ns(used[-1]) if used else 0))
     return rows
 
 
 def span_figures(log_prefix, numjobs, start_ms, end_ms):
-    """IOPS (all jobs) and worst total latency (ms) in the log windows that
-    end within [start_ms, end_ms + LOG_WINDOW_MS) of a logged run: each
-    window is counted where it ends, so the span is widened by one window."""
+    """IOPS (all jobs) and worst completion latency (ms) over [start_ms,
+    end_ms] of a logged run, from the rows that end within it or one
+    window after (a row covers the time since the job's previous row)."""
     iops = 0.0
     worst_ns = 0
     for n in range(1, numjobs + 1):
-        inside = [v for t, v in read_log(f"{log_prefix}_iops.{n}.log")
-                  if start_ms <= t < end_ms + LOG_WINDOW_MS]
-        iops += sum(inside) / len(inside) if inside else 0.0
-        worst_ns = max([worst_ns] + [v for t, v in read_log(f"{log_prefix}_lat.{n}.log")
-                                     if start_ms <= t < end_ms + LOG_WINDOW_MS])
+        ios = covered_ms = 0
+        previous = 0
+        for t, count, worst in read_hist_log(f"{log_prefix}_clat_hist.{n}.log"):
+            if start_ms <= t < end_ms + LOG_WINDOW_MS:
+                ios += count
+                covered_ms += t - previous
+                worst_ns = max(worst_ns, worst)
+            previous = t
+        iops += ios / (covered_ms / 1000.0) if covered_ms else 0.0
     return {"iops": iops, "lat_max_ms": worst_ns / 1e6}

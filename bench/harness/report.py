@@ -231,12 +231,17 @@ def retention_section(r, p):
              f"{p['retention_lead_s']} s in; each is a whole `grove` process, timed. The "
              "same window runs just before with no pruning. \"span\" is the stretch "
              "prune and reclaim took, measured in both windows from fio's 100 ms logs; "
-             "latencies are the worst single request's (submission to completion).", ""]
+             "latencies are the worst single request's (completion latency, from fio's histograms).", ""]
     lines += _table(["snapshots", "prune s", "reclaim s", "IOPS quiet window",
                      "IOPS pruned window", "ratio", "IOPS quiet span", "IOPS pruned span",
                      "ratio (span)", "worst ms quiet span", "worst ms pruned span",
                      "worst ms quiet window", "worst ms pruned window",
                      "window covers"], rows)
+    lines += ["", "Each phase apart (pruned window): " + "; ".join(
+        f"{x['snapshots']:,}: prune {_n(x['phases']['prune']['iops'])} IOPS, worst "
+        f"{_f(x['phases']['prune']['lat_max_ms'], 1)} ms; reclaim "
+        f"{_n(x['phases']['reclaim']['iops'])} IOPS, worst "
+        f"{_f(x['phases']['reclaim']['lat_max_ms'], 1)} ms" for x in r["prune"]) + "."]
     lines += ["", "`grove list --json` through the control socket of a served pool while "
               "one fio client reads random 4K blocks (1 job, iodepth 1), against the same "
               f"span of a quiet {r['list_window_s']:g} s window:", ""]

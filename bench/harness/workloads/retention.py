@@ -183,7 +183,12 @@ def prune_round(ctx, work, pool, sock, n, built):
     span = (t["prune_start_ms"], t["reclaim_end_ms"])
     quiet_span = fio.span_figures(quiet_prefix, p.numjobs, *span)
     busy_span = fio.span_figures(busy_prefix, p.numjobs, *span)
+    # Each phase apart: which of the two a stall belongs to.
+    phases = {name: fio.span_figures(busy_prefix, p.numjobs, a, b) for name, (a, b) in
+              {"prune": (t["prune_start_ms"], t["prune_end_ms"]),
+               "reclaim": (t["prune_end_ms"], t["reclaim_end_ms"])}.items()}
     return {
+        "phases": phases,
         "snapshots": n, "kept": left, "build_ms": built["build_ms"],
         "prune_s": t["prune_s"], "reclaim_s": t["reclaim_s"],
         "covered": t["reclaim_end_ms"] <= window * 1000,
