@@ -58,7 +58,7 @@ class Profile:
     # volumes while one client reads, in a list window (and a quiet one).
     retention_counts: tuple = (1000, 10_000)
     retention_busy_bytes: int = GIB
-    retention_window_s: float = 20.0
+    retention_window_s: float = 40.0
     retention_lead_s: float = 1.0
     retention_list_volumes: int = 100_000
     retention_list_window_s: float = 8.0
@@ -95,7 +95,7 @@ QUICK = Profile(
     repl_snapshots=100,
     repl_snapshot_data_bytes=16 * MIB,
     retention_busy_bytes=256 * MIB,
-    retention_window_s=10.0,
+    retention_window_s=20.0,
     retention_list_volumes=20_000,
     retention_list_window_s=4.0,
 )

@@ -204,16 +204,21 @@ def retention_targets(r):
                           f"{(x['span_ms'][1] - x['span_ms'][0]) / 1000:.1f} s of prune and "
                           f"reclaim, {x['iops_ratio_window']:.2f} over the "
                           f"{r['window_s']:.0f} s window" for x in rounds),
-                "prune, reclaim and fio share this machine's 2 cores: the reclaimer's and "
-                "the commits' CPU time and the journal's fsyncs come out of the "
-                "foreground's"),
+                "prune, reclaim, grove serve and fio share this machine's 2 cores, and "
+                "every commit of a removal or reclaim batch flushes all the data fio "
+                "wrote since the last (fio sends no FLUSH), so the device is busy with "
+                "the foreground's own write-back; the reclaim then takes seconds and "
+                "its CPU and I/O come out of the foreground's"),
         _target("worst request latency during prune and reclaim - without",
                 "worst latency excess (ms)", worst_excess, "<= 10 ms",
                 worst_excess <= STALL_MAX_MS,
                 "; ".join(f"{x['snapshots']:,}: {x['during_span']['lat_max_ms']:.1f} ms vs "
                           f"{x['quiet_span']['lat_max_ms']:.1f} ms" for x in rounds),
-                "a request waits for a commit of the removal batches or for a reclaim "
-                "batch holding the state lock"),
+                "not profiled past the commits: a request still waits for the state "
+                "lock while reclaim batches and commit bookkeeping run under it, and "
+                "behind host write-back when a commit's data flush carries every "
+                "unflushed write; the quiet window's own worst swings by 100 ms and "
+                "more from run to run on this machine"),
         _target(f"longest read stall during `grove list` with {lst['volumes']:,} volumes",
                 "list stall (ms)", lst["stall_ms"], "<= 10 ms",
                 lst["stall_ms"] <= STALL_MAX_MS, list_detail,
