@@ -152,10 +152,20 @@ fn smoke_profile_runs_every_workload_and_reports() {
     for round in retention["prune"].as_array().expect("prune rounds") {
         assert_eq!(round["kept"], 2, "{round}");
         assert!(round["covered"] == true, "{round}");
-        assert!(round["quiet_span"]["iops"].as_f64().is_some_and(|v| v > 0.0), "{round}");
+        assert!(
+            round["quiet_span"]["iops"]
+                .as_f64()
+                .is_some_and(|v| v > 0.0),
+            "{round}"
+        );
         assert!(round["prune_s"].is_f64(), "{round}");
     }
-    assert!(retention["list"]["stall_ms"].as_f64().is_some_and(|v| v > 0.0), "{retention}");
+    assert!(
+        retention["list"]["stall_ms"]
+            .as_f64()
+            .is_some_and(|v| v > 0.0),
+        "{retention}"
+    );
     let targets = results["targets"].as_array().expect("targets");
     assert_eq!(targets.len(), TARGET_COUNT, "{text}");
     for target in targets {
