@@ -68,3 +68,74 @@ def run_nbd_exports(profile, job, sock, exports):
     for i, export in enumerate(exports):
         args += [f"--name=job{i}", f"--uri={nbd_uri(sock, export)}"]
     return run_clean(profile, args)
+
+
+# Windowed logs: one row per job every LOG_WINDOW_MS, holding the
+# histogram of that window's completion latencies (fio's hist log), so that
+# a span inside a run has its own IOPS (the rows' counts) and worst latency
+# (the highest bin used, within 1/64 of the true value).
+LOG_WINDOW_MS = 100
+# fio's histogram bins: 64 per power of two (FIO_IO_U_PLAT_BITS = 6).
+PLAT_BITS = 6
+
+
+def logged_nbd_args(job, sock, export, runtime_s, numjobs, iodepth, log_prefix):
+    """A time-based job through fio's nbd engine that writes windowed
+    latency histograms to LOG_PREFIX_clat_hist.N.log (N: job number)."""
+    rw, bs = JOBS[job]
+    return ["fio", "--name=job", f"--rw={rw}", f"--bs={bs}", f"--numjobs={numjobs}",
+            f"--iodepth={iodepth}", f"--runtime={int(runtime_s * 1000)}ms", "--time_based",
+            "--group_reporting", "--output-format=json", "--ioengine=nbd",
+            f"--uri={nbd_uri(sock, export)}", f"--log_hist_msec={LOG_WINDOW_MS}",
+            f"--write_hist_log={log_prefix}"]
+
+
+def parse_summary(text):
+    """IOPS, worst and 99.9th percentile completion latency (ms) of a
+    group-reported run of one direction."""
+    job = json.loads(text[text.index("{"):])["jobs"][0]
+    side = job["write"] if job["write"]["total_ios"] else job["read"]
+    pct = side["clat_ns"].get("percentile", {})
+    return {"iops": side["iops"], "ios": side["total_ios"],
+            "lat_max_ms": side["clat_ns"]["max"] / 1e6,
+            "clat_p999_ms": pct.get("99.900000", 0) / 1e6}
+
+
+def bin_ns(index):
+    """The latency (ns) a histogram bin stands for (fio's plat_idx_to_val)."""
+    per_power = 1 << PLAT_BITS
+    if index < per_power << 1:
+        return index
+    error_bits = (index >> PLAT_BITS) - 1
+    return (1 << (error_bits + PLAT_BITS)) + (index % per_power + 0.5) * (1 << error_bits)
+
+
+def read_hist_log(path):
+    """(time ms, completions, worst ns) per row of one fio hist log."""
+    rows = []
+    with open(path) as f:
+        for line in f:
+            fields = line.split(",")
+            counts = [int(c) for c in fields[3:]]
+            used = [i for i, c in enumerate(counts) if c]
+            rows.append((int(fields[0]), sum(counts), bin_ns(used[-1]) if used else 0))
+    return rows
+
+
+def span_figures(log_prefix, numjobs, start_ms, end_ms):
+    """IOPS (all jobs) and worst completion latency (ms) over [start_ms,
+    end_ms] of a logged run, from the rows that end within it or one
+    window after (a row covers the time since the job's previous row)."""
+    iops = 0.0
+    worst_ns = 0
+    for n in range(1, numjobs + 1):
+        ios = covered_ms = 0
+        previous = 0
+        for t, count, worst in read_hist_log(f"{log_prefix}_clat_hist.{n}.log"):
+            if start_ms <= t < end_ms + LOG_WINDOW_MS:
+                ios += count
+                covered_ms += t - previous
+                worst_ns = max(worst_ns, worst)
+            previous = t
+        iops += ios / (covered_ms / 1000.0) if covered_ms else 0.0
+    return {"iops": iops, "lat_max_ms": worst_ns / 1e6}

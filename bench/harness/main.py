@@ -2,7 +2,8 @@
 profile, then writes <date>-<profile>.json, latest.md and PNG plots.
 
   main.py --grove BIN --grove-bench BIN [--quick | --smoke] [--out DIR]
-          [--only servers,depth,nsnaps,memory,snapcount,replication] [--keep-work]
+          [--only servers,depth,nsnaps,memory,snapcount,replication,retention]
+          [--keep-work] [--grove-before BIN]
 """
 
 import argparse
@@ -27,7 +28,7 @@ import report  # noqa: E402
 import targets  # noqa: E402
 from grovecli import Grove  # noqa: E402
 from profiles import PROFILES  # noqa: E402
-from workloads import depth, memory, nsnaps, replication, servers, snapcount  # noqa: E402
+from workloads import depth, memory, nsnaps, replication, retention, servers, snapcount  # noqa: E402
 
 WORKLOADS = {
     "servers": servers.run,
@@ -36,13 +37,16 @@ WORKLOADS = {
     "memory": memory.run,
     "snapcount": snapcount.run,
     "replication": replication.run,
+    "retention": retention.run,
 }
 
 
 class Context:
-    def __init__(self, profile, grove, work):
+    def __init__(self, profile, grove, work, grove_before=None):
         self.profile = profile
         self.grove = grove
+        # An older grove binary, for the figures a workload gives "before".
+        self.grove_before = grove_before
         self.work = work
         self.started = time.monotonic()
 
@@ -85,6 +89,9 @@ def parse_args(argv):
     size.add_argument("--smoke", action="store_true", help="a tiny run that checks the harness")
     parser.add_argument("--grove", help="the grove binary (bench/run passes it)")
     parser.add_argument("--grove-bench", help="the grove-bench binary (bench/run passes it)")
+    parser.add_argument("--grove-before", default=None,
+                        help="an older grove binary: retention also measures the "
+                             "`grove list` stall with it, on the same pool")
     parser.add_argument("--out", default=None, help="results directory [bench/results]")
     parser.add_argument("--only", default=None, help="comma-separated workloads to run")
     parser.add_argument("--work-dir", default=os.environ.get("TMPDIR", "/var/tmp"))
@@ -131,7 +138,10 @@ def main(argv):
                  f"known: {', '.join(WORKLOADS)}")
     signal.signal(signal.SIGTERM, on_signal)
     work = pathlib.Path(tempfile.mkdtemp(prefix="grove-bench.", dir=args.work_dir))
-    ctx = Context(profile, Grove(args.grove, args.grove_bench, work), work)
+    if args.grove_before and not os.access(args.grove_before, os.X_OK):
+        sys.exit(f"bench/run: --grove-before {args.grove_before}: not an executable file")
+    ctx = Context(profile, Grove(args.grove, args.grove_bench, work), work,
+                  args.grove_before and str(pathlib.Path(args.grove_before).resolve()))
     now = datetime.datetime.now(datetime.timezone.utc)
     stem = f"{now:%Y-%m-%d}-{profile.name}"
     results = {"date": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "profile": profile.as_dict(),

@@ -42,8 +42,9 @@ def run(args, timeout=None, env=None):
 class Server:
     """A server process listening on `sock`. Use as a context manager."""
 
-    def __init__(self, name, args, sock, log_path):
+    def __init__(self, name, args, sock, log_path, env=None):
         self.name = name
+        self.env = env
         self.args = [str(a) for a in args]
         self.sock = str(sock)
         self.log_path = log_path
@@ -58,7 +59,8 @@ class Server:
         log = open(self.log_path, "ab")
         started = time.monotonic()
         self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=log,
-                                     stderr=log, preexec_fn=_die_with_parent)
+                                     stderr=log, env=self.env,
+                                     preexec_fn=_die_with_parent)
         log.close()
         _running.append(self)
         try:

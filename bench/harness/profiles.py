@@ -52,7 +52,18 @@ class Profile:
     repl_big_extents: int = 300
     repl_snapshots: int = 1000
     repl_snapshot_data_bytes: int = 64 * MIB
-    workloads: tuple = ("servers", "depth", "nsnaps", "memory", "snapcount", "replication")
+    # Retention: snapshot counts pruned, each in a fio window of random 4K
+    # writes into a volume of busy bytes (and an equal quiet window), prune
+    # starting lead seconds in; then `grove list` on a pool of this many
+    # volumes while one client reads, in a list window (and a quiet one).
+    retention_counts: tuple = (1000, 10_000)
+    retention_busy_bytes: int = GIB
+    retention_window_s: float = 40.0
+    retention_lead_s: float = 1.0
+    retention_list_volumes: int = 100_000
+    retention_list_window_s: float = 8.0
+    workloads: tuple = ("servers", "depth", "nsnaps", "memory", "snapcount", "replication",
+                        "retention")
 
     def as_dict(self):
         return asdict(self)
@@ -83,6 +94,10 @@ QUICK = Profile(
     repl_big_extents=100,
     repl_snapshots=100,
     repl_snapshot_data_bytes=16 * MIB,
+    retention_busy_bytes=256 * MIB,
+    retention_window_s=20.0,
+    retention_list_volumes=20_000,
+    retention_list_window_s=4.0,
 )
 
 SMOKE = Profile(
@@ -113,6 +128,12 @@ SMOKE = Profile(
     repl_big_extents=16,
     repl_snapshots=10,
     repl_snapshot_data_bytes=1 * MIB,
+    retention_counts=(20, 100),
+    retention_busy_bytes=16 * MIB,
+    retention_window_s=2.0,
+    retention_lead_s=0.3,
+    retention_list_volumes=200,
+    retention_list_window_s=1.5,
 )
 
 PROFILES = {p.name: p for p in (SMOKE, QUICK, FULL)}

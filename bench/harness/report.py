@@ -210,6 +210,57 @@ def replication_section(r, p):
     return lines
 
 
+def retention_section(r, p):
+    rows = []
+    for x in r["prune"]:
+        rows.append([f"{x['snapshots']:,}", _f(x["prune_s"], 3), _f(x["reclaim_s"], 3),
+                     _n(x["quiet"]["iops"]), _n(x["during"]["iops"]),
+                     _f(x["iops_ratio_window"]),
+                     _n(x["quiet_span"]["iops"]), _n(x["during_span"]["iops"]),
+                     _f(x["iops_ratio_span"]),
+                     _f(x["quiet_span"]["lat_max_ms"], 1), _f(x["during_span"]["lat_max_ms"], 1),
+                     _f(x["quiet"]["lat_max_ms"], 1), _f(x["during"]["lat_max_ms"], 1),
+                     "yes" if x["covered"] else "no"])
+    lines = ["## Retention", "",
+             "Volumes with N hourly-ranked snapshots an hour apart (a 4 KiB write after "
+             "each) and a policy keeping the newest 2, in a pool served by `grove serve` "
+             "(its scheduler kept idle). While fio writes random 4K blocks into another "
+             f"volume of the pool ({p['numjobs']} jobs x iodepth {p['iodepth']}, buffered, "
+             f"{r['window_s']:.0f} s window), `grove prune` (metadata work) and then "
+             f"`grove gc --wait` (reclaim) run through the control socket, starting "
+             f"{p['retention_lead_s']} s in; each is a whole `grove` process, timed. The "
+             "same window runs just before with no pruning. \"span\" is the stretch "
+             "prune and reclaim took, measured in both windows from fio's 100 ms logs; "
+             "latencies are the worst single request's (completion latency, from fio's histograms).", ""]
+    lines += _table(["snapshots", "prune s", "reclaim s", "IOPS quiet window",
+                     "IOPS pruned window", "ratio", "IOPS quiet span", "IOPS pruned span",
+                     "ratio (span)", "worst ms quiet span", "worst ms pruned span",
+                     "worst ms quiet window", "worst ms pruned window",
+                     "window covers"], rows)
+    lines += ["", "Each phase apart (pruned window): " + "; ".join(
+        f"{x['snapshots']:,}: prune {_n(x['phases']['prune']['iops'])} IOPS, worst "
+        f"{_f(x['phases']['prune']['lat_max_ms'], 1)} ms; reclaim "
+        f"{_n(x['phases']['reclaim']['iops'])} IOPS, worst "
+        f"{_f(x['phases']['reclaim']['lat_max_ms'], 1)} ms" for x in r["prune"]) + "."]
+    lines += ["", "`grove list --json` through the control socket of a served pool while "
+              "one fio client reads random 4K blocks (1 job, iodepth 1), against the same "
+              f"span of a quiet {r['list_window_s']:g} s window:", ""]
+    lrows = []
+    for which in ("list_before", "list"):
+        x = r.get(which)
+        if not x:
+            continue
+        lrows.append(["before" if which == "list_before" else "this grove",
+                      f"{x['volumes']:,}", _f(x["list_s"], 3),
+                      _f(x["quiet_span"]["lat_max_ms"], 2), _f(x["stall_ms"], 2),
+                      _n(x["quiet_span"]["iops"]), _n(x["during_span"]["iops"]),
+                      "yes" if x["covered"] else "no", f"`{x['grove']}`"])
+    lines += _table(["grove", "volumes", "list s", "worst read ms quiet",
+                     "worst read ms during list", "read IOPS quiet", "read IOPS during",
+                     "window covers", "binary"], lrows)
+    return lines
+
+
 SECTIONS = {
     "servers": servers_section,
     "depth": depth_section,
@@ -217,6 +268,7 @@ SECTIONS = {
     "memory": memory_section,
     "snapcount": snapcount_section,
     "replication": replication_section,
+    "retention": retention_section,
 }
 
 

@@ -13,6 +13,7 @@ use grove_store::{Pool, PoolOptions};
 
 mod lifecycle;
 mod replication;
+mod retention;
 mod sparse_device;
 mod suite;
 
@@ -175,6 +176,32 @@ enum Command {
         first: u64,
         #[arg(long)]
         last: u64,
+    },
+    /// bench/run: snapshots VOLUME@1 ... VOLUME@COUNT ranked --rank, dated
+    /// --step-secs apart from --first-unix-secs, with --writes-between 4 KiB
+    /// writes after each; the store's flushes skipped until the end.
+    RankedSnapshots {
+        #[arg(long)]
+        pool: PathBuf,
+        #[arg(long)]
+        volume: String,
+        /// Create the volume first, of this many bytes.
+        #[arg(long)]
+        create_size: Option<u64>,
+        /// With --create-size: bytes of data written at its start.
+        #[arg(long, default_value_t = 0)]
+        prefill_bytes: u64,
+        #[arg(long)]
+        count: u64,
+        /// Retention rank (0: none, 1: frequent, 2: hourly, ... 6: yearly).
+        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=6))]
+        rank: u8,
+        #[arg(long, default_value_t = 1_700_000_000)]
+        first_unix_secs: u64,
+        #[arg(long, default_value_t = 3600)]
+        step_secs: u64,
+        #[arg(long, default_value_t = 0)]
+        writes_between: u64,
     },
 }
 
@@ -391,5 +418,28 @@ fn main() -> Result<()> {
             first,
             last,
         } => replication::empty_snapshots(&pool, &volume, first, last),
+        Command::RankedSnapshots {
+            pool,
+            volume,
+            create_size,
+            prefill_bytes,
+            count,
+            rank,
+            first_unix_secs,
+            step_secs,
+            writes_between,
+        } => retention::ranked_snapshots(
+            &pool,
+            &retention::Plan {
+                volume: &volume,
+                create_bytes: create_size,
+                prefill_bytes,
+                count,
+                rank,
+                first_unix_secs,
+                step_secs,
+                writes_between,
+            },
+        ),
     }
 }

@@ -8,15 +8,16 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const TOOLS: [&str; 5] = ["fio", "qemu-img", "qemu-nbd", "qemu-io", "nbdkit"];
-const WORKLOADS: [&str; 6] = [
+const WORKLOADS: [&str; 7] = [
     "servers",
     "depth",
     "nsnaps",
     "memory",
     "snapcount",
     "replication",
+    "retention",
 ];
-const TARGET_COUNT: usize = 9;
+const TARGET_COUNT: usize = 12;
 
 fn tools_required() -> bool {
     std::env::var_os("GROVE_REQUIRE_TOOLS").is_some_and(|v| v != "0")
@@ -144,6 +145,26 @@ fn smoke_profile_runs_every_workload_and_reports() {
     assert!(
         replication["snapshots"]["receive_s"].is_f64(),
         "{replication}"
+    );
+    // Retention: every count pruned down to what the policy keeps, inside
+    // its window, and the list of every volume timed beside a reader.
+    let retention = &results["workloads"]["retention"];
+    for round in retention["prune"].as_array().expect("prune rounds") {
+        assert_eq!(round["kept"], 2, "{round}");
+        assert!(round["covered"] == true, "{round}");
+        assert!(
+            round["quiet_span"]["iops"]
+                .as_f64()
+                .is_some_and(|v| v > 0.0),
+            "{round}"
+        );
+        assert!(round["prune_s"].is_f64(), "{round}");
+    }
+    assert!(
+        retention["list"]["stall_ms"]
+            .as_f64()
+            .is_some_and(|v| v > 0.0),
+        "{retention}"
     );
     let targets = results["targets"].as_array().expect("targets");
     assert_eq!(targets.len(), TARGET_COUNT, "{text}");

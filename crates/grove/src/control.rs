@@ -53,6 +53,29 @@ const LONG_REPLY_TIMEOUT_MS: u64 = 24 * 60 * 60 * 1000;
 /// panics with the engine's state lock held instead.
 const PANIC_FOR_TESTS_ENV: &str = "GROVE_TEST_PANIC_CONTROL_REQUEST";
 
+/// `names` in runs whose `remove_snapshots` request each fits one control
+/// request line, in order: a prune of thousands of snapshots would
+/// otherwise be one request longer than the daemon reads.
+pub fn names_per_request(names: &[String]) -> Vec<&[String]> {
+    // Room for the request's own fields; each name costs its JSON form and
+    // a comma.
+    const BUDGET_BYTES: usize = REQUEST_LINE_MAX_BYTES as usize - 256;
+    let mut runs = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, name) in names.iter().enumerate() {
+        let cost = serde_json::to_string(name).map_or(name.len() + 2, |q| q.len()) + 1;
+        if bytes + cost > BUDGET_BYTES && i > start {
+            runs.push(&names[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += cost;
+    }
+    if start < names.len() {
+        runs.push(&names[start..]);
+    }
+    runs
+}
+
 /// What a command can ask of a pool, whether it holds the pool itself or
 /// reaches it through a daemon.
 pub trait Admin {
@@ -837,6 +860,9 @@ fn execute_catching_panics(
 pub struct ControlClient {
     dir: PathBuf,
     stream: std::cell::RefCell<BufReader<UnixStream>>,
+    /// Requests sent on `stream`: the daemon hangs up after
+    /// REQUESTS_PER_CONNECTION_MAX, so the next one goes on a new connection.
+    sent: std::cell::Cell<usize>,
 }
 
 impl ControlClient {
@@ -846,7 +872,22 @@ impl ControlClient {
         Some(ControlClient {
             dir: dir.to_path_buf(),
             stream: std::cell::RefCell::new(BufReader::new(stream)),
+            sent: std::cell::Cell::new(0),
         })
+    }
+
+    /// The connection for one more request: a new one once the daemon's
+    /// quota of requests per connection is used up (a prune that falls
+    /// back to one removal at a time sends thousands).
+    fn stream_for_request(&self) -> std::io::Result<std::cell::RefMut<'_, BufReader<UnixStream>>> {
+        let mut stream = self.stream.borrow_mut();
+        if self.sent.get() >= REQUESTS_PER_CONNECTION_MAX {
+            *stream = BufReader::new(UnixStream::connect(self.dir.join(CONTROL_SOCKET_NAME))?);
+            self.sent.set(0);
+        }
+        self.sent.set(self.sent.get() + 1);
+        assert!(self.sent.get() <= REQUESTS_PER_CONNECTION_MAX);
+        Ok(stream)
     }
 
     fn call<T: DeserializeOwned>(&self, request: Request) -> grove_store::Result<T> {
@@ -867,7 +908,7 @@ impl ControlClient {
     }
 
     fn exchange<T: DeserializeOwned>(&self, request: &Request) -> Result<grove_store::Result<T>> {
-        let mut stream = self.stream.borrow_mut();
+        let mut stream = self.stream_for_request()?;
         let mut line = serde_json::to_string(request)?;
         line.push('\n');
         let timeout = request.reply_timeout();
@@ -905,7 +946,7 @@ impl ControlClient {
         name: &str,
         mut input: impl Read,
     ) -> Result<grove_send::ReceiveSummary> {
-        let mut stream = self.stream.borrow_mut();
+        let mut stream = self.stream_for_request()?;
         let mut line = serde_json::to_string(&Request::Receive { name: name.into() })?;
         line.push('\n');
         stream.get_mut().write_all(line.as_bytes())?;
@@ -936,7 +977,7 @@ impl ControlClient {
         args: &crate::replicate::SendArgs,
         consume: &mut dyn FnMut(&mut dyn Read) -> Result<()>,
     ) -> Result<()> {
-        let mut stream = self.stream.borrow_mut();
+        let mut stream = self.stream_for_request()?;
         let mut line = serde_json::to_string(&Request::Send { args: args.clone() })?;
         line.push('\n');
         stream.get_mut().write_all(line.as_bytes())?;
@@ -1119,5 +1160,46 @@ impl Admin for ControlClient {
     }
     fn release_expired_holds(&self, now_unix_secs: u64) -> grove_store::Result<Vec<HoldInfo>> {
         self.call(Request::ReleaseExpiredHolds { now_unix_secs })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use grove_store::PoolOptions;
+
+    #[test]
+    fn names_are_split_into_requests_the_daemon_reads_whole() {
+        assert!(names_per_request(&[]).is_empty());
+        // 128-byte names, the longest: 2,000 of them are ~260 KB of JSON.
+        let names: Vec<String> = (0..2000).map(|i| format!("{i:0>128}")).collect();
+        let runs = names_per_request(&names);
+        assert!(runs.len() > 1, "one request of {} names", names.len());
+        for run in &runs {
+            let request = Request::RemoveSnapshots {
+                names: run.to_vec(),
+            };
+            let line_bytes = serde_json::to_string(&request).unwrap().len() + 1;
+            assert!(
+                line_bytes <= REQUEST_LINE_MAX_BYTES as usize,
+                "{line_bytes}"
+            );
+        }
+        let rejoined: Vec<&String> = runs.iter().flat_map(|r| r.iter()).collect();
+        assert_eq!(rejoined, names.iter().collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_client_goes_on_past_the_daemon_s_requests_per_connection() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = Pool::create(dir.path(), &PoolOptions::default()).unwrap();
+        let server = ControlServer::start(pool, 0o600).unwrap();
+        let client = ControlClient::connect(dir.path()).expect("the daemon listens");
+        for i in 0..REQUESTS_PER_CONNECTION_MAX + 5 {
+            let holds = client.holds();
+            assert!(holds.is_ok(), "request {i}: {holds:?}");
+        }
+        drop(client);
+        server.stop(std::time::Instant::now() + Duration::from_secs(5));
     }
 }

@@ -193,16 +193,18 @@ pub fn prune(
         report.pruned.extend(expired);
         return Ok(());
     }
-    // All at once, in batches of one commit each; if the lot is refused (a
-    // snapshot held or claimed since the plan), one at a time, so the
-    // others still go.
-    match admin.remove_snapshots(&expired) {
-        Ok(summary) => report.pruned.extend(summary.removed),
-        Err(_) => {
-            for name in expired {
-                match admin.remove(&name, false, false) {
-                    Ok(_) => report.pruned.push(name),
-                    Err(e) => report.failed.push(format!("remove {name}: {e}")),
+    // As few requests as a control request line allows, each removed in
+    // batches of one commit; if one is refused (a snapshot held or claimed
+    // since the plan), its names one at a time, so the others still go.
+    for names in crate::control::names_per_request(&expired) {
+        match admin.remove_snapshots(names) {
+            Ok(summary) => report.pruned.extend(summary.removed),
+            Err(_) => {
+                for name in names {
+                    match admin.remove(name, false, false) {
+                        Ok(_) => report.pruned.push(name.clone()),
+                        Err(e) => report.failed.push(format!("remove {name}: {e}")),
+                    }
                 }
             }
         }

@@ -476,3 +476,29 @@ fn wait_until(pool: &Pool, mut done: impl FnMut() -> bool) {
         std::thread::sleep(Duration::from_millis(30));
     }
 }
+
+/// A prune through the control socket of more snapshots than one control
+/// request can name (600 names of 120 bytes: 72 KB, past the daemon's
+/// 64 KiB request line) removes them all, in several requests.
+#[test]
+fn a_served_prune_of_more_names_than_one_request_holds_removes_them_all() {
+    let pool = Pool::new();
+    let count = 600;
+    let name = |i: u64| format!("vm@{i:0>117}");
+    {
+        let store = grove_store::Pool::open(&pool.path).unwrap();
+        for i in 0..count {
+            store
+                .snapshot_ranked("vm", &name(i), 2, MONDAY + i * HOUR)
+                .unwrap();
+        }
+        store.close().unwrap();
+    }
+    pool.ok(&["policy", "set", "vm", "--hourly", "2"]);
+    // A clock file that never exists: the daemon's scheduler never acts.
+    let server = serve(&pool, &pool.dir.path().join("no-clock"));
+    pool.ok(&["prune", "--now", &at(MONDAY + count * HOUR)]);
+    let left: BTreeSet<String> = [name(count - 1), name(count - 2)].into();
+    assert_eq!(pool.snapshots(), left);
+    drop(server);
+}

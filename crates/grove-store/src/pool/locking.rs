@@ -37,7 +37,7 @@ pub(super) fn write_gate(inner: &Inner) -> std::sync::RwLockWriteGuard<'_, ()> {
 /// clients' reads and writes go on meanwhile: this is what every flush,
 /// and so every NBD FLUSH and fsync, does.
 pub(super) fn commit(inner: &Inner) -> Result<()> {
-    let mut state = lock_state(inner);
+    let mut state = wait_for_commit_io(inner, lock_state(inner));
     settle_commit(inner, &mut state)?;
     ensure_changes_allowed(&state)?;
     let io = match state.prepare_commit() {
@@ -60,13 +60,38 @@ pub(super) fn commit(inner: &Inner) -> Result<()> {
     let outcome = io.run();
     *lock(&inner.commit_outcome) = Some(outcome);
     drop(io_running);
-    let mut state = lock_state(inner);
+    let mut state = wait_for_commit_io(inner, lock_state(inner));
     settle_commit(inner, &mut state)?;
     // Another committer may have finished it: its failure is the pool's.
     ensure_changes_allowed(&state)?;
     drop(state);
     punch_freed(inner);
     Ok(())
+}
+
+/// Waits with the state lock let go while another commit's I/O runs, and
+/// returns the lock once none does: settling that commit under the lock
+/// would hold every client's request for the rest of its I/O (a data
+/// flush of every client's unflushed writes may take hundreds of ms).
+fn wait_for_commit_io<'a>(
+    inner: &'a Inner,
+    mut state: MutexGuard<'a, State>,
+) -> MutexGuard<'a, State> {
+    while state.has_commit_in_flight() && commit_io_running(inner) {
+        drop(state);
+        drop(lock(&inner.commit_io));
+        state = lock_state(inner);
+    }
+    state
+}
+
+/// True while a commit's I/O holds `commit_io` (taken before the state is
+/// let go, given back once its outcome is stored).
+fn commit_io_running(inner: &Inner) -> bool {
+    matches!(
+        inner.commit_io.try_lock(),
+        Err(std::sync::TryLockError::WouldBlock)
+    )
 }
 
 /// Punches the blocks made reusable since the last time out of the device

@@ -819,10 +819,12 @@ impl Pool {
             .reclaim_budget()
             .min(budget_entries.unwrap_or(usize::MAX));
         let batch: ReclaimBatch = state.reclaim_batch(budget)?;
-        commit_locked(&self.inner, &mut state)?;
         let freed_bytes = batch.freed_blocks * state.geometry().block_bytes();
         drop(state);
-        punch_freed(&self.inner);
+        // The commit's I/O runs without the lock: its data flush carries
+        // every client's unflushed writes and may take long, and clients'
+        // requests go on meanwhile. It punches what it frees.
+        commit(&self.inner)?;
         Ok((freed_bytes, batch.done))
     }
 

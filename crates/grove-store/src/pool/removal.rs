@@ -10,7 +10,7 @@
 
 use std::collections::BTreeSet;
 
-use super::locking::{commit, commit_if_large};
+use super::locking::commit;
 use super::{ensure_changes_allowed, Pool, RemoveOptions};
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::record::VolumeKind;
@@ -19,7 +19,7 @@ use crate::types::VolumeId;
 
 /// Most snapshots one batch removes: bounds how long the state lock is
 /// held (about a microsecond each) and makes 10,000 snapshots ten commits.
-/// A batch that nears what one journal transaction holds commits early.
+/// A batch that nears what one journal transaction holds ends early.
 pub const REMOVE_BATCH_SNAPSHOTS: usize = 1024;
 
 /// What `Pool::remove_snapshots` did.
@@ -131,33 +131,56 @@ impl Pool {
         force: bool,
     ) -> Result<RemovalSummary> {
         let mut summary = RemovalSummary::default();
-        for batch in doomed.chunks(REMOVE_BATCH_SNAPSHOTS) {
-            let mut state = self.state();
-            ensure_changes_allowed(&state)?;
-            let live: Vec<VolumeId> = batch
-                .iter()
-                .map(|(id, _)| *id)
-                .filter(|&id| state.volume_table.live(id).is_some())
-                .collect();
-            super::retention::settle_holds(&mut state, &live, force)?;
-            for (id, name) in batch {
-                // Another client may have removed (and even reused the
-                // name of) a volume since the request was checked: the id
-                // decides.
-                if state.volume_table.live(*id).is_none() {
-                    summary.vanished.push(name.clone());
-                    continue;
-                }
-                state.remove_volume(*id);
-                debug_assert!(state.volume_table.live(*id).is_none());
-                summary.removed.push(name.clone());
-                commit_if_large(&self.inner, &mut state)?;
-            }
-            drop(state);
+        let mut rest = doomed;
+        while !rest.is_empty() {
+            let batch = &rest[..rest.len().min(REMOVE_BATCH_SNAPSHOTS)];
+            let taken = self.remove_batch(batch, force, &mut summary)?;
+            assert!(
+                (1..=batch.len()).contains(&taken),
+                "a batch goes through part of its snapshots"
+            );
+            // Never under the lock: the commit's data flush may take long
+            // (every client's unflushed writes), and clients go on meanwhile.
             commit(&self.inner)?;
             summary.batches += 1;
+            rest = &rest[taken..];
         }
         debug_assert_eq!(summary.removed.len() + summary.vanished.len(), doomed.len());
         Ok(summary)
+    }
+
+    /// One batch under one lock hold: removes `batch` in order, and stops
+    /// after a removal that brings the metadata waiting for a commit near
+    /// what one journal transaction holds, for the caller to commit it
+    /// without the lock. Returns how many of `batch` it went through.
+    fn remove_batch(
+        &self,
+        batch: &[(VolumeId, String)],
+        force: bool,
+        summary: &mut RemovalSummary,
+    ) -> Result<usize> {
+        let mut state = self.state();
+        ensure_changes_allowed(&state)?;
+        let live: Vec<VolumeId> = batch
+            .iter()
+            .map(|(id, _)| *id)
+            .filter(|&id| state.volume_table.live(id).is_some())
+            .collect();
+        super::retention::settle_holds(&mut state, &live, force)?;
+        for (done, (id, name)) in batch.iter().enumerate() {
+            // Another client may have removed (and even reused the name
+            // of) a volume since the request was checked: the id decides.
+            if state.volume_table.live(*id).is_none() {
+                summary.vanished.push(name.clone());
+                continue;
+            }
+            state.remove_volume(*id);
+            debug_assert!(state.volume_table.live(*id).is_none());
+            summary.removed.push(name.clone());
+            if state.pending_commit_blocks() > state.auto_commit_blocks() {
+                return Ok(done + 1);
+            }
+        }
+        Ok(batch.len())
     }
 }

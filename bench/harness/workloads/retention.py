@@ -1,0 +1,255 @@
+"""Retention (issue 25 point 7): pruning thousands of snapshots and
+listing a pool of 100,000 volumes while clients do I/O, on pools served by
+`grove serve`, all in one run.
+
+1. Prune: volumes r<N> with N hourly-ranked snapshots an hour apart (each
+   with a 4 KiB write after it, so each leaves blocks to reclaim; built
+   in-process by `grove-bench ranked-snapshots`) and a policy keeping the
+   newest 2 hourly. While fio writes random 4 KiB blocks into another
+   volume of the same pool (`busy`, written whole first, so every write
+   overwrites) for a fixed window, `grove prune r<N>` (metadata work)
+   and then `grove gc --wait` (reclaim) run through the control socket,
+   each timed. The same window runs just before without any pruning.
+   Compared: IOPS over the whole window and over the span prune and
+   reclaim took (fio's 100 ms logs), and the worst single request
+   latency in that span against the same span of the quiet window.
+2. List: a pool with one volume and snapshots of it up to
+   `retention_list_volumes` volumes. One fio client reads random 4 KiB
+   blocks (iodepth 1) for a fixed window while `grove list --json` runs
+   through the control socket; the worst request latency during the list
+   against the same span of a quiet window. With --grove-before, the same
+   with an older grove's `serve` and `list` on the same pool.
+
+The daemon's retention scheduler is kept from acting on its own
+(GROVE_CLOCK_FILE names a file that does not exist, so it never reads a
+time), so that only the timed `grove prune` removes anything."""
+
+import json
+import os
+import subprocess
+import time
+
+import fio
+from procs import CommandError, Server
+
+MIB = 1 << 20
+HOURLY = 2
+KEEP_HOURLY = 2
+HOUR_S = 3600
+FIRST_UNIX_S = 1_700_000_000 // HOUR_S * HOUR_S
+# Writes between snapshots land in the volume's first part, a block each
+# in turn: big enough that no snapshot's block is written twice.
+PREFILL_BYTES = 64 * MIB
+VOLUME_BYTES = 1 << 30
+LIST_READ_JOBS = 1
+LIST_READ_DEPTH = 1
+FIO_GRACE_S = 120
+
+
+def run(ctx):
+    p = ctx.profile
+    work = ctx.dir("retention")
+    result = {"prune": prune_rounds(ctx, work)}
+    result["list"] = list_stall(ctx, work, ctx.grove.grove, "after")
+    if ctx.grove_before:
+        result["list_before"] = list_stall(ctx, work, ctx.grove_before, "before")
+    result["window_s"] = p.retention_window_s
+    result["list_window_s"] = p.retention_list_window_s
+    result["metadata"] = ctx.grove.metadata(work / "prune-pool",
+                                            "retention (after pruning and reclaim)")
+    return result
+
+
+def no_scheduler_env(work):
+    """The environment for `grove serve` whose scheduler never acts: its
+    clock file is missing, so it never has a time to act at."""
+    return {**os.environ, "GROVE_CLOCK_FILE": str(work / "no-clock")}
+
+
+def serve(ctx, grove_bin, pool, sock, log):
+    return Server("grove serve", [grove_bin, "--pool", pool, "serve", "--socket", sock],
+                  sock, ctx.work / log, env=no_scheduler_env(ctx.work))
+
+
+def snapshots_of(grove_bin, pool, volume):
+    out, _ = run_cli(grove_bin, pool, "list", "--json")
+    return [v for v in json.loads(out) if v["name"].startswith(volume + "@")]
+
+
+def run_cli(grove_bin, pool, *args):
+    started = time.monotonic()
+    proc = subprocess.run([str(grove_bin), "--pool", str(pool), *map(str, args)],
+                          capture_output=True, text=True, timeout=3600)
+    seconds = time.monotonic() - started
+    if proc.returncode != 0:
+        raise CommandError(f"grove {' '.join(map(str, args))} exited {proc.returncode}: "
+                           f"{proc.stderr.strip()[-2000:]}")
+    return proc.stdout, seconds
+
+
+def build_prune_pool(ctx, pool):
+    """The busy volume, written whole, and r<N> with N ranked snapshots
+    and a policy keeping KEEP_HOURLY of them, for each N of the profile."""
+    p = ctx.profile
+    g = ctx.grove
+    g.init(pool)
+    extents = pool.parent / "busy.json"
+    extents.write_text(json.dumps([[0, p.retention_busy_bytes]]))
+    g.bench_json("write-extents", "--pool", pool, "--volume", "busy",
+                 "--create-size", p.retention_busy_bytes, "--extents", extents)
+    built = {}
+    for n in p.retention_counts:
+        ctx.log(f"retention: building {n:,} hourly snapshots of r{n}")
+        built[n] = g.bench_json("ranked-snapshots", "--pool", pool, "--volume", f"r{n}",
+                                "--create-size", VOLUME_BYTES, "--prefill-bytes",
+                                PREFILL_BYTES, "--count", n, "--rank", HOURLY,
+                                "--first-unix-secs", FIRST_UNIX_S, "--step-secs", HOUR_S,
+                                "--writes-between", 1)
+        g.cli(pool, "policy", "set", f"r{n}", "--hourly", KEEP_HOURLY)
+    return built
+
+
+def fio_window(ctx, sock, export, job, numjobs, iodepth, seconds, prefix, during=None):
+    """fio for `seconds` (windowed logs at PREFIX); `during(started)` runs
+    meanwhile, given fio's start on the monotonic clock, and returns what
+    it measured. Returns (fio's summary, during's result)."""
+    args = fio.logged_nbd_args(job, sock, export, seconds, numjobs, iodepth, prefix)
+    os.sync()
+    started = time.monotonic()
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        events = during(started) if during else None
+        out, err = proc.communicate(timeout=seconds + FIO_GRACE_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if proc.returncode != 0:
+        raise CommandError(f"fio exited {proc.returncode}: {err.strip()[-2000:]}")
+    return fio.parse_summary(out), events
+
+
+def ms_since(started):
+    return (time.monotonic() - started) * 1000.0
+
+
+def timed_prune(ctx, pool, n, now, lead_s):
+    """`during` for the pruned window: after lead_s, `grove prune r<N>`
+    then `grove gc --wait`, each timed; times in ms since fio started."""
+    grove_bin = ctx.grove.grove
+
+    def during(started):
+        time.sleep(lead_s)
+        t = {"prune_start_ms": ms_since(started)}
+        _, t["prune_s"] = run_cli(grove_bin, pool, "prune", f"r{n}", "--now", f"@{now}")
+        t["prune_end_ms"] = ms_since(started)
+        _, t["reclaim_s"] = run_cli(grove_bin, pool, "gc", "--wait")
+        t["reclaim_end_ms"] = ms_since(started)
+        return t
+    return during
+
+
+def prune_rounds(ctx, work):
+    p = ctx.profile
+    pool = work / "prune-pool"
+    built = build_prune_pool(ctx, pool)
+    sock = work / "prune.sock"
+    rounds = []
+    with serve(ctx, ctx.grove.grove, pool, sock, "retention-prune.log"):
+        for n in p.retention_counts:
+            rounds.append(prune_round(ctx, work, pool, sock, n, built[n]))
+    return rounds
+
+
+def prune_round(ctx, work, pool, sock, n, built):
+    """The quiet window, then the same window with prune and reclaim."""
+    p = ctx.profile
+    window = p.retention_window_s
+    now = built["last_unix_secs"] + HOUR_S // 2
+    before = len(snapshots_of(ctx.grove.grove, pool, f"r{n}"))
+    if before != n:
+        raise CommandError(f"r{n} has {before} snapshots before pruning, not {n}")
+    ctx.log(f"retention: {n:,} snapshots: quiet window of {window} s")
+    quiet_prefix = work / f"quiet-{n}"
+    quiet, _ = fio_window(ctx, sock, "busy", "rand-write", p.numjobs, p.iodepth, window,
+                          quiet_prefix)
+    ctx.log(f"retention: {n:,} snapshots: window of {window} s with prune and reclaim")
+    busy_prefix = work / f"prune-{n}"
+    during, t = fio_window(ctx, sock, "busy", "rand-write", p.numjobs, p.iodepth, window,
+                           busy_prefix, timed_prune(ctx, pool, n, now, p.retention_lead_s))
+    left = len(snapshots_of(ctx.grove.grove, pool, f"r{n}"))
+    if left != KEEP_HOURLY:
+        raise CommandError(f"r{n} has {left} snapshots after pruning, not {KEEP_HOURLY}")
+    span = (t["prune_start_ms"], t["reclaim_end_ms"])
+    quiet_span = fio.span_figures(quiet_prefix, p.numjobs, *span)
+    busy_span = fio.span_figures(busy_prefix, p.numjobs, *span)
+    # Each phase apart: which of the two a stall belongs to.
+    phases = {name: fio.span_figures(busy_prefix, p.numjobs, a, b) for name, (a, b) in
+              {"prune": (t["prune_start_ms"], t["prune_end_ms"]),
+               "reclaim": (t["prune_end_ms"], t["reclaim_end_ms"])}.items()}
+    return {
+        "phases": phases,
+        "snapshots": n, "kept": left, "build_ms": built["build_ms"],
+        "prune_s": t["prune_s"], "reclaim_s": t["reclaim_s"],
+        "covered": t["reclaim_end_ms"] <= window * 1000,
+        "span_ms": list(span),
+        "quiet": quiet, "during": during,
+        "quiet_span": quiet_span, "during_span": busy_span,
+        "iops_ratio_window": during["iops"] / quiet["iops"],
+        "iops_ratio_span": (busy_span["iops"] / quiet_span["iops"]
+                            if quiet_span["iops"] else None),
+        "lat_max_excess_ms": busy_span["lat_max_ms"] - quiet_span["lat_max_ms"],
+    }
+
+
+def build_list_pool(ctx, pool):
+    """One volume and snapshots of it, `retention_list_volumes` volumes in all."""
+    p = ctx.profile
+    ctx.grove.init(pool)
+    ctx.log(f"retention: building a pool of {p.retention_list_volumes:,} volumes")
+    return ctx.grove.bench_json("ranked-snapshots", "--pool", pool, "--volume", "v",
+                                "--create-size", VOLUME_BYTES, "--prefill-bytes",
+                                PREFILL_BYTES, "--count", p.retention_list_volumes - 1)
+
+
+def list_stall(ctx, work, grove_bin, which):
+    """A quiet read window, then the same with `grove list --json` in it."""
+    p = ctx.profile
+    pool = work / "list-pool"
+    built = build_list_pool(ctx, pool) if not pool.exists() else None
+    sock = work / f"list-{which}.sock"
+    window = p.retention_list_window_s
+    result = {"grove": str(grove_bin), "volumes": p.retention_list_volumes}
+    if built:
+        result["build_ms"] = built["build_ms"]
+
+    def listing(started):
+        time.sleep(p.retention_lead_s)
+        t = {"start_ms": ms_since(started)}
+        out, t["list_s"] = run_cli(grove_bin, pool, "list", "--json")
+        t["end_ms"] = ms_since(started)
+        t["listed"] = len(json.loads(out))
+        return t
+
+    with serve(ctx, grove_bin, pool, sock, f"retention-list-{which}.log"):
+        ctx.log(f"retention: list ({which}): quiet window of {window} s")
+        quiet_prefix = work / f"list-quiet-{which}"
+        quiet, _ = fio_window(ctx, sock, "v", "rand-read", LIST_READ_JOBS, LIST_READ_DEPTH,
+                              window, quiet_prefix)
+        ctx.log(f"retention: list ({which}): window of {window} s with `grove list`")
+        busy_prefix = work / f"list-busy-{which}"
+        during, t = fio_window(ctx, sock, "v", "rand-read", LIST_READ_JOBS, LIST_READ_DEPTH,
+                               window, busy_prefix, listing)
+    if t["listed"] != p.retention_list_volumes:
+        raise CommandError(f"grove list ({which}) listed {t['listed']} volumes, "
+                           f"not {p.retention_list_volumes}")
+    span = (t["start_ms"], t["end_ms"])
+    quiet_span = fio.span_figures(quiet_prefix, LIST_READ_JOBS, *span)
+    busy_span = fio.span_figures(busy_prefix, LIST_READ_JOBS, *span)
+    result.update({
+        "list_s": t["list_s"], "covered": t["end_ms"] <= window * 1000,
+        "span_ms": list(span), "quiet": quiet, "during": during,
+        "quiet_span": quiet_span, "during_span": busy_span,
+        "stall_ms": busy_span["lat_max_ms"],
+    })
+    return result
