@@ -18,5 +18,8 @@ pub mod plan;
 pub mod policy;
 
 pub use level::Level;
-pub use plan::{auto_snapshot_name, due_level, plan, space_order, Reason, SnapshotFacts, Verdict};
+pub use plan::{
+    auto_snapshot_name, due_level, plan, space_order, Reason, SnapshotFacts, SpaceCandidate,
+    Verdict,
+};
 pub use policy::{Policy, PolicyError, RetentionConfig};

@@ -169,12 +169,22 @@ pub fn auto_snapshot_name(volume: &str, now: u64) -> String {
     format!("{volume}@auto-{}", calendar::compact(now))
 }
 
-/// The order in which space pressure takes snapshots of one volume:
-/// expired ones first, then what the policy keeps, lowest level first and
-/// oldest first within a level. Never a held or unranked one, nor the
-/// newest `policy.minimum` of the ranked ones it could take.
-pub fn space_order(policy: &Policy, verdicts: &[Verdict]) -> Vec<String> {
-    let mut takeable: Vec<(u8, u64, &str)> = verdicts
+/// A snapshot space pressure may take, ordered as it takes them: expired
+/// ones first (class 0), then by the level that keeps them, oldest first.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct SpaceCandidate {
+    /// 0 for an expired snapshot, else the rank of the level keeping it.
+    pub class: u8,
+    pub created_unix_secs: u64,
+    pub name: String,
+}
+
+/// The snapshots of one volume space pressure may take, in the order it
+/// takes them (`SpaceCandidate`'s order, which also merges volumes). Never
+/// a held or unranked one, nor the newest `policy.minimum` of the ranked
+/// ones it could take.
+pub fn space_order(policy: &Policy, verdicts: &[Verdict]) -> Vec<SpaceCandidate> {
+    let mut takeable: Vec<SpaceCandidate> = verdicts
         .iter()
         .filter_map(|v| {
             let class = match &v.reason {
@@ -182,18 +192,19 @@ pub fn space_order(policy: &Policy, verdicts: &[Verdict]) -> Vec<String> {
                 Reason::Kept { level, .. } => level.rank(),
                 Reason::Held { .. } | Reason::Unranked => return None,
             };
-            Some((class, v.created_unix_secs, v.name.as_str()))
+            Some(SpaceCandidate {
+                class,
+                created_unix_secs: v.created_unix_secs,
+                name: v.name.clone(),
+            })
         })
         .collect();
     // The newest ones stay, whatever their rank.
-    takeable.sort_by(|a, b| (b.1, b.2).cmp(&(a.1, a.2)));
-    let mut order: Vec<(u8, u64, &str)> =
+    takeable.sort_by(|a, b| (b.created_unix_secs, &b.name).cmp(&(a.created_unix_secs, &a.name)));
+    let mut order: Vec<SpaceCandidate> =
         takeable.into_iter().skip(policy.minimum as usize).collect();
     order.sort();
     order
-        .into_iter()
-        .map(|(_, _, name)| name.to_string())
-        .collect()
 }
 
 #[cfg(test)]
@@ -259,7 +270,11 @@ mod tests {
         ));
         // Under pressure: hourly before daily, oldest first; never the
         // held, the unranked or the newest one.
-        assert_eq!(space_order(&policy, &verdicts), ["h2", "d1"]);
+        let order: Vec<String> = space_order(&policy, &verdicts)
+            .into_iter()
+            .map(|c| c.name)
+            .collect();
+        assert_eq!(order, ["h2", "d1"]);
     }
 
     #[test]

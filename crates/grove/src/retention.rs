@@ -11,8 +11,7 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use grove_retention::calendar::{display, parse_duration, parse_time};
 use grove_retention::{
-    auto_snapshot_name, due_level, plan, space_order, Level, Policy, RetentionConfig,
-    SnapshotFacts, Verdict,
+    auto_snapshot_name, due_level, plan, space_order, Level, Policy, RetentionConfig, SnapshotFacts,
 };
 use grove_store::config::PoolConfig;
 use grove_store::{VolumeKind, VolumeSummary};
@@ -228,21 +227,14 @@ pub fn tick(admin: &dyn Admin, now: u64) -> Result<TickReport> {
 /// way back. Returns the bytes removal gives back.
 pub fn free_space(admin: &dyn Admin, now: u64, bytes_wanted: u64) -> Result<u64> {
     let config = load_config(admin.dir())?;
-    let mut candidates: Vec<(u8, u64, String)> = Vec::new();
+    let mut candidates = Vec::new();
     for under in volumes_under_policy(admin, &config, now, &[])? {
         let verdicts = plan(&under.policy, &under.snapshots, now);
-        let rank_class = |v: &Verdict| match &v.reason {
-            grove_retention::Reason::Kept { level, .. } => level.rank(),
-            _ => 0,
-        };
-        for name in space_order(&under.policy, &verdicts) {
-            let verdict = verdicts.iter().find(|v| v.name == name).expect("planned");
-            candidates.push((rank_class(verdict), verdict.created_unix_secs, name));
-        }
+        candidates.extend(space_order(&under.policy, &verdicts));
     }
     candidates.sort();
     let mut freed = 0;
-    for (_, _, name) in candidates {
+    for grove_retention::SpaceCandidate { name, .. } in candidates {
         if freed >= bytes_wanted {
             break;
         }

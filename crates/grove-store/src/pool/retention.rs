@@ -86,26 +86,21 @@ impl Pool {
     /// in one commit; returns them.
     pub fn release_expired_holds(&self, now_unix_secs: u64) -> Result<Vec<HoldInfo>> {
         let mut state = self.state();
-        let expired: Vec<HoldInfo> = state
+        let expired: Vec<([u8; 16], HoldInfo)> = state
             .holds()
             .filter(|h| h.hold_until_unix_secs != 0 && h.hold_until_unix_secs <= now_unix_secs)
-            .map(|h| hold_info(&state, h))
+            .map(|h| (h.guid, hold_info(&state, h)))
             .collect();
         if expired.is_empty() {
-            return Ok(expired);
+            return Ok(Vec::new());
         }
         ensure_changes_allowed(&state)?;
-        let guids: Vec<([u8; 16], String)> = state
-            .holds()
-            .filter(|h| h.hold_until_unix_secs != 0 && h.hold_until_unix_secs <= now_unix_secs)
-            .map(|h| (h.guid, h.name.clone()))
-            .collect();
-        for (guid, tag) in guids {
-            let released = state.release_hold(guid, &tag);
+        for (guid, hold) in &expired {
+            let released = state.release_hold(*guid, &hold.tag);
             assert!(released, "an expired hold found a moment ago");
         }
         commit_locked(&self.inner, &mut state)?;
-        Ok(expired)
+        Ok(expired.into_iter().map(|(_, hold)| hold).collect())
     }
 
     /// Every hold, by snapshot name then tag.
