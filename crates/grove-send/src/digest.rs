@@ -14,6 +14,7 @@
 //! 512 bits of lanes, finding two contents with the same sum takes far
 //! more work than any accident.)
 
+use std::collections::HashSet;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -179,6 +180,37 @@ impl DigestCache {
         (size == size_bytes).then_some(digest)
     }
 
+    /// Removes the entries of snapshots the pool no longer knows (removed,
+    /// and their bookmark rolled off), and temporaries a crash left, so
+    /// that years of rolling snapshots do not pile up entries. `known`
+    /// is asked after the directory is listed: an entry put meanwhile was
+    /// not listed, and one listed belongs to a GUID `known` still has.
+    /// Best effort, as the cache is; returns how many entries went.
+    pub fn forget_unknown(&self, known: impl FnOnce() -> HashSet<[u8; 16]>) -> usize {
+        let Ok(entries) = fs::read_dir(&self.dir) else {
+            return 0;
+        };
+        let names: Vec<String> = entries
+            .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+            .collect();
+        let known = known();
+        let mut forgotten = 0;
+        for name in names {
+            let stale = match name.strip_suffix(".new") {
+                Some(_) => true,
+                None => match unhex(&name).ok().and_then(|b| <[u8; 16]>::try_from(b).ok()) {
+                    Some(guid) => !known.contains(&guid),
+                    // Not ours: leave it alone.
+                    None => false,
+                },
+            };
+            if stale && fs::remove_file(self.dir.join(&name)).is_ok() {
+                forgotten += 1;
+            }
+        }
+        forgotten
+    }
+
     /// Best effort: a digest that cannot be kept is computed again later.
     pub fn put(&self, guid: &[u8; 16], size_bytes: u64, digest: &ContentDigest) {
         if let Err(e) = self.try_put(guid, size_bytes, digest) {
@@ -310,5 +342,26 @@ mod tests {
         bytes[end..].copy_from_slice(&crc);
         fs::write(&path, &bytes).unwrap();
         assert_eq!(cache.get(&[1; 16], 8192), None);
+    }
+
+    #[test]
+    fn forgetting_keeps_known_entries_and_what_is_not_the_cache_s() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = DigestCache::new(dir.path());
+        assert_eq!(cache.forget_unknown(HashSet::new), 0, "no directory yet");
+        let digest = ContentDigest::empty();
+        for guid in [[1; 16], [2; 16], [3; 16]] {
+            cache.put(&guid, 4096, &digest);
+        }
+        let entries = dir.path().join("grove.digests");
+        fs::write(entries.join(format!("{}.new", hex(&[4; 16]))), b"cut").unwrap();
+        fs::write(entries.join("README"), b"not an entry").unwrap();
+        let known = || HashSet::from([[2; 16]]);
+        assert_eq!(cache.forget_unknown(known), 3, "two entries, one temporary");
+        assert_eq!(cache.get(&[1; 16], 4096), None);
+        assert_eq!(cache.get(&[2; 16], 4096), Some(digest));
+        assert_eq!(cache.get(&[3; 16], 4096), None);
+        assert!(entries.join("README").exists());
+        assert_eq!(fs::read_dir(&entries).unwrap().count(), 2);
     }
 }

@@ -734,7 +734,9 @@ impl<'a> SectionReceiver<'a> {
         self.pool
             .finish_receive(&self.name, self.begin.target_created_unix_secs, self.last)
             .map_err(|e| SectionError::Refused(e.into()))?;
-        DigestCache::new(self.pool.dir()).put(&self.begin.target_guid, size, &digest);
+        let cache = DigestCache::new(self.pool.dir());
+        cache.put(&self.begin.target_guid, size, &digest);
+        cache.forget_unknown(|| self.pool.known_guids());
         forget_state(self.pool.dir(), &self.name);
         Ok(())
     }

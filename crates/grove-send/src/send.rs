@@ -199,6 +199,7 @@ pub fn send_to_sink(
     writer.frames.flush()?;
     summary.stream_bytes = writer.frames.bytes_written;
     progress(summary.stream_bytes);
+    cache.forget_unknown(|| pool.known_guids());
     Ok(summary)
 }
 

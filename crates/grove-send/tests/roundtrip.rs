@@ -195,3 +195,63 @@ fn a_sparse_volume_travels_as_what_it_holds() {
         "zeros were not written out"
     );
 }
+
+/// Years of rolling replication must not pile up digest cache entries:
+/// each send and receive forgets those of snapshots the pool no longer
+/// knows (removed, their bookmark rolled off), on both sides.
+#[test]
+fn digest_cache_entries_go_with_their_snapshots() {
+    let dirs = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (pool(dirs.0.path(), 4096), pool(dirs.1.path(), 4096));
+    let entries = |dir: &std::path::Path| {
+        std::fs::read_dir(dir.join("grove.digests")).map_or(0, |entries| entries.count())
+    };
+    a.create_volume("vm", 1 << 20).unwrap();
+    let volume = a.volume("vm").unwrap();
+    let mut previous: Option<String> = None;
+    for round in 0..40u32 {
+        volume
+            .write_at(&round.to_le_bytes(), 4096 * u64::from(round))
+            .unwrap();
+        let name = format!("vm@{round}");
+        a.snapshot("vm", &name).unwrap();
+        let request = SendRequest {
+            target: name.clone(),
+            from: previous.as_ref().map(|p| DiffFrom::Name(p.clone())),
+            ..SendRequest::default()
+        };
+        transfer(&a, &request, &b, &name);
+        // Keep the newest two on each side, as a rolling policy would.
+        if round >= 2 {
+            let old = format!("vm@{}", round - 2);
+            a.remove(&old, Default::default()).unwrap();
+            b.remove(&old, Default::default()).unwrap();
+            // As a daemon's reclaimer would: a record goes once its
+            // blocks are back and its bookmark rolled off.
+            a.reclaim_all(|_| {}).unwrap();
+            b.reclaim_all(|_| {}).unwrap();
+        }
+        previous = Some(name);
+    }
+    let known = |pool: &Pool| pool.known_guids().len();
+    for (pool, dir) in [(&a, dirs.0.path()), (&b, dirs.1.path())] {
+        let kept = entries(dir);
+        assert!(kept > 0, "the cache is used");
+        assert!(
+            kept <= known(pool),
+            "{kept} cache entries for {} records the pool knows",
+            known(pool)
+        );
+    }
+    // On the sender the removed snapshots' bookmarks roll off, so the
+    // cache shrinks with them. (On the receiver each snapshot is made from
+    // the one before, and removed records stay while a later one's lineage
+    // goes through them.)
+    assert!(
+        // The two kept, the bookmarks, and the one removed since the last
+        // send forgot.
+        entries(dirs.0.path()) <= 3 + grove_store::BOOKMARKS_PER_PARENT_MAX,
+        "the sender's cache holds {} entries",
+        entries(dirs.0.path())
+    );
+}

@@ -145,6 +145,15 @@ impl Pool {
         Ok(found)
     }
 
+    /// The GUID of every record the pool still knows: live volumes and
+    /// snapshots (partial receives too), bookmarks and cursors. What is
+    /// kept by GUID beside the pool (the digest cache) can go for any
+    /// other.
+    pub fn known_guids(&self) -> std::collections::HashSet<[u8; 16]> {
+        let state = self.state();
+        state.volume_table.all_records().map(|r| r.guid).collect()
+    }
+
     /// The visible snapshot with GUID `guid`.
     pub fn snapshot_by_guid(&self, guid: &[u8; 16]) -> Option<SnapshotIdentity> {
         self.state()
