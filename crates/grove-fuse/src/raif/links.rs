@@ -36,6 +36,37 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::core::{lock, Core, Node, OpenFile};
 use super::meta::{self, Meta};
 
+/// The steps of a link and an unlink after which a crash leaves state
+/// that `tidy` must finish: the tests stop there (see [`step_done`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Step {
+    /// link: the record holds the new count.
+    RecordWritten,
+    /// link: the first name points at the record.
+    FirstNamePointed,
+    /// link: the lower links at the new name are made.
+    ComponentsLinked,
+    /// unlink: the name's pointer and lower links are gone.
+    NameRemoved,
+}
+
+#[cfg(test)]
+thread_local! {
+    /// The step after which this thread's link or unlink stops, as if the
+    /// mount had been killed there.
+    pub(super) static CRASH_AFTER: std::cell::Cell<Option<Step>> = const { std::cell::Cell::new(None) };
+}
+
+/// Marks `step` done: in tests, stops the operation there if asked to.
+fn step_done(step: Step) -> io::Result<()> {
+    #[cfg(test)]
+    if CRASH_AFTER.with(|c| c.get()) == Some(step) {
+        return Err(io::Error::other(format!("simulated crash after {step:?}")));
+    }
+    let _ = step;
+    Ok(())
+}
+
 /// Tries to find an unused link identity before giving up.
 const LINK_ID_TRIES: usize = 8;
 /// Numbers link identities within the process.
@@ -89,8 +120,10 @@ impl Core {
         next.nlink = next.nlink.checked_add(1).ok_or_else(too_many_links)?;
         next.ctime_ns = meta::now_ns();
         self.write_record(&next, true)?;
+        step_done(Step::RecordWritten)?;
         if first {
             self.write_link_name(from, &id, true)?;
+            step_done(Step::FirstNamePointed)?;
         }
         // From here the record is the file's metadata.
         *m = next.clone();
@@ -101,6 +134,7 @@ impl Core {
             self.write_record(&m, true)?;
             return Err(e);
         }
+        step_done(Step::ComponentsLinked)?;
         self.write_link_name(to, &id, true)?;
         assert_eq!(m.nlink, before.max(1) + 1);
         Ok(id)
@@ -160,6 +194,7 @@ impl Core {
                 let component = super::core::remove_if_there(&root.join(rel));
                 meta::remove(root, rel).and(component)
             })?;
+            step_done(Step::NameRemoved)?;
             m.nlink = m.nlink.saturating_sub(1);
             m.ctime_ns = meta::now_ns();
             let id = m.link.clone().expect("a linked file");
@@ -223,3 +258,270 @@ const EPERM: i32 = 1;
 const EIO: i32 = 5;
 const EEXIST: i32 = 17;
 const EMLINK: i32 = 31;
+
+#[cfg(test)]
+mod tests {
+    //! Each crash window of link and unlink, made by stopping the real
+    //! operation after that step and mounting again (a new [`Core`] over
+    //! the same branches): the names left read whole, and one scrub with
+    //! repair leaves counts that match the names, no record without a
+    //! name, no lower file without a sidecar, and nothing for the next
+    //! scrub to find.
+
+    use std::collections::HashMap;
+    use std::os::unix::fs::MetadataExt;
+    use std::path::PathBuf;
+
+    use grove_raif::config::Config;
+    use grove_raif::Level;
+
+    use super::*;
+    use crate::raif::maintain::walk_tree;
+    use crate::raif::tidy::tidy;
+
+    const WIDTH: usize = 3;
+    /// Spans several stripes of 4 KiB units.
+    const DATA_BYTES: usize = 20_000;
+
+    fn mount(branches: &[PathBuf]) -> Core {
+        for b in branches {
+            meta::clean_work_dir(b).unwrap();
+        }
+        Core::new(Config::simple(Level::Raif5, 4096, branches).unwrap())
+    }
+
+    fn data(seed: u8) -> Vec<u8> {
+        (0..DATA_BYTES)
+            .map(|i| (i as u8).wrapping_mul(seed))
+            .collect()
+    }
+
+    fn node_of(core: &Core, rel: &str) -> Node {
+        core.node(Path::new(rel)).unwrap()
+    }
+
+    fn ino(core: &Core, rel: &str) -> u64 {
+        core.ino_of(Path::new(rel), &node_of(core, rel))
+    }
+
+    fn write_file(core: &Core, rel: &str, bytes: &[u8]) {
+        let rel = Path::new(rel);
+        core.create(rel, 0o644, 0, 0).unwrap();
+        let ino = core.ino_for(rel);
+        let file = core.open(ino, rel).unwrap();
+        core.write(&file, 0, bytes).unwrap();
+        core.release(ino).unwrap();
+    }
+
+    fn read_file(core: &Core, rel: &str) -> Vec<u8> {
+        let ino = ino(core, rel);
+        let file = core.open(ino, Path::new(rel)).unwrap();
+        let bytes = core.read(&file, 0, u64::MAX / 2).unwrap();
+        core.release(ino).unwrap();
+        bytes
+    }
+
+    fn link(core: &Core, from: &str, to: &str) -> io::Result<()> {
+        let node = node_of(core, from);
+        let ino = core.ino_of(Path::new(from), &node);
+        core.link(ino, Path::new(from), &node, Path::new(to))
+    }
+
+    fn unlink(core: &Core, rel: &str) -> io::Result<()> {
+        match node_of(core, rel) {
+            Node::File(m) => core.unlink_file(Path::new(rel), &m),
+            Node::Plain(_) => panic!("{rel} is not a file"),
+        }
+    }
+
+    /// Runs `op` stopped after `step`, as a crash there would.
+    fn crash_after(step: Step, op: impl FnOnce() -> io::Result<()>) {
+        CRASH_AFTER.with(|c| c.set(Some(step)));
+        let result = op();
+        CRASH_AFTER.with(|c| c.set(None));
+        let err = result.expect_err("the operation was to stop");
+        assert!(err.to_string().contains("simulated crash"), "{err}");
+    }
+
+    /// What the branches hold is whole: every linked file's count is its
+    /// number of names, every record has a name, and on every branch each
+    /// name's component is one lower file with one link per name.
+    fn assert_whole(core: &Core, branches: &[PathBuf]) {
+        let tree = walk_tree(core).unwrap();
+        assert!(tree.unreadable.is_empty(), "{:?}", tree.unreadable);
+        let mut ids = Vec::new();
+        for file in &tree.files {
+            assert_eq!(
+                file.meta.nlink as usize,
+                file.names.len(),
+                "{:?}",
+                file.names
+            );
+            ids.extend(file.meta.link.clone());
+            for b in branches {
+                let inodes: HashMap<u64, u64> = file
+                    .names
+                    .iter()
+                    .filter_map(|n| std::fs::metadata(b.join(n)).ok())
+                    .map(|m| (m.ino(), m.nlink()))
+                    .collect();
+                assert!(inodes.len() <= 1, "one lower file per branch: {inodes:?}");
+                for nlink in inodes.values() {
+                    assert_eq!(*nlink as usize, file.names.len(), "lower links");
+                }
+            }
+        }
+        for b in branches {
+            for id in meta::record_ids(b).unwrap() {
+                assert!(ids.contains(&id), "record {id} has no name");
+            }
+        }
+        assert_eq!(tidy(core, false).unwrap(), Vec::<String>::new());
+    }
+
+    fn branches(dir: &Path) -> Vec<PathBuf> {
+        let paths: Vec<PathBuf> = (0..WIDTH).map(|i| dir.join(format!("b{i}"))).collect();
+        paths.iter().for_each(|p| std::fs::create_dir(p).unwrap());
+        paths
+    }
+
+    /// A crash after each step of a link: the first name reads whole; if
+    /// the new name showed, it reads the same; a new file made at a name a
+    /// crash left lower links at is a file of its own (the leftover is
+    /// unlinked, not truncated); scrub with repair leaves everything whole.
+    #[test]
+    fn a_crash_in_every_step_of_a_link_is_tidied_by_scrub() {
+        for step in [
+            Step::RecordWritten,
+            Step::FirstNamePointed,
+            Step::ComponentsLinked,
+        ] {
+            for second_link in [false, true] {
+                if second_link && step == Step::FirstNamePointed {
+                    continue; // a file with two names has its record already
+                }
+                let dir = tempfile::tempdir().unwrap();
+                let b = branches(dir.path());
+                let core = mount(&b);
+                write_file(&core, "a", &data(3));
+                if second_link {
+                    link(&core, "a", "c").unwrap();
+                }
+                crash_after(step, || link(&core, "a", "b"));
+                drop(core);
+                let core = mount(&b);
+                assert!(
+                    read_file(&core, "a") == data(3),
+                    "{step:?}: a reads other bytes"
+                );
+                assert!(
+                    core.node(Path::new("b")).is_err(),
+                    "{step:?}: b never showed"
+                );
+                if step == Step::ComponentsLinked {
+                    let stray = tidy(&core, false).unwrap();
+                    assert!(
+                        stray
+                            .iter()
+                            .any(|l| l.contains("a component with no sidecar")),
+                        "{stray:?}"
+                    );
+                }
+                // Made before any scrub: over the lower links a crash left.
+                write_file(&core, "b", &data(5));
+                assert!(
+                    read_file(&core, "a") == data(3),
+                    "{step:?}: a reads other bytes"
+                );
+                assert!(
+                    read_file(&core, "b") == data(5),
+                    "{step:?}: b reads other bytes"
+                );
+                let found = tidy(&core, true).unwrap();
+                assert!(!found.is_empty(), "{step:?}: nothing found");
+                assert_whole(&core, &b);
+                assert!(
+                    read_file(&core, "a") == data(3),
+                    "{step:?}: a reads other bytes"
+                );
+            }
+        }
+    }
+
+    /// A crash after an unlink removed its name: of a name with another
+    /// left (a count one too high), and of the last name (a record with no
+    /// name). Scrub with repair corrects the one and removes the other, and
+    /// no lower file is left of a file with no name.
+    #[test]
+    fn a_crash_in_an_unlink_is_tidied_by_scrub() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = branches(dir.path());
+        let core = mount(&b);
+        write_file(&core, "a", &data(7));
+        link(&core, "a", "b").unwrap();
+        link(&core, "a", "c").unwrap();
+        crash_after(Step::NameRemoved, || unlink(&core, "c"));
+        drop(core);
+        let core = mount(&b);
+        let found = tidy(&core, true).unwrap();
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_whole(&core, &b);
+        assert!(read_file(&core, "b") == data(7), "b reads other bytes");
+        unlink(&core, "b").unwrap();
+        crash_after(Step::NameRemoved, || unlink(&core, "a"));
+        drop(core);
+        let core = mount(&b);
+        let found = tidy(&core, true).unwrap();
+        assert!(
+            found.iter().all(|l| l.contains("no name points at it")) && !found.is_empty(),
+            "{found:?}"
+        );
+        assert_whole(&core, &b);
+        for branch in &b {
+            let files: Vec<_> = walk_files(branch);
+            assert!(files.is_empty(), "left on {}: {files:?}", branch.display());
+        }
+    }
+
+    /// Regular files under `root`, grove's temporary ones aside.
+    fn walk_files(root: &Path) -> Vec<PathBuf> {
+        let mut found = Vec::new();
+        let mut pending = vec![root.to_path_buf()];
+        while let Some(dir) = pending.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+                let kind = entry.file_type().unwrap();
+                if kind.is_dir() && entry.file_name() != meta::WORK_DIR {
+                    pending.push(entry.path());
+                } else if kind.is_file() {
+                    found.push(entry.path());
+                }
+            }
+        }
+        found
+    }
+
+    /// Two names of an open file: writes through the open state show at
+    /// both names after a remount, and the names share one inode.
+    #[test]
+    fn names_share_one_inode_and_one_metadata() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = branches(dir.path());
+        let core = mount(&b);
+        write_file(&core, "a", b"x");
+        std::fs::create_dir_all(b[0].join("d")).unwrap();
+        for branch in &b[1..] {
+            std::fs::create_dir_all(branch.join("d")).unwrap();
+        }
+        let a = ino(&core, "a");
+        let file = core.open(a, Path::new("a")).unwrap();
+        link(&core, "a", "d/b").unwrap();
+        assert_eq!(ino(&core, "d/b"), a);
+        core.write(&file, 0, &data(9)).unwrap();
+        core.release(a).unwrap();
+        drop(core);
+        let core = mount(&b);
+        assert_eq!(ino(&core, "a"), ino(&core, "d/b"));
+        assert!(read_file(&core, "d/b") == data(9), "d/b reads other bytes");
+        assert_whole(&core, &b);
+    }
+}

@@ -498,6 +498,7 @@ mod tests {
         m.nlink = 3;
         write_record(dir.path(), &m, true).unwrap();
         assert_eq!(read_record(dir.path(), id).unwrap(), Some(m));
+        std::fs::create_dir(dir.path().join("d")).unwrap();
         write_link_name(dir.path(), Path::new("d/a"), id, false).unwrap();
         assert_eq!(
             read(dir.path(), Path::new("d/a")).unwrap(),
