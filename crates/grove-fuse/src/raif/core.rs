@@ -391,6 +391,11 @@ impl Inodes {
         assert_eq!(self.by_path.get(rel), Some(&ino));
     }
 
+    /// The inode of the file known by `identity`, if it has one.
+    pub fn of_identity(&self, identity: &str) -> Option<u64> {
+        self.by_identity.get(identity).copied()
+    }
+
     /// Records that inode `ino` is the file known by `identity`.
     pub fn set_identity(&mut self, ino: u64, identity: &str) {
         self.by_identity.insert(identity.to_string(), ino);
@@ -684,6 +689,17 @@ impl Core {
             return self.lower_metadata(rel).map(Node::Plain);
         }
         if let Some(m) = self.read_meta(rel)? {
+            // A name not seen yet of a linked file open under another one:
+            // the open state is newer than the record (sizes not written back).
+            let ino = m
+                .link
+                .as_deref()
+                .and_then(|id| lock(&self.inodes).of_identity(id));
+            if let Some(file) = ino.and_then(|ino| self.open_file(ino)) {
+                return Ok(Node::File(
+                    file.meta.read().unwrap_or_else(|e| e.into_inner()).clone(),
+                ));
+            }
             return Ok(Node::File(m));
         }
         self.lower_metadata(rel).map(Node::Plain)

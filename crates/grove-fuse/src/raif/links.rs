@@ -520,8 +520,21 @@ mod tests {
         core.release(a).unwrap();
         drop(core);
         let core = mount(&b);
-        assert_eq!(ino(&core, "a"), ino(&core, "d/b"));
-        assert!(read_file(&core, "d/b") == data(9), "d/b reads other bytes");
+        // A name first seen while the file is open under another shows
+        // the open state's size, not the record's older one.
+        let a = ino(&core, "a");
+        let file = core.open(a, Path::new("a")).unwrap();
+        core.write(&file, DATA_BYTES as u64, b"more").unwrap();
+        assert!(lock(&core.inodes).known(Path::new("d/b")).is_none());
+        match node_of(&core, "d/b") {
+            Node::File(m) => assert_eq!(m.size_bytes, DATA_BYTES as u64 + 4),
+            Node::Plain(_) => panic!("d/b is a file"),
+        }
+        assert_eq!(ino(&core, "d/b"), a);
+        core.release(a).unwrap();
+        let mut grown = data(9);
+        grown.extend_from_slice(b"more");
+        assert!(read_file(&core, "d/b") == grown, "d/b reads other bytes");
         assert_whole(&core, &b);
     }
 }
