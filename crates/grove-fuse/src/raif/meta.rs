@@ -319,15 +319,20 @@ fn decode(path: &Path, text: &str) -> std::io::Result<Sidecar> {
             format!("{}: {why}", path.display()),
         )
     };
+    // Parsed once; the table is then read as one shape or the other.
     let table: toml::Table = toml::from_str(text).map_err(|e| invalid(e.message()))?;
     if !table.contains_key("level") && table.contains_key("link") {
-        let name: LinkName = toml::from_str(text).map_err(|e| invalid(e.message()))?;
+        let name: LinkName = toml::Value::Table(table)
+            .try_into()
+            .map_err(|e: toml::de::Error| invalid(e.message()))?;
         if name.format != META_FORMAT || !is_link_id(&name.link) {
             return Err(invalid("not a valid grove-raif name sidecar"));
         }
         return Ok(Sidecar::Link(name.link));
     }
-    let meta: Meta = toml::from_str(text).map_err(|e| invalid(e.message()))?;
+    let meta: Meta = toml::Value::Table(table)
+        .try_into()
+        .map_err(|e: toml::de::Error| invalid(e.message()))?;
     let bad = meta.format != META_FORMAT
         || meta.start >= meta.branches.len()
         || meta.level.check_width(meta.branches.len()).is_err()
