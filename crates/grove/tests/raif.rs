@@ -1326,3 +1326,156 @@ fn scrub_repair_removes_what_a_cut_short_link_left() {
         assert_eq!(fs::metadata(r.p(name)).unwrap().nlink(), 2);
     }
 }
+
+/// Operations of the random hard-link checker.
+const LINK_OPERATIONS: usize = 800;
+/// Names the random hard-link checker uses, in two directories.
+const LINK_CHECK_NAMES: [&str; 6] = ["n0", "n1", "n2", "d/n3", "d/n4", "d/n5"];
+
+/// What the random hard-link checker expects: each name's file, and each
+/// file's bytes.
+#[derive(Default)]
+struct LinkModel {
+    names: BTreeMap<&'static str, usize>,
+    files: Vec<Vec<u8>>,
+}
+
+impl LinkModel {
+    fn count(&self, file: usize) -> u64 {
+        self.names.values().filter(|&&f| f == file).count() as u64
+    }
+
+    /// Every name reads its file's bytes, with its file's count, and the
+    /// names of one file share an inode number (and no other file's).
+    fn check(&self, r: &Raif, when: &str) {
+        let mut inodes: BTreeMap<usize, u64> = BTreeMap::new();
+        for (name, &file) in &self.names {
+            let m = fs::metadata(r.p(name)).unwrap();
+            assert_eq!(m.nlink(), self.count(file), "{when}: nlink of {name}");
+            let ino = *inodes.entry(file).or_insert(m.ino());
+            assert_eq!(m.ino(), ino, "{when}: ino of {name}");
+            assert!(
+                fs::read(r.p(name)).unwrap() == self.files[file],
+                "{when}: {name} reads other bytes"
+            );
+        }
+        let distinct: std::collections::BTreeSet<u64> = inodes.values().copied().collect();
+        assert_eq!(
+            distinct.len(),
+            inodes.len(),
+            "{when}: two files share an inode"
+        );
+    }
+}
+
+/// Random writes, truncates, links, unlinks and renames over a few names
+/// against a model where names share files: contents, link counts and
+/// inode numbers agree at every step, after a remount, and scrub finds
+/// nothing.
+#[test]
+fn random_link_operations_match_a_model() {
+    require!();
+    let r = Raif::new("raif6", 4, "4K");
+    fs::create_dir(r.p("d")).unwrap();
+    let mut model = LinkModel::default();
+    // Links made, and renames onto another name of the same file.
+    let (mut linked, mut same_file_renames) = (0, 0);
+    let mut rng = pattern(LINK_OPERATIONS * 8, 77)
+        .chunks(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect::<Vec<_>>()
+        .into_iter();
+    for step in 0..LINK_OPERATIONS {
+        let x = rng.next().unwrap();
+        let pick = |shift: u32| LINK_CHECK_NAMES[((x >> shift) % 6) as usize];
+        let (name, other) = (pick(8), pick(16));
+        let when = format!("step {step}");
+        let errno = |res: std::io::Result<()>| res.err().and_then(|e| e.raw_os_error());
+        match x % 10 {
+            0..=2 => {
+                let offset = (x >> 24) % 60_000;
+                let data = pattern(((x >> 40) % 9_000) as usize + 1, x);
+                let f = OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(r.p(name))
+                    .unwrap();
+                f.write_all_at(&data, offset).unwrap();
+                let file = *model.names.entry(name).or_insert_with(|| {
+                    model.files.push(Vec::new());
+                    model.files.len() - 1
+                });
+                let bytes = &mut model.files[file];
+                let end = offset as usize + data.len();
+                if bytes.len() < end {
+                    bytes.resize(end, 0);
+                }
+                bytes[offset as usize..end].copy_from_slice(&data);
+            }
+            3 => {
+                let size = (x >> 24) % 60_000;
+                if let Some(&file) = model.names.get(name) {
+                    let f = OpenOptions::new().write(true).open(r.p(name)).unwrap();
+                    f.set_len(size).unwrap();
+                    model.files[file].resize(size as usize, 0);
+                }
+            }
+            4..=6 => {
+                let got = errno(fs::hard_link(r.p(name), r.p(other)));
+                match (
+                    model.names.get(name).copied(),
+                    model.names.contains_key(other),
+                ) {
+                    (None, _) => assert_eq!(got, Some(2), "{when}: link of missing {name}"),
+                    (Some(_), true) => assert_eq!(got, Some(17), "{when}: onto {other}"),
+                    (Some(file), false) => {
+                        assert_eq!(got, None, "{when}: link {name} {other}");
+                        model.names.insert(other, file);
+                        linked += 1;
+                    }
+                }
+            }
+            7 => {
+                let got = errno(fs::remove_file(r.p(name)));
+                let expected = model.names.remove(name).map_or(Some(2), |_| None);
+                assert_eq!(got, expected, "{when}: unlink {name}");
+            }
+            8 => {
+                let got = errno(fs::rename(r.p(name), r.p(other)));
+                match model.names.get(name).copied() {
+                    None => assert_eq!(got, Some(2), "{when}: rename of missing {name}"),
+                    Some(file) => {
+                        assert_eq!(got, None, "{when}: rename {name} {other}");
+                        if model.names.get(other) == Some(&file) {
+                            same_file_renames += 1;
+                        } else {
+                            model.names.remove(name);
+                            model.names.insert(other, file);
+                        }
+                    }
+                }
+            }
+            _ => model.check(&r, &when),
+        }
+    }
+    assert!(
+        linked >= 20 && same_file_renames >= 5,
+        "too few links ({linked}) or renames between names of one file ({same_file_renames})"
+    );
+    model.check(&r, "at the end");
+    r.unmount();
+    r.mount();
+    model.check(&r, "after a remount");
+    let out = r.run(&["scrub"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let files = model
+        .names
+        .values()
+        .collect::<std::collections::BTreeSet<_>>();
+    assert!(
+        text(&out).contains(&format!("scrubbed {} files", files.len())),
+        "{}",
+        text(&out)
+    );
+}
