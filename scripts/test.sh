@@ -3,7 +3,8 @@
 # package registries only: the real NBD clients the interop tests drive
 # (qemu-img, qemu-io, qemu-nbd, nbdinfo, nbdcopy, fio), openssl for the TLS
 # tests' certificates, the tools for file systems on loop devices over
-# `grove mount` files (fuse3, util-linux, e2fsprogs, xfsprogs), and Ceph with
+# `grove mount` files (fuse3, util-linux, e2fsprogs, xfsprogs), mergerfs and
+# bindfs (the peers the RAIF POSIX suite is compared with), and Ceph with
 # radosgw (scripts/ceph.sh) for the S3 tests. Building needs
 # none of them: fuser mounts in pure Rust. Safe to run again: it installs only
 # what is missing, and stops with an error when it cannot.
@@ -35,6 +36,8 @@ declare -A NEEDED=(
   [fsfreeze]=util-linux
   [setpriv]=util-linux
   [unshare]=util-linux
+  [mergerfs]=mergerfs
+  [bindfs]=bindfs
 )
 
 missing_tools() {

@@ -99,10 +99,13 @@ pub enum RaifCommand {
         to: PathBuf,
         mountpoint: PathBuf,
     },
-    /// Check that mirrors and parity agree with the data over every file; one
-    /// line per mismatch, exit 1 if any
+    /// Check that mirrors and parity agree with the data over every file, and
+    /// find what a crash left half done (a hard link's record no name points
+    /// at, a wrong link count, a component with no sidecar); one line per
+    /// problem, exit 1 if any
     Scrub {
-        /// Rewrite disagreeing mirrors (from the first copy) and parity (from the data)
+        /// Rewrite disagreeing mirrors (from the first copy) and parity (from
+        /// the data); remove or correct what a crash left half done
         #[arg(long)]
         repair: bool,
         mountpoint: PathBuf,

@@ -1136,3 +1136,346 @@ fn a_file_growing_past_a_size_threshold_is_laid_out_again_at_close() {
     let out = r.run(&["scrub"]);
     assert!(out.status.success(), "{}", text(&out));
 }
+
+/// The names of the linked file in the hard-link tests.
+const LINK_NAMES: [&str; 3] = ["a", "d/b", "c"];
+
+/// Hard links through degraded mode, rebuild and scrub on every redundant
+/// level: every name reads the file's bytes while a branch is gone, a
+/// name made then counts, the rebuild makes one lower file for all the
+/// names on the new branch (never a copy per name), scrub counts the file
+/// once, and after the rebuild the names survive the loss of any other
+/// branch. explain shows the count and the record.
+#[test]
+fn hard_links_stay_one_file_through_degraded_mode_rebuild_and_scrub() {
+    require!();
+    for (level, width) in [("raif1", 2), ("raif5", 3), ("raif6", 4), ("raif10", 4)] {
+        let mut r = Raif::new(level, width, "4K");
+        fs::create_dir(r.p("d")).unwrap();
+        let first = pattern(50_000, 11);
+        fs::write(r.p("a"), &first).unwrap();
+        fs::hard_link(r.p("a"), r.p("d/b")).unwrap();
+        std::os::unix::fs::symlink("a", r.p("l")).unwrap();
+        fs::hard_link(r.p("l"), r.p("d/l2")).unwrap();
+        fs::write(r.p("single"), b"one name").unwrap();
+        let v = r.explain("d/b");
+        assert_eq!(v["names"], 2, "{level}: {v}");
+        assert!(v["link_record"].is_string(), "{level}: {v}");
+        assert_eq!(r.explain("single")["names"], 1, "{level}");
+        fs::remove_dir_all(&r.branches[1]).unwrap();
+        assert_eq!(fs::read(r.p("d/b")).unwrap(), first, "{level} degraded");
+        // Written through one name and given a third while degraded.
+        let data = pattern(70_000, 12);
+        fs::write(r.p("d/b"), &data).unwrap();
+        fs::hard_link(r.p("a"), r.p("c")).unwrap();
+        assert_eq!(r.status()["state"], "degraded", "{level}");
+        let new = r.dir.path().join("new1");
+        fs::create_dir(&new).unwrap();
+        let out = r.run(&["rebuild", "--branch", "b1", "--to", new.to_str().unwrap()]);
+        assert!(out.status.success(), "{level}: {}", text(&out));
+        assert!(text(&out).contains(": 2 files,"), "{level}: {}", text(&out));
+        r.branches[1] = new.clone();
+        let lower: Vec<fs::Metadata> = LINK_NAMES
+            .iter()
+            .map(|n| fs::metadata(new.join(n)).unwrap())
+            .collect();
+        assert!(
+            lower
+                .iter()
+                .all(|m| m.ino() == lower[0].ino() && m.nlink() == 3),
+            "{level}: the rebuilt names are not one lower file"
+        );
+        let (l, l2) = (
+            fs::symlink_metadata(new.join("l")).unwrap(),
+            fs::symlink_metadata(new.join("d/l2")).unwrap(),
+        );
+        assert_eq!((l.ino(), l.nlink()), (l2.ino(), 2), "{level}: symlink");
+        let out = r.run(&["scrub"]);
+        assert!(out.status.success(), "{level}: {}", text(&out));
+        let once = format!("scrubbed 2 files, {} bytes", data.len() + 8);
+        assert!(text(&out).contains(&once), "{level}: {}", text(&out));
+        for lost in (0..width).filter(|&i| i != 1) {
+            r.unmount();
+            r.mount();
+            let away = r.dir.path().join("away");
+            fs::rename(&r.branches[lost], &away).unwrap();
+            let ino = fs::metadata(r.p("a")).unwrap().ino();
+            for name in LINK_NAMES {
+                let m = fs::metadata(r.p(name)).unwrap();
+                assert_eq!((m.ino(), m.nlink()), (ino, 3), "{level}: {name}");
+                assert!(
+                    fs::read(r.p(name)).unwrap() == data,
+                    "{level}: {name} without b{lost}"
+                );
+            }
+            r.unmount();
+            fs::rename(&away, &r.branches[lost]).unwrap();
+        }
+    }
+}
+
+/// Regular files on the branches, grove's temporary directory aside.
+fn files_on_branches(r: &Raif) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut pending = r.branches.clone();
+    while let Some(dir) = pending.pop() {
+        for entry in fs::read_dir(&dir).unwrap().flatten() {
+            let kind = entry.file_type().unwrap();
+            if kind.is_dir() && entry.file_name() != ".grove-raif.tmp" {
+                pending.push(entry.path());
+            } else if kind.is_file() {
+                found.push(entry.path());
+            }
+        }
+    }
+    found
+}
+
+/// Descriptors the mount process holds on branch files that no name
+/// reaches any more.
+fn deleted_files_held(r: &Raif) -> usize {
+    let fds = fs::read_dir(format!("/proc/{}/fd", r.pid.get())).unwrap();
+    fds.flatten()
+        .filter_map(|fd| fs::read_link(fd.path()).ok())
+        .map(|target| target.display().to_string())
+        .filter(|t| t.starts_with(r.dir.path().to_str().unwrap()) && t.ends_with(" (deleted)"))
+        .count()
+}
+
+/// The space of a linked file goes back when its last name and its last
+/// descriptor go: with names gone and a descriptor open it still reads,
+/// and the branches keep nothing of it but the lower files the mount holds
+/// open; after the close the mount holds none.
+#[test]
+fn a_linked_file_goes_with_its_last_name_and_last_descriptor() {
+    require!();
+    let r = Raif::new("raif5", 3, "4K");
+    fs::create_dir(r.p("d")).unwrap();
+    let data = pattern(200_000, 21);
+    fs::write(r.p("a"), &data).unwrap();
+    fs::hard_link(r.p("a"), r.p("d/b")).unwrap();
+    let open = fs::File::open(r.p("d/b")).unwrap();
+    fs::remove_file(r.p("a")).unwrap();
+    assert_eq!(open.metadata().unwrap().nlink(), 1);
+    fs::remove_file(r.p("d/b")).unwrap();
+    assert_eq!(files_on_branches(&r), Vec::<PathBuf>::new());
+    let mut buf = vec![0u8; data.len()];
+    open.read_exact_at(&mut buf, 0).unwrap();
+    assert!(buf == data, "the descriptor reads other bytes");
+    assert_eq!(open.metadata().unwrap().nlink(), 0);
+    assert_eq!(deleted_files_held(&r), 3, "one component per branch");
+    drop(open);
+    // The release reaches the mount just after close(2) returns.
+    let started = Instant::now();
+    while deleted_files_held(&r) > 0 && started.elapsed() < Duration::from_millis(SETTLE_TIMEOUT_MS)
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(deleted_files_held(&r), 0, "held after the last close");
+}
+
+/// What a link or unlink cut short by a crash leaves (made here on the
+/// branches: a record no name points at, and lower links at a name with
+/// no sidecar) is invisible through the mount, found by scrub and removed
+/// by --repair; the linked file's names stay whole.
+#[test]
+fn scrub_repair_removes_what_a_cut_short_link_left() {
+    require!();
+    let r = Raif::new("raif5", 3, "4K");
+    let data = pattern(30_000, 31);
+    fs::write(r.p("a"), &data).unwrap();
+    fs::hard_link(r.p("a"), r.p("b")).unwrap();
+    let record_dir = r
+        .branches
+        .iter()
+        .map(|b| b.join(".grove-raif.links"))
+        .find(|d| d.is_dir())
+        .unwrap();
+    let record = fs::read_dir(&record_dir).unwrap().next().unwrap().unwrap();
+    let id = record.file_name().to_string_lossy().into_owned();
+    let stray_id = "00000000000000aa";
+    let copy = fs::read_to_string(record.path())
+        .unwrap()
+        .replace(&id, stray_id);
+    fs::write(record_dir.join(stray_id), copy).unwrap();
+    for b in &r.branches {
+        fs::hard_link(b.join("a"), b.join("ghost")).unwrap();
+    }
+    assert!(!r.p("ghost").exists(), "a name with no sidecar shows");
+    assert_eq!(fs::read_dir(&r.mnt).unwrap().count(), 2);
+    let out = r.run(&["scrub"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("no name points at it"),
+        "{}",
+        text(&out)
+    );
+    assert!(
+        text(&out).contains("ghost on branch b0: a component with no sidecar"),
+        "{}",
+        text(&out)
+    );
+    repair_then_scrub_clean(&r, "raif5");
+    assert!(!record_dir.join(stray_id).exists());
+    for b in &r.branches {
+        assert!(!b.join("ghost").exists());
+        assert_eq!(fs::metadata(b.join("a")).unwrap().nlink(), 2);
+    }
+    for name in ["a", "b"] {
+        assert!(fs::read(r.p(name)).unwrap() == data, "{name}");
+        assert_eq!(fs::metadata(r.p(name)).unwrap().nlink(), 2);
+    }
+}
+
+/// Operations of the random hard-link checker.
+const LINK_OPERATIONS: usize = 800;
+/// Names the random hard-link checker uses, in two directories.
+const LINK_CHECK_NAMES: [&str; 6] = ["n0", "n1", "n2", "d/n3", "d/n4", "d/n5"];
+
+/// What the random hard-link checker expects: each name's file, and each
+/// file's bytes.
+#[derive(Default)]
+struct LinkModel {
+    names: BTreeMap<&'static str, usize>,
+    files: Vec<Vec<u8>>,
+}
+
+impl LinkModel {
+    fn count(&self, file: usize) -> u64 {
+        self.names.values().filter(|&&f| f == file).count() as u64
+    }
+
+    /// Every name reads its file's bytes, with its file's count, and the
+    /// names of one file share an inode number (and no other file's).
+    fn check(&self, r: &Raif, when: &str) {
+        let mut inodes: BTreeMap<usize, u64> = BTreeMap::new();
+        for (name, &file) in &self.names {
+            let m = fs::metadata(r.p(name)).unwrap();
+            assert_eq!(m.nlink(), self.count(file), "{when}: nlink of {name}");
+            let ino = *inodes.entry(file).or_insert(m.ino());
+            assert_eq!(m.ino(), ino, "{when}: ino of {name}");
+            assert!(
+                fs::read(r.p(name)).unwrap() == self.files[file],
+                "{when}: {name} reads other bytes"
+            );
+        }
+        let distinct: std::collections::BTreeSet<u64> = inodes.values().copied().collect();
+        assert_eq!(
+            distinct.len(),
+            inodes.len(),
+            "{when}: two files share an inode"
+        );
+    }
+}
+
+/// Random writes, truncates, links, unlinks and renames over a few names
+/// against a model where names share files: contents, link counts and
+/// inode numbers agree at every step, after a remount, and scrub finds
+/// nothing.
+#[test]
+fn random_link_operations_match_a_model() {
+    require!();
+    let r = Raif::new("raif6", 4, "4K");
+    fs::create_dir(r.p("d")).unwrap();
+    let mut model = LinkModel::default();
+    // Links made, and renames onto another name of the same file.
+    let (mut linked, mut same_file_renames) = (0, 0);
+    let mut rng = pattern(LINK_OPERATIONS * 8, 77)
+        .chunks(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect::<Vec<_>>()
+        .into_iter();
+    for step in 0..LINK_OPERATIONS {
+        let x = rng.next().unwrap();
+        let pick = |shift: u32| LINK_CHECK_NAMES[((x >> shift) % 6) as usize];
+        let (name, other) = (pick(8), pick(16));
+        let when = format!("step {step}");
+        let errno = |res: std::io::Result<()>| res.err().and_then(|e| e.raw_os_error());
+        match x % 10 {
+            0..=2 => {
+                let offset = (x >> 24) % 60_000;
+                let data = pattern(((x >> 40) % 9_000) as usize + 1, x);
+                let f = OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(r.p(name))
+                    .unwrap();
+                f.write_all_at(&data, offset).unwrap();
+                let file = *model.names.entry(name).or_insert_with(|| {
+                    model.files.push(Vec::new());
+                    model.files.len() - 1
+                });
+                let bytes = &mut model.files[file];
+                let end = offset as usize + data.len();
+                if bytes.len() < end {
+                    bytes.resize(end, 0);
+                }
+                bytes[offset as usize..end].copy_from_slice(&data);
+            }
+            3 => {
+                let size = (x >> 24) % 60_000;
+                if let Some(&file) = model.names.get(name) {
+                    let f = OpenOptions::new().write(true).open(r.p(name)).unwrap();
+                    f.set_len(size).unwrap();
+                    model.files[file].resize(size as usize, 0);
+                }
+            }
+            4..=6 => {
+                let got = errno(fs::hard_link(r.p(name), r.p(other)));
+                match (
+                    model.names.get(name).copied(),
+                    model.names.contains_key(other),
+                ) {
+                    (None, _) => assert_eq!(got, Some(2), "{when}: link of missing {name}"),
+                    (Some(_), true) => assert_eq!(got, Some(17), "{when}: onto {other}"),
+                    (Some(file), false) => {
+                        assert_eq!(got, None, "{when}: link {name} {other}");
+                        model.names.insert(other, file);
+                        linked += 1;
+                    }
+                }
+            }
+            7 => {
+                let got = errno(fs::remove_file(r.p(name)));
+                let expected = model.names.remove(name).map_or(Some(2), |_| None);
+                assert_eq!(got, expected, "{when}: unlink {name}");
+            }
+            8 => {
+                let got = errno(fs::rename(r.p(name), r.p(other)));
+                match model.names.get(name).copied() {
+                    None => assert_eq!(got, Some(2), "{when}: rename of missing {name}"),
+                    Some(file) => {
+                        assert_eq!(got, None, "{when}: rename {name} {other}");
+                        if model.names.get(other) == Some(&file) {
+                            same_file_renames += 1;
+                        } else {
+                            model.names.remove(name);
+                            model.names.insert(other, file);
+                        }
+                    }
+                }
+            }
+            _ => model.check(&r, &when),
+        }
+    }
+    assert!(
+        linked >= 20 && same_file_renames >= 5,
+        "too few links ({linked}) or renames between names of one file ({same_file_renames})"
+    );
+    model.check(&r, "at the end");
+    r.unmount();
+    r.mount();
+    model.check(&r, "after a remount");
+    let out = r.run(&["scrub"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let files = model
+        .names
+        .values()
+        .collect::<std::collections::BTreeSet<_>>();
+    assert!(
+        text(&out).contains(&format!("scrubbed {} files", files.len())),
+        "{}",
+        text(&out)
+    );
+}

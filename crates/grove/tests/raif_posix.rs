@@ -1,10 +1,13 @@
 //! A POSIX behaviour suite in the style of pjdfstest, run on ext4 (a plain
-//! directory) and on `grove raif mount --allow-other` at RAIF0, 1, 5 and
-//! 6: each check is one "test file"; steps marked so run under another uid
-//! (a child process with setuid), and the kernel checks modes
+//! directory) and on `grove raif mount --allow-other` at RAIF0, 1, 5, 6
+//! and 10: each check is one "test file"; steps marked so run under
+//! another uid (a child process with setuid), and the kernel checks modes
 //! (default_permissions). The suite prints how many checks pass where;
-//! every check that passes on ext4 must pass on every RAIF level.
-//! Needs root and /dev/fuse (each test says why it skips otherwise).
+//! every check that passes on ext4 must pass on every RAIF level, and
+//! every level must pass at least as many as mergerfs and bindfs (issue
+//! 26), run on the same suite. Needs root and /dev/fuse, and mergerfs and
+//! bindfs for the comparison (each test says why it skips otherwise, and
+//! fails instead under scripts/test.sh).
 
 use std::fs::{self, OpenOptions};
 use std::io::{Read, Write};
@@ -25,8 +28,6 @@ const NAME_MAX_BYTES: usize = 255;
 /// A grove binary to run the suite against instead of this build's (to
 /// measure another build, e.g. main before a change).
 const SUITE_BIN_ENV: &str = "GROVE_RAIF_SUITE_BIN";
-/// The one check that passes on ext4 and not yet on RAIF.
-const KNOWN_DIFFERENCE: &str = "hard_links_share_one_file";
 
 type Check = fn(&Path) -> Result<(), String>;
 
@@ -281,6 +282,248 @@ fn hard_links_share_one_file(d: &Path) -> Result<(), String> {
         "nlink after unlink"
     );
     fs::remove_file(&b).map_err(e("unlink b"))?;
+    Ok(())
+}
+
+/// Three names in two directories: one inode, one link count through
+/// every name and through fstat, down again as names go.
+fn link_count_through_every_name_and_fstat(d: &Path) -> Result<(), String> {
+    let sub = d.join("sub");
+    fs::create_dir(&sub).map_err(e("mkdir"))?;
+    let names = [d.join("a"), sub.join("b"), d.join("c")];
+    fs::write(&names[0], b"x").map_err(e("write"))?;
+    let open = fs::File::open(&names[0]).map_err(e("open"))?;
+    for name in &names[1..] {
+        fs::hard_link(&names[0], name).map_err(e("link"))?;
+    }
+    let ino = fs::metadata(&names[0]).map_err(e("stat"))?.ino();
+    for name in &names {
+        let m = fs::metadata(name).map_err(e("stat"))?;
+        ensure!(
+            (m.nlink(), m.ino()) == (3, ino),
+            "{}: nlink {} ino {} (want 3, {ino})",
+            name.display(),
+            m.nlink(),
+            m.ino()
+        );
+    }
+    let listed: Vec<u64> = fs::read_dir(&sub)
+        .map_err(e("readdir"))?
+        .flatten()
+        .map(|entry| std::os::unix::fs::DirEntryExt::ino(&entry))
+        .collect();
+    ensure!(listed == [ino], "readdir d_ino {listed:?}, want {ino}");
+    ensure!(
+        open.metadata().map_err(e("fstat"))?.nlink() == 3,
+        "fstat nlink"
+    );
+    fs::remove_file(&names[1]).map_err(e("unlink"))?;
+    ensure!(
+        open.metadata().map_err(e("fstat"))?.nlink() == 2,
+        "fstat nlink after an unlink"
+    );
+    ensure!(
+        fs::metadata(&names[2]).map_err(e("stat"))?.nlink() == 2,
+        "nlink after an unlink"
+    );
+    Ok(())
+}
+
+/// link's errors: EEXIST for a name taken (by a file or a directory),
+/// EPERM for a directory, ENOENT for a missing source or directory.
+fn link_error_codes(d: &Path) -> Result<(), String> {
+    let (f, g, dir) = (d.join("f"), d.join("g"), d.join("dir"));
+    fs::write(&f, b"x").map_err(e("write"))?;
+    fs::write(&g, b"y").map_err(e("write"))?;
+    fs::create_dir(&dir).map_err(e("mkdir"))?;
+    let code = |from: &Path, to: &Path| fs::hard_link(from, to).err().map(|e| errno_of(&e));
+    ensure!(code(&f, &g) == Some(17), "onto a file: {:?}", code(&f, &g));
+    ensure!(
+        code(&f, &dir) == Some(17),
+        "onto a dir: {:?}",
+        code(&f, &dir)
+    );
+    let to_dir = d.join("dirlink");
+    ensure!(
+        code(&dir, &to_dir) == Some(1),
+        "a directory: {:?}",
+        code(&dir, &to_dir)
+    );
+    ensure!(
+        code(&d.join("missing"), &d.join("m2")) == Some(2),
+        "missing source"
+    );
+    ensure!(code(&f, &d.join("nodir/f")) == Some(2), "missing directory");
+    ensure!(fs::read(&g).map_err(e("read g"))? == b"y", "g untouched");
+    ensure!(
+        fs::metadata(&f).map_err(e("stat"))?.nlink() == 1,
+        "failed links count nothing"
+    );
+    Ok(())
+}
+
+/// rename of one name of a file onto another name of it does nothing,
+/// as POSIX says: both names stay, the count stays 2.
+fn rename_onto_another_name_of_the_file(d: &Path) -> Result<(), String> {
+    let (a, b) = (d.join("a"), d.join("b"));
+    fs::write(&a, b"same").map_err(e("write"))?;
+    fs::hard_link(&a, &b).map_err(e("link"))?;
+    fs::rename(&a, &b).map_err(e("rename"))?;
+    for name in [&a, &b] {
+        let m = fs::metadata(name).map_err(e("stat after rename"))?;
+        ensure!(m.nlink() == 2, "{}: nlink {}", name.display(), m.nlink());
+    }
+    ensure!(fs::read(&b).map_err(e("read"))? == b"same", "content");
+    Ok(())
+}
+
+/// A name moved by renames (its own and its directory's) still shares
+/// the file; a third name made after them too.
+fn hard_links_survive_renames(d: &Path) -> Result<(), String> {
+    let (x, y) = (d.join("x"), d.join("y"));
+    fs::create_dir(&x).map_err(e("mkdir"))?;
+    let a = d.join("a");
+    fs::write(&a, b"one").map_err(e("write"))?;
+    fs::hard_link(&a, x.join("b")).map_err(e("link"))?;
+    fs::rename(&x, &y).map_err(e("rename dir"))?;
+    fs::rename(y.join("b"), y.join("c")).map_err(e("rename name"))?;
+    fs::hard_link(y.join("c"), d.join("z")).map_err(e("link again"))?;
+    fs::write(d.join("z"), b"three").map_err(e("write z"))?;
+    for name in [a.clone(), y.join("c"), d.join("z")] {
+        let m = fs::metadata(&name).map_err(e("stat"))?;
+        ensure!(m.nlink() == 3, "{}: nlink {}", name.display(), m.nlink());
+        ensure!(
+            fs::read(&name).map_err(e("read"))? == b"three",
+            "{} content",
+            name.display()
+        );
+    }
+    Ok(())
+}
+
+/// A descriptor open on a name keeps working when the file gains a name
+/// and loses that one: writes through it show through the new name; once
+/// every name is gone it still reads, with fstat's count 0.
+fn open_file_across_link_and_unlink(d: &Path) -> Result<(), String> {
+    let (a, b) = (d.join("a"), d.join("b"));
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&a)
+        .map_err(e("create"))?;
+    file.write_all_at(b"start", 0).map_err(e("write"))?;
+    fs::hard_link(&a, &b).map_err(e("link"))?;
+    fs::remove_file(&a).map_err(e("unlink a"))?;
+    file.write_all_at(b" more", 5).map_err(e("write after"))?;
+    ensure!(
+        fs::read(&b).map_err(e("read b"))? == b"start more",
+        "b sees the descriptor's write"
+    );
+    ensure!(
+        file.metadata().map_err(e("fstat"))?.nlink() == 1,
+        "fstat nlink with b left"
+    );
+    fs::remove_file(&b).map_err(e("unlink b"))?;
+    let m = file.metadata().map_err(e("fstat"))?;
+    ensure!(
+        (m.nlink(), m.len()) == (0, 10),
+        "fstat after the last name: nlink {} size {}",
+        m.nlink(),
+        m.len()
+    );
+    let mut buf = [0u8; 10];
+    file.read_exact_at(&mut buf, 0)
+        .map_err(e("read after the last name"))?;
+    ensure!(&buf == b"start more", "read {buf:?}");
+    ensure!(
+        fs::read_dir(d).map_err(e("readdir"))?.count() == 0,
+        "no name left"
+    );
+    Ok(())
+}
+
+/// Symlinks and FIFOs take hard links too: one inode, count 2.
+fn hard_links_of_symlinks_and_fifos(d: &Path) -> Result<(), String> {
+    let l = d.join("l");
+    std::os::unix::fs::symlink("somewhere", &l).map_err(e("symlink"))?;
+    let p = d.join("p");
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &p,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .map_err(e("mkfifo"))?;
+    for (from, to) in [(&l, d.join("l2")), (&p, d.join("p2"))] {
+        // link(2) itself: std's hard_link follows no symlink either.
+        fs::hard_link(from, &to).map_err(e("link"))?;
+        let (m1, m2) = (
+            fs::symlink_metadata(from).map_err(e("lstat"))?,
+            fs::symlink_metadata(&to).map_err(e("lstat"))?,
+        );
+        ensure!(
+            m1.ino() == m2.ino() && m1.nlink() == 2 && m2.nlink() == 2,
+            "{}: ino {} {} nlink {} {}",
+            from.display(),
+            m1.ino(),
+            m2.ino(),
+            m1.nlink(),
+            m2.nlink()
+        );
+    }
+    ensure!(
+        fs::read_link(d.join("l2")).map_err(e("readlink"))? == Path::new("somewhere"),
+        "link target"
+    );
+    fs::remove_file(&l).map_err(e("unlink"))?;
+    ensure!(
+        fs::symlink_metadata(d.join("l2"))
+            .map_err(e("lstat"))?
+            .nlink()
+            == 1,
+        "count after an unlink"
+    );
+    Ok(())
+}
+
+/// chmod, chown and utimens through one name show through the other;
+/// link() itself changes the file's ctime.
+fn attributes_through_every_name(d: &Path) -> Result<(), String> {
+    let (a, b) = (d.join("a"), d.join("b"));
+    fs::write(&a, b"x").map_err(e("write"))?;
+    let ctime = |p: &Path| {
+        fs::metadata(p)
+            .map(|m| (m.ctime(), m.ctime_nsec()))
+            .map_err(e("stat"))
+    };
+    let before = ctime(&a)?;
+    // Long enough for any file system's ctime to tick.
+    std::thread::sleep(Duration::from_millis(20));
+    fs::hard_link(&a, &b).map_err(e("link"))?;
+    ensure!(ctime(&b)? > before, "link changed no ctime");
+    fs::set_permissions(&a, fs::Permissions::from_mode(0o640)).map_err(e("chmod"))?;
+    std::os::unix::fs::chown(&a, Some(OTHER_ID), Some(OTHER_ID)).map_err(e("chown"))?;
+    let when = UNIX_EPOCH + Duration::from_secs(4_000_000);
+    fs::File::options()
+        .write(true)
+        .open(&a)
+        .and_then(|f| f.set_modified(when))
+        .map_err(e("utimens"))?;
+    let m = fs::metadata(&b).map_err(e("stat b"))?;
+    ensure!(
+        (m.mode() & 0o7777, m.uid(), m.gid()) == (0o640, OTHER_ID, OTHER_ID),
+        "b: mode {:o} owner {}:{}",
+        m.mode() & 0o7777,
+        m.uid(),
+        m.gid()
+    );
+    ensure!(m.modified().ok() == Some(when), "b: mtime {}", m.mtime());
+    ensure!(
+        as_other(&format!("cat {}", q(&b))),
+        "the new owner reads through b"
+    );
     Ok(())
 }
 
@@ -573,6 +816,28 @@ const CHECKS: &[(&str, Check)] = &[
     ("unix_socket_binds", unix_socket_binds),
     ("hard_links_share_one_file", hard_links_share_one_file),
     (
+        "link_count_through_every_name_and_fstat",
+        link_count_through_every_name_and_fstat,
+    ),
+    ("link_error_codes", link_error_codes),
+    (
+        "rename_onto_another_name_of_the_file",
+        rename_onto_another_name_of_the_file,
+    ),
+    ("hard_links_survive_renames", hard_links_survive_renames),
+    (
+        "open_file_across_link_and_unlink",
+        open_file_across_link_and_unlink,
+    ),
+    (
+        "hard_links_of_symlinks_and_fifos",
+        hard_links_of_symlinks_and_fifos,
+    ),
+    (
+        "attributes_through_every_name",
+        attributes_through_every_name,
+    ),
+    (
         "unlinked_open_file_lives_until_close",
         unlinked_open_file_lives_until_close,
     ),
@@ -613,52 +878,89 @@ fn is_mounted(path: &Path) -> bool {
         .any(|line| line.split(' ').nth(4) == path.to_str())
 }
 
-/// A RAIF mount with --allow-other over fresh branches; unmounted on Drop.
-struct Raif {
+/// A FUSE mount the suite runs on (RAIF, mergerfs or bindfs) over fresh
+/// directories; unmounted on Drop.
+struct Mounted {
     dir: tempfile::TempDir,
     mnt: PathBuf,
 }
 
-impl Raif {
-    fn new(level: &str, width: usize) -> Raif {
+impl Mounted {
+    /// Fresh `branches` directories and a mount point, which other users
+    /// can reach; `mount` mounts them there.
+    fn new(branches: usize, mount: impl FnOnce(&Path, &[PathBuf], &Path) -> Command) -> Mounted {
         let dir = tempfile::tempdir().unwrap();
-        // Other users must reach the mount point.
         fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
-        let branches: Vec<PathBuf> = (0..width)
+        let branches: Vec<PathBuf> = (0..branches)
             .map(|i| dir.path().join(format!("b{i}")))
             .collect();
         branches.iter().for_each(|b| fs::create_dir(b).unwrap());
         let mnt = dir.path().join("mnt");
         fs::create_dir(&mnt).unwrap();
-        // Another build can be measured with the same suite: a grove
-        // without --allow-other mounts without it.
-        let grove = std::env::var(SUITE_BIN_ENV).unwrap_or_else(|_| GROVE.to_string());
-        let mount = |extra: &[&str]| {
-            Command::new(&grove)
-                .args(["raif", "mount", "--level", level, "--stripe-unit", "4K"])
-                .args(extra)
-                .args(&branches)
-                .arg(&mnt)
-                .arg("--log")
-                .arg(dir.path().join("mount.log"))
-                .output()
-                .unwrap()
-        };
-        let mut out = mount(&["--allow-other"]);
-        if String::from_utf8_lossy(&out.stderr).contains("unexpected argument '--allow-other'") {
-            out = mount(&[]);
-        }
+        let out = mount(dir.path(), &branches, &mnt).output().unwrap();
+        let mounted = Mounted { dir, mnt };
         assert!(
             out.status.success(),
             "mount: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        assert!(is_mounted(&mnt));
-        Raif { dir, mnt }
+        let started = Instant::now();
+        while !is_mounted(&mounted.mnt)
+            && started.elapsed() < Duration::from_millis(SETTLE_TIMEOUT_MS)
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(is_mounted(&mounted.mnt), "not mounted");
+        fs::set_permissions(&mounted.mnt, fs::Permissions::from_mode(0o755)).unwrap();
+        mounted
+    }
+
+    /// `grove raif mount --allow-other` at `level` over `width` branches.
+    fn raif(level: &str, width: usize) -> Mounted {
+        // Another build can be measured with the same suite.
+        let grove = std::env::var(SUITE_BIN_ENV).unwrap_or_else(|_| GROVE.to_string());
+        Mounted::new(width, |dir, branches, mnt| {
+            let mut c = Command::new(&grove);
+            c.args(["raif", "mount", "--allow-other", "--level", level])
+                .args(["--stripe-unit", "4K"])
+                .args(branches)
+                .arg(mnt)
+                .arg("--log")
+                .arg(dir.join("mount.log"));
+            c
+        })
+    }
+
+    /// mergerfs over two branches, with the options its manual gives for
+    /// programs that need mmap (`cache.files=partial`) or that do not
+    /// (`off`).
+    fn mergerfs(cache_files: &str) -> Mounted {
+        Mounted::new(2, |_, branches, mnt| {
+            let joined = branches
+                .iter()
+                .map(|b| b.display().to_string())
+                .collect::<Vec<_>>()
+                .join(":");
+            let mut c = Command::new("mergerfs");
+            c.arg("-o").arg(format!(
+                "allow_other,use_ino,cache.files={cache_files},dropcacheonclose=true,category.create=mfs"
+            ));
+            c.arg(joined).arg(mnt);
+            c
+        })
+    }
+
+    /// bindfs of one directory (as root it adds allow_other itself).
+    fn bindfs() -> Mounted {
+        Mounted::new(1, |_, branches, mnt| {
+            let mut c = Command::new("bindfs");
+            c.arg(&branches[0]).arg(mnt);
+            c
+        })
     }
 }
 
-impl Drop for Raif {
+impl Drop for Mounted {
     fn drop(&mut self) {
         let _ = Command::new("fusermount3")
             .arg("-u")
@@ -674,9 +976,38 @@ impl Drop for Raif {
         }
         if std::thread::panicking() {
             let log = fs::read_to_string(self.dir.path().join("mount.log")).unwrap_or_default();
-            eprintln!("--- log of the RAIF mount ---\n{log}--- end ---");
+            eprintln!("--- log of the mount ---\n{log}--- end ---");
         }
     }
+}
+
+/// The RAIF levels the suite runs on, with their branch counts.
+const RAIF_TARGETS: &[(&str, usize)] = &[
+    ("raif0", 3),
+    ("raif1", 2),
+    ("raif5", 3),
+    ("raif6", 4),
+    ("raif10", 4),
+];
+
+/// The suite on a plain directory of this machine's file system (ext4 on
+/// the test machines): the checks that fail there.
+fn on_ext4() -> Vec<String> {
+    let ext4 = tempfile::tempdir().unwrap();
+    fs::set_permissions(ext4.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    run_suite(ext4.path())
+}
+
+/// Prints one target's line of the table: passed of all, and what failed.
+fn report(target: &str, failed: &[String]) -> usize {
+    let passed = CHECKS.len() - failed.len();
+    eprintln!("{target:<24} {passed:>3} of {}  {failed:?}", CHECKS.len());
+    passed
+}
+
+/// The name of the check a failure line is about.
+fn check_of(failure: &str) -> &str {
+    failure.split(':').next().unwrap_or(failure)
 }
 
 /// The suite on ext4 and on each RAIF level: what passes on ext4 passes on
@@ -684,48 +1015,82 @@ impl Drop for Raif {
 #[test]
 fn posix_suite_passes_on_every_raif_level_as_on_ext4() {
     require!();
-    let ext4 = tempfile::tempdir().unwrap();
-    fs::set_permissions(ext4.path(), fs::Permissions::from_mode(0o755)).unwrap();
-    let on_ext4 = run_suite(ext4.path());
-    eprintln!(
-        "ext4: {} of {} pass {on_ext4:?}",
-        CHECKS.len() - on_ext4.len(),
-        CHECKS.len()
-    );
+    let ext4 = on_ext4();
+    report("ext4", &ext4);
     let mut differ = Vec::new();
-    let mut on_raif_known = Vec::new();
-    for (level, width) in [("raif0", 3), ("raif1", 2), ("raif5", 3), ("raif6", 4)] {
-        let r = Raif::new(level, width);
-        fs::set_permissions(&r.mnt, fs::Permissions::from_mode(0o755)).unwrap();
+    for &(level, width) in RAIF_TARGETS {
+        let r = Mounted::raif(level, width);
         let failed = run_suite(&r.mnt);
-        eprintln!(
-            "{level}: {} of {} pass {failed:?}",
-            CHECKS.len() - failed.len(),
-            CHECKS.len()
-        );
-        if failed.iter().any(|f| f.starts_with(KNOWN_DIFFERENCE)) {
-            on_raif_known.push(level);
-        }
-        for f in failed {
-            if !on_ext4
+        report(level, &failed);
+        differ.extend(
+            failed
                 .iter()
-                .any(|x| x.split(':').next() == f.split(':').next())
-            {
-                differ.push(format!("{level}: {f}"));
-            }
-        }
+                .filter(|f| !ext4.iter().any(|x| check_of(x) == check_of(f)))
+                .map(|f| format!("{level}: {f}")),
+        );
     }
-    // Hard links are not done yet (issue 26, point 3): link() answers EPERM.
-    // Listed here so that the day they work this test says to drop it.
-    differ.retain(|d| !d.contains(KNOWN_DIFFERENCE));
     assert!(
         differ.is_empty(),
         "fail on RAIF but pass on ext4: {differ:#?}"
     );
-    assert!(
-        !on_raif_known.is_empty(),
-        "{KNOWN_DIFFERENCE} passes on RAIF now: remove it from KNOWN_DIFFERENCE"
-    );
+}
+
+/// Why the comparison with mergerfs and bindfs cannot run, if it cannot.
+fn peers_missing() -> Option<String> {
+    let missing: Vec<&str> = ["mergerfs", "bindfs"]
+        .into_iter()
+        .filter(|tool| {
+            !Command::new("sh")
+                .arg("-c")
+                .arg(format!("command -v {tool}"))
+                .stdout(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+        .collect();
+    (!missing.is_empty()).then(|| {
+        format!(
+            "needs {} (Debian packages of those names)",
+            missing.join(" and ")
+        )
+    })
+}
+
+/// Issue 26's bar: every RAIF level passes at least as many checks of the
+/// suite as mergerfs and as bindfs do. Prints the table of every target.
+#[test]
+fn every_raif_level_passes_at_least_as_many_checks_as_mergerfs_and_bindfs() {
+    require!();
+    if let Some(reason) = peers_missing() {
+        if std::env::var_os("GROVE_REQUIRE_TOOLS").is_some() {
+            panic!("cannot run: {reason}");
+        }
+        eprintln!("SKIP: {reason}");
+        return;
+    }
+    eprintln!("{:<24} passed  failed", "target");
+    report("ext4", &on_ext4());
+    let mut peers = Vec::new();
+    for cache_files in ["partial", "off"] {
+        let m = Mounted::mergerfs(cache_files);
+        let name = format!("mergerfs cache.files={cache_files}");
+        peers.push((report(&name, &run_suite(&m.mnt)), name));
+    }
+    let b = Mounted::bindfs();
+    peers.push((report("bindfs", &run_suite(&b.mnt)), "bindfs".to_string()));
+    drop(b);
+    let mut behind = Vec::new();
+    for &(level, width) in RAIF_TARGETS {
+        let r = Mounted::raif(level, width);
+        let passed = report(level, &run_suite(&r.mnt));
+        behind.extend(
+            peers
+                .iter()
+                .filter(|(theirs, _)| passed < *theirs)
+                .map(|(theirs, peer)| format!("{level} passes {passed}, {peer} {theirs}")),
+        );
+    }
+    assert!(behind.is_empty(), "behind a peer: {behind:#?}");
 }
 
 /// A background mount started from a directory holding entries named like

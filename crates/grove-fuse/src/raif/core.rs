@@ -147,9 +147,18 @@ impl Branches {
 
     /// The authoritative branch of a file name, and the one metadata copy.
     pub fn meta_branches(&self, rel: &Path) -> [usize; 2] {
-        let n = self.count();
         let name = rel.file_name().map(|n| n.as_encoded_bytes()).unwrap_or(b"");
-        let a = start_branch(name, n);
+        self.pair(name)
+    }
+
+    /// The branches of link record `id`: chosen as a name's are.
+    pub fn record_branches(&self, id: &str) -> [usize; 2] {
+        self.pair(id.as_bytes())
+    }
+
+    fn pair(&self, key: &[u8]) -> [usize; 2] {
+        let n = self.count();
+        let a = start_branch(key, n);
         [a, (a + 1) % n]
     }
 }
@@ -300,12 +309,24 @@ impl BranchIo for HoleIo<'_> {
 }
 
 /// Inode numbers for paths below the mount, never reused while mounted.
+/// A file with several names has one number for all of them: its names
+/// are found by an identity (a link record's, or a lower inode's for a
+/// replicated entry) as well as by path.
 #[derive(Default)]
 pub struct Inodes {
-    pub by_ino: HashMap<u64, PathBuf>,
-    pub by_path: HashMap<PathBuf, u64>,
-    pub next: u64,
+    /// The names known for each inode (one, unless it has hard links).
+    by_ino: HashMap<u64, Vec<PathBuf>>,
+    by_path: HashMap<PathBuf, u64>,
+    /// The inode of each identity seen, kept while mounted (an open file
+    /// whose known names all went must keep its number for another name).
+    by_identity: HashMap<String, u64>,
+    next: u64,
 }
+
+/// Identities of replicated entries (see [`Core::ino_of`]) begin with
+/// this: they are lower inode numbers, reused by the lower file system, so
+/// they are forgotten with their inode's last name.
+const LOWER_IDENTITY_PREFIX: &str = "lower-";
 
 impl Inodes {
     pub fn new() -> Inodes {
@@ -313,26 +334,85 @@ impl Inodes {
             next: ROOT_INO + 1,
             ..Inodes::default()
         };
-        inodes.by_ino.insert(ROOT_INO, PathBuf::new());
+        inodes.by_ino.insert(ROOT_INO, vec![PathBuf::new()]);
         inodes.by_path.insert(PathBuf::new(), ROOT_INO);
         inodes
     }
 
+    /// A name of inode `ino`.
+    pub fn path_of(&self, ino: u64) -> Option<&PathBuf> {
+        self.by_ino.get(&ino).and_then(|names| names.first())
+    }
+
+    /// The inode `rel` already has, if any.
+    pub fn known(&self, rel: &Path) -> Option<u64> {
+        self.by_path.get(rel).copied()
+    }
+
+    /// The inode of `rel`, by its path alone (a file with one name).
     pub fn ino_for(&mut self, rel: &Path) -> u64 {
         if let Some(ino) = self.by_path.get(rel) {
             return *ino;
         }
         let ino = self.next;
         self.next += 1;
-        self.by_ino.insert(ino, rel.to_path_buf());
-        self.by_path.insert(rel.to_path_buf(), ino);
+        self.add_name(ino, rel);
         ino
     }
 
-    pub fn forget_path(&mut self, rel: &Path) {
-        if let Some(ino) = self.by_path.remove(rel) {
-            self.by_ino.remove(&ino);
+    /// The inode of `rel`, a name of the file known by `identity`: the one
+    /// that identity has, else the one the path has, else a new one.
+    pub fn ino_for_identity(&mut self, rel: &Path, identity: &str) -> u64 {
+        let by_path = self.by_path.get(rel).copied();
+        match self.by_identity.get(identity).copied() {
+            Some(ino) if by_path == Some(ino) => ino,
+            Some(ino) => {
+                self.forget_path(rel);
+                self.add_name(ino, rel);
+                ino
+            }
+            None => {
+                let ino = self.ino_for(rel);
+                self.by_identity.insert(identity.to_string(), ino);
+                ino
+            }
         }
+    }
+
+    /// `rel` becomes one more name of `ino` (a hard link).
+    pub fn add_name(&mut self, ino: u64, rel: &Path) {
+        assert!(
+            !self.by_path.contains_key(rel),
+            "{} has an inode",
+            rel.display()
+        );
+        self.by_path.insert(rel.to_path_buf(), ino);
+        self.by_ino.entry(ino).or_default().push(rel.to_path_buf());
+        assert_eq!(self.by_path.get(rel), Some(&ino));
+    }
+
+    /// The inode of the file known by `identity`, if it has one.
+    pub fn of_identity(&self, identity: &str) -> Option<u64> {
+        self.by_identity.get(identity).copied()
+    }
+
+    /// Records that inode `ino` is the file known by `identity`.
+    pub fn set_identity(&mut self, ino: u64, identity: &str) {
+        self.by_identity.insert(identity.to_string(), ino);
+    }
+
+    pub fn forget_path(&mut self, rel: &Path) {
+        let Some(ino) = self.by_path.remove(rel) else {
+            return;
+        };
+        let names = self.by_ino.entry(ino).or_default();
+        names.retain(|n| n != rel);
+        if names.is_empty() {
+            self.by_ino.remove(&ino);
+            self.by_identity
+                .retain(|id, i| *i != ino || !id.starts_with(LOWER_IDENTITY_PREFIX));
+        }
+        assert!(!self.by_path.contains_key(rel));
     }
 
     /// Moves `from` and everything below it to `to`.
@@ -354,9 +434,20 @@ impl Inodes {
             };
             self.by_path.remove(&old);
             self.by_path.insert(new.clone(), ino);
-            self.by_ino.insert(ino, new);
+            for name in self.by_ino.entry(ino).or_default() {
+                if *name == old {
+                    *name = new.clone();
+                }
+            }
         }
     }
+}
+
+/// The identity under which [`Inodes`] knows a replicated entry with
+/// several names: its lower device and inode on the branch it was read
+/// from.
+pub fn lower_identity(m: &std::fs::Metadata) -> String {
+    format!("{LOWER_IDENTITY_PREFIX}{}-{}", m.dev(), m.ino())
 }
 
 /// What a path below the mount is.
@@ -408,38 +499,108 @@ impl Core {
 
     pub fn path_of(&self, ino: u64) -> io::Result<PathBuf> {
         lock(&self.inodes)
-            .by_ino
-            .get(&ino)
+            .path_of(ino)
             .cloned()
             .ok_or_else(|| io::Error::from_raw_os_error(2))
     }
 
+    /// The inode of a name whose node has not been read (a new file).
     pub fn ino_for(&self, rel: &Path) -> u64 {
         lock(&self.inodes).ino_for(rel)
+    }
+
+    /// The inode of `rel`, whose node is `node`: every name of a file with
+    /// hard links gets the same one.
+    pub fn ino_of(&self, rel: &Path, node: &Node) -> u64 {
+        let identity = match node {
+            Node::File(m) => m.link.clone(),
+            Node::Plain(m) if !m.is_dir() && m.nlink() > 1 => Some(lower_identity(m)),
+            Node::Plain(_) => None,
+        };
+        let mut inodes = lock(&self.inodes);
+        match identity {
+            Some(id) => inodes.ino_for_identity(rel, &id),
+            None => inodes.ino_for(rel),
+        }
+    }
+
+    /// The inode of a name a directory listing shows, reading no more than
+    /// its sidecar (a link names its record) or its lower entry.
+    pub fn ino_listed(&self, rel: &Path, is_file: bool) -> u64 {
+        if let Some(ino) = lock(&self.inodes).known(rel) {
+            return ino;
+        }
+        let identity = if is_file {
+            self.read_sidecar(rel).ok().flatten().and_then(|s| match s {
+                meta::Sidecar::Link(id) => Some(id),
+                meta::Sidecar::Whole(_) => None,
+            })
+        } else {
+            self.lower_metadata(rel)
+                .ok()
+                .filter(|m| !m.is_dir() && m.nlink() > 1)
+                .map(|m| lower_identity(&m))
+        };
+        let mut inodes = lock(&self.inodes);
+        match identity {
+            Some(id) => inodes.ino_for_identity(rel, &id),
+            None => inodes.ino_for(rel),
+        }
     }
 
     pub fn open_file(&self, ino: u64) -> Option<Arc<OpenFile>> {
         lock(&self.open).get(&ino).cloned()
     }
 
-    /// The metadata of a file: the authoritative branch, its copy, then
-    /// any branch (a file whose metadata branches failed).
+    /// The metadata of a file: its name's sidecar, and the link record
+    /// that sidecar points at if the file has had several names.
     pub fn read_meta(&self, rel: &Path) -> io::Result<Option<Meta>> {
+        match self.read_sidecar(rel)? {
+            None => Ok(None),
+            Some(meta::Sidecar::Whole(m)) => Ok(Some(m)),
+            Some(meta::Sidecar::Link(id)) => {
+                let what = format!("the link record {id} of {}", rel.display());
+                let found =
+                    self.read_copies(self.branches.record_branches(&id), &what, |root| {
+                        meta::read_record(root, &id)
+                    })?;
+                found.map(Some).ok_or_else(|| {
+                    io::Error::new(io::ErrorKind::InvalidData, format!("{what} is missing"))
+                })
+            }
+        }
+    }
+
+    /// A name's sidecar: the authoritative branch, its copy, then any
+    /// branch (a file whose metadata branches failed).
+    pub fn read_sidecar(&self, rel: &Path) -> io::Result<Option<meta::Sidecar>> {
+        let what = format!("the metadata of {}", rel.display());
+        self.read_copies(self.branches.meta_branches(rel), &what, |root| {
+            meta::read(root, rel)
+        })
+    }
+
+    /// The first copy `read` finds on the `preferred` branches, then on
+    /// any other healthy one.
+    fn read_copies<T>(
+        &self,
+        preferred: [usize; 2],
+        what: &str,
+        read: impl Fn(&Path) -> io::Result<Option<T>>,
+    ) -> io::Result<Option<T>> {
         let b = &self.branches;
-        let preferred = b.meta_branches(rel);
         let order = preferred
             .into_iter()
             .chain((0..b.count()).filter(|x| !preferred.contains(x)));
         let mut last_error = None;
         for branch in order.filter(|&x| !b.is_failed(x)) {
-            match meta::read(&b.root(branch), rel) {
-                Ok(Some(m)) => return Ok(Some(m)),
+            match read(&b.root(branch)) {
+                Ok(Some(found)) => return Ok(Some(found)),
                 Ok(None) => {}
                 Err(e) => {
                     // Said, since the next copy may hide it until that one is lost too.
                     tracing::warn!(
-                        "cannot read the metadata of {} on branch {}: {e}",
-                        rel.display(),
+                        "cannot read {what} on branch {}: {e}",
                         b.config.branches[branch].label
                     );
                     b.check_error(branch, &e);
@@ -450,16 +611,56 @@ impl Core {
         last_error.map_or(Ok(None), Err)
     }
 
-    /// Writes a file's metadata to its authoritative branch and the copy.
+    /// Writes a file's metadata: to its link record if it has one (see
+    /// [`Core::write_record`]), else to the sidecar of its name `rel`.
     pub fn write_meta(&self, rel: &Path, m: &Meta, durable: bool) -> io::Result<()> {
+        if m.link.is_some() {
+            return self.write_record(m, durable);
+        }
+        self.write_copies(self.branches.meta_branches(rel), |root| {
+            meta::write(root, rel, m, durable)
+        })
+    }
+
+    /// Writes a linked file's metadata to its record's two branches.
+    pub fn write_record(&self, m: &Meta, durable: bool) -> io::Result<()> {
+        let id = m.link.as_deref().expect("a linked file");
+        self.write_copies(self.branches.record_branches(id), |root| {
+            meta::write_record(root, m, durable)
+        })
+    }
+
+    /// Writes the sidecar of name `rel` of linked file `id` (a pointer).
+    pub fn write_link_name(&self, rel: &Path, id: &str, durable: bool) -> io::Result<()> {
+        self.write_copies(self.branches.meta_branches(rel), |root| {
+            meta::write_link_name(root, rel, id, durable)
+        })
+    }
+
+    /// What name `rel`'s sidecar says of `m`: all of it, or where its
+    /// link record is.
+    pub fn write_name(&self, root: &Path, rel: &Path, m: &Meta, durable: bool) -> io::Result<()> {
+        match &m.link {
+            Some(id) => meta::write_link_name(root, rel, id, durable),
+            None => meta::write(root, rel, m, durable),
+        }
+    }
+
+    /// Runs `write` on the two `preferred` branches; if both are lost,
+    /// on the first healthy one, so that the metadata is kept somewhere.
+    fn write_copies(
+        &self,
+        preferred: [usize; 2],
+        write: impl Fn(&Path) -> io::Result<()>,
+    ) -> io::Result<()> {
         let b = &self.branches;
         let mut written = 0;
         let mut last_error = None;
-        for branch in b.meta_branches(rel) {
+        for branch in preferred {
             if b.is_failed(branch) {
                 continue;
             }
-            match meta::write(&b.root(branch), rel, m, durable) {
+            match write(&b.root(branch)) {
                 Ok(()) => written += 1,
                 Err(e) => {
                     b.check_error(branch, &e);
@@ -468,9 +669,8 @@ impl Core {
             }
         }
         if written == 0 {
-            // Both metadata branches are lost: keep it on any healthy one.
             if let Some(branch) = b.healthy().next() {
-                return meta::write(&b.root(branch), rel, m, durable);
+                return write(&b.root(branch));
             }
             return Err(last_error.unwrap_or_else(|| io::Error::from_raw_os_error(5)));
         }
@@ -478,7 +678,7 @@ impl Core {
     }
 
     pub fn node(&self, rel: &Path) -> io::Result<Node> {
-        if let Some(ino) = lock(&self.inodes).by_path.get(rel).copied() {
+        if let Some(ino) = lock(&self.inodes).known(rel) {
             if let Some(file) = self.open_file(ino) {
                 return Ok(Node::File(
                     file.meta.read().unwrap_or_else(|e| e.into_inner()).clone(),
@@ -489,6 +689,17 @@ impl Core {
             return self.lower_metadata(rel).map(Node::Plain);
         }
         if let Some(m) = self.read_meta(rel)? {
+            // A name not seen yet of a linked file open under another one:
+            // the open state is newer than the record (sizes not written back).
+            let ino = m
+                .link
+                .as_deref()
+                .and_then(|id| lock(&self.inodes).of_identity(id));
+            if let Some(file) = ino.and_then(|ino| self.open_file(ino)) {
+                return Ok(Node::File(
+                    file.meta.read().unwrap_or_else(|e| e.into_inner()).clone(),
+                ));
+            }
             return Ok(Node::File(m));
         }
         self.lower_metadata(rel).map(Node::Plain)
@@ -590,6 +801,8 @@ impl Core {
             atime_ns: now,
             mtime_ns: now,
             ctime_ns: now,
+            link: None,
+            nlink: 1,
         };
         let layout = OpenFile::layout(&m)?;
         let mut made = 0;
@@ -697,14 +910,16 @@ impl Core {
             }
             return Ok(());
         }
-        let rel = rel?;
+        // A linked file's metadata is its record: no name is needed (and
+        // the names this mount knows may all be gone, another left).
+        let rel = rel.ok();
         if !last {
             drop(open);
-            return self.persist_at(&rel, &file, false);
+            return self.persist_at(rel.as_deref(), &file, false);
         }
-        let result = self.persist_at(&rel, &file, false);
-        if result.is_ok() && !file.unlinked.load(Ordering::Relaxed) {
-            if let Err(e) = self.relayout(&rel, &file) {
+        let result = self.persist_at(rel.as_deref(), &file, false);
+        if let (true, Some(rel)) = (result.is_ok(), &rel) {
+            if let Err(e) = self.relayout(rel, &file) {
                 tracing::warn!(
                     "{}: kept its layout, cannot lay it out again: {e}",
                     rel.display()
@@ -734,6 +949,17 @@ impl Core {
             size_bytes: old.size_bytes,
         });
         if rule.name == old.rule {
+            return Ok(());
+        }
+        if old.link.is_some() {
+            // Its components are hard links at every name, and not every
+            // name is known here: it keeps the layout it was made with.
+            tracing::info!(
+                "{}: has hard links, keeps its layout (rule {}, {} now)",
+                rel.display(),
+                old.rule,
+                rule.name
+            );
             return Ok(());
         }
         let name = rel.file_name().unwrap_or_default();
@@ -856,11 +1082,12 @@ impl Core {
         {
             return Ok(());
         }
-        self.persist_at(&self.path_of(ino)?, file, durable)
+        self.persist_at(self.path_of(ino).ok().as_deref(), file, durable)
     }
 
-    /// [`Core::persist`] for a file whose path is known.
-    fn persist_at(&self, rel: &Path, file: &OpenFile, durable: bool) -> io::Result<()> {
+    /// [`Core::persist`] for a file whose name `rel` is known (a linked
+    /// file's metadata is its record: it needs none).
+    fn persist_at(&self, rel: Option<&Path>, file: &OpenFile, durable: bool) -> io::Result<()> {
         let _turn = lock(&file.persisting);
         if file.unlinked.load(Ordering::Relaxed)
             || !(file.dirty.swap(false, Ordering::Relaxed) || durable)
@@ -868,7 +1095,15 @@ impl Core {
             return Ok(());
         }
         let m = file.meta.read().unwrap_or_else(|e| e.into_inner()).clone();
-        self.write_meta(rel, &m, durable)
+        match (&m.link, rel) {
+            (Some(_), _) => self.write_record(&m, durable),
+            (None, Some(rel)) => self.write_meta(rel, &m, durable),
+            (None, None) => {
+                // Not written: mark it dirty again for a later write-back.
+                file.dirty.store(true, Ordering::Relaxed);
+                Err(io::Error::from_raw_os_error(2))
+            }
+        }
     }
 
     pub fn read(&self, file: &OpenFile, offset: u64, len: u64) -> io::Result<Vec<u8>> {
@@ -1012,13 +1247,16 @@ impl Core {
     /// handles (the lower files live on, nameless, until those close), and
     /// its inode answers fstat until the last close: nothing is renamed or
     /// kept on the branches, so a crash meanwhile leaves nothing behind.
-    pub fn unlink_file(&self, rel: &Path) -> io::Result<()> {
+    pub fn unlink_file(&self, rel: &Path, m: &Meta) -> io::Result<()> {
+        if m.link.is_some() {
+            return self.unlink_linked(rel, m);
+        }
         self.on_all(|root| {
             let component = remove_if_there(&root.join(rel));
             meta::remove(root, rel).and(component)
         })?;
         let mut inodes = lock(&self.inodes);
-        let ino = inodes.by_path.get(rel).copied();
+        let ino = inodes.known(rel);
         if let Some(file) = ino.and_then(|i| self.open_file(i)) {
             file.unlinked.store(true, Ordering::Relaxed);
             let mut m = file.meta.write().unwrap_or_else(|e| e.into_inner());
@@ -1037,7 +1275,11 @@ impl Core {
     /// Renames a regular file: components on every branch, and metadata
     /// to the new name's authoritative branch and copy.
     pub fn rename_file(&self, from: &Path, to: &Path, m: &Meta) -> io::Result<()> {
-        self.write_meta(to, m, false)?;
+        match &m.link {
+            // A name of a linked file: only its pointer moves.
+            Some(id) => self.write_link_name(to, id, false)?,
+            None => self.write_meta(to, m, false)?,
+        }
         let new_meta = self.branches.meta_branches(to);
         self.on_all(|root| {
             if root.join(from).exists() {
@@ -1092,12 +1334,15 @@ pub fn remove_if_there(path: &Path) -> io::Result<()> {
     }
 }
 
+/// A new, empty component at `path`. Whatever a crash left there is
+/// unlinked first, never truncated: it may be a hard link of another
+/// file's component (a link cut short).
 pub fn create_component(path: &Path) -> io::Result<File> {
+    remove_if_there(path)?;
     std::fs::OpenOptions::new()
         .read(true)
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(COMPONENT_MODE)
         .open(path)
 }
@@ -1176,7 +1421,8 @@ mod tests {
                 let in_memory = file.meta.read().unwrap().clone();
                 for branch in core.branches.meta_branches(rel) {
                     let on_disk = meta::read(&core.branches.root(branch), rel);
-                    if !matches!(on_disk, Ok(Some(ref m)) if *m == in_memory) {
+                    if !matches!(on_disk, Ok(Some(meta::Sidecar::Whole(ref m))) if *m == in_memory)
+                    {
                         stale.push((round, branch));
                     }
                 }

@@ -169,20 +169,24 @@ impl RaifFs {
     }
 
     fn attr_of(&self, rel: &Path) -> Result<FileAttr, Errno> {
-        let ino = self.core.ino_for(rel);
-        match self.core.node(rel).map_err(errno)? {
-            Node::File(m) => Ok(file_attr(ino, &m, 1)),
+        let node = self.core.node(rel).map_err(errno)?;
+        let ino = self.core.ino_of(rel, &node);
+        match node {
+            Node::File(m) => Ok(file_attr(ino, &m, m.nlink)),
             Node::Plain(m) if m.is_dir() => Ok(lower_attr(ino, &m, self.core.dir_nlink(rel, &m))),
             Node::Plain(m) => Ok(lower_attr(ino, &m, m.nlink() as u32)),
         }
     }
 
-    /// The attributes of an inode: of an open file whose names are all
-    /// gone (link count 0) from memory, else of its path.
+    /// The attributes of an inode: of an open file from memory (its link
+    /// count 0 once its names are all gone; a linked file's names this
+    /// mount knows may all be gone while another is left), else of its
+    /// path.
     fn attr_of_ino(&self, ino: INodeNo) -> Result<FileAttr, Errno> {
-        if let Some(file) = self.core.unlinked_open(ino.0) {
+        if let Some(file) = self.core.open_file(ino.0) {
             let m = file.meta.read().unwrap_or_else(|e| e.into_inner());
-            return Ok(file_attr(ino.0, &m, 0));
+            let unlinked = file.unlinked.load(std::sync::atomic::Ordering::Relaxed);
+            return Ok(file_attr(ino.0, &m, if unlinked { 0 } else { m.nlink }));
         }
         self.attr_of(&self.core.path_of(ino.0).map_err(errno)?)
     }
@@ -286,12 +290,16 @@ impl RaifFs {
         if from == to {
             return Ok(());
         }
-        if let Some(Node::File(_)) = target {
-            self.core.unlink_file(to).map_err(errno)?;
+        if self.core.same_file(&source, target.as_ref()) {
+            // Two names of one file: POSIX says rename does nothing.
+            return Ok(());
         }
+        if let Some(Node::File(t)) = &target {
+            self.core.unlink_file(to, t).map_err(errno)?;
+        }
+        let ino = self.core.ino_of(from, &source);
         match source {
             Node::File(m) => {
-                let ino = self.core.ino_for(from);
                 let current = self
                     .core
                     .open_file(ino)
@@ -514,7 +522,7 @@ impl fuser::Filesystem for RaifFs {
         let done =
             self.child(parent, name)
                 .and_then(|rel| match self.core.node(&rel).map_err(errno)? {
-                    Node::File(_) => self.core.unlink_file(&rel).map_err(errno),
+                    Node::File(m) => self.core.unlink_file(&rel, &m).map_err(errno),
                     Node::Plain(m) if m.is_dir() => Err(Errno::EISDIR),
                     Node::Plain(_) => self
                         .core
@@ -566,14 +574,22 @@ impl fuser::Filesystem for RaifFs {
     fn link(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        _newparent: INodeNo,
-        _newname: &OsStr,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        // A file's units live at its path on several branches; a second
-        // name would need its own sidecar pair kept in step. Not supported.
-        reply.error(Errno::EPERM)
+        let _gate = self.gate();
+        let linked = self.child(newparent, newname).and_then(|to| {
+            let from = self.core.path_of(ino.0).map_err(errno)?;
+            let node = self.core.node(&from).map_err(errno)?;
+            self.core.link(ino.0, &from, &node, &to).map_err(errno)?;
+            Ok(to)
+        });
+        match linked {
+            Ok(to) => self.entry(&to, reply),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -618,7 +634,7 @@ impl fuser::Filesystem for RaifFs {
             let ino = self.core.ino_for(&rel);
             let file = self.core.open(ino, &rel).map_err(errno)?;
             let m = file.meta.read().unwrap_or_else(|e| e.into_inner()).clone();
-            Ok(file_attr(ino, &m, 1))
+            Ok(file_attr(ino, &m, m.nlink))
         });
         match made {
             Ok(attr) => reply.created(
@@ -758,7 +774,7 @@ impl fuser::Filesystem for RaifFs {
                     .and_then(|m| FileType::from_std(m.file_type()))
                     .unwrap_or(FileType::Symlink)
             };
-            entries.push((self.core.ino_for(&child), kind, name));
+            entries.push((self.core.ino_listed(&child, is_file), kind, name));
         }
         for (index, (ino, kind, name)) in entries.into_iter().enumerate().skip(offset as usize) {
             if reply.add(INodeNo(ino), index as u64 + 1, kind, name) {

@@ -15,7 +15,9 @@
 //! A scrub holds each file's lock for [`JOB_STRIPES_PER_LOCK`] stripes at a
 //! time, so writes to that file wait only for those stripes.
 
+use std::collections::HashMap;
 use std::io;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -121,15 +123,33 @@ fn problem(core: &Core, line: String) {
 
 /// Everything below the mount, parents before children.
 #[derive(Default)]
-struct Tree {
-    dirs: Vec<PathBuf>,
+pub(super) struct Tree {
+    pub(super) dirs: Vec<PathBuf>,
     /// Symlinks and special files.
-    others: Vec<PathBuf>,
-    files: Vec<(PathBuf, u64)>,
+    pub(super) others: Vec<PathBuf>,
+    /// Regular files, each once whatever its number of names.
+    pub(super) files: Vec<FileNames>,
+    /// Names whose node could not be read, with why.
+    pub(super) unreadable: Vec<String>,
 }
 
-fn walk(core: &Core) -> Result<Tree, String> {
+/// A regular file and every name the walk found for it.
+pub(super) struct FileNames {
+    pub(super) names: Vec<PathBuf>,
+    pub(super) meta: meta::Meta,
+}
+
+impl FileNames {
+    pub(super) fn first(&self) -> &Path {
+        &self.names[0]
+    }
+}
+
+/// Walks the tree below the mount: a linked file's names gather in one
+/// entry, so that jobs count and copy it once.
+pub(super) fn walk_tree(core: &Core) -> Result<Tree, String> {
     let mut tree = Tree::default();
+    let mut linked: HashMap<String, usize> = HashMap::new();
     let mut pending = vec![PathBuf::new()];
     while let Some(dir) = pending.pop() {
         let names = core
@@ -138,18 +158,42 @@ fn walk(core: &Core) -> Result<Tree, String> {
         for (name, is_file) in names {
             let rel = dir.join(name);
             match core.node(&rel) {
-                Ok(Node::File(m)) if is_file => tree.files.push((rel, m.size_bytes)),
+                Ok(Node::File(m)) if is_file => {
+                    let known = m.link.as_ref().and_then(|id| linked.get(id).copied());
+                    match known {
+                        Some(i) => tree.files[i].names.push(rel),
+                        None => {
+                            if let Some(id) = &m.link {
+                                linked.insert(id.clone(), tree.files.len());
+                            }
+                            tree.files.push(FileNames {
+                                names: vec![rel],
+                                meta: m,
+                            });
+                        }
+                    }
+                }
                 Ok(Node::Plain(m)) if m.is_dir() => {
                     tree.dirs.push(rel.clone());
                     pending.push(rel);
                 }
                 Ok(Node::Plain(_)) => tree.others.push(rel),
                 Ok(Node::File(_)) => {}
-                Err(e) => problem(core, format!("{}: {e}", rel.display())),
+                Err(e) => tree.unreadable.push(format!("{}: {e}", rel.display())),
             }
         }
     }
-    let total = tree.files.iter().map(|(_, size)| size).sum();
+    Ok(tree)
+}
+
+/// [`walk_tree`] for a job: what it could not read are problems, and the
+/// bytes to go through its total.
+fn walk(core: &Core) -> Result<Tree, String> {
+    let tree = walk_tree(core)?;
+    for line in &tree.unreadable {
+        problem(core, line.clone());
+    }
+    let total = tree.files.iter().map(|f| f.meta.size_bytes).sum();
     update(core, |j| j.total_bytes = total);
     Ok(tree)
 }
@@ -282,19 +326,41 @@ fn refill(core: &Core, branch: usize, to: &Path) -> Result<(), String> {
     for dir in &tree.dirs {
         copy_plain(core, to, dir).map_err(|e| format!("cannot make /{}: {e}", dir.display()))?;
     }
+    // A replicated entry with several names is copied once, then linked.
+    let mut copied: HashMap<String, &Path> = HashMap::new();
     for other in &tree.others {
-        if let Err(e) = copy_plain(core, to, other) {
-            problem(core, format!("{}: {e}", other.display()));
+        let identity = core
+            .lower_metadata(other)
+            .ok()
+            .filter(|m| m.nlink() > 1)
+            .map(|m| core::lower_identity(&m));
+        let first = identity.as_ref().and_then(|id| copied.get(id));
+        let made = match first {
+            Some(first) => std::fs::hard_link(to.join(first), to.join(other)),
+            None => copy_plain(core, to, other),
+        };
+        match made {
+            Err(e) => problem(core, format!("{}: {e}", other.display())),
+            Ok(()) => {
+                if let (Some(id), None) = (identity, first) {
+                    copied.insert(id, other);
+                }
+            }
         }
     }
-    for (rel, size_bytes) in &tree.files {
-        if let Err(e) = rebuild_file(core, branch, rel) {
-            problem(core, format!("{}: cannot rebuild: {e}", rel.display()));
-            let _ = core::remove_if_there(&to.join(rel));
+    for file in &tree.files {
+        if let Err(e) = rebuild_file(core, branch, file) {
+            problem(
+                core,
+                format!("{}: cannot rebuild: {e}", file.first().display()),
+            );
+            for name in &file.names {
+                let _ = core::remove_if_there(&to.join(name));
+            }
         }
         update(core, |j| {
             j.files += 1;
-            j.done_bytes += size_bytes;
+            j.done_bytes += file.meta.size_bytes;
         });
     }
     // Times last: making the children changed the directories' mtimes.
@@ -321,15 +387,24 @@ fn copy_plain(core: &Core, to: &Path, rel: &Path) -> io::Result<()> {
     super::plain::copy_entry(&m, target.as_deref(), &to.join(rel))
 }
 
-/// One file's sidecar (if the branch keeps one) and component, rebuilt.
-fn rebuild_file(core: &Core, branch: usize, rel: &Path) -> io::Result<()> {
-    let ino = core.ino_for(rel);
+/// One file's sidecars and record (those the branch keeps) and its
+/// component, rebuilt at its first name and hard-linked at the others.
+fn rebuild_file(core: &Core, branch: usize, names: &FileNames) -> io::Result<()> {
+    let rel = names.first();
+    let ino = core.ino_of(rel, &Node::File(names.meta.clone()));
     let file = core.open(ino, rel)?;
     let result = (|| {
         let m = file.meta.read().unwrap_or_else(|e| e.into_inner()).clone();
         let root = core.branches.root(branch);
-        if core.branches.meta_branches(rel).contains(&branch) {
-            meta::write(&root, rel, &m, true)?;
+        for name in &names.names {
+            if core.branches.meta_branches(name).contains(&branch) {
+                core.write_name(&root, name, &m, true)?;
+            }
+        }
+        if let Some(id) = &m.link {
+            if core.branches.record_branches(id).contains(&branch) {
+                meta::write_record(&root, &m, true)?;
+            }
         }
         let Some(target) = file.subset.iter().position(|&g| g == branch) else {
             return Ok(());
@@ -353,7 +428,11 @@ fn rebuild_file(core: &Core, branch: usize, rel: &Path) -> io::Result<()> {
             }
         }
         component.set_len(layout.component_bytes(m.size_bytes))?;
-        component.sync_all()
+        component.sync_all()?;
+        for other in &names.names[1..] {
+            std::fs::hard_link(root.join(rel), root.join(other))?;
+        }
+        Ok(())
     })();
     let _ = core.close(ino);
     result
@@ -436,23 +515,31 @@ fn install_open_components(core: &Core, branch: usize, to: &Path, replace: bool)
 }
 
 /// Checks every stripe of every file; with `repair`, rewrites mirrors
-/// from the first copy and parity from the data.
+/// from the first copy and parity from the data. Before that, what a
+/// crash left half done (see `tidy`).
 fn scrub(core: &Core, repair: bool) -> Result<(), String> {
+    for line in super::tidy::tidy(core, repair)? {
+        problem(core, line);
+    }
     let tree = walk(core)?;
-    for (rel, size_bytes) in &tree.files {
-        if let Err(e) = scrub_file(core, rel, repair) {
-            problem(core, format!("{}: cannot scrub: {e}", rel.display()));
+    for file in &tree.files {
+        if let Err(e) = scrub_file(core, file, repair) {
+            problem(
+                core,
+                format!("{}: cannot scrub: {e}", file.first().display()),
+            );
         }
         update(core, |j| {
             j.files += 1;
-            j.done_bytes += size_bytes;
+            j.done_bytes += file.meta.size_bytes;
         });
     }
     Ok(())
 }
 
-fn scrub_file(core: &Core, rel: &Path, repair: bool) -> io::Result<()> {
-    let ino = core.ino_for(rel);
+fn scrub_file(core: &Core, names: &FileNames, repair: bool) -> io::Result<()> {
+    let rel = names.first();
+    let ino = core.ino_of(rel, &Node::File(names.meta.clone()));
     let file = core.open(ino, rel)?;
     let mut stripe = 0;
     let result = loop {

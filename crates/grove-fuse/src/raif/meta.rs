@@ -32,7 +32,24 @@
 //! atime_ns = ...             nanoseconds since the epoch
 //! mtime_ns = ...
 //! ctime_ns = ...
+//! link = "9c0e..."           only once the file has had two names (below)
+//! nlink = 2                  only then too: the file's number of names
 //! ```
+//!
+//! Hard links: a file given a second name gets a link record, the
+//! document above with `link` (16 lowercase hex digits, its identity) and
+//! `nlink`, kept at `.grove-raif.links/ID` in the root of the branches
+//! `a = fnv1a(ID) mod N` and `(a + 1) mod N`. Each of its names then has a
+//! name sidecar that only points there, written once and never changed:
+//!
+//! ```text
+//! format = 1
+//! link = "9c0e..."
+//! ```
+//!
+//! so the metadata is one file whatever name reaches it, and a directory
+//! rename (which moves no sidecar) changes nothing. The components of every
+//! name are hard links of one lower file on each branch.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -49,6 +66,10 @@ pub const META_DIR: &str = ".grove-raif";
 /// The directory, at the root of each branch, of temporary files: sidecars
 /// before their rename, components being laid out again. Emptied at mount.
 pub const WORK_DIR: &str = ".grove-raif.tmp";
+/// The directory, at the root of each branch, of link records.
+pub const LINKS_DIR: &str = ".grove-raif.links";
+/// Hex digits of a link record's identity.
+pub const LINK_ID_DIGITS: usize = 16;
 /// The version of the sidecar format.
 pub const META_FORMAT: u32 = 1;
 /// Largest sidecar read: anything bigger is not one of ours.
@@ -74,6 +95,44 @@ pub struct Meta {
     pub atime_ns: u64,
     pub mtime_ns: u64,
     pub ctime_ns: u64,
+    /// The identity of the file's link record, once it has had two names;
+    /// its metadata then lives in that record (see the module's text).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<String>,
+    /// How many names the file has: 1 until it gets a link record.
+    #[serde(default = "one_name", skip_serializing_if = "is_one_name")]
+    pub nlink: u32,
+}
+
+fn one_name() -> u32 {
+    1
+}
+
+fn is_one_name(n: &u32) -> bool {
+    *n == 1
+}
+
+/// What a name's sidecar holds: the file's whole metadata, or (for a file
+/// with several names) the identity of its link record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Sidecar {
+    Whole(Meta),
+    Link(String),
+}
+
+/// A name sidecar as written: see the module's text.
+#[derive(Serialize, Deserialize)]
+struct LinkName {
+    format: u32,
+    link: String,
+}
+
+/// Whether `id` is a link identity this code makes: never a path.
+pub fn is_link_id(id: &str) -> bool {
+    id.len() == LINK_ID_DIGITS
+        && id
+            .bytes()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
 }
 
 pub fn now_ns() -> u64 {
@@ -137,9 +196,47 @@ pub fn clean_work_dir(root: &Path) -> std::io::Result<()> {
 
 /// Encodes and writes a sidecar atomically; `durable` fsyncs it first.
 pub fn write(root: &Path, rel: &Path, meta: &Meta, durable: bool) -> std::io::Result<()> {
+    check_meta(meta);
+    assert!(
+        meta.link.is_none(),
+        "a linked file's metadata is its record"
+    );
+    let text = toml::to_string(meta).map_err(std::io::Error::other)?;
+    write_sidecar_text(root, rel, &text, durable)
+}
+
+/// Writes the name sidecar of `rel` that points at link record `id`.
+pub fn write_link_name(root: &Path, rel: &Path, id: &str, durable: bool) -> std::io::Result<()> {
+    assert!(is_link_id(id), "link identity {id:?}");
+    let name = LinkName {
+        format: META_FORMAT,
+        link: id.to_string(),
+    };
+    let text = toml::to_string(&name).map_err(std::io::Error::other)?;
+    write_sidecar_text(root, rel, &text, durable)
+}
+
+fn check_meta(meta: &Meta) {
     assert_eq!(meta.format, META_FORMAT);
     assert!(meta.start < meta.branches.len().max(1));
-    let text = toml::to_string(meta).map_err(std::io::Error::other)?;
+    assert!(
+        meta.link.as_deref().is_none_or(is_link_id),
+        "link identity {:?}",
+        meta.link
+    );
+}
+
+/// Writes `text` to a file atomically: a temporary file in `root`'s
+/// [`WORK_DIR`], renamed over `target`, whose directory `make_dir` makes
+/// if it is missing (it may vanish meanwhile: an unlink removes an emptied
+/// sidecar directory).
+fn write_atomically(
+    root: &Path,
+    target: &Path,
+    make_dir: &Path,
+    text: &str,
+    durable: bool,
+) -> std::io::Result<()> {
     let tmp = temp_path(root)?;
     {
         use std::io::Write;
@@ -149,12 +246,11 @@ pub fn write(root: &Path, rel: &Path, meta: &Meta, durable: bool) -> std::io::Re
             file.sync_all()?;
         }
     }
-    let target = sidecar_path(root, rel);
     let mut tries = 0;
     let renamed = loop {
         tries += 1;
-        let _ = std::fs::create_dir(meta_dir(root, rel));
-        match std::fs::rename(&tmp, &target) {
+        let _ = std::fs::create_dir(make_dir);
+        match std::fs::rename(&tmp, target) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && tries < META_WRITE_TRIES => {}
             other => break other,
         }
@@ -162,7 +258,18 @@ pub fn write(root: &Path, rel: &Path, meta: &Meta, durable: bool) -> std::io::Re
     if renamed.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
-    renamed?;
+    renamed
+}
+
+/// A name's sidecar, whole or pointer, written atomically.
+fn write_sidecar_text(root: &Path, rel: &Path, text: &str, durable: bool) -> std::io::Result<()> {
+    write_atomically(
+        root,
+        &sidecar_path(root, rel),
+        &meta_dir(root, rel),
+        text,
+        durable,
+    )?;
     // A format 1 sidecar would hide a later removal of this one.
     match std::fs::remove_file(legacy_sidecar_path(root, rel)) {
         Err(e) if !absent(&e) => Err(e),
@@ -184,8 +291,8 @@ pub fn remove(root: &Path, rel: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Reads and checks a sidecar: Ok(None) if there is none.
-pub fn read(root: &Path, rel: &Path) -> std::io::Result<Option<Meta>> {
+/// Reads and checks a name's sidecar: Ok(None) if there is none.
+pub fn read(root: &Path, rel: &Path) -> std::io::Result<Option<Sidecar>> {
     use std::io::Read;
     let mut path = sidecar_path(root, rel);
     let file = match std::fs::File::open(&path) {
@@ -200,23 +307,103 @@ pub fn read(root: &Path, rel: &Path) -> std::io::Result<Option<Meta>> {
     };
     let mut text = String::new();
     file.take(META_MAX_BYTES).read_to_string(&mut text)?;
-    let meta: Meta = toml::from_str(&text).map_err(|e| {
+    decode(&path, &text).map(Some)
+}
+
+/// A sidecar's text: a name pointing at a link record (no `level`), or
+/// whole metadata, checked.
+fn decode(path: &Path, text: &str) -> std::io::Result<Sidecar> {
+    let invalid = |why: &str| {
         std::io::Error::new(
             std::io::ErrorKind::InvalidData,
-            format!("{}: {}", path.display(), e.message()),
+            format!("{}: {why}", path.display()),
         )
-    })?;
+    };
+    // Parsed once; the table is then read as one shape or the other.
+    let table: toml::Table = toml::from_str(text).map_err(|e| invalid(e.message()))?;
+    if !table.contains_key("level") && table.contains_key("link") {
+        let name: LinkName = toml::Value::Table(table)
+            .try_into()
+            .map_err(|e: toml::de::Error| invalid(e.message()))?;
+        if name.format != META_FORMAT || !is_link_id(&name.link) {
+            return Err(invalid("not a valid grove-raif name sidecar"));
+        }
+        return Ok(Sidecar::Link(name.link));
+    }
+    let meta: Meta = toml::Value::Table(table)
+        .try_into()
+        .map_err(|e: toml::de::Error| invalid(e.message()))?;
     let bad = meta.format != META_FORMAT
         || meta.start >= meta.branches.len()
         || meta.level.check_width(meta.branches.len()).is_err()
-        || grove_raif::layout::check_stripe_unit(meta.stripe_unit_bytes).is_err();
+        || grove_raif::layout::check_stripe_unit(meta.stripe_unit_bytes).is_err()
+        || !meta.link.as_deref().is_none_or(is_link_id);
     if bad {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("{}: not a valid grove-raif sidecar", path.display()),
-        ));
+        return Err(invalid("not a valid grove-raif sidecar"));
     }
-    Ok(Some(meta))
+    Ok(Sidecar::Whole(meta))
+}
+
+/// Where link record `id` lives under `root`.
+pub fn record_path(root: &Path, id: &str) -> PathBuf {
+    assert!(is_link_id(id), "link identity {id:?}");
+    root.join(LINKS_DIR).join(id)
+}
+
+/// Writes a linked file's metadata to its record atomically.
+pub fn write_record(root: &Path, meta: &Meta, durable: bool) -> std::io::Result<()> {
+    check_meta(meta);
+    let id = meta.link.as_deref().expect("a record is a linked file's");
+    assert!(meta.nlink >= 1, "a record with no name is removed instead");
+    let text = toml::to_string(meta).map_err(std::io::Error::other)?;
+    let dir = root.join(LINKS_DIR);
+    write_atomically(root, &record_path(root, id), &dir, &text, durable)
+}
+
+/// Reads and checks link record `id`: Ok(None) if it is not there.
+pub fn read_record(root: &Path, id: &str) -> std::io::Result<Option<Meta>> {
+    let path = record_path(root, id);
+    let text = match std::fs::File::open(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+        Ok(file) => {
+            use std::io::Read;
+            let mut text = String::new();
+            file.take(META_MAX_BYTES).read_to_string(&mut text)?;
+            text
+        }
+    };
+    match decode(&path, &text)? {
+        Sidecar::Whole(m) if m.link.as_deref() == Some(id) => Ok(Some(m)),
+        _ => Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{}: not the link record {id}", path.display()),
+        )),
+    }
+}
+
+/// Removes link record `id` under `root` (fine if it is not there).
+pub fn remove_record(root: &Path, id: &str) -> std::io::Result<()> {
+    match std::fs::remove_file(record_path(root, id)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// The identities of the link records under `root`.
+pub fn record_ids(root: &Path) -> std::io::Result<Vec<String>> {
+    let entries = match std::fs::read_dir(root.join(LINKS_DIR)) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        other => other?,
+    };
+    let mut ids = Vec::new();
+    for entry in entries {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        if is_link_id(&name) {
+            ids.push(name);
+        }
+    }
+    Ok(ids)
 }
 
 #[cfg(test)]
@@ -232,7 +419,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let rel = PathBuf::from("x".repeat(NAME_MAX_BYTES));
         write(dir.path(), &rel, &sample(7), true).unwrap();
-        assert_eq!(read(dir.path(), &rel).unwrap().unwrap().size_bytes, 7);
+        assert_eq!(whole(read(dir.path(), &rel)).size_bytes, 7);
         remove(dir.path(), &rel).unwrap();
         assert!(read(dir.path(), &rel).unwrap().is_none());
         assert!(
@@ -261,10 +448,10 @@ mod tests {
         let rel = Path::new("f");
         let text = toml::to_string(&sample(5)).unwrap();
         std::fs::write(legacy_sidecar_path(dir.path(), rel), text).unwrap();
-        assert_eq!(read(dir.path(), rel).unwrap().unwrap().size_bytes, 5);
+        assert_eq!(whole(read(dir.path(), rel)).size_bytes, 5);
         write(dir.path(), rel, &sample(6), false).unwrap();
         assert!(!legacy_sidecar_path(dir.path(), rel).exists());
-        assert_eq!(read(dir.path(), rel).unwrap().unwrap().size_bytes, 6);
+        assert_eq!(whole(read(dir.path(), rel)).size_bytes, 6);
     }
 
     use super::*;
@@ -290,7 +477,57 @@ mod tests {
             atime_ns: 1,
             mtime_ns: 2,
             ctime_ns: 3,
+            link: None,
+            nlink: 1,
         }
+    }
+
+    /// The whole metadata a sidecar read found.
+    fn whole(read: std::io::Result<Option<Sidecar>>) -> Meta {
+        match read.unwrap() {
+            Some(Sidecar::Whole(m)) => m,
+            other => panic!("not whole metadata: {other:?}"),
+        }
+    }
+
+    /// A linked file: its record holds the metadata, each name a pointer;
+    /// a file without links is written exactly as before (no new keys).
+    #[test]
+    fn a_link_record_and_its_names_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let plain = toml::to_string(&sample(1)).unwrap();
+        assert!(!plain.contains("link"), "{plain}");
+        let id = "0123456789abcdef";
+        let mut m = sample(9);
+        m.link = Some(id.into());
+        m.nlink = 3;
+        write_record(dir.path(), &m, true).unwrap();
+        assert_eq!(read_record(dir.path(), id).unwrap(), Some(m));
+        std::fs::create_dir(dir.path().join("d")).unwrap();
+        write_link_name(dir.path(), Path::new("d/a"), id, false).unwrap();
+        assert_eq!(
+            read(dir.path(), Path::new("d/a")).unwrap(),
+            Some(Sidecar::Link(id.into()))
+        );
+        assert_eq!(record_ids(dir.path()).unwrap(), vec![id.to_string()]);
+        remove_record(dir.path(), id).unwrap();
+        assert_eq!(read_record(dir.path(), id).unwrap(), None);
+    }
+
+    /// A name sidecar whose identity is not one grove makes (a path, say)
+    /// is refused as invalid, never followed.
+    #[test]
+    fn a_name_pointing_anywhere_else_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let rel = Path::new("f");
+        std::fs::create_dir(meta_dir(dir.path(), rel)).unwrap();
+        std::fs::write(
+            sidecar_path(dir.path(), rel),
+            "format = 1\nlink = \"../../etc/passwd\"\n",
+        )
+        .unwrap();
+        let err = read(dir.path(), rel).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidData, "{err}");
     }
 
     /// Two FUSE threads may write one file's sidecar at once (the release
@@ -329,7 +566,7 @@ mod tests {
             assert!(written.iter().all(Result::is_ok), "a write failed");
             assert!(read.is_ok(), "a reader found a torn sidecar");
         });
-        let m = read(dir.path(), rel).unwrap().unwrap();
+        let m = whole(read(dir.path(), rel));
         assert_eq!(m, sample(m.size_bytes));
         assert_eq!(
             sidecar_path(dir.path(), rel),

@@ -2,15 +2,18 @@
 //! striped, mirrored or parity-protected over branch directories by the
 //! rule that matches it; directories and symlinks replicated on every
 //! branch. `core` holds the state and the operations, `fs` the FUSE glue,
-//! `meta` the sidecar format, `report` status and explain, `maintain`
-//! the rebuild and scrub jobs.
+//! `meta` the sidecar format, `links` hard links, `report` status and
+//! explain, `maintain` the rebuild and scrub jobs, `tidy` what a crash
+//! left half done, which scrub finds and `--repair` removes.
 
 mod core;
 mod fs;
+mod links;
 mod maintain;
 pub mod meta;
 mod plain;
 mod report;
+mod tidy;
 
 use std::path::Path;
 

@@ -9,7 +9,7 @@ use std::time::SystemTime;
 
 use rustix::fs::{AtFlags, FileType as LowerType, Mode, Timespec, Timestamps, CWD, UTIME_OMIT};
 
-use super::meta::{self, META_DIR, WORK_DIR};
+use super::meta::{self, LINKS_DIR, META_DIR, WORK_DIR};
 
 /// st_mode's file type bits.
 const S_IFMT: u32 = 0o170_000;
@@ -77,7 +77,7 @@ pub fn set_times(
 /// its subdirectories, on file systems that count so) less grove's own
 /// directories in it.
 pub fn dir_nlink(path: &Path, lower: &std::fs::Metadata) -> u32 {
-    let ours = [META_DIR, WORK_DIR]
+    let ours = [META_DIR, WORK_DIR, LINKS_DIR]
         .iter()
         .filter(|name| path.join(name).is_dir())
         .count() as u64;

@@ -38,8 +38,9 @@ pub fn status(core: &Core) -> String {
     .to_string()
 }
 
-/// Which rule a file was laid out by (and which would apply now), and
-/// where its metadata and first stripes' units live.
+/// Which rule a file was laid out by (and which would apply now), where
+/// its metadata and first stripes' units live, and its number of names
+/// (with the link record that holds the metadata of a file with several).
 pub fn explain(core: &Core, rel: &Path) -> io::Result<String> {
     let b = &core.branches;
     let m = match core.node(rel)? {
@@ -68,11 +69,16 @@ pub fn explain(core: &Core, rel: &Path) -> io::Result<String> {
             })
         })
         .collect();
-    let meta_on: Vec<String> = b
-        .meta_branches(rel)
-        .iter()
-        .map(|&i| b.config.branches[i].label.clone())
-        .collect();
+    let labels = |pair: [usize; 2]| -> Vec<String> {
+        pair.iter()
+            .map(|&i| b.config.branches[i].label.clone())
+            .collect()
+    };
+    // A linked file's metadata is its record; the name only points there.
+    let meta_on = match &m.link {
+        Some(id) => labels(b.record_branches(id)),
+        None => labels(b.meta_branches(rel)),
+    };
     Ok(json!({
         "path": rel.display().to_string(),
         "rule": m.rule,
@@ -83,6 +89,9 @@ pub fn explain(core: &Core, rel: &Path) -> io::Result<String> {
         "start": m.branches[m.start],
         "size_bytes": m.size_bytes,
         "metadata_on": meta_on,
+        "names": m.nlink,
+        "link_record": m.link,
+        "name_on": labels(b.meta_branches(rel)),
         "stripes": stripes,
     })
     .to_string())
