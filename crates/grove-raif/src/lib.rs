@@ -11,9 +11,13 @@
 //! - [`balance`]: per-branch EWMA latency, to spread replicated reads.
 //! - [`config`]: the TOML configuration: branches, ordered rules, default rule.
 //! - [`mem`]: branches in memory with failure injection, for tests.
+//! - [`branch_pool`]: a pool's store over branch directories, as one
+//!   `BlockDevice` for the engine: staging, the stripe journal, degraded
+//!   mode, rebuild and scrub.
 #![forbid(unsafe_code)]
 
 pub mod balance;
+pub mod branch_pool;
 pub mod codec;
 pub mod config;
 pub mod layout;

@@ -15,12 +15,13 @@ pub const STORE_FILE_NAME: &str = "grove.store";
 /// Every key grove.toml may hold: the fields of `PoolConfig`. Any other
 /// key is refused by name, so that a misspelt setting (`cache-size`) is
 /// not silently ignored.
-const CONFIG_KEYS: [&str; 5] = [
+const CONFIG_KEYS: [&str; 6] = [
     "format_version",
     "store",
     "cache_size",
     "space",
     "retention",
+    "branches",
 ];
 
 /// Most single-character edits between an unknown key and a known one for
@@ -46,6 +47,12 @@ pub struct PoolConfig {
     /// absent means every default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub space: Option<SpaceConfig>,
+    /// A store laid out over branch directories: grove-raif reads and
+    /// checks the table and builds the device; the engine only keeps it,
+    /// and `Pool::open` refuses a pool that has it (the engine cannot
+    /// build that device itself).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub branches: Option<toml::Table>,
 }
 
 impl PoolConfig {
@@ -56,6 +63,7 @@ impl PoolConfig {
             cache_size: None,
             retention: None,
             space: None,
+            branches: None,
         }
     }
 
@@ -303,7 +311,7 @@ mod tests {
         let unknown = check_keys("format_version = 2\ncompression = true\n").unwrap_err();
         assert!(
             unknown.contains(
-                "\"compression\" (known settings: format_version, store, cache_size, space, retention)"
+                "\"compression\" (known settings: format_version, store, cache_size, space, retention, branches)"
             ),
             "{unknown}"
         );

@@ -1204,7 +1204,7 @@ fn unknown_config_keys_are_refused() {
         ),
         (
             "compression = true\n",
-            "unknown setting \"compression\" (known settings: format_version, store, cache_size, space, retention)",
+            "unknown setting \"compression\" (known settings: format_version, store, cache_size, space, retention, branches)",
         ),
     ] {
         fs::write(&config_path, format!("{config}{extra}")).unwrap();

@@ -378,6 +378,36 @@ impl Pool {
         Ok(pool)
     }
 
+    /// Creates a pool in `dir` whose store is a device the caller built
+    /// (a store over branch directories): `config` becomes its grove.toml,
+    /// with these space settings. The device's owner locks it.
+    pub fn create_on_device(
+        dir: &Path,
+        device: Arc<dyn BlockDevice>,
+        options: &PoolOptions,
+        space: &SpaceSettings,
+        mut config: PoolConfig,
+    ) -> Result<Pool> {
+        space
+            .check()
+            .map_err(|why| Error::new(ErrorKind::InvalidArgument, why))?;
+        check_options(options)?;
+        if dir.join(CONFIG_FILE_NAME).exists() {
+            return Err(Error::new(
+                ErrorKind::AlreadyExists,
+                format!("a grove pool already exists in {}", dir.display()),
+            ));
+        }
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::io(format!("cannot create pool directory {}", dir.display()), e))?;
+        config.set_space_settings(space);
+        let pool = Pool::format(device, options, dir, None)?;
+        *locking::lock(&pool.inner.space) =
+            capacity::SpaceControl::new(space.clone(), Some(dir.to_path_buf()));
+        config.save(dir)?;
+        Ok(pool)
+    }
+
     /// Formats a store on any device: both superblocks, the (empty)
     /// journal region and the first allocation group.
     pub fn format(
@@ -445,6 +475,15 @@ impl Pool {
     /// Opens the pool in `dir`.
     pub fn open(dir: &Path) -> Result<Pool> {
         let config = PoolConfig::load(dir)?;
+        if config.branches.is_some() {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "pool {} is laid out over branch directories: open it with the grove command, which assembles its branches",
+                    dir.display()
+                ),
+            ));
+        }
         let store_path = dir.join(&config.store);
         let device = FileDevice::open(&store_path).map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
@@ -462,12 +501,29 @@ impl Pool {
         })?;
         let lock = lock_store(&store_path)?;
         let pool = Pool::open_device(Arc::new(device), dir, Some(lock))?;
-        if let Some(bytes) = config.cache_size_bytes() {
-            pool.set_cache_size(bytes);
-        }
-        *locking::lock(&pool.inner.space) =
-            capacity::SpaceControl::new(config.space_settings(), Some(dir.to_path_buf()));
+        pool.apply_config(dir, &config);
         Ok(pool)
+    }
+
+    /// Opens the pool in `dir` on a device the caller assembled from its
+    /// grove.toml (`config`, already loaded): a store over branches.
+    pub fn open_on_device(
+        dir: &Path,
+        device: Arc<dyn BlockDevice>,
+        config: &PoolConfig,
+    ) -> Result<Pool> {
+        let pool = Pool::open_device(device, dir, None)?;
+        pool.apply_config(dir, config);
+        Ok(pool)
+    }
+
+    /// The settings grove.toml gives an opened pool.
+    fn apply_config(&self, dir: &Path, config: &PoolConfig) {
+        if let Some(bytes) = config.cache_size_bytes() {
+            self.set_cache_size(bytes);
+        }
+        *locking::lock(&self.inner.space) =
+            capacity::SpaceControl::new(config.space_settings(), Some(dir.to_path_buf()));
     }
 
     /// Opens a store on any device (tests, the crash simulator).

@@ -1,0 +1,606 @@
+//! A branch pool on disk: the `[branches]` table of the pool's grove.toml,
+//! and in each branch directory the files of its share of the store and an
+//! identity file that ties it to its pool.
+//!
+//! ```text
+//! BRANCH_DIR/grove-branch.toml   identity: pool id, label, index, shape,
+//!                                sequence, state (ok | rebuilding)
+//! BRANCH_DIR/grove.branch        stripe units (the data file)
+//! BRANCH_DIR/grove.branch-journal  the stripe journal
+//! BRANCH_DIR/grove.branch-sums   a crc32c per stripe unit
+//! ```
+//!
+//! Every open raises the sequence in the identity file of every healthy
+//! branch, and so does every change of health. A branch whose sequence is
+//! lower than the others' missed writes (a stale copy, or one that failed
+//! and came back): it is refused, or with `degraded` run without. A branch
+//! whose pool id differs belongs to another pool and is refused outright.
+
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use grove_store::{BlockDevice, FileDevice};
+
+use super::device::{
+    BranchDevice, Health, MemberDevices, MemberSpec, MemberStatus, MembershipRecorder,
+};
+use crate::level::Level;
+
+pub const IDENTITY_FILE_NAME: &str = "grove-branch.toml";
+pub const DATA_FILE_NAME: &str = "grove.branch";
+pub const JOURNAL_FILE_NAME: &str = "grove.branch-journal";
+pub const SUMS_FILE_NAME: &str = "grove.branch-sums";
+/// Longest branch label: short names for commands and log lines.
+pub const LABEL_MAX_BYTES: usize = 32;
+
+/// The `[branches]` table of grove.toml.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BranchPoolConfig {
+    /// 32 hex digits shared by the pool's branches and nobody else's.
+    pub pool_id: String,
+    pub level: Level,
+    pub stripe_unit_bytes: u64,
+    /// In label order; a branch's index is its place here.
+    pub member: Vec<MemberConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemberConfig {
+    pub label: String,
+    pub dir: PathBuf,
+}
+
+/// A branch directory's identity file.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BranchIdentity {
+    pub pool_id: String,
+    pub label: String,
+    pub index: usize,
+    pub width: usize,
+    pub level: Level,
+    pub stripe_unit_bytes: u64,
+    pub sequence: u64,
+    pub state: IdentityState,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IdentityState {
+    Ok,
+    Rebuilding,
+}
+
+/// Why a branch pool cannot be made or opened, in one line each.
+#[derive(Debug, thiserror::Error)]
+pub enum BranchPoolError {
+    #[error("{0}")]
+    Config(String),
+    #[error("branch {label} ({dir}) belongs to {why}")]
+    Foreign {
+        label: String,
+        dir: String,
+        why: String,
+    },
+    #[error("{0}")]
+    NeedsDegraded(String),
+    #[error("branch {label} ({dir}) is in use by another grove process")]
+    Busy { label: String, dir: String },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn io_error(what: impl Into<String>) -> impl FnOnce(io::Error) -> BranchPoolError {
+    let what = what.into();
+    move |source| BranchPoolError::Io { what, source }
+}
+
+impl BranchPoolConfig {
+    /// A new pool's table: labels b0, b1, ... for `dirs` in order.
+    pub fn new(
+        level: Level,
+        stripe_unit_bytes: u64,
+        dirs: &[PathBuf],
+    ) -> Result<Self, BranchPoolError> {
+        let config = BranchPoolConfig {
+            pool_id: new_pool_id(),
+            level,
+            stripe_unit_bytes,
+            member: dirs
+                .iter()
+                .enumerate()
+                .map(|(i, dir)| MemberConfig {
+                    label: format!("b{i}"),
+                    dir: absolute(dir),
+                })
+                .collect(),
+        };
+        config.check()?;
+        Ok(config)
+    }
+
+    /// Reads the table grove.toml keeps for the pool.
+    pub fn from_table(table: &toml::Table) -> Result<Self, BranchPoolError> {
+        let config: BranchPoolConfig =
+            toml::Value::Table(table.clone())
+                .try_into()
+                .map_err(|e: toml::de::Error| {
+                    BranchPoolError::Config(format!("[branches] in grove.toml: {}", e.message()))
+                })?;
+        config.check()?;
+        Ok(config)
+    }
+
+    pub fn to_table(&self) -> toml::Table {
+        match toml::Value::try_from(self) {
+            Ok(toml::Value::Table(table)) => table,
+            _ => unreachable!("a branch pool config is a table"),
+        }
+    }
+
+    fn check(&self) -> Result<(), BranchPoolError> {
+        let bad = |why: String| BranchPoolError::Config(why);
+        crate::layout::Layout::new(self.level, self.member.len(), self.stripe_unit_bytes, 0)
+            .map_err(|e| {
+                bad(format!(
+                    "{} over {} branches: {e}",
+                    self.level,
+                    self.member.len()
+                ))
+            })?;
+        if self.pool_id.len() != 32 || !self.pool_id.bytes().all(|c| c.is_ascii_hexdigit()) {
+            return Err(bad(format!(
+                "pool_id {:?} is not 32 hex digits",
+                self.pool_id
+            )));
+        }
+        for (i, member) in self.member.iter().enumerate() {
+            let label = &member.label;
+            if label.is_empty()
+                || label.len() > LABEL_MAX_BYTES
+                || !label
+                    .bytes()
+                    .all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_')
+            {
+                return Err(bad(format!(
+                    "branch label {label:?} must be 1 to {LABEL_MAX_BYTES} letters, digits, - or _"
+                )));
+            }
+            if self.member[..i].iter().any(|m| m.label == *label) {
+                return Err(bad(format!("branch label {label} is used twice")));
+            }
+            if self.member[..i].iter().any(|m| m.dir == member.dir) {
+                return Err(bad(format!(
+                    "directory {} is given for two branches",
+                    member.dir.display()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn identity(&self, index: usize, sequence: u64, state: IdentityState) -> BranchIdentity {
+        BranchIdentity {
+            pool_id: self.pool_id.clone(),
+            label: self.member[index].label.clone(),
+            index,
+            width: self.member.len(),
+            level: self.level,
+            stripe_unit_bytes: self.stripe_unit_bytes,
+            sequence,
+            state,
+        }
+    }
+
+    pub fn index_of(&self, label: &str) -> Option<usize> {
+        self.member.iter().position(|m| m.label == label)
+    }
+}
+
+fn absolute(dir: &Path) -> PathBuf {
+    std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf())
+}
+
+/// 32 hex digits from the standard library's randomly keyed hasher.
+fn new_pool_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    (0..2)
+        .map(|i| {
+            let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+            hasher.write_u64(i);
+            hasher.write_u128(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos()),
+            );
+            format!("{:016x}", hasher.finish())
+        })
+        .collect()
+}
+
+impl BranchIdentity {
+    fn load(dir: &Path) -> io::Result<BranchIdentity> {
+        let path = dir.join(IDENTITY_FILE_NAME);
+        let text = std::fs::read_to_string(&path)?;
+        toml::from_str(&text).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{} is not a branch identity: {}",
+                    path.display(),
+                    e.message()
+                ),
+            )
+        })
+    }
+
+    /// Written atomically: a temporary file, synced, renamed, the
+    /// directory synced.
+    fn save(&self, dir: &Path) -> io::Result<()> {
+        let path = dir.join(IDENTITY_FILE_NAME);
+        let temp = dir.join(format!("{IDENTITY_FILE_NAME}.tmp"));
+        let text = format!(
+            "# grove branch identity: this directory is branch {} of a grove pool\n{}",
+            self.label,
+            toml::to_string(self).expect("an identity serializes")
+        );
+        std::fs::write(&temp, text)?;
+        File::open(&temp)?.sync_all()?;
+        std::fs::rename(&temp, &path)?;
+        File::open(dir)?.sync_all()
+    }
+}
+
+/// The open files of one branch, with the data file locked.
+struct MemberFiles {
+    devices: MemberDevices,
+    _lock: File,
+}
+
+fn open_files(dir: &Path, label: &str, create: bool) -> Result<MemberFiles, BranchPoolError> {
+    let open = |name: &str| -> Result<Arc<dyn BlockDevice>, BranchPoolError> {
+        let path = dir.join(name);
+        let device = if create {
+            FileDevice::create_new(&path)
+        } else {
+            FileDevice::open(&path)
+        };
+        device
+            .map(|d| Arc::new(d) as Arc<dyn BlockDevice>)
+            .map_err(io_error(format!(
+                "branch {label}: cannot open {}",
+                path.display()
+            )))
+    };
+    let data_path = dir.join(DATA_FILE_NAME);
+    let devices = MemberDevices {
+        data: open(DATA_FILE_NAME)?,
+        journal: open(JOURNAL_FILE_NAME)?,
+        sums: open(SUMS_FILE_NAME)?,
+    };
+    let lock = File::open(&data_path).map_err(io_error(format!(
+        "branch {label}: cannot open {}",
+        data_path.display()
+    )))?;
+    match lock.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            return Err(BranchPoolError::Busy {
+                label: label.to_string(),
+                dir: dir.display().to_string(),
+            })
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            return Err(io_error(format!(
+                "branch {label}: cannot lock {}",
+                data_path.display()
+            ))(e))
+        }
+    }
+    Ok(MemberFiles {
+        devices,
+        _lock: lock,
+    })
+}
+
+/// Keeps the identity files in step with the device's view of health.
+/// Holds the branches' locks for as long as the device lives.
+struct Recorder {
+    config: BranchPoolConfig,
+    sequence: AtomicU64,
+    _locks: Mutex<Vec<File>>,
+}
+
+impl Recorder {
+    fn record(&self, members: &[MemberStatus]) -> io::Result<()> {
+        let sequence = self.sequence.fetch_add(1, Ordering::AcqRel) + 1;
+        for (index, member) in members.iter().enumerate() {
+            let state = match member.health {
+                Health::Healthy => IdentityState::Ok,
+                Health::Rebuilding => IdentityState::Rebuilding,
+                Health::Failed => continue,
+            };
+            let dir = Path::new(&member.place);
+            self.config.identity(index, sequence, state).save(dir)?;
+        }
+        Ok(())
+    }
+}
+
+fn recorder(
+    config: &BranchPoolConfig,
+    sequence: u64,
+    locks: Vec<File>,
+) -> (Arc<Recorder>, MembershipRecorder) {
+    let shared = Arc::new(Recorder {
+        config: config.clone(),
+        sequence: AtomicU64::new(sequence),
+        _locks: Mutex::new(locks),
+    });
+    let inner = shared.clone();
+    (shared, Box::new(move |members| inner.record(members)))
+}
+
+/// Makes the branches of a new pool: each directory (made if missing)
+/// must not hold a branch already.
+pub fn create(config: &BranchPoolConfig) -> Result<BranchDevice, BranchPoolError> {
+    let mut specs = Vec::new();
+    let mut locks = Vec::new();
+    for member in &config.member {
+        let dir = &member.dir;
+        if dir.join(IDENTITY_FILE_NAME).exists() {
+            return Err(BranchPoolError::Config(format!(
+                "{} already holds a grove branch; give an empty directory",
+                dir.display()
+            )));
+        }
+        std::fs::create_dir_all(dir).map_err(io_error(format!(
+            "cannot create branch directory {}",
+            dir.display()
+        )))?;
+        let files = open_files(dir, &member.label, true)?;
+        specs.push(MemberSpec {
+            label: member.label.clone(),
+            place: dir.display().to_string(),
+            devices: Some(files.devices),
+            health: Health::Healthy,
+        });
+        locks.push(files._lock);
+    }
+    let (shared, recorder) = recorder(config, 0, locks);
+    let device = BranchDevice::assemble(
+        config.level,
+        config.stripe_unit_bytes,
+        specs,
+        Some(recorder),
+    )
+    .map_err(io_error("cannot assemble the branch pool"))?;
+    shared
+        .record(&device.status())
+        .map_err(io_error("cannot write the branch identities"))?;
+    Ok(device)
+}
+
+/// How one configured branch was found at open.
+enum Found {
+    Ok(MemberFiles, u64),
+    /// Usable only after a rebuild: missing, stale, or an unfinished rebuild.
+    Unusable(String),
+}
+
+/// Opens the branches of a pool. A branch that is missing, stale (an old
+/// copy) or half rebuilt is refused unless `degraded`, and then run
+/// without; one from another pool is always refused.
+pub fn open(config: &BranchPoolConfig, degraded: bool) -> Result<BranchDevice, BranchPoolError> {
+    let mut found = Vec::new();
+    for (index, member) in config.member.iter().enumerate() {
+        found.push(find_member(config, index, member)?);
+    }
+    let newest = found
+        .iter()
+        .filter_map(|f| match f {
+            Found::Ok(_, sequence) => Some(*sequence),
+            Found::Unusable(_) => None,
+        })
+        .max()
+        .unwrap_or(0);
+    let mut specs = Vec::new();
+    let mut locks = Vec::new();
+    let mut problems = Vec::new();
+    for (member, found) in config.member.iter().zip(found) {
+        let place = member.dir.display().to_string();
+        let usable = match found {
+            Found::Ok(files, sequence) if sequence == newest => Ok(files),
+            Found::Ok(_, sequence) => Err(format!(
+                "is an old copy (sequence {sequence}, the pool's is {newest})"
+            )),
+            Found::Unusable(why) => Err(why),
+        };
+        match usable {
+            Ok(files) => {
+                specs.push(MemberSpec {
+                    label: member.label.clone(),
+                    place,
+                    devices: Some(files.devices),
+                    health: Health::Healthy,
+                });
+                locks.push(files._lock);
+            }
+            Err(why) => {
+                problems.push(format!("branch {} ({place}) {why}", member.label));
+                specs.push(MemberSpec {
+                    label: member.label.clone(),
+                    place,
+                    devices: None,
+                    health: Health::Failed,
+                });
+            }
+        }
+    }
+    if !problems.is_empty() && !degraded {
+        let first = &config.member[config
+            .member
+            .iter()
+            .position(|m| problems[0].starts_with(&format!("branch {} ", m.label)))
+            .unwrap_or(0)];
+        return Err(BranchPoolError::NeedsDegraded(format!(
+            "{}{}: open with --degraded to run without it, then `grove rebuild --branch {} --to DIR`",
+            problems[0],
+            if problems.len() > 1 {
+                format!(" (and {} more)", problems.len() - 1)
+            } else {
+                String::new()
+            },
+            first.label
+        )));
+    }
+    for problem in &problems {
+        tracing::warn!("{problem}; the pool runs degraded");
+    }
+    let (shared, recorder) = recorder(config, newest, locks);
+    let device = BranchDevice::assemble(
+        config.level,
+        config.stripe_unit_bytes,
+        specs,
+        Some(recorder),
+    )
+    .map_err(|e| BranchPoolError::NeedsDegraded(format!("{e}")))?;
+    shared
+        .record(&device.status())
+        .map_err(io_error("cannot write the branch identities"))?;
+    Ok(device)
+}
+
+fn find_member(
+    config: &BranchPoolConfig,
+    index: usize,
+    member: &MemberConfig,
+) -> Result<Found, BranchPoolError> {
+    let dir = &member.dir;
+    if !dir.is_dir() {
+        return Ok(Found::Unusable("is missing (no such directory)".into()));
+    }
+    let identity = match BranchIdentity::load(dir) {
+        Ok(identity) => identity,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Ok(Found::Unusable(format!(
+                "holds no branch ({IDENTITY_FILE_NAME} is missing)"
+            )))
+        }
+        Err(e) => return Ok(Found::Unusable(format!("has an unreadable identity: {e}"))),
+    };
+    let foreign = |why: String| BranchPoolError::Foreign {
+        label: member.label.clone(),
+        dir: dir.display().to_string(),
+        why,
+    };
+    if identity.pool_id != config.pool_id {
+        return Err(foreign(format!(
+            "another pool (its id is {}, this pool's {})",
+            identity.pool_id, config.pool_id
+        )));
+    }
+    let expected = config.identity(index, identity.sequence, identity.state);
+    if identity != expected {
+        return Err(foreign(format!(
+            "this pool but not as {} of {} {} (it says {} of {} {}, stripe unit {})",
+            member.label,
+            config.member.len(),
+            config.level,
+            identity.label,
+            identity.width,
+            identity.level,
+            identity.stripe_unit_bytes
+        )));
+    }
+    if identity.state == IdentityState::Rebuilding {
+        return Ok(Found::Unusable(
+            "was being rebuilt and is not whole yet".into(),
+        ));
+    }
+    match open_files(dir, &member.label, false) {
+        Ok(files) => Ok(Found::Ok(files, identity.sequence)),
+        Err(e @ BranchPoolError::Busy { .. }) => Err(e),
+        Err(e) => Ok(Found::Unusable(format!("cannot be opened: {e}"))),
+    }
+}
+
+/// Prepares `new_dir` to replace branch `label`: an empty (or missing)
+/// directory, or one left by an earlier replacement of the same branch
+/// that did not finish. Returns the devices for `BranchDevice::replace`
+/// and the lock to keep while it is in use.
+pub fn prepare_replacement(
+    config: &BranchPoolConfig,
+    label: &str,
+    new_dir: &Path,
+) -> Result<(MemberDevices, File), BranchPoolError> {
+    let index = config.index_of(label).ok_or_else(|| {
+        BranchPoolError::Config(format!(
+            "no branch labelled {label:?} in this pool (labels: {})",
+            labels(config)
+        ))
+    })?;
+    let new_dir = absolute(new_dir);
+    if let Some(other) = config
+        .member
+        .iter()
+        .find(|m| m.dir == new_dir && m.label != label)
+    {
+        return Err(BranchPoolError::Config(format!(
+            "{} is already branch {}: give an empty directory",
+            new_dir.display(),
+            other.label
+        )));
+    }
+    std::fs::create_dir_all(&new_dir)
+        .map_err(io_error(format!("cannot create {}", new_dir.display())))?;
+    let resumable = match BranchIdentity::load(&new_dir) {
+        Ok(identity) => {
+            identity.pool_id == config.pool_id
+                && identity.index == index
+                && identity.state == IdentityState::Rebuilding
+        }
+        Err(_) => false,
+    };
+    let entries = std::fs::read_dir(&new_dir)
+        .map_err(io_error(format!("cannot read {}", new_dir.display())))?
+        .count();
+    if entries > 0 && !resumable {
+        return Err(BranchPoolError::Config(format!(
+            "{} is not empty: a replacement branch needs an empty directory",
+            new_dir.display()
+        )));
+    }
+    if resumable {
+        for name in [DATA_FILE_NAME, JOURNAL_FILE_NAME, SUMS_FILE_NAME] {
+            let _ = std::fs::remove_file(new_dir.join(name));
+        }
+    }
+    config
+        .identity(index, 0, IdentityState::Rebuilding)
+        .save(&new_dir)
+        .map_err(io_error(format!(
+            "cannot write the identity in {}",
+            new_dir.display()
+        )))?;
+    let files = open_files(&new_dir, label, true)?;
+    Ok((files.devices, files._lock))
+}
+
+pub fn labels(config: &BranchPoolConfig) -> String {
+    config
+        .member
+        .iter()
+        .map(|m| format!("{} = {}", m.label, m.dir.display()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}

@@ -1,0 +1,407 @@
+//! Repairs of a branch pool while it is in use: a replacement branch
+//! refilled from the others (rebuild), and every stripe checked and mended
+//! (scrub). Both work in batches holding the gate alone, so that no commit
+//! writes a stripe between their read and their write, and foreground I/O
+//! waits at most one batch.
+//!
+//! Which copy of a unit is right is decided by its checksum (the sums a
+//! commit writes beside the units), not by a vote: a mirror that agrees
+//! with its sum wins over any number that do not, and a data unit that
+//! fails its sum is rebuilt from parity and checked against the sum again.
+
+use std::collections::BTreeMap;
+use std::io;
+
+use super::device::{
+    read_lock, unit_sum, write_lock, BranchDevice, Health, Io, MemberDevices, SUM_BYTES,
+    SUM_UNKNOWN,
+};
+use crate::codec;
+use crate::raid;
+
+/// Stripes one batch of a rebuild or scrub handles with the gate held.
+pub const REPAIR_BATCH_STRIPES: u64 = 64;
+
+/// What a scrub found and did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ScrubReport {
+    pub stripes: u64,
+    /// Stripes with at least one unit that disagreed.
+    pub stripes_with_errors: u64,
+    /// Units that disagreed with what their stripe says they hold, by label.
+    pub bad_units: BTreeMap<String, u64>,
+    /// Units (or their sums) written again.
+    pub repaired_units: u64,
+    /// Stripes whose right contents could not be told (no good copy, and
+    /// parity could not rebuild one that matches its sum).
+    pub unrepairable_stripes: u64,
+    /// Units with no checksum (punched, or written by RAIF0), judged by
+    /// comparing copies and parity only.
+    pub units_without_sum: u64,
+}
+
+/// What a rebuild did.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RebuildReport {
+    pub label: String,
+    pub stripes: u64,
+    pub bytes_written: u64,
+}
+
+/// A unit read during a scrub, judged by its sum.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    Good,
+    Bad,
+    NoSum,
+}
+
+impl BranchDevice {
+    /// Puts fresh devices in the place of branch `label`, which then shows
+    /// as rebuilding (written by commits, never read) until `rebuild`
+    /// has refilled it. Refused if the other branches could not serve
+    /// every stripe without it.
+    pub fn replace(&self, label: &str, place: String, devices: MemberDevices) -> io::Result<()> {
+        let b = self.member_index(label)?;
+        if self.layout.level == crate::level::Level::Raif0 {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "{} keeps no redundancy: a branch of it cannot be rebuilt",
+                    self.layout.level
+                ),
+            ));
+        }
+        let _gate = write_lock(&self.gate);
+        let member = &self.members[b];
+        let before = member.set_health(Health::Rebuilding);
+        if let Err(e) = self.check_survives() {
+            member.set_health(before);
+            return Err(e);
+        }
+        *write_lock(&member.devices) = Some(devices);
+        *write_lock(&member.place) = place;
+        self.mark_membership_changed();
+        drop(_gate);
+        self.record_membership()
+    }
+
+    /// Takes branch `label` out of service, as `mdadm --fail` does: it is
+    /// no longer read or written, and the pool runs degraded until the
+    /// branch is replaced and rebuilt. Refused if the others could not
+    /// serve every stripe without it. `why` goes in the log line.
+    pub fn fail_branch(&self, label: &str, why: &str) -> io::Result<()> {
+        let b = self.member_index(label)?;
+        let member = &self.members[b];
+        if member.health() == Health::Failed {
+            return Ok(());
+        }
+        let _gate = write_lock(&self.gate);
+        let before = member.set_health(Health::Failed);
+        if let Err(e) = self.check_survives() {
+            member.set_health(before);
+            return Err(e);
+        }
+        member.set_health(before);
+        self.mark_failed(b, &io::Error::other(why.to_string()));
+        drop(_gate);
+        self.record_membership()
+    }
+
+    fn member_index(&self, label: &str) -> io::Result<usize> {
+        self.index_of(label).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("no branch labelled {label:?} in this pool"),
+            )
+        })
+    }
+
+    /// Refills the rebuilding branch `label` from the others, stripe by
+    /// stripe, reading back what it wrote; then marks it healthy.
+    /// `progress(done, total)` follows the stripes; `stop()` true ends the
+    /// rebuild early (the branch stays rebuilding, to be run again).
+    pub fn rebuild(
+        &self,
+        label: &str,
+        progress: &mut dyn FnMut(u64, u64),
+        stop: &dyn Fn() -> bool,
+    ) -> io::Result<RebuildReport> {
+        let b = self.member_index(label)?;
+        if self.members[b].health() != Health::Rebuilding {
+            return Err(io::Error::other(format!(
+                "branch {label} is {}, not rebuilding: replace it first",
+                self.members[b].health()
+            )));
+        }
+        let stripe_bytes = self.layout.stripe_data_bytes();
+        let stripes = grove_store::BlockDevice::len_bytes(self)? / stripe_bytes;
+        let unit = self.layout.stripe_unit_bytes;
+        let devices = self.members[b].devices()?;
+        devices.data.set_len_bytes(stripes * unit)?;
+        devices.sums.set_len_bytes(stripes * SUM_BYTES)?;
+        let mut done = 0;
+        progress(done, stripes);
+        while done < stripes {
+            if stop() {
+                return Err(io::Error::new(
+                    io::ErrorKind::Interrupted,
+                    format!("rebuild of {label} stopped at stripe {done} of {stripes}"),
+                ));
+            }
+            let end = (done + super::repair::REPAIR_BATCH_STRIPES).min(stripes);
+            self.rebuild_batch(b, &devices, done, end)?;
+            done = end;
+            progress(done, stripes);
+        }
+        devices.data.flush()?;
+        devices.sums.flush()?;
+        self.members[b].set_health(Health::Healthy);
+        self.mark_membership_changed();
+        self.record_membership()?;
+        tracing::info!("branch {label} rebuilt: {stripes} stripes, verified");
+        Ok(RebuildReport {
+            label: label.to_string(),
+            stripes,
+            bytes_written: stripes * unit,
+        })
+    }
+
+    fn rebuild_batch(
+        &self,
+        b: usize,
+        devices: &MemberDevices,
+        from: u64,
+        to: u64,
+    ) -> io::Result<()> {
+        let unit = self.layout.stripe_unit_bytes as usize;
+        let count = (to - from) as usize;
+        let mut units = vec![0u8; unit * count];
+        let mut sums = vec![0u8; SUM_BYTES as usize * count];
+        let _gate = write_lock(&self.gate);
+        for (i, stripe) in (from..to).enumerate() {
+            let all = raid::read_stripe(&self.layout, &Io(self), stripe, Some(b))
+                .map_err(super::device::raid_error)?;
+            let unit_bytes = &all[self.unit_position(stripe, b)];
+            units[i * unit..(i + 1) * unit].copy_from_slice(unit_bytes);
+            sums[i * SUM_BYTES as usize..(i + 1) * SUM_BYTES as usize]
+                .copy_from_slice(&unit_sum(unit_bytes).to_le_bytes());
+        }
+        devices.data.write_at(&units, from * unit as u64)?;
+        devices.sums.write_at(&sums, from * SUM_BYTES)?;
+        let mut back = vec![0u8; units.len()];
+        devices.data.read_at(&mut back, from * unit as u64)?;
+        if back != units {
+            return Err(io::Error::other(format!(
+                "branch {}: stripes {from}..{to} read back differently from what was written",
+                self.members[b].label
+            )));
+        }
+        Ok(())
+    }
+
+    /// Where branch `b`'s unit of `stripe` sits in `read_stripe`'s answer
+    /// (data units, then parity).
+    fn unit_position(&self, stripe: u64, b: usize) -> usize {
+        let map = self.layout.stripe_map(stripe);
+        if let Some(j) = map.data.iter().position(|copies| copies.contains(&b)) {
+            return j;
+        }
+        let p = map
+            .parity
+            .iter()
+            .position(|&p| p == b)
+            .expect("every branch holds a unit of every stripe");
+        map.data.len() + p
+    }
+
+    /// Reads every stripe from every readable branch and checks it against
+    /// its sums, mirrors and parity; with `repair`, writes what is wrong
+    /// again from what is right.
+    pub fn scrub(
+        &self,
+        repair: bool,
+        progress: &mut dyn FnMut(u64, u64),
+        stop: &dyn Fn() -> bool,
+    ) -> io::Result<ScrubReport> {
+        grove_store::BlockDevice::flush(self)?;
+        let stripes = grove_store::BlockDevice::len_bytes(self)? / self.layout.stripe_data_bytes();
+        let mut report = ScrubReport::default();
+        let mut done = 0;
+        progress(done, stripes);
+        while done < stripes {
+            if stop() {
+                return Err(io::Error::new(
+                    io::ErrorKind::Interrupted,
+                    format!("scrub stopped at stripe {done} of {stripes}"),
+                ));
+            }
+            let end = (done + REPAIR_BATCH_STRIPES).min(stripes);
+            let _gate = write_lock(&self.gate);
+            for stripe in done..end {
+                self.scrub_stripe(stripe, repair, &mut report)?;
+            }
+            drop(_gate);
+            done = end;
+            progress(done, stripes);
+        }
+        if repair && report.repaired_units > 0 {
+            grove_store::BlockDevice::flush(self)?;
+        }
+        Ok(report)
+    }
+
+    fn scrub_stripe(&self, stripe: u64, repair: bool, report: &mut ScrubReport) -> io::Result<()> {
+        report.stripes += 1;
+        let unit = self.layout.stripe_unit_bytes as usize;
+        let width = self.members.len();
+        let offset = stripe * unit as u64;
+        // Each readable branch's unit, its stored sum and the verdict.
+        let mut read: Vec<Option<(Vec<u8>, u32, Verdict)>> = vec![None; width];
+        for (b, member) in self.members.iter().enumerate() {
+            if member.health() != Health::Healthy {
+                continue;
+            }
+            let devices = member.devices()?;
+            let mut bytes = vec![0u8; unit];
+            let mut sum = [0u8; SUM_BYTES as usize];
+            let result = devices
+                .data
+                .read_at(&mut bytes, offset)
+                .and_then(|()| devices.sums.read_at(&mut sum, stripe * SUM_BYTES));
+            if let Err(e) = result {
+                self.mark_failed(b, &e);
+                continue;
+            }
+            let sum = u32::from_le_bytes(sum);
+            let verdict = if sum == SUM_UNKNOWN {
+                report.units_without_sum += 1;
+                Verdict::NoSum
+            } else if unit_sum(&bytes) == sum {
+                Verdict::Good
+            } else {
+                Verdict::Bad
+            };
+            read[b] = Some((bytes, sum, verdict));
+        }
+        let Some(expected) = self.expected_units(stripe, &read) else {
+            report.stripes_with_errors += 1;
+            report.unrepairable_stripes += 1;
+            for (b, entry) in read.iter().enumerate() {
+                if matches!(entry, Some((_, _, Verdict::Bad))) {
+                    *report
+                        .bad_units
+                        .entry(self.members[b].label.clone())
+                        .or_default() += 1;
+                }
+            }
+            return Ok(());
+        };
+        let mut errors = false;
+        for (b, entry) in read.iter().enumerate() {
+            let Some((bytes, sum, verdict)) = entry else {
+                continue;
+            };
+            let right = &expected[b];
+            let content_wrong = bytes != right;
+            let sum_wrong =
+                *verdict == Verdict::Bad || (*sum != SUM_UNKNOWN && *sum != unit_sum(right));
+            if !content_wrong && !sum_wrong {
+                continue;
+            }
+            errors = true;
+            *report
+                .bad_units
+                .entry(self.members[b].label.clone())
+                .or_default() += 1;
+            if repair {
+                let devices = self.members[b].devices()?;
+                let written = devices.data.write_at(right, offset).and_then(|()| {
+                    devices
+                        .sums
+                        .write_at(&unit_sum(right).to_le_bytes(), stripe * SUM_BYTES)
+                });
+                match written {
+                    Ok(()) => report.repaired_units += 1,
+                    Err(e) => self.mark_failed(b, &e),
+                }
+            }
+        }
+        if errors {
+            report.stripes_with_errors += 1;
+        }
+        Ok(())
+    }
+
+    /// What every branch should hold of a stripe, decided by the sums:
+    /// for each data unit a copy that matches its sum (or, with no sum,
+    /// the first copy read); a data unit with no such copy is rebuilt from
+    /// parity and kept only if it then matches its sum. None if some unit
+    /// cannot be decided.
+    fn expected_units(
+        &self,
+        stripe: u64,
+        read: &[Option<(Vec<u8>, u32, Verdict)>],
+    ) -> Option<Vec<Vec<u8>>> {
+        let map = self.layout.stripe_map(stripe);
+        let k = map.data.len();
+        let mut data: Vec<Option<Vec<u8>>> = Vec::with_capacity(k);
+        let mut sums_of_lost: Vec<Option<u32>> = vec![None; k];
+        for (j, copies) in map.data.iter().enumerate() {
+            let pick = |want: Verdict| {
+                copies.iter().find_map(|&b| match &read[b] {
+                    Some((bytes, _, v)) if *v == want => Some(bytes.clone()),
+                    _ => None,
+                })
+            };
+            let chosen = pick(Verdict::Good).or_else(|| pick(Verdict::NoSum));
+            if chosen.is_none() {
+                sums_of_lost[j] = copies.iter().find_map(|&b| match &read[b] {
+                    Some((_, sum, Verdict::Bad)) => Some(*sum),
+                    _ => None,
+                });
+            }
+            data.push(chosen);
+        }
+        if data.iter().any(|d| d.is_none()) {
+            if self.layout.level.parity_units() == 0 {
+                return None;
+            }
+            let mut units: Vec<Option<Vec<u8>>> = data.clone();
+            for &p in &map.parity {
+                units.push(match &read[p] {
+                    Some((bytes, _, v)) if *v != Verdict::Bad => Some(bytes.clone()),
+                    _ => None,
+                });
+            }
+            codec::recover(self.layout.level, &mut units).ok()?;
+            for j in 0..k {
+                if data[j].is_none() {
+                    let rebuilt = units[j].take()?;
+                    if sums_of_lost[j].is_some_and(|sum| unit_sum(&rebuilt) != sum) {
+                        return None;
+                    }
+                    data[j] = Some(rebuilt);
+                }
+            }
+        }
+        let data: Vec<Vec<u8>> = data.into_iter().collect::<Option<_>>()?;
+        let joined: Vec<u8> = data.concat();
+        let mut expected = vec![Vec::new(); self.members.len()];
+        for (b, bytes) in self.stripe_units(stripe, &joined).ok()? {
+            expected[b] = bytes;
+        }
+        Some(expected)
+    }
+
+    /// The place (directory) of branch `label`, for messages.
+    pub fn place_of(&self, label: &str) -> Option<String> {
+        self.index_of(label)
+            .map(|b| read_lock(&self.members[b].place).clone())
+    }
+
+    /// The health of branch `label`.
+    pub fn health_of(&self, label: &str) -> Option<Health> {
+        self.index_of(label).map(|b| self.members[b].health())
+    }
+}

@@ -1,0 +1,321 @@
+//! The branch pool device against a model (a plain byte vector): every
+//! level, staged and committed, with branches failing, replaced and
+//! rebuilt, and units corrupted then scrubbed; and the engine on top.
+
+use std::io;
+use std::sync::Arc;
+
+use grove_raif::branch_pool::{BranchDevice, Health, MemberDevices, MemberSpec};
+use grove_raif::Level;
+use grove_store::testing::{Fault, FaultyDevice};
+use grove_store::{BlockDevice, MemDevice, Pool, PoolOptions};
+
+const UNIT: u64 = 4096;
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// A branch in memory whose data device can be made to fail.
+struct TestBranch {
+    data: Arc<FaultyDevice<MemDevice>>,
+    journal: Arc<MemDevice>,
+    sums: Arc<MemDevice>,
+}
+
+impl TestBranch {
+    fn new() -> TestBranch {
+        TestBranch {
+            data: Arc::new(FaultyDevice::new(MemDevice::new())),
+            journal: Arc::new(MemDevice::new()),
+            sums: Arc::new(MemDevice::new()),
+        }
+    }
+
+    fn devices(&self) -> MemberDevices {
+        MemberDevices {
+            data: self.data.clone(),
+            journal: self.journal.clone(),
+            sums: self.sums.clone(),
+        }
+    }
+}
+
+fn width_of(level: Level) -> usize {
+    match level {
+        Level::Raif1 => 2,
+        Level::Raif0 | Level::Raif4 | Level::Raif5 => 4,
+        Level::Raif6 | Level::Raif10 => 4,
+    }
+}
+
+fn assemble(level: Level, branches: &[TestBranch], failed: &[usize]) -> io::Result<BranchDevice> {
+    let specs = branches
+        .iter()
+        .enumerate()
+        .map(|(i, b)| MemberSpec {
+            label: format!("b{i}"),
+            place: format!("memory {i}"),
+            devices: (!failed.contains(&i)).then(|| b.devices()),
+            health: Health::Healthy,
+        })
+        .collect();
+    BranchDevice::assemble(level, UNIT, specs, None)
+}
+
+fn random_writes(device: &BranchDevice, model: &mut [u8], rng: &mut Rng, count: usize) {
+    for _ in 0..count {
+        let len = 1 + rng.below(3 * UNIT) as usize;
+        let offset = rng.below(model.len() as u64 - len as u64);
+        let byte = rng.next() as u8;
+        let data: Vec<u8> = (0..len).map(|i| byte.wrapping_add(i as u8)).collect();
+        device.write_at(&data, offset).unwrap();
+        model[offset as usize..offset as usize + len].copy_from_slice(&data);
+        if rng.below(8) == 0 {
+            device.flush().unwrap();
+        }
+    }
+}
+
+fn assert_matches(device: &BranchDevice, model: &[u8], context: &str) {
+    let mut back = vec![0u8; model.len()];
+    device.read_at(&mut back, 0).unwrap();
+    let first_bad = back.iter().zip(model).position(|(a, b)| a != b);
+    assert!(
+        first_bad.is_none(),
+        "{context}: first difference at byte {first_bad:?}"
+    );
+}
+
+const LEVELS: [Level; 5] = [
+    Level::Raif0,
+    Level::Raif1,
+    Level::Raif5,
+    Level::Raif6,
+    Level::Raif10,
+];
+const DEVICE_BYTES: usize = 96 * UNIT as usize * 6;
+
+#[test]
+fn every_level_reads_back_what_was_written_staged_committed_and_reopened() {
+    for level in LEVELS {
+        let branches: Vec<TestBranch> = (0..width_of(level)).map(|_| TestBranch::new()).collect();
+        let device = assemble(level, &branches, &[])
+            .unwrap()
+            .with_staging_limit(64 * 1024);
+        device.set_len_bytes(DEVICE_BYTES as u64).unwrap();
+        let mut model = vec![0u8; DEVICE_BYTES];
+        let mut rng = Rng(0x5eed ^ level as u64);
+        random_writes(&device, &mut model, &mut rng, 300);
+        assert_matches(&device, &model, &format!("{level} before flush"));
+        device.flush().unwrap();
+        drop(device);
+        let device = assemble(level, &branches, &[]).unwrap();
+        assert!(device.len_bytes().unwrap() >= DEVICE_BYTES as u64);
+        assert_matches(&device, &model, &format!("{level} reopened"));
+    }
+}
+
+#[test]
+fn a_branch_that_fails_mid_way_leaves_every_redundant_level_readable_and_writable() {
+    for level in LEVELS.into_iter().filter(|&l| l != Level::Raif0) {
+        let branches: Vec<TestBranch> = (0..width_of(level)).map(|_| TestBranch::new()).collect();
+        let device = assemble(level, &branches, &[]).unwrap();
+        device.set_len_bytes(DEVICE_BYTES as u64).unwrap();
+        let mut model = vec![0u8; DEVICE_BYTES];
+        let mut rng = Rng(0xfa11 ^ level as u64);
+        random_writes(&device, &mut model, &mut rng, 100);
+        device.flush().unwrap();
+        // Every write to branch 1 fails from now on.
+        branches[1].data.arm(Fault::WriteEio, 0, true);
+        random_writes(&device, &mut model, &mut rng, 100);
+        device.flush().unwrap();
+        assert_matches(&device, &model, &format!("{level} degraded"));
+        assert_eq!(device.health_of("b1"), Some(Health::Failed), "{level}");
+        assert!(device.is_degraded());
+        // Opened again without the failed branch.
+        drop(device);
+        let device = assemble(level, &branches, &[1]).unwrap();
+        assert_matches(&device, &model, &format!("{level} reopened degraded"));
+    }
+}
+
+#[test]
+fn raif0_refuses_to_open_without_a_branch_and_raif5_without_two() {
+    let branches: Vec<TestBranch> = (0..4).map(|_| TestBranch::new()).collect();
+    let error = assemble(Level::Raif0, &branches, &[2]).err().unwrap();
+    assert!(
+        error.to_string().contains("cannot do without b2"),
+        "{error}"
+    );
+    let error = assemble(Level::Raif5, &branches, &[0, 3]).err().unwrap();
+    assert!(
+        error.to_string().contains("cannot do without b0, b3"),
+        "{error}"
+    );
+    assert!(assemble(Level::Raif6, &branches, &[0, 3]).is_ok());
+}
+
+#[test]
+fn a_replacement_is_rebuilt_byte_exact_and_then_carries_the_pool_alone() {
+    for level in LEVELS.into_iter().filter(|&l| l != Level::Raif0) {
+        let mut branches: Vec<TestBranch> =
+            (0..width_of(level)).map(|_| TestBranch::new()).collect();
+        let r = branches.len() - 1;
+        let label = format!("b{r}");
+        let device = assemble(level, &branches, &[r]).unwrap();
+        device.set_len_bytes(DEVICE_BYTES as u64).unwrap();
+        let mut model = vec![0u8; DEVICE_BYTES];
+        let mut rng = Rng(0xb1d ^ level as u64);
+        random_writes(&device, &mut model, &mut rng, 150);
+        device.flush().unwrap();
+        let fresh = TestBranch::new();
+        device
+            .replace(&label, "memory new".into(), fresh.devices())
+            .unwrap();
+        assert_eq!(device.health_of(&label), Some(Health::Rebuilding));
+        // Writes during the rebuild reach the replacement too.
+        random_writes(&device, &mut model, &mut rng, 20);
+        let mut seen = Vec::new();
+        let report = device
+            .rebuild(&label, &mut |done, total| seen.push((done, total)), &|| {
+                false
+            })
+            .unwrap();
+        assert_eq!(report.stripes, seen.last().unwrap().1);
+        assert_eq!(device.health_of(&label), Some(Health::Healthy));
+        random_writes(&device, &mut model, &mut rng, 20);
+        device.flush().unwrap();
+        branches[r] = fresh;
+        drop(device);
+        // The rebuilt branch with all but what the level needs gone.
+        let others: Vec<usize> = (0..branches.len())
+            .filter(|&b| b != r)
+            .take(level.tolerated_losses(branches.len()))
+            .collect();
+        let device = assemble(level, &branches, &others).unwrap();
+        assert_matches(&device, &model, &format!("{level} on the rebuilt branch"));
+        let clean = device.scrub(false, &mut |_, _| {}, &|| false).unwrap();
+        assert_eq!(clean.stripes_with_errors, 0, "{level}: {clean:?}");
+    }
+}
+
+#[test]
+fn replacing_a_branch_the_level_cannot_spare_is_refused() {
+    let branches: Vec<TestBranch> = (0..4).map(|_| TestBranch::new()).collect();
+    let device = assemble(Level::Raif5, &branches, &[1]).unwrap();
+    let error = device
+        .replace("b2", "memory".into(), TestBranch::new().devices())
+        .unwrap_err();
+    assert!(error.to_string().contains("cannot do without"), "{error}");
+    assert_eq!(device.health_of("b2"), Some(Health::Healthy));
+    let error = assemble(Level::Raif0, &branches, &[])
+        .unwrap()
+        .replace("b0", "memory".into(), TestBranch::new().devices())
+        .unwrap_err();
+    assert!(error.to_string().contains("no redundancy"), "{error}");
+}
+
+/// Flips a byte of branch `b`'s data file at `offset`.
+fn corrupt(branch: &TestBranch, offset: u64) {
+    let mut byte = [0u8];
+    branch.data.inner().read_at(&mut byte, offset).unwrap();
+    byte[0] ^= 0xff;
+    branch.data.inner().write_at(&byte, offset).unwrap();
+}
+
+#[test]
+fn scrub_finds_corruption_in_data_and_parity_and_repairs_it_by_checksum() {
+    for level in [Level::Raif1, Level::Raif5, Level::Raif6, Level::Raif10] {
+        let branches: Vec<TestBranch> = (0..width_of(level)).map(|_| TestBranch::new()).collect();
+        let device = assemble(level, &branches, &[]).unwrap();
+        device.set_len_bytes(DEVICE_BYTES as u64).unwrap();
+        let mut model = vec![0u8; DEVICE_BYTES];
+        let mut rng = Rng(0x5c4b ^ level as u64);
+        random_writes(&device, &mut model, &mut rng, 200);
+        device.write_at(&model, 0).unwrap();
+        device.flush().unwrap();
+        // Stripe 3's unit on branch 0 and stripe 10's on branch 1: data
+        // or parity, whichever the rotation put there.
+        corrupt(&branches[0], 3 * UNIT + 17);
+        corrupt(&branches[1], 10 * UNIT + 4000);
+        let found = device.scrub(false, &mut |_, _| {}, &|| false).unwrap();
+        assert_eq!(found.stripes_with_errors, 2, "{level}: {found:?}");
+        assert_eq!(found.bad_units.get("b0"), Some(&1), "{level}: {found:?}");
+        assert_eq!(found.bad_units.get("b1"), Some(&1), "{level}: {found:?}");
+        assert_eq!(found.repaired_units, 0);
+        let repaired = device.scrub(true, &mut |_, _| {}, &|| false).unwrap();
+        assert_eq!(repaired.repaired_units, 2, "{level}: {repaired:?}");
+        let again = device.scrub(false, &mut |_, _| {}, &|| false).unwrap();
+        assert_eq!(again.stripes_with_errors, 0, "{level}: {again:?}");
+        assert_matches(&device, &model, &format!("{level} after repair"));
+    }
+}
+
+#[test]
+fn a_mirror_copy_that_matches_its_checksum_wins_over_the_one_read_first() {
+    let branches: Vec<TestBranch> = (0..2).map(|_| TestBranch::new()).collect();
+    let device = assemble(Level::Raif1, &branches, &[]).unwrap();
+    let model = vec![0x42u8; 8 * UNIT as usize];
+    device.write_at(&model, 0).unwrap();
+    device.flush().unwrap();
+    // The first copy (branch 0) is the one a vote-free scrub would trust.
+    corrupt(&branches[0], 5 * UNIT);
+    let report = device.scrub(true, &mut |_, _| {}, &|| false).unwrap();
+    assert_eq!(report.bad_units.get("b0"), Some(&1), "{report:?}");
+    assert_eq!(report.bad_units.get("b1"), None, "{report:?}");
+    let mut byte = [0u8];
+    branches[0]
+        .data
+        .inner()
+        .read_at(&mut byte, 5 * UNIT)
+        .unwrap();
+    assert_eq!(byte[0], 0x42, "branch 0 repaired from branch 1");
+}
+
+#[test]
+fn the_engine_runs_on_a_branch_pool_and_survives_losing_a_branch() {
+    let branches: Vec<TestBranch> = (0..4).map(|_| TestBranch::new()).collect();
+    let device = Arc::new(assemble(Level::Raif5, &branches, &[]).unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let pool = Pool::format(device.clone(), &PoolOptions::default(), dir.path(), None).unwrap();
+    pool.create_volume("disk", 64 << 20).unwrap();
+    let data: Vec<u8> = (0..(8 << 20)).map(|i: u32| (i % 251) as u8).collect();
+    let volume = pool.volume("disk").unwrap();
+    volume.write_at(&data, 1 << 20).unwrap();
+    volume.flush().unwrap();
+    pool.snapshot("disk", "disk@1").unwrap();
+    volume.write_at(&[7u8; 4096], 1 << 20).unwrap();
+    volume.flush().unwrap();
+    drop(volume);
+    pool.close().unwrap();
+    drop(device);
+    let device = Arc::new(assemble(Level::Raif5, &branches, &[3]).unwrap());
+    let pool = Pool::open_device(device, dir.path(), None).unwrap();
+    let mut back = vec![0u8; data.len()];
+    pool.volume("disk@1")
+        .unwrap()
+        .read_at(&mut back, 1 << 20)
+        .unwrap();
+    assert!(
+        back == data,
+        "the snapshot reads back whole with branch 3 gone"
+    );
+    pool.volume("disk")
+        .unwrap()
+        .read_at(&mut back[..4096], 1 << 20)
+        .unwrap();
+    assert_eq!(&back[..4096], &[7u8; 4096][..]);
+    let report = pool.check(false).unwrap();
+    assert!(report.is_clean(), "{report:?}");
+}
