@@ -235,7 +235,10 @@ fn check_sectors(got: &[u8], durable: &[u8], volatile: &[&LoggedWrite], context:
                 && at + SECTOR <= w.offset + w.data.len()
                 && sector == &w.data[at - w.offset..at - w.offset + SECTOR]
         });
-        assert!(later, "{context}: sector {s} holds neither its durable content nor a later write");
+        assert!(
+            later,
+            "{context}: sector {s} holds neither its durable content nor a later write"
+        );
     }
 }
 
@@ -286,7 +289,8 @@ fn device_crash_states(level: Level, width: usize, seed: u64) -> usize {
                 let device = open_images(level, unit, &images, &lost);
                 let mut got = vec![0u8; size];
                 device.read_at(&mut got, 0).unwrap();
-                let context = format!("{level} crash at op {position} (fates {mode}, lost {lost:?})");
+                let context =
+                    format!("{level} crash at op {position} (fates {mode}, lost {lost:?})");
                 check_sectors(&got, &durable, &volatile, &context);
                 checked += 1;
             }
@@ -361,7 +365,8 @@ fn the_engine_on_a_branch_pool_keeps_its_contract_through_crashes_and_a_lost_bra
             pool.snapshot("v", &format!("v@{round}")).unwrap();
         }
         if round % 3 == 2 && round > 3 {
-            pool.remove(&format!("v@{}", round - 4), Default::default()).unwrap();
+            pool.remove(&format!("v@{}", round - 4), Default::default())
+                .unwrap();
         }
     }
     let end = recording.position();
@@ -374,10 +379,11 @@ fn the_engine_on_a_branch_pool_keeps_its_contract_through_crashes_and_a_lost_bra
         let (durable, volatile) = allowed(size, &writes, &flushes, position);
         for mode in [0, 1, 2] {
             let images = recording.images(position, mode, &mut fates);
-            for lost in [vec![], vec![(position % width as usize) as usize]] {
+            for lost in [vec![], vec![position % width]] {
                 let device = Arc::new(open_images(level, unit, &images, &lost));
                 let dir = tempfile::tempdir().unwrap();
-                let context = format!("engine crash at op {position} (fates {mode}, lost {lost:?})");
+                let context =
+                    format!("engine crash at op {position} (fates {mode}, lost {lost:?})");
                 let pool = Pool::open_device(device, dir.path(), None)
                     .unwrap_or_else(|e| panic!("{context}: {e}"));
                 let report = pool.check(false).unwrap();

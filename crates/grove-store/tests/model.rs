@@ -47,6 +47,28 @@ use grove_store::{
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
 
+/// How the model's pool is made and opened again: a pool in a directory
+/// by default. grove-raif's `branch_model` test includes this file and
+/// puts a pool over branch devices here, so that one model referees both.
+#[derive(Clone, Copy)]
+pub struct PoolHost {
+    pub create: fn(&Path, &PoolOptions) -> grove_store::Result<Pool>,
+    pub open: fn(&Path) -> grove_store::Result<Pool>,
+}
+
+thread_local! {
+    pub static POOL_HOST: Cell<PoolHost> = const {
+        Cell::new(PoolHost {
+            create: Pool::create,
+            open: Pool::open,
+        })
+    };
+}
+
+fn pool_host() -> PoolHost {
+    POOL_HOST.with(|host| host.get())
+}
+
 const BLOCK_SIZE_BYTES: u32 = 1024;
 const BLOCK: u64 = BLOCK_SIZE_BYTES as u64;
 /// A small journal, so that checkpoints and journal wrap-around happen
@@ -777,7 +799,7 @@ fn expect_kind<T: std::fmt::Debug>(
 impl Harness {
     fn new(dir: &Path) -> Harness {
         let path = dir.join("pool");
-        let pool = Pool::create(&path, &options()).expect("create pool");
+        let pool = (pool_host().create)(&path, &options()).expect("create pool");
         // The smallest metadata cache, so that nodes are evicted and read
         // again all the time.
         pool.set_cache_size(SMALL_CACHE_BYTES);
@@ -1824,7 +1846,7 @@ impl Harness {
         } else {
             drop(pool);
         }
-        let pool = Pool::open(&self.path).map_err(fail("reopen"))?;
+        let pool = (pool_host().open)(&self.path).map_err(fail("reopen"))?;
         pool.set_cache_size(SMALL_CACHE_BYTES);
         let report = pool.check(false).map_err(fail("check"))?;
         prop_assert!(
@@ -2089,6 +2111,11 @@ const COVERAGE_ROUNDS_MAX: u32 = 4;
 
 #[test]
 fn engine_matches_the_model() {
+    run_model();
+}
+
+/// The model's proptest run, with coverage checked (see the constants).
+pub fn run_model() {
     let config = Config {
         cases: cases(),
         source_file: Some(file!()),
