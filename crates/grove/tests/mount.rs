@@ -1014,7 +1014,8 @@ fn map_shared(file: &std::fs::File, len: usize) -> rustix::io::Result<*mut u8> {
 
 /// Programs that map their disk images need shared mappings of volume
 /// files: they failed with ENODEV (direct I/O). Bytes written through the
-/// mapping and msync'ed reach the volume: another mount reads them.
+/// mapping and msync'ed are durable: after a kill -9 of the mount (the
+/// mapping still there), another mount reads them.
 #[test]
 fn a_volume_file_maps_shared_and_msync_makes_writes_durable() {
     require!("timeout");
@@ -1034,10 +1035,18 @@ fn a_volume_file_maps_shared_and_msync_makes_writes_durable() {
     unsafe {
         std::ptr::copy_nonoverlapping(data.as_ptr(), ptr, MAP_BYTES);
         rustix::mm::msync(ptr.cast(), MAP_BYTES, rustix::mm::MsyncFlags::SYNC).unwrap();
-        rustix::mm::munmap(ptr.cast(), MAP_BYTES).unwrap();
     }
+    // Durable on msync, not on a clean unmount: the mount is killed while
+    // the mapping is still there, so nothing but the msync wrote it back.
+    let mut grove = grove;
+    let mut child = grove.child.take().expect("a foreground mount");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // SAFETY: the mapping from above, not used after this.
+    unsafe { rustix::mm::munmap(ptr.cast(), MAP_BYTES).unwrap() };
     drop(file);
-    grove.unmount(&pool);
+    drop(grove);
+    wait_until("the killed mount is gone", || !is_mounted(&mountpoint));
     let grove = GroveMount::foreground(&pool, &mountpoint);
     let mut back = vec![0u8; MAP_BYTES];
     std::fs::File::open(grove.file("disk"))

@@ -153,14 +153,29 @@ pub fn sidecar_path(root: &Path, rel: &Path) -> PathBuf {
     meta_dir(root, rel).join(rel.file_name().unwrap_or_default())
 }
 
-/// Where format 1 kept the sidecar: `DIR/.grove-raif.NAME`.
-pub fn legacy_sidecar_path(root: &Path, rel: &Path) -> PathBuf {
+/// Where format 1 kept the sidecar: `DIR/.grove-raif.NAME`. None for the
+/// names `tmp` and `links` at the root, where that path is grove's own
+/// [`WORK_DIR`] or [`LINKS_DIR`] (a directory: reading or removing it as a
+/// sidecar failed with EISDIR, so no file of those names could be made).
+pub fn legacy_sidecar_path(root: &Path, rel: &Path) -> Option<PathBuf> {
     let name = rel
         .file_name()
         .map(|n| n.to_string_lossy())
         .unwrap_or_default();
-    root.join(rel.parent().unwrap_or(Path::new("")))
-        .join(format!("{RESERVED_PREFIX}{name}"))
+    let legacy = format!("{RESERVED_PREFIX}{name}");
+    let parent = rel.parent().unwrap_or(Path::new(""));
+    if parent.as_os_str().is_empty() && [WORK_DIR, LINKS_DIR].contains(&legacy.as_str()) {
+        return None;
+    }
+    Some(root.join(parent).join(legacy))
+}
+
+/// Removes a format 1 sidecar of `rel`, if it has one.
+fn remove_legacy(root: &Path, rel: &Path) -> std::io::Result<()> {
+    match legacy_sidecar_path(root, rel).map(std::fs::remove_file) {
+        Some(Err(e)) if !absent(&e) => Err(e),
+        _ => Ok(()),
+    }
 }
 
 /// Whether an error on a path means there is nothing there: not found, or
@@ -271,10 +286,7 @@ fn write_sidecar_text(root: &Path, rel: &Path, text: &str, durable: bool) -> std
         durable,
     )?;
     // A format 1 sidecar would hide a later removal of this one.
-    match std::fs::remove_file(legacy_sidecar_path(root, rel)) {
-        Err(e) if !absent(&e) => Err(e),
-        _ => Ok(()),
-    }
+    remove_legacy(root, rel)
 }
 
 /// Removes a file's sidecar (either format) and its [`META_DIR`] if that
@@ -285,7 +297,7 @@ pub fn remove(root: &Path, rel: &Path) -> std::io::Result<()> {
         other => other,
     };
     gone(std::fs::remove_file(sidecar_path(root, rel)))?;
-    gone(std::fs::remove_file(legacy_sidecar_path(root, rel)))?;
+    remove_legacy(root, rel)?;
     // Fails while other sidecars live there, as it should.
     let _ = std::fs::remove_dir(meta_dir(root, rel));
     Ok(())
@@ -297,7 +309,10 @@ pub fn read(root: &Path, rel: &Path) -> std::io::Result<Option<Sidecar>> {
     let mut path = sidecar_path(root, rel);
     let file = match std::fs::File::open(&path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            path = legacy_sidecar_path(root, rel);
+            let Some(legacy) = legacy_sidecar_path(root, rel) else {
+                return Ok(None);
+            };
+            path = legacy;
             match std::fs::File::open(&path) {
                 Err(e) if absent(&e) => return Ok(None),
                 other => other?,
@@ -447,11 +462,34 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let rel = Path::new("f");
         let text = toml::to_string(&sample(5)).unwrap();
-        std::fs::write(legacy_sidecar_path(dir.path(), rel), text).unwrap();
+        let legacy = legacy_sidecar_path(dir.path(), rel).unwrap();
+        std::fs::write(&legacy, text).unwrap();
         assert_eq!(whole(read(dir.path(), rel)).size_bytes, 5);
         write(dir.path(), rel, &sample(6), false).unwrap();
-        assert!(!legacy_sidecar_path(dir.path(), rel).exists());
+        assert!(!legacy.exists());
         assert_eq!(whole(read(dir.path(), rel)).size_bytes, 6);
+    }
+
+    /// Files named `tmp` and `links` at the root: format 1's sidecar path
+    /// of those names is grove's work directory or link record directory,
+    /// which must be neither read nor removed as a sidecar (creating such
+    /// a file failed with EISDIR). In a subdirectory they are plain names.
+    #[test]
+    fn files_named_like_groves_own_directories_have_sidecars() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join(WORK_DIR)).unwrap();
+        std::fs::create_dir(dir.path().join(LINKS_DIR)).unwrap();
+        std::fs::create_dir(dir.path().join("d")).unwrap();
+        for (i, rel) in ["tmp", "links", "d/tmp", "d/links"].iter().enumerate() {
+            let rel = Path::new(rel);
+            assert!(read(dir.path(), rel).unwrap().is_none(), "{rel:?}");
+            write(dir.path(), rel, &sample(i as u64), true).unwrap();
+            assert_eq!(whole(read(dir.path(), rel)).size_bytes, i as u64);
+            remove(dir.path(), rel).unwrap();
+            assert!(read(dir.path(), rel).unwrap().is_none(), "{rel:?}");
+        }
+        assert!(dir.path().join(WORK_DIR).is_dir());
+        assert!(dir.path().join(LINKS_DIR).is_dir());
     }
 
     use super::*;
