@@ -319,3 +319,140 @@ fn the_engine_runs_on_a_branch_pool_and_survives_losing_a_branch() {
     let report = pool.check(false).unwrap();
     assert!(report.is_clean(), "{report:?}");
 }
+
+/// A device whose reads take `delay` longer: a slow disk.
+struct Slow {
+    inner: MemDevice,
+    delay: std::time::Duration,
+}
+
+impl BlockDevice for Slow {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        std::thread::sleep(self.delay);
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+    fn len_bytes(&self) -> io::Result<u64> {
+        self.inner.len_bytes()
+    }
+    fn set_len_bytes(&self, len_bytes: u64) -> io::Result<()> {
+        self.inner.set_len_bytes(len_bytes)
+    }
+    fn describe(&self) -> String {
+        "slow memory".into()
+    }
+}
+
+#[test]
+fn mirrored_reads_go_mostly_to_the_faster_branch() {
+    let slow = MemberDevices {
+        data: Arc::new(Slow {
+            inner: MemDevice::new(),
+            delay: std::time::Duration::from_millis(2),
+        }),
+        journal: Arc::new(MemDevice::new()),
+        sums: Arc::new(MemDevice::new()),
+    };
+    let fast = TestBranch::new();
+    let specs = vec![
+        MemberSpec {
+            label: "b0".into(),
+            place: "slow".into(),
+            devices: Some(slow),
+            health: Health::Healthy,
+        },
+        MemberSpec {
+            label: "b1".into(),
+            place: "fast".into(),
+            devices: Some(fast.devices()),
+            health: Health::Healthy,
+        },
+    ];
+    let device = BranchDevice::assemble(Level::Raif1, UNIT, specs, None).unwrap();
+    let model: Vec<u8> = (0..64 * UNIT).map(|i| (i / 7) as u8).collect();
+    device.write_at(&model, 0).unwrap();
+    device.flush().unwrap();
+    let mut rng = Rng(3);
+    let mut buf = vec![0u8; UNIT as usize];
+    for _ in 0..400 {
+        let unit = rng.below(64);
+        device.read_at(&mut buf, unit * UNIT).unwrap();
+        assert_eq!(
+            buf[..],
+            model[(unit * UNIT) as usize..((unit + 1) * UNIT) as usize]
+        );
+    }
+    let balance = device.read_balance();
+    let (slow_reads, fast_reads) = (balance[0].0, balance[1].0);
+    assert!(
+        slow_reads >= 1,
+        "the slow branch is still measured: {balance:?}"
+    );
+    assert!(
+        slow_reads * 10 < fast_reads,
+        "the slow branch got {slow_reads} reads, the fast one {fast_reads}"
+    );
+}
+
+#[test]
+fn threads_writing_interleaved_blocks_of_shared_stripes_lose_nothing() {
+    const THREADS: u64 = 4;
+    const BLOCKS: u64 = 96;
+    for level in [Level::Raif5, Level::Raif6, Level::Raif10] {
+        let branches: Vec<TestBranch> = (0..width_of(level)).map(|_| TestBranch::new()).collect();
+        let device = Arc::new(
+            assemble(level, &branches, &[])
+                .unwrap()
+                .with_staging_limit(48 * 1024),
+        );
+        device.set_len_bytes(BLOCKS * UNIT).unwrap();
+        let workers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let device = device.clone();
+                std::thread::spawn(move || {
+                    let mut rng = Rng(0x7ead + t);
+                    let mut mine = vec![0u8; BLOCKS as usize];
+                    for round in 0..200u32 {
+                        // Thread t owns the blocks b with b % THREADS == t:
+                        // neighbours in every stripe belong to the others.
+                        let b = rng.below(BLOCKS / THREADS) * THREADS + t;
+                        let byte = (round % 250) as u8 + 1;
+                        device
+                            .write_at(&vec![byte; UNIT as usize], b * UNIT)
+                            .unwrap();
+                        mine[b as usize] = byte;
+                        if rng.below(10) == 0 {
+                            device.flush().unwrap();
+                        }
+                        let check = rng.below(BLOCKS / THREADS) * THREADS + t;
+                        let mut buf = vec![0u8; UNIT as usize];
+                        device.read_at(&mut buf, check * UNIT).unwrap();
+                        assert!(
+                            buf.iter().all(|&x| x == mine[check as usize]),
+                            "{level}: thread {t} block {check}"
+                        );
+                    }
+                    mine
+                })
+            })
+            .collect();
+        let owned: Vec<Vec<u8>> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+        device.flush().unwrap();
+        drop(device);
+        let device = assemble(level, &branches, &[0]).unwrap();
+        for b in 0..BLOCKS {
+            let mut buf = vec![0u8; UNIT as usize];
+            device.read_at(&mut buf, b * UNIT).unwrap();
+            let want = owned[(b % THREADS) as usize][b as usize];
+            assert!(
+                buf.iter().all(|&x| x == want),
+                "{level}: block {b} after reopen"
+            );
+        }
+    }
+}
