@@ -111,6 +111,27 @@ impl Recording {
         self.order.lock().unwrap().len()
     }
 
+    /// A branch's worth of new recorded devices (a replacement), appended
+    /// after the others: its files are devices `first..first + FILES`.
+    fn add_branch(&mut self) -> (usize, MemberDevices) {
+        let first = self.devices.len();
+        for id in first..first + FILES {
+            self.devices.push(Arc::new(Ordered {
+                id,
+                inner: CrashDevice::new(),
+                order: self.order.clone(),
+            }));
+            self.bases.push(Vec::new());
+        }
+        let files = &self.devices[first..];
+        let devices = MemberDevices {
+            data: files[0].clone(),
+            journal: files[1].clone(),
+            sums: files[2].clone(),
+        };
+        (first, devices)
+    }
+
     fn specs(&self) -> Vec<MemberSpec> {
         self.devices
             .chunks(FILES)
@@ -158,6 +179,7 @@ impl Recording {
 fn open_images(level: Level, unit: u64, images: &[Vec<u8>], lost: &[usize]) -> BranchDevice {
     let specs = images
         .chunks(FILES)
+        .take(images.len() / FILES)
         .enumerate()
         .map(|(b, files)| MemberSpec {
             label: format!("b{b}"),
@@ -397,4 +419,123 @@ fn the_engine_on_a_branch_pool_keeps_its_contract_through_crashes_and_a_lost_bra
     }
     eprintln!("engine on a branch pool: {checked} crash states checked");
     assert!(checked >= 200, "only {checked}");
+}
+
+/// Operations after a change of the journal's branches whose every crash
+/// point is checked.
+const AFTER_A_CHANGE_OPS: usize = 24;
+
+/// A crash anywhere around a branch's failure and its rebuild: branch 0
+/// is failed after a third of the writes (the journals move to other
+/// branches), replaced by a fresh branch and rebuilt after two thirds
+/// (they move back), while writes and flushes go on. Each image is
+/// opened as the identity files would have it: branch 0 lost from its
+/// failure until the replacement's rebuild ended, then the replacement in
+/// its place; and again with one more branch lost where the level allows.
+fn crash_states_around_a_rebuild(level: Level, width: usize, seed: u64) -> usize {
+    let unit = 1024u64;
+    let mut recording = Recording::new(width);
+    let device = BranchDevice::assemble(level, unit, recording.specs(), None)
+        .unwrap()
+        .with_staging_limit(8 * 1024);
+    let stripes = 24u64;
+    let size = (stripes * unit * level.data_units(width) as u64) as usize;
+    device.set_len_bytes(size as u64).unwrap();
+    let mut rng = Rng(seed);
+    let mut writes = Vec::new();
+    let mut flushes = Vec::new();
+    let start = recording.position();
+    let (mut failed_at, mut rebuilt_at, mut replacement) = (usize::MAX, usize::MAX, 0);
+    const WRITES: usize = 24;
+    for i in 0..WRITES {
+        if i == WRITES / 3 {
+            device.fail_branch("b0", "taken out by the test").unwrap();
+            failed_at = recording.position();
+        }
+        if i == 2 * WRITES / 3 {
+            let (first, devices) = recording.add_branch();
+            replacement = first;
+            device.replace("b0", "replacement".into(), devices).unwrap();
+            device.rebuild("b0", &mut |_, _| {}, &|| false).unwrap();
+            rebuilt_at = recording.position();
+        }
+        let sectors = 1 + rng.below(8) as usize;
+        let offset = rng.below((size / SECTOR - sectors) as u64) as usize * SECTOR;
+        let data: Vec<u8> = (0..sectors * SECTOR).map(|_| rng.next() as u8).collect();
+        writes.push(LoggedWrite {
+            at: recording.position(),
+            offset,
+            data: data.clone(),
+        });
+        device.write_at(&data, offset as u64).unwrap();
+        if rng.below(3) == 0 {
+            let started = recording.position();
+            device.flush().unwrap();
+            flushes.push(LoggedFlush {
+                started,
+                done: recording.position(),
+            });
+        }
+    }
+    let end = recording.position();
+    let mut checked = 0;
+    let mut fates = Rng(seed ^ 0xbeef);
+    let step = ((end - start) / DEVICE_CRASH_POINTS).max(1);
+    // Every point of the first commits after a change of the journal's
+    // branches (the failure, the rebuild), with more torn draws: where an
+    // old journal left on a branch that no longer gets them would be
+    // replayed if the change did not empty it.
+    let mut positions: Vec<(usize, u64)> = (start..=end).step_by(step).map(|p| (p, 3)).collect();
+    for changed in [failed_at, rebuilt_at] {
+        positions.extend((changed..(changed + AFTER_A_CHANGE_OPS).min(end)).map(|p| (p, 4)));
+    }
+    positions.sort_unstable();
+    for (position, modes) in positions {
+        let (durable, volatile) = allowed(size, &writes, &flushes, position);
+        for mode in 0..modes {
+            let mut images = recording.images(position, mode, &mut fates);
+            let replaced = position > rebuilt_at;
+            if replaced {
+                let new_files: Vec<Vec<u8>> = images.drain(replacement..).collect();
+                images.splice(0..FILES, new_files);
+            }
+            images.truncate(width * FILES);
+            let branch0_lost = position > failed_at && !replaced;
+            let mut variants: Vec<Vec<usize>> = vec![if branch0_lost { vec![0] } else { vec![] }];
+            let spare = level.tolerated_losses(width) - usize::from(branch0_lost);
+            if spare >= 1 {
+                for b in 1..width {
+                    let mut lost = variants[0].clone();
+                    lost.push(b);
+                    variants.push(lost);
+                }
+            }
+            for lost in variants {
+                let device = open_images(level, unit, &images, &lost);
+                let mut got = vec![0u8; size];
+                device.read_at(&mut got, 0).unwrap();
+                let context = format!(
+                    "{level} crash at op {position} around a rebuild (fates {mode}, lost {lost:?})"
+                );
+                check_sectors(&got, &durable, &volatile, &context);
+                checked += 1;
+            }
+        }
+    }
+    checked
+}
+
+#[test]
+fn a_crash_anywhere_around_a_branch_failure_and_its_rebuild_reads_old_or_new() {
+    let mut total = 0;
+    for (level, width) in [
+        (Level::Raif1, 2),
+        (Level::Raif5, 4),
+        (Level::Raif6, 5),
+        (Level::Raif10, 4),
+    ] {
+        total += crash_states_around_a_rebuild(level, width, 0x4242 + width as u64);
+    }
+    eprintln!("branch pool around a rebuild: {total} crash states checked");
+    assert!(total > 1_000, "only {total} crash states");
 }

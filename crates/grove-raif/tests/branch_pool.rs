@@ -456,3 +456,31 @@ fn threads_writing_interleaved_blocks_of_shared_stripes_lose_nothing() {
         }
     }
 }
+
+#[test]
+fn a_clean_close_leaves_nothing_to_replay_and_a_crash_leaves_the_last_commit() {
+    let branches: Vec<TestBranch> = (0..4).map(|_| TestBranch::new()).collect();
+    let device = assemble(Level::Raif5, &branches, &[]).unwrap();
+    device.write_at(&[9u8; 8192], 0).unwrap();
+    device.flush().unwrap();
+    let journal_of = |b: &TestBranch| {
+        let mut header = vec![0u8; grove_raif::branch_pool::journal::HEADER_BYTES];
+        b.journal.read_at(&mut header, 0).unwrap();
+        grove_raif::branch_pool::journal::decode_header(&header, UNIT as usize, 3)
+            .map(|(_, total)| total > grove_raif::branch_pool::journal::HEADER_BYTES)
+    };
+    // A crash now (the device forgotten, not dropped) finds the commit.
+    assert_eq!(journal_of(&branches[0]), Ok(true));
+    drop(device);
+    for b in &branches {
+        assert_eq!(
+            journal_of(b),
+            Ok(false),
+            "a clean close empties every journal"
+        );
+    }
+    let device = assemble(Level::Raif5, &branches, &[]).unwrap();
+    let mut back = vec![0u8; 8192];
+    device.read_at(&mut back, 0).unwrap();
+    assert_eq!(back, vec![9u8; 8192]);
+}

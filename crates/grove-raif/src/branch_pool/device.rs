@@ -157,6 +157,10 @@ struct Staging {
 
 struct CommitState {
     next_sequence: u64,
+    /// The branches the last journal went to. Every other healthy branch
+    /// holds an empty journal, so that replay never finds an old one
+    /// there: when the set changes, every healthy branch is emptied first.
+    journal_set: Vec<usize>,
 }
 
 /// The pool's device over its branches.
@@ -260,7 +264,10 @@ impl BranchDevice {
             staging: Mutex::new(Staging::default()),
             staging_limit_bytes: STAGING_LIMIT_BYTES,
             gate: RwLock::new(()),
-            commits: Mutex::new(CommitState { next_sequence: 1 }),
+            commits: Mutex::new(CommitState {
+                next_sequence: 1,
+                journal_set: Vec::new(),
+            }),
             membership_dirty: AtomicBool::new(false),
             recorder,
         };
@@ -521,6 +528,11 @@ impl BranchDevice {
         staged: &BTreeMap<u64, Vec<u8>>,
     ) -> io::Result<()> {
         if !staged.is_empty() {
+            let set = self.journal_set();
+            if set != commits.journal_set {
+                self.empty_journals(commits)?;
+                commits.journal_set = set.clone();
+            }
             let sequence = commits.next_sequence;
             commits.next_sequence += 1;
             let bytes = journal::encode(
@@ -529,27 +541,50 @@ impl BranchDevice {
                 self.layout.data_units(),
                 staged,
             );
-            self.write_journals(&bytes)?;
+            self.write_journals(&bytes, &set)?;
             let _gate = write_lock(&self.gate);
             self.write_home(staged)?;
         }
         self.sync_members()
     }
 
-    /// The journal on every healthy branch, synced. One copy is enough to
-    /// replay, so only a journal no branch took fails the commit.
-    fn write_journals(&self, bytes: &[u8]) -> io::Result<()> {
+    /// Where journals go: the first healthy branches, one more than the
+    /// level survives losing, so that a copy outlives any loss the level
+    /// can take.
+    fn journal_set(&self) -> Vec<usize> {
+        let copies = self.layout.level.tolerated_losses(self.members.len()) + 1;
+        (0..self.members.len())
+            .filter(|&b| self.members[b].health() == Health::Healthy)
+            .take(copies)
+            .collect()
+    }
+
+    /// An empty journal with the next sequence on every healthy branch.
+    fn empty_journals(&self, commits: &mut CommitState) -> io::Result<()> {
+        let empty = journal::encode(
+            commits.next_sequence,
+            self.layout.stripe_unit_bytes as usize,
+            self.layout.data_units(),
+            &BTreeMap::new(),
+        );
+        commits.next_sequence += 1;
+        let healthy: Vec<usize> = (0..self.members.len())
+            .filter(|&b| self.members[b].health() == Health::Healthy)
+            .collect();
+        self.write_journals(&empty, &healthy)
+    }
+
+    /// The journal on the branches `set`, synced, each branch on its own
+    /// thread (branches are separate disks). One copy is enough to replay,
+    /// so only a journal no branch took fails the commit.
+    fn write_journals(&self, bytes: &[u8], set: &[usize]) -> io::Result<()> {
+        let results = self.on_each(set, |_, devices| {
+            devices.journal.write_at(bytes, 0)?;
+            devices.journal.flush()
+        });
         let mut written = 0;
         let mut last_error = None;
-        for (b, member) in self.members.iter().enumerate() {
-            if member.health() != Health::Healthy {
-                continue;
-            }
-            let result = member.devices().and_then(|d| {
-                d.journal
-                    .write_at(bytes, 0)
-                    .and_then(|()| d.journal.flush())
-            });
+        for (b, result) in results {
             match result {
                 Ok(()) => written += 1,
                 Err(e) => {
@@ -562,6 +597,42 @@ impl BranchDevice {
             return Err(last_error.unwrap_or_else(|| io::Error::other("no healthy branch")));
         }
         self.check_survives()
+    }
+
+    /// Runs `work` for each branch of `set` at once, one thread each, and
+    /// gives back each branch's result.
+    fn on_each<F>(&self, set: &[usize], work: F) -> Vec<(usize, io::Result<()>)>
+    where
+        F: Fn(usize, &MemberDevices) -> io::Result<()> + Sync,
+    {
+        if set.len() <= 1 {
+            return set
+                .iter()
+                .map(|&b| (b, self.members[b].devices().and_then(|d| work(b, &d))))
+                .collect();
+        }
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = set
+                .iter()
+                .map(|&b| {
+                    let work = &work;
+                    let member = &self.members[b];
+                    (
+                        b,
+                        scope.spawn(move || member.devices().and_then(|d| work(b, &d))),
+                    )
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|(b, handle)| {
+                    let result = handle
+                        .join()
+                        .unwrap_or_else(|_| Err(io::Error::other("branch I/O thread panicked")));
+                    (b, result)
+                })
+                .collect()
+        })
     }
 
     /// Writes whole stripes home with their parity, mirrors and sums: one
@@ -601,14 +672,13 @@ impl BranchDevice {
                     .copy_from_slice(&sum);
             }
         }
-        for (b, member) in self.members.iter().enumerate() {
-            if member.health() == Health::Failed {
-                continue;
-            }
-            let result = member.devices().and_then(|d| {
-                d.data.write_at(&units[b], first * unit as u64)?;
-                d.sums.write_at(&sums[b], first * SUM_BYTES)
-            });
+        let written: Vec<usize> = (0..width)
+            .filter(|&b| self.members[b].health() != Health::Failed)
+            .collect();
+        for (b, result) in self.on_each(&written, |b, d| {
+            d.data.write_at(&units[b], first * unit as u64)?;
+            d.sums.write_at(&sums[b], first * SUM_BYTES)
+        }) {
             if let Err(e) = result {
                 self.mark_failed(b, &e);
             }
@@ -638,13 +708,13 @@ impl BranchDevice {
 
     /// Syncs every branch that is written (data and sums).
     fn sync_members(&self) -> io::Result<()> {
-        for (b, member) in self.members.iter().enumerate() {
-            if member.health() == Health::Failed {
-                continue;
-            }
-            let result = member
-                .devices()
-                .and_then(|d| d.data.flush().and_then(|()| d.sums.flush()));
+        let written: Vec<usize> = (0..self.members.len())
+            .filter(|&b| self.members[b].health() != Health::Failed)
+            .collect();
+        for (b, result) in self.on_each(&written, |_, d| {
+            d.data.flush()?;
+            d.sums.flush()
+        }) {
             if let Err(e) = result {
                 self.mark_failed(b, &e);
             }
@@ -703,16 +773,36 @@ impl BranchDevice {
                 self.write_home(&found.stripes)?;
             }
             self.sync_members()?;
-            let empty = journal::encode(highest_sequence + 1, unit, k, &BTreeMap::new());
-            self.write_journals(&empty)?;
         }
-        commits.next_sequence = highest_sequence + 2;
+        // The first commit empties every healthy branch's journal before it
+        // writes its own (its set differs from this empty one), so the
+        // journal just replayed is never replayed again over newer data.
+        commits.next_sequence = highest_sequence + 1;
+        commits.journal_set = Vec::new();
         Ok(())
     }
 
     /// Logical bytes a branch data file of `component_bytes` holds.
     fn logical_bytes(&self, component_bytes: u64) -> u64 {
         component_bytes / self.layout.stripe_unit_bytes * self.stripe_bytes()
+    }
+}
+
+/// A clean shutdown leaves empty journals behind, so that the next open
+/// replays nothing; after a crash the last journal is still there and is
+/// replayed. Best effort: a failure here only costs that replay.
+impl Drop for BranchDevice {
+    fn drop(&mut self) {
+        if !self.is_staged() || !lock(&self.staging).pending.is_empty() {
+            return;
+        }
+        let mut commits = lock(&self.commits);
+        if commits.journal_set.is_empty() {
+            return;
+        }
+        if let Err(e) = self.empty_journals(&mut commits) {
+            tracing::debug!("branch pool: journals not emptied at close: {e}");
+        }
     }
 }
 
