@@ -223,12 +223,15 @@ pub fn rebuild(
     let job = branches.start_job(format!("rebuild of {label} into {}", to.display()))?;
     let (devices, lock) =
         members::prepare_replacement(&branch_config, label, &to).map_err(branch_error)?;
+    let before = config.clone();
     branch_config.member[index].dir = to.clone();
     config.branches = Some(branch_config.to_table());
     config.save(dir)?;
-    device
-        .replace(label, to.display().to_string(), devices)
-        .map_err(io_failure)?;
+    if let Err(e) = device.replace(label, to.display().to_string(), devices) {
+        // The device goes on with the branch where it was: so must grove.toml.
+        before.save(dir)?;
+        return Err(io_failure(e));
+    }
     branches.hold(lock);
     tracing::info!("branch {label}: rebuilding into {}", to.display());
     let report: RebuildReport = device

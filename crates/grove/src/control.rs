@@ -487,17 +487,19 @@ fn execute(opened: &OpenedPool, request: Request, stopping: &AtomicBool) -> Repl
             capacity_bytes,
         } => reply(Admin::set_space(pool, &settings, capacity_bytes)),
         Request::Branches => reply(opened.branch_report()),
-        Request::Rebuild { label, to, force } => reply(with_branches(opened, |branches| {
-            crate::branches::rebuild(branches, &label, &to, force, &mut |_, _| {}, &|| {
-                stopping.load(Ordering::SeqCst)
-            })
-        })),
-        Request::Scrub { repair } => reply(with_branches(opened, |branches| {
+        Request::Rebuild { label, to, force } => {
+            reply(with_branches(opened, stopping, |branches| {
+                crate::branches::rebuild(branches, &label, &to, force, &mut |_, _| {}, &|| {
+                    stopping.load(Ordering::SeqCst)
+                })
+            }))
+        }
+        Request::Scrub { repair } => reply(with_branches(opened, stopping, |branches| {
             crate::branches::scrub(branches, repair, &mut |_, _| {}, &|| {
                 stopping.load(Ordering::SeqCst)
             })
         })),
-        Request::FailBranch { label } => reply(with_branches(opened, |branches| {
+        Request::FailBranch { label } => reply(with_branches(opened, stopping, |branches| {
             crate::branches::fail(branches, &label)
         })),
         Request::Receive { .. } | Request::Send { .. } => Reply::Error {
@@ -511,13 +513,26 @@ fn execute(opened: &OpenedPool, request: Request, stopping: &AtomicBool) -> Repl
 /// A job the daemon's shutdown stopped says so.
 fn with_branches<T>(
     opened: &OpenedPool,
+    stopping: &AtomicBool,
     job: impl FnOnce(&crate::open::Branches) -> grove_store::Result<T>,
 ) -> grove_store::Result<T> {
     let branches = opened
         .branches
         .as_deref()
         .ok_or_else(|| crate::open::not_a_branch_pool(opened.pool.dir()))?;
-    job(branches)
+    job(branches).map_err(|e| {
+        if stopping.load(Ordering::SeqCst) {
+            Error::new(
+                e.kind(),
+                format!(
+                    "the daemon is shutting down: {} (run it again once the pool is open again)",
+                    e.message()
+                ),
+            )
+        } else {
+            e
+        }
+    })
 }
 
 /// The reply to a command-level result (an anyhow error's whole chain).
