@@ -837,7 +837,13 @@ fn serve_connection(stream: UnixStream, opened: &OpenedPool, stopping: &AtomicBo
                     return;
                 }
                 Ok(request) => {
-                    tracing::info!(?request, "control request");
+                    // A rebuild's or scrub's progress is polled several
+                    // times a second: not worth a log line each.
+                    if matches!(request, Request::Branches) {
+                        tracing::debug!(?request, "control request");
+                    } else {
+                        tracing::info!(?request, "control request");
+                    }
                     match execute_catching_panics(opened, request, stopping) {
                         Ok(reply) => reply,
                         Err(panicked) => {
@@ -1235,6 +1241,10 @@ impl ControlClient {
         what: &str,
         request: Request,
     ) -> grove_store::Result<T> {
+        // The bar shows only on a terminal: poll only for one.
+        if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+            return self.call(request);
+        }
         let done = Arc::new(AtomicBool::new(false));
         let poller = {
             let (done, dir, what) = (done.clone(), self.dir.clone(), what.to_string());
