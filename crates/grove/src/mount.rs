@@ -59,7 +59,7 @@ pub fn run(
     }
     let opened = open_pool_exclusive(&dir, degraded)?;
     let pool = opened.pool.clone();
-    crate::branches::log_if_degraded(&opened);
+    let branches = opened.clone();
     // Signals are caught before anything is mounted, so none is lost.
     let signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
         .context("cannot install signal handlers")?;
@@ -93,6 +93,8 @@ pub fn run(
         }
     };
     announce(&pool, &mountpoint, daemon, log)?;
+    // After the announcement: a background mount's log is its file by now.
+    crate::branches::log_if_degraded(&branches);
 
     let detached = serve_until_unmounted(
         &mount,
@@ -193,6 +195,7 @@ fn start_in_background(
         .map_while(|line| line.ok())
         .any(|line| line == READY_LINE);
     if ready {
+        warn_if_degraded(&dir);
         say_mounted(&dir, &mountpoint, child.id())
     } else {
         let mut stderr = String::new();
@@ -207,6 +210,17 @@ fn start_in_background(
             Some(message) => bail!("{message}"),
             None => bail!("the background grove mount exited with {status} before mounting"),
         }
+    }
+}
+
+/// Tells the user on the terminal what the background mount's log says:
+/// the pool runs without some of its branches.
+fn warn_if_degraded(dir: &Path) {
+    use crate::branches::BranchAdmin;
+    let report = crate::control::ControlClient::connect(dir)
+        .and_then(|daemon| daemon.branch_report().ok().flatten());
+    if let Some(line) = report.and_then(|r| crate::branches::degraded_line(dir, &r)) {
+        eprintln!("grove: warning: {line}");
     }
 }
 
