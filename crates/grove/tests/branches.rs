@@ -689,3 +689,67 @@ fn raif6_branch_lost_under_nbd_writes() {
 fn raif10_branch_lost_under_nbd_writes() {
     branch_lost_under_nbd_writes("raif10", 4, false);
 }
+
+/// `grove mount` over a pool with branches: a branch directory removed
+/// while files are written is failed by the mount's watcher, writes go on,
+/// and every byte reads back through the mount and after it.
+#[test]
+fn a_mounted_pool_loses_a_branch_and_goes_on() {
+    use std::os::unix::fs::FileExt;
+    if !rustix::process::geteuid().is_root() || !Path::new("/dev/fuse").exists() {
+        eprintln!("SKIP: needs root and /dev/fuse");
+        return;
+    }
+    let setup = Setup::init("raif5", 3);
+    setup.ok(&["create", "disk", "--size", "8M"]);
+    let mountpoint = setup.path("mnt");
+    std::fs::create_dir(&mountpoint).unwrap();
+    let child = Command::new(GROVE)
+        .arg("--pool")
+        .arg(setup.pool())
+        .args(["mount", "--foreground"])
+        .arg(&mountpoint)
+        .env("GROVE_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(setup.path("mount.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let mut child = Reaped(child);
+    let file = mountpoint.join("disk");
+    let started = Instant::now();
+    while !file.exists() {
+        assert!(child.0.try_wait().unwrap().is_none(), "grove mount exited");
+        assert!(started.elapsed() < Duration::from_secs(20), "no mount");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut model = pattern(8 << 20, 31);
+    let disk = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+    disk.write_all_at(&model[..4 << 20], 0).unwrap();
+    std::fs::remove_dir_all(setup.branch(2)).unwrap();
+    let started = Instant::now();
+    while setup.health(&[])[2] != "failed" {
+        assert!(
+            started.elapsed() < Duration::from_millis(WATCH_TIMEOUT_MS),
+            "the mount's watcher did not fail b2"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    model[5 << 20..6 << 20].fill(0x77);
+    disk.write_all_at(&model[4 << 20..], 4 << 20).unwrap();
+    disk.sync_all().unwrap();
+    drop(disk);
+    assert_eq!(
+        std::fs::read(&file).unwrap(),
+        model,
+        "read through the mount"
+    );
+    let status = Command::new("umount").arg(&mountpoint).status().unwrap();
+    assert!(status.success());
+    assert!(child.0.wait().unwrap().success());
+    let log = std::fs::read_to_string(setup.path("mount.log")).unwrap();
+    assert!(
+        log.contains("branch b2") && log.contains("degraded"),
+        "{log}"
+    );
+    setup.assert_volume(&["--degraded"], "disk", &model, "after the mount");
+}
