@@ -42,6 +42,12 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "DIR")]
     pub pool: Option<PathBuf>,
 
+    /// Open a pool over branch directories even with branches missing,
+    /// stale or half rebuilt, running without them (refused past what its
+    /// level survives)
+    #[arg(long, global = true)]
+    pub degraded: bool,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -70,6 +76,10 @@ pub enum Command {
     },
     /// Create a pool (an error if one exists)
     ///
+    /// With --branch DIR (given several times) the store is laid out over
+    /// one file in each branch directory, striped, mirrored or with parity
+    /// (--level; by default raif1 over two branches, raif5 over more).
+    ///
     /// The pool starts with a capacity (--capacity, default 1G) that
     /// auto-extension grows by steps when use passes --extend-at, up to
     /// --max-capacity or the host's free space less --host-reserve. Past
@@ -80,7 +90,8 @@ pub enum Command {
     #[command(
         after_help = "Examples:\n  grove --pool /srv/pool init --block-size 16K --capacity 100G\n  \
                       grove init --capacity 10G --max-capacity 200G --warn 75%\n  \
-                      grove init --capacity 50G --auto-extend off"
+                      grove init --capacity 50G --auto-extend off\n  \
+                      grove init --branch /disk1/grove --branch /disk2/grove --branch /disk3/grove --level raif5"
     )]
     Init {
         /// Block size: 1K, 2K, 4K, 8K, 16K, 32K or 64K. Larger blocks mean less
@@ -97,6 +108,67 @@ pub enum Command {
         capacity: Option<String>,
         #[command(flatten)]
         space: crate::space_cmd::SpaceArgs,
+        /// A branch directory (empty or missing) to lay the store over; give
+        /// one per disk. Without it the store is one file in the pool directory
+        #[arg(long = "branch", value_name = "DIR")]
+        branches: Vec<PathBuf>,
+        /// With --branch: raif0 (striping), raif1 (mirrors), raif5 (parity),
+        /// raif6 (two parities) or raif10 [default: raif0 over 1 branch,
+        /// raif1 over 2, raif5 over more]
+        #[arg(long, value_name = "LEVEL", requires = "branches")]
+        level: Option<String>,
+        /// With --branch: the bytes each branch holds of a stripe, a multiple
+        /// of the block size [default: the block size]
+        #[arg(
+            long,
+            value_name = "SIZE",
+            requires = "branches",
+            allow_hyphen_values = true
+        )]
+        stripe_unit: Option<String>,
+    },
+
+    /// Refill a branch of a pool over branch directories into a new directory
+    #[command(
+        long_about = "Refill branch LABEL of a pool over branch directories into DIR (empty or \
+                      missing), from the other branches, reading back what it writes. grove.toml \
+                      names DIR for the branch from then on. Works on a pool held by `grove \
+                      serve` or `grove mount` while clients do I/O. A branch that is ok is \
+                      rebuilt only with --force.",
+        after_help = "Example:\n  grove rebuild --branch b1 --to /disk4/grove"
+    )]
+    Rebuild {
+        /// The branch's label (`grove info` lists them)
+        #[arg(long, value_name = "LABEL")]
+        branch: String,
+        /// The replacement directory: empty or missing
+        #[arg(long, value_name = "DIR")]
+        to: PathBuf,
+        /// Rebuild even a branch that is ok
+        #[arg(long)]
+        force: bool,
+    },
+
+    /// Read every stripe of a pool over branch directories and check it
+    #[command(
+        long_about = "Read every stripe of a pool over branch directories from every branch and \
+                      check mirrors and parity against each other and against each unit's \
+                      checksum (the checksum decides which copy is right, not a vote). With \
+                      --repair, write what is wrong again from what is right. Exits 1 if \
+                      errors remain.",
+        after_help = "Example:\n  grove scrub --repair"
+    )]
+    Scrub {
+        #[arg(long)]
+        repair: bool,
+        #[arg(long)]
+        json: bool,
+    },
+
+    /// The branches of a pool over branch directories
+    Branch {
+        #[command(subcommand)]
+        command: BranchCommand,
     },
 
     /// Space levels and auto-extension: change them, or show where the pool stands
@@ -603,6 +675,17 @@ pub enum Command {
         /// The time to judge at, as YYYY-MM-DDTHH:MM[:SS] (UTC) or @UNIXSECONDS
         #[arg(long, value_name = "TIME")]
         now: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BranchCommand {
+    /// Take a branch out of service (as `mdadm --fail`): no longer read or
+    /// written; the pool runs degraded until `grove rebuild` replaces it
+    #[command(after_help = "Example:\n  grove branch fail b1")]
+    Fail {
+        /// The branch's label (`grove info` lists them)
+        label: String,
     },
 }
 

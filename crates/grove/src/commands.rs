@@ -10,8 +10,10 @@ use anyhow::{bail, Context, Result};
 use grove_store::types::is_valid_block_size;
 use grove_store::{Pool, PoolOptions, SpaceSettings};
 
-use crate::cli::{Cli, Command};
+use crate::branches::BranchAdmin;
+use crate::cli::{BranchCommand, Cli, Command};
 use crate::control::{Admin, ControlClient};
+use crate::open::{open_pool, OpenedPool};
 use crate::output::{
     format_size, write_check_report, write_diff, write_pool_info, write_volume_table,
     write_volume_tree,
@@ -23,13 +25,27 @@ use crate::transfer;
 
 pub fn run(cli: Cli) -> Result<()> {
     let dir = &cli.pool_dir();
+    let degraded = cli.degraded;
     match cli.command {
         Command::Raif { command } => crate::raif::run(command),
         Command::Init {
             block_size,
             capacity,
             space,
-        } => init(dir, &block_size, capacity.as_deref(), &space),
+            branches,
+            level,
+            stripe_unit,
+        } => init(
+            dir,
+            &block_size,
+            capacity.as_deref(),
+            &space,
+            &crate::branches::InitBranches {
+                dirs: &branches,
+                level: level.as_deref(),
+                stripe_unit: stripe_unit.as_deref(),
+            },
+        ),
         Command::Serve {
             socket,
             listen,
@@ -40,6 +56,7 @@ pub fn run(cli: Cli) -> Result<()> {
             mount,
         } => serve::run(
             dir,
+            degraded,
             serve::Listen {
                 socket,
                 tcp: listen,
@@ -58,6 +75,7 @@ pub fn run(cli: Cli) -> Result<()> {
             allow_other,
         } => crate::mount::run(
             dir,
+            degraded,
             &mountpoint,
             foreground,
             log.as_deref(),
@@ -66,18 +84,29 @@ pub fn run(cli: Cli) -> Result<()> {
                 allow_other,
             },
         ),
-        command => match Pool::open(dir) {
-            Ok(pool) => {
+        command => match open_pool(dir, degraded) {
+            Ok(opened) => {
                 // `check` reports them in its own output (text and JSON);
                 // any other command must not let them pass unseen, since
                 // the open that found them also repaired them for good.
                 if !matches!(command, Command::Check { .. }) {
-                    for warning in pool.open_warnings() {
+                    for warning in opened.pool.open_warnings() {
                         eprintln!("grove: warning: {warning}");
                     }
                 }
-                run_local(&pool, command)?;
-                pool.close()
+                // `info` shows it in its own output.
+                if !matches!(command, Command::Info { .. }) {
+                    if let Some(line) = opened
+                        .branch_report()?
+                        .and_then(|report| crate::branches::degraded_line(dir, &report))
+                    {
+                        eprintln!("grove: warning: {line}");
+                    }
+                }
+                run_local(&opened, command)?;
+                opened
+                    .pool
+                    .close()
                     .with_context(|| format!("cannot close pool {}", dir.display()))
             }
             // A running `grove serve` holds the pool: ask it instead.
@@ -87,7 +116,7 @@ pub fn run(cli: Cli) -> Result<()> {
                     Command::Send { .. } | Command::Receive { .. } | Command::Hash { .. } => {
                         replicate::run(Place::Daemon(&daemon), command)
                     }
-                    command => run_admin(&daemon, command),
+                    command => run_admin(&daemon, &daemon, command),
                 },
                 None => Err(e.into()),
             },
@@ -98,7 +127,8 @@ pub fn run(cli: Cli) -> Result<()> {
 
 /// Commands that move data run only where the pool is open; the rest go
 /// through `run_admin`, which a daemon can answer too.
-fn run_local(pool: &Pool, command: Command) -> Result<()> {
+fn run_local(opened: &OpenedPool, command: Command) -> Result<()> {
+    let pool = &opened.pool;
     match command {
         Command::Import { name, file } => {
             let size_bytes = transfer::import(pool, &name, &file)?;
@@ -170,11 +200,11 @@ fn run_local(pool: &Pool, command: Command) -> Result<()> {
         command @ (Command::Send { .. } | Command::Receive { .. } | Command::Hash { .. }) => {
             replicate::run(Place::Here(pool), command)
         }
-        command => run_admin(pool, command),
+        command => run_admin(pool, opened, command),
     }
 }
 
-fn run_admin(pool: &dyn Admin, command: Command) -> Result<()> {
+fn run_admin(pool: &dyn Admin, branches: &dyn BranchAdmin, command: Command) -> Result<()> {
     match command {
         Command::Send { .. } | Command::Receive { .. } | Command::Hash { .. } => {
             unreachable!("send, receive and hash run where the pool is open")
@@ -267,11 +297,58 @@ fn run_admin(pool: &dyn Admin, command: Command) -> Result<()> {
         Command::Space { command } => crate::space_cmd::run(pool, command),
         Command::Info { json } => {
             let info = pool.info()?;
+            let report = branches.branch_report()?;
             if json {
-                print_json(&info)
+                let mut value = serde_json::to_value(&info)?;
+                if let (Some(report), Some(fields)) = (&report, value.as_object_mut()) {
+                    fields.insert("branches".into(), serde_json::to_value(report)?);
+                }
+                print_json(&value)
             } else {
-                print_with(|out| write_pool_info(out, &info))
+                print_with(|out| {
+                    write_pool_info(out, &info)?;
+                    match &report {
+                        Some(report) => crate::branches::write_report(out, report),
+                        None => Ok(()),
+                    }
+                })
             }
+        }
+        Command::Rebuild { branch, to, force } => {
+            let to = std::path::absolute(&to).unwrap_or(to);
+            let summary = branches.rebuild_branch(&branch, &to, force)?;
+            say(format_args!("{}", crate::branches::rebuilt_line(&summary)))
+        }
+        Command::Scrub { repair, json } => {
+            let summary = branches.scrub_branches(repair)?;
+            if json {
+                print_json(&summary)?;
+            } else {
+                print_with(|out| crate::branches::write_scrub(out, &summary))?;
+            }
+            let left = summary.errors_left();
+            if left > 0 {
+                bail!(
+                    "scrub found {left} stripes with errors{} in pool {}",
+                    if repair {
+                        " it could not repair"
+                    } else {
+                        " (`grove scrub --repair` writes them again from what is right)"
+                    },
+                    pool.dir().display()
+                );
+            }
+            Ok(())
+        }
+        Command::Branch {
+            command: BranchCommand::Fail { label },
+        } => {
+            let report = branches.fail_branch(&label)?;
+            say(format_args!(
+                "branch {label} is out of service; {}",
+                crate::branches::degraded_line(pool.dir(), &report)
+                    .unwrap_or_else(|| "the pool is degraded".into())
+            ))
         }
     }
 }
@@ -281,6 +358,7 @@ fn init(
     block_size: &str,
     capacity: Option<&str>,
     space: &crate::space_cmd::SpaceArgs,
+    branches: &crate::branches::InitBranches,
 ) -> Result<()> {
     let block_size_bytes = parse_size(block_size, "block size")?;
     let block_size_bytes = match u32::try_from(block_size_bytes) {
@@ -294,7 +372,12 @@ fn init(
         capacity_bytes,
         ..PoolOptions::default()
     };
-    let pool = Pool::create_with_space(dir, &options, &settings)?;
+    let (pool, layout) = if branches.dirs.is_empty() {
+        (Pool::create_with_space(dir, &options, &settings)?, None)
+    } else {
+        let (pool, layout) = crate::branches::create_pool(dir, branches, &options, &settings)?;
+        (pool, Some(layout))
+    };
     let info = pool.info()?;
     pool.close()
         .with_context(|| format!("cannot close pool {}", dir.display()))?;
@@ -310,6 +393,9 @@ fn init(
         if Some(capacity_bytes) != options.capacity_bytes {
             line += ", rounded down to whole blocks";
         }
+    }
+    if let Some(layout) = layout {
+        line += &format!(", {layout}");
     }
     say(format_args!("{line})"))
 }

@@ -29,7 +29,9 @@ use grove_store::{
 };
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
+use crate::branches::{BranchAdmin, BranchReport, RebuildSummary, ScrubSummary};
 use crate::control_limits;
+use crate::open::OpenedPool;
 
 /// The control socket's file name inside the pool directory.
 pub const CONTROL_SOCKET_NAME: &str = "grove.control";
@@ -153,9 +155,11 @@ impl Request {
     /// How long a client waits for the reply to this request.
     fn reply_timeout(&self) -> Duration {
         let ms = match self {
-            Request::Check { .. } | Request::Gc { wait: true } | Request::Hash { .. } => {
-                LONG_REPLY_TIMEOUT_MS
-            }
+            Request::Check { .. }
+            | Request::Gc { wait: true }
+            | Request::Hash { .. }
+            | Request::Rebuild { .. }
+            | Request::Scrub { .. } => LONG_REPLY_TIMEOUT_MS,
             _ => REPLY_TIMEOUT_MS,
         };
         Duration::from_millis(ms)
@@ -386,6 +390,20 @@ enum Request {
         settings: SpaceSettings,
         capacity_bytes: Option<u64>,
     },
+    /// The branches of a pool over branch directories (null for one file).
+    Branches,
+    /// `to` is absolute: the daemon's working directory is not the client's.
+    Rebuild {
+        label: String,
+        to: PathBuf,
+        force: bool,
+    },
+    Scrub {
+        repair: bool,
+    },
+    FailBranch {
+        label: String,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -397,7 +415,8 @@ enum Reply {
 
 /// Runs one request against the pool and turns the result into a reply.
 /// A long request stops at a safe point once `stopping` is set.
-fn execute(pool: &Pool, request: Request, stopping: &AtomicBool) -> Reply {
+fn execute(opened: &OpenedPool, request: Request, stopping: &AtomicBool) -> Reply {
+    let pool = &opened.pool;
     fn reply<T: Serialize>(result: grove_store::Result<T>) -> Reply {
         match result {
             Ok(value) => Reply::Ok(serde_json::to_value(value).unwrap_or(serde_json::Value::Null)),
@@ -467,11 +486,53 @@ fn execute(pool: &Pool, request: Request, stopping: &AtomicBool) -> Reply {
             settings,
             capacity_bytes,
         } => reply(Admin::set_space(pool, &settings, capacity_bytes)),
+        Request::Branches => reply(opened.branch_report()),
+        Request::Rebuild { label, to, force } => {
+            reply(with_branches(opened, stopping, |branches| {
+                crate::branches::rebuild(branches, &label, &to, force, &mut |_, _| {}, &|| {
+                    stopping.load(Ordering::SeqCst)
+                })
+            }))
+        }
+        Request::Scrub { repair } => reply(with_branches(opened, stopping, |branches| {
+            crate::branches::scrub(branches, repair, &mut |_, _| {}, &|| {
+                stopping.load(Ordering::SeqCst)
+            })
+        })),
+        Request::FailBranch { label } => reply(with_branches(opened, stopping, |branches| {
+            crate::branches::fail(branches, &label)
+        })),
         Request::Receive { .. } | Request::Send { .. } => Reply::Error {
             kind: ErrorKind::InvalidArgument,
             message: "send and receive stream on a connection of their own".into(),
         },
     }
+}
+
+/// Runs `job` on the pool's branches; refused for a pool kept in one file.
+/// A job the daemon's shutdown stopped says so.
+fn with_branches<T>(
+    opened: &OpenedPool,
+    stopping: &AtomicBool,
+    job: impl FnOnce(&crate::open::Branches) -> grove_store::Result<T>,
+) -> grove_store::Result<T> {
+    let branches = opened
+        .branches
+        .as_deref()
+        .ok_or_else(|| crate::open::not_a_branch_pool(opened.pool.dir()))?;
+    job(branches).map_err(|e| {
+        if stopping.load(Ordering::SeqCst) {
+            Error::new(
+                e.kind(),
+                format!(
+                    "the daemon is shutting down: {} (run it again once the pool is open again)",
+                    e.message()
+                ),
+            )
+        } else {
+            e
+        }
+    })
 }
 
 /// The reply to a command-level result (an anyhow error's whole chain).
@@ -562,8 +623,8 @@ impl Holder {
 /// Opens the pool in `dir` for a daemon (`grove serve`, `grove mount`). A
 /// pool another process holds is refused with that process named, as its
 /// control socket reports it.
-pub fn open_pool_exclusive(dir: &Path) -> Result<Pool> {
-    Pool::open(dir).map_err(|e| match e.kind() {
+pub fn open_pool_exclusive(dir: &Path, degraded: bool) -> Result<OpenedPool> {
+    crate::open::open_pool(dir, degraded).map_err(|e| match e.kind() {
         ErrorKind::Busy => {
             let holder = ControlClient::connect(dir)
                 .and_then(|client| client.holder().ok())
@@ -594,8 +655,8 @@ impl ControlServer {
     /// Listens on `POOL/grove.control`. The pool is already open (and so
     /// locked) by this process, so a socket file found there is a stale one
     /// from a daemon that died, and is replaced.
-    pub fn start(pool: Pool, socket_mode: u32) -> Result<ControlServer> {
-        let path = pool.dir().join(CONTROL_SOCKET_NAME);
+    pub fn start(opened: OpenedPool, socket_mode: u32) -> Result<ControlServer> {
+        let path = opened.pool.dir().join(CONTROL_SOCKET_NAME);
         let _ = std::fs::remove_file(&path);
         let listener = grove_nbd::bind_unix_socket(&path, socket_mode)
             .with_context(|| format!("cannot listen on control socket {}", path.display()))?;
@@ -605,7 +666,7 @@ impl ControlServer {
             let (stopping, connections) = (stopping.clone(), connections.clone());
             std::thread::Builder::new()
                 .name("grove-control".into())
-                .spawn(move || accept_loop(listener, pool, stopping, connections))?
+                .spawn(move || accept_loop(listener, opened, stopping, connections))?
         };
         tracing::info!(socket = %path.display(), "control socket listening");
         Ok(ControlServer {
@@ -664,7 +725,7 @@ impl ControlServer {
 
 fn accept_loop(
     listener: UnixListener,
-    pool: Pool,
+    opened: OpenedPool,
     stopping: Arc<AtomicBool>,
     connections: Connections,
 ) {
@@ -673,7 +734,7 @@ fn accept_loop(
     let mut next_id = 0u64;
     let owner = {
         use std::os::unix::fs::MetadataExt;
-        std::fs::metadata(pool.dir()).map_or(0, |m| m.uid())
+        std::fs::metadata(opened.pool.dir()).map_or(0, |m| m.uid())
     };
     for stream in listener.incoming() {
         if stopping.load(Ordering::SeqCst) {
@@ -702,12 +763,13 @@ fn accept_loop(
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(id, clone);
         }
-        let (pool, connections, stopping) = (pool.clone(), connections.clone(), stopping.clone());
+        let (opened, connections, stopping) =
+            (opened.clone(), connections.clone(), stopping.clone());
         if let Ok(handler) = std::thread::Builder::new()
             .name("grove-control-conn".into())
             .spawn(move || {
                 let _registered = Registered { id, connections };
-                serve_connection(stream, &pool, &stopping);
+                serve_connection(stream, &opened, &stopping);
             })
         {
             handlers.push((handler, uid));
@@ -735,7 +797,8 @@ impl Drop for Registered {
     }
 }
 
-fn serve_connection(stream: UnixStream, pool: &Pool, stopping: &AtomicBool) {
+fn serve_connection(stream: UnixStream, opened: &OpenedPool, stopping: &AtomicBool) {
+    let pool = &opened.pool;
     let Ok(mut writer) = stream.try_clone() else {
         return;
     };
@@ -774,8 +837,14 @@ fn serve_connection(stream: UnixStream, pool: &Pool, stopping: &AtomicBool) {
                     return;
                 }
                 Ok(request) => {
-                    tracing::info!(?request, "control request");
-                    match execute_catching_panics(pool, request, stopping) {
+                    // A rebuild's or scrub's progress is polled several
+                    // times a second: not worth a log line each.
+                    if matches!(request, Request::Branches) {
+                        tracing::debug!(?request, "control request");
+                    } else {
+                        tracing::info!(?request, "control request");
+                    }
+                    match execute_catching_panics(opened, request, stopping) {
                         Ok(reply) => reply,
                         Err(panicked) => {
                             // Answered, then closed: the client must not
@@ -816,10 +885,11 @@ fn reply_line(reply: &Reply) -> String {
 /// more changes (`lock_state`), as after a failed commit; a panic outside
 /// that lock left no change half made, so the pool goes on as it was.
 fn execute_catching_panics(
-    pool: &Pool,
+    opened: &OpenedPool,
     request: Request,
     stopping: &AtomicBool,
 ) -> std::result::Result<Reply, Reply> {
+    let pool = &opened.pool;
     let kind = request.kind();
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         if cfg!(debug_assertions) {
@@ -833,7 +903,7 @@ fn execute_catching_panics(
                 _ => {}
             }
         }
-        execute(pool, request, stopping)
+        execute(opened, request, stopping)
     }));
     let payload = match outcome {
         Ok(reply) => return Ok(reply),
@@ -1163,6 +1233,74 @@ impl Admin for ControlClient {
     }
 }
 
+impl ControlClient {
+    /// Runs a long branch request, with a progress bar fed by polling the
+    /// daemon's branch report on a connection of its own meanwhile.
+    fn call_with_progress<T: DeserializeOwned>(
+        &self,
+        what: &str,
+        request: Request,
+    ) -> grove_store::Result<T> {
+        // The bar shows only on a terminal: poll only for one.
+        if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+            return self.call(request);
+        }
+        let done = Arc::new(AtomicBool::new(false));
+        let poller = {
+            let (done, dir, what) = (done.clone(), self.dir.clone(), what.to_string());
+            std::thread::spawn(move || {
+                let Some(client) = ControlClient::connect(&dir) else {
+                    return;
+                };
+                let bar = crate::progress::Progress::count(&what, 0);
+                while !done.load(Ordering::Acquire) {
+                    if let Ok(Some(BranchReport { job: Some(job), .. })) = client.branch_report() {
+                        bar.set_length(job.total_stripes);
+                        bar.set_position(job.done_stripes);
+                    }
+                    std::thread::sleep(Duration::from_millis(PROGRESS_POLL_MS));
+                }
+            })
+        };
+        let result = self.call(request);
+        done.store(true, Ordering::Release);
+        let _ = poller.join();
+        result
+    }
+}
+
+/// How often a command polls the daemon for a rebuild's or scrub's progress.
+const PROGRESS_POLL_MS: u64 = 250;
+
+impl BranchAdmin for ControlClient {
+    fn branch_report(&self) -> grove_store::Result<Option<BranchReport>> {
+        self.call(Request::Branches)
+    }
+    fn rebuild_branch(
+        &self,
+        label: &str,
+        to: &Path,
+        force: bool,
+    ) -> grove_store::Result<RebuildSummary> {
+        self.call_with_progress(
+            &format!("rebuilding {label}"),
+            Request::Rebuild {
+                label: label.into(),
+                to: std::path::absolute(to).unwrap_or_else(|_| to.to_path_buf()),
+                force,
+            },
+        )
+    }
+    fn scrub_branches(&self, repair: bool) -> grove_store::Result<ScrubSummary> {
+        self.call_with_progress("scrubbing", Request::Scrub { repair })
+    }
+    fn fail_branch(&self, label: &str) -> grove_store::Result<BranchReport> {
+        self.call(Request::FailBranch {
+            label: label.into(),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1193,7 +1331,11 @@ mod tests {
     fn a_client_goes_on_past_the_daemon_s_requests_per_connection() {
         let dir = tempfile::tempdir().unwrap();
         let pool = Pool::create(dir.path(), &PoolOptions::default()).unwrap();
-        let server = ControlServer::start(pool, 0o600).unwrap();
+        let opened = OpenedPool {
+            pool,
+            branches: None,
+        };
+        let server = ControlServer::start(opened, 0o600).unwrap();
         let client = ControlClient::connect(dir.path()).expect("the daemon listens");
         for i in 0..REQUESTS_PER_CONNECTION_MAX + 5 {
             let holds = client.holds();

@@ -3,6 +3,7 @@
 //! Every failure ends the same way: one line `grove: error: <message>` on
 //! stderr and exit code 1. Usage errors are clap's, with exit code 2.
 
+mod branches;
 mod cli;
 mod commands;
 mod control;
@@ -11,6 +12,7 @@ mod daemon;
 mod memory;
 mod mount;
 mod objects;
+mod open;
 mod output;
 mod progress;
 mod raif;

@@ -29,6 +29,7 @@ const ERROR_PREFIX: &str = "grove: error: ";
 
 pub fn run(
     dir: &Path,
+    degraded: bool,
     mountpoint: &Path,
     foreground: bool,
     log: Option<&Path>,
@@ -43,7 +44,7 @@ pub fn run(
     let log = log.as_deref();
     let daemon = std::env::var_os(DAEMON_ENV).is_some();
     if !foreground && !daemon {
-        return start_in_background(dir, mountpoint, log, &options);
+        return start_in_background(dir, degraded, mountpoint, log, &options);
     }
     if daemon {
         // A session of its own: the terminal's hang-up and Ctrl-C no longer
@@ -56,11 +57,14 @@ pub fn run(
     if daemon {
         let _ = std::env::set_current_dir("/");
     }
-    let pool = open_pool_exclusive(&dir)?;
+    let opened = open_pool_exclusive(&dir, degraded)?;
+    let pool = opened.pool.clone();
+    let branches = opened.clone();
     // Signals are caught before anything is mounted, so none is lost.
     let signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
         .context("cannot install signal handlers")?;
-    let control = ControlServer::start(pool.clone(), grove_nbd::SOCKET_MODE_DEFAULT)?;
+    let watcher = crate::branches::start_watcher(&opened)?;
+    let control = ControlServer::start(opened, grove_nbd::SOCKET_MODE_DEFAULT)?;
     let reclaimer =
         crate::reclaimer::Reclaimer::start(pool.clone()).context("cannot start the reclaimer")?;
     let scheduler =
@@ -78,6 +82,9 @@ pub fn run(
             space.stop();
             reclaimer.stop();
             control.stop(control_deadline());
+            if let Some(watcher) = watcher {
+                watcher.stop();
+            }
             return Err(anyhow!(e).context(format!(
                 "cannot mount pool {} on {}",
                 dir.display(),
@@ -86,6 +93,8 @@ pub fn run(
         }
     };
     announce(&pool, &mountpoint, daemon, log)?;
+    // After the announcement: a background mount's log is its file by now.
+    crate::branches::log_if_degraded(&branches);
 
     let detached = serve_until_unmounted(
         &mount,
@@ -104,6 +113,9 @@ pub fn run(
     space.stop();
     reclaimer.stop();
     control.stop(control_deadline());
+    if let Some(watcher) = watcher {
+        watcher.stop();
+    }
     pool.close()
         .with_context(|| format!("cannot close pool {}", dir.display()))?;
     tracing::info!("unmounted; pool flushed and closed");
@@ -143,6 +155,7 @@ fn announce(pool: &Pool, mountpoint: &Path, daemon: bool, log: Option<&Path>) ->
 /// until it is mounted or has failed.
 fn start_in_background(
     dir: &Path,
+    degraded: bool,
     mountpoint: &Path,
     log: Option<&Path>,
     options: &MountOptions,
@@ -163,6 +176,9 @@ fn start_in_background(
     if options.read_only {
         command.arg("--read-only");
     }
+    if degraded {
+        command.arg("--degraded");
+    }
     if options.allow_other {
         command.arg("--allow-other");
     }
@@ -179,6 +195,7 @@ fn start_in_background(
         .map_while(|line| line.ok())
         .any(|line| line == READY_LINE);
     if ready {
+        warn_if_degraded(&dir);
         say_mounted(&dir, &mountpoint, child.id())
     } else {
         let mut stderr = String::new();
@@ -193,6 +210,17 @@ fn start_in_background(
             Some(message) => bail!("{message}"),
             None => bail!("the background grove mount exited with {status} before mounting"),
         }
+    }
+}
+
+/// Tells the user on the terminal what the background mount's log says:
+/// the pool runs without some of its branches.
+fn warn_if_degraded(dir: &Path) {
+    use crate::branches::BranchAdmin;
+    let report = crate::control::ControlClient::connect(dir)
+        .and_then(|daemon| daemon.branch_report().ok().flatten());
+    if let Some(line) = report.and_then(|r| crate::branches::degraded_line(dir, &r)) {
+        eprintln!("grove: warning: {line}");
     }
 }
 

@@ -7,6 +7,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 const BAR_TEMPLATE: &str =
     "{msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}";
+const COUNT_TEMPLATE: &str = "{msg} [{bar:30}] {pos}/{len} stripes eta {eta}";
 const BAR_CHARS: &str = "=> ";
 
 /// A byte-count progress bar that clears itself when dropped, so that an
@@ -18,13 +19,22 @@ pub struct Progress {
 impl Progress {
     /// A bar for `total_bytes` labelled `what`, hidden unless stderr is a terminal.
     pub fn bytes(what: &str, total_bytes: u64) -> Progress {
+        Progress::with_template(what, total_bytes, BAR_TEMPLATE)
+    }
+
+    /// A bar counting `total` stripes (a rebuild's, a scrub's).
+    pub fn count(what: &str, total: u64) -> Progress {
+        Progress::with_template(what, total, COUNT_TEMPLATE)
+    }
+
+    fn with_template(what: &str, total_bytes: u64, template: &str) -> Progress {
         let bar = if std::io::stderr().is_terminal() {
             let bar =
                 ProgressBar::with_draw_target(Some(total_bytes), ProgressDrawTarget::stderr());
             // The template is a constant, so failing to parse it is a bug
             // in this file that the first run on a terminal shows.
-            let style = ProgressStyle::with_template(BAR_TEMPLATE)
-                .expect("BAR_TEMPLATE is a valid template")
+            let style = ProgressStyle::with_template(template)
+                .expect("the templates are valid")
                 .progress_chars(BAR_CHARS);
             bar.set_style(style);
             bar.set_message(what.to_string());

@@ -138,8 +138,10 @@ pub struct Listen {
     pub tcp: Option<String>,
 }
 
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     dir: &Path,
+    degraded: bool,
     listen: Listen,
     read_only: bool,
     exports: Vec<String>,
@@ -156,14 +158,17 @@ pub fn run(
     if let Some(mountpoint) = &mount {
         grove_fuse::check_mount_possible(mountpoint)?;
     }
-    let pool = open_for_serving(dir, &limits, &exports, default_export.as_deref())?;
+    let opened = open_for_serving(dir, degraded, &limits, &exports, default_export.as_deref())?;
+    let pool = opened.pool.clone();
     let tcp = listen.tcp.as_deref().map(parse_listen_addr).transpose()?;
     let socket = unix_socket_path(dir, listen.socket, tcp.is_some());
 
     // Signals are caught before anything listens, so none is lost.
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
         .context("cannot install signal handlers")?;
-    let control = ControlServer::start(pool.clone(), base_options.socket_mode)?;
+    crate::branches::log_if_degraded(&opened);
+    let watcher = crate::branches::start_watcher(&opened)?;
+    let control = ControlServer::start(opened.clone(), base_options.socket_mode)?;
     let shutdown_grace_ms = base_options.shutdown_grace_ms;
     let reclaimer = Reclaimer::start(pool.clone()).context("cannot start the reclaimer")?;
     let scheduler =
@@ -218,6 +223,9 @@ pub fn run(
     space.stop();
     reclaimer.stop();
     control.stop(deadline);
+    if let Some(watcher) = watcher {
+        watcher.stop();
+    }
     pool.close()
         .with_context(|| format!("cannot close pool {}", dir.display()))?;
     tracing::info!("pool flushed and closed");
@@ -228,16 +236,18 @@ pub fn run(
 /// cache size asked for, and checks that every export named exists.
 fn open_for_serving(
     dir: &Path,
+    degraded: bool,
     limits: &ServeArgs,
     exports: &[String],
     default_export: Option<&str>,
-) -> Result<Pool> {
+) -> Result<crate::open::OpenedPool> {
     let cache_size = limits
         .cache_size
         .as_deref()
         .map(|text| crate::size::parse_size(text, "cache size"))
         .transpose()?;
-    let pool = crate::control::open_pool_exclusive(dir)?;
+    let opened = crate::control::open_pool_exclusive(dir, degraded)?;
+    let pool = &opened.pool;
     if let Some(bytes) = cache_size {
         pool.set_cache_size(bytes);
     }
@@ -245,7 +255,7 @@ fn open_for_serving(
         pool.volume_info(name)
             .with_context(|| format!("cannot export {name:?}"))?;
     }
-    Ok(pool)
+    Ok(opened)
 }
 
 /// The unix socket to listen on: the one given, else POOL/grove.sock

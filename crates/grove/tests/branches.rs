@@ -1,0 +1,755 @@
+//! Pools over several branch directories, through the real binary: init at
+//! every redundant level, data read back byte-exact, `grove info --json`,
+//! foreign and stale branches refused in one line, degraded opens, rebuild
+//! (and its refusal of a healthy branch), scrub finding and repairing a
+//! flipped byte, `grove branch fail`; and a served pool whose branch
+//! directory is removed while qemu-io writes through NBD, then rebuilt
+//! online, every byte verified.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use support::{have, Reaped, GROVE};
+
+/// The layouts the tests run over: level and branch count.
+const LAYOUTS: [(&str, usize); 5] = [
+    ("raif1", 3),
+    ("raif5", 3),
+    ("raif5", 4),
+    ("raif6", 4),
+    ("raif10", 4),
+];
+const IMAGE_BYTES: usize = 3 << 20;
+
+struct Setup {
+    dir: tempfile::TempDir,
+}
+
+impl Setup {
+    /// A pool in DIR/pool over DIR/b0 .. DIR/b{n-1}.
+    fn init(level: &str, branches: usize) -> Setup {
+        let setup = Setup {
+            dir: tempfile::tempdir().unwrap(),
+        };
+        let mut args = vec!["init".to_string(), "--capacity".into(), "64M".into()];
+        for i in 0..branches {
+            args.push("--branch".into());
+            args.push(setup.branch(i).display().to_string());
+        }
+        args.extend(["--level".into(), level.into()]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = setup.ok(&args);
+        assert!(
+            out.contains(&format!("{level} over {branches} branches")),
+            "{out}"
+        );
+        setup
+    }
+
+    fn pool(&self) -> PathBuf {
+        self.dir.path().join("pool")
+    }
+
+    fn branch(&self, i: usize) -> PathBuf {
+        self.dir.path().join(format!("b{i}"))
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn grove(&self, args: &[&str]) -> Output {
+        Command::new(GROVE)
+            .arg("--pool")
+            .arg(self.pool())
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let output = self.grove(args);
+        assert!(
+            output.status.success(),
+            "grove {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).unwrap()
+    }
+
+    /// Runs a command that must fail with one error line; returns it.
+    fn fails(&self, args: &[&str]) -> String {
+        let output = self.grove(args);
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert_eq!(output.status.code(), Some(1), "grove {args:?}: {stderr}");
+        let errors: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.starts_with("grove: error: "))
+            .collect();
+        assert_eq!(errors.len(), 1, "grove {args:?}: {stderr}");
+        errors[0].to_string()
+    }
+
+    /// Imports an image of patterned data with holes as volume `name`;
+    /// returns its bytes.
+    fn import(&self, name: &str, seed: u64) -> Vec<u8> {
+        self.import_with(&[], name, seed)
+    }
+
+    fn import_with(&self, flags: &[&str], name: &str, seed: u64) -> Vec<u8> {
+        let image = pattern(IMAGE_BYTES, seed);
+        let file = self.path(&format!("{name}.img"));
+        std::fs::write(&file, &image).unwrap();
+        let mut args = flags.to_vec();
+        args.extend(["import", name, file.to_str().unwrap()]);
+        self.ok(&args);
+        image
+    }
+
+    /// Exports `name` (with these extra global flags) and compares it.
+    fn assert_volume(&self, flags: &[&str], name: &str, expected: &[u8], context: &str) {
+        let out = self.path("export.img");
+        let _ = std::fs::remove_file(&out);
+        let mut args = flags.to_vec();
+        args.extend(["export", name, out.to_str().unwrap()]);
+        self.ok(&args);
+        let back = std::fs::read(&out).unwrap();
+        assert_eq!(back.len(), expected.len(), "{context}: length");
+        let first_bad = back.iter().zip(expected).position(|(a, b)| a != b);
+        assert!(
+            first_bad.is_none(),
+            "{context}: differs at byte {first_bad:?}"
+        );
+    }
+
+    fn info(&self, flags: &[&str]) -> serde_json::Value {
+        let mut args = flags.to_vec();
+        args.extend(["info", "--json"]);
+        serde_json::from_str(&self.ok(&args)).unwrap()
+    }
+
+    fn health(&self, flags: &[&str]) -> Vec<String> {
+        self.info(flags)["branches"]["branches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["health"].as_str().unwrap().to_string())
+            .collect()
+    }
+}
+
+/// Patterned bytes with runs of zeros (holes once imported).
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed | 1;
+    let mut out = vec![0u8; len];
+    for (chunk_index, chunk) in out.chunks_mut(64 * 1024).enumerate() {
+        if chunk_index % 5 == 3 {
+            continue;
+        }
+        for byte in chunk.iter_mut() {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            *byte = state as u8;
+        }
+    }
+    out
+}
+
+#[test]
+fn every_level_reads_back_what_was_written_degraded_and_after_rebuild() {
+    for (level, n) in LAYOUTS {
+        let context = format!("{level} over {n}");
+        let setup = Setup::init(level, n);
+        let image = setup.import("disk", 7 + n as u64);
+        setup.assert_volume(&[], "disk", &image, &context);
+
+        let info = setup.info(&[]);
+        let branches = &info["branches"];
+        assert_eq!(branches["level"], level, "{info}");
+        assert_eq!(branches["degraded"], false, "{info}");
+        assert_eq!(branches["stripe_unit_bytes"], 4096, "{info}");
+        let listed = branches["branches"].as_array().unwrap();
+        assert_eq!(listed.len(), n, "{info}");
+        for (i, branch) in listed.iter().enumerate() {
+            assert_eq!(branch["label"], format!("b{i}"));
+            assert_eq!(branch["dir"], setup.branch(i).display().to_string());
+            assert_eq!(branch["health"], "ok");
+        }
+        let text = setup.ok(&["info"]);
+        assert!(text.contains(&format!("{level} over {n}")), "{text}");
+
+        // A branch directory gone: refused without --degraded, in one line
+        // that says how; with it, every byte is there.
+        std::fs::remove_dir_all(setup.branch(1)).unwrap();
+        let refused = setup.fails(&["info"]);
+        assert!(
+            refused.contains("branch b1") && refused.contains("--degraded"),
+            "{refused}"
+        );
+        setup.assert_volume(
+            &["--degraded"],
+            "disk",
+            &image,
+            &format!("{context} degraded"),
+        );
+        let info = setup.info(&["--degraded"]);
+        assert_eq!(info["branches"]["degraded"], true, "{info}");
+        assert_eq!(setup.health(&["--degraded"])[1], "failed");
+        let text = setup.ok(&["--degraded", "info"]);
+        assert!(text.contains("DEGRADED"), "{text}");
+
+        // Rebuilt into a new directory; then another branch lost, and the
+        // data still whole: the rebuilt branch carries its share.
+        let new_dir = setup.path("b1-new");
+        let out = setup.ok(&[
+            "--degraded",
+            "rebuild",
+            "--branch",
+            "b1",
+            "--to",
+            new_dir.to_str().unwrap(),
+        ]);
+        assert!(out.contains("rebuilt branch b1"), "{out}");
+        let info = setup.info(&[]);
+        assert_eq!(info["branches"]["degraded"], false, "{info}");
+        assert_eq!(
+            info["branches"]["branches"][1]["dir"],
+            new_dir.display().to_string()
+        );
+        let other = if n > 2 { 2 } else { 0 };
+        std::fs::remove_dir_all(setup.branch(other)).unwrap();
+        setup.assert_volume(
+            &["--degraded"],
+            "disk",
+            &image,
+            &format!("{context} rebuilt, then b{other} lost"),
+        );
+    }
+}
+
+#[test]
+fn writes_while_degraded_survive_the_rebuild() {
+    let setup = Setup::init("raif5", 3);
+    let first = setup.import("disk", 3);
+    std::fs::remove_dir_all(setup.branch(0)).unwrap();
+    let second = setup.import_with(&["--degraded"], "more", 4);
+    setup.ok(&[
+        "--degraded",
+        "rebuild",
+        "--branch",
+        "b0",
+        "--to",
+        setup.path("b0-new").to_str().unwrap(),
+    ]);
+    std::fs::remove_dir_all(setup.branch(1)).unwrap();
+    setup.assert_volume(&["--degraded"], "disk", &first, "disk");
+    setup.assert_volume(&["--degraded"], "more", &second, "more");
+}
+
+#[test]
+fn a_branch_of_another_pool_is_refused_in_one_line() {
+    let a = Setup::init("raif5", 3);
+    let b = Setup::init("raif5", 3);
+    let identity = "grove-branch.toml";
+    std::fs::copy(b.branch(1).join(identity), a.branch(1).join(identity)).unwrap();
+    for flags in [&[][..], &["--degraded"][..]] {
+        let mut args = flags.to_vec();
+        args.push("info");
+        let refused = a.fails(&args);
+        assert!(
+            refused.contains("branch b1") && refused.contains("belongs to another pool"),
+            "{refused}"
+        );
+    }
+}
+
+#[test]
+fn an_old_copy_of_a_branch_is_refused() {
+    let setup = Setup::init("raif5", 3);
+    let first = setup.import("disk", 11);
+    let old = setup.path("b1-old");
+    copy_dir(&setup.branch(1), &old);
+    let second = setup.import("more", 12);
+    std::fs::remove_dir_all(setup.branch(1)).unwrap();
+    std::fs::rename(&old, setup.branch(1)).unwrap();
+    let refused = setup.fails(&["list"]);
+    assert!(
+        refused.contains("branch b1") && refused.contains("old copy"),
+        "{refused}"
+    );
+    // Run without it, the pool holds what was written after the copy.
+    setup.assert_volume(&["--degraded"], "disk", &first, "disk");
+    setup.assert_volume(&["--degraded"], "more", &second, "more");
+    assert_eq!(setup.health(&["--degraded"])[1], "failed");
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+}
+
+#[test]
+fn rebuilding_a_healthy_branch_takes_force() {
+    let setup = Setup::init("raif1", 3);
+    let image = setup.import("disk", 5);
+    let to = setup.path("b2-new");
+    let args = ["rebuild", "--branch", "b2", "--to", to.to_str().unwrap()];
+    let refused = setup.fails(&args);
+    assert!(refused.contains("--force"), "{refused}");
+    assert!(!to.exists(), "a refused rebuild touched {}", to.display());
+    let mut forced = args.to_vec();
+    forced.push("--force");
+    setup.ok(&forced);
+    assert_eq!(setup.health(&[]), ["ok", "ok", "ok"]);
+    // Only the rebuilt copy is left, and holds every byte.
+    std::fs::remove_dir_all(setup.branch(0)).unwrap();
+    std::fs::remove_dir_all(setup.branch(1)).unwrap();
+    setup.assert_volume(&["--degraded"], "disk", &image, "rebuilt copy alone");
+    // Unknown labels and busy directories are refused in one line.
+    let refused = setup.fails(&["--degraded", "rebuild", "--branch", "b9", "--to", "/tmp/x"]);
+    assert!(refused.contains("b9"), "{refused}");
+    let not_empty = setup.path("full");
+    std::fs::create_dir_all(&not_empty).unwrap();
+    std::fs::write(not_empty.join("file"), b"x").unwrap();
+    let refused = setup.fails(&[
+        "--degraded",
+        "rebuild",
+        "--branch",
+        "b0",
+        "--to",
+        not_empty.to_str().unwrap(),
+    ]);
+    assert!(refused.contains("not empty"), "{refused}");
+}
+
+#[test]
+fn scrub_finds_and_repairs_a_flipped_byte() {
+    for (level, n) in [("raif1", 3), ("raif5", 3), ("raif6", 4)] {
+        let setup = Setup::init(level, n);
+        let image = setup.import("disk", 21);
+        let clean = setup.ok(&["scrub", "--json"]);
+        let report: serde_json::Value = serde_json::from_str(&clean).unwrap();
+        assert_eq!(report["stripes_with_errors"], 0, "{level}: {report}");
+
+        // Flip a byte of the image's data in b1's data file: a unit that
+        // is one of the image's 4 KiB blocks (the stripe unit).
+        let data_file = setup.branch(1).join("grove.branch");
+        let mut bytes = std::fs::read(&data_file).unwrap();
+        let blocks: std::collections::HashSet<&[u8]> = image
+            .chunks(4096)
+            .filter(|b| b.iter().any(|&x| x != 0))
+            .collect();
+        let unit = bytes
+            .chunks(4096)
+            .position(|u| blocks.contains(u))
+            .expect("a block of the image on b1");
+        let at = unit * 4096 + 100;
+        bytes[at] ^= 0x5a;
+        std::fs::write(&data_file, &bytes).unwrap();
+
+        let output = setup.grove(&["scrub", "--json"]);
+        assert_eq!(output.status.code(), Some(1), "{level}: {output:?}");
+        let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        assert_eq!(report["stripes_with_errors"], 1, "{level}: {report}");
+        assert_eq!(report["bad_units"]["b1"], 1, "{level}: {report}");
+
+        let out = setup.ok(&["scrub", "--repair"]);
+        assert!(out.contains("1 units repaired"), "{level}: {out}");
+        let report: serde_json::Value =
+            serde_json::from_str(&setup.ok(&["scrub", "--json"])).unwrap();
+        assert_eq!(report["stripes_with_errors"], 0, "{level}: {report}");
+        assert_eq!(std::fs::read(&data_file).unwrap()[at], bytes[at] ^ 0x5a);
+        setup.assert_volume(&[], "disk", &image, level);
+    }
+}
+
+#[test]
+fn branch_fail_takes_a_branch_out_of_service() {
+    let setup = Setup::init("raif5", 3);
+    let image = setup.import("disk", 9);
+    let out = setup.ok(&["branch", "fail", "b2"]);
+    assert!(out.contains("branch b2 is out of service"), "{out}");
+    // Its identity is behind the others' now: it needs a rebuild.
+    let refused = setup.fails(&["info"]);
+    assert!(refused.contains("branch b2"), "{refused}");
+    setup.assert_volume(&["--degraded"], "disk", &image, "b2 failed");
+    // A second failure is past what RAIF5 survives.
+    let refused = setup.fails(&["--degraded", "branch", "fail", "b0"]);
+    assert!(refused.contains("cannot do without"), "{refused}");
+}
+
+#[test]
+fn init_refuses_bad_layouts_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let grove = |args: &[&str]| {
+        Command::new(GROVE)
+            .arg("--pool")
+            .arg(dir.path().join("pool"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let b = |i: usize| dir.path().join(format!("b{i}")).display().to_string();
+    let refusals: [(Vec<String>, &str); 4] = [
+        (
+            vec![
+                "--branch".into(),
+                b(0),
+                "--branch".into(),
+                b(1),
+                "--level".into(),
+                "raif6".into(),
+            ],
+            "raif6",
+        ),
+        (
+            vec![
+                "--branch".into(),
+                b(0),
+                "--branch".into(),
+                b(1),
+                "--level".into(),
+                "raif9".into(),
+            ],
+            "raif9",
+        ),
+        (
+            vec!["--branch".into(), b(0), "--branch".into(), b(0)],
+            "twice",
+        ),
+        (
+            vec![
+                "--branch".into(),
+                b(0),
+                "--branch".into(),
+                b(1),
+                "--stripe-unit".into(),
+                "5000".into(),
+            ],
+            "multiple of the block size",
+        ),
+    ];
+    for (args, expected) in refusals {
+        let mut full = vec!["init"];
+        full.extend(args.iter().map(String::as_str));
+        let output = grove(&full);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{full:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{full:?}: {stderr}");
+        assert!(stderr.contains(expected), "{full:?}: {stderr}");
+        assert!(!dir.path().join("pool").exists(), "{full:?} made a pool");
+    }
+    std::fs::create_dir_all(b(1)).unwrap();
+    std::fs::write(dir.path().join("b1/stuff"), b"x").unwrap();
+    let output = grove(&["init", "--branch", &b(0), "--branch", &b(1)]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("not empty"), "{stderr}");
+    assert!(!dir.path().join("b0/grove.branch").exists());
+    // A pool kept in one file has no branches to rebuild or scrub.
+    let output = grove(&["init"]);
+    assert!(output.status.success());
+    let output = grove(&["scrub"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("keeps its store in one file"), "{stderr}");
+    let info: serde_json::Value =
+        serde_json::from_slice(&grove(&["info", "--json"]).stdout).unwrap();
+    assert!(info.get("branches").is_none(), "{info}");
+}
+
+/// The NBD tests' volume: 64 KiB slots written whole by qemu-io.
+const VOLUME_BYTES: u64 = 32 << 20;
+const SLOT_BYTES: u64 = 64 << 10;
+/// How long the watcher may take to fail a branch whose directory went.
+const WATCH_TIMEOUT_MS: u64 = 15_000;
+
+/// `grove serve` on a setup's pool, stopped cleanly by [`Served::stop`].
+struct Served {
+    child: Reaped,
+    log: PathBuf,
+}
+
+impl Served {
+    fn start(setup: &Setup, flags: &[&str]) -> Served {
+        let stdout = setup.path("serve.out");
+        let log = setup.path("serve.log");
+        let child = Command::new(GROVE)
+            .arg("--pool")
+            .arg(setup.pool())
+            .args(flags)
+            .arg("serve")
+            .env("GROVE_LOG", "info")
+            .stdout(std::fs::File::create(&stdout).unwrap())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut served = Served {
+            child: Reaped(child),
+            log,
+        };
+        let started = Instant::now();
+        while !std::fs::read_to_string(&stdout)
+            .unwrap()
+            .contains("Stop with Ctrl-C")
+        {
+            if let Some(status) = served.child.0.try_wait().unwrap() {
+                panic!("grove serve exited with {status}: {}", served.log());
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "grove serve did not start: {}",
+                served.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        served
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn stop(mut self) -> String {
+        let pid = self.child.0.id().to_string();
+        assert!(Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success());
+        let status = self.child.0.wait().unwrap();
+        assert!(status.success(), "grove serve: {status}: {}", self.log());
+        self.log()
+    }
+}
+
+fn nbd_uri(setup: &Setup) -> String {
+    format!(
+        "nbd+unix:///disk?socket={}",
+        setup.pool().join("nbd.sock").display()
+    )
+}
+
+/// The writes of one batch: (slot, pattern byte), applied to `model`.
+fn batch(round: u64, count: u64, model: &mut [u8]) -> Vec<String> {
+    let slots = VOLUME_BYTES / SLOT_BYTES;
+    (0..count)
+        .map(|i| {
+            let slot = (i * 7919 + round * 131) % slots;
+            let pattern = ((round * 37 + i) % 250 + 1) as u8;
+            let at = (slot * SLOT_BYTES) as usize;
+            model[at..at + SLOT_BYTES as usize].fill(pattern);
+            format!("write -P {pattern} {} {SLOT_BYTES}", slot * SLOT_BYTES)
+        })
+        .collect()
+}
+
+fn qemu_io(setup: &Setup, commands: &[String]) -> Command {
+    let mut command = Command::new("qemu-io");
+    command.args(["-f", "raw"]);
+    for c in commands {
+        command.args(["-c", c]);
+    }
+    command.arg(nbd_uri(setup));
+    command
+}
+
+fn assert_qemu_io_ok(output: &Output, what: &str) {
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success()
+            && !text.contains("failed")
+            && !text.contains("Pattern verification"),
+        "{what}: {text}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// Every slot read back through NBD with the pattern the model says.
+fn verify_over_nbd(setup: &Setup, model: &[u8], what: &str) {
+    let reads: Vec<String> = model
+        .chunks(SLOT_BYTES as usize)
+        .enumerate()
+        .map(|(slot, bytes)| {
+            format!(
+                "read -P {} {} {SLOT_BYTES}",
+                bytes[0],
+                slot as u64 * SLOT_BYTES
+            )
+        })
+        .collect();
+    let output = qemu_io(setup, &reads).output().unwrap();
+    assert_qemu_io_ok(&output, what);
+}
+
+/// Waits until branch `index` shows `health` in the daemon's report.
+fn wait_for_health(setup: &Setup, index: usize, health: &str, served: &Served) {
+    let started = Instant::now();
+    loop {
+        if setup.health(&[])[index] == health {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_millis(WATCH_TIMEOUT_MS),
+            "branch b{index} never became {health}: {}",
+            served.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A served pool loses a branch directory (`rm -rf`) while qemu-io writes
+/// through NBD: the watcher fails it, writes go on, every byte reads back;
+/// for raif5 a rebuild through the control socket while qemu-io writes,
+/// then another branch lost and every byte still there.
+fn branch_lost_under_nbd_writes(level: &str, branches: usize, rebuild_online: bool) {
+    if !have("qemu-io") {
+        return;
+    }
+    let setup = Setup::init(level, branches);
+    setup.ok(&["create", "disk", "--size", &VOLUME_BYTES.to_string()]);
+    let mut model = vec![0u8; VOLUME_BYTES as usize];
+    let served = Served::start(&setup, &[]);
+
+    let first = batch(1, 384, &mut model);
+    let mut writer = qemu_io(&setup, &first);
+    let writer = std::thread::spawn(move || writer.output());
+    std::thread::sleep(Duration::from_millis(150));
+    std::fs::remove_dir_all(setup.branch(1)).unwrap();
+    let output = writer.join().unwrap().unwrap();
+    assert_qemu_io_ok(&output, "writes while the branch went");
+    wait_for_health(&setup, 1, "failed", &served);
+    let info = setup.ok(&["info"]);
+    assert!(info.contains("DEGRADED"), "{info}");
+
+    let second = batch(2, 256, &mut model);
+    assert_qemu_io_ok(
+        &qemu_io(&setup, &second).output().unwrap(),
+        "degraded writes",
+    );
+    verify_over_nbd(&setup, &model, &format!("{level} degraded"));
+
+    if rebuild_online {
+        let third = batch(3, 512, &mut model);
+        let mut writer = qemu_io(&setup, &third);
+        let writer = std::thread::spawn(move || writer.output());
+        let new_dir = setup.path("b1-new");
+        let out = setup.ok(&[
+            "rebuild",
+            "--branch",
+            "b1",
+            "--to",
+            new_dir.to_str().unwrap(),
+        ]);
+        assert!(out.contains("rebuilt branch b1"), "{out}");
+        assert_qemu_io_ok(
+            &writer.join().unwrap().unwrap(),
+            "writes during the rebuild",
+        );
+        assert_eq!(setup.health(&[]), vec!["ok"; branches]);
+        verify_over_nbd(&setup, &model, &format!("{level} rebuilt online"));
+    }
+    let log = served.stop();
+    assert!(
+        log.contains("branch b1") && log.contains("degraded"),
+        "the daemon's log does not say the branch failed: {log}"
+    );
+    if rebuild_online {
+        // The rebuilt branch carries its share: lose another one.
+        std::fs::remove_dir_all(setup.branch(2)).unwrap();
+    }
+    let out = setup.path("final.img");
+    setup.ok(&["--degraded", "export", "disk", out.to_str().unwrap()]);
+    let back = std::fs::read(&out).unwrap();
+    let first_bad = back.iter().zip(&model).position(|(a, b)| a != b);
+    assert!(first_bad.is_none(), "{level}: differs at {first_bad:?}");
+}
+
+#[test]
+fn raif1_branch_lost_under_nbd_writes() {
+    branch_lost_under_nbd_writes("raif1", 3, false);
+}
+
+#[test]
+fn raif5_branch_lost_under_nbd_writes_then_rebuilt_online() {
+    branch_lost_under_nbd_writes("raif5", 3, true);
+}
+
+#[test]
+fn raif6_branch_lost_under_nbd_writes() {
+    branch_lost_under_nbd_writes("raif6", 4, false);
+}
+
+#[test]
+fn raif10_branch_lost_under_nbd_writes() {
+    branch_lost_under_nbd_writes("raif10", 4, false);
+}
+
+/// `grove mount` over a pool with branches: a branch directory removed
+/// while files are written is failed by the mount's watcher, writes go on,
+/// and every byte reads back through the mount and after it.
+#[test]
+fn a_mounted_pool_loses_a_branch_and_goes_on() {
+    use std::os::unix::fs::FileExt;
+    if !rustix::process::geteuid().is_root() || !Path::new("/dev/fuse").exists() {
+        eprintln!("SKIP: needs root and /dev/fuse");
+        return;
+    }
+    let setup = Setup::init("raif5", 3);
+    setup.ok(&["create", "disk", "--size", "8M"]);
+    let mountpoint = setup.path("mnt");
+    std::fs::create_dir(&mountpoint).unwrap();
+    let child = Command::new(GROVE)
+        .arg("--pool")
+        .arg(setup.pool())
+        .args(["mount", "--foreground"])
+        .arg(&mountpoint)
+        .env("GROVE_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(setup.path("mount.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let mut child = Reaped(child);
+    let file = mountpoint.join("disk");
+    let started = Instant::now();
+    while !file.exists() {
+        assert!(child.0.try_wait().unwrap().is_none(), "grove mount exited");
+        assert!(started.elapsed() < Duration::from_secs(20), "no mount");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut model = pattern(8 << 20, 31);
+    let disk = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+    disk.write_all_at(&model[..4 << 20], 0).unwrap();
+    std::fs::remove_dir_all(setup.branch(2)).unwrap();
+    let started = Instant::now();
+    while setup.health(&[])[2] != "failed" {
+        assert!(
+            started.elapsed() < Duration::from_millis(WATCH_TIMEOUT_MS),
+            "the mount's watcher did not fail b2"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    model[5 << 20..6 << 20].fill(0x77);
+    disk.write_all_at(&model[4 << 20..], 4 << 20).unwrap();
+    disk.sync_all().unwrap();
+    drop(disk);
+    assert_eq!(
+        std::fs::read(&file).unwrap(),
+        model,
+        "read through the mount"
+    );
+    let status = Command::new("umount").arg(&mountpoint).status().unwrap();
+    assert!(status.success());
+    assert!(child.0.wait().unwrap().success());
+    let log = std::fs::read_to_string(setup.path("mount.log")).unwrap();
+    assert!(
+        log.contains("branch b2") && log.contains("degraded"),
+        "{log}"
+    );
+    setup.assert_volume(&["--degraded"], "disk", &model, "after the mount");
+}
