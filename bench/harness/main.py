@@ -2,7 +2,7 @@
 profile, then writes <date>-<profile>.json, latest.md and PNG plots.
 
   main.py --grove BIN --grove-bench BIN [--quick | --smoke] [--out DIR]
-          [--only servers,depth,nsnaps,memory,snapcount,replication,retention]
+          [--only servers,depth,nsnaps,memory,snapcount,replication,retention,branches]
           [--keep-work] [--grove-before BIN]
 """
 
@@ -28,7 +28,8 @@ import report  # noqa: E402
 import targets  # noqa: E402
 from grovecli import Grove  # noqa: E402
 from profiles import PROFILES  # noqa: E402
-from workloads import depth, memory, nsnaps, replication, retention, servers, snapcount  # noqa: E402
+from workloads import (  # noqa: E402
+    branches, depth, memory, nsnaps, replication, retention, servers, snapcount)
 
 WORKLOADS = {
     "servers": servers.run,
@@ -38,6 +39,7 @@ WORKLOADS = {
     "snapcount": snapcount.run,
     "replication": replication.run,
     "retention": retention.run,
+    "branches": branches.run,
 }
 
 

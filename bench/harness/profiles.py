@@ -62,8 +62,13 @@ class Profile:
     retention_lead_s: float = 1.0
     retention_list_volumes: int = 100_000
     retention_list_window_s: float = 8.0
+    # A pool over branches: the image each target holds, alternating
+    # rounds, and the window of random reads a rebuild runs in.
+    branches_image_bytes: int = GIB
+    branches_rounds: int = 2
+    branches_rebuild_window_s: float = 20.0
     workloads: tuple = ("servers", "depth", "nsnaps", "memory", "snapcount", "replication",
-                        "retention")
+                        "retention", "branches")
 
     def as_dict(self):
         return asdict(self)
@@ -98,6 +103,9 @@ QUICK = Profile(
     retention_window_s=20.0,
     retention_list_volumes=20_000,
     retention_list_window_s=4.0,
+    branches_image_bytes=256 * MIB,
+    branches_rounds=1,
+    branches_rebuild_window_s=10.0,
 )
 
 SMOKE = Profile(
@@ -134,6 +142,9 @@ SMOKE = Profile(
     retention_lead_s=0.3,
     retention_list_volumes=200,
     retention_list_window_s=1.5,
+    branches_image_bytes=16 * MIB,
+    branches_rounds=1,
+    branches_rebuild_window_s=2.0,
 )
 
 PROFILES = {p.name: p for p in (SMOKE, QUICK, FULL)}

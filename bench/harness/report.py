@@ -261,6 +261,39 @@ def retention_section(r, p):
     return lines
 
 
+def branches_section(b, p):
+    rows = []
+    for r in b["rows"]:
+        if "iops" not in r:
+            rows.append([r["label"], r["job"], "–", "–", "–", "–", r.get("missing") or ""])
+            continue
+        rows.append([r["label"], r["job"], _n(r["iops"]), _f(r["mib_s"], 1),
+                     _f(r.get("over_single_file")), _f(r.get("over_btrfs")),
+                     r.get("btrfs_peer", "")])
+    lines = ["## Pools over branches", "",
+             f"The same {b['image_bytes'] // MIB} MiB of random data on each target; fio "
+             f"({p['numjobs']} jobs x iodepth {p['iodepth']}, {p['runtime_s']:g} s, median of "
+             f"{b['rounds']} round(s) taking turns): grove through `grove serve` (nbd engine), "
+             "btrfs on a file (libaio, buffered, end_fsync for writes). Every branch "
+             f"directory and loop device image is on the work directory's disk. Page cache: "
+             f"{b['cache']}.", ""]
+    lines += _table(["target", "job", "IOPS", "MiB/s", "/ single-file pool", "/ btrfs peer",
+                     "btrfs peer"], rows)
+    r = b["rebuild"]
+    lines += ["", f"Rebuild of RAIF5's branch b1 through the control socket of the served "
+              f"pool, under random 4K reads: {r['bytes_written'] / MIB:.0f} MiB written in "
+              f"{r['rebuild_s']:.2f} s ({r['rebuild_mib_s']:.1f} MiB/s), "
+              f"{_f(r['rebuild_over_seq_write'])} of the disk's own sequential write speed "
+              f"({r['disk_seq_write_mib_s']:.1f} MiB/s, fio 1 MiB direct writes of as many "
+              f"bytes). Foreground read IOPS during the rebuild: "
+              f"{_n(r['during_span']['iops'])} against {_n(r['quiet_span']['iops'])} in the "
+              f"same span without it ({_f(r['iops_ratio_span'])}); worst read "
+              f"{_f(r['during_span']['lat_max_ms'], 1)} ms against "
+              f"{_f(r['quiet_span']['lat_max_ms'], 1)} ms."
+              + ("" if r["covered"] else " The rebuild outlasted the fio window.")]
+    return lines
+
+
 SECTIONS = {
     "servers": servers_section,
     "depth": depth_section,
@@ -269,6 +302,7 @@ SECTIONS = {
     "snapcount": snapcount_section,
     "replication": replication_section,
     "retention": retention_section,
+    "branches": branches_section,
 }
 
 
