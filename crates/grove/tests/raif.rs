@@ -31,6 +31,12 @@ const CRASH_ITERATIONS: u64 = 3;
 const CRASH_CHUNK_BYTES: usize = 6000;
 /// Steps the writer takes at most.
 const CRASH_CHUNKS: usize = 400;
+/// Files the rebuild-status test rebuilds, each of several stripes.
+const REBUILD_STATUS_FILES: usize = 32;
+const REBUILD_STATUS_FILE_BYTES: usize = 64 * 1024;
+/// The delay of each read on the surviving branches in that test: it
+/// makes the rebuild last a few seconds while status is polled.
+const REBUILD_READ_DELAY_MS: u64 = 5;
 
 fn skip_reason() -> Option<String> {
     if !rustix::process::geteuid().is_root() {
@@ -709,6 +715,101 @@ fn rebuild_refuses_a_healthy_branch_and_a_failed_one_leaves_the_mount_as_it_was(
     let line = human.lines().find(|l| l.starts_with("b1")).unwrap();
     assert!(line.contains(to) && line.contains("replaces"), "{human}");
     assert_eq!(fs::read(r.p("f")).unwrap(), data);
+}
+
+/// Issue 26 point 6: a replacement shows as rebuilding, never ok, until
+/// every file on it is whole. The mount's test hook delays every read on
+/// the surviving branches, which the rebuild reads from, so that it lasts
+/// while `status --json` is polled; the job's file count in the same
+/// answer says how far it is. Every answer with files still to rebuild
+/// shows the branch failed or rebuilding, never ok; at least one answer
+/// came while the rebuild was part way; at the end it is ok and whole.
+#[test]
+fn a_replacement_shows_as_rebuilding_until_every_file_on_it_is_whole() {
+    require!();
+    let delays = format!("b0={REBUILD_READ_DELAY_MS},b2={REBUILD_READ_DELAY_MS}");
+    let mut r = Raif::with_env("raif5", 3, "4K", &[("GROVE_RAIF_READ_DELAY", &delays)]);
+    let files: Vec<(String, Vec<u8>)> = (0..REBUILD_STATUS_FILES)
+        .map(|i| {
+            (
+                format!("f{i}"),
+                pattern(REBUILD_STATUS_FILE_BYTES, i as u64),
+            )
+        })
+        .collect();
+    for (name, data) in &files {
+        fs::write(r.p(name), data).unwrap();
+    }
+    fs::remove_dir_all(&r.branches[1]).unwrap();
+    let status = r.status();
+    assert_eq!(status["branches"][1]["state"], "failed", "{status}");
+    let new = r.dir.path().join("new1");
+    fs::create_dir(&new).unwrap();
+    let mut rebuild = Command::new("timeout")
+        .args([
+            "-k", "5", "240", GROVE, "raif", "rebuild", "--branch", "b1", "--to",
+        ])
+        .arg(&new)
+        .arg(&r.mnt)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let total = REBUILD_STATUS_FILES as u64;
+    let (mut polls, mut part_way) = (0, 0);
+    let started = Instant::now();
+    while rebuild.try_wait().unwrap().is_none() {
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "the rebuild did not end"
+        );
+        let status = r.status();
+        polls += 1;
+        let branch = &status["branches"][1];
+        let state = branch["state"].as_str().unwrap();
+        let job = &status["job"];
+        let files = job["files"].as_u64().unwrap_or(0);
+        assert!(
+            state == "failed" || state == "rebuilding" || state == "ok",
+            "{status}"
+        );
+        if files < total {
+            assert_ne!(state, "ok", "ok with files still to rebuild: {status}");
+            assert_eq!(status["state"], "degraded", "{status}");
+        }
+        if state == "ok" {
+            assert_eq!(job["files"], total, "{status}");
+            assert_eq!(job["problems"], 0, "{status}");
+        }
+        if files > 0 && files < total {
+            assert_eq!(state, "rebuilding", "part way: {status}");
+            assert_eq!(branch["path"], new.to_str().unwrap(), "{status}");
+            part_way += 1;
+        }
+    }
+    let out = rebuild.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        part_way > 0,
+        "no status answer came while the rebuild was part way ({polls} polls)"
+    );
+    let status = r.status();
+    assert_eq!(status["state"], "ok", "{status}");
+    assert_eq!(status["branches"][1]["state"], "ok", "{status}");
+    assert_eq!(status["job"]["finished"], true, "{status}");
+    assert_eq!(status["job"]["files"], total, "{status}");
+    // Whole: every file reads back without b0, from b1 and b2 alone.
+    r.branches[1] = new;
+    r.unmount();
+    r.mount();
+    let away = r.dir.path().join("away");
+    fs::rename(&r.branches[0], &away).unwrap();
+    for (name, data) in &files {
+        assert_eq!(&fs::read(r.p(name)).unwrap(), data, "{name} without b0");
+    }
+    assert_eq!(r.status()["branches"][0]["state"], "failed");
+    r.unmount();
+    fs::rename(&away, &r.branches[0]).unwrap();
 }
 
 #[test]
