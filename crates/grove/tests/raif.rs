@@ -812,6 +812,123 @@ fn a_replacement_shows_as_rebuilding_until_every_file_on_it_is_whole() {
     fs::rename(&away, &r.branches[0]).unwrap();
 }
 
+/// Issue 26 point 2: FIFOs, device nodes and sockets made through the
+/// mount are on every branch, as directories are, with the type, device
+/// number, mode and owner the mount shows, and a chmod, chown or
+/// utimensat through the mount reaches every branch too. (Times as made
+/// are each branch's own, milliseconds apart, as a directory's are; the
+/// times set explicitly are the same everywhere.)
+#[test]
+fn special_files_are_on_every_branch_with_their_modes_owners_and_times() {
+    require!();
+    use rustix::fs::{FileType, Mode, Timespec, Timestamps};
+    for (level, width) in [("raif1", 2), ("raif5", 3), ("raif6", 4)] {
+        let r = Raif::new(level, width, "4K");
+        fs::create_dir(r.p("d")).unwrap();
+        // (name, type, st_mode's type bits, device number, mode as made:
+        // none of them cleared by the test's umask of 022)
+        let kinds = [
+            ("d/fifo", FileType::Fifo, 0o010000, 0, 0o640),
+            (
+                "d/null",
+                FileType::CharacterDevice,
+                0o020000,
+                rustix::fs::makedev(1, 3),
+                0o604,
+            ),
+            (
+                "d/loop",
+                FileType::BlockDevice,
+                0o060000,
+                rustix::fs::makedev(7, 200),
+                0o600,
+            ),
+            ("d/sock", FileType::Socket, 0o140000, 0, 0),
+        ];
+        for (name, kind, _, dev, mode) in &kinds[..3] {
+            rustix::fs::mknodat(
+                rustix::fs::CWD,
+                r.p(name),
+                *kind,
+                Mode::from_raw_mode(*mode),
+                *dev,
+            )
+            .unwrap_or_else(|e| panic!("{level}: mknod {name}: {e}"));
+        }
+        let listener = std::os::unix::net::UnixListener::bind(r.p("d/sock"))
+            .unwrap_or_else(|e| panic!("{level}: bind: {e}"));
+        // Each entry as the mount shows it meets `expect`, and is on every
+        // branch with its type, device number, mode and owner, each of
+        // which meets `expect` too.
+        let check = |stage: &str, expect: &dyn Fn(&str, &fs::Metadata)| {
+            for (name, _, kind, dev, _) in kinds {
+                let seen = fs::symlink_metadata(r.p(name)).unwrap();
+                expect(name, &seen);
+                for (i, branch) in r.branches.iter().enumerate() {
+                    let m = fs::symlink_metadata(branch.join(name)).unwrap_or_else(|e| {
+                        panic!("{level} {stage}: {name} is not on branch b{i}: {e}")
+                    });
+                    let what = format!("{level} {stage}: {name} on b{i}");
+                    assert_eq!(m.mode() & 0o170000, kind, "{what}: type");
+                    assert_eq!(m.rdev(), dev, "{what}: device number");
+                    assert_eq!(m.mode(), seen.mode(), "{what}: mode");
+                    assert_eq!(
+                        (m.uid(), m.gid()),
+                        (seen.uid(), seen.gid()),
+                        "{what}: owner"
+                    );
+                    expect(&what, &m);
+                }
+            }
+        };
+        // As made: the socket's mode follows the umask, so it is only
+        // compared with what the mount shows.
+        check("made", &|what, m| {
+            let made = kinds.iter().find(|k| what.contains(k.0)).unwrap();
+            if made.4 != 0 {
+                assert_eq!(m.mode() & 0o7777, made.4, "{what}: mode as made");
+            }
+            assert_eq!((m.uid(), m.gid()), (0, 0), "{what}: owner");
+        });
+        // Changed through the mount: mode, owner, times.
+        let when = Timespec {
+            tv_sec: 1_234_567_890,
+            tv_nsec: 250_000_000,
+        };
+        for (name, ..) in kinds {
+            // chown first: it clears the set-user-ID bit.
+            std::os::unix::fs::lchown(r.p(name), Some(4321), Some(8765)).unwrap();
+            rustix::fs::chmod(r.p(name), Mode::from_raw_mode(0o4751)).unwrap();
+            let times = Timestamps {
+                last_access: when,
+                last_modification: when,
+            };
+            rustix::fs::utimensat(
+                rustix::fs::CWD,
+                r.p(name),
+                &times,
+                rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+            )
+            .unwrap();
+        }
+        check("changed", &|what, m| {
+            assert_eq!(m.mode() & 0o7777, 0o4751, "{what}: mode");
+            assert_eq!((m.uid(), m.gid()), (4321, 8765), "{what}: owner");
+            assert_eq!(
+                (m.mtime(), m.mtime_nsec()),
+                (1_234_567_890, 250_000_000),
+                "{what}: mtime"
+            );
+            assert_eq!(
+                (m.atime(), m.atime_nsec()),
+                (1_234_567_890, 250_000_000),
+                "{what}: atime"
+            );
+        });
+        drop(listener);
+    }
+}
+
 #[test]
 fn a_mount_whose_log_cannot_be_written_still_serves() {
     require!();
