@@ -155,6 +155,49 @@ impl Budget {
     }
 }
 
+/// The budgets a connection's in-flight bytes count against: its own
+/// (at most [`connection_share_bytes`]), its peer's (at most
+/// [`peer_share_bytes`] for the peers connected now) and the server's.
+struct Shares<'a> {
+    connection: &'a Budget,
+    peer: &'a Budget,
+    /// Peers with connections to the server now: they split the budget.
+    peers_connected: &'a AtomicUsize,
+    server: &'a Budget,
+}
+
+impl Shares<'_> {
+    /// Waits until `bytes` fit in all three budgets, and takes them; takes
+    /// nothing and returns false once `cancelled` says so.
+    fn acquire(&self, bytes: u64, cancelled: &dyn Fn() -> bool) -> bool {
+        // Always in this order (connection, peer, server), so waiters for
+        // the same budgets never hold them crosswise.
+        if !self.connection.acquire(bytes, cancelled) {
+            return false;
+        }
+        let peer_share = || {
+            let peers = self.peers_connected.load(Ordering::SeqCst);
+            peer_share_bytes(self.server.max_bytes, peers)
+        };
+        if !self.peer.acquire_within(bytes, &peer_share, cancelled) {
+            self.connection.release(bytes);
+            return false;
+        }
+        if !self.server.acquire(bytes, cancelled) {
+            self.peer.release(bytes);
+            self.connection.release(bytes);
+            return false;
+        }
+        true
+    }
+
+    fn release(&self, bytes: u64) {
+        self.server.release(bytes);
+        self.peer.release(bytes);
+        self.connection.release(bytes);
+    }
+}
+
 /// One decoded request on its way to a worker.
 struct Job {
     request: Request,
@@ -195,37 +238,23 @@ struct Connection<'a> {
 }
 
 impl Connection<'_> {
+    fn shares(&self) -> Shares<'_> {
+        Shares {
+            connection: &self.budget,
+            peer: self.peer_budget,
+            peers_connected: self.peers_connected,
+            server: self.server_budget,
+        }
+    }
+
     fn acquire(&self, bytes: u64) -> bool {
         let cancelled =
             || self.stopping.load(Ordering::SeqCst) || self.broken.load(Ordering::SeqCst);
-        // Always in this order (connection, peer, server), so waiters for
-        // the same budgets never hold them crosswise.
-        if !self.budget.acquire(bytes, &cancelled) {
-            return false;
-        }
-        let peer_share = || {
-            let peers = self.peers_connected.load(Ordering::SeqCst);
-            peer_share_bytes(self.server_budget.max_bytes, peers)
-        };
-        if !self
-            .peer_budget
-            .acquire_within(bytes, &peer_share, &cancelled)
-        {
-            self.budget.release(bytes);
-            return false;
-        }
-        if !self.server_budget.acquire(bytes, &cancelled) {
-            self.peer_budget.release(bytes);
-            self.budget.release(bytes);
-            return false;
-        }
-        true
+        self.shares().acquire(bytes, &cancelled)
     }
 
     fn release(&self, bytes: u64) {
-        self.server_budget.release(bytes);
-        self.peer_budget.release(bytes);
-        self.budget.release(bytes);
+        self.shares().release(bytes)
     }
 
     /// How long a transfer of `bytes` (a request's data, a reply) may take.
@@ -720,5 +749,263 @@ fn send(connection: &Connection<'_>, bytes: &[u8]) {
             }
             let _ = writer.shutdown(Shutdown::Both);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    /// The server-wide in-flight limit of these tests.
+    const LIMIT_BYTES: u64 = 256 * 1024 * 1024;
+    /// What a 1 MiB write holds while it is in the server.
+    const WRITE_COST_BYTES: u64 = 1024 * 1024 + REQUEST_OVERHEAD_BYTES;
+    /// How long a test waits for a thread to start waiting before it fails
+    /// (a safety net: the wait itself is observed, not timed).
+    const WAIT_START_TIMEOUT_MS: u64 = 30_000;
+
+    /// Takes `bytes` if they fit now, without waiting: `cancelled` is only
+    /// asked once a budget would have to wait.
+    fn try_acquire(shares: &Shares<'_>, bytes: u64) -> bool {
+        shares.acquire(bytes, &|| true)
+    }
+
+    /// One peer's budget and its connections' budgets.
+    struct Peer {
+        budget: Budget,
+        connections: Vec<Budget>,
+    }
+
+    impl Peer {
+        fn new(connections: usize) -> Peer {
+            Peer {
+                budget: Budget::new(LIMIT_BYTES),
+                connections: (0..connections)
+                    .map(|_| Budget::new(connection_share_bytes(LIMIT_BYTES)))
+                    .collect(),
+            }
+        }
+
+        fn shares<'a>(
+            &'a self,
+            connection: usize,
+            peers: &'a AtomicUsize,
+            server: &'a Budget,
+        ) -> Shares<'a> {
+            Shares {
+                connection: &self.connections[connection],
+                peer: &self.budget,
+                peers_connected: peers,
+                server,
+            }
+        }
+    }
+
+    #[test]
+    fn the_shares_are_well_under_the_server_budget() {
+        assert!(connection_share_bytes(LIMIT_BYTES) <= LIMIT_BYTES / 4);
+        assert!(connection_share_bytes(LIMIT_BYTES) >= INFLIGHT_LIMIT_MIN_BYTES);
+        assert_eq!(peer_share_bytes(LIMIT_BYTES, 1), LIMIT_BYTES);
+        assert_eq!(peer_share_bytes(LIMIT_BYTES, 2), LIMIT_BYTES / 2);
+        assert_eq!(peer_share_bytes(LIMIT_BYTES, 0), LIMIT_BYTES);
+        // However many peers: one request of the largest payload fits.
+        assert_eq!(
+            peer_share_bytes(LIMIT_BYTES, 1000),
+            INFLIGHT_LIMIT_MIN_BYTES
+        );
+    }
+
+    /// A connection alone on the server stops at its own share: the rest
+    /// of the budget stays free for others.
+    #[test]
+    fn a_connection_holds_at_most_its_share_of_the_budget() {
+        let server = Budget::new(LIMIT_BYTES);
+        let peers = AtomicUsize::new(1);
+        let peer = Peer::new(2);
+        let share = connection_share_bytes(LIMIT_BYTES);
+        let first = peer.shares(0, &peers, &server);
+        let mut taken = 0;
+        while try_acquire(&first, WRITE_COST_BYTES) {
+            taken += 1;
+            assert!(taken <= share / WRITE_COST_BYTES, "past its share");
+        }
+        assert_eq!(taken, share / WRITE_COST_BYTES);
+        assert_eq!(peer.connections[0].used_bytes(), taken * WRITE_COST_BYTES);
+        assert_eq!(server.used_bytes(), taken * WRITE_COST_BYTES);
+        assert!(server.used_bytes() <= LIMIT_BYTES / 4);
+        // The cap is the connection's: another connection gets its share.
+        let second = peer.shares(1, &peers, &server);
+        assert!(try_acquire(&second, WRITE_COST_BYTES));
+        // A refused request took nothing anywhere.
+        assert!(!try_acquire(&first, WRITE_COST_BYTES));
+        assert_eq!(peer.connections[0].used_bytes(), taken * WRITE_COST_BYTES);
+        assert_eq!(
+            server.used_bytes(),
+            (taken + 1) * WRITE_COST_BYTES,
+            "only the second connection's request was added"
+        );
+    }
+
+    /// Peer A fills the whole budget while alone; peer B then connects and
+    /// waits. What A gives back goes to B, and A gets nothing more until
+    /// it holds less than its half, however many of its connections ask.
+    #[test]
+    fn a_peer_gets_nothing_past_its_share_while_another_peer_waits() {
+        let server = Budget::new(LIMIT_BYTES);
+        let peers = AtomicUsize::new(1);
+        let connections = CONNECTION_SHARE_DIVISOR as usize + 1;
+        let a = Peer::new(connections);
+        let mut held: Vec<u64> = vec![0; connections];
+        for (c, count) in held.iter_mut().enumerate() {
+            while try_acquire(&a.shares(c, &peers, &server), WRITE_COST_BYTES) {
+                *count += 1;
+            }
+        }
+        assert!(
+            server.used_bytes() + WRITE_COST_BYTES > LIMIT_BYTES,
+            "alone, A filled the server's budget: {}",
+            server.used_bytes()
+        );
+        let b = Peer::new(1);
+        peers.store(2, Ordering::SeqCst);
+        let half = peer_share_bytes(LIMIT_BYTES, 2);
+        let waiting = AtomicBool::new(false);
+        let given_up = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            let b_request = scope.spawn(|| {
+                let cancelled = || {
+                    waiting.store(true, Ordering::SeqCst);
+                    given_up.load(Ordering::SeqCst)
+                };
+                b.shares(0, &peers, &server)
+                    .acquire(WRITE_COST_BYTES, &cancelled)
+            });
+            let started = Instant::now();
+            while !waiting.load(Ordering::SeqCst) {
+                if started.elapsed() > Duration::from_millis(WAIT_START_TIMEOUT_MS) {
+                    given_up.store(true, Ordering::SeqCst);
+                    panic!("B's request never waited");
+                }
+                std::thread::yield_now();
+            }
+            assert!(!b_request.is_finished(), "B waits: the server is full");
+            // A gives one request back and asks again, on the same
+            // connection and on every other: refused, it holds past its half.
+            a.shares(0, &peers, &server).release(WRITE_COST_BYTES);
+            held[0] -= 1;
+            for c in 0..connections {
+                assert!(
+                    !try_acquire(&a.shares(c, &peers, &server), WRITE_COST_BYTES),
+                    "A got more while holding {} of its share {half} and B waits",
+                    a.budget.used_bytes()
+                );
+            }
+            let acquired = b_request.join().unwrap();
+            assert!(acquired, "B got the room A gave back");
+        });
+        assert_eq!(b.budget.used_bytes(), WRITE_COST_BYTES);
+        // A gives back one request at a time: every ask of A is refused
+        // until what it holds plus the ask is within its half.
+        let mut c = 0;
+        loop {
+            while held[c] == 0 {
+                c = (c + 1) % connections;
+            }
+            a.shares(c, &peers, &server).release(WRITE_COST_BYTES);
+            held[c] -= 1;
+            let fits = a.budget.used_bytes() + WRITE_COST_BYTES <= half;
+            let got = try_acquire(&a.shares(c, &peers, &server), WRITE_COST_BYTES);
+            assert_eq!(got, fits, "A holds {}", a.budget.used_bytes());
+            if got {
+                held[c] += 1;
+                break;
+            }
+            c = (c + 1) % connections;
+        }
+        assert!(a.budget.used_bytes() <= half);
+        // B goes on to its own connection's share, the server having room.
+        let mut b_taken = 1;
+        while try_acquire(&b.shares(0, &peers, &server), WRITE_COST_BYTES) {
+            b_taken += 1;
+        }
+        assert_eq!(
+            b_taken,
+            connection_share_bytes(LIMIT_BYTES) / WRITE_COST_BYTES
+        );
+        assert!(server.used_bytes() <= LIMIT_BYTES);
+    }
+
+    /// Random requests and releases over four peers of three connections:
+    /// after every one, no connection, peer or server holds past its cap,
+    /// and every refusal had a budget that was really full.
+    #[test]
+    fn random_requests_never_exceed_a_share_and_are_refused_only_when_one_is_full() {
+        const PEERS: usize = 4;
+        const CONNECTIONS: usize = 3;
+        const STEPS: usize = 20_000;
+        let server = Budget::new(LIMIT_BYTES);
+        let peers_connected = AtomicUsize::new(PEERS);
+        let peers: Vec<Peer> = (0..PEERS).map(|_| Peer::new(CONNECTIONS)).collect();
+        let connection_share = connection_share_bytes(LIMIT_BYTES);
+        let peer_share = peer_share_bytes(LIMIT_BYTES, PEERS);
+        assert!(
+            CONNECTIONS as u64 * connection_share > peer_share,
+            "the peer's cap binds before its connections' caps do"
+        );
+        // Requests in the server: (peer, connection, bytes).
+        let mut held: Vec<(usize, usize, u64)> = Vec::new();
+        let (mut refused, mut accepted) = (0, 0);
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        for _ in 0..STEPS {
+            if !held.is_empty() && next(3) == 0 {
+                let (p, c, bytes) = held.swap_remove(next(held.len() as u64) as usize);
+                peers[p].shares(c, &peers_connected, &server).release(bytes);
+            } else {
+                let (p, c) = (
+                    next(PEERS as u64) as usize,
+                    next(CONNECTIONS as u64) as usize,
+                );
+                let bytes = match next(20) {
+                    0 => INFLIGHT_LIMIT_MIN_BYTES,
+                    1 => REQUEST_OVERHEAD_BYTES,
+                    _ => REQUEST_OVERHEAD_BYTES + 1 + next(PAYLOAD_MAX_BYTES as u64 / 16),
+                };
+                let full = |budget: &Budget, cap: u64| {
+                    budget.used_bytes() > 0 && budget.used_bytes() + bytes > cap
+                };
+                let peer = &peers[p];
+                let any_full = full(&peer.connections[c], connection_share)
+                    || full(&peer.budget, peer_share)
+                    || full(&server, LIMIT_BYTES);
+                let got = try_acquire(&peer.shares(c, &peers_connected, &server), bytes);
+                assert_eq!(got, !any_full, "a request of {bytes} bytes");
+                if got {
+                    held.push((p, c, bytes));
+                    accepted += 1;
+                } else {
+                    refused += 1;
+                }
+            }
+            for peer in &peers {
+                assert!(peer.budget.used_bytes() <= peer_share);
+                for connection in &peer.connections {
+                    assert!(connection.used_bytes() <= connection_share);
+                }
+            }
+            assert!(server.used_bytes() <= LIMIT_BYTES);
+            let total: u64 = held.iter().map(|h| h.2).sum();
+            assert_eq!(server.used_bytes(), total, "the books balance");
+        }
+        assert!(
+            refused > STEPS / 10 && accepted > STEPS / 10,
+            "{refused} refused, {accepted} accepted"
+        );
     }
 }

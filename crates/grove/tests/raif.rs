@@ -31,6 +31,12 @@ const CRASH_ITERATIONS: u64 = 3;
 const CRASH_CHUNK_BYTES: usize = 6000;
 /// Steps the writer takes at most.
 const CRASH_CHUNKS: usize = 400;
+/// Files the rebuild-status test rebuilds, each of several stripes.
+const REBUILD_STATUS_FILES: usize = 32;
+const REBUILD_STATUS_FILE_BYTES: usize = 64 * 1024;
+/// The delay of each read on the surviving branches in that test: it
+/// makes the rebuild last a few seconds while status is polled.
+const REBUILD_READ_DELAY_MS: u64 = 5;
 
 fn skip_reason() -> Option<String> {
     if !rustix::process::geteuid().is_root() {
@@ -709,6 +715,218 @@ fn rebuild_refuses_a_healthy_branch_and_a_failed_one_leaves_the_mount_as_it_was(
     let line = human.lines().find(|l| l.starts_with("b1")).unwrap();
     assert!(line.contains(to) && line.contains("replaces"), "{human}");
     assert_eq!(fs::read(r.p("f")).unwrap(), data);
+}
+
+/// Issue 26 point 6: a replacement shows as rebuilding, never ok, until
+/// every file on it is whole. The mount's test hook delays every read on
+/// the surviving branches, which the rebuild reads from, so that it lasts
+/// while `status --json` is polled; the job's file count in the same
+/// answer says how far it is. Every answer with files still to rebuild
+/// shows the branch failed or rebuilding, never ok; at least one answer
+/// came while the rebuild was part way; at the end it is ok and whole.
+#[test]
+fn a_replacement_shows_as_rebuilding_until_every_file_on_it_is_whole() {
+    require!();
+    let delays = format!("b0={REBUILD_READ_DELAY_MS},b2={REBUILD_READ_DELAY_MS}");
+    let mut r = Raif::with_env("raif5", 3, "4K", &[("GROVE_RAIF_READ_DELAY", &delays)]);
+    let files: Vec<(String, Vec<u8>)> = (0..REBUILD_STATUS_FILES)
+        .map(|i| {
+            (
+                format!("f{i}"),
+                pattern(REBUILD_STATUS_FILE_BYTES, i as u64),
+            )
+        })
+        .collect();
+    for (name, data) in &files {
+        fs::write(r.p(name), data).unwrap();
+    }
+    fs::remove_dir_all(&r.branches[1]).unwrap();
+    let status = r.status();
+    assert_eq!(status["branches"][1]["state"], "failed", "{status}");
+    let new = r.dir.path().join("new1");
+    fs::create_dir(&new).unwrap();
+    let mut rebuild = Command::new("timeout")
+        .args([
+            "-k", "5", "240", GROVE, "raif", "rebuild", "--branch", "b1", "--to",
+        ])
+        .arg(&new)
+        .arg(&r.mnt)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let total = REBUILD_STATUS_FILES as u64;
+    let (mut polls, mut part_way) = (0, 0);
+    let started = Instant::now();
+    while rebuild.try_wait().unwrap().is_none() {
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "the rebuild did not end"
+        );
+        let status = r.status();
+        polls += 1;
+        let branch = &status["branches"][1];
+        let state = branch["state"].as_str().unwrap();
+        let job = &status["job"];
+        let files = job["files"].as_u64().unwrap_or(0);
+        assert!(
+            state == "failed" || state == "rebuilding" || state == "ok",
+            "{status}"
+        );
+        if files < total {
+            assert_ne!(state, "ok", "ok with files still to rebuild: {status}");
+            assert_eq!(status["state"], "degraded", "{status}");
+        }
+        if state == "ok" {
+            assert_eq!(job["files"], total, "{status}");
+            assert_eq!(job["problems"], 0, "{status}");
+        }
+        if files > 0 && files < total {
+            assert_eq!(state, "rebuilding", "part way: {status}");
+            assert_eq!(branch["path"], new.to_str().unwrap(), "{status}");
+            part_way += 1;
+        }
+    }
+    let out = rebuild.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        part_way > 0,
+        "no status answer came while the rebuild was part way ({polls} polls)"
+    );
+    let status = r.status();
+    assert_eq!(status["state"], "ok", "{status}");
+    assert_eq!(status["branches"][1]["state"], "ok", "{status}");
+    assert_eq!(status["job"]["finished"], true, "{status}");
+    assert_eq!(status["job"]["files"], total, "{status}");
+    // Whole: every file reads back without b0, from b1 and b2 alone.
+    r.branches[1] = new;
+    r.unmount();
+    r.mount();
+    let away = r.dir.path().join("away");
+    fs::rename(&r.branches[0], &away).unwrap();
+    for (name, data) in &files {
+        assert_eq!(&fs::read(r.p(name)).unwrap(), data, "{name} without b0");
+    }
+    assert_eq!(r.status()["branches"][0]["state"], "failed");
+    r.unmount();
+    fs::rename(&away, &r.branches[0]).unwrap();
+}
+
+/// Issue 26 point 2: FIFOs, device nodes and sockets made through the
+/// mount are on every branch, as directories are, with the type, device
+/// number, mode and owner the mount shows, and a chmod, chown or
+/// utimensat through the mount reaches every branch too. (Times as made
+/// are each branch's own, milliseconds apart, as a directory's are; the
+/// times set explicitly are the same everywhere.)
+#[test]
+fn special_files_are_on_every_branch_with_their_modes_owners_and_times() {
+    require!();
+    use rustix::fs::{FileType, Mode, Timespec, Timestamps};
+    for (level, width) in [("raif1", 2), ("raif5", 3), ("raif6", 4)] {
+        let r = Raif::new(level, width, "4K");
+        fs::create_dir(r.p("d")).unwrap();
+        // (name, type, st_mode's type bits, device number, mode as made:
+        // none of them cleared by the test's umask of 022)
+        let kinds = [
+            ("d/fifo", FileType::Fifo, 0o010000, 0, 0o640),
+            (
+                "d/null",
+                FileType::CharacterDevice,
+                0o020000,
+                rustix::fs::makedev(1, 3),
+                0o604,
+            ),
+            (
+                "d/loop",
+                FileType::BlockDevice,
+                0o060000,
+                rustix::fs::makedev(7, 200),
+                0o600,
+            ),
+            ("d/sock", FileType::Socket, 0o140000, 0, 0),
+        ];
+        for (name, kind, _, dev, mode) in &kinds[..3] {
+            rustix::fs::mknodat(
+                rustix::fs::CWD,
+                r.p(name),
+                *kind,
+                Mode::from_raw_mode(*mode),
+                *dev,
+            )
+            .unwrap_or_else(|e| panic!("{level}: mknod {name}: {e}"));
+        }
+        let listener = std::os::unix::net::UnixListener::bind(r.p("d/sock"))
+            .unwrap_or_else(|e| panic!("{level}: bind: {e}"));
+        // Each entry as the mount shows it meets `expect`, and is on every
+        // branch with its type, device number, mode and owner, each of
+        // which meets `expect` too.
+        let check = |stage: &str, expect: &dyn Fn(&str, &fs::Metadata)| {
+            for (name, _, kind, dev, _) in kinds {
+                let seen = fs::symlink_metadata(r.p(name)).unwrap();
+                expect(name, &seen);
+                for (i, branch) in r.branches.iter().enumerate() {
+                    let m = fs::symlink_metadata(branch.join(name)).unwrap_or_else(|e| {
+                        panic!("{level} {stage}: {name} is not on branch b{i}: {e}")
+                    });
+                    let what = format!("{level} {stage}: {name} on b{i}");
+                    assert_eq!(m.mode() & 0o170000, kind, "{what}: type");
+                    assert_eq!(m.rdev(), dev, "{what}: device number");
+                    assert_eq!(m.mode(), seen.mode(), "{what}: mode");
+                    assert_eq!(
+                        (m.uid(), m.gid()),
+                        (seen.uid(), seen.gid()),
+                        "{what}: owner"
+                    );
+                    expect(&what, &m);
+                }
+            }
+        };
+        // As made: the socket's mode follows the umask, so it is only
+        // compared with what the mount shows.
+        check("made", &|what, m| {
+            let made = kinds.iter().find(|k| what.contains(k.0)).unwrap();
+            if made.4 != 0 {
+                assert_eq!(m.mode() & 0o7777, made.4, "{what}: mode as made");
+            }
+            assert_eq!((m.uid(), m.gid()), (0, 0), "{what}: owner");
+        });
+        // Changed through the mount: mode, owner, times.
+        let when = Timespec {
+            tv_sec: 1_234_567_890,
+            tv_nsec: 250_000_000,
+        };
+        for (name, ..) in kinds {
+            // chown first: it clears the set-user-ID bit.
+            std::os::unix::fs::lchown(r.p(name), Some(4321), Some(8765)).unwrap();
+            rustix::fs::chmod(r.p(name), Mode::from_raw_mode(0o4751)).unwrap();
+            let times = Timestamps {
+                last_access: when,
+                last_modification: when,
+            };
+            rustix::fs::utimensat(
+                rustix::fs::CWD,
+                r.p(name),
+                &times,
+                rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+            )
+            .unwrap();
+        }
+        check("changed", &|what, m| {
+            assert_eq!(m.mode() & 0o7777, 0o4751, "{what}: mode");
+            assert_eq!((m.uid(), m.gid()), (4321, 8765), "{what}: owner");
+            assert_eq!(
+                (m.mtime(), m.mtime_nsec()),
+                (1_234_567_890, 250_000_000),
+                "{what}: mtime"
+            );
+            assert_eq!(
+                (m.atime(), m.atime_nsec()),
+                (1_234_567_890, 250_000_000),
+                "{what}: atime"
+            );
+        });
+        drop(listener);
+    }
 }
 
 #[test]
