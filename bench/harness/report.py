@@ -273,7 +273,7 @@ def branches_section(b, p):
     lines = ["## Pools over branches", "",
              f"The same {b['image_bytes'] // MIB} MiB of random data on each target; fio "
              f"({p['numjobs']} jobs x iodepth {p['iodepth']}, {p['runtime_s']:g} s, median of "
-             f"{b['rounds']} round(s) taking turns): grove through `grove serve` (nbd engine), "
+             f"{b['rounds']} round(s) taking turns): grove through `grove serve` (nbd engine, writes ending with a flush), "
              "btrfs on a file (libaio, buffered, end_fsync for writes). Every branch "
              f"directory and loop device image is on the work directory's disk. Page cache: "
              f"{b['cache']}.", ""]

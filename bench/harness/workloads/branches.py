@@ -4,7 +4,8 @@ directory's disk:
 
 1. Random 4 KiB reads and 1 MiB sequential writes through `grove serve`
    (fio's nbd engine) on the single-file pool and on pools over branch
-   directories (RAIF1 over 2, RAIF5 and RAIF6 over 4), against btrfs's
+   directories (RAIF1 over 2, RAIF5 and RAIF6 over 4; writes end with a
+   flush), against btrfs's
    own raid1 (2 loop devices) and raid5 (4) profiles (fio on a file,
    libaio, buffered like grove). Every target holds the same random data;
    the page cache is dropped before each job so no target reads another's
@@ -142,8 +143,10 @@ def measure_targets(ctx, work, raw):
             with ctx.grove.server(pools[target], sock, f"branches-{target}.log"):
                 for job in JOBS:
                     drop_caches()
+                    # Writes end with a flush, as btrfs's end with an fsync.
+                    extra = ["--end_fsync=1"] if job == "seq-write" else []
                     samples.setdefault((target, job), []).append(
-                        fio.run_nbd(p, job, sock, "disk"))
+                        fio.run_nbd(p, job, sock, "disk", extra))
         if why_no_btrfs:
             continue
         for target, (_, profile, count) in BTRFS_TARGETS.items():
