@@ -29,12 +29,12 @@ import time
 
 import fio
 import images
-from procs import CommandError, Server
+from procs import Server
 from procs import run as run_cmd
 from workloads.replication import btrfs_unavailable
+from workloads.retention import fio_window
 
 LEAD_S = 1.0
-FIO_GRACE_S = 120
 JOBS = ("rand-read", "seq-write")
 # target -> (what the row says, level, branches); level None: single file
 GROVE_TARGETS = {
@@ -202,21 +202,13 @@ def seq_write_speed(ctx, work, nbytes):
     return fio.parse(out)["mib_s"]
 
 
-def fio_window(sock, seconds, prefix, p, during=None):
-    args = fio.logged_nbd_args("rand-read", sock, "disk", seconds, p.numjobs, p.iodepth, prefix)
+def read_window(ctx, sock, prefix, during=None):
+    """Random 4K reads of disk for the rebuild window, cache dropped first
+    (retention's fio_window: windowed logs at PREFIX, `during` meanwhile)."""
+    p = ctx.profile
     drop_caches()
-    started = time.monotonic()
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        events = during(started) if during else None
-        out, err = proc.communicate(timeout=seconds + FIO_GRACE_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    if proc.returncode != 0:
-        raise CommandError(f"fio exited {proc.returncode}: {err.strip()[-2000:]}")
-    return fio.parse_summary(out), events
+    return fio_window(ctx, sock, "disk", "rand-read", p.numjobs, p.iodepth,
+                      p.branches_rebuild_window_s, prefix, during)
 
 
 def rebuild(ctx, work, pool):
@@ -230,7 +222,7 @@ def rebuild(ctx, work, pool):
                 sock, ctx.work / "branches-rebuild.log"):
         ctx.grove.cli(pool, "branch", "fail", "b1")
         quiet_prefix = work / "rebuild-quiet"
-        quiet, _ = fio_window(sock, window, quiet_prefix, p)
+        quiet, _ = read_window(ctx, sock, quiet_prefix)
 
         def during(started):
             time.sleep(LEAD_S)
@@ -240,7 +232,7 @@ def rebuild(ctx, work, pool):
             t["end_ms"] = (time.monotonic() - started) * 1000
             return t
         busy_prefix = work / "rebuild-busy"
-        busy, t = fio_window(sock, window, busy_prefix, p, during)
+        busy, t = read_window(ctx, sock, busy_prefix, during)
         info = ctx.grove.info(pool)
     written = (new_dir / "grove.branch").stat().st_size
     span = (t["start_ms"], t["end_ms"])

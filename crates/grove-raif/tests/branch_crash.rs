@@ -264,6 +264,61 @@ fn check_sectors(got: &[u8], durable: &[u8], volatile: &[&LoggedWrite], context:
     }
 }
 
+/// The logical writes and completed flushes of a run on a recorded
+/// device, each with its global position.
+struct History {
+    size: usize,
+    writes: Vec<LoggedWrite>,
+    flushes: Vec<LoggedFlush>,
+}
+
+impl History {
+    fn new(size: usize) -> History {
+        History {
+            size,
+            writes: Vec::new(),
+            flushes: Vec::new(),
+        }
+    }
+
+    /// One write of 1 to 8 random sectors, then a flush one time in
+    /// `flush_one_in`.
+    fn step(
+        &mut self,
+        device: &BranchDevice,
+        recording: &Recording,
+        rng: &mut Rng,
+        flush_one_in: u64,
+    ) {
+        let sectors = 1 + rng.below(8) as usize;
+        let offset = rng.below((self.size / SECTOR - sectors) as u64) as usize * SECTOR;
+        let data: Vec<u8> = (0..sectors * SECTOR).map(|_| rng.next() as u8).collect();
+        self.writes.push(LoggedWrite {
+            at: recording.position(),
+            offset,
+            data: data.clone(),
+        });
+        device.write_at(&data, offset as u64).unwrap();
+        if rng.below(flush_one_in) == 0 {
+            let started = recording.position();
+            device.flush().unwrap();
+            self.flushes.push(LoggedFlush {
+                started,
+                done: recording.position(),
+            });
+        }
+    }
+
+    /// Reads a crash image's whole device and checks every sector
+    /// against what a crash at `position` may leave.
+    fn check(&self, device: &BranchDevice, position: usize, context: &str) {
+        let (durable, volatile) = allowed(self.size, &self.writes, &self.flushes, position);
+        let mut got = vec![0u8; self.size];
+        device.read_at(&mut got, 0).unwrap();
+        check_sectors(&got, &durable, &volatile, context);
+    }
+}
+
 /// Crash points per level, spread evenly over the run.
 const DEVICE_CRASH_POINTS: usize = 90;
 
@@ -277,43 +332,23 @@ fn device_crash_states(level: Level, width: usize, seed: u64) -> usize {
     let size = (stripes * unit * level.data_units(width) as u64) as usize;
     device.set_len_bytes(size as u64).unwrap();
     let mut rng = Rng(seed);
-    let mut writes = Vec::new();
-    let mut flushes = Vec::new();
+    let mut history = History::new(size);
     let start = recording.position();
     for _ in 0..24 {
-        let sectors = 1 + rng.below(8) as usize;
-        let offset = rng.below((size / SECTOR - sectors) as u64) as usize * SECTOR;
-        let data: Vec<u8> = (0..sectors * SECTOR).map(|_| rng.next() as u8).collect();
-        writes.push(LoggedWrite {
-            at: recording.position(),
-            offset,
-            data: data.clone(),
-        });
-        device.write_at(&data, offset as u64).unwrap();
-        if rng.below(4) == 0 {
-            let started = recording.position();
-            device.flush().unwrap();
-            flushes.push(LoggedFlush {
-                started,
-                done: recording.position(),
-            });
-        }
+        history.step(&device, &recording, &mut rng, 4);
     }
     let end = recording.position();
     let mut checked = 0;
     let mut fates = Rng(seed ^ 0xc0ffee);
     let step = ((end - start) / DEVICE_CRASH_POINTS).max(1);
     for position in (start..=end).step_by(step) {
-        let (durable, volatile) = allowed(size, &writes, &flushes, position);
         for mode in 0..3 {
             let images = recording.images(position, mode, &mut fates);
             for lost in losses(level, width) {
                 let device = open_images(level, unit, &images, &lost);
-                let mut got = vec![0u8; size];
-                device.read_at(&mut got, 0).unwrap();
                 let context =
                     format!("{level} crash at op {position} (fates {mode}, lost {lost:?})");
-                check_sectors(&got, &durable, &volatile, &context);
+                history.check(&device, position, &context);
                 checked += 1;
             }
         }
@@ -442,8 +477,7 @@ fn crash_states_around_a_rebuild(level: Level, width: usize, seed: u64) -> usize
     let size = (stripes * unit * level.data_units(width) as u64) as usize;
     device.set_len_bytes(size as u64).unwrap();
     let mut rng = Rng(seed);
-    let mut writes = Vec::new();
-    let mut flushes = Vec::new();
+    let mut history = History::new(size);
     let start = recording.position();
     let (mut failed_at, mut rebuilt_at, mut replacement) = (usize::MAX, usize::MAX, 0);
     const WRITES: usize = 24;
@@ -459,23 +493,7 @@ fn crash_states_around_a_rebuild(level: Level, width: usize, seed: u64) -> usize
             device.rebuild("b0", &mut |_, _| {}, &|| false).unwrap();
             rebuilt_at = recording.position();
         }
-        let sectors = 1 + rng.below(8) as usize;
-        let offset = rng.below((size / SECTOR - sectors) as u64) as usize * SECTOR;
-        let data: Vec<u8> = (0..sectors * SECTOR).map(|_| rng.next() as u8).collect();
-        writes.push(LoggedWrite {
-            at: recording.position(),
-            offset,
-            data: data.clone(),
-        });
-        device.write_at(&data, offset as u64).unwrap();
-        if rng.below(3) == 0 {
-            let started = recording.position();
-            device.flush().unwrap();
-            flushes.push(LoggedFlush {
-                started,
-                done: recording.position(),
-            });
-        }
+        history.step(&device, &recording, &mut rng, 3);
     }
     let end = recording.position();
     let mut checked = 0;
@@ -491,7 +509,6 @@ fn crash_states_around_a_rebuild(level: Level, width: usize, seed: u64) -> usize
     }
     positions.sort_unstable();
     for (position, modes) in positions {
-        let (durable, volatile) = allowed(size, &writes, &flushes, position);
         for mode in 0..modes {
             let mut images = recording.images(position, mode, &mut fates);
             let replaced = position > rebuilt_at;
@@ -512,12 +529,10 @@ fn crash_states_around_a_rebuild(level: Level, width: usize, seed: u64) -> usize
             }
             for lost in variants {
                 let device = open_images(level, unit, &images, &lost);
-                let mut got = vec![0u8; size];
-                device.read_at(&mut got, 0).unwrap();
                 let context = format!(
                     "{level} crash at op {position} around a rebuild (fates {mode}, lost {lost:?})"
                 );
-                check_sectors(&got, &durable, &volatile, &context);
+                history.check(&device, position, &context);
                 checked += 1;
             }
         }
