@@ -8,7 +8,10 @@
 //! followed by a pause [`BUSY_PAUSE_PER_BATCH`] times as long as the batch
 //! took, so reclaim takes at most about a tenth of the time and of the
 //! commits (each of which flushes the clients' unflushed writes) and
-//! leaves the rest to them. A pool nobody uses is reclaimed at full speed.
+//! leaves the rest to them. A pool nobody uses is reclaimed at full speed,
+//! and so is one past its pruning level (`grove space`): then the space
+//! matters more than the clients' pace, and the writes that would fail at
+//! the hard limit are theirs.
 //! `grove gc --wait` in the daemon goes through the same pacing, and only
 //! one of the two runs a batch (with its pause) at a time.
 
@@ -16,7 +19,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use grove_store::{ForegroundLoad, Pool};
+use grove_store::{ForegroundLoad, Pool, SpaceLevel};
 
 use crate::worker::{is_stopping, sleep_unless_stopping, Worker};
 
@@ -79,6 +82,8 @@ pub struct Step {
     pub done: bool,
     /// Clients were busy since the previous batch.
     pub busy: bool,
+    /// The pool is past its pruning level: no giving way.
+    pub space_pressed: bool,
     /// How long the batch (and its commit) took.
     pub took: Duration,
     pub pause: Duration,
@@ -110,12 +115,14 @@ impl Pacer {
         let now = pool.foreground_load();
         let busy = now.busy_since(&self.seen);
         self.seen = now;
+        let space_pressed = busy && pool.space_status().level >= SpaceLevel::Prune;
         Ok(Step {
             freed_bytes,
             done,
             busy,
+            space_pressed,
             took,
-            pause: pause_after(took, busy),
+            pause: pause_after(took, busy && !space_pressed),
         })
     }
 
@@ -158,8 +165,12 @@ mod tests {
     /// A pool whose removed snapshot leaves entries to reclaim, batch by
     /// batch (the tests reclaim one entry a batch).
     fn pool_with_reclaim() -> (tempfile::TempDir, Pool) {
+        pool_of(PoolOptions::default())
+    }
+
+    fn pool_of(options: PoolOptions) -> (tempfile::TempDir, Pool) {
         let dir = tempfile::tempdir().unwrap();
-        let pool = Pool::create(&dir.path().join("pool"), &PoolOptions::default()).unwrap();
+        let pool = Pool::create(&dir.path().join("pool"), &options).unwrap();
         pool.create_volume("v", 1 << 20).unwrap();
         let volume = pool.volume("v").unwrap();
         volume.write_at(&[7u8; 64 * 1024], 0).unwrap();
@@ -228,5 +239,41 @@ mod tests {
         let stopping = AtomicBool::new(false);
         while !pacer.batch_and_pause(&pool, &stopping).unwrap().1 {}
         assert_eq!(pool.pending_free_bytes().unwrap(), 0);
+    }
+
+    const CAPACITY_BYTES: u64 = 256 << 20;
+
+    #[test]
+    fn past_the_pruning_level_the_reclaimer_does_not_give_way() {
+        let (_dir, pool) = pool_of(PoolOptions {
+            capacity_bytes: Some(CAPACITY_BYTES),
+            ..PoolOptions::default()
+        });
+        let mut pacer = Pacer::new(&pool);
+        let batch = || pool.reclaim_batch_for_tests(1);
+        let request = pool.begin_foreground_request();
+        let step = pacer.step(&pool, batch).unwrap();
+        assert!(
+            step.busy && !step.space_pressed,
+            "{:?}",
+            pool.space_status()
+        );
+        assert_eq!(step.pause, pause_after(step.took, true));
+
+        // The pool's use past a pruning level of 1% of its capacity.
+        pool.create_volume("fill", 8 << 20).unwrap();
+        let fill = pool.volume("fill").unwrap();
+        fill.write_at(&vec![1u8; 4 << 20], 0).unwrap();
+        let mut settings = pool.space_settings();
+        settings.auto_extend = false;
+        settings.warn_percent = 1;
+        settings.prune_percent = 1;
+        pool.set_space_settings(&settings).unwrap();
+        let status = pool.space_status();
+        assert!(status.level >= SpaceLevel::Prune, "{status:?}");
+        let step = pacer.step(&pool, batch).unwrap();
+        assert!(step.busy && step.space_pressed);
+        assert_eq!(step.pause, Duration::from_millis(BATCH_PAUSE_MS));
+        drop(request);
     }
 }
