@@ -156,8 +156,15 @@ pub fn gc_until_stopped(
     stopping: &AtomicBool,
 ) -> grove_store::Result<crate::control::GcReport> {
     let mut freed_bytes = 0;
+    // Batches paced like the background reclaimer's, which it takes turns
+    // with: clients keep most of the time (`reclaimer.rs`).
+    let mut pacer = crate::reclaimer::Pacer::new(pool);
     loop {
-        let (bytes, done) = pool.reclaim_batch()?;
+        let (bytes, done) = if wait {
+            pacer.batch_and_pause(pool, stopping)?
+        } else {
+            pool.reclaim_batch()?
+        };
         freed_bytes += bytes;
         if done || !wait {
             break;

@@ -1,21 +1,46 @@
-//! The background reclaimer of `grove serve`: gives back the space of
-//! removed volumes and rollbacks, one bounded batch at a time, yielding to
-//! foreground I/O between batches (each batch holds the pool lock briefly
-//! and commits on its own, so a crash resumes where it left off).
+//! The background reclaimer of `grove serve` and `grove mount`: gives back
+//! the space of removed volumes and rollbacks, one bounded batch at a time
+//! (each batch holds the pool lock briefly and commits on its own, so a
+//! crash resumes where it left off), and gives way to foreground I/O.
+//!
+//! Giving way (issue 25 point 5, Thresher's λ): while clients are busy (a
+//! request began since the last batch, or one is running), each batch is
+//! followed by a pause [`BUSY_PAUSE_PER_BATCH`] times as long as the batch
+//! took, so reclaim takes at most about a tenth of the time and of the
+//! commits (each of which flushes the clients' unflushed writes) and
+//! leaves the rest to them. A pool nobody uses is reclaimed at full speed,
+//! and so is one past its pruning level (`grove space`): then the space
+//! matters more than the clients' pace, and the writes that would fail at
+//! the hard limit are theirs.
+//! `grove gc --wait` in the daemon goes through the same pacing, and only
+//! one of the two runs a batch (with its pause) at a time.
 
 use std::sync::atomic::AtomicBool;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
-use grove_store::Pool;
+use grove_store::{ForegroundLoad, Pool, SpaceLevel};
 
 use crate::worker::{is_stopping, sleep_unless_stopping, Worker};
 
-/// Pause between batches while work remains: leaves the lock to I/O.
+/// Pause between batches while work remains and clients are idle.
 const BATCH_PAUSE_MS: u64 = 2;
+/// While clients are busy, the pause after a batch is this many times as
+/// long as the batch took: reclaim gets at most 1 / (1 + this) of the time.
+const BUSY_PAUSE_PER_BATCH: u32 = 9;
+/// Bounds of the pause after a batch while clients are busy.
+const BUSY_PAUSE_MIN_MS: u64 = 10;
+const BUSY_PAUSE_MAX_MS: u64 = 1_000;
 /// Pause when nothing is left to reclaim, before looking again.
 const IDLE_POLL_MS: u64 = 200;
 /// Pause after a failed batch (a damaged removed tree, a failed commit),
 /// so a persistent error is logged now and then, not in a loop.
 const ERROR_PAUSE_MS: u64 = 30_000;
+
+/// Whoever runs a batch (the reclaimer, a `gc --wait`) holds this through
+/// the batch and its pause, so that two of them never add up to more than
+/// the share left to background work.
+static TURN: Mutex<()> = Mutex::new(());
 
 pub struct Reclaimer(Worker);
 
@@ -31,9 +56,10 @@ impl Reclaimer {
 }
 
 fn run(pool: &Pool, stopping: &AtomicBool) {
+    let mut pacer = Pacer::new(pool);
     while !is_stopping(stopping) {
-        let pause_ms = match pool.reclaim_batch() {
-            Ok((_, false)) => BATCH_PAUSE_MS + crate::control_limits::reclaim_delay_for_tests_ms(),
+        let pause_ms = match pacer.batch_and_pause(pool, stopping) {
+            Ok((_, false)) => crate::control_limits::reclaim_delay_for_tests_ms(),
             Ok((freed, true)) => {
                 if freed > 0 {
                     tracing::info!("reclaimer: removed volumes' space is all given back");
@@ -46,5 +72,208 @@ fn run(pool: &Pool, stopping: &AtomicBool) {
             }
         };
         sleep_unless_stopping(pause_ms, stopping);
+    }
+}
+
+/// What one batch did and the pause that should follow it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Step {
+    pub freed_bytes: u64,
+    pub done: bool,
+    /// Clients were busy since the previous batch.
+    pub busy: bool,
+    /// The pool is past its pruning level: no giving way.
+    pub space_pressed: bool,
+    /// How long the batch (and its commit) took.
+    pub took: Duration,
+    pub pause: Duration,
+}
+
+/// Paces reclaim batches by the clients' load (see the module's notes).
+pub struct Pacer {
+    seen: ForegroundLoad,
+}
+
+impl Pacer {
+    pub fn new(pool: &Pool) -> Pacer {
+        Pacer {
+            seen: pool.foreground_load(),
+        }
+    }
+
+    /// Runs `batch` and decides the pause after it: busy if a request
+    /// began since the previous step (or this pacer's start), or one is
+    /// running now.
+    pub fn step(
+        &mut self,
+        pool: &Pool,
+        batch: impl FnOnce() -> grove_store::Result<(u64, bool)>,
+    ) -> grove_store::Result<Step> {
+        let started = Instant::now();
+        let (freed_bytes, done) = batch()?;
+        let took = started.elapsed();
+        let now = pool.foreground_load();
+        let busy = now.busy_since(&self.seen);
+        self.seen = now;
+        let space_pressed = busy && pool.space_status().level >= SpaceLevel::Prune;
+        Ok(Step {
+            freed_bytes,
+            done,
+            busy,
+            space_pressed,
+            took,
+            pause: pause_after(took, busy && !space_pressed),
+        })
+    }
+
+    /// One reclaim batch, then (unless it was the last, or the caller is
+    /// stopping) its pause, both in this process's turn. Returns the bytes
+    /// freed and whether nothing is left.
+    pub fn batch_and_pause(
+        &mut self,
+        pool: &Pool,
+        stopping: &AtomicBool,
+    ) -> grove_store::Result<(u64, bool)> {
+        let _turn = TURN.lock().unwrap_or_else(PoisonError::into_inner);
+        let step = self.step(pool, || pool.reclaim_batch())?;
+        if !step.done {
+            let ms = u64::try_from(step.pause.as_millis()).unwrap_or(u64::MAX);
+            sleep_unless_stopping(ms.max(1), stopping);
+        }
+        Ok((step.freed_bytes, step.done))
+    }
+}
+
+/// The pause after a batch that took `took`: short while clients are idle;
+/// while they are busy, `BUSY_PAUSE_PER_BATCH` times the batch, within
+/// bounds.
+pub fn pause_after(took: Duration, busy: bool) -> Duration {
+    if !busy {
+        return Duration::from_millis(BATCH_PAUSE_MS);
+    }
+    took.saturating_mul(BUSY_PAUSE_PER_BATCH).clamp(
+        Duration::from_millis(BUSY_PAUSE_MIN_MS),
+        Duration::from_millis(BUSY_PAUSE_MAX_MS),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use grove_store::{PoolOptions, RemoveOptions};
+
+    /// A pool whose removed snapshot leaves entries to reclaim, batch by
+    /// batch (the tests reclaim one entry a batch).
+    fn pool_with_reclaim() -> (tempfile::TempDir, Pool) {
+        pool_of(PoolOptions::default())
+    }
+
+    fn pool_of(options: PoolOptions) -> (tempfile::TempDir, Pool) {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = Pool::create(&dir.path().join("pool"), &options).unwrap();
+        pool.create_volume("v", 1 << 20).unwrap();
+        let volume = pool.volume("v").unwrap();
+        volume.write_at(&[7u8; 64 * 1024], 0).unwrap();
+        pool.snapshot("v", "v@1").unwrap();
+        volume.write_at(&[8u8; 64 * 1024], 0).unwrap();
+        pool.remove("v@1", RemoveOptions::default()).unwrap();
+        (dir, pool)
+    }
+
+    #[test]
+    fn busy_clients_get_nine_tenths_of_the_time() {
+        let idle = pause_after(Duration::from_millis(5), false);
+        assert_eq!(idle, Duration::from_millis(BATCH_PAUSE_MS));
+        assert_eq!(
+            pause_after(Duration::from_millis(5), true),
+            Duration::from_millis(45)
+        );
+        assert_eq!(
+            pause_after(Duration::from_micros(10), true),
+            Duration::from_millis(BUSY_PAUSE_MIN_MS)
+        );
+        assert_eq!(
+            pause_after(Duration::from_secs(10), true),
+            Duration::from_millis(BUSY_PAUSE_MAX_MS)
+        );
+    }
+
+    #[test]
+    fn the_reclaimer_gives_way_while_requests_run_or_began() {
+        let (_dir, pool) = pool_with_reclaim();
+        let volume = pool.volume("v").unwrap();
+        let mut pacer = Pacer::new(&pool);
+        let batch = || pool.reclaim_batch_for_tests(1);
+
+        // A request in flight through the batch: pause long.
+        let request = pool.begin_foreground_request();
+        let step = pacer.step(&pool, batch).unwrap();
+        assert!(!step.done, "the test wants several batches");
+        assert!(step.busy, "a request was running");
+        assert_eq!(step.pause, pause_after(step.took, true));
+        assert!(step.pause >= Duration::from_millis(BUSY_PAUSE_MIN_MS));
+        assert!(step.pause >= step.took * BUSY_PAUSE_PER_BATCH);
+        drop(request);
+
+        // That request has ended and none began since: full speed.
+        let step = pacer.step(&pool, batch).unwrap();
+        assert!(!step.busy, "no client since the last batch");
+        assert_eq!(step.pause, Duration::from_millis(BATCH_PAUSE_MS));
+
+        // A read between two batches (in their pause) counts too.
+        let mut buf = [0u8; 4096];
+        volume.read_at(&mut buf, 0).unwrap();
+        let step = pacer.step(&pool, batch).unwrap();
+        assert!(step.busy, "a read began since the last batch");
+        let step = pacer.step(&pool, batch).unwrap();
+        assert!(!step.busy);
+
+        // So do a write and a flush.
+        volume.write_at(&[9u8; 4096], 8192).unwrap();
+        assert!(pacer.step(&pool, batch).unwrap().busy);
+        volume.flush().unwrap();
+        assert!(pacer.step(&pool, batch).unwrap().busy);
+        assert_eq!(pool.foreground_load().in_flight, 0);
+
+        // Paced batches still give everything back.
+        let stopping = AtomicBool::new(false);
+        while !pacer.batch_and_pause(&pool, &stopping).unwrap().1 {}
+        assert_eq!(pool.pending_free_bytes().unwrap(), 0);
+    }
+
+    const CAPACITY_BYTES: u64 = 256 << 20;
+
+    #[test]
+    fn past_the_pruning_level_the_reclaimer_does_not_give_way() {
+        let (_dir, pool) = pool_of(PoolOptions {
+            capacity_bytes: Some(CAPACITY_BYTES),
+            ..PoolOptions::default()
+        });
+        let mut pacer = Pacer::new(&pool);
+        let batch = || pool.reclaim_batch_for_tests(1);
+        let request = pool.begin_foreground_request();
+        let step = pacer.step(&pool, batch).unwrap();
+        assert!(
+            step.busy && !step.space_pressed,
+            "{:?}",
+            pool.space_status()
+        );
+        assert_eq!(step.pause, pause_after(step.took, true));
+
+        // The pool's use past a pruning level of 1% of its capacity.
+        pool.create_volume("fill", 8 << 20).unwrap();
+        let fill = pool.volume("fill").unwrap();
+        fill.write_at(&vec![1u8; 4 << 20], 0).unwrap();
+        let mut settings = pool.space_settings();
+        settings.auto_extend = false;
+        settings.warn_percent = 1;
+        settings.prune_percent = 1;
+        pool.set_space_settings(&settings).unwrap();
+        let status = pool.space_status();
+        assert!(status.level >= SpaceLevel::Prune, "{status:?}");
+        let step = pacer.step(&pool, batch).unwrap();
+        assert!(step.busy && step.space_pressed);
+        assert_eq!(step.pause, Duration::from_millis(BATCH_PAUSE_MS));
+        drop(request);
     }
 }

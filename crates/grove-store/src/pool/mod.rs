@@ -3,6 +3,7 @@
 //! to share between threads.
 
 mod capacity;
+mod foreground;
 mod locking;
 mod off_lock;
 mod removal;
@@ -10,6 +11,7 @@ mod replication;
 mod retention;
 mod volume;
 
+pub use foreground::{ForegroundLoad, ForegroundRequest};
 pub use off_lock::WALK_ROUNDS_MAX;
 pub use removal::{RemovalSummary, REMOVE_BATCH_SNAPSHOTS};
 
@@ -172,6 +174,8 @@ struct Inner {
     /// The space settings (`capacity.rs`); locked after the state, never
     /// before it.
     space: Mutex<capacity::SpaceControl>,
+    /// Client requests begun and running (`foreground.rs`).
+    foreground: foreground::ForegroundCounters,
 }
 
 /// How `Pool::remove` treats a volume's family and its users.
@@ -600,6 +604,7 @@ impl Pool {
                 _lock_file: lock,
                 handles: Mutex::new(HashMap::new()),
                 space: Mutex::new(capacity::SpaceControl::new(SpaceSettings::default(), None)),
+                foreground: foreground::ForegroundCounters::default(),
             }),
         }
     }

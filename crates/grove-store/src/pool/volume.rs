@@ -42,6 +42,7 @@ impl Volume {
 
     /// Fills `buf` from byte `offset`. Holes read as zeros.
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        let _request = self.inner.foreground.begin();
         let state = lock_state(&self.inner);
         let record = self.record(&state)?;
         check_range(&record, "read", offset, buf.len() as u64)?;
@@ -105,6 +106,7 @@ impl Volume {
     /// in place or needs a new one (a hole, or a block a snapshot shares):
     /// see `write.rs`. A long write goes a chunk at a time.
     pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        let _request = self.inner.foreground.begin();
         let mut done = 0usize;
         loop {
             done += self.write_chunk(buf, offset, done)?;
@@ -199,6 +201,7 @@ impl Volume {
     /// back the space only this volume used; partial blocks at the ends are
     /// zeroed. Afterwards the range reads as zeros.
     pub fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        let _request = self.inner.foreground.begin();
         let mut state = lock_state(&self.inner);
         ensure_changes_allowed(&state)?;
         let record = self.record(&state)?;
@@ -235,6 +238,7 @@ impl Volume {
 
     /// Makes this pool's completed writes durable.
     pub fn flush(&self) -> Result<()> {
+        let _request = self.inner.foreground.begin();
         commit(&self.inner)
     }
 
