@@ -19,8 +19,12 @@ use super::device::{
 use crate::codec;
 use crate::raid;
 
-/// Stripes one batch of a rebuild or scrub handles with the gate held.
+/// Stripes one batch of a scrub handles with the gate held.
 pub const REPAIR_BATCH_STRIPES: u64 = 64;
+/// Bytes of each branch one batch of a rebuild reads in one request (and
+/// writes to the replacement): large sequential I/O, the gate held for
+/// a few milliseconds.
+pub const REBUILD_BATCH_BYTES: u64 = 1024 * 1024;
 
 /// What a scrub found and did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -149,7 +153,8 @@ impl BranchDevice {
                     format!("rebuild of {label} stopped at stripe {done} of {stripes}"),
                 ));
             }
-            let end = (done + super::repair::REPAIR_BATCH_STRIPES).min(stripes);
+            let batch = (REBUILD_BATCH_BYTES / unit).max(1);
+            let end = (done + batch).min(stripes);
             self.rebuild_batch(b, &devices, done, end)?;
             done = end;
             progress(done, stripes);
@@ -167,6 +172,9 @@ impl BranchDevice {
         })
     }
 
+    /// Rebuilds branch `b`'s units of stripes `from..to`: each other
+    /// readable branch's units of the batch in one read, then each stripe's
+    /// lost unit from a mirror copy or from parity.
     fn rebuild_batch(
         &self,
         b: usize,
@@ -179,13 +187,28 @@ impl BranchDevice {
         let mut units = vec![0u8; unit * count];
         let mut sums = vec![0u8; SUM_BYTES as usize * count];
         let _gate = write_lock(&self.gate);
+        let io = Io(self);
+        let runs: Vec<Option<Vec<u8>>> = (0..self.members.len())
+            .map(|c| {
+                if c == b || raid::BranchIo::is_failed(&io, c) {
+                    return None;
+                }
+                let mut run = vec![0u8; unit * count];
+                match raid::BranchIo::read_at(&io, c, from * unit as u64, &mut run) {
+                    Ok(()) => Some(run),
+                    Err(e) => {
+                        self.mark_failed(c, &e);
+                        None
+                    }
+                }
+            })
+            .collect();
         for (i, stripe) in (from..to).enumerate() {
-            let all = raid::read_stripe(&self.layout, &Io(self), stripe, Some(b))
-                .map_err(super::device::raid_error)?;
-            let unit_bytes = &all[self.unit_position(stripe, b)];
-            units[i * unit..(i + 1) * unit].copy_from_slice(unit_bytes);
+            let slice = |c: usize| runs[c].as_ref().map(|run| &run[i * unit..(i + 1) * unit]);
+            let rebuilt = self.lost_unit(stripe, b, &slice)?;
+            units[i * unit..(i + 1) * unit].copy_from_slice(&rebuilt);
             sums[i * SUM_BYTES as usize..(i + 1) * SUM_BYTES as usize]
-                .copy_from_slice(&unit_sum(unit_bytes).to_le_bytes());
+                .copy_from_slice(&unit_sum(&rebuilt).to_le_bytes());
         }
         devices.data.write_at(&units, from * unit as u64)?;
         devices.sums.write_at(&sums, from * SUM_BYTES)?;
@@ -198,6 +221,46 @@ impl BranchDevice {
             )));
         }
         Ok(())
+    }
+
+    /// Branch `b`'s unit of `stripe`, from the other branches' units
+    /// (`unit_of(c)`, None where unreadable): a mirror copy, or the stripe
+    /// recovered from its data and parity.
+    fn lost_unit<'a>(
+        &self,
+        stripe: u64,
+        b: usize,
+        unit_of: &dyn Fn(usize) -> Option<&'a [u8]>,
+    ) -> io::Result<Vec<u8>> {
+        let map = self.layout.stripe_map(stripe);
+        let position = self.unit_position(stripe, b);
+        let k = map.data.len();
+        if position < k {
+            if let Some(copy) = map.data[position]
+                .iter()
+                .find_map(|&c| (c != b).then(|| unit_of(c)).flatten())
+            {
+                return Ok(copy.to_vec());
+            }
+        }
+        if self.layout.level.parity_units() == 0 {
+            return Err(io::Error::other(format!(
+                "stripe {stripe}: no readable copy of branch {}'s unit",
+                self.members[b].label
+            )));
+        }
+        let mut all: Vec<Option<Vec<u8>>> = map
+            .data
+            .iter()
+            .map(|copies| unit_of(copies[0]).map(<[u8]>::to_vec))
+            .chain(map.parity.iter().map(|&p| unit_of(p).map(<[u8]>::to_vec)))
+            .collect();
+        all[position] = None;
+        codec::recover(self.layout.level, &mut all)
+            .map_err(|e| io::Error::other(format!("stripe {stripe}: {e}")))?;
+        all[position]
+            .take()
+            .ok_or_else(|| io::Error::other(format!("stripe {stripe}: unit not recovered")))
     }
 
     /// Where branch `b`'s unit of `stripe` sits in `read_stripe`'s answer
