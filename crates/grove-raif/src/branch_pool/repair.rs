@@ -1,8 +1,9 @@
 //! Repairs of a branch pool while it is in use: a replacement branch
 //! refilled from the others (rebuild), and every stripe checked and mended
-//! (scrub). Both work in batches holding the gate alone, so that no commit
-//! writes a stripe between their read and their write, and foreground I/O
-//! waits at most one batch.
+//! (scrub). Both work in batches holding the gate, so that no commit
+//! writes a stripe between their read and their write: a rebuild shares
+//! it with client reads (it writes only the branch they never read), a
+//! scrub holds it alone (it may rewrite what they read).
 //!
 //! Which copy of a unit is right is decided by its checksum (the sums a
 //! commit writes beside the units), not by a vote: a mirror that agrees
@@ -186,7 +187,10 @@ impl BranchDevice {
         let count = (to - from) as usize;
         let mut units = vec![0u8; unit * count];
         let mut sums = vec![0u8; SUM_BYTES as usize * count];
-        let _gate = write_lock(&self.gate);
+        // Shared, not alone: commits (which hold the gate alone) cannot
+        // rewrite the batch between its read and its write, while client
+        // reads go on, since they never read a branch being rebuilt.
+        let _gate = read_lock(&self.gate);
         let io = Io(self);
         let runs: Vec<Option<Vec<u8>>> = (0..self.members.len())
             .map(|c| {
