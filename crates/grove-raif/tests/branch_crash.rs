@@ -11,6 +11,9 @@
 //! The engine-level contract: the pool opens, `check` is clean, and every
 //! block of a volume reads its last flushed content or a later write.
 
+mod common;
+
+use common::Rng;
 use std::sync::{Arc, Mutex};
 
 use grove_raif::branch_pool::{BranchDevice, Health, MemberDevices, MemberSpec};
@@ -19,20 +22,6 @@ use grove_store::testing::{CrashDevice, CrashImages, WriteFate};
 use grove_store::{BlockDevice, MemDevice, Pool, PoolOptions};
 
 const SECTOR: usize = 512;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// A crash device that also notes its number in the global order.
 struct Ordered {
@@ -331,20 +320,30 @@ impl History {
     }
 }
 
+/// The stripe unit of the device-level crash runs: small, so that a run
+/// of a few dozen writes spans many stripes.
+const CRASH_UNIT_BYTES: u64 = 1024;
+
+/// A recorded device of 24 stripes that commits on its own every 8 KiB
+/// staged, and an empty history of its run.
+fn recorded_run(level: Level, width: usize) -> (Recording, BranchDevice, History) {
+    let recording = Recording::new(width);
+    let device = BranchDevice::assemble(level, CRASH_UNIT_BYTES, recording.specs(), None)
+        .unwrap()
+        .with_staging_limit(8 * 1024);
+    let stripes = 24u64;
+    let size = (stripes * CRASH_UNIT_BYTES * level.data_units(width) as u64) as usize;
+    device.set_len_bytes(size as u64).unwrap();
+    (recording, device, History::new(size))
+}
+
 /// Crash points per level, spread evenly over the run.
 const DEVICE_CRASH_POINTS: usize = 90;
 
 fn device_crash_states(level: Level, width: usize, seed: u64) -> usize {
-    let unit = 1024u64;
-    let recording = Recording::new(width);
-    let device = BranchDevice::assemble(level, unit, recording.specs(), None)
-        .unwrap()
-        .with_staging_limit(8 * 1024);
-    let stripes = 24u64;
-    let size = (stripes * unit * level.data_units(width) as u64) as usize;
-    device.set_len_bytes(size as u64).unwrap();
+    let (recording, device, mut history) = recorded_run(level, width);
+    let unit = CRASH_UNIT_BYTES;
     let mut rng = Rng(seed);
-    let mut history = History::new(size);
     let start = recording.position();
     for _ in 0..24 {
         history.step(&device, &recording, &mut rng, 4);
@@ -480,16 +479,9 @@ const AFTER_A_CHANGE_OPS: usize = 24;
 /// failure until the replacement's rebuild ended, then the replacement in
 /// its place; and again with one more branch lost where the level allows.
 fn crash_states_around_a_rebuild(level: Level, width: usize, seed: u64) -> usize {
-    let unit = 1024u64;
-    let mut recording = Recording::new(width);
-    let device = BranchDevice::assemble(level, unit, recording.specs(), None)
-        .unwrap()
-        .with_staging_limit(8 * 1024);
-    let stripes = 24u64;
-    let size = (stripes * unit * level.data_units(width) as u64) as usize;
-    device.set_len_bytes(size as u64).unwrap();
+    let (mut recording, device, mut history) = recorded_run(level, width);
+    let unit = CRASH_UNIT_BYTES;
     let mut rng = Rng(seed);
-    let mut history = History::new(size);
     let start = recording.position();
     let (mut failed_at, mut rebuilt_at, mut replacement) = (usize::MAX, usize::MAX, 0);
     const WRITES: usize = 24;

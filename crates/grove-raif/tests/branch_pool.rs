@@ -2,6 +2,9 @@
 //! level, staged and committed, with branches failing, replaced and
 //! rebuilt, and units corrupted then scrubbed; and the engine on top.
 
+mod common;
+
+use common::Rng;
 use std::io;
 use std::sync::Arc;
 
@@ -11,20 +14,6 @@ use grove_store::testing::{Fault, FaultyDevice};
 use grove_store::{BlockDevice, MemDevice, Pool, PoolOptions};
 
 const UNIT: u64 = 4096;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// A branch in memory whose data device can be made to fail.
 struct TestBranch {

@@ -749,6 +749,11 @@ impl BranchDevice {
                 continue;
             };
             highest_sequence = highest_sequence.max(sequence);
+            // A header that claims more than the file holds is torn or
+            // damaged: nothing to replay, and nothing that size to allocate.
+            if device.len_bytes().map_or(true, |len| (total as u64) > len) {
+                continue;
+            }
             let mut bytes = vec![0u8; total];
             if let Err(e) = device.read_at(&mut bytes, 0) {
                 self.mark_failed(b, &e);

@@ -143,8 +143,11 @@ pub fn decode_header(
             k: data_units,
         });
     }
-    let count = u32_at(header, STRIPES_AT) as usize;
-    let total = HEADER_BYTES + count * record_bytes(unit_bytes, data_units);
+    let count = u32_at(header, STRIPES_AT);
+    let total = (count as usize)
+        .checked_mul(record_bytes(unit_bytes, data_units))
+        .and_then(|records| records.checked_add(HEADER_BYTES))
+        .ok_or(JournalError::Truncated(count))?;
     Ok((u64_at(header, SEQUENCE_AT), total))
 }
 

@@ -342,20 +342,7 @@ impl Pool {
         options: &PoolOptions,
         space: &SpaceSettings,
     ) -> Result<Pool> {
-        space
-            .check()
-            .map_err(|why| Error::new(ErrorKind::InvalidArgument, why))?;
-        // Before anything is created: a store file left behind by a refused
-        // attempt would make the corrected retry fail with AlreadyExists.
-        check_options(options)?;
-        if dir.join(CONFIG_FILE_NAME).exists() {
-            return Err(Error::new(
-                ErrorKind::AlreadyExists,
-                format!("a grove pool already exists in {}", dir.display()),
-            ));
-        }
-        std::fs::create_dir_all(dir)
-            .map_err(|e| Error::io(format!("cannot create pool directory {}", dir.display()), e))?;
+        prepare_pool_dir(dir, options, space)?;
         let mut config = PoolConfig::new();
         config.set_space_settings(space);
         let store_path = dir.join(&config.store);
@@ -392,18 +379,7 @@ impl Pool {
         space: &SpaceSettings,
         mut config: PoolConfig,
     ) -> Result<Pool> {
-        space
-            .check()
-            .map_err(|why| Error::new(ErrorKind::InvalidArgument, why))?;
-        check_options(options)?;
-        if dir.join(CONFIG_FILE_NAME).exists() {
-            return Err(Error::new(
-                ErrorKind::AlreadyExists,
-                format!("a grove pool already exists in {}", dir.display()),
-            ));
-        }
-        std::fs::create_dir_all(dir)
-            .map_err(|e| Error::io(format!("cannot create pool directory {}", dir.display()), e))?;
+        prepare_pool_dir(dir, options, space)?;
         config.set_space_settings(space);
         let pool = Pool::format(device, options, dir, None)?;
         *locking::lock(&pool.inner.space) =
@@ -1280,6 +1256,25 @@ fn check_options(options: &PoolOptions) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// Checks a new pool's settings and makes its directory: refused if a
+/// pool is there. Everything is checked before anything is created, since
+/// a store left behind by a refused attempt would make the corrected retry
+/// fail with AlreadyExists.
+fn prepare_pool_dir(dir: &Path, options: &PoolOptions, space: &SpaceSettings) -> Result<()> {
+    space
+        .check()
+        .map_err(|why| Error::new(ErrorKind::InvalidArgument, why))?;
+    check_options(options)?;
+    if dir.join(CONFIG_FILE_NAME).exists() {
+        return Err(Error::new(
+            ErrorKind::AlreadyExists,
+            format!("a grove pool already exists in {}", dir.display()),
+        ));
+    }
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::io(format!("cannot create pool directory {}", dir.display()), e))
 }
 
 fn lock_store(path: &Path) -> Result<File> {
