@@ -223,4 +223,24 @@ mod tests {
         assert!(journal.stripes.is_empty());
         assert_eq!(journal.sequence, 8);
     }
+
+    proptest::proptest! {
+        /// Any bytes, and any header whose checksums are made to match
+        /// (a stripe count up to u32::MAX included), decode to a journal or
+        /// an error: never a panic, never a huge allocation.
+        #[test]
+        fn any_bytes_decode_without_panicking(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..9000),
+            count in proptest::prelude::any::<u32>(),
+        ) {
+            let _ = decode(&bytes, 512, 2);
+            let mut forged = encode(1, 512, 2, &sample());
+            forged[STRIPES_AT..STRIPES_AT + 4].copy_from_slice(&count.to_le_bytes());
+            let crc = crc32c::crc32c(&forged[..HEADER_CRC_AT]);
+            forged[HEADER_CRC_AT..HEADER_USED_BYTES].copy_from_slice(&crc.to_le_bytes());
+            if count != 2 {
+                proptest::prop_assert!(decode(&forged, 512, 2).is_err());
+            }
+        }
+    }
 }
