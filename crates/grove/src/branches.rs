@@ -33,8 +33,20 @@ pub struct BranchReport {
     /// True when any branch is not ok.
     pub degraded: bool,
     pub branches: Vec<BranchLine>,
-    /// The rebuild or scrub running now.
+    /// The stretches of the store, each over the first `branches` of them:
+    /// more than one after `grove branch add`, until a restripe.
+    pub segments: Vec<SegmentLine>,
+    /// Bytes of the segment being restriped that are copied, if one is.
+    pub restripe_done_bytes: Option<u64>,
+    /// The rebuild, scrub or restripe running now.
     pub job: Option<Job>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SegmentLine {
+    pub id: u32,
+    pub start_bytes: u64,
+    pub branches: u32,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -102,6 +114,10 @@ pub trait BranchAdmin {
     fn scrub_branches(&self, repair: bool) -> grove_store::Result<ScrubSummary>;
     /// Takes a branch out of service; returns the branches after.
     fn fail_branch(&self, label: &str) -> grove_store::Result<BranchReport>;
+    /// Adds a branch; returns the branches after.
+    fn add_branch(&self, dir: &Path) -> grove_store::Result<BranchReport>;
+    /// Spreads the segments narrower than the pool over every branch.
+    fn restripe_branches(&self) -> grove_store::Result<RestripeSummary>;
 }
 
 impl BranchAdmin for crate::open::OpenedPool {
@@ -144,6 +160,21 @@ impl BranchAdmin for crate::open::OpenedPool {
     fn fail_branch(&self, label: &str) -> grove_store::Result<BranchReport> {
         fail(self.need_branches()?, label)
     }
+    fn add_branch(&self, dir: &Path) -> grove_store::Result<BranchReport> {
+        add(self.need_branches()?, dir)
+    }
+    fn restripe_branches(&self) -> grove_store::Result<RestripeSummary> {
+        let branches = self.need_branches()?;
+        let bar = crate::progress::Progress::bytes("restriping", 0);
+        restripe(
+            branches,
+            &mut |done, total| {
+                bar.set_length(total);
+                bar.set_position(done);
+            },
+            &|| false,
+        )
+    }
 }
 
 impl crate::open::OpenedPool {
@@ -157,6 +188,7 @@ impl crate::open::OpenedPool {
 /// The branches as they stand.
 pub fn report(branches: &Branches) -> BranchReport {
     let device = &branches.device;
+    let shape = device.shape();
     BranchReport {
         level: device.level().to_string(),
         stripe_unit_bytes: device.stripe_unit_bytes(),
@@ -170,6 +202,16 @@ pub fn report(branches: &Branches) -> BranchReport {
                 health: m.health.to_string(),
             })
             .collect(),
+        segments: shape
+            .segments
+            .iter()
+            .map(|s| SegmentLine {
+                id: s.id,
+                start_bytes: s.start,
+                branches: s.width,
+            })
+            .collect(),
+        restripe_done_bytes: shape.restripe.map(|r| r.done_bytes),
         job: branches.job(),
     }
 }
@@ -220,14 +262,16 @@ pub fn rebuild(
             ),
         ));
     }
-    let job = branches.start_job(format!("rebuild of {label} into {}", to.display()))?;
-    let (devices, lock) =
-        members::prepare_replacement(&branch_config, label, &to).map_err(branch_error)?;
+    let job = branches.start_job(
+        format!("rebuild of {label} into {}", to.display()),
+        "stripes",
+    )?;
+    let lock = members::prepare_replacement(&branch_config, label, &to).map_err(branch_error)?;
     let before = config.clone();
     branch_config.member[index].dir = to.clone();
     config.branches = Some(branch_config.to_table());
     config.save(dir)?;
-    if let Err(e) = device.replace(label, to.display().to_string(), devices) {
+    if let Err(e) = device.replace_at(label, to.display().to_string()) {
         // The device goes on with the branch where it was: so must grove.toml.
         before.save(dir)?;
         return Err(io_failure(e));
@@ -260,7 +304,7 @@ pub fn scrub(
     stop: &dyn Fn() -> bool,
 ) -> grove_store::Result<ScrubSummary> {
     let what = if repair { "scrub --repair" } else { "scrub" };
-    let job = branches.start_job(what.to_string())?;
+    let job = branches.start_job(what.to_string(), "stripes")?;
     let report = branches
         .device
         .scrub(
@@ -301,6 +345,65 @@ pub fn fail(branches: &Branches, label: &str) -> grove_store::Result<BranchRepor
         .fail_branch(label, "taken out of service by `grove branch fail`")
         .map_err(|e| Error::new(ErrorKind::InvalidState, e.to_string()))?;
     Ok(report(branches))
+}
+
+/// `grove branch add DIR`: the directory (empty or missing) joins the
+/// pool as its next branch. grove.toml names it before the device uses
+/// it, so a crash between leaves a branch no segment uses yet, never a
+/// segment over a branch grove.toml does not name.
+pub fn add(branches: &Branches, dir: &Path) -> grove_store::Result<BranchReport> {
+    let (mut config, mut branch_config) = load_branch_config(&branches.dir)?;
+    let (member, lock) = members::prepare_addition(&branch_config, dir).map_err(branch_error)?;
+    let before = config.clone();
+    branch_config.member.push(member.clone());
+    config.branches = Some(branch_config.to_table());
+    config.save(&branches.dir)?;
+    let place = member.dir.display().to_string();
+    if let Err(e) = branches.device.add_branch(&member.label, &place) {
+        before.save(&branches.dir)?;
+        return Err(Error::new(
+            ErrorKind::InvalidState,
+            format!("branch {place} not added: {e}"),
+        ));
+    }
+    branches.hold(lock);
+    Ok(report(branches))
+}
+
+/// What `grove branch restripe` did.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RestripeSummary {
+    pub segments: u64,
+    pub bytes_copied: u64,
+}
+
+/// `grove branch restripe`: copies every segment narrower than the pool
+/// over all its branches, resuming one a crash cut short.
+pub fn restripe(
+    branches: &Branches,
+    progress: &mut dyn FnMut(u64, u64),
+    stop: &dyn Fn() -> bool,
+) -> grove_store::Result<RestripeSummary> {
+    let job = branches.start_job("restripe".to_string(), "bytes")?;
+    let report = branches
+        .device
+        .restripe(
+            &mut |done, total| {
+                job.progress(done, total);
+                progress(done, total);
+            },
+            stop,
+        )
+        .map_err(io_failure)?;
+    tracing::info!(
+        "restripe: {} segment(s), {} copied",
+        report.segments,
+        format_size(report.bytes_copied)
+    );
+    Ok(RestripeSummary {
+        segments: report.segments,
+        bytes_copied: report.bytes_copied,
+    })
 }
 
 /// `grove init --branch DIR ...`: the level (by default raif0 for one
@@ -387,6 +490,7 @@ pub fn create_pool(
                     DATA_FILE_NAME,
                     members::JOURNAL_FILE_NAME,
                     members::SUMS_FILE_NAME,
+                    members::SHAPE_FILE_NAME,
                 ] {
                     let _ = std::fs::remove_file(member.dir.join(name));
                 }
@@ -419,11 +523,35 @@ pub fn write_report(out: &mut impl Write, report: &BranchReport) -> io::Result<(
             branch.label, branch.health, branch.dir
         )?;
     }
+    if report.segments.len() > 1 {
+        let narrow: Vec<String> = report
+            .segments
+            .iter()
+            .filter(|s| (s.branches as usize) < report.branches.len())
+            .map(|s| format!("from {} over {}", format_size(s.start_bytes), s.branches))
+            .collect();
+        if !narrow.is_empty() {
+            writeln!(
+                out,
+                "segments           {} ({} over fewer branches: {}); `grove branch restripe` spreads them",
+                report.segments.len(),
+                narrow.len(),
+                narrow.join(", ")
+            )?;
+        }
+    }
+    if let Some(done) = report.restripe_done_bytes {
+        writeln!(
+            out,
+            "restripe           unfinished, {} copied (`grove branch restripe` resumes it)",
+            format_size(done)
+        )?;
+    }
     if let Some(job) = &report.job {
         writeln!(
             out,
-            "running            {}: {} of {} stripes",
-            job.what, job.done_stripes, job.total_stripes
+            "running            {}: {} of {} {}",
+            job.what, job.done, job.total, job.unit
         )?;
     }
     Ok(())

@@ -687,6 +687,23 @@ pub enum BranchCommand {
         /// The branch's label (`grove info` lists them)
         label: String,
     },
+    /// Add a branch directory to the pool, online: new space is laid over
+    /// every branch, the new one included; what is stored stays where it
+    /// is until `grove branch restripe` (or `--restripe`) spreads it
+    #[command(after_help = "Examples:\n  grove branch add /mnt/disk5/grove\n  \
+                            grove branch add /mnt/disk5/grove --restripe")]
+    Add {
+        /// An empty (or missing) directory, on its own disk in real use
+        dir: PathBuf,
+        /// Then spread what is stored over every branch (as `grove branch restripe`)
+        #[arg(long)]
+        restripe: bool,
+    },
+    /// Spread what is stored over fewer branches than the pool has (after
+    /// `grove branch add`) over all of them, online and resumable: run it
+    /// again after a crash or an interruption and it goes on where it was
+    #[command(after_help = "Example:\n  grove branch restripe")]
+    Restripe,
 }
 
 #[derive(Debug, Subcommand)]

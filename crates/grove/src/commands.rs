@@ -204,6 +204,21 @@ fn run_local(opened: &OpenedPool, command: Command) -> Result<()> {
     }
 }
 
+/// `grove branch restripe`, and `grove branch add --restripe` after the add.
+fn restripe_and_say(branches: &dyn BranchAdmin) -> Result<()> {
+    let summary = branches.restripe_branches()?;
+    if summary.segments == 0 {
+        return say(format_args!(
+            "nothing to restripe: everything stored lies over every branch"
+        ));
+    }
+    say(format_args!(
+        "restriped {} segment(s): {} copied; everything stored lies over every branch",
+        summary.segments,
+        crate::output::format_size(summary.bytes_copied)
+    ))
+}
+
 fn run_admin(pool: &dyn Admin, branches: &dyn BranchAdmin, command: Command) -> Result<()> {
     match command {
         Command::Send { .. } | Command::Receive { .. } | Command::Hash { .. } => {
@@ -350,6 +365,32 @@ fn run_admin(pool: &dyn Admin, branches: &dyn BranchAdmin, command: Command) -> 
                     .unwrap_or_else(|| "the pool is degraded".into())
             ))
         }
+        Command::Branch {
+            command: BranchCommand::Add { dir, restripe },
+        } => {
+            let report = branches.add_branch(&dir)?;
+            let added = report
+                .branches
+                .last()
+                .map(|b| b.label.clone())
+                .unwrap_or_default();
+            say(format_args!(
+                "branch {added} added ({}): the pool has {} branches; new space is laid over all of them",
+                dir.display(),
+                report.branches.len()
+            ))?;
+            if restripe {
+                restripe_and_say(branches)?;
+            } else if report.segments.len() > 1 {
+                say(format_args!(
+                    "what is stored stays where it is: `grove branch restripe` spreads it over every branch"
+                ))?;
+            }
+            Ok(())
+        }
+        Command::Branch {
+            command: BranchCommand::Restripe,
+        } => restripe_and_say(branches),
     }
 }
 

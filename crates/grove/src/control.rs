@@ -29,7 +29,7 @@ use grove_store::{
 };
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
-use crate::branches::{BranchAdmin, BranchReport, RebuildSummary, ScrubSummary};
+use crate::branches::{BranchAdmin, BranchReport, RebuildSummary, RestripeSummary, ScrubSummary};
 use crate::control_limits;
 use crate::open::OpenedPool;
 
@@ -159,7 +159,8 @@ impl Request {
             | Request::Gc { wait: true }
             | Request::Hash { .. }
             | Request::Rebuild { .. }
-            | Request::Scrub { .. } => LONG_REPLY_TIMEOUT_MS,
+            | Request::Scrub { .. }
+            | Request::Restripe => LONG_REPLY_TIMEOUT_MS,
             _ => REPLY_TIMEOUT_MS,
         };
         Duration::from_millis(ms)
@@ -404,6 +405,11 @@ enum Request {
     FailBranch {
         label: String,
     },
+    /// `dir` is absolute, as for Rebuild.
+    AddBranch {
+        dir: PathBuf,
+    },
+    Restripe,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -501,6 +507,14 @@ fn execute(opened: &OpenedPool, request: Request, stopping: &AtomicBool) -> Repl
         })),
         Request::FailBranch { label } => reply(with_branches(opened, stopping, |branches| {
             crate::branches::fail(branches, &label)
+        })),
+        Request::AddBranch { dir } => reply(with_branches(opened, stopping, |branches| {
+            crate::branches::add(branches, &dir)
+        })),
+        Request::Restripe => reply(with_branches(opened, stopping, |branches| {
+            crate::branches::restripe(branches, &mut |_, _| {}, &|| {
+                stopping.load(Ordering::SeqCst)
+            })
         })),
         Request::Receive { .. } | Request::Send { .. } => Reply::Error {
             kind: ErrorKind::InvalidArgument,
@@ -1255,8 +1269,8 @@ impl ControlClient {
                 let bar = crate::progress::Progress::count(&what, 0);
                 while !done.load(Ordering::Acquire) {
                     if let Ok(Some(BranchReport { job: Some(job), .. })) = client.branch_report() {
-                        bar.set_length(job.total_stripes);
-                        bar.set_position(job.done_stripes);
+                        bar.set_length(job.total);
+                        bar.set_position(job.done);
                     }
                     std::thread::sleep(Duration::from_millis(PROGRESS_POLL_MS));
                 }
@@ -1298,6 +1312,14 @@ impl BranchAdmin for ControlClient {
         self.call(Request::FailBranch {
             label: label.into(),
         })
+    }
+    fn add_branch(&self, dir: &Path) -> grove_store::Result<BranchReport> {
+        self.call(Request::AddBranch {
+            dir: std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf()),
+        })
+    }
+    fn restripe_branches(&self) -> grove_store::Result<RestripeSummary> {
+        self.call_with_progress("restriping", Request::Restripe)
     }
 }
 

@@ -36,10 +36,12 @@ pub struct Branches {
 /// A rebuild or scrub in progress, as `grove info` shows it.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Job {
-    /// "rebuild of b1 into DIR" or "scrub" / "scrub --repair".
+    /// "rebuild of b1 into DIR", "scrub" / "scrub --repair", "restripe".
     pub what: String,
-    pub done_stripes: u64,
-    pub total_stripes: u64,
+    pub done: u64,
+    pub total: u64,
+    /// What `done` and `total` count: "stripes" or "bytes".
+    pub unit: String,
 }
 
 impl Branches {
@@ -54,24 +56,26 @@ impl Branches {
     }
 
     /// Claims the one job slot for `what`, or says which job holds it.
-    pub fn start_job(&self, what: String) -> grove_store::Result<JobGuard<'_>> {
+    pub fn start_job(&self, what: String, unit: &str) -> grove_store::Result<JobGuard<'_>> {
         let mut job = lock_ignoring_poison(&self.job);
         if let Some(running) = &*job {
             return Err(Error::new(
                 ErrorKind::Busy,
                 format!(
-                    "a {} is running on pool {} ({} of {} stripes): wait for it to finish",
+                    "a {} is running on pool {} ({} of {} {}): wait for it to finish",
                     running.what,
                     self.dir.display(),
-                    running.done_stripes,
-                    running.total_stripes
+                    running.done,
+                    running.total,
+                    running.unit
                 ),
             ));
         }
         *job = Some(Job {
             what,
-            done_stripes: 0,
-            total_stripes: 0,
+            done: 0,
+            total: 0,
+            unit: unit.to_string(),
         });
         Ok(JobGuard { branches: self })
     }
@@ -83,10 +87,10 @@ pub struct JobGuard<'a> {
 }
 
 impl JobGuard<'_> {
-    pub fn progress(&self, done_stripes: u64, total_stripes: u64) {
+    pub fn progress(&self, done: u64, total: u64) {
         if let Some(job) = &mut *lock_ignoring_poison(&self.branches.job) {
-            job.done_stripes = done_stripes;
-            job.total_stripes = total_stripes;
+            job.done = done;
+            job.total = total;
         }
     }
 }

@@ -1,279 +1,281 @@
-//! `BranchDevice`: one `BlockDevice` laid out over the branches of a pool,
-//! with RAIF 0, 1, 5, 6 or 10. The engine above sees a single device.
+//! `BranchDevice`: the one `BlockDevice` the engine sits on, over all the
+//! branches of a pool. Its bytes are cut into segments (`shape.rs`), each
+//! a `Segment` (`segment.rs`) laid over the first branches of the pool
+//! with the pool's level. A pool starts as one segment; `add_branch`
+//! opens a wider one where the last ends, so the store grows onto the
+//! new branch; `restripe` copies a narrow segment into one over every
+//! branch, online, below a watermark kept in the shape.
 //!
-//! The device's bytes are cut into stripes (`Layout` with start 0): stripe
-//! `s` holds `k` data units and the level's parity, one unit per branch at
-//! offset `s * unit` of each branch's data file.
-//!
-//! Writes with redundancy (every level but RAIF0) are staged: a write lays
-//! its bytes over an in-memory copy of each stripe it touches, reads see the
-//! staged copies, and `flush` commits them: the stripe journal first
-//! (`journal.rs`, synced on every healthy branch), then the stripes home,
-//! then a sync of the branches. A stripe on a branch is therefore only ever
-//! rewritten while the journal holds its new contents, which closes the
-//! write hole. RAIF0 has no redundancy to keep in step and writes through.
-//!
-//! Locks, always taken in this order: `commits` (one commit at a time),
-//! `gate` (readers of the branches share it; writes home, punches and
-//! repairs hold it alone, so nobody reads a stripe half rewritten), then
-//! `staging` (held briefly, never across branch I/O).
+//! Requests hold `spread` shared while they route to segments; adding a
+//! branch and each batch of a restripe hold it alone, so that no request
+//! sees a segment half added or a watermark half raised. Long jobs
+//! (rebuild, scrub) take the segments out under a brief shared hold and
+//! work on those.
 
-use std::collections::BTreeMap;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
 
 use grove_store::BlockDevice;
 
-use super::journal;
-use crate::balance::Balancer;
-use crate::codec;
-use crate::layout::Layout;
+use super::repair::{RebuildReport, ScrubReport};
+use super::segment::{read_lock, write_lock, Branch, Segment, STAGING_LIMIT_BYTES};
+pub use super::segment::{Health, MemberDevices, MemberSpec, MemberStatus, MembershipRecorder};
+use super::shape::{self, RestripeShape, SegmentShape, Shape};
 use crate::level::Level;
-use crate::raid::{self, BranchIo, RaidError};
 
-/// Staged stripe bytes past which a write commits on its own, so that a
-/// client that never flushes cannot make the device hold unbounded memory.
-pub const STAGING_LIMIT_BYTES: usize = 32 * 1024 * 1024;
-/// Most consecutive stripes written home in one write per branch, which
-/// bounds the buffers a commit holds (width x this x unit).
-pub const HOME_RUN_STRIPES_MAX: u64 = 256;
-/// Bytes of one stripe unit's checksum in a branch's sums file.
-pub const SUM_BYTES: u64 = 4;
-/// The checksum value that means "not known" (a punched or never-written
-/// unit): scrub then falls back to comparing copies and parity.
-pub const SUM_UNKNOWN: u32 = 0;
+/// Bytes of a narrow segment one restripe batch copies with the device
+/// held alone: client requests wait for one such batch at most.
+pub const RESTRIPE_BATCH_BYTES: u64 = 4 * 1024 * 1024;
 
-/// The files (or memory devices) of one branch.
-#[derive(Clone)]
-pub struct MemberDevices {
-    /// Stripe units at `stripe * unit`.
-    pub data: Arc<dyn BlockDevice>,
-    /// The stripe journal (see `journal.rs`).
-    pub journal: Arc<dyn BlockDevice>,
-    /// A crc32c per stripe unit at `stripe * SUM_BYTES`, kept by commits.
-    pub sums: Arc<dyn BlockDevice>,
+/// Opens and makes the files of a branch, by its place (a directory, or a
+/// name in memory): what the device needs to add segments, replace a
+/// branch and keep its shape.
+pub trait BranchFiles: Send + Sync {
+    /// The branch's shape file, made empty if missing.
+    fn shape(&self, place: &str) -> io::Result<Arc<dyn BlockDevice>>;
+    /// Segment `id`'s files on the branch; `create` makes them empty
+    /// (truncating what an unfinished attempt left).
+    fn segment(&self, place: &str, id: u32, create: bool) -> io::Result<MemberDevices>;
+    /// Removes segment `id`'s files from the branch (best effort).
+    fn remove_segment(&self, place: &str, id: u32);
 }
 
-/// Where a branch stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Health {
-    /// Read and written.
-    Healthy,
-    /// Neither read nor written: lost, missing or stale.
-    Failed,
-    /// A replacement being refilled: written, not read until whole.
-    Rebuilding,
-}
-
-impl Health {
-    fn code(self) -> u8 {
-        match self {
-            Health::Healthy => 0,
-            Health::Failed => 1,
-            Health::Rebuilding => 2,
-        }
-    }
-
-    fn from_code(code: u8) -> Health {
-        match code {
-            0 => Health::Healthy,
-            2 => Health::Rebuilding,
-            _ => Health::Failed,
-        }
-    }
-}
-
-impl std::fmt::Display for Health {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Health::Healthy => "ok",
-            Health::Failed => "failed",
-            Health::Rebuilding => "rebuilding",
-        })
-    }
-}
-
-/// One branch as the device sees it.
-pub struct MemberSpec {
-    pub label: String,
-    /// Where it is, for messages (a directory, or "memory").
-    pub place: String,
-    /// None for a branch that could not be opened at all.
-    pub devices: Option<MemberDevices>,
-    pub health: Health,
-}
-
-/// A branch's label, place and health, as `status` reports them.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct MemberStatus {
+/// A branch as `open` is given it: None for files that could not be used.
+pub struct BranchSpec {
     pub label: String,
     pub place: String,
-    pub health: Health,
+    pub usable: bool,
 }
 
-/// Called after a branch changes health, with every branch's status, so
-/// that the pool's own records (the branches' identity files) follow.
-pub type MembershipRecorder = Box<dyn Fn(&[MemberStatus]) -> io::Result<()> + Send + Sync>;
-
-pub(super) struct Member {
-    pub(super) label: String,
-    pub(super) place: RwLock<String>,
-    pub(super) devices: RwLock<Option<MemberDevices>>,
-    health: AtomicU8,
+/// What a restripe did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RestripeReport {
+    /// Segments copied onto every branch.
+    pub segments: u64,
+    pub bytes_copied: u64,
 }
 
-impl Member {
-    pub(super) fn health(&self) -> Health {
-        Health::from_code(self.health.load(Ordering::Acquire))
+/// The segments and branches now: what requests route by.
+struct Spread {
+    branches: Vec<Arc<Branch>>,
+    shape: Shape,
+    shape_sequence: u64,
+    /// In step with `shape.segments`.
+    segments: Vec<Arc<Segment>>,
+    /// The restripe's target, while `shape.restripe` is some.
+    target: Option<Arc<Segment>>,
+}
+
+impl Spread {
+    /// Every segment, the restripe's target included.
+    fn all_segments(&self) -> Vec<Arc<Segment>> {
+        self.segments
+            .iter()
+            .chain(self.target.iter())
+            .cloned()
+            .collect()
     }
 
-    pub(super) fn set_health(&self, health: Health) -> Health {
-        Health::from_code(self.health.swap(health.code(), Ordering::AcqRel))
+    /// The pieces of `offset..offset + len`: (segment, offset in it,
+    /// length, offset in the caller's buffer).
+    fn route(&self, offset: u64, len: usize) -> Vec<(Arc<Segment>, u64, usize, usize)> {
+        let mut pieces = Vec::new();
+        let end = offset + len as u64;
+        let mut at = offset;
+        while at < end {
+            // The last segment starting at or before `at` holds it.
+            let i = self
+                .shape
+                .segments
+                .iter()
+                .rposition(|s| s.start <= at)
+                .expect("the first segment starts at 0");
+            let start = self.shape.segments[i].start;
+            let mut stop = self
+                .shape
+                .segments
+                .get(i + 1)
+                .map_or(end, |s| s.start.min(end));
+            let mut segment = &self.segments[i];
+            if let Some(restripe) = self.restripe_of(i) {
+                let watermark = start + restripe.done_bytes;
+                if at < watermark {
+                    segment = self.target.as_ref().expect("a restripe has a target");
+                    stop = stop.min(watermark);
+                }
+            }
+            let n = stop - at;
+            pieces.push((
+                segment.clone(),
+                at - start,
+                n as usize,
+                (at - offset) as usize,
+            ));
+            at = stop;
+        }
+        pieces
     }
 
-    pub(super) fn devices(&self) -> io::Result<MemberDevices> {
-        read_lock(&self.devices).clone().ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("branch {} is not open", self.label),
-            )
-        })
+    fn restripe_of(&self, i: usize) -> Option<RestripeShape> {
+        self.shape
+            .restripe
+            .filter(|r| r.source == self.shape.segments[i].id)
     }
-}
 
-/// Stripes written but not yet committed, and those being committed.
-#[derive(Default)]
-struct Staging {
-    pending: BTreeMap<u64, Vec<u8>>,
-    /// The commit in progress: readers see these until they are home.
-    committing: Arc<BTreeMap<u64, Vec<u8>>>,
-    /// Counts commits whose stripes went home, so that a writer who loaded
-    /// a stripe from the branches knows whether a commit overtook it.
-    epoch: u64,
-}
-
-struct CommitState {
-    next_sequence: u64,
-    /// The branches the last journal went to. Every other healthy branch
-    /// holds an empty journal, so that replay never finds an old one
-    /// there: when the set changes, every healthy branch is emptied first.
-    journal_set: Vec<usize>,
+    fn last(&self) -> (&SegmentShape, &Arc<Segment>) {
+        let i = self.segments.len() - 1;
+        (&self.shape.segments[i], &self.segments[i])
+    }
 }
 
 /// The pool's device over its branches.
 pub struct BranchDevice {
-    pub(super) layout: Layout,
-    pub(super) members: Vec<Member>,
-    staging: Mutex<Staging>,
+    level: Level,
+    stripe_unit_bytes: u64,
     staging_limit_bytes: usize,
-    pub(super) gate: RwLock<()>,
-    commits: Mutex<CommitState>,
-    balancer: Balancer,
-    membership_dirty: AtomicBool,
+    spread: RwLock<Spread>,
+    /// Set by any segment when a branch changes health; the next flush
+    /// records it (the branches' identity files) and clears it.
+    membership_dirty: Arc<AtomicBool>,
     recorder: Option<MembershipRecorder>,
-}
-
-pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-pub(super) fn read_lock<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
-    lock.read().unwrap_or_else(|e| e.into_inner())
-}
-
-pub(super) fn write_lock<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
-    lock.write().unwrap_or_else(|e| e.into_inner())
-}
-
-pub(super) fn raid_error(error: RaidError) -> io::Error {
-    io::Error::other(format!("branch pool: {error}"))
-}
-
-/// A unit's checksum as the sums file keeps it: never SUM_UNKNOWN.
-pub fn unit_sum(unit: &[u8]) -> u32 {
-    crc32c::crc32c(unit).max(1)
-}
-
-/// The raid functions' view of the branches.
-pub(super) struct Io<'a>(pub(super) &'a BranchDevice);
-
-impl BranchIo for Io<'_> {
-    fn read_at(&self, branch: usize, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        let started = Instant::now();
-        self.0.members[branch]
-            .devices()?
-            .data
-            .read_at(buf, offset)?;
-        self.0.balancer.record(branch, started.elapsed());
-        Ok(())
-    }
-
-    fn write_at(&self, branch: usize, offset: u64, data: &[u8]) -> io::Result<()> {
-        self.0.members[branch]
-            .devices()?
-            .data
-            .write_at(data, offset)
-    }
-
-    fn is_failed(&self, branch: usize) -> bool {
-        self.0.members[branch].health() != Health::Healthy
-    }
-
-    fn fail(&self, branch: usize, error: &io::Error) {
-        self.0.mark_failed(branch, error);
-    }
-
-    fn choose(&self, copies: &[usize]) -> usize {
-        self.0.balancer.choose(copies)
-    }
+    /// None for a device assembled from files given whole (tests): it
+    /// cannot grow, restripe or keep a shape.
+    files: Option<Arc<dyn BranchFiles>>,
 }
 
 impl BranchDevice {
-    /// Puts a device together from its branches and replays the stripe
-    /// journal, so that every stripe agrees with its parity before the
-    /// first read. Fails if more branches are unusable than the level
-    /// survives.
+    /// One segment over the branches given with their files: a device
+    /// that keeps no shape file and cannot grow (tests, and the crash
+    /// simulator's images). Replays the stripe journal.
     pub fn assemble(
         level: Level,
         stripe_unit_bytes: u64,
         members: Vec<MemberSpec>,
         recorder: Option<MembershipRecorder>,
     ) -> io::Result<BranchDevice> {
-        let layout = Layout::new(level, members.len(), stripe_unit_bytes, 0)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
-        let members: Vec<Member> = members
-            .into_iter()
-            .map(|spec| Member {
-                label: spec.label,
-                place: RwLock::new(spec.place),
-                health: AtomicU8::new(if spec.devices.is_some() {
-                    spec.health.code()
+        let dirty = Arc::new(AtomicBool::new(false));
+        let branches: Vec<Arc<Branch>> = members
+            .iter()
+            .map(|m| Arc::new(Branch::new(m.label.clone(), m.place.clone(), m.health)))
+            .collect();
+        let segment = Segment::assemble(
+            level,
+            stripe_unit_bytes,
+            branches
+                .iter()
+                .cloned()
+                .zip(members.into_iter().map(|m| m.devices))
+                .collect(),
+            dirty.clone(),
+            STAGING_LIMIT_BYTES,
+        )?;
+        let width = branches.len();
+        Ok(BranchDevice {
+            level,
+            stripe_unit_bytes,
+            staging_limit_bytes: STAGING_LIMIT_BYTES,
+            spread: RwLock::new(Spread {
+                branches,
+                shape: Shape::single(width),
+                shape_sequence: 0,
+                segments: vec![Arc::new(segment)],
+                target: None,
+            }),
+            membership_dirty: dirty,
+            recorder,
+            files: None,
+        })
+    }
+
+    /// Opens a pool's branches through `files`: the newest shape any
+    /// usable branch keeps (one segment over all, for a pool that has
+    /// none yet), then every segment's files. A branch whose files cannot
+    /// be opened runs failed; past what the level survives, the open
+    /// fails.
+    pub fn open(
+        level: Level,
+        stripe_unit_bytes: u64,
+        branches: Vec<BranchSpec>,
+        files: Arc<dyn BranchFiles>,
+        recorder: Option<MembershipRecorder>,
+    ) -> io::Result<BranchDevice> {
+        let dirty = Arc::new(AtomicBool::new(false));
+        let shared: Vec<Arc<Branch>> = branches
+            .iter()
+            .map(|b| {
+                let health = if b.usable {
+                    Health::Healthy
                 } else {
-                    Health::Failed.code()
-                }),
-                devices: RwLock::new(spec.devices),
+                    Health::Failed
+                };
+                Arc::new(Branch::new(b.label.clone(), b.place.clone(), health))
             })
             .collect();
-        let device = BranchDevice {
-            balancer: Balancer::new(members.len()),
-            layout,
-            members,
-            staging: Mutex::new(Staging::default()),
-            staging_limit_bytes: STAGING_LIMIT_BYTES,
-            gate: RwLock::new(()),
-            commits: Mutex::new(CommitState {
-                next_sequence: 1,
-                journal_set: Vec::new(),
-            }),
-            membership_dirty: AtomicBool::new(false),
-            recorder,
+        let (shape, sequence) = newest_shape(&shared, files.as_ref(), &dirty)?;
+        shape.check(shared.len()).map_err(|why| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("branch pool shape: {why}"),
+            )
+        })?;
+        let open_segment = |id: u32, width: u32| {
+            let members = shared[..width as usize]
+                .iter()
+                .map(|branch| {
+                    let devices = (branch.health() != Health::Failed)
+                        .then(|| files.segment(&read_lock(&branch.place), id, false))
+                        .and_then(|opened| {
+                            opened
+                                .map_err(|e| {
+                                    tracing::warn!(
+                                        "branch {}: segment {id} cannot be opened: {e}",
+                                        branch.label
+                                    )
+                                })
+                                .ok()
+                        });
+                    (branch.clone(), devices)
+                })
+                .collect();
+            Segment::assemble(
+                level,
+                stripe_unit_bytes,
+                members,
+                dirty.clone(),
+                STAGING_LIMIT_BYTES,
+            )
+            .map(Arc::new)
         };
-        device.check_survives()?;
-        if device.is_staged() {
-            device.replay_journal()?;
+        let mut segments = Vec::new();
+        for segment in &shape.segments {
+            segments.push(open_segment(segment.id, segment.width)?);
+        }
+        let target = match shape.restripe {
+            Some(restripe) => Some(open_segment(restripe.target, shared.len() as u32)?),
+            None => None,
+        };
+        let device = BranchDevice {
+            level,
+            stripe_unit_bytes,
+            staging_limit_bytes: STAGING_LIMIT_BYTES,
+            spread: RwLock::new(Spread {
+                branches: shared,
+                shape,
+                shape_sequence: sequence,
+                segments,
+                target,
+            }),
+            membership_dirty: dirty,
+            recorder,
+            files: Some(files),
+        };
+        // Every branch gets the shape now: a pool made before shapes, or
+        // a branch that missed the last save, is in step from here on.
+        {
+            let mut spread = write_lock(&device.spread);
+            let shape = spread.shape.clone();
+            device.save_shape(&mut spread, shape)?;
         }
         Ok(device)
     }
@@ -281,97 +283,113 @@ impl BranchDevice {
     /// A smaller staging limit, so tests reach the self-commit path.
     pub fn with_staging_limit(mut self, bytes: usize) -> BranchDevice {
         self.staging_limit_bytes = bytes.max(1);
+        for segment in read_lock(&self.spread).all_segments() {
+            segment.set_staging_limit(self.staging_limit_bytes);
+        }
         self
     }
 
     pub fn level(&self) -> Level {
-        self.layout.level
+        self.level
     }
 
     pub fn stripe_unit_bytes(&self) -> u64 {
-        self.layout.stripe_unit_bytes
+        self.stripe_unit_bytes
     }
 
+    /// Branches in the pool.
     pub fn width(&self) -> usize {
-        self.members.len()
+        read_lock(&self.spread).branches.len()
     }
 
     /// Every branch's label, place and health, in label order.
     pub fn status(&self) -> Vec<MemberStatus> {
-        self.members
+        read_lock(&self.spread)
+            .branches
             .iter()
-            .map(|m| MemberStatus {
-                label: m.label.clone(),
-                place: read_lock(&m.place).clone(),
-                health: m.health(),
-            })
+            .map(|b| b.status())
             .collect()
+    }
+
+    /// The segments (id, width, start) and the restripe in progress.
+    pub fn shape(&self) -> Shape {
+        read_lock(&self.spread).shape.clone()
     }
 
     /// True while some branch is failed or being rebuilt.
     pub fn is_degraded(&self) -> bool {
-        self.members.iter().any(|m| m.health() != Health::Healthy)
+        read_lock(&self.spread)
+            .branches
+            .iter()
+            .any(|b| b.health() != Health::Healthy)
+    }
+
+    /// True while some segment spans fewer branches than the pool has:
+    /// a restripe would spread it.
+    pub fn needs_restripe(&self) -> bool {
+        let spread = read_lock(&self.spread);
+        let width = spread.branches.len() as u32;
+        spread.shape.restripe.is_some()
+            || spread.shape.segments[..spread.segments.len() - 1]
+                .iter()
+                .any(|s| s.width < width)
     }
 
     /// Reads served by each branch so far, and its average read latency
-    /// (the balancer's figures), in label order.
+    /// (the balancers' figures, over every segment), in label order.
     pub fn read_balance(&self) -> Vec<(u64, u64)> {
-        (0..self.members.len())
-            .map(|b| (self.balancer.reads(b), self.balancer.latency_ns(b)))
+        let spread = read_lock(&self.spread);
+        let mut totals = vec![(0u64, 0u128); spread.branches.len()];
+        for segment in spread.all_segments() {
+            for (b, (reads, latency)) in segment.read_balance().into_iter().enumerate() {
+                totals[b].0 += reads;
+                totals[b].1 += u128::from(reads) * u128::from(latency);
+            }
+        }
+        totals
+            .into_iter()
+            .map(|(reads, weighted)| (reads, (weighted / u128::from(reads.max(1))) as u64))
             .collect()
     }
 
-    pub(super) fn index_of(&self, label: &str) -> Option<usize> {
-        self.members.iter().position(|m| m.label == label)
+    pub fn place_of(&self, label: &str) -> Option<String> {
+        self.branch(label).map(|b| read_lock(&b.place).clone())
     }
 
-    fn is_staged(&self) -> bool {
-        self.layout.level != Level::Raif0
+    pub fn health_of(&self, label: &str) -> Option<Health> {
+        self.branch(label).map(|b| b.health())
     }
 
-    fn stripe_bytes(&self) -> u64 {
-        self.layout.stripe_data_bytes()
-    }
-
-    /// Fails unless every stripe keeps a way to every unit with the
-    /// branches that are not healthy gone.
-    pub(super) fn check_survives(&self) -> io::Result<()> {
-        let lost: Vec<usize> = (0..self.members.len())
-            .filter(|&b| self.members[b].health() != Health::Healthy)
-            .collect();
-        if raid::survives(&self.layout, &lost) {
-            return Ok(());
-        }
-        let names: Vec<String> = lost
+    fn branch(&self, label: &str) -> Option<Arc<Branch>> {
+        read_lock(&self.spread)
+            .branches
             .iter()
-            .map(|&b| self.members[b].label.clone())
-            .collect();
-        Err(io::Error::other(format!(
-            "{} over {} branches cannot do without {} ({} branch(es) unusable; it survives {})",
-            self.layout.level,
-            self.members.len(),
-            names.join(", "),
-            lost.len(),
-            self.layout.level.tolerated_losses(self.members.len())
-        )))
+            .find(|b| b.label == label)
+            .cloned()
     }
 
-    /// Marks a branch failed after an I/O error: it is no longer read or
-    /// written, the pool runs degraded, and the next commit records it.
-    pub(super) fn mark_failed(&self, branch: usize, error: &io::Error) {
-        let member = &self.members[branch];
-        if member.set_health(Health::Failed) != Health::Failed {
-            tracing::error!(
-                "branch {} ({}) failed: {error}; the pool is degraded",
-                member.label,
-                read_lock(&member.place)
-            );
-            self.membership_dirty.store(true, Ordering::Release);
-        }
+    fn branch_index(spread: &Spread, label: &str) -> io::Result<usize> {
+        spread
+            .branches
+            .iter()
+            .position(|b| b.label == label)
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("no branch labelled {label:?} in this pool"),
+                )
+            })
     }
 
-    /// Records the branches' health now (identity files), if it changed.
-    pub(super) fn record_membership(&self) -> io::Result<()> {
+    fn check_survives(spread: &Spread) -> io::Result<()> {
+        spread
+            .all_segments()
+            .iter()
+            .try_for_each(|segment| segment.check_survives())
+    }
+
+    /// Records the branches' health now (identity files).
+    fn record_membership(&self) -> io::Result<()> {
         self.membership_dirty.store(false, Ordering::Release);
         match &self.recorder {
             Some(recorder) => recorder(&self.status()),
@@ -379,595 +397,641 @@ impl BranchDevice {
         }
     }
 
-    pub(super) fn mark_membership_changed(&self) {
-        self.membership_dirty.store(true, Ordering::Release);
-    }
-
-    /// Reads a stripe's data from the branches (rebuilt where lost).
-    fn load_stripe(&self, stripe: u64) -> io::Result<Vec<u8>> {
-        let mut data = vec![0u8; self.stripe_bytes() as usize];
-        let _gate = read_lock(&self.gate);
-        raid::read(
-            &self.layout,
-            &Io(self),
-            stripe * self.stripe_bytes(),
-            &mut data,
-        )
-        .map_err(raid_error)?;
-        Ok(data)
-    }
-
-    fn read_home(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        let _gate = read_lock(&self.gate);
-        raid::read(&self.layout, &Io(self), offset, buf).map_err(raid_error)
-    }
-
-    /// The stripes a byte range touches: (stripe, offset in it, length,
-    /// offset in the caller's buffer).
-    fn pieces(&self, offset: u64, len: usize) -> impl Iterator<Item = (u64, usize, usize, usize)> {
-        let stripe_bytes = self.stripe_bytes();
-        let end = offset + len as u64;
-        let mut at = offset;
-        std::iter::from_fn(move || {
-            if at >= end {
-                return None;
-            }
-            let stripe = at / stripe_bytes;
-            let within = at % stripe_bytes;
-            let n = (stripe_bytes - within).min(end - at);
-            let piece = (stripe, within as usize, n as usize, (at - offset) as usize);
-            at += n;
-            Some(piece)
-        })
-    }
-
-    fn staged_read(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        // Staged stripes are copied under the staging lock; the runs in
-        // between are read from the branches after it is let go.
-        let mut from_home: Vec<(u64, usize, usize)> = Vec::new();
-        {
-            let staging = lock(&self.staging);
-            for (stripe, within, n, at) in self.pieces(offset, buf.len()) {
-                let staged = staging
-                    .pending
-                    .get(&stripe)
-                    .or_else(|| staging.committing.get(&stripe));
-                match staged {
-                    Some(data) => buf[at..at + n].copy_from_slice(&data[within..within + n]),
-                    None => match from_home.last_mut() {
-                        Some((_, run_at, run_len)) if *run_at + *run_len == at => *run_len += n,
-                        _ => from_home.push((offset + at as u64, at, n)),
-                    },
-                }
-            }
-        }
-        for (device_offset, at, n) in from_home {
-            self.read_home(&mut buf[at..at + n], device_offset)?;
-        }
-        Ok(())
-    }
-
-    fn staged_write(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        let stripe_bytes = self.stripe_bytes() as usize;
-        for (stripe, within, n, at) in self.pieces(offset, buf.len()) {
-            let piece = &buf[at..at + n];
-            loop {
-                let mut staging = lock(&self.staging);
-                if let Some(data) = staging.pending.get_mut(&stripe) {
-                    data[within..within + n].copy_from_slice(piece);
-                    break;
-                }
-                let mut data = if let Some(committing) = staging.committing.get(&stripe) {
-                    committing.clone()
-                } else if n == stripe_bytes {
-                    vec![0u8; stripe_bytes]
-                } else {
-                    let epoch = staging.epoch;
-                    drop(staging);
-                    let loaded = self.load_stripe(stripe)?;
-                    staging = lock(&self.staging);
-                    let overtaken = staging.epoch != epoch
-                        || staging.pending.contains_key(&stripe)
-                        || staging.committing.contains_key(&stripe);
-                    if overtaken {
-                        continue;
-                    }
-                    loaded
-                };
-                data[within..within + n].copy_from_slice(piece);
-                staging.pending.insert(stripe, data);
-                break;
-            }
-        }
-        let over_limit =
-            lock(&self.staging).pending.len() * stripe_bytes >= self.staging_limit_bytes;
-        if over_limit {
-            self.commit()?;
-        }
-        Ok(())
-    }
-
-    /// Makes every staged stripe durable: journal, home, sync.
-    fn commit(&self) -> io::Result<()> {
-        let mut commits = lock(&self.commits);
-        let staged = {
-            let mut staging = lock(&self.staging);
-            assert!(
-                staging.committing.is_empty(),
-                "one commit at a time: the last one cleared its stripes"
-            );
-            let taken = std::mem::take(&mut staging.pending);
-            staging.committing = Arc::new(taken);
-            staging.committing.clone()
-        };
-        let result = self.commit_staged(&mut commits, &staged);
-        let mut staging = lock(&self.staging);
-        if result.is_err() {
-            // Keep what was written visible: back into pending, under any
-            // newer writes to the same stripes.
-            for (stripe, data) in staged.iter() {
-                staging
-                    .pending
-                    .entry(*stripe)
-                    .or_insert_with(|| data.clone());
-            }
-        }
-        staging.committing = Arc::new(BTreeMap::new());
-        staging.epoch += 1;
-        drop(staging);
-        result?;
+    fn record_if_changed(&self) -> io::Result<()> {
         if self.membership_dirty.load(Ordering::Acquire) {
             self.record_membership()?;
         }
         Ok(())
     }
 
-    fn commit_staged(
-        &self,
-        commits: &mut CommitState,
-        staged: &BTreeMap<u64, Vec<u8>>,
-    ) -> io::Result<()> {
-        if !staged.is_empty() {
-            let set = self.journal_set();
-            if set != commits.journal_set {
-                self.empty_journals(commits)?;
-                commits.journal_set = set.clone();
-            }
-            let sequence = commits.next_sequence;
-            commits.next_sequence += 1;
-            let bytes = journal::encode(
-                sequence,
-                self.layout.stripe_unit_bytes as usize,
-                self.layout.data_units(),
-                staged,
-            );
-            self.write_journals(&bytes, &set)?;
-            let _gate = write_lock(&self.gate);
-            self.write_home(staged)?;
-        }
-        self.sync_members()
-    }
-
-    /// Where journals go: the first healthy branches, one more than the
-    /// level survives losing, so that a copy outlives any loss the level
-    /// can take.
-    fn journal_set(&self) -> Vec<usize> {
-        let copies = self.layout.level.tolerated_losses(self.members.len()) + 1;
-        (0..self.members.len())
-            .filter(|&b| self.members[b].health() == Health::Healthy)
-            .take(copies)
-            .collect()
-    }
-
-    /// An empty journal with the next sequence on every healthy branch.
-    fn empty_journals(&self, commits: &mut CommitState) -> io::Result<()> {
-        let empty = journal::encode(
-            commits.next_sequence,
-            self.layout.stripe_unit_bytes as usize,
-            self.layout.data_units(),
-            &BTreeMap::new(),
-        );
-        commits.next_sequence += 1;
-        let healthy: Vec<usize> = (0..self.members.len())
-            .filter(|&b| self.members[b].health() == Health::Healthy)
-            .collect();
-        self.write_journals(&empty, &healthy)
-    }
-
-    /// The journal on the branches `set`, synced, each branch on its own
-    /// thread (branches are separate disks). One copy is enough to replay,
-    /// so only a journal no branch took fails the commit.
-    fn write_journals(&self, bytes: &[u8], set: &[usize]) -> io::Result<()> {
-        let results = self.on_each(set, |_, devices| {
-            devices.journal.write_at(bytes, 0)?;
-            devices.journal.flush()
-        });
-        let mut written = 0;
+    /// Writes `shape` to every branch that is not failed, with the next
+    /// sequence, and makes it the device's. One copy is enough to open
+    /// by, so only a shape no branch took fails.
+    fn save_shape(&self, spread: &mut Spread, shape: Shape) -> io::Result<()> {
+        let Some(files) = &self.files else {
+            spread.shape = shape;
+            return Ok(());
+        };
+        shape
+            .check(spread.branches.len())
+            .expect("the device saves only shapes that check out");
+        let sequence = spread.shape_sequence + 1;
+        let mut saved = 0;
         let mut last_error = None;
-        for (b, result) in results {
+        for branch in &spread.branches {
+            if branch.health() == Health::Failed {
+                continue;
+            }
+            let result = files
+                .shape(&read_lock(&branch.place))
+                .and_then(|device| shape::write(&device, sequence, &shape));
             match result {
-                Ok(()) => written += 1,
+                Ok(()) => saved += 1,
                 Err(e) => {
-                    self.mark_failed(b, &e);
+                    tracing::warn!("branch {}: shape not saved: {e}", branch.label);
                     last_error = Some(e);
                 }
             }
         }
-        if written == 0 {
-            return Err(last_error.unwrap_or_else(|| io::Error::other("no healthy branch")));
+        if saved == 0 {
+            return Err(last_error.unwrap_or_else(|| io::Error::other("no branch to save on")));
         }
-        self.check_survives()
+        spread.shape = shape;
+        spread.shape_sequence = sequence;
+        Ok(())
     }
 
-    /// Runs `work` for each branch of `set` at once, one thread each, and
-    /// gives back each branch's result.
-    fn on_each<F>(&self, set: &[usize], work: F) -> Vec<(usize, io::Result<()>)>
-    where
-        F: Fn(usize, &MemberDevices) -> io::Result<()> + Sync,
-    {
-        if set.len() <= 1 {
-            return set
-                .iter()
-                .map(|&b| (b, self.members[b].devices().and_then(|d| work(b, &d))))
-                .collect();
-        }
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = set
-                .iter()
-                .map(|&b| {
-                    let work = &work;
-                    let member = &self.members[b];
-                    (
-                        b,
-                        scope.spawn(move || member.devices().and_then(|d| work(b, &d))),
-                    )
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|(b, handle)| {
-                    let result = handle
-                        .join()
-                        .unwrap_or_else(|_| Err(io::Error::other("branch I/O thread panicked")));
-                    (b, result)
-                })
-                .collect()
+    fn files(&self) -> io::Result<&Arc<dyn BranchFiles>> {
+        self.files.as_ref().ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::Unsupported,
+                "this branch device was assembled from given files and cannot make more",
+            )
         })
     }
 
-    /// Writes whole stripes home with their parity, mirrors and sums: one
-    /// write per branch for each run of consecutive stripes. The caller
-    /// holds the gate alone.
-    pub(super) fn write_home(&self, stripes: &BTreeMap<u64, Vec<u8>>) -> io::Result<()> {
-        let mut run: Vec<(u64, &[u8])> = Vec::new();
-        for (&stripe, data) in stripes {
-            let joins = run.last().is_some_and(|&(last, _)| {
-                last + 1 == stripe && (run.len() as u64) < HOME_RUN_STRIPES_MAX
-            });
-            if !joins && !run.is_empty() {
-                self.write_home_run(&run)?;
-                run.clear();
-            }
-            run.push((stripe, data));
-        }
-        if !run.is_empty() {
-            self.write_home_run(&run)?;
-        }
-        self.check_survives()
-    }
-
-    /// Every branch's units of consecutive stripes `run`, and their sums.
-    fn write_home_run(&self, run: &[(u64, &[u8])]) -> io::Result<()> {
-        let unit = self.layout.stripe_unit_bytes as usize;
-        let width = self.members.len();
-        let first = run[0].0;
-        let mut units = vec![vec![0u8; unit * run.len()]; width];
-        let mut sums = vec![vec![0u8; SUM_BYTES as usize * run.len()]; width];
-        for (i, &(stripe, data)) in run.iter().enumerate() {
-            assert_eq!(stripe, first + i as u64, "a run is consecutive");
-            for (branch, bytes) in self.stripe_units(stripe, data)? {
-                units[branch][i * unit..(i + 1) * unit].copy_from_slice(&bytes);
-                let sum = unit_sum(&bytes).to_le_bytes();
-                sums[branch][i * SUM_BYTES as usize..(i + 1) * SUM_BYTES as usize]
-                    .copy_from_slice(&sum);
-            }
-        }
-        let written: Vec<usize> = (0..width)
-            .filter(|&b| self.members[b].health() != Health::Failed)
-            .collect();
-        for (b, result) in self.on_each(&written, |b, d| {
-            d.data.write_at(&units[b], first * unit as u64)?;
-            d.sums.write_at(&sums[b], first * SUM_BYTES)
-        }) {
-            if let Err(e) = result {
-                self.mark_failed(b, &e);
-            }
-        }
-        Ok(())
-    }
-
-    /// The unit each branch holds of a stripe with these data bytes.
-    pub(super) fn stripe_units(
+    fn new_segment(
         &self,
-        stripe: u64,
-        data: &[u8],
-    ) -> io::Result<Vec<(usize, Vec<u8>)>> {
-        let unit = self.layout.stripe_unit_bytes as usize;
-        let map = self.layout.stripe_map(stripe);
-        let data_units: Vec<&[u8]> = data.chunks_exact(unit).collect();
-        assert_eq!(data_units.len(), map.data.len(), "a stripe's data is whole");
-        let parity = codec::parity(self.layout.level, &data_units)
-            .map_err(|e| io::Error::other(format!("stripe {stripe}: {e}")))?;
-        let mut out = Vec::with_capacity(self.members.len());
-        for (j, copies) in map.data.iter().enumerate() {
-            out.extend(copies.iter().map(|&b| (b, data_units[j].to_vec())));
-        }
-        out.extend(map.parity.iter().copied().zip(parity));
-        Ok(out)
+        spread: &Spread,
+        id: u32,
+        branches: &[Arc<Branch>],
+    ) -> io::Result<Arc<Segment>> {
+        let files = self.files()?;
+        let members = branches
+            .iter()
+            .map(|branch| {
+                files
+                    .segment(&read_lock(&branch.place), id, true)
+                    .map(|devices| (branch.clone(), Some(devices)))
+            })
+            .collect::<io::Result<Vec<_>>>()?;
+        let _ = spread;
+        let segment = Segment::assemble(
+            self.level,
+            self.stripe_unit_bytes,
+            members,
+            self.membership_dirty.clone(),
+            self.staging_limit_bytes,
+        )?;
+        Ok(Arc::new(segment))
     }
 
-    /// Syncs every branch that is written (data and sums).
-    fn sync_members(&self) -> io::Result<()> {
-        let written: Vec<usize> = (0..self.members.len())
-            .filter(|&b| self.members[b].health() != Health::Failed)
+    // ----- growth -----
+
+    /// Adds branch `label` at `place` (its directory, prepared by the
+    /// caller): the last segment ends where it stands, and a new one over
+    /// every branch starts there, so the store grows onto the new branch.
+    /// Refused while the pool is degraded or a restripe is unfinished.
+    pub fn add_branch(&self, label: &str, place: &str) -> io::Result<()> {
+        self.files()?;
+        self.flush()?;
+        let mut spread = write_lock(&self.spread);
+        if spread.branches.iter().any(|b| b.label == label) {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("the pool has a branch labelled {label} already"),
+            ));
+        }
+        if let Some(b) = spread
+            .branches
+            .iter()
+            .find(|b| b.health() != Health::Healthy)
+        {
+            return Err(io::Error::other(format!(
+                "branch {} is {}: rebuild it before adding a branch",
+                b.label,
+                b.health()
+            )));
+        }
+        if spread.shape.restripe.is_some() {
+            return Err(io::Error::other(
+                "a restripe is unfinished: run `grove branch restripe` to finish it first",
+            ));
+        }
+        if spread.shape.segments.len() >= shape::SEGMENTS_MAX {
+            return Err(io::Error::other(format!(
+                "the pool has {} segments, the most it keeps: restripe it first",
+                shape::SEGMENTS_MAX
+            )));
+        }
+        let (last, last_segment) = spread.last();
+        let start = last.start + last_segment.len_bytes()?;
+        let mut branches = spread.branches.clone();
+        branches.push(Arc::new(Branch::new(
+            label.to_string(),
+            place.to_string(),
+            Health::Healthy,
+        )));
+        let id = spread.shape.next_id();
+        let segment = self.new_segment(&spread, id, &branches)?;
+        let mut shape = spread.shape.clone();
+        shape.segments.push(SegmentShape {
+            id,
+            width: branches.len() as u32,
+            start,
+        });
+        // The new branch takes the shape too: it is saved on every branch.
+        let before = std::mem::replace(&mut spread.branches, branches);
+        if let Err(e) = self.save_shape(&mut spread, shape) {
+            spread.branches = before;
+            return Err(e);
+        }
+        spread.segments.push(segment);
+        drop(spread);
+        tracing::info!(
+            "branch {label} ({place}) added; new space is laid over it from byte {start}"
+        );
+        self.record_membership()
+    }
+
+    /// Copies every segment narrower than the pool onto all its branches,
+    /// one batch at a time, online; resumes one a crash or `stop` cut
+    /// short. `progress(done, total)` counts bytes of the narrow segments.
+    pub fn restripe(
+        &self,
+        progress: &mut dyn FnMut(u64, u64),
+        stop: &dyn Fn() -> bool,
+    ) -> io::Result<RestripeReport> {
+        self.files()?;
+        let mut report = RestripeReport::default();
+        let total = self.narrow_bytes();
+        let mut done_before = 0;
+        progress(0, total);
+        while let Some((length, mut done)) = self.start_restripe()? {
+            while done < length {
+                if stop() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::Interrupted,
+                        format!("restripe stopped at byte {done} of {length}"),
+                    ));
+                }
+                let copied = self.restripe_batch()?;
+                report.bytes_copied += copied;
+                done += copied;
+                progress(done_before + done, total);
+            }
+            self.finish_restripe()?;
+            report.segments += 1;
+            done_before += length;
+        }
+        progress(total, total);
+        Ok(report)
+    }
+
+    /// Bytes of segments narrower than the pool, left to copy.
+    fn narrow_bytes(&self) -> u64 {
+        let spread = read_lock(&self.spread);
+        let width = spread.branches.len() as u32;
+        let shape = &spread.shape;
+        (0..shape.segments.len() - 1)
+            .filter(|&i| shape.segments[i].width < width || spread.restripe_of(i).is_some())
+            .map(|i| {
+                let length = shape.segments[i + 1].start - shape.segments[i].start;
+                length - spread.restripe_of(i).map_or(0, |r| r.done_bytes)
+            })
+            .sum()
+    }
+
+    /// The restripe in progress, or a new one of the first narrow
+    /// segment: its length and how much is copied. None: nothing is narrow.
+    fn start_restripe(&self) -> io::Result<Option<(u64, u64)>> {
+        let mut spread = write_lock(&self.spread);
+        let length_of = |spread: &Spread, i: usize| {
+            spread.shape.segments[i + 1].start - spread.shape.segments[i].start
+        };
+        if let Some(restripe) = spread.shape.restripe {
+            let i = spread
+                .shape
+                .index_of(restripe.source)
+                .expect("checked shape");
+            return Ok(Some((length_of(&spread, i), restripe.done_bytes)));
+        }
+        let width = spread.branches.len() as u32;
+        let last = spread.segments.len() - 1;
+        let Some(i) = (0..last).find(|&i| spread.shape.segments[i].width < width) else {
+            return Ok(None);
+        };
+        if let Some(b) = spread
+            .branches
+            .iter()
+            .find(|b| b.health() != Health::Healthy)
+        {
+            return Err(io::Error::other(format!(
+                "branch {} is {}: rebuild it before a restripe",
+                b.label,
+                b.health()
+            )));
+        }
+        let length = length_of(&spread, i);
+        let id = spread.shape.next_id();
+        let branches = spread.branches.clone();
+        let target = self.new_segment(&spread, id, &branches)?;
+        target.set_len_bytes(length)?;
+        target.flush()?;
+        let mut shape = spread.shape.clone();
+        shape.restripe = Some(RestripeShape {
+            source: spread.shape.segments[i].id,
+            target: id,
+            done_bytes: 0,
+        });
+        self.save_shape(&mut spread, shape)?;
+        spread.target = Some(target);
+        tracing::info!(
+            "restripe: segment {} ({} bytes over {} branches) is being copied over all {width}",
+            spread.shape.segments[i].id,
+            length,
+            spread.shape.segments[i].width
+        );
+        Ok(Some((length, 0)))
+    }
+
+    /// Copies the next batch of the narrow segment into its target, makes
+    /// the copy durable, raises the watermark in the shape, and then
+    /// punches the source's copied stripes. Returns the bytes copied.
+    fn restripe_batch(&self) -> io::Result<u64> {
+        let mut spread = write_lock(&self.spread);
+        let restripe = spread.shape.restripe.expect("a restripe is in progress");
+        let i = spread
+            .shape
+            .index_of(restripe.source)
+            .expect("checked shape");
+        let length = spread.shape.segments[i + 1].start - spread.shape.segments[i].start;
+        let source = spread.segments[i].clone();
+        let target = spread.target.clone().expect("a restripe has a target");
+        let from = restripe.done_bytes;
+        let n = RESTRIPE_BATCH_BYTES.min(length - from);
+        let mut bytes = vec![0u8; n as usize];
+        source.read_at(&mut bytes, from)?;
+        target.write_at(&bytes, from)?;
+        target.flush()?;
+        let mut shape = spread.shape.clone();
+        shape.restripe = Some(RestripeShape {
+            done_bytes: from + n,
+            ..restripe
+        });
+        self.save_shape(&mut spread, shape)?;
+        drop(spread);
+        // Below the watermark nothing reads the source any more.
+        source.punch(from, n)?;
+        Ok(n)
+    }
+
+    /// The target takes the source's place, and the source's files go.
+    fn finish_restripe(&self) -> io::Result<()> {
+        let mut spread = write_lock(&self.spread);
+        let restripe = spread.shape.restripe.expect("a restripe is in progress");
+        let i = spread
+            .shape
+            .index_of(restripe.source)
+            .expect("checked shape");
+        let length = spread.shape.segments[i + 1].start - spread.shape.segments[i].start;
+        assert_eq!(restripe.done_bytes, length, "the whole source is copied");
+        let mut shape = spread.shape.clone();
+        shape.segments[i] = SegmentShape {
+            id: restripe.target,
+            width: spread.branches.len() as u32,
+            start: shape.segments[i].start,
+        };
+        shape.restripe = None;
+        self.save_shape(&mut spread, shape)?;
+        let target = spread.target.take().expect("a restripe has a target");
+        let source = std::mem::replace(&mut spread.segments[i], target);
+        let places: Vec<String> = spread
+            .branches
+            .iter()
+            .map(|b| read_lock(&b.place).clone())
             .collect();
-        for (b, result) in self.on_each(&written, |_, d| {
-            d.data.flush()?;
-            d.sums.flush()
-        }) {
-            if let Err(e) = result {
-                self.mark_failed(b, &e);
-            }
+        drop(spread);
+        drop(source);
+        let files = self.files()?;
+        for place in &places {
+            files.remove_segment(place, restripe.source);
         }
-        self.check_survives()
-    }
-
-    /// After a crash: the newest journal that checks out on any healthy
-    /// branch goes home again, then an empty journal marks it replayed.
-    fn replay_journal(&self) -> io::Result<()> {
-        let unit = self.layout.stripe_unit_bytes as usize;
-        let k = self.layout.data_units();
-        let mut newest: Option<journal::Journal> = None;
-        let mut highest_sequence = 0;
-        for (b, member) in self.members.iter().enumerate() {
-            if member.health() != Health::Healthy {
-                continue;
-            }
-            let device = match member.devices() {
-                Ok(d) => d.journal,
-                Err(e) => {
-                    self.mark_failed(b, &e);
-                    continue;
-                }
-            };
-            let mut header = vec![0u8; journal::HEADER_BYTES];
-            if let Err(e) = device.read_at(&mut header, 0) {
-                self.mark_failed(b, &e);
-                continue;
-            }
-            let Ok((sequence, total)) = journal::decode_header(&header, unit, k) else {
-                continue;
-            };
-            highest_sequence = highest_sequence.max(sequence);
-            // A header that claims more than the file holds is torn or
-            // damaged: nothing to replay, and nothing that size to allocate.
-            if device.len_bytes().map_or(true, |len| (total as u64) > len) {
-                continue;
-            }
-            let mut bytes = vec![0u8; total];
-            if let Err(e) = device.read_at(&mut bytes, 0) {
-                self.mark_failed(b, &e);
-                continue;
-            }
-            if let Ok(found) = journal::decode(&bytes, unit, k) {
-                if newest.as_ref().is_none_or(|n| n.sequence < found.sequence) {
-                    newest = Some(found);
-                }
-            }
-        }
-        self.check_survives()?;
-        let mut commits = lock(&self.commits);
-        if let Some(found) = newest.filter(|j| !j.stripes.is_empty()) {
-            tracing::info!(
-                "branch pool: replaying {} stripe(s) of journal {} after an unclean shutdown",
-                found.stripes.len(),
-                found.sequence
-            );
-            {
-                let _gate = write_lock(&self.gate);
-                self.write_home(&found.stripes)?;
-            }
-            self.sync_members()?;
-        }
-        // The first commit empties every healthy branch's journal before it
-        // writes its own (its set differs from this empty one), so the
-        // journal just replayed is never replayed again over newer data.
-        commits.next_sequence = highest_sequence + 1;
-        commits.journal_set = Vec::new();
+        tracing::info!(
+            "restripe: segment {} now lies over every branch (as {})",
+            restripe.source,
+            restripe.target
+        );
         Ok(())
     }
 
-    /// Logical bytes a branch data file of `component_bytes` holds.
-    fn logical_bytes(&self, component_bytes: u64) -> u64 {
-        component_bytes / self.layout.stripe_unit_bytes * self.stripe_bytes()
+    // ----- repairs -----
+
+    /// Puts fresh files in the place of branch `label`, which then shows
+    /// as rebuilding (written by commits, never read) until `rebuild` has
+    /// refilled it. `devices` are its files for the first segment; those
+    /// of any other are made through the device's `BranchFiles`. Refused
+    /// if the other branches could not serve every stripe without it.
+    pub fn replace(&self, label: &str, place: String, devices: MemberDevices) -> io::Result<()> {
+        self.replace_with(label, place, Some(devices))
+    }
+
+    /// `replace` with every segment's files made at `place` through the
+    /// device's `BranchFiles`.
+    pub fn replace_at(&self, label: &str, place: String) -> io::Result<()> {
+        self.replace_with(label, place, None)
+    }
+
+    fn replace_with(
+        &self,
+        label: &str,
+        place: String,
+        first: Option<MemberDevices>,
+    ) -> io::Result<()> {
+        if self.level == Level::Raif0 {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "{} keeps no redundancy: a branch of it cannot be rebuilt",
+                    self.level
+                ),
+            ));
+        }
+        let mut spread = write_lock(&self.spread);
+        let b = Self::branch_index(&spread, label)?;
+        let ids: Vec<(u32, usize)> = spread
+            .shape
+            .segments
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| b < s.width as usize)
+            .map(|(i, s)| (s.id, i))
+            .collect();
+        let mut devices = Vec::new();
+        for (n, &(id, _)) in ids.iter().enumerate() {
+            devices.push(match (n, &first) {
+                (0, Some(given)) if id == spread.shape.segments[0].id => given.clone(),
+                _ => self.files()?.segment(&place, id, true)?,
+            });
+        }
+        let target_devices = match spread.shape.restripe {
+            Some(r) => Some(self.files()?.segment(&place, r.target, true)?),
+            None => None,
+        };
+        let branch = spread.branches[b].clone();
+        let before = branch.set_health(Health::Rebuilding);
+        if let Err(e) = Self::check_survives(&spread) {
+            branch.set_health(before);
+            return Err(e);
+        }
+        for (&(_, i), devices) in ids.iter().zip(devices) {
+            spread.segments[i].replace_devices(b, devices);
+        }
+        if let (Some(target), Some(devices)) = (&spread.target, target_devices) {
+            target.replace_devices(b, devices);
+        }
+        *write_lock(&branch.place) = place;
+        let shape = spread.shape.clone();
+        self.save_shape(&mut spread, shape)?;
+        drop(spread);
+        self.record_membership()
+    }
+
+    /// Takes branch `label` out of service, as `mdadm --fail` does: it is
+    /// no longer read or written, and the pool runs degraded until the
+    /// branch is replaced and rebuilt. Refused if the others could not
+    /// serve every stripe without it. `why` goes in the log line.
+    pub fn fail_branch(&self, label: &str, why: &str) -> io::Result<()> {
+        let spread = read_lock(&self.spread);
+        let b = Self::branch_index(&spread, label)?;
+        let branch = spread.branches[b].clone();
+        if branch.health() == Health::Failed {
+            return Ok(());
+        }
+        let before = branch.set_health(Health::Failed);
+        if let Err(e) = Self::check_survives(&spread) {
+            branch.set_health(before);
+            return Err(e);
+        }
+        tracing::error!(
+            "branch {label} ({}) failed: {why}; the pool is degraded",
+            read_lock(&branch.place)
+        );
+        drop(spread);
+        self.record_membership()
+    }
+
+    /// Refills the rebuilding branch `label` from the others, segment by
+    /// segment, reading back what it wrote; then marks it healthy.
+    /// `progress(done, total)` follows the stripes; `stop()` true ends the
+    /// rebuild early (the branch stays rebuilding, to be run again).
+    pub fn rebuild(
+        &self,
+        label: &str,
+        progress: &mut dyn FnMut(u64, u64),
+        stop: &dyn Fn() -> bool,
+    ) -> io::Result<RebuildReport> {
+        let (b, branch, segments) = {
+            let spread = read_lock(&self.spread);
+            let b = Self::branch_index(&spread, label)?;
+            let segments: Vec<Arc<Segment>> = spread
+                .all_segments()
+                .into_iter()
+                .filter(|s| b < s.width())
+                .collect();
+            (b, spread.branches[b].clone(), segments)
+        };
+        if branch.health() != Health::Rebuilding {
+            return Err(io::Error::other(format!(
+                "branch {label} is {}, not rebuilding: replace it first",
+                branch.health()
+            )));
+        }
+        let mut total = 0;
+        for segment in &segments {
+            total += segment.stripe_count()?;
+        }
+        let mut done = 0;
+        let mut bytes_written = 0;
+        progress(done, total);
+        for segment in &segments {
+            bytes_written += segment.rebuild_member(
+                b,
+                &mut |stripes| {
+                    done += stripes;
+                    progress(done, total);
+                },
+                stop,
+            )?;
+        }
+        branch.set_health(Health::Healthy);
+        self.record_membership()?;
+        tracing::info!("branch {label} rebuilt: {total} stripes, verified");
+        Ok(RebuildReport {
+            label: label.to_string(),
+            stripes: total,
+            bytes_written,
+        })
+    }
+
+    /// Reads every stripe of every segment from every readable branch and
+    /// checks it against its sums, mirrors and parity; with `repair`,
+    /// writes what is wrong again from what is right.
+    pub fn scrub(
+        &self,
+        repair: bool,
+        progress: &mut dyn FnMut(u64, u64),
+        stop: &dyn Fn() -> bool,
+    ) -> io::Result<ScrubReport> {
+        let segments = read_lock(&self.spread).all_segments();
+        let mut total = 0;
+        for segment in &segments {
+            segment.flush()?;
+            total += segment.stripe_count()?;
+        }
+        let mut report = ScrubReport::default();
+        let mut done = 0;
+        progress(done, total);
+        for segment in &segments {
+            segment.scrub(
+                repair,
+                &mut report,
+                &mut |stripes| {
+                    done += stripes;
+                    progress(done, total);
+                },
+                stop,
+            )?;
+        }
+        self.record_if_changed()?;
+        Ok(report)
     }
 }
 
-/// A clean shutdown leaves empty journals behind, so that the next open
-/// replays nothing; after a crash the last journal is still there and is
-/// replayed. Best effort: a failure here only costs that replay.
-impl Drop for BranchDevice {
-    fn drop(&mut self) {
-        if !self.is_staged() || !lock(&self.staging).pending.is_empty() {
-            return;
+/// The newest valid shape on any usable branch, and its sequence; one
+/// segment over every branch if none keeps one (a pool made before
+/// shapes). A branch whose shape file cannot be read is failed.
+fn newest_shape(
+    branches: &[Arc<Branch>],
+    files: &dyn BranchFiles,
+    dirty: &AtomicBool,
+) -> io::Result<(Shape, u64)> {
+    let mut newest: Option<(u64, Shape)> = None;
+    let mut damaged = Vec::new();
+    for branch in branches {
+        if branch.health() == Health::Failed {
+            continue;
         }
-        let mut commits = lock(&self.commits);
-        if commits.journal_set.is_empty() {
-            return;
+        let found = files
+            .shape(&read_lock(&branch.place))
+            .and_then(|device| shape::read(&device));
+        match found {
+            Ok(shape::Found::Shape(sequence, shape)) => {
+                if newest.as_ref().is_none_or(|(s, _)| *s < sequence) {
+                    newest = Some((sequence, shape));
+                }
+            }
+            Ok(shape::Found::Nothing) => {}
+            Ok(shape::Found::Damaged(why)) => damaged.push(format!("{}: {why}", branch.label)),
+            Err(e) => {
+                tracing::warn!("branch {}: shape file cannot be read: {e}", branch.label);
+                branch.set_health(Health::Failed);
+                dirty.store(true, Ordering::Release);
+            }
         }
-        if let Err(e) = self.empty_journals(&mut commits) {
-            tracing::debug!("branch pool: journals not emptied at close: {e}");
-        }
+    }
+    match newest {
+        Some((sequence, shape)) => Ok((shape, sequence)),
+        None if damaged.is_empty() => Ok((Shape::single(branches.len()), 0)),
+        None => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("no branch keeps a readable shape ({})", damaged.join("; ")),
+        )),
     }
 }
 
 impl BlockDevice for BranchDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        if self.is_staged() {
-            self.staged_read(buf, offset)
-        } else {
-            self.read_home(buf, offset)
-        }
-    }
-
-    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        if self.is_staged() {
-            return self.staged_write(buf, offset);
-        }
-        let _gate = read_lock(&self.gate);
-        raid::write(&self.layout, &Io(self), offset, buf).map_err(raid_error)?;
-        self.check_survives()
-    }
-
-    fn flush(&self) -> io::Result<()> {
-        if self.is_staged() {
-            return self.commit();
-        }
-        self.sync_members()?;
-        if self.membership_dirty.load(Ordering::Acquire) {
-            self.record_membership()?;
+        let spread = read_lock(&self.spread);
+        for (segment, at, n, buf_at) in spread.route(offset, buf.len()) {
+            segment.read_at(&mut buf[buf_at..buf_at + n], at)?;
         }
         Ok(())
     }
 
-    fn len_bytes(&self) -> io::Result<u64> {
-        let mut longest = None;
-        for member in &self.members {
-            if member.health() != Health::Healthy {
-                continue;
-            }
-            let len = member.devices()?.data.len_bytes()?;
-            longest = Some(longest.unwrap_or(0).max(self.logical_bytes(len)));
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let spread = read_lock(&self.spread);
+        for (segment, at, n, buf_at) in spread.route(offset, buf.len()) {
+            segment.write_at(&buf[buf_at..buf_at + n], at)?;
         }
-        let staged_end = lock(&self.staging)
-            .pending
-            .last_key_value()
-            .map_or(0, |(&stripe, _)| (stripe + 1) * self.stripe_bytes());
-        longest
-            .map(|len| len.max(staged_end))
-            .ok_or_else(|| io::Error::other("branch pool: no healthy branch"))
+        Ok(())
     }
 
+    fn flush(&self) -> io::Result<()> {
+        let segments = read_lock(&self.spread).all_segments();
+        for segment in &segments {
+            segment.flush()?;
+        }
+        self.record_if_changed()
+    }
+
+    fn len_bytes(&self) -> io::Result<u64> {
+        let spread = read_lock(&self.spread);
+        let (last, segment) = spread.last();
+        Ok(last.start + segment.len_bytes()?)
+    }
+
+    /// Only the last segment changes length: the others end where the
+    /// next starts.
     fn set_len_bytes(&self, len_bytes: u64) -> io::Result<()> {
-        let stripes = len_bytes.div_ceil(self.stripe_bytes());
-        if self.is_staged() {
-            lock(&self.staging)
-                .pending
-                .retain(|&stripe, _| stripe < stripes);
-        }
-        let _gate = write_lock(&self.gate);
-        for (b, member) in self.members.iter().enumerate() {
-            if member.health() == Health::Failed {
-                continue;
-            }
-            let result = member.devices().and_then(|d| {
-                d.data
-                    .set_len_bytes(stripes * self.layout.stripe_unit_bytes)?;
-                d.sums.set_len_bytes(stripes * SUM_BYTES)
-            });
-            if let Err(e) = result {
-                self.mark_failed(b, &e);
-            }
-        }
-        self.check_survives()
+        let spread = read_lock(&self.spread);
+        let (last, segment) = spread.last();
+        let Some(length) = len_bytes.checked_sub(last.start) else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "a branch pool cannot shrink below {} bytes, where its last segment starts",
+                    last.start
+                ),
+            ));
+        };
+        segment.set_len_bytes(length)
     }
 
     fn describe(&self) -> String {
-        let labels: Vec<String> = self
-            .members
+        let spread = read_lock(&self.spread);
+        let labels: Vec<String> = spread
+            .branches
             .iter()
-            .map(|m| format!("{} {}", m.label, read_lock(&m.place)))
+            .map(|b| format!("{} {}", b.label, read_lock(&b.place)))
             .collect();
-        format!("{} pool over {}", self.layout.level, labels.join(", "))
+        format!("{} pool over {}", self.level, labels.join(", "))
     }
 
-    /// Punches whole stripes only (a partial one keeps its bytes, which
-    /// the contract allows), on every branch at once: units of zeros have
-    /// zero parity. Staged stripes are skipped: they are being rewritten.
-    /// Their sums become unknown.
     fn punch(&self, offset: u64, len_bytes: u64) -> io::Result<()> {
-        let stripe_bytes = self.stripe_bytes();
-        let first = offset.div_ceil(stripe_bytes);
-        let end = (offset + len_bytes) / stripe_bytes;
-        if first >= end {
-            return Ok(());
+        let spread = read_lock(&self.spread);
+        let pieces = route_len(&spread, offset, len_bytes);
+        for (segment, at, n) in pieces {
+            segment.punch(at, n)?;
         }
-        let _gate = write_lock(&self.gate);
-        let skip: Vec<u64> = {
-            let staging = lock(&self.staging);
-            staging
-                .pending
-                .range(first..end)
-                .chain(staging.committing.range(first..end))
-                .map(|(&s, _)| s)
-                .collect()
-        };
-        let mut runs: Vec<(u64, u64)> = Vec::new();
-        let mut start = first;
-        let mut skips = skip.clone();
-        skips.sort_unstable();
-        skips.dedup();
-        for s in skips.into_iter().chain(std::iter::once(end)) {
-            if s > start {
-                runs.push((start, s));
-            }
-            start = s + 1;
-        }
-        let unit = self.layout.stripe_unit_bytes;
-        for (b, member) in self.members.iter().enumerate() {
-            if member.health() == Health::Failed {
-                continue;
-            }
-            let devices = member.devices()?;
-            for &(from, to) in &runs {
-                devices
-                    .sums
-                    .punch(from * SUM_BYTES, (to - from) * SUM_BYTES)
-                    .or_else(|e| {
-                        if grove_store::device::is_punch_unsupported(&e) {
-                            devices.sums.write_at(
-                                &vec![0u8; ((to - from) * SUM_BYTES) as usize],
-                                from * SUM_BYTES,
-                            )
-                        } else {
-                            Err(e)
-                        }
-                    })?;
-                if let Err(e) = devices.data.punch(from * unit, (to - from) * unit) {
-                    if grove_store::device::is_punch_unsupported(&e) {
-                        return Err(e);
-                    }
-                    self.mark_failed(b, &e);
-                }
-            }
-        }
-        self.check_survives()
+        Ok(())
     }
 
     fn allocated_bytes(&self) -> io::Result<Option<u64>> {
         let mut total = 0;
-        for member in &self.members {
-            if member.health() == Health::Failed {
-                continue;
-            }
-            let devices = member.devices()?;
-            for device in [&devices.data, &devices.journal, &devices.sums] {
-                match device.allocated_bytes()? {
-                    Some(bytes) => total += bytes,
-                    None => return Ok(None),
-                }
+        for segment in read_lock(&self.spread).all_segments() {
+            match segment.allocated_bytes()? {
+                Some(bytes) => total += bytes,
+                None => return Ok(None),
             }
         }
         Ok(Some(total))
     }
+}
+
+/// `route` for a range that may not fit a buffer (punches).
+fn route_len(spread: &Spread, offset: u64, len_bytes: u64) -> Vec<(Arc<Segment>, u64, u64)> {
+    /// Routed a piece at a time, each well within a usize.
+    const PIECE_BYTES: u64 = 1 << 30;
+    let mut pieces = Vec::new();
+    let end = offset + len_bytes;
+    let mut at = offset;
+    while at < end {
+        let chunk = (end - at).min(PIECE_BYTES);
+        for (segment, segment_at, n, _) in spread.route(at, chunk as usize) {
+            pieces.push((segment, segment_at, n as u64));
+        }
+        at += chunk;
+    }
+    pieces
 }

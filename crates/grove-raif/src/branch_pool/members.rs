@@ -5,10 +5,15 @@
 //! ```text
 //! BRANCH_DIR/grove-branch.toml   identity: pool id, label, index, shape,
 //!                                sequence, state (ok | rebuilding)
-//! BRANCH_DIR/grove.branch        stripe units (the data file)
-//! BRANCH_DIR/grove.branch-journal  the stripe journal
-//! BRANCH_DIR/grove.branch-sums   a crc32c per stripe unit
+//! BRANCH_DIR/grove.branch-shape  the pool's segments (shape.rs)
+//! BRANCH_DIR/grove.branch        segment 0's stripe units (data file)
+//! BRANCH_DIR/grove.branch-journal  segment 0's stripe journal
+//! BRANCH_DIR/grove.branch-sums   a crc32c per stripe unit of segment 0
+//! BRANCH_DIR/grove.branch.N, grove.branch-journal.N, grove.branch-sums.N
+//!                                the same for segment N (after growth)
 //! ```
+//!
+//! The directory itself is locked (flock) while a process uses it.
 //!
 //! Every open raises the sequence in the identity file of every healthy
 //! branch, and so does every change of health. A branch whose sequence is
@@ -25,7 +30,7 @@ use std::sync::{Arc, Mutex};
 use grove_store::{BlockDevice, FileDevice};
 
 use super::device::{
-    BranchDevice, Health, MemberDevices, MemberSpec, MemberStatus, MembershipRecorder,
+    BranchDevice, BranchFiles, BranchSpec, Health, MemberDevices, MemberStatus, MembershipRecorder,
 };
 use crate::level::Level;
 
@@ -33,6 +38,9 @@ pub const IDENTITY_FILE_NAME: &str = "grove-branch.toml";
 pub const DATA_FILE_NAME: &str = "grove.branch";
 pub const JOURNAL_FILE_NAME: &str = "grove.branch-journal";
 pub const SUMS_FILE_NAME: &str = "grove.branch-sums";
+pub const SHAPE_FILE_NAME: &str = "grove.branch-shape";
+/// Every file of a branch's store starts so (the identity does not).
+pub const STORE_FILE_PREFIX: &str = "grove.branch";
 /// Longest branch label: short names for commands and log lines.
 pub const LABEL_MAX_BYTES: usize = 32;
 
@@ -189,11 +197,28 @@ impl BranchPoolConfig {
     }
 
     fn identity(&self, index: usize, sequence: u64, state: IdentityState) -> BranchIdentity {
+        self.identity_of(
+            &self.member[index].label,
+            index,
+            self.member.len(),
+            sequence,
+            state,
+        )
+    }
+
+    fn identity_of(
+        &self,
+        label: &str,
+        index: usize,
+        width: usize,
+        sequence: u64,
+        state: IdentityState,
+    ) -> BranchIdentity {
         BranchIdentity {
             pool_id: self.pool_id.clone(),
-            label: self.member[index].label.clone(),
+            label: label.to_string(),
             index,
-            width: self.member.len(),
+            width,
             level: self.level,
             stripe_unit_bytes: self.stripe_unit_bytes,
             sequence,
@@ -260,56 +285,82 @@ impl BranchIdentity {
     }
 }
 
-/// The open files of one branch, with the data file locked.
-struct MemberFiles {
-    devices: MemberDevices,
-    _lock: File,
+/// The names of segment `id`'s files: data, journal, sums.
+pub fn segment_file_names(id: u32) -> [String; 3] {
+    let names = [DATA_FILE_NAME, JOURNAL_FILE_NAME, SUMS_FILE_NAME];
+    names.map(|name| match id {
+        0 => name.to_string(),
+        _ => format!("{name}.{id}"),
+    })
 }
 
-fn open_files(dir: &Path, label: &str, create: bool) -> Result<MemberFiles, BranchPoolError> {
-    let open = |name: &str| -> Result<Arc<dyn BlockDevice>, BranchPoolError> {
-        let path = dir.join(name);
+/// The branches' files in their directories (a place is a directory).
+pub struct DirFiles;
+
+impl DirFiles {
+    fn open_device(path: &Path, create: bool) -> io::Result<Arc<dyn BlockDevice>> {
         let device = if create {
-            FileDevice::create_new(&path)
+            match std::fs::remove_file(path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+            FileDevice::create_new(path)
         } else {
-            FileDevice::open(&path)
+            FileDevice::open(path)
         };
         device
             .map(|d| Arc::new(d) as Arc<dyn BlockDevice>)
-            .map_err(io_error(format!(
-                "branch {label}: cannot open {}",
-                path.display()
-            )))
-    };
-    let data_path = dir.join(DATA_FILE_NAME);
-    let devices = MemberDevices {
-        data: open(DATA_FILE_NAME)?,
-        journal: open(JOURNAL_FILE_NAME)?,
-        sums: open(SUMS_FILE_NAME)?,
-    };
-    let lock = File::open(&data_path).map_err(io_error(format!(
-        "branch {label}: cannot open {}",
-        data_path.display()
-    )))?;
-    match lock.try_lock() {
-        Ok(()) => {}
-        Err(std::fs::TryLockError::WouldBlock) => {
-            return Err(BranchPoolError::Busy {
-                label: label.to_string(),
-                dir: dir.display().to_string(),
-            })
-        }
-        Err(std::fs::TryLockError::Error(e)) => {
-            return Err(io_error(format!(
-                "branch {label}: cannot lock {}",
-                data_path.display()
-            ))(e))
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+    }
+}
+
+impl BranchFiles for DirFiles {
+    fn shape(&self, place: &str) -> io::Result<Arc<dyn BlockDevice>> {
+        let path = Path::new(place).join(SHAPE_FILE_NAME);
+        match Self::open_device(&path, false) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Self::open_device(&path, true),
+            opened => opened,
         }
     }
-    Ok(MemberFiles {
-        devices,
-        _lock: lock,
-    })
+
+    fn segment(&self, place: &str, id: u32, create: bool) -> io::Result<MemberDevices> {
+        let [data, journal, sums] = segment_file_names(id).map(|name| Path::new(place).join(name));
+        Ok(MemberDevices {
+            data: Self::open_device(&data, create)?,
+            journal: Self::open_device(&journal, create)?,
+            sums: Self::open_device(&sums, create)?,
+        })
+    }
+
+    fn remove_segment(&self, place: &str, id: u32) {
+        for name in segment_file_names(id) {
+            let path = Path::new(place).join(name);
+            if let Err(e) = std::fs::remove_file(&path) {
+                tracing::warn!("{} not removed: {e}", path.display());
+            }
+        }
+    }
+}
+
+/// Locks branch directory `dir` for this process: another grove process
+/// opening the same branch is refused.
+fn lock_dir(dir: &Path, label: &str) -> Result<File, BranchPoolError> {
+    let lock = File::open(dir).map_err(io_error(format!(
+        "branch {label}: cannot open {}",
+        dir.display()
+    )))?;
+    match lock.try_lock() {
+        Ok(()) => Ok(lock),
+        Err(std::fs::TryLockError::WouldBlock) => Err(BranchPoolError::Busy {
+            label: label.to_string(),
+            dir: dir.display().to_string(),
+        }),
+        Err(std::fs::TryLockError::Error(e)) => Err(io_error(format!(
+            "branch {label}: cannot lock {}",
+            dir.display()
+        ))(e)),
+    }
 }
 
 /// Keeps the identity files in step with the device's view of health.
@@ -330,7 +381,9 @@ impl Recorder {
                 Health::Failed => continue,
             };
             let dir = Path::new(&member.place);
-            self.config.identity(index, sequence, state).save(dir)?;
+            self.config
+                .identity_of(&member.label, index, members.len(), sequence, state)
+                .save(dir)?;
         }
         Ok(())
     }
@@ -367,20 +420,24 @@ pub fn create(config: &BranchPoolConfig) -> Result<BranchDevice, BranchPoolError
             "cannot create branch directory {}",
             dir.display()
         )))?;
-        let files = open_files(dir, &member.label, true)?;
-        specs.push(MemberSpec {
+        locks.push(lock_dir(dir, &member.label)?);
+        let place = dir.display().to_string();
+        DirFiles.segment(&place, 0, true).map_err(io_error(format!(
+            "branch {}: cannot create its files",
+            member.label
+        )))?;
+        specs.push(BranchSpec {
             label: member.label.clone(),
-            place: dir.display().to_string(),
-            devices: Some(files.devices),
-            health: Health::Healthy,
+            place,
+            usable: true,
         });
-        locks.push(files._lock);
     }
     let (shared, recorder) = recorder(config, 0, locks);
-    let device = BranchDevice::assemble(
+    let device = BranchDevice::open(
         config.level,
         config.stripe_unit_bytes,
         specs,
+        Arc::new(DirFiles),
         Some(recorder),
     )
     .map_err(io_error("cannot assemble the branch pool"))?;
@@ -392,14 +449,15 @@ pub fn create(config: &BranchPoolConfig) -> Result<BranchDevice, BranchPoolError
 
 /// How one configured branch was found at open.
 enum Found {
-    Ok(MemberFiles, u64),
+    Ok(File, u64),
     /// Usable only after a rebuild: missing, stale, or an unfinished rebuild.
     Unusable(String),
 }
 
 /// Opens the branches of a pool. A branch that is missing, stale (an old
-/// copy) or half rebuilt is refused unless `degraded`, and then run
-/// without; one from another pool is always refused.
+/// copy), half rebuilt or whose files cannot be opened is refused unless
+/// `degraded`, and then run without; one from another pool is always
+/// refused.
 pub fn open(config: &BranchPoolConfig, degraded: bool) -> Result<BranchDevice, BranchPoolError> {
     let mut found = Vec::new();
     for (index, member) in config.member.iter().enumerate() {
@@ -419,65 +477,74 @@ pub fn open(config: &BranchPoolConfig, degraded: bool) -> Result<BranchDevice, B
     for (member, found) in config.member.iter().zip(found) {
         let place = member.dir.display().to_string();
         let usable = match found {
-            Found::Ok(files, sequence) if sequence == newest => Ok(files),
+            Found::Ok(lock, sequence) if sequence == newest => Ok(lock),
             Found::Ok(_, sequence) => Err(format!(
                 "is an old copy (sequence {sequence}, the pool's is {newest})"
             )),
             Found::Unusable(why) => Err(why),
         };
         match usable {
-            Ok(files) => {
-                specs.push(MemberSpec {
-                    label: member.label.clone(),
-                    place,
-                    devices: Some(files.devices),
-                    health: Health::Healthy,
-                });
-                locks.push(files._lock);
-            }
-            Err(why) => {
-                problems.push(format!("branch {} ({place}) {why}", member.label));
-                specs.push(MemberSpec {
-                    label: member.label.clone(),
-                    place,
-                    devices: None,
-                    health: Health::Failed,
-                });
-            }
+            Ok(lock) => locks.push(lock),
+            Err(why) => problems.push((
+                member.label.clone(),
+                format!("branch {} ({place}) {why}", member.label),
+            )),
         }
+        specs.push(BranchSpec {
+            label: member.label.clone(),
+            usable: !problems.iter().any(|(label, _)| *label == member.label),
+            place,
+        });
     }
     if !problems.is_empty() && !degraded {
-        let first = &config.member[config
-            .member
-            .iter()
-            .position(|m| problems[0].starts_with(&format!("branch {} ", m.label)))
-            .unwrap_or(0)];
-        return Err(BranchPoolError::NeedsDegraded(format!(
-            "{}{}: open with --degraded to run without it, then `grove rebuild --branch {} --to DIR`",
-            problems[0],
-            if problems.len() > 1 {
-                format!(" (and {} more)", problems.len() - 1)
-            } else {
-                String::new()
-            },
-            first.label
-        )));
+        return Err(needs_degraded(&problems));
     }
-    for problem in &problems {
+    for (_, problem) in &problems {
         tracing::warn!("{problem}; the pool runs degraded");
     }
     let (shared, recorder) = recorder(config, newest, locks);
-    let device = BranchDevice::assemble(
+    let device = BranchDevice::open(
         config.level,
         config.stripe_unit_bytes,
         specs,
+        Arc::new(DirFiles),
         Some(recorder),
     )
     .map_err(|e| BranchPoolError::NeedsDegraded(format!("{e}")))?;
+    if !degraded {
+        let unopened: Vec<(String, String)> = device
+            .status()
+            .into_iter()
+            .filter(|m| m.health != Health::Healthy)
+            .map(|m| {
+                let why = format!(
+                    "branch {} ({}) has files that cannot be opened",
+                    m.label, m.place
+                );
+                (m.label, why)
+            })
+            .collect();
+        if !unopened.is_empty() {
+            return Err(needs_degraded(&unopened));
+        }
+    }
     shared
         .record(&device.status())
         .map_err(io_error("cannot write the branch identities"))?;
     Ok(device)
+}
+
+/// The refusal of a pool with branches it cannot use: (label, why) each.
+fn needs_degraded(problems: &[(String, String)]) -> BranchPoolError {
+    let (label, first) = &problems[0];
+    BranchPoolError::NeedsDegraded(format!(
+        "{first}{}: open with --degraded to run without it, then `grove rebuild --branch {label} --to DIR`",
+        if problems.len() > 1 {
+            format!(" (and {} more)", problems.len() - 1)
+        } else {
+            String::new()
+        },
+    ))
 }
 
 fn find_member(
@@ -509,7 +576,12 @@ fn find_member(
             identity.pool_id, config.pool_id
         )));
     }
-    let expected = config.identity(index, identity.sequence, identity.state);
+    // The width is not compared: a branch added to the pool changes it,
+    // and the identities learn it at the next record.
+    let expected = BranchIdentity {
+        width: identity.width,
+        ..config.identity(index, identity.sequence, identity.state)
+    };
     if identity != expected {
         return Err(foreign(format!(
             "this pool but not as {} of {} {} (it says {} of {} {}, stripe unit {})",
@@ -527,22 +599,75 @@ fn find_member(
             "was being rebuilt and is not whole yet".into(),
         ));
     }
-    match open_files(dir, &member.label, false) {
-        Ok(files) => Ok(Found::Ok(files, identity.sequence)),
+    match lock_dir(dir, &member.label) {
+        Ok(lock) => Ok(Found::Ok(lock, identity.sequence)),
         Err(e @ BranchPoolError::Busy { .. }) => Err(e),
         Err(e) => Ok(Found::Unusable(format!("cannot be opened: {e}"))),
     }
 }
 
+/// Empties a directory of a branch's store files (what an unfinished
+/// replacement or addition left), keeping nothing but the identity.
+fn remove_store_files(dir: &Path) -> Result<(), BranchPoolError> {
+    let entries =
+        std::fs::read_dir(dir).map_err(io_error(format!("cannot read {}", dir.display())))?;
+    for entry in entries.flatten() {
+        if entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with(STORE_FILE_PREFIX)
+        {
+            std::fs::remove_file(entry.path()).map_err(io_error(format!(
+                "cannot remove {}",
+                entry.path().display()
+            )))?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether `dir` is empty, or holds only what an unfinished operation on
+/// branch `index` of this pool left (its identity says so and `left`
+/// accepts it). Such leftovers are cleared.
+fn claim_dir(
+    config: &BranchPoolConfig,
+    dir: &Path,
+    index: usize,
+    left: impl Fn(&BranchIdentity) -> bool,
+    what: &str,
+) -> Result<(), BranchPoolError> {
+    std::fs::create_dir_all(dir).map_err(io_error(format!("cannot create {}", dir.display())))?;
+    let resumable = match BranchIdentity::load(dir) {
+        Ok(identity) => {
+            identity.pool_id == config.pool_id && identity.index == index && left(&identity)
+        }
+        Err(_) => false,
+    };
+    let entries = std::fs::read_dir(dir)
+        .map_err(io_error(format!("cannot read {}", dir.display())))?
+        .count();
+    if entries > 0 && !resumable {
+        return Err(BranchPoolError::Config(format!(
+            "{} is not empty: {what} needs an empty directory",
+            dir.display()
+        )));
+    }
+    if resumable {
+        remove_store_files(dir)?;
+    }
+    Ok(())
+}
+
 /// Prepares `new_dir` to replace branch `label`: an empty (or missing)
 /// directory, or one left by an earlier replacement of the same branch
-/// that did not finish. Returns the devices for `BranchDevice::replace`
-/// and the lock to keep while it is in use.
+/// that did not finish. Its identity says rebuilding; the device makes
+/// its files (`BranchDevice::replace_at`). Returns the directory's lock,
+/// to keep while the pool uses it.
 pub fn prepare_replacement(
     config: &BranchPoolConfig,
     label: &str,
     new_dir: &Path,
-) -> Result<(MemberDevices, File), BranchPoolError> {
+) -> Result<File, BranchPoolError> {
     let index = config.index_of(label).ok_or_else(|| {
         BranchPoolError::Config(format!(
             "no branch labelled {label:?} in this pool (labels: {})",
@@ -561,30 +686,13 @@ pub fn prepare_replacement(
             other.label
         )));
     }
-    std::fs::create_dir_all(&new_dir)
-        .map_err(io_error(format!("cannot create {}", new_dir.display())))?;
-    let resumable = match BranchIdentity::load(&new_dir) {
-        Ok(identity) => {
-            identity.pool_id == config.pool_id
-                && identity.index == index
-                && identity.state == IdentityState::Rebuilding
-        }
-        Err(_) => false,
-    };
-    let entries = std::fs::read_dir(&new_dir)
-        .map_err(io_error(format!("cannot read {}", new_dir.display())))?
-        .count();
-    if entries > 0 && !resumable {
-        return Err(BranchPoolError::Config(format!(
-            "{} is not empty: a replacement branch needs an empty directory",
-            new_dir.display()
-        )));
-    }
-    if resumable {
-        for name in [DATA_FILE_NAME, JOURNAL_FILE_NAME, SUMS_FILE_NAME] {
-            let _ = std::fs::remove_file(new_dir.join(name));
-        }
-    }
+    claim_dir(
+        config,
+        &new_dir,
+        index,
+        |identity| identity.state == IdentityState::Rebuilding,
+        "a replacement branch",
+    )?;
     config
         .identity(index, 0, IdentityState::Rebuilding)
         .save(&new_dir)
@@ -592,8 +700,60 @@ pub fn prepare_replacement(
             "cannot write the identity in {}",
             new_dir.display()
         )))?;
-    let files = open_files(&new_dir, label, true)?;
-    Ok((files.devices, files._lock))
+    lock_dir(&new_dir, label)
+}
+
+/// Prepares `dir` to join the pool as a new branch: an empty (or missing)
+/// directory, or one an unfinished `grove branch add` left. Returns the
+/// new member (label bN, the first free) and the directory's lock. Its
+/// identity carries the highest sequence of the branches, so that it is
+/// in step with them whenever the pool next opens.
+pub fn prepare_addition(
+    config: &BranchPoolConfig,
+    dir: &Path,
+) -> Result<(MemberConfig, File), BranchPoolError> {
+    let dir = absolute(dir);
+    if let Some(other) = config.member.iter().find(|m| m.dir == dir) {
+        return Err(BranchPoolError::Config(format!(
+            "{} is already branch {} of this pool",
+            dir.display(),
+            other.label
+        )));
+    }
+    let label = (config.member.len()..)
+        .map(|i| format!("b{i}"))
+        .find(|label| config.index_of(label).is_none())
+        .expect("some label is free");
+    let index = config.member.len();
+    claim_dir(
+        config,
+        &dir,
+        index,
+        |identity| identity.label == label,
+        "a new branch",
+    )?;
+    let mut grown = config.clone();
+    grown.member.push(MemberConfig {
+        label: label.clone(),
+        dir: dir.clone(),
+    });
+    grown.check()?;
+    let sequence = config
+        .member
+        .iter()
+        .filter_map(|m| BranchIdentity::load(&m.dir).ok())
+        .map(|identity| identity.sequence)
+        .max()
+        .unwrap_or(0);
+    grown
+        .identity(index, sequence, IdentityState::Ok)
+        .save(&dir)
+        .map_err(io_error(format!(
+            "cannot write the identity in {}",
+            dir.display()
+        )))?;
+    let lock = lock_dir(&dir, &label)?;
+    Ok((grown.member[index].clone(), lock))
 }
 
 pub fn labels(config: &BranchPoolConfig) -> String {

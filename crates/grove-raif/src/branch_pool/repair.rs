@@ -13,9 +13,8 @@
 use std::collections::BTreeMap;
 use std::io;
 
-use super::device::{
-    read_lock, unit_sum, write_lock, BranchDevice, Health, Io, MemberDevices, SUM_BYTES,
-    SUM_UNKNOWN,
+use super::segment::{
+    read_lock, unit_sum, write_lock, Health, Io, MemberDevices, Segment, SUM_BYTES, SUM_UNKNOWN,
 };
 use crate::codec;
 use crate::raid;
@@ -61,92 +60,44 @@ enum Verdict {
     NoSum,
 }
 
-impl BranchDevice {
-    /// Puts fresh devices in the place of branch `label`, which then shows
-    /// as rebuilding (written by commits, never read) until `rebuild`
-    /// has refilled it. Refused if the other branches could not serve
-    /// every stripe without it.
-    pub fn replace(&self, label: &str, place: String, devices: MemberDevices) -> io::Result<()> {
-        let b = self.member_index(label)?;
-        if self.layout.level == crate::level::Level::Raif0 {
-            return Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                format!(
-                    "{} keeps no redundancy: a branch of it cannot be rebuilt",
-                    self.layout.level
-                ),
-            ));
-        }
+impl Segment {
+    /// Puts fresh files in the place of branch `b`'s share of this
+    /// segment. The device has marked the branch rebuilding: written by
+    /// commits, never read, until `rebuild_member` has refilled it.
+    pub(super) fn replace_devices(&self, b: usize, devices: MemberDevices) {
+        assert_eq!(
+            self.members[b].health(),
+            Health::Rebuilding,
+            "a branch is marked rebuilding before its files are replaced"
+        );
         let _gate = write_lock(&self.gate);
-        let member = &self.members[b];
-        let before = member.set_health(Health::Rebuilding);
-        if let Err(e) = self.check_survives() {
-            member.set_health(before);
-            return Err(e);
-        }
-        *write_lock(&member.devices) = Some(devices);
-        *write_lock(&member.place) = place;
-        self.mark_membership_changed();
-        drop(_gate);
-        self.record_membership()
+        *write_lock(&self.members[b].devices) = Some(devices);
     }
 
-    /// Takes branch `label` out of service, as `mdadm --fail` does: it is
-    /// no longer read or written, and the pool runs degraded until the
-    /// branch is replaced and rebuilt. Refused if the others could not
-    /// serve every stripe without it. `why` goes in the log line.
-    pub fn fail_branch(&self, label: &str, why: &str) -> io::Result<()> {
-        let b = self.member_index(label)?;
-        let member = &self.members[b];
-        if member.health() == Health::Failed {
-            return Ok(());
-        }
-        let _gate = write_lock(&self.gate);
-        let before = member.set_health(Health::Failed);
-        if let Err(e) = self.check_survives() {
-            member.set_health(before);
-            return Err(e);
-        }
-        member.set_health(before);
-        self.mark_failed(b, &io::Error::other(why.to_string()));
-        drop(_gate);
-        self.record_membership()
+    /// Stripes this segment holds: what a rebuild or scrub of it covers.
+    pub(super) fn stripe_count(&self) -> io::Result<u64> {
+        Ok(grove_store::BlockDevice::len_bytes(self)? / self.layout.stripe_data_bytes())
     }
 
-    fn member_index(&self, label: &str) -> io::Result<usize> {
-        self.index_of(label).ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("no branch labelled {label:?} in this pool"),
-            )
-        })
-    }
-
-    /// Refills the rebuilding branch `label` from the others, stripe by
-    /// stripe, reading back what it wrote; then marks it healthy.
-    /// `progress(done, total)` follows the stripes; `stop()` true ends the
-    /// rebuild early (the branch stays rebuilding, to be run again).
-    pub fn rebuild(
+    /// Refills branch `b`'s share of this segment from the other branches,
+    /// in batches, reading back what it wrote. `progress(stripes)` is
+    /// called after each batch with the stripes it did; `stop()` true ends
+    /// the rebuild early (the branch stays rebuilding, to be run again).
+    /// The device marks the branch healthy once every segment is done.
+    pub(super) fn rebuild_member(
         &self,
-        label: &str,
-        progress: &mut dyn FnMut(u64, u64),
+        b: usize,
+        progress: &mut dyn FnMut(u64),
         stop: &dyn Fn() -> bool,
-    ) -> io::Result<RebuildReport> {
-        let b = self.member_index(label)?;
-        if self.members[b].health() != Health::Rebuilding {
-            return Err(io::Error::other(format!(
-                "branch {label} is {}, not rebuilding: replace it first",
-                self.members[b].health()
-            )));
-        }
-        let stripe_bytes = self.layout.stripe_data_bytes();
-        let stripes = grove_store::BlockDevice::len_bytes(self)? / stripe_bytes;
+    ) -> io::Result<u64> {
+        let label = &self.members[b].label;
+        assert_eq!(self.members[b].health(), Health::Rebuilding);
+        let stripes = self.stripe_count()?;
         let unit = self.layout.stripe_unit_bytes;
         let devices = self.members[b].devices()?;
         devices.data.set_len_bytes(stripes * unit)?;
         devices.sums.set_len_bytes(stripes * SUM_BYTES)?;
         let mut done = 0;
-        progress(done, stripes);
         while done < stripes {
             if stop() {
                 return Err(io::Error::new(
@@ -157,20 +108,12 @@ impl BranchDevice {
             let batch = (REBUILD_BATCH_BYTES / unit).max(1);
             let end = (done + batch).min(stripes);
             self.rebuild_batch(b, &devices, done, end)?;
+            progress(end - done);
             done = end;
-            progress(done, stripes);
         }
         devices.data.flush()?;
         devices.sums.flush()?;
-        self.members[b].set_health(Health::Healthy);
-        self.mark_membership_changed();
-        self.record_membership()?;
-        tracing::info!("branch {label} rebuilt: {stripes} stripes, verified");
-        Ok(RebuildReport {
-            label: label.to_string(),
-            stripes,
-            bytes_written: stripes * unit,
-        })
+        Ok(stripes * unit)
     }
 
     /// Rebuilds branch `b`'s units of stripes `from..to`: each other
@@ -289,18 +232,18 @@ impl BranchDevice {
 
     /// Reads every stripe from every readable branch and checks it against
     /// its sums, mirrors and parity; with `repair`, writes what is wrong
-    /// again from what is right.
-    pub fn scrub(
+    /// again from what is right. `progress(stripes)` follows the batches.
+    pub(super) fn scrub(
         &self,
         repair: bool,
-        progress: &mut dyn FnMut(u64, u64),
+        report: &mut ScrubReport,
+        progress: &mut dyn FnMut(u64),
         stop: &dyn Fn() -> bool,
-    ) -> io::Result<ScrubReport> {
+    ) -> io::Result<()> {
         grove_store::BlockDevice::flush(self)?;
-        let stripes = grove_store::BlockDevice::len_bytes(self)? / self.layout.stripe_data_bytes();
-        let mut report = ScrubReport::default();
+        let stripes = self.stripe_count()?;
+        let repaired_before = report.repaired_units;
         let mut done = 0;
-        progress(done, stripes);
         while done < stripes {
             if stop() {
                 return Err(io::Error::new(
@@ -311,16 +254,16 @@ impl BranchDevice {
             let end = (done + REPAIR_BATCH_STRIPES).min(stripes);
             let _gate = write_lock(&self.gate);
             for stripe in done..end {
-                self.scrub_stripe(stripe, repair, &mut report)?;
+                self.scrub_stripe(stripe, repair, report)?;
             }
             drop(_gate);
+            progress(end - done);
             done = end;
-            progress(done, stripes);
         }
-        if repair && report.repaired_units > 0 {
+        if repair && report.repaired_units > repaired_before {
             grove_store::BlockDevice::flush(self)?;
         }
-        Ok(report)
+        Ok(())
     }
 
     fn scrub_stripe(&self, stripe: u64, repair: bool, report: &mut ScrubReport) -> io::Result<()> {
@@ -464,16 +407,5 @@ impl BranchDevice {
             expected[b] = bytes;
         }
         Some(expected)
-    }
-
-    /// The place (directory) of branch `label`, for messages.
-    pub fn place_of(&self, label: &str) -> Option<String> {
-        self.index_of(label)
-            .map(|b| read_lock(&self.members[b].place).clone())
-    }
-
-    /// The health of branch `label`.
-    pub fn health_of(&self, label: &str) -> Option<Health> {
-        self.index_of(label).map(|b| self.members[b].health())
     }
 }
