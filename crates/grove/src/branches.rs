@@ -114,8 +114,8 @@ pub trait BranchAdmin {
     fn scrub_branches(&self, repair: bool) -> grove_store::Result<ScrubSummary>;
     /// Takes a branch out of service; returns the branches after.
     fn fail_branch(&self, label: &str) -> grove_store::Result<BranchReport>;
-    /// Adds a branch; returns the branches after.
-    fn add_branch(&self, dir: &Path) -> grove_store::Result<BranchReport>;
+    /// Adds branches; returns the branches after.
+    fn add_branches(&self, dirs: &[PathBuf]) -> grove_store::Result<BranchReport>;
     /// Spreads the segments narrower than the pool over every branch.
     fn restripe_branches(&self) -> grove_store::Result<RestripeSummary>;
 }
@@ -160,8 +160,8 @@ impl BranchAdmin for crate::open::OpenedPool {
     fn fail_branch(&self, label: &str) -> grove_store::Result<BranchReport> {
         fail(self.need_branches()?, label)
     }
-    fn add_branch(&self, dir: &Path) -> grove_store::Result<BranchReport> {
-        add(self.need_branches()?, dir)
+    fn add_branches(&self, dirs: &[PathBuf]) -> grove_store::Result<BranchReport> {
+        add(self.need_branches()?, dirs)
     }
     fn restripe_branches(&self) -> grove_store::Result<RestripeSummary> {
         let branches = self.need_branches()?;
@@ -347,26 +347,34 @@ pub fn fail(branches: &Branches, label: &str) -> grove_store::Result<BranchRepor
     Ok(report(branches))
 }
 
-/// `grove branch add DIR`: the directory (empty or missing) joins the
-/// pool as its next branch. grove.toml names it before the device uses
-/// it, so a crash between leaves a branch no segment uses yet, never a
-/// segment over a branch grove.toml does not name.
-pub fn add(branches: &Branches, dir: &Path) -> grove_store::Result<BranchReport> {
+/// `grove branch add DIR...`: the directories (each empty or missing)
+/// join the pool as its next branches. grove.toml names them before the
+/// device uses them, so a crash between leaves branches no segment uses
+/// yet, never a segment over a branch grove.toml does not name.
+pub fn add(branches: &Branches, dirs: &[PathBuf]) -> grove_store::Result<BranchReport> {
     let (mut config, mut branch_config) = load_branch_config(&branches.dir)?;
-    let (member, lock) = members::prepare_addition(&branch_config, dir).map_err(branch_error)?;
     let before = config.clone();
-    branch_config.member.push(member.clone());
+    let mut added = Vec::new();
+    let mut locks = Vec::new();
+    for dir in dirs {
+        let (member, lock) =
+            members::prepare_addition(&branch_config, dir).map_err(branch_error)?;
+        added.push((member.label.clone(), member.dir.display().to_string()));
+        branch_config.member.push(member);
+        locks.push(lock);
+    }
     config.branches = Some(branch_config.to_table());
     config.save(&branches.dir)?;
-    let place = member.dir.display().to_string();
-    if let Err(e) = branches.device.add_branch(&member.label, &place) {
+    if let Err(e) = branches.device.add_branches(&added) {
         before.save(&branches.dir)?;
         return Err(Error::new(
             ErrorKind::InvalidState,
-            format!("branch {place} not added: {e}"),
+            format!("no branch added: {e}"),
         ));
     }
-    branches.hold(lock);
+    for lock in locks {
+        branches.hold(lock);
+    }
     Ok(report(branches))
 }
 
@@ -644,10 +652,12 @@ fn watch(branches: &Branches, stopping: &AtomicBool) {
             let dir = Path::new(&member.place);
             let why = if !dir.is_dir() {
                 format!("its directory {} is gone", dir.display())
-            } else if !dir.join(DATA_FILE_NAME).is_file() {
+            } else if !dir.join(members::SHAPE_FILE_NAME).is_file() {
+                // Every branch keeps the shape file, whatever segments it
+                // holds: gone, the branch's files went with it.
                 format!(
-                    "its data file {} is gone",
-                    dir.join(DATA_FILE_NAME).display()
+                    "its file {} is gone",
+                    dir.join(members::SHAPE_FILE_NAME).display()
                 )
             } else {
                 refused.remove(&member.label);

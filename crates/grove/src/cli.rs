@@ -687,14 +687,17 @@ pub enum BranchCommand {
         /// The branch's label (`grove info` lists them)
         label: String,
     },
-    /// Add a branch directory to the pool, online: new space is laid over
-    /// every branch, the new one included; what is stored stays where it
-    /// is until `grove branch restripe` (or `--restripe`) spreads it
+    /// Add branch directories to the pool, online: new space is laid over
+    /// every branch, the new ones included; what is stored stays where it
+    /// is until `grove branch restripe` (or `--restripe`) spreads it.
+    /// RAIF10 grows by pairs
     #[command(after_help = "Examples:\n  grove branch add /mnt/disk5/grove\n  \
-                            grove branch add /mnt/disk5/grove --restripe")]
+                            grove branch add /mnt/disk5/grove --restripe\n  \
+                            grove branch add /mnt/disk5/grove /mnt/disk6/grove   (RAIF10: a pair)")]
     Add {
-        /// An empty (or missing) directory, on its own disk in real use
-        dir: PathBuf,
+        /// Empty (or missing) directories, each on its own disk in real use
+        #[arg(required = true, num_args = 1..)]
+        dirs: Vec<PathBuf>,
         /// Then spread what is stored over every branch (as `grove branch restripe`)
         #[arg(long)]
         restripe: bool,

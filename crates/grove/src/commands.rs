@@ -366,17 +366,16 @@ fn run_admin(pool: &dyn Admin, branches: &dyn BranchAdmin, command: Command) -> 
             ))
         }
         Command::Branch {
-            command: BranchCommand::Add { dir, restripe },
+            command: BranchCommand::Add { dirs, restripe },
         } => {
-            let report = branches.add_branch(&dir)?;
-            let added = report
-                .branches
-                .last()
-                .map(|b| b.label.clone())
-                .unwrap_or_default();
+            let report = branches.add_branches(&dirs)?;
+            let added: Vec<String> = report.branches[report.branches.len() - dirs.len()..]
+                .iter()
+                .map(|b| format!("{} ({})", b.label, b.dir))
+                .collect();
             say(format_args!(
-                "branch {added} added ({}): the pool has {} branches; new space is laid over all of them",
-                dir.display(),
+                "added {}: the pool has {} branches; new space is laid over all of them",
+                added.join(", "),
                 report.branches.len()
             ))?;
             if restripe {

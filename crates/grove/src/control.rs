@@ -405,9 +405,9 @@ enum Request {
     FailBranch {
         label: String,
     },
-    /// `dir` is absolute, as for Rebuild.
-    AddBranch {
-        dir: PathBuf,
+    /// `dirs` are absolute, as for Rebuild.
+    AddBranches {
+        dirs: Vec<PathBuf>,
     },
     Restripe,
 }
@@ -508,8 +508,8 @@ fn execute(opened: &OpenedPool, request: Request, stopping: &AtomicBool) -> Repl
         Request::FailBranch { label } => reply(with_branches(opened, stopping, |branches| {
             crate::branches::fail(branches, &label)
         })),
-        Request::AddBranch { dir } => reply(with_branches(opened, stopping, |branches| {
-            crate::branches::add(branches, &dir)
+        Request::AddBranches { dirs } => reply(with_branches(opened, stopping, |branches| {
+            crate::branches::add(branches, &dirs)
         })),
         Request::Restripe => reply(with_branches(opened, stopping, |branches| {
             crate::branches::restripe(branches, &mut |_, _| {}, &|| {
@@ -1313,9 +1313,12 @@ impl BranchAdmin for ControlClient {
             label: label.into(),
         })
     }
-    fn add_branch(&self, dir: &Path) -> grove_store::Result<BranchReport> {
-        self.call(Request::AddBranch {
-            dir: std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf()),
+    fn add_branches(&self, dirs: &[PathBuf]) -> grove_store::Result<BranchReport> {
+        self.call(Request::AddBranches {
+            dirs: dirs
+                .iter()
+                .map(|dir| std::path::absolute(dir).unwrap_or_else(|_| dir.clone()))
+                .collect(),
         })
     }
     fn restripe_branches(&self) -> grove_store::Result<RestripeSummary> {

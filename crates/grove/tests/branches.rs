@@ -753,3 +753,127 @@ fn a_mounted_pool_loses_a_branch_and_goes_on() {
     );
     setup.assert_volume(&["--degraded"], "disk", &model, "after the mount");
 }
+
+/// A served RAIF5 pool over three branches grows by a fourth while
+/// qemu-io writes through NBD: new space lies on the new branch, a
+/// restripe through the control socket spreads the old space while
+/// qemu-io writes, every byte reads back, and then the new branch can be
+/// lost with every byte still there.
+#[test]
+fn a_served_pool_grows_by_a_branch_and_restripes_under_nbd_writes() {
+    if !have("qemu-io") {
+        return;
+    }
+    let setup = Setup::init("raif5", 3);
+    setup.ok(&["create", "disk", "--size", &VOLUME_BYTES.to_string()]);
+    let mut model = vec![0u8; VOLUME_BYTES as usize];
+    let served = Served::start(&setup, &[]);
+    let first = batch(1, 96, &mut model);
+    assert_qemu_io_ok(&qemu_io(&setup, &first).output().unwrap(), "first writes");
+
+    let second = batch(2, 256, &mut model);
+    let mut writer = qemu_io(&setup, &second);
+    let writer = std::thread::spawn(move || writer.output());
+    let new_branch = setup.branch(3);
+    let out = setup.ok(&["branch", "add", new_branch.to_str().unwrap()]);
+    assert!(
+        out.contains("added b3") && out.contains("4 branches"),
+        "{out}"
+    );
+    assert!(out.contains("grove branch restripe"), "{out}");
+    assert_qemu_io_ok(&writer.join().unwrap().unwrap(), "writes during the add");
+    let third = batch(3, 512, &mut model);
+    assert_qemu_io_ok(
+        &qemu_io(&setup, &third).output().unwrap(),
+        "writes after the add",
+    );
+    let info = setup.info(&[]);
+    let segments = info["branches"]["segments"].as_array().unwrap().clone();
+    assert_eq!(segments.len(), 2, "{info}");
+    assert_eq!(segments[1]["branches"], 4, "{info}");
+    let grown = std::fs::metadata(new_branch.join("grove.branch.1")).unwrap();
+    assert!(grown.len() > 0, "the store did not grow onto b3: {info}");
+    assert_eq!(
+        setup.health(&[]),
+        vec!["ok"; 4],
+        "every branch is in service"
+    );
+    assert!(setup.ok(&["info"]).contains("grove branch restripe"));
+    verify_over_nbd(&setup, &model, "after the add");
+
+    let fourth = batch(4, 384, &mut model);
+    let mut writer = qemu_io(&setup, &fourth);
+    let writer = std::thread::spawn(move || writer.output());
+    let out = setup.ok(&["branch", "restripe"]);
+    assert!(out.contains("restriped 1 segment"), "{out}");
+    assert_qemu_io_ok(
+        &writer.join().unwrap().unwrap(),
+        "writes during the restripe",
+    );
+    let info = setup.info(&[]);
+    let segments = info["branches"]["segments"].as_array().unwrap();
+    assert!(segments.iter().all(|s| s["branches"] == 4), "{info}");
+    assert!(
+        !setup.branch(0).join("grove.branch").exists(),
+        "the narrow files went"
+    );
+    let out = setup.ok(&["branch", "restripe"]);
+    assert!(out.contains("nothing to restripe"), "{out}");
+    assert_eq!(
+        setup.health(&[]),
+        vec!["ok"; 4],
+        "every branch is in service"
+    );
+    verify_over_nbd(&setup, &model, "after the restripe");
+    served.stop();
+
+    setup.ok(&["check"]);
+    // The new branch carries its share of everything now.
+    std::fs::remove_dir_all(setup.branch(3)).unwrap();
+    let out = setup.path("grown.img");
+    setup.ok(&["--degraded", "export", "disk", out.to_str().unwrap()]);
+    let back = std::fs::read(&out).unwrap();
+    let first_bad = back.iter().zip(&model).position(|(a, b)| a != b);
+    assert!(first_bad.is_none(), "without b3: differs at {first_bad:?}");
+}
+
+#[test]
+fn branch_add_refuses_in_one_line() {
+    let setup = Setup::init("raif10", 4);
+    let error = setup.fails(&["branch", "add", setup.path("b4").to_str().unwrap()]);
+    assert!(error.contains("raif10 over 5 branches"), "{error}");
+    assert_eq!(
+        setup.info(&[])["branches"]["branches"]
+            .as_array()
+            .unwrap()
+            .len(),
+        4
+    );
+    let toml = std::fs::read_to_string(setup.pool().join("grove.toml")).unwrap();
+    assert!(
+        !toml.contains("b4"),
+        "grove.toml kept the refused branch: {toml}"
+    );
+    let busy = setup.path("busy");
+    std::fs::create_dir_all(&busy).unwrap();
+    std::fs::write(busy.join("stuff"), b"x").unwrap();
+    let error = setup.fails(&["branch", "add", busy.to_str().unwrap()]);
+    assert!(error.contains("not empty"), "{error}");
+    let error = setup.fails(&["branch", "add", setup.branch(1).to_str().unwrap()]);
+    assert!(error.contains("already branch b1"), "{error}");
+    // A pair grows RAIF10, and the restripe spreads what was there.
+    let data = setup.import("v", 5);
+    let (a, b) = (setup.path("b4"), setup.path("b5"));
+    let out = setup.ok(&[
+        "branch",
+        "add",
+        a.to_str().unwrap(),
+        b.to_str().unwrap(),
+        "--restripe",
+    ]);
+    assert!(
+        out.contains("6 branches") && out.contains("restriped 1 segment"),
+        "{out}"
+    );
+    setup.assert_volume(&[], "v", &data, "raif10 grown by a pair");
+}

@@ -134,6 +134,7 @@ pub struct BranchDevice {
     level: Level,
     stripe_unit_bytes: u64,
     staging_limit_bytes: usize,
+    restripe_batch_bytes: u64,
     spread: RwLock<Spread>,
     /// Set by any segment when a branch changes health; the next flush
     /// records it (the branches' identity files) and clears it.
@@ -175,6 +176,7 @@ impl BranchDevice {
             level,
             stripe_unit_bytes,
             staging_limit_bytes: STAGING_LIMIT_BYTES,
+            restripe_batch_bytes: RESTRIPE_BATCH_BYTES,
             spread: RwLock::new(Spread {
                 branches,
                 shape: Shape::single(width),
@@ -259,6 +261,7 @@ impl BranchDevice {
             level,
             stripe_unit_bytes,
             staging_limit_bytes: STAGING_LIMIT_BYTES,
+            restripe_batch_bytes: RESTRIPE_BATCH_BYTES,
             spread: RwLock::new(Spread {
                 branches: shared,
                 shape,
@@ -286,6 +289,13 @@ impl BranchDevice {
         for segment in read_lock(&self.spread).all_segments() {
             segment.set_staging_limit(self.staging_limit_bytes);
         }
+        self
+    }
+
+    /// A smaller restripe batch, so tests see many batches (and crashes
+    /// between them) in a small pool.
+    pub fn with_restripe_batch(mut self, bytes: u64) -> BranchDevice {
+        self.restripe_batch_bytes = bytes.max(1);
         self
     }
 
@@ -450,12 +460,7 @@ impl BranchDevice {
         })
     }
 
-    fn new_segment(
-        &self,
-        spread: &Spread,
-        id: u32,
-        branches: &[Arc<Branch>],
-    ) -> io::Result<Arc<Segment>> {
+    fn new_segment(&self, id: u32, branches: &[Arc<Branch>]) -> io::Result<Arc<Segment>> {
         let files = self.files()?;
         let members = branches
             .iter()
@@ -465,7 +470,6 @@ impl BranchDevice {
                     .map(|devices| (branch.clone(), Some(devices)))
             })
             .collect::<io::Result<Vec<_>>>()?;
-        let _ = spread;
         let segment = Segment::assemble(
             self.level,
             self.stripe_unit_bytes,
@@ -478,19 +482,28 @@ impl BranchDevice {
 
     // ----- growth -----
 
-    /// Adds branch `label` at `place` (its directory, prepared by the
+    /// Adds branches, each (label, place: its directory, prepared by the
     /// caller): the last segment ends where it stands, and a new one over
-    /// every branch starts there, so the store grows onto the new branch.
+    /// every branch starts there, so the store grows onto the new ones.
     /// Refused while the pool is degraded or a restripe is unfinished.
-    pub fn add_branch(&self, label: &str, place: &str) -> io::Result<()> {
+    pub fn add_branches(&self, added: &[(String, String)]) -> io::Result<()> {
         self.files()?;
         self.flush()?;
         let mut spread = write_lock(&self.spread);
-        if spread.branches.iter().any(|b| b.label == label) {
-            return Err(io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                format!("the pool has a branch labelled {label} already"),
-            ));
+        let width = spread.branches.len() + added.len();
+        crate::layout::Layout::new(self.level, width, self.stripe_unit_bytes, 0).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} over {width} branches: {e}", self.level),
+            )
+        })?;
+        for (label, _) in added {
+            if spread.branches.iter().any(|b| b.label == *label) {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!("the pool has a branch labelled {label} already"),
+                ));
+            }
         }
         if let Some(b) = spread
             .branches
@@ -517,20 +530,22 @@ impl BranchDevice {
         let (last, last_segment) = spread.last();
         let start = last.start + last_segment.len_bytes()?;
         let mut branches = spread.branches.clone();
-        branches.push(Arc::new(Branch::new(
-            label.to_string(),
-            place.to_string(),
-            Health::Healthy,
-        )));
+        for (label, place) in added {
+            branches.push(Arc::new(Branch::new(
+                label.clone(),
+                place.clone(),
+                Health::Healthy,
+            )));
+        }
         let id = spread.shape.next_id();
-        let segment = self.new_segment(&spread, id, &branches)?;
+        let segment = self.new_segment(id, &branches)?;
         let mut shape = spread.shape.clone();
         shape.segments.push(SegmentShape {
             id,
-            width: branches.len() as u32,
+            width: width as u32,
             start,
         });
-        // The new branch takes the shape too: it is saved on every branch.
+        // The new branches take the shape too: it is saved on every branch.
         let before = std::mem::replace(&mut spread.branches, branches);
         if let Err(e) = self.save_shape(&mut spread, shape) {
             spread.branches = before;
@@ -538,9 +553,11 @@ impl BranchDevice {
         }
         spread.segments.push(segment);
         drop(spread);
-        tracing::info!(
-            "branch {label} ({place}) added; new space is laid over it from byte {start}"
-        );
+        for (label, place) in added {
+            tracing::info!(
+                "branch {label} ({place}) added; new space is laid over it from byte {start}"
+            );
+        }
         self.record_membership()
     }
 
@@ -625,7 +642,7 @@ impl BranchDevice {
         let length = length_of(&spread, i);
         let id = spread.shape.next_id();
         let branches = spread.branches.clone();
-        let target = self.new_segment(&spread, id, &branches)?;
+        let target = self.new_segment(id, &branches)?;
         target.set_len_bytes(length)?;
         target.flush()?;
         let mut shape = spread.shape.clone();
@@ -659,7 +676,7 @@ impl BranchDevice {
         let source = spread.segments[i].clone();
         let target = spread.target.clone().expect("a restripe has a target");
         let from = restripe.done_bytes;
-        let n = RESTRIPE_BATCH_BYTES.min(length - from);
+        let n = self.restripe_batch_bytes.min(length - from);
         let mut bytes = vec![0u8; n as usize];
         source.read_at(&mut bytes, from)?;
         target.write_at(&bytes, from)?;
@@ -763,6 +780,10 @@ impl BranchDevice {
                 (0, Some(given)) if id == spread.shape.segments[0].id => given.clone(),
                 _ => self.files()?.segment(&place, id, true)?,
             });
+        }
+        // The shape file first: what watchers look for in a branch.
+        if let Some(files) = &self.files {
+            files.shape(&place)?;
         }
         let target_devices = match spread.shape.restripe {
             Some(r) => Some(self.files()?.segment(&place, r.target, true)?),

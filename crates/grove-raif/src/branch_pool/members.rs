@@ -156,15 +156,21 @@ impl BranchPoolConfig {
     }
 
     fn check(&self) -> Result<(), BranchPoolError> {
-        let bad = |why: String| BranchPoolError::Config(why);
         crate::layout::Layout::new(self.level, self.member.len(), self.stripe_unit_bytes, 0)
             .map_err(|e| {
-                bad(format!(
+                BranchPoolError::Config(format!(
                     "{} over {} branches: {e}",
                     self.level,
                     self.member.len()
                 ))
             })?;
+        self.check_members()
+    }
+
+    /// The pool id, labels and directories (not the layout: a pool
+    /// growing by a pair is checked whole once both are in).
+    fn check_members(&self) -> Result<(), BranchPoolError> {
+        let bad = |why: String| BranchPoolError::Config(why);
         if self.pool_id.len() != 32 || !self.pool_id.bytes().all(|c| c.is_ascii_hexdigit()) {
             return Err(bad(format!(
                 "pool_id {:?} is not 32 hex digits",
@@ -737,7 +743,7 @@ pub fn prepare_addition(
         label: label.clone(),
         dir: dir.clone(),
     });
-    grown.check()?;
+    grown.check_members()?;
     let sequence = config
         .member
         .iter()

@@ -1,5 +1,7 @@
 //! What the branch pool tests share.
 
+pub mod recorded;
+
 /// xorshift64: the same sequence from the same seed, no dependency.
 pub struct Rng(pub u64);
 
