@@ -44,6 +44,12 @@ pub trait BlockDevice: Send + Sync {
     fn allocated_bytes(&self) -> io::Result<Option<u64>> {
         Ok(None)
     }
+    /// The room the store has to grow into, when the device knows it
+    /// better than the file system under the pool directory does (a store
+    /// laid over branches on other disks). None: ask that file system.
+    fn host_space(&self) -> Option<crate::space_levels::HostSpace> {
+        None
+    }
 }
 
 /// What `stat` counts `st_blocks` in, whatever the file system's block size.

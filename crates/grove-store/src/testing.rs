@@ -425,4 +425,7 @@ impl<D: BlockDevice> BlockDevice for std::sync::Arc<D> {
     fn allocated_bytes(&self) -> io::Result<Option<u64>> {
         (**self).allocated_bytes()
     }
+    fn host_space(&self) -> Option<crate::space_levels::HostSpace> {
+        (**self).host_space()
+    }
 }

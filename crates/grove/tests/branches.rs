@@ -877,3 +877,71 @@ fn branch_add_refuses_in_one_line() {
     );
     setup.assert_volume(&[], "v", &data, "raif10 grown by a pair");
 }
+
+/// The room a branch pool can grow into is its branches' (each one's
+/// share of its file system, times a stripe's data units), not the pool
+/// directory's: here all share one file system, so RAIF5 over three has
+/// 2/3 of its free space and over four 3/4, and the add raises it.
+#[test]
+fn adding_a_branch_raises_the_room_the_pool_can_grow_into() {
+    let setup = Setup::init("raif5", 3);
+    let room = |setup: &Setup| {
+        setup.info(&[])["space"]["host_available_bytes"]
+            .as_u64()
+            .unwrap() as f64
+    };
+    let statvfs = rustix::fs::statvfs(setup.dir.path()).unwrap();
+    let free = (statvfs.f_bavail * statvfs.f_frsize) as f64;
+    let before = room(&setup);
+    assert!(
+        (before / free - 2.0 / 3.0).abs() < 0.05,
+        "raif5 over 3: {before} of {free} free"
+    );
+    setup.ok(&["branch", "add", setup.branch(3).to_str().unwrap()]);
+    let after = room(&setup);
+    assert!(after > before * 1.05, "{before} then {after}");
+}
+
+/// `grove branch restripe` killed with SIGKILL part way: `grove info`
+/// says a restripe is unfinished, the pool reads every byte, and the next
+/// `grove branch restripe` finishes it.
+#[test]
+fn a_restripe_killed_part_way_resumes_where_it_was() {
+    for attempt in 0..12u64 {
+        let setup = Setup::init("raif5", 3);
+        let data = setup.import("v", 9);
+        setup.ok(&["branch", "add", setup.branch(3).to_str().unwrap()]);
+        let child = Command::new(GROVE)
+            .arg("--pool")
+            .arg(setup.pool())
+            .args(["branch", "restripe"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut child = Reaped(child);
+        std::thread::sleep(Duration::from_millis(40 + attempt * 25));
+        child.0.kill().unwrap();
+        child.0.wait().unwrap();
+        let info = setup.info(&[]);
+        let cut = info["branches"]["restripe_done_bytes"].as_u64();
+        let Some(done) = cut.filter(|&done| done > 0) else {
+            continue; // Killed before a batch was copied, or after the end.
+        };
+        assert!(setup
+            .ok(&["info"])
+            .contains("restripe           unfinished"));
+        setup.assert_volume(&[], "v", &data, "with the restripe cut short");
+        let out = setup.ok(&["branch", "restripe"]);
+        assert!(out.contains("restriped 1 segment"), "{out}");
+        let info = setup.info(&[]);
+        assert!(info["branches"]["restripe_done_bytes"].is_null(), "{info}");
+        let segments = info["branches"]["segments"].as_array().unwrap();
+        assert!(segments.iter().all(|s| s["branches"] == 4), "{info}");
+        setup.assert_volume(&[], "v", &data, "after the resumed restripe");
+        setup.ok(&["check"]);
+        eprintln!("restripe killed after {done} bytes (attempt {attempt}), resumed");
+        return;
+    }
+    panic!("no kill landed inside a restripe in 12 attempts");
+}

@@ -39,6 +39,20 @@ pub trait BranchFiles: Send + Sync {
     fn segment(&self, place: &str, id: u32, create: bool) -> io::Result<MemberDevices>;
     /// Removes segment `id`'s files from the branch (best effort).
     fn remove_segment(&self, place: &str, id: u32);
+    /// The file system under the branch, if known.
+    fn space(&self, place: &str) -> Option<BranchSpace> {
+        let _ = place;
+        None
+    }
+}
+
+/// The file system a branch lies on, as statvfs says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BranchSpace {
+    /// Tells file systems apart: branches on one share its room.
+    pub file_system: u64,
+    pub available_bytes: u64,
+    pub total_bytes: u64,
 }
 
 /// A branch as `open` is given it: None for files that could not be used.
@@ -679,7 +693,9 @@ impl BranchDevice {
         let n = self.restripe_batch_bytes.min(length - from);
         let mut bytes = vec![0u8; n as usize];
         source.read_at(&mut bytes, from)?;
-        target.write_at(&bytes, from)?;
+        if !is_zero(&bytes) || !target_is_zero(&target, from, n)? {
+            target.write_at(&bytes, from)?;
+        }
         target.flush()?;
         let mut shape = spread.shape.clone();
         shape.restripe = Some(RestripeShape {
@@ -919,6 +935,20 @@ impl BranchDevice {
     }
 }
 
+fn is_zero(bytes: &[u8]) -> bool {
+    bytes.iter().all(|&b| b == 0)
+}
+
+/// Whether the target holds zeros at `from..from + n` already: a hole of
+/// the source is copied by leaving the fresh target's hole alone, so a
+/// restripe keeps a sparse store sparse. (A restripe resumed after a
+/// crash may find an earlier attempt's bytes there: those are written.)
+fn target_is_zero(target: &Segment, from: u64, n: u64) -> io::Result<bool> {
+    let mut bytes = vec![0u8; n as usize];
+    target.read_at(&mut bytes, from)?;
+    Ok(is_zero(&bytes))
+}
+
 /// The newest valid shape on any usable branch, and its sequence; one
 /// segment over every branch if none keeps one (a pool made before
 /// shapes). A branch whose shape file cannot be read is failed.
@@ -1026,6 +1056,39 @@ impl BlockDevice for BranchDevice {
             segment.punch(at, n)?;
         }
         Ok(())
+    }
+
+    /// The data the last segment can still take: each branch's share of
+    /// its file system (shared evenly by the branches on one), the
+    /// smallest of them, times the data units of a stripe. A branch added
+    /// on a disk of its own raises it.
+    fn host_space(&self) -> Option<grove_store::HostSpace> {
+        let files = self.files.as_ref()?;
+        let spread = read_lock(&self.spread);
+        let (last, _) = spread.last();
+        let width = last.width as usize;
+        let mut spaces = Vec::with_capacity(width);
+        for branch in &spread.branches[..width] {
+            if branch.health() != Health::Failed {
+                spaces.push(files.space(&read_lock(&branch.place))?);
+            }
+        }
+        let sharing = |space: &BranchSpace| {
+            spaces
+                .iter()
+                .filter(|s| s.file_system == space.file_system)
+                .count() as u64
+        };
+        let data_units = self.level.data_units(width) as u64;
+        let available = spaces
+            .iter()
+            .map(|s| s.available_bytes / sharing(s))
+            .min()?;
+        let total = spaces.iter().map(|s| s.total_bytes / sharing(s)).min()?;
+        Some(grove_store::HostSpace {
+            available_bytes: available.saturating_mul(data_units),
+            total_bytes: total.saturating_mul(data_units),
+        })
     }
 
     fn allocated_bytes(&self) -> io::Result<Option<u64>> {

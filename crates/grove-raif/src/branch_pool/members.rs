@@ -30,7 +30,8 @@ use std::sync::{Arc, Mutex};
 use grove_store::{BlockDevice, FileDevice};
 
 use super::device::{
-    BranchDevice, BranchFiles, BranchSpec, Health, MemberDevices, MemberStatus, MembershipRecorder,
+    BranchDevice, BranchFiles, BranchSpace, BranchSpec, Health, MemberDevices, MemberStatus,
+    MembershipRecorder,
 };
 use crate::level::Level;
 
@@ -346,6 +347,15 @@ impl BranchFiles for DirFiles {
                 tracing::warn!("{} not removed: {e}", path.display());
             }
         }
+    }
+
+    fn space(&self, place: &str) -> Option<BranchSpace> {
+        let stat = rustix::fs::statvfs(place).ok()?;
+        Some(BranchSpace {
+            file_system: stat.f_fsid,
+            available_bytes: stat.f_bavail.saturating_mul(stat.f_frsize),
+            total_bytes: stat.f_blocks.saturating_mul(stat.f_frsize),
+        })
     }
 }
 

@@ -21,8 +21,8 @@ pub mod segment;
 pub mod shape;
 
 pub use device::{
-    BranchDevice, BranchFiles, BranchSpec, Health, MemberDevices, MemberSpec, MemberStatus,
-    RestripeReport,
+    BranchDevice, BranchFiles, BranchSpace, BranchSpec, Health, MemberDevices, MemberSpec,
+    MemberStatus, RestripeReport,
 };
 pub use members::{BranchPoolConfig, BranchPoolError, MemberConfig};
 pub use repair::{RebuildReport, ScrubReport};

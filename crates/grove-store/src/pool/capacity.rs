@@ -46,7 +46,10 @@ fn figures(inner: &Inner, state: &State) -> (SpaceFigures, SpaceSettings) {
     let control = lock_space(inner);
     let host = match control.host_for_tests {
         Some(host) => host,
-        None => host_space(&inner.dir),
+        None => state
+            .device()
+            .host_space()
+            .or_else(|| host_space(&inner.dir)),
     };
     let space = state.space();
     let block_bytes = state.geometry().block_bytes();

@@ -921,7 +921,10 @@ impl Pool {
         let space = state.space();
         let block_bytes = state.geometry().block_bytes();
         let grow_bytes = match space.capacity_blocks {
-            None => host_available_bytes(&self.inner.dir),
+            None => match state.device().host_space() {
+                Some(host) => host.available_bytes,
+                None => host_available_bytes(&self.inner.dir),
+            },
             Some(capacity) => capacity.saturating_sub(space.store_blocks) * block_bytes,
         };
         Ok(PoolInfo {
