@@ -2,9 +2,10 @@
 //! every redundant level, data read back byte-exact, `grove info --json`,
 //! foreign and stale branches refused in one line, degraded opens, rebuild
 //! (and its refusal of a healthy branch), scrub finding and repairing a
-//! flipped byte, `grove branch fail`; and a served pool whose branch
-//! directory is removed while qemu-io writes through NBD, then rebuilt
-//! online, every byte verified.
+//! flipped byte, `grove branch fail`; a served pool whose branch directory
+//! is removed while fio writes through NBD, then rebuilt online, every byte
+//! verified; and growth: `grove branch add` and `grove branch restripe`
+//! under qemu-io writes, a restripe killed part way and resumed.
 
 mod support;
 
@@ -537,16 +538,54 @@ fn nbd_uri(setup: &Setup) -> String {
 
 /// The writes of one batch: (slot, pattern byte), applied to `model`.
 fn batch(round: u64, count: u64, model: &mut [u8]) -> Vec<String> {
-    let slots = VOLUME_BYTES / SLOT_BYTES;
+    batch_from(0, round, count, model)
+}
+
+/// `batch` over the slots from `first_slot` on.
+fn batch_from(first_slot: u64, round: u64, count: u64, model: &mut [u8]) -> Vec<String> {
+    let slots = VOLUME_BYTES / SLOT_BYTES - first_slot;
     (0..count)
         .map(|i| {
-            let slot = (i * 7919 + round * 131) % slots;
+            let slot = first_slot + (i * 7919 + round * 131) % slots;
             let pattern = ((round * 37 + i) % 250 + 1) as u8;
             let at = (slot * SLOT_BYTES) as usize;
             model[at..at + SLOT_BYTES as usize].fill(pattern);
             format!("write -P {pattern} {} {SLOT_BYTES}", slot * SLOT_BYTES)
         })
         .collect()
+}
+
+/// Bytes at the start of the NBD tests' volume that fio writes and
+/// verifies itself; the model's batches write after them.
+const FIO_BYTES: u64 = 12 << 20;
+
+/// fio through NBD over the first FIO_BYTES of the volume: random 64 KiB
+/// writes, each block once with a crc32c header, then read back and
+/// verified; with `verify_only`, only read back and verified (the same
+/// seed gives the same blocks). Paced, so that a branch removed 150 ms in
+/// goes in the middle of the writes.
+fn fio(setup: &Setup, verify_only: bool) -> Command {
+    let mut command = Command::new("fio");
+    command
+        .args(["--name=branch-loss", "--ioengine=nbd"])
+        .arg(format!("--uri={}", nbd_uri(setup)))
+        .args(["--rw=randwrite", "--bs=64k", "--iodepth=8", "--randseed=27"])
+        .arg("--rate=24m")
+        .arg(format!("--size={FIO_BYTES}"))
+        .args(["--verify=crc32c", "--verify_fatal=1", "--do_verify=1"]);
+    if verify_only {
+        command.arg("--verify_only");
+    }
+    command
+}
+
+fn assert_fio_ok(output: &Output, what: &str) {
+    assert!(
+        output.status.success(),
+        "fio, {what}: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
 }
 
 fn qemu_io(setup: &Setup, commands: &[String]) -> Command {
@@ -572,9 +611,15 @@ fn assert_qemu_io_ok(output: &Output, what: &str) {
 
 /// Every slot read back through NBD with the pattern the model says.
 fn verify_over_nbd(setup: &Setup, model: &[u8], what: &str) {
+    verify_model_over_nbd(setup, model, 0, what)
+}
+
+/// `verify_over_nbd` of the slots from `first_slot` on.
+fn verify_model_over_nbd(setup: &Setup, model: &[u8], first_slot: u64, what: &str) {
     let reads: Vec<String> = model
         .chunks(SLOT_BYTES as usize)
         .enumerate()
+        .skip(first_slot as usize)
         .map(|(slot, bytes)| {
             format!(
                 "read -P {} {} {SLOT_BYTES}",
@@ -603,12 +648,14 @@ fn wait_for_health(setup: &Setup, index: usize, health: &str, served: &Served) {
     }
 }
 
-/// A served pool loses a branch directory (`rm -rf`) while qemu-io writes
-/// through NBD: the watcher fails it, writes go on, every byte reads back;
+/// A served pool loses a branch directory (`rm -rf`) while fio writes
+/// through NBD (and verifies what it wrote): the watcher fails it, writes
+/// go on, fio's blocks verify again and the model's every other byte reads
+/// back;
 /// for raif5 a rebuild through the control socket while qemu-io writes,
 /// then another branch lost and every byte still there.
 fn branch_lost_under_nbd_writes(level: &str, branches: usize, rebuild_online: bool) {
-    if !have("qemu-io") {
+    if !have("qemu-io") || !have("fio") {
         return;
     }
     let setup = Setup::init(level, branches);
@@ -616,26 +663,27 @@ fn branch_lost_under_nbd_writes(level: &str, branches: usize, rebuild_online: bo
     let mut model = vec![0u8; VOLUME_BYTES as usize];
     let served = Served::start(&setup, &[]);
 
-    let first = batch(1, 384, &mut model);
-    let mut writer = qemu_io(&setup, &first);
+    let fio_slots = FIO_BYTES / SLOT_BYTES;
+    let mut writer = fio(&setup, false);
     let writer = std::thread::spawn(move || writer.output());
     std::thread::sleep(Duration::from_millis(150));
     std::fs::remove_dir_all(setup.branch(1)).unwrap();
     let output = writer.join().unwrap().unwrap();
-    assert_qemu_io_ok(&output, "writes while the branch went");
+    assert_fio_ok(&output, "writes while the branch went");
     wait_for_health(&setup, 1, "failed", &served);
     let info = setup.ok(&["info"]);
     assert!(info.contains("DEGRADED"), "{info}");
 
-    let second = batch(2, 256, &mut model);
+    let second = batch_from(fio_slots, 2, 256, &mut model);
     assert_qemu_io_ok(
         &qemu_io(&setup, &second).output().unwrap(),
         "degraded writes",
     );
-    verify_over_nbd(&setup, &model, &format!("{level} degraded"));
+    verify_model_over_nbd(&setup, &model, fio_slots, &format!("{level} degraded"));
+    assert_fio_ok(&fio(&setup, true).output().unwrap(), "degraded, verified");
 
     if rebuild_online {
-        let third = batch(3, 512, &mut model);
+        let third = batch_from(fio_slots, 3, 512, &mut model);
         let mut writer = qemu_io(&setup, &third);
         let writer = std::thread::spawn(move || writer.output());
         let new_dir = setup.path("b1-new");
@@ -652,7 +700,13 @@ fn branch_lost_under_nbd_writes(level: &str, branches: usize, rebuild_online: bo
             "writes during the rebuild",
         );
         assert_eq!(setup.health(&[]), vec!["ok"; branches]);
-        verify_over_nbd(&setup, &model, &format!("{level} rebuilt online"));
+        verify_model_over_nbd(
+            &setup,
+            &model,
+            fio_slots,
+            &format!("{level} rebuilt online"),
+        );
+        assert_fio_ok(&fio(&setup, true).output().unwrap(), "rebuilt, verified");
     }
     let log = served.stop();
     assert!(
@@ -663,11 +717,23 @@ fn branch_lost_under_nbd_writes(level: &str, branches: usize, rebuild_online: bo
         // The rebuilt branch carries its share: lose another one.
         std::fs::remove_dir_all(setup.branch(2)).unwrap();
     }
+    // Offline and degraded: fio's blocks verify once more through a
+    // second server, and the model's bytes are exported and compared.
+    let served = Served::start(&setup, &["--degraded"]);
+    assert_fio_ok(&fio(&setup, true).output().unwrap(), "reopened, verified");
+    served.stop();
     let out = setup.path("final.img");
     setup.ok(&["--degraded", "export", "disk", out.to_str().unwrap()]);
     let back = std::fs::read(&out).unwrap();
-    let first_bad = back.iter().zip(&model).position(|(a, b)| a != b);
-    assert!(first_bad.is_none(), "{level}: differs at {first_bad:?}");
+    let skip = FIO_BYTES as usize;
+    let first_bad = back[skip..]
+        .iter()
+        .zip(&model[skip..])
+        .position(|(a, b)| a != b);
+    assert!(
+        first_bad.is_none(),
+        "{level}: differs at {first_bad:?} past fio's bytes"
+    );
 }
 
 #[test]
