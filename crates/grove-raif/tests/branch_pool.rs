@@ -473,3 +473,44 @@ fn a_clean_close_leaves_nothing_to_replay_and_a_crash_leaves_the_last_commit() {
     device.read_at(&mut back, 0).unwrap();
     assert_eq!(back, vec![9u8; 8192]);
 }
+
+/// The journal goes to the first `tolerated + 1` healthy branches; when a
+/// failure moves it (RAIF5 over four: b0 and b1, then b1 and b2) and a
+/// rebuild moves it back, the branch it left (b2) must not keep its last
+/// journal: a crash that tears the newest journals (on b0 and b1) would
+/// otherwise replay that old one over data committed since. Regression
+/// case for the emptying of every healthy branch's journal on each move.
+#[test]
+fn a_journal_left_behind_by_a_move_is_never_replayed_over_newer_data() {
+    let stripe = 3 * UNIT as usize;
+    let mut branches: Vec<TestBranch> = (0..4).map(|_| TestBranch::new()).collect();
+    let device = assemble(Level::Raif5, &branches, &[]).unwrap();
+    device.set_len_bytes(8 * stripe as u64).unwrap();
+    let write = |device: &BranchDevice, value: u8, at: usize| {
+        device.write_at(&vec![value; stripe], at as u64).unwrap();
+        device.flush().unwrap();
+    };
+    write(&device, 1, 0);
+    device.fail_branch("b0", "the test").unwrap();
+    write(&device, 2, 0); // journal on b1 and b2
+    branches[0] = TestBranch::new();
+    device
+        .replace("b0", "memory new".into(), branches[0].devices())
+        .unwrap();
+    device.rebuild("b0", &mut |_, _| {}, &|| false).unwrap();
+    write(&device, 3, 5 * stripe); // back on b0 and b1
+    write(&device, 4, 0);
+    // A crash in the next commit's journal write: both copies torn.
+    for b in &branches[..2] {
+        let mut byte = [0u8; 1];
+        b.journal.read_at(&mut byte, 8).unwrap();
+        b.journal.write_at(&[byte[0] ^ 0xff], 8).unwrap();
+    }
+    std::mem::forget(device);
+    let device = assemble(Level::Raif5, &branches, &[]).unwrap();
+    let mut back = vec![0u8; stripe];
+    device.read_at(&mut back, 0).unwrap();
+    assert!(back.iter().all(|&b| b == 4), "stripe 0 reads {}", back[0]);
+    device.read_at(&mut back, 5 * stripe as u64).unwrap();
+    assert!(back.iter().all(|&b| b == 3), "stripe 5 reads {}", back[0]);
+}
