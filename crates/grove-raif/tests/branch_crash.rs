@@ -13,60 +13,14 @@
 
 mod common;
 
+use common::recorded::{allowed, check_sectors, fate, LoggedFlush, LoggedWrite, Ordered, SECTOR};
 use common::Rng;
 use std::sync::{Arc, Mutex};
 
 use grove_raif::branch_pool::{BranchDevice, Health, MemberDevices, MemberSpec};
 use grove_raif::Level;
-use grove_store::testing::{CrashDevice, CrashImages, WriteFate};
+use grove_store::testing::{CrashDevice, CrashImages};
 use grove_store::{BlockDevice, MemDevice, Pool, PoolOptions};
-
-const SECTOR: usize = 512;
-
-/// A crash device that also notes its number in the global order.
-struct Ordered {
-    id: usize,
-    inner: CrashDevice,
-    order: Arc<Mutex<Vec<usize>>>,
-}
-
-impl Ordered {
-    fn note(&self) {
-        self.order.lock().unwrap().push(self.id);
-    }
-}
-
-impl BlockDevice for Ordered {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        self.inner.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-        self.inner.write_at(buf, offset)?;
-        self.note();
-        Ok(())
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        self.inner.flush()?;
-        self.note();
-        Ok(())
-    }
-    fn len_bytes(&self) -> std::io::Result<u64> {
-        self.inner.len_bytes()
-    }
-    fn set_len_bytes(&self, len_bytes: u64) -> std::io::Result<()> {
-        self.inner.set_len_bytes(len_bytes)?;
-        self.note();
-        Ok(())
-    }
-    fn describe(&self) -> String {
-        format!("crash device {}", self.id)
-    }
-    fn punch(&self, offset: u64, len_bytes: u64) -> std::io::Result<()> {
-        self.inner.punch(offset, len_bytes)?;
-        self.note();
-        Ok(())
-    }
-}
 
 /// Every file of every branch, recorded.
 struct Recording {
@@ -162,15 +116,7 @@ impl Recording {
                 let count = order[..position].iter().filter(|&&d| d == id).count();
                 let ops = device.inner.ops()[skip[id]..skip[id] + count].to_vec();
                 let mut images = CrashImages::with_base(self.bases[id].clone(), ops);
-                images.image(count, |_| match mode {
-                    0 => WriteFate::Landed,
-                    1 => WriteFate::Lost,
-                    _ => match rng.below(3) {
-                        0 => WriteFate::Lost,
-                        1 => WriteFate::Landed,
-                        _ => WriteFate::Torn(rng.next()),
-                    },
-                })
+                images.image(count, |_| fate(mode, rng))
             })
             .collect()
     }
@@ -207,62 +153,6 @@ fn losses(level: Level, width: usize) -> Vec<Vec<usize>> {
         out.push(vec![1, 2]);
     }
     out
-}
-
-/// A logical write, with the global position when it was issued.
-struct LoggedWrite {
-    at: usize,
-    offset: usize,
-    data: Vec<u8>,
-}
-
-/// A completed flush: where it started and ended.
-struct LoggedFlush {
-    started: usize,
-    done: usize,
-}
-
-/// What each sector may hold after a crash at `position`.
-fn allowed<'a>(
-    size: usize,
-    writes: &'a [LoggedWrite],
-    flushes: &[LoggedFlush],
-    position: usize,
-) -> (Vec<u8>, Vec<&'a LoggedWrite>) {
-    let durable_before = flushes
-        .iter()
-        .filter(|f| f.done <= position)
-        .map(|f| f.started)
-        .max()
-        .unwrap_or(0);
-    let mut durable = vec![0u8; size];
-    let mut volatile = Vec::new();
-    for write in writes {
-        if write.at < durable_before {
-            durable[write.offset..write.offset + write.data.len()].copy_from_slice(&write.data);
-        } else if write.at < position {
-            volatile.push(write);
-        }
-    }
-    (durable, volatile)
-}
-
-fn check_sectors(got: &[u8], durable: &[u8], volatile: &[&LoggedWrite], context: &str) {
-    for (s, sector) in got.chunks(SECTOR).enumerate() {
-        let at = s * SECTOR;
-        if sector == &durable[at..at + SECTOR] {
-            continue;
-        }
-        let later = volatile.iter().any(|w| {
-            w.offset <= at
-                && at + SECTOR <= w.offset + w.data.len()
-                && sector == &w.data[at - w.offset..at - w.offset + SECTOR]
-        });
-        assert!(
-            later,
-            "{context}: sector {s} holds neither its durable content nor a later write"
-        );
-    }
 }
 
 /// The logical writes and completed flushes of a run on a recorded

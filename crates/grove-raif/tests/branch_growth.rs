@@ -9,14 +9,15 @@ mod common;
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use common::recorded::{ImageFiles, RecordedFiles};
+use common::recorded::{
+    allowed, check_sectors, ImageFiles, LoggedFlush, LoggedWrite, RecordedFiles, SECTOR,
+};
 use common::Rng;
 use grove_raif::branch_pool::{BranchDevice, BranchFiles, BranchSpec, Health};
 use grove_raif::Level;
 use grove_store::BlockDevice;
 
 const UNIT: u64 = 1024;
-const SECTOR: usize = 512;
 
 fn place(b: usize) -> String {
     format!("branch{b}")
@@ -179,17 +180,10 @@ fn growth_is_refused_while_degraded_or_by_a_width_the_level_cannot_take() {
     assert_eq!(device.health_of("b1"), Some(Health::Failed));
 }
 
-/// A logical write and the global position when it was issued.
-struct LoggedWrite {
-    at: usize,
-    offset: usize,
-    data: Vec<u8>,
-}
-
 /// What a run did: its writes and completed flushes (started, done).
 struct History {
     writes: Vec<LoggedWrite>,
-    flushes: Vec<(usize, usize)>,
+    flushes: Vec<LoggedFlush>,
     rng: Rng,
 }
 
@@ -209,44 +203,18 @@ impl History {
         if self.rng.below(3) == 0 {
             let started = files.position();
             device.flush().unwrap();
-            self.flushes.push((started, files.position()));
+            self.flushes.push(LoggedFlush {
+                started,
+                done: files.position(),
+            });
         }
     }
 
     /// Checks every sector of `got` (zeros past the device's end) against
     /// what a crash at `position` may leave.
     fn check(&self, got: &[u8], position: usize, context: &str) {
-        let durable_before = self
-            .flushes
-            .iter()
-            .filter(|(_, done)| *done <= position)
-            .map(|(started, _)| *started)
-            .max()
-            .unwrap_or(0);
-        let mut durable = vec![0u8; got.len()];
-        let mut volatile = Vec::new();
-        for write in &self.writes {
-            if write.at < durable_before {
-                durable[write.offset..write.offset + write.data.len()].copy_from_slice(&write.data);
-            } else if write.at < position {
-                volatile.push(write);
-            }
-        }
-        for (s, sector) in got.chunks(SECTOR).enumerate() {
-            let at = s * SECTOR;
-            if sector == &durable[at..at + SECTOR] {
-                continue;
-            }
-            let later = volatile.iter().any(|w| {
-                w.offset <= at
-                    && at + SECTOR <= w.offset + w.data.len()
-                    && sector == &w.data[at - w.offset..at - w.offset + SECTOR]
-            });
-            assert!(
-                later,
-                "{context}: sector {s} holds neither its durable content nor a later write"
-            );
-        }
+        let (durable, volatile) = allowed(got.len(), &self.writes, &self.flushes, position);
+        check_sectors(got, &durable, &volatile, context);
     }
 }
 

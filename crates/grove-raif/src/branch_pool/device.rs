@@ -137,6 +137,34 @@ impl Spread {
             .filter(|r| r.source == self.shape.segments[i].id)
     }
 
+    /// Fails unless every branch is healthy: growth and restripe lay new
+    /// segments over all of them.
+    fn require_healthy(&self, before: &str) -> io::Result<()> {
+        match self.branches.iter().find(|b| b.health() != Health::Healthy) {
+            Some(b) => Err(io::Error::other(format!(
+                "branch {} is {}: rebuild it before {before}",
+                b.label,
+                b.health()
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Bytes of segment `i`, which is not the last: up to the next start.
+    fn length_of(&self, i: usize) -> u64 {
+        self.shape.segments[i + 1].start - self.shape.segments[i].start
+    }
+
+    /// The restripe in progress, its source's index and length.
+    fn restripe_in_progress(&self) -> (RestripeShape, usize, u64) {
+        let restripe = self.shape.restripe.expect("a restripe is in progress");
+        let i = self
+            .shape
+            .index_of(restripe.source)
+            .expect("a checked shape's restripe has a source");
+        (restripe, i, self.length_of(i))
+    }
+
     fn last(&self) -> (&SegmentShape, &Arc<Segment>) {
         let i = self.segments.len() - 1;
         (&self.shape.segments[i], &self.segments[i])
@@ -519,17 +547,7 @@ impl BranchDevice {
                 ));
             }
         }
-        if let Some(b) = spread
-            .branches
-            .iter()
-            .find(|b| b.health() != Health::Healthy)
-        {
-            return Err(io::Error::other(format!(
-                "branch {} is {}: rebuild it before adding a branch",
-                b.label,
-                b.health()
-            )));
-        }
+        spread.require_healthy("adding a branch")?;
         if spread.shape.restripe.is_some() {
             return Err(io::Error::other(
                 "a restripe is unfinished: run `grove branch restripe` to finish it first",
@@ -617,7 +635,7 @@ impl BranchDevice {
         (0..shape.segments.len() - 1)
             .filter(|&i| shape.segments[i].width < width || spread.restripe_of(i).is_some())
             .map(|i| {
-                let length = shape.segments[i + 1].start - shape.segments[i].start;
+                let length = spread.length_of(i);
                 length - spread.restripe_of(i).map_or(0, |r| r.done_bytes)
             })
             .sum()
@@ -627,33 +645,17 @@ impl BranchDevice {
     /// segment: its length and how much is copied. None: nothing is narrow.
     fn start_restripe(&self) -> io::Result<Option<(u64, u64)>> {
         let mut spread = write_lock(&self.spread);
-        let length_of = |spread: &Spread, i: usize| {
-            spread.shape.segments[i + 1].start - spread.shape.segments[i].start
-        };
-        if let Some(restripe) = spread.shape.restripe {
-            let i = spread
-                .shape
-                .index_of(restripe.source)
-                .expect("checked shape");
-            return Ok(Some((length_of(&spread, i), restripe.done_bytes)));
+        if spread.shape.restripe.is_some() {
+            let (restripe, _, length) = spread.restripe_in_progress();
+            return Ok(Some((length, restripe.done_bytes)));
         }
         let width = spread.branches.len() as u32;
         let last = spread.segments.len() - 1;
         let Some(i) = (0..last).find(|&i| spread.shape.segments[i].width < width) else {
             return Ok(None);
         };
-        if let Some(b) = spread
-            .branches
-            .iter()
-            .find(|b| b.health() != Health::Healthy)
-        {
-            return Err(io::Error::other(format!(
-                "branch {} is {}: rebuild it before a restripe",
-                b.label,
-                b.health()
-            )));
-        }
-        let length = length_of(&spread, i);
+        spread.require_healthy("a restripe")?;
+        let length = spread.length_of(i);
         let id = spread.shape.next_id();
         let branches = spread.branches.clone();
         let target = self.new_segment(id, &branches)?;
@@ -681,12 +683,7 @@ impl BranchDevice {
     /// punches the source's copied stripes. Returns the bytes copied.
     fn restripe_batch(&self) -> io::Result<u64> {
         let mut spread = write_lock(&self.spread);
-        let restripe = spread.shape.restripe.expect("a restripe is in progress");
-        let i = spread
-            .shape
-            .index_of(restripe.source)
-            .expect("checked shape");
-        let length = spread.shape.segments[i + 1].start - spread.shape.segments[i].start;
+        let (restripe, i, length) = spread.restripe_in_progress();
         let source = spread.segments[i].clone();
         let target = spread.target.clone().expect("a restripe has a target");
         let from = restripe.done_bytes;
@@ -712,12 +709,7 @@ impl BranchDevice {
     /// The target takes the source's place, and the source's files go.
     fn finish_restripe(&self) -> io::Result<()> {
         let mut spread = write_lock(&self.spread);
-        let restripe = spread.shape.restripe.expect("a restripe is in progress");
-        let i = spread
-            .shape
-            .index_of(restripe.source)
-            .expect("checked shape");
-        let length = spread.shape.segments[i + 1].start - spread.shape.segments[i].start;
+        let (restripe, i, length) = spread.restripe_in_progress();
         assert_eq!(restripe.done_bytes, length, "the whole source is copied");
         let mut shape = spread.shape.clone();
         shape.segments[i] = SegmentShape {

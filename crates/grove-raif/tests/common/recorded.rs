@@ -60,6 +60,81 @@ impl BlockDevice for Ordered {
     }
 }
 
+/// An unsynced write's fate in a crash image: `mode` 0, every write
+/// lands; 1, every one is lost; else each lands, is lost or is torn at
+/// random.
+pub fn fate(mode: u64, rng: &mut Rng) -> WriteFate {
+    match mode {
+        0 => WriteFate::Landed,
+        1 => WriteFate::Lost,
+        _ => match rng.below(3) {
+            0 => WriteFate::Lost,
+            1 => WriteFate::Landed,
+            _ => WriteFate::Torn(rng.next()),
+        },
+    }
+}
+
+pub const SECTOR: usize = 512;
+
+/// A logical write, with the global position when it was issued.
+pub struct LoggedWrite {
+    pub at: usize,
+    pub offset: usize,
+    pub data: Vec<u8>,
+}
+
+/// A completed flush: where it started and ended.
+pub struct LoggedFlush {
+    pub started: usize,
+    pub done: usize,
+}
+
+/// What each sector may hold after a crash at `position`: its content at
+/// the last flush done by then, or one of the writes issued after that.
+pub fn allowed<'a>(
+    size: usize,
+    writes: &'a [LoggedWrite],
+    flushes: &[LoggedFlush],
+    position: usize,
+) -> (Vec<u8>, Vec<&'a LoggedWrite>) {
+    let durable_before = flushes
+        .iter()
+        .filter(|f| f.done <= position)
+        .map(|f| f.started)
+        .max()
+        .unwrap_or(0);
+    let mut durable = vec![0u8; size];
+    let mut volatile = Vec::new();
+    for write in writes {
+        if write.at < durable_before {
+            durable[write.offset..write.offset + write.data.len()].copy_from_slice(&write.data);
+        } else if write.at < position {
+            volatile.push(write);
+        }
+    }
+    (durable, volatile)
+}
+
+/// Checks every sector of `got` against `allowed`'s answer.
+pub fn check_sectors(got: &[u8], durable: &[u8], volatile: &[&LoggedWrite], context: &str) {
+    for (s, sector) in got.chunks(SECTOR).enumerate() {
+        let at = s * SECTOR;
+        if sector == &durable[at..at + SECTOR] {
+            continue;
+        }
+        let later = volatile.iter().any(|w| {
+            w.offset <= at
+                && at + SECTOR <= w.offset + w.data.len()
+                && sector == &w.data[at - w.offset..at - w.offset + SECTOR]
+        });
+        assert!(
+            later,
+            "{context}: sector {s} holds neither its durable content nor a later write"
+        );
+    }
+}
+
 /// One recorded file: made at a position of the order, maybe removed at
 /// a later one.
 struct RecordedFile {
@@ -142,15 +217,7 @@ impl RecordedFiles {
                 .filter(|&&d| d == file.device.id)
                 .count();
             let ops = file.device.inner.ops()[..count].to_vec();
-            let image = CrashImages::new(ops).image(count, |_| match mode {
-                0 => WriteFate::Landed,
-                1 => WriteFate::Lost,
-                _ => match rng.below(3) {
-                    0 => WriteFate::Lost,
-                    1 => WriteFate::Landed,
-                    _ => WriteFate::Torn(rng.next()),
-                },
-            });
+            let image = CrashImages::new(ops).image(count, |_| fate(mode, rng));
             images.insert(key.clone(), image);
         }
         ImageFiles {
@@ -162,6 +229,15 @@ impl RecordedFiles {
             ),
         }
     }
+}
+
+/// A branch's shape file, made if missing (as `DirFiles` does).
+fn shape_device(
+    file: impl Fn(String, bool) -> io::Result<Arc<dyn BlockDevice>>,
+    place: &str,
+) -> io::Result<Arc<dyn BlockDevice>> {
+    let key = format!("{place}/{SHAPE_FILE_NAME}");
+    file(key.clone(), false).or_else(|_| file(key, true))
 }
 
 fn segment_devices(
@@ -179,9 +255,7 @@ fn segment_devices(
 
 impl BranchFiles for RecordedFiles {
     fn shape(&self, place: &str) -> io::Result<Arc<dyn BlockDevice>> {
-        let key = format!("{place}/{SHAPE_FILE_NAME}");
-        self.file(key.clone(), false)
-            .or_else(|_| self.file(key, true))
+        shape_device(|key, create| self.file(key, create), place)
     }
 
     fn segment(&self, place: &str, id: u32, create: bool) -> io::Result<MemberDevices> {
@@ -221,9 +295,7 @@ impl ImageFiles {
 
 impl BranchFiles for ImageFiles {
     fn shape(&self, place: &str) -> io::Result<Arc<dyn BlockDevice>> {
-        let key = format!("{place}/{SHAPE_FILE_NAME}");
-        self.file(key.clone(), false)
-            .or_else(|_| self.file(key, true))
+        shape_device(|key, create| self.file(key, create), place)
     }
 
     fn segment(&self, place: &str, id: u32, create: bool) -> io::Result<MemberDevices> {
