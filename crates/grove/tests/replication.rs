@@ -22,6 +22,11 @@ const FRAME_HEAD_BYTES: usize = 5;
 const FRAME_CRC_BYTES: usize = 4;
 const TYPE_DATA: u8 = 3;
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most stream bytes a resume may send again after a kill anywhere: the
+/// receiver runs at most 4 MiB ahead of its last durable commit
+/// (grove-send's `UNDURABLE_BYTES_MAX`), and up to 1 MiB each may sit in
+/// the pipe, the receiver's read buffer and the frame being decoded.
+const RESENT_BYTES_MAX: i64 = 8 << 20;
 
 /// xorshift64: a small seeded generator, so a failure can be replayed.
 struct Rng(u64);
@@ -348,23 +353,80 @@ fn spawn_receive(pool: &Pool, name: &str) -> Child {
         .unwrap()
 }
 
-#[test]
-fn a_receive_killed_anywhere_resumes_to_a_verified_snapshot() {
-    let size = 64 * MIB;
+/// Pool `a` with a 64 MiB volume of random data and snapshot v@1: its
+/// full stream and its content digest.
+fn killed_source(rng: &mut Rng) -> (Pool, Vec<u8>, String) {
     let a = Pool::new();
     a.ok(&["create", "v", "--size", "64M"]);
-    let mut rng = Rng(0xdead_beef_cafe_f00d);
-    a.write("v", 0, &rng.bytes(size));
+    a.write("v", 0, &rng.bytes(64 * MIB));
     a.ok(&["snapshot", "v", "v@1"]);
     let stream_path = a.file("stream");
     a.ok(&["send", "v@1", "-o", stream_path.to_str().unwrap()]);
     let full = std::fs::read(&stream_path).unwrap();
     let expected = a.hash("v@1");
+    (a, full, expected)
+}
+
+/// After a receive of `full` into `b` was killed with `fed` stream bytes
+/// given to it: resumes it (with the token it kept, or the whole stream
+/// when it kept nothing), checks the result and the amount sent again,
+/// and returns that amount.
+fn resume_after_kill(
+    a: &Pool,
+    b: &Pool,
+    full: &[u8],
+    fed: usize,
+    expected: &str,
+    what: &str,
+) -> i64 {
+    assert!(!b.has_volume("r@1"), "{what}: r@1 is visible after a kill");
+    let rest = b.file("rest");
+    let kept = b.status("r@1");
+    let had_partial = kept.is_some();
+    match kept {
+        Some(token) => {
+            a.ok(&["send", "--resume", &token, "-o", rest.to_str().unwrap()]);
+        }
+        None => {
+            // Killed before any of it was kept: the whole stream again.
+            std::fs::write(&rest, full).unwrap();
+        }
+    }
+    let rest_len = std::fs::metadata(&rest).unwrap().len() as i64;
+    let missing = (full.len() - fed) as i64;
+    let resent = rest_len - missing;
+    println!(
+        "{what}: killed after feeding {fed} of {} stream bytes; rest is {rest_len} bytes; re-sent {resent} bytes (partial kept: {had_partial})",
+        full.len()
+    );
+    assert!(
+        resent <= RESENT_BYTES_MAX,
+        "{what}: a resume after a kill at {fed} bytes sent {resent} bytes again (at most {RESENT_BYTES_MAX})"
+    );
+    b.ok(&["receive", "r@1", rest.to_str().unwrap()]);
+    assert_eq!(
+        b.hash("r@1"),
+        expected,
+        "{what}: the resumed receive differs"
+    );
+    resent
+}
+
+#[test]
+fn a_receive_killed_anywhere_resumes_to_a_verified_snapshot() {
+    let mut rng = Rng(0xdead_beef_cafe_f00d);
+    let (a, full, expected) = killed_source(&mut rng);
 
     let mut largest_resent: i64 = 0;
-    for round in 0..4 {
+    for round in 0..8 {
         let b = Pool::new();
-        let fed = 1 + rng.below(full.len() as u64 - 1) as usize;
+        // Half the kills early, where a receive has not yet committed
+        // once (and a resume sends the whole stream again).
+        let fed = if round % 2 == 0 {
+            1 + rng.below(12 * MIB as u64) as usize
+        } else {
+            1 + rng.below(full.len() as u64 - 1) as usize
+        };
         let mut child = spawn_receive(&b, "r@1");
         let mut stdin = child.stdin.take().unwrap();
         // Feed `fed` bytes, then kill -9 the receiver while it works.
@@ -379,31 +441,9 @@ fn a_receive_killed_anywhere_resumes_to_a_verified_snapshot() {
         child.kill().unwrap();
         let _ = child.wait().unwrap();
         drop(stdin);
-        assert!(!b.has_volume("r@1"));
-        let rest = b.file("rest");
-        let kept = b.status("r@1");
-        let had_partial = kept.is_some();
-        match kept {
-            Some(token) => {
-                a.ok(&["send", "--resume", &token, "-o", rest.to_str().unwrap()]);
-            }
-            None => {
-                // Killed before any of it was kept: the whole stream again.
-                std::fs::write(&rest, &full).unwrap();
-            }
-        }
-        let rest_len = std::fs::metadata(&rest).unwrap().len() as i64;
-        let missing = (full.len() - fed) as i64;
-        let resent = rest_len - missing;
+        let resent = resume_after_kill(&a, &b, &full, fed, &expected, &format!("round {round}"));
         largest_resent = largest_resent.max(resent);
-        println!(
-            "round {round}: killed after feeding {fed} of {} stream bytes; rest is {rest_len} bytes; re-sent {resent} bytes (partial kept: {had_partial})",
-            full.len()
-        );
-        b.ok(&["receive", "r@1", rest.to_str().unwrap()]);
-        assert_eq!(b.hash("r@1"), expected);
     }
-    println!("largest re-sent amount: {largest_resent} bytes");
 
     // The sender killed mid-stream: the receiver sees a truncated stream
     // and names the token; the resumed send completes it.
@@ -440,12 +480,79 @@ fn a_receive_killed_anywhere_resumes_to_a_verified_snapshot() {
     let token = token_in(&stderr).unwrap();
     let rest = b.file("rest");
     a.ok(&["send", "--resume", &token, "-o", rest.to_str().unwrap()]);
-    println!(
-        "sender killed after {moved} bytes; rest is {} bytes",
-        std::fs::metadata(&rest).unwrap().len()
+    let rest_len = std::fs::metadata(&rest).unwrap().len() as i64;
+    let resent = rest_len - (full.len() - moved) as i64;
+    println!("sender killed after {moved} bytes; rest is {rest_len} bytes; re-sent {resent} bytes");
+    assert!(
+        resent <= RESENT_BYTES_MAX,
+        "a resume after the sender's kill at {moved} bytes sent {resent} bytes again"
     );
+    largest_resent = largest_resent.max(resent);
     b.ok(&["receive", "r@1", rest.to_str().unwrap()]);
     assert_eq!(b.hash("r@1"), expected);
+    println!("largest re-sent amount: {largest_resent} bytes (bound {RESENT_BYTES_MAX})");
+}
+
+/// Debug builds' pause before each of a receive's progress commits
+/// (grove-send's test hook): a slow disk.
+const COMMIT_DELAY_ENV: &str = "GROVE_TEST_RECEIVE_COMMIT_DELAY_MS";
+
+/// A receive whose commits lag (each waits 300 ms) is fed as fast as it
+/// reads and killed at a random moment: it must have stopped reading
+/// while its commits caught up, so that a resume still sends at most
+/// `RESENT_BYTES_MAX` again. Without the back-pressure it would run two
+/// commit intervals ahead and re-send more than that.
+#[test]
+fn a_receive_with_slow_commits_killed_resends_a_bounded_amount() {
+    let mut rng = Rng(0x5105_c0aa_17ed_0001);
+    let (a, full, expected) = killed_source(&mut rng);
+    let full = std::sync::Arc::new(full);
+    let mut largest_resent: i64 = 0;
+    for round in 0..4 {
+        let b = Pool::new();
+        let mut child = b
+            .command(&["receive", "r@1", "-"])
+            .env(COMMIT_DELAY_ENV, "300")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        // Counted before each write: `fed` may exceed what the receiver
+        // took by one piece, which only overstates what is sent again.
+        let fed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let feeder = {
+            let (full, fed) = (full.clone(), fed.clone());
+            std::thread::spawn(move || {
+                for piece in full.chunks(64 * 1024) {
+                    fed.fetch_add(piece.len(), std::sync::atomic::Ordering::SeqCst);
+                    if stdin.write_all(piece).is_err() {
+                        return;
+                    }
+                }
+            })
+        };
+        std::thread::sleep(Duration::from_millis(300 + rng.below(1200)));
+        child.kill().unwrap();
+        let _ = child.wait().unwrap();
+        feeder.join().unwrap();
+        let fed = fed.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(
+            fed < full.len(),
+            "round {round}: the whole stream went in before the kill"
+        );
+        let resent = resume_after_kill(
+            &a,
+            &b,
+            &full,
+            fed,
+            &expected,
+            &format!("slow commits, round {round}"),
+        );
+        largest_resent = largest_resent.max(resent);
+    }
+    println!("largest re-sent amount with slow commits: {largest_resent} bytes (bound {RESENT_BYTES_MAX})");
 }
 
 /// `grove serve` on a pool, killed on drop.
