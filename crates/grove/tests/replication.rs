@@ -1,8 +1,10 @@
 //! Replication end to end with the real binary: damaged streams are
-//! refused without leaving a snapshot, a receive killed anywhere resumes to
-//! a verified snapshot, a served pool receives while NBD clients write, and
+//! refused without leaving a snapshot, a receive killed anywhere (from a
+//! pipe or a stored stream) resumes to a verified snapshot having re-sent
+//! a bounded amount, a served pool receives while NBD clients write,
 //! streams stored at file:// (and, when configured, s3://) URLs round-trip
-//! and resume an interrupted upload. NBD clients are the real qemu-io; a
+//! and resume an interrupted upload, and `grove send | ssh HOST grove
+//! receive` works through a real sshd. NBD clients are the real fio; a
 //! test that needs a missing tool or service skips visibly, and under
 //! scripts/test.sh ($GROVE_REQUIRE_TOOLS) fails instead.
 
@@ -1060,4 +1062,245 @@ fn an_edited_resume_token_sends_nothing() {
     a.ok(&["send", "--resume", &token, "-o", rest.to_str().unwrap()]);
     b.ok(&["receive", "r@1", rest.to_str().unwrap()]);
     assert_eq!(b.hash("r@1"), a.hash("v@1"));
+}
+
+/// How long the test's sshd may take to listen.
+const SSHD_STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// sshd, wherever it is installed (Debian puts it in /usr/sbin, which a
+/// user's PATH may lack).
+fn find_sshd() -> Option<PathBuf> {
+    let found = Command::new("sh")
+        .args(["-c", "command -v sshd"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+    found.or_else(|| Some(PathBuf::from("/usr/sbin/sshd")).filter(|p| p.exists()))
+}
+
+/// A private sshd on 127.0.0.1 at a free port, run as root with its own
+/// host key and one authorized client key, all in a temporary directory;
+/// killed on drop.
+struct Sshd {
+    child: Child,
+    dir: TempDir,
+    port: u16,
+}
+
+impl Drop for Sshd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Sshd {
+    /// Starts one, or says (visibly) why this machine cannot.
+    fn start() -> Option<Sshd> {
+        let Some(sshd) = find_sshd() else {
+            skip("sshd is not installed; skipping (scripts/test.sh installs openssh-server)");
+            return None;
+        };
+        if !have("ssh") || !have("ssh-keygen") {
+            return None;
+        }
+        if !rustix::process::geteuid().is_root() {
+            skip("not root: the test's sshd logs in as root; skipping");
+            return None;
+        }
+        let dir = TempDir::new().unwrap();
+        for key in ["host_key", "client_key"] {
+            let path = dir.path().join(key);
+            let output = Command::new("ssh-keygen")
+                .args(["-q", "-t", "ed25519", "-N", "", "-C", "grove-test", "-f"])
+                .arg(&path)
+                .output()
+                .unwrap();
+            assert!(
+                output.status.success(),
+                "ssh-keygen: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        std::fs::copy(
+            dir.path().join("client_key.pub"),
+            dir.path().join("authorized_keys"),
+        )
+        .unwrap();
+        // sshd's privilege separation needs this directory, which only
+        // its service (not installed as one here) would make.
+        std::fs::create_dir_all("/run/sshd").unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let config = dir.path().join("sshd_config");
+        let d = dir.path().display();
+        std::fs::write(
+            &config,
+            format!(
+                "Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host_key\n\
+                 AuthorizedKeysFile {d}/authorized_keys\nPidFile none\n\
+                 StrictModes no\nUsePAM no\nPermitRootLogin prohibit-password\n\
+                 PubkeyAuthentication yes\nPasswordAuthentication no\n\
+                 KbdInteractiveAuthentication no\nAllowUsers root\n"
+            ),
+        )
+        .unwrap();
+        let log = std::fs::File::create(dir.path().join("sshd.log")).unwrap();
+        let child = Command::new(&sshd)
+            .arg("-f")
+            .arg(&config)
+            .args(["-D", "-e"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let mut server = Sshd { child, dir, port };
+        let started = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Some(status) = server.child.try_wait().unwrap() {
+                panic!("sshd exited with {status}: {}", server.log());
+            }
+            assert!(
+                started.elapsed() < SSHD_STARTUP_TIMEOUT,
+                "sshd did not listen on port {port} within {SSHD_STARTUP_TIMEOUT:?}: {}",
+                server.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(server)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("sshd.log")).unwrap_or_default()
+    }
+
+    /// `ssh ... root@127.0.0.1 REMOTE`, as a user would type it (with
+    /// ssh's own chatter, such as the host key warning, turned off so the
+    /// remote side's stderr is all that reaches ours).
+    fn ssh(&self, remote: &str) -> Command {
+        let mut command = Command::new("ssh");
+        command
+            .args(["-p", &self.port.to_string(), "-i"])
+            .arg(self.dir.path().join("client_key"))
+            .args([
+                "-o",
+                "StrictHostKeyChecking=no",
+                "-o",
+                "UserKnownHostsFile=/dev/null",
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "LogLevel=ERROR",
+                "root@127.0.0.1",
+                remote,
+            ]);
+        command
+    }
+}
+
+/// `grove send ARGS` on `from` piped into `ssh HOST grove --pool TO
+/// receive NAME`: the sender's output and ssh's (the remote receive's).
+fn send_over_ssh(
+    sshd: &Sshd,
+    from: &Pool,
+    args: &[&str],
+    to: &Pool,
+    name: &str,
+) -> (Output, Output) {
+    let mut sender = from
+        .command(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let remote = format!("'{GROVE}' --pool '{}' receive '{name}'", to.path.display());
+    let ssh = sshd
+        .ssh(&remote)
+        .stdin(sender.stdout.take().unwrap())
+        .output()
+        .unwrap();
+    let sent = sender.wait_with_output().unwrap();
+    (sent, ssh)
+}
+
+#[test]
+fn send_piped_through_ssh_into_a_remote_receive() {
+    let Some(sshd) = Sshd::start() else {
+        return;
+    };
+    let runs = [(0, 5 * MIB), (9 * MIB + 4096, 3 * MIB)];
+    let (a, _) = source(16, &runs, 0x55d0_0000_0000_0001);
+    let b = Pool::new();
+
+    // Full.
+    let (sent, received) = send_over_ssh(&sshd, &a, &["send", "v@1"], &b, "r@1");
+    let text = |o: &Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    assert!(sent.status.success(), "send: {}", text(&sent));
+    assert!(
+        received.status.success(),
+        "ssh ... grove receive: {}\nsshd: {}",
+        text(&received),
+        sshd.log()
+    );
+    let said = String::from_utf8_lossy(&received.stdout);
+    assert!(
+        said.contains(r#"received "r@1""#) && said.contains("content digest verified"),
+        "the remote receive's summary did not reach us: {said}"
+    );
+    assert_eq!(b.hash("r@1"), a.hash("v@1"));
+    println!("full over ssh: {}", said.trim());
+
+    // Incremental.
+    a.write("v", 2 * MIB, &Rng(3).bytes(MIB));
+    a.ok(&["snapshot", "v", "v@2"]);
+    let (sent, received) = send_over_ssh(&sshd, &a, &["send", "v@2", "--from", "v@1"], &b, "r@2");
+    assert!(sent.status.success(), "send: {}", text(&sent));
+    assert!(received.status.success(), "receive: {}", text(&received));
+    assert_eq!(b.hash("r@2"), a.hash("v@2"));
+    println!(
+        "incremental over ssh: {}",
+        String::from_utf8_lossy(&received.stdout).trim()
+    );
+
+    // A base the far pool lacks: its one-line error comes back over ssh
+    // on stderr, and ssh exits with the remote failure.
+    let c = Pool::new();
+    let (sent, received) = send_over_ssh(&sshd, &a, &["send", "v@2", "--from", "v@1"], &c, "x@2");
+    assert!(
+        !received.status.success(),
+        "a receive without its base succeeded"
+    );
+    let error = String::from_utf8_lossy(&received.stderr).to_string();
+    let lines: Vec<&str> = error.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "not one line: {error:?}");
+    let guid = a.list().into_iter().find(|v| v["name"] == "v@1").unwrap()["guid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        lines[0].starts_with("grove: error:")
+            && lines[0].contains(r#"snapshot "v@1""#)
+            && lines[0].to_lowercase().contains(&guid.to_lowercase())
+            && lines[0].contains("send a full stream"),
+        "{error}"
+    );
+    assert!(!c.has_volume("x@2"));
+    println!(
+        "missing base over ssh: ssh exit {:?}, stderr: {}; the sender: {:?}, {}",
+        received.status.code(),
+        lines[0],
+        sent.status.code(),
+        String::from_utf8_lossy(&sent.stderr).trim()
+    );
 }
