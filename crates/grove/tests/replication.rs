@@ -25,9 +25,10 @@ const FRAME_CRC_BYTES: usize = 4;
 const TYPE_DATA: u8 = 3;
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most stream bytes a resume may send again after a kill anywhere: the
-/// receiver runs at most 4 MiB ahead of its last durable commit
-/// (grove-send's `UNDURABLE_BYTES_MAX`), and up to 1 MiB each may sit in
-/// the pipe, the receiver's read buffer and the frame being decoded.
+/// receiver runs at most 5 MiB ahead of its last durable commit
+/// (grove-send's `UNDURABLE_BYTES_MAX`), and up to 1 MiB may sit in the
+/// pipe, 256 KiB in the receiver's read buffer and 1 MiB in the frame
+/// being decoded.
 const RESENT_BYTES_MAX: i64 = 8 << 20;
 
 /// xorshift64: a small seeded generator, so a failure can be replayed.
