@@ -4,8 +4,10 @@
 # (qemu-img, qemu-io, qemu-nbd, nbdinfo, nbdcopy, fio), openssl for the TLS
 # tests' certificates, the tools for file systems on loop devices over
 # `grove mount` files (fuse3, util-linux, e2fsprogs, xfsprogs), mergerfs and
-# bindfs (the peers the RAIF POSIX suite is compared with), and Ceph with
-# radosgw (scripts/ceph.sh) for the S3 tests. Building needs
+# bindfs (the peers the RAIF POSIX suite is compared with), openssh's
+# server and client (the replication test runs its own sshd on 127.0.0.1
+# and pipes `grove send` through ssh), and Ceph with radosgw
+# (scripts/ceph.sh) for the S3 tests. Building needs
 # none of them: fuser mounts in pure Rust. Safe to run again: it installs only
 # what is missing, and stops with an error when it cannot.
 #
@@ -38,11 +40,15 @@ declare -A NEEDED=(
   [unshare]=util-linux
   [mergerfs]=mergerfs
   [bindfs]=bindfs
+  [sshd]=openssh-server
+  [ssh]=openssh-client
+  [ssh-keygen]=openssh-client
 )
 
 missing_tools() {
   for tool in "${!NEEDED[@]}"; do
-    command -v "$tool" >/dev/null 2>&1 || echo "$tool"
+    # sshd is in /usr/sbin, which a user's PATH may lack.
+    command -v "$tool" >/dev/null 2>&1 || [ -x "/usr/sbin/$tool" ] || echo "$tool"
   done
 }
 

@@ -4,8 +4,10 @@
 //! record), checked frame by frame, and becomes a visible snapshot only
 //! when its Finish frame's content digest matches what was received. Every
 //! `PROGRESS_BYTES` (or `PROGRESS_INTERVAL`) the data and the progress
-//! commit together; an interrupted receive keeps what it committed and
-//! hands back a resume token. What the token needs besides the progress
+//! commit together, in the background; the receive never runs more than
+//! `UNDURABLE_BYTES_MAX` of stream ahead of its last durable commit. An
+//! interrupted receive keeps what it committed and hands back a resume
+//! token. What the token needs besides the progress
 //! (the stream's snapshots, the tag, the running digest) is kept in
 //! `POOL/grove.receiving/NAME`, written before the partial receive exists.
 
@@ -20,15 +22,35 @@ use grove_store::{guid_hex, Pool, Volume};
 use serde::{Deserialize, Serialize};
 
 use crate::digest::{decode_state, encode_state, ContentDigest, DigestCache};
-use crate::format::{Begin, Frame, FrameReader, Header, StreamError, UNIT_BYTES};
+use crate::format::{
+    Begin, Frame, FrameReader, Header, StreamError, FRAME_OVERHEAD_BYTES, UNIT_BYTES,
+};
 use crate::send::volume_digest;
 use crate::token::ResumeToken;
 
-/// Stream bytes applied between two commits of data and progress: at most
-/// this much (and one record) is sent again after an interruption.
-pub const PROGRESS_BYTES: u64 = 4 << 20;
+/// Stream bytes applied before a commit of data and progress is asked for
+/// (in the background, while the receive goes on). Each commit costs two
+/// device flushes: 1 MiB intervals made a 1 GiB receive through a pipe
+/// half again as slow as 4 MiB ones did, 1.5 MiB ones about a fifth.
+pub const PROGRESS_BYTES: u64 = 3 << 19;
+/// Most stream bytes applied and not yet durable: when a commit in flight
+/// and what came after it would pass this, the receive waits for the
+/// commit (and so stops reading its input). A receive killed at any point
+/// loses at most this much, so a resume sends again at most this and what
+/// sat in the buffers between sender and receiver (a pipe, the reader's
+/// buffer, one frame). Room for about two progress intervals, so that one
+/// commit runs while the next interval arrives.
+pub const UNDURABLE_BYTES_MAX: u64 = 5 << 20;
+/// The stream bytes of the largest record.
+const RECORD_BYTES_MAX: u64 = crate::format::DATA_BYTES_MAX as u64 + FRAME_OVERHEAD_BYTES;
+// An interval ends with the record that reaches `PROGRESS_BYTES`; alone
+// (no commit in flight) it must fit the bound, or the bound could not hold.
+const _: () = assert!(PROGRESS_BYTES + RECORD_BYTES_MAX <= UNDURABLE_BYTES_MAX);
 /// Longest time between two commits while data arrives.
 pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
+/// Debug builds only: a pause in milliseconds before each progress commit
+/// (a slow disk), so tests can kill a receive while its commits lag.
+const COMMIT_DELAY_FOR_TESTS_ENV: &str = "GROVE_TEST_RECEIVE_COMMIT_DELAY_MS";
 /// Directory of the partial receives' stream state, in the pool directory.
 pub const RECEIVING_DIR: &str = "grove.receiving";
 
@@ -315,10 +337,13 @@ impl From<StreamError> for SectionError {
 
 /// Progress commits in the background: the receiver goes on writing while
 /// the pool flushes what came before, with at most one commit in flight
-/// (so at most two intervals of the stream are not yet durable).
+/// (and at most `UNDURABLE_BYTES_MAX` of stream not yet durable, which
+/// `SectionReceiver::make_room` keeps).
 struct Committer {
     requests: Option<SyncSender<(u64, Option<ContentDigest>)>>,
     done: Receiver<Result<()>>,
+    /// Stream bytes the commit in flight makes durable (0: none in flight).
+    in_flight_bytes: u64,
     in_flight: bool,
     worker: Option<std::thread::JoinHandle<()>>,
 }
@@ -328,10 +353,12 @@ impl Committer {
         let (requests, work) = sync_channel::<(u64, Option<ContentDigest>)>(1);
         let (report, done) = sync_channel(1);
         let (pool, name) = (pool.clone(), name.to_string());
+        let delay = commit_delay_for_tests();
         let worker = std::thread::Builder::new()
             .name("grove-receive-commit".into())
             .spawn(move || {
                 for (progress, digest) in work {
+                    std::thread::sleep(delay);
                     let result = pool
                         .record_receive_progress(&name, progress)
                         .map_err(anyhow::Error::from)
@@ -352,14 +379,21 @@ impl Committer {
         Ok(Committer {
             requests: Some(requests),
             done,
+            in_flight_bytes: 0,
             in_flight: false,
             worker: Some(worker),
         })
     }
 
     /// Asks for `progress` (and the digest that belongs to it) to be made
-    /// durable, once the commit in flight is done.
-    fn request(&mut self, progress: u64, digest: Option<ContentDigest>) -> Result<()> {
+    /// durable, once the commit in flight is done; `stream_bytes` are the
+    /// stream bytes it covers that are not durable yet.
+    fn request(
+        &mut self,
+        progress: u64,
+        digest: Option<ContentDigest>,
+        stream_bytes: u64,
+    ) -> Result<()> {
         self.wait()?;
         self.requests
             .as_ref()
@@ -367,6 +401,7 @@ impl Committer {
             .send((progress, digest))
             .map_err(|_| anyhow!("the receive's commit thread stopped"))?;
         self.in_flight = true;
+        self.in_flight_bytes = stream_bytes;
         Ok(())
     }
 
@@ -376,10 +411,22 @@ impl Committer {
             return Ok(());
         }
         self.in_flight = false;
+        self.in_flight_bytes = 0;
         self.done
             .recv()
             .map_err(|_| anyhow!("the receive's commit thread stopped"))?
     }
+}
+
+/// The pause `COMMIT_DELAY_FOR_TESTS_ENV` asks for; none in release builds.
+fn commit_delay_for_tests() -> Duration {
+    if !cfg!(debug_assertions) {
+        return Duration::ZERO;
+    }
+    std::env::var(COMMIT_DELAY_FOR_TESTS_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(Duration::ZERO, Duration::from_millis)
 }
 
 impl Drop for Committer {
@@ -638,6 +685,11 @@ impl<'a> SectionReceiver<'a> {
             self.applied = end;
             return Ok(());
         }
+        let incoming = match frame {
+            Frame::Data { bytes, .. } => bytes.len() as u64,
+            _ => 0,
+        } + FRAME_OVERHEAD_BYTES;
+        self.make_room(incoming)?;
         if let Some(digest) = &mut self.digest {
             // A full stream's units past what this run started with were
             // never written: their old contents are zeros.
@@ -657,15 +709,37 @@ impl<'a> SectionReceiver<'a> {
             _ => self.volume.discard(offset, length)?,
         }
         self.applied = end;
-        self.uncommitted_bytes += match frame {
-            Frame::Data { bytes, .. } => bytes.len() as u64,
-            _ => 0,
-        } + crate::format::FRAME_OVERHEAD_BYTES;
+        self.uncommitted_bytes += incoming;
+        assert!(
+            self.undurable_bytes() <= UNDURABLE_BYTES_MAX,
+            "a receive ran {} stream bytes ahead of its last durable commit",
+            self.undurable_bytes()
+        );
         if self.uncommitted_bytes >= PROGRESS_BYTES
             || self.committed_at.elapsed() >= PROGRESS_INTERVAL
         {
             self.commit()?;
         }
+        Ok(())
+    }
+
+    /// Stream bytes applied and not yet durable: the commit in flight's
+    /// and those applied since it was asked for.
+    fn undurable_bytes(&self) -> u64 {
+        self.committer.in_flight_bytes + self.uncommitted_bytes
+    }
+
+    /// Waits for the commit in flight if applying `incoming` more stream
+    /// bytes would run past `UNDURABLE_BYTES_MAX`: back-pressure on the
+    /// input, so that an interruption anywhere loses a bounded amount.
+    fn make_room(&mut self, incoming: u64) -> Result<()> {
+        if self.undurable_bytes() + incoming > UNDURABLE_BYTES_MAX {
+            self.committer.wait()?;
+        }
+        // Past the commit, only this interval is undurable, and an
+        // interval is committed once it reaches `PROGRESS_BYTES`.
+        debug_assert!(self.uncommitted_bytes < PROGRESS_BYTES);
+        debug_assert!(incoming <= RECORD_BYTES_MAX);
         Ok(())
     }
 
@@ -676,7 +750,8 @@ impl<'a> SectionReceiver<'a> {
             return Ok(());
         }
         self.make_state_durable()?;
-        self.committer.request(self.applied, self.digest)?;
+        self.committer
+            .request(self.applied, self.digest, self.uncommitted_bytes)?;
         self.committed = self.applied;
         self.committed_at = Instant::now();
         self.uncommitted_bytes = 0;

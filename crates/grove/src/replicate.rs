@@ -17,8 +17,12 @@ use crate::commands::{reclaim_with_progress, say};
 use crate::control::ControlClient;
 use crate::output::format_size;
 
-/// Buffer between the engine and a pipe, file or socket.
+/// Buffer between the engine and a pipe, file or socket it writes.
 const STREAM_BUFFER_BYTES: usize = 1 << 20;
+/// Buffer over the stream a receive reads: small, since what sits in it
+/// is lost when the receive is killed and sent again by the resume
+/// (frames of data, up to 1 MiB, are read past it).
+const INPUT_BUFFER_BYTES: usize = 256 << 10;
 /// Capacity asked of a pipe on stdin or stdout: Linux's default 64 KiB
 /// makes the sender and receiver take turns a few bytes at a time (the
 /// sender spent most of its time in pipe wake-ups); 1 MiB is the most an
@@ -259,10 +263,7 @@ pub fn open_input(path: Option<&Path>) -> Result<Box<dyn Read + Send>> {
         Some(path) if path != Path::new("-") => {
             let file =
                 File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-            Ok(Box::new(BufReader::with_capacity(
-                STREAM_BUFFER_BYTES,
-                file,
-            )))
+            Ok(Box::new(BufReader::with_capacity(INPUT_BUFFER_BYTES, file)))
         }
         _ => {
             if io::stdin().is_terminal() {
@@ -270,7 +271,7 @@ pub fn open_input(path: Option<&Path>) -> Result<Box<dyn Read + Send>> {
             }
             widen_pipe(io::stdin());
             Ok(Box::new(BufReader::with_capacity(
-                STREAM_BUFFER_BYTES,
+                INPUT_BUFFER_BYTES,
                 io::stdin(),
             )))
         }

@@ -1,13 +1,15 @@
 //! Replication end to end with the real binary: damaged streams are
-//! refused without leaving a snapshot, a receive killed anywhere resumes to
-//! a verified snapshot, a served pool receives while NBD clients write, and
+//! refused without leaving a snapshot, a receive killed anywhere (from a
+//! pipe or a stored stream) resumes to a verified snapshot having re-sent
+//! a bounded amount, a served pool receives while NBD clients write,
 //! streams stored at file:// (and, when configured, s3://) URLs round-trip
-//! and resume an interrupted upload. NBD clients are the real qemu-io; a
+//! and resume an interrupted upload, and `grove send | ssh HOST grove
+//! receive` works through a real sshd. NBD clients are the real fio; a
 //! test that needs a missing tool or service skips visibly, and under
 //! scripts/test.sh ($GROVE_REQUIRE_TOOLS) fails instead.
 
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -22,6 +24,12 @@ const FRAME_HEAD_BYTES: usize = 5;
 const FRAME_CRC_BYTES: usize = 4;
 const TYPE_DATA: u8 = 3;
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most stream bytes a resume may send again after a kill anywhere: the
+/// receiver runs at most 5 MiB ahead of its last durable commit
+/// (grove-send's `UNDURABLE_BYTES_MAX`), and up to 1 MiB may sit in the
+/// pipe, 256 KiB in the receiver's read buffer and 1 MiB in the frame
+/// being decoded.
+const RESENT_BYTES_MAX: i64 = 8 << 20;
 
 /// xorshift64: a small seeded generator, so a failure can be replayed.
 struct Rng(u64);
@@ -258,7 +266,7 @@ fn damaged_streams_are_refused_and_leave_nothing_visible() {
         damaged.push((format!("Data frames {i} and {j} swapped"), copy));
     }
 
-    let mut b = Pool::new();
+    let b = Pool::new();
     let (mut tried, mut refused, mut partials) = (0, 0, 0);
     for (what, stream) in &damaged {
         tried += 1;
@@ -276,10 +284,11 @@ fn damaged_streams_are_refused_and_leave_nothing_visible() {
             "after a refused stream ({what}) the list shows r@1"
         );
         if b.status("r@1").is_some() {
-            // A fresh pool, not `grove receive --abort`, which panics (see
-            // abort_drops_a_partial_receive).
+            // A refused stream may keep what arrived before the damage
+            // for a resume; dropped here so the next stream starts afresh.
             partials += 1;
-            b = Pool::new();
+            b.ok(&["receive", "--abort", "r@1"]);
+            assert!(b.status("r@1").is_none(), "--abort left r@1 ({what})");
         }
     }
 
@@ -348,23 +357,80 @@ fn spawn_receive(pool: &Pool, name: &str) -> Child {
         .unwrap()
 }
 
-#[test]
-fn a_receive_killed_anywhere_resumes_to_a_verified_snapshot() {
-    let size = 64 * MIB;
+/// Pool `a` with a 64 MiB volume of random data and snapshot v@1: its
+/// full stream and its content digest.
+fn killed_source(rng: &mut Rng) -> (Pool, Vec<u8>, String) {
     let a = Pool::new();
     a.ok(&["create", "v", "--size", "64M"]);
-    let mut rng = Rng(0xdead_beef_cafe_f00d);
-    a.write("v", 0, &rng.bytes(size));
+    a.write("v", 0, &rng.bytes(64 * MIB));
     a.ok(&["snapshot", "v", "v@1"]);
     let stream_path = a.file("stream");
     a.ok(&["send", "v@1", "-o", stream_path.to_str().unwrap()]);
     let full = std::fs::read(&stream_path).unwrap();
     let expected = a.hash("v@1");
+    (a, full, expected)
+}
+
+/// After a receive of `full` into `b` was killed with `fed` stream bytes
+/// given to it: resumes it (with the token it kept, or the whole stream
+/// when it kept nothing), checks the result and the amount sent again,
+/// and returns that amount.
+fn resume_after_kill(
+    a: &Pool,
+    b: &Pool,
+    full: &[u8],
+    fed: usize,
+    expected: &str,
+    what: &str,
+) -> i64 {
+    assert!(!b.has_volume("r@1"), "{what}: r@1 is visible after a kill");
+    let rest = b.file("rest");
+    let kept = b.status("r@1");
+    let had_partial = kept.is_some();
+    match kept {
+        Some(token) => {
+            a.ok(&["send", "--resume", &token, "-o", rest.to_str().unwrap()]);
+        }
+        None => {
+            // Killed before any of it was kept: the whole stream again.
+            std::fs::write(&rest, full).unwrap();
+        }
+    }
+    let rest_len = std::fs::metadata(&rest).unwrap().len() as i64;
+    let missing = (full.len() - fed) as i64;
+    let resent = rest_len - missing;
+    println!(
+        "{what}: killed after feeding {fed} of {} stream bytes; rest is {rest_len} bytes; re-sent {resent} bytes (partial kept: {had_partial})",
+        full.len()
+    );
+    assert!(
+        resent <= RESENT_BYTES_MAX,
+        "{what}: a resume after a kill at {fed} bytes sent {resent} bytes again (at most {RESENT_BYTES_MAX})"
+    );
+    b.ok(&["receive", "r@1", rest.to_str().unwrap()]);
+    assert_eq!(
+        b.hash("r@1"),
+        expected,
+        "{what}: the resumed receive differs"
+    );
+    resent
+}
+
+#[test]
+fn a_receive_killed_anywhere_resumes_to_a_verified_snapshot() {
+    let mut rng = Rng(0xdead_beef_cafe_f00d);
+    let (a, full, expected) = killed_source(&mut rng);
 
     let mut largest_resent: i64 = 0;
-    for round in 0..4 {
+    for round in 0..8 {
         let b = Pool::new();
-        let fed = 1 + rng.below(full.len() as u64 - 1) as usize;
+        // Half the kills early, where a receive has not yet committed
+        // once (and a resume sends the whole stream again).
+        let fed = if round % 2 == 0 {
+            1 + rng.below(12 * MIB as u64) as usize
+        } else {
+            1 + rng.below(full.len() as u64 - 1) as usize
+        };
         let mut child = spawn_receive(&b, "r@1");
         let mut stdin = child.stdin.take().unwrap();
         // Feed `fed` bytes, then kill -9 the receiver while it works.
@@ -379,31 +445,9 @@ fn a_receive_killed_anywhere_resumes_to_a_verified_snapshot() {
         child.kill().unwrap();
         let _ = child.wait().unwrap();
         drop(stdin);
-        assert!(!b.has_volume("r@1"));
-        let rest = b.file("rest");
-        let kept = b.status("r@1");
-        let had_partial = kept.is_some();
-        match kept {
-            Some(token) => {
-                a.ok(&["send", "--resume", &token, "-o", rest.to_str().unwrap()]);
-            }
-            None => {
-                // Killed before any of it was kept: the whole stream again.
-                std::fs::write(&rest, &full).unwrap();
-            }
-        }
-        let rest_len = std::fs::metadata(&rest).unwrap().len() as i64;
-        let missing = (full.len() - fed) as i64;
-        let resent = rest_len - missing;
+        let resent = resume_after_kill(&a, &b, &full, fed, &expected, &format!("round {round}"));
         largest_resent = largest_resent.max(resent);
-        println!(
-            "round {round}: killed after feeding {fed} of {} stream bytes; rest is {rest_len} bytes; re-sent {resent} bytes (partial kept: {had_partial})",
-            full.len()
-        );
-        b.ok(&["receive", "r@1", rest.to_str().unwrap()]);
-        assert_eq!(b.hash("r@1"), expected);
     }
-    println!("largest re-sent amount: {largest_resent} bytes");
 
     // The sender killed mid-stream: the receiver sees a truncated stream
     // and names the token; the resumed send completes it.
@@ -440,12 +484,79 @@ fn a_receive_killed_anywhere_resumes_to_a_verified_snapshot() {
     let token = token_in(&stderr).unwrap();
     let rest = b.file("rest");
     a.ok(&["send", "--resume", &token, "-o", rest.to_str().unwrap()]);
-    println!(
-        "sender killed after {moved} bytes; rest is {} bytes",
-        std::fs::metadata(&rest).unwrap().len()
+    let rest_len = std::fs::metadata(&rest).unwrap().len() as i64;
+    let resent = rest_len - (full.len() - moved) as i64;
+    println!("sender killed after {moved} bytes; rest is {rest_len} bytes; re-sent {resent} bytes");
+    assert!(
+        resent <= RESENT_BYTES_MAX,
+        "a resume after the sender's kill at {moved} bytes sent {resent} bytes again"
     );
+    largest_resent = largest_resent.max(resent);
     b.ok(&["receive", "r@1", rest.to_str().unwrap()]);
     assert_eq!(b.hash("r@1"), expected);
+    println!("largest re-sent amount: {largest_resent} bytes (bound {RESENT_BYTES_MAX})");
+}
+
+/// Debug builds' pause before each of a receive's progress commits
+/// (grove-send's test hook): a slow disk.
+const COMMIT_DELAY_ENV: &str = "GROVE_TEST_RECEIVE_COMMIT_DELAY_MS";
+
+/// A receive whose commits lag (each waits 300 ms) is fed as fast as it
+/// reads and killed at a random moment: it must have stopped reading
+/// while its commits caught up, so that a resume still sends at most
+/// `RESENT_BYTES_MAX` again. Without the back-pressure it would run two
+/// commit intervals ahead and re-send more than that.
+#[test]
+fn a_receive_with_slow_commits_killed_resends_a_bounded_amount() {
+    let mut rng = Rng(0x5105_c0aa_17ed_0001);
+    let (a, full, expected) = killed_source(&mut rng);
+    let full = std::sync::Arc::new(full);
+    let mut largest_resent: i64 = 0;
+    for round in 0..4 {
+        let b = Pool::new();
+        let mut child = b
+            .command(&["receive", "r@1", "-"])
+            .env(COMMIT_DELAY_ENV, "300")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        // Counted before each write: `fed` may exceed what the receiver
+        // took by one piece, which only overstates what is sent again.
+        let fed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let feeder = {
+            let (full, fed) = (full.clone(), fed.clone());
+            std::thread::spawn(move || {
+                for piece in full.chunks(64 * 1024) {
+                    fed.fetch_add(piece.len(), std::sync::atomic::Ordering::SeqCst);
+                    if stdin.write_all(piece).is_err() {
+                        return;
+                    }
+                }
+            })
+        };
+        std::thread::sleep(Duration::from_millis(300 + rng.below(1200)));
+        child.kill().unwrap();
+        let _ = child.wait().unwrap();
+        feeder.join().unwrap();
+        let fed = fed.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(
+            fed < full.len(),
+            "round {round}: the whole stream went in before the kill"
+        );
+        let resent = resume_after_kill(
+            &a,
+            &b,
+            &full,
+            fed,
+            &expected,
+            &format!("slow commits, round {round}"),
+        );
+        largest_resent = largest_resent.max(resent);
+    }
+    println!("largest re-sent amount with slow commits: {largest_resent} bytes (bound {RESENT_BYTES_MAX})");
 }
 
 /// `grove serve` on a pool, killed on drop.
@@ -562,52 +673,218 @@ fn receive_into_a_served_pool_while_clients_write() {
     assert_eq!(b.hash("r@1"), a.hash("v@1"));
 }
 
-fn part_files(dir: &Path) -> usize {
-    std::fs::read_dir(dir)
-        .map(|entries| {
-            entries
-                .filter_map(Result::ok)
-                .filter(|e| e.file_name().to_string_lossy().starts_with("part-"))
-                .count()
-        })
-        .unwrap_or(0)
+/// The stream bytes a finished receive read, from its summary line
+/// ("received ... (..., N stream bytes), content digest verified").
+fn stream_bytes_read(summary: &str) -> u64 {
+    let before = &summary[..summary
+        .find(" stream bytes")
+        .unwrap_or_else(|| panic!("no stream bytes in {summary:?}"))];
+    before
+        .rsplit(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap_or_else(|_| panic!("no stream bytes in {summary:?}"))
 }
 
-/// Sends v@1 to `url` and kills the sender once `parts_in` (when given)
-/// holds three parts; sends again, which must finish the upload; receives
-/// from the URL and compares hashes.
-fn interrupted_upload_round_trip(a: &Pool, url: &str, parts_in: Option<&Path>) {
+/// The progress a resume token carries: bytes of the section's target
+/// held (token bytes: version, flags, three GUIDs, then the progress).
+fn token_progress(token: &str) -> u64 {
+    let hex = token.strip_prefix("grove1-").unwrap();
+    let bytes: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect();
+    u64::from_le_bytes(bytes[50..58].try_into().unwrap())
+}
+
+/// Part size asked of uploads in the URL tests; grove raises it to room
+/// for two of the largest frames.
+const TEST_PART_BYTES: &str = "1048576";
+/// The largest stored part then: two frames of 1 MiB of data.
+const TEST_PART_BYTES_MAX: u64 = 2 * ((1 << 20) + 8 + 9);
+
+/// `grove receive r@1 --from URL` into fresh pools, each killed at a
+/// random moment within the time an uncut receive takes, then run again:
+/// the second run starts at the stored part holding the progress (when
+/// the first kept any), reads at most one part again, and ends with the
+/// snapshot's content digest.
+fn killed_receive_from_url_resumes(a: &Pool, url: &str, seed: u64) {
+    let expected = a.hash("v@1");
+    let started = Instant::now();
+    let uncut = Pool::new();
+    let summary = uncut.ok(&["receive", "r@1", "--from", url]);
+    let uncut_time = started.elapsed();
+    assert_eq!(uncut.hash("r@1"), expected);
+    let full = stream_bytes_read(&summary);
+
+    let mut rng = Rng(seed);
+    let (mut cut, mut resumed, mut largest_reread) = (0, 0, 0i64);
+    for round in 0..6 {
+        if cut == 3 {
+            break;
+        }
+        let b = Pool::new();
+        let mut child = b
+            .command(&["receive", "r@1", "--from", url])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let fraction = 0.1 + rng.below(50) as f64 / 100.0;
+        std::thread::sleep(uncut_time.mul_f64(fraction));
+        if child.try_wait().unwrap().is_some() {
+            println!("{url}: round {round}: the receive finished before the kill at {fraction:.2} of {uncut_time:?}; again");
+            continue;
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        cut += 1;
+        assert!(!b.has_volume("r@1"), "{url}: r@1 is visible after a kill");
+        let progress = b.status("r@1").map(|token| token_progress(&token));
+
+        let output = b.run(&["receive", "r@1", "--from", url]);
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr),
+        );
+        assert!(
+            output.status.success(),
+            "{url}: the receive after the kill failed: {stdout}{stderr}"
+        );
+        assert_eq!(b.hash("r@1"), expected, "{url}: round {round}");
+        assert!(
+            b.status("r@1").is_none(),
+            "{url}: a partial receive is left"
+        );
+        let read = stream_bytes_read(&stdout);
+        match progress {
+            Some(progress) => {
+                resumed += 1;
+                assert!(
+                    stderr.contains(&format!("resuming at {progress} bytes")),
+                    "{url}: the second receive did not resume at {progress}: {stderr}"
+                );
+                // Stream bytes past the progress are at least the volume
+                // bytes past it: anything above is read again.
+                let reread = read as i64 - (full - progress) as i64;
+                largest_reread = largest_reread.max(reread);
+                println!(
+                    "{url}: round {round}: killed at {fraction:.2} of {uncut_time:?} holding {progress} bytes; the resume read {read} of {full} stream bytes ({reread} again)"
+                );
+                assert!(
+                    read < full && reread <= (TEST_PART_BYTES_MAX + MIB as u64) as i64,
+                    "{url}: the resume read {read} stream bytes, {reread} of them again"
+                );
+            }
+            None => {
+                println!(
+                    "{url}: round {round}: killed at {fraction:.2} of {uncut_time:?} before any progress was kept; received again whole"
+                );
+                assert_eq!(read, full);
+            }
+        }
+    }
+    assert_eq!(cut, 3, "{url}: fewer than 3 receives were cut by the kill");
+    assert!(
+        resumed >= 1,
+        "{url}: no killed receive had kept progress to resume from"
+    );
+    println!("{url}: {resumed} of {cut} killed receives resumed; largest read again {largest_reread} bytes");
+}
+
+/// S3's test bucket and a fresh prefix in it, when the gateway is
+/// configured (scripts/ceph.sh env); otherwise a visible skip.
+fn s3_prefix(what: &str) -> Option<String> {
+    match (
+        std::env::var("AWS_ENDPOINT_URL"),
+        std::env::var("GROVE_TEST_S3_BUCKET"),
+    ) {
+        (Ok(_), Ok(bucket)) => Some(format!(
+            "s3://{bucket}/grove-replication-test-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        )),
+        _ => {
+            skip(&format!(
+                "AWS_ENDPOINT_URL and GROVE_TEST_S3_BUCKET are not set (scripts/ceph.sh env); skipping {what}"
+            ));
+            None
+        }
+    }
+}
+
+#[test]
+fn a_receive_from_a_url_killed_resumes_to_a_verified_snapshot() {
+    let (a, _) = source(48, &[(0, 40 * MIB)], 0x0f11_e5ee_d000_0001);
+    let store = a.file("store");
+    std::fs::create_dir_all(&store).unwrap();
+    let mut urls = vec![format!("file://{}/s1", store.display())];
+    if let Some(prefix) = s3_prefix("the s3:// part") {
+        urls.push(format!("{prefix}/s1"));
+    }
+    for (i, url) in urls.iter().enumerate() {
+        let output = a
+            .command(&["send", "v@1", "--to", url])
+            .env("GROVE_STREAM_PART_BYTES", TEST_PART_BYTES)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        killed_receive_from_url_resumes(&a, url, 0x00c0_ffee + i as u64);
+    }
+}
+
+/// The stored parts of the stream at `url` (s3:// or file://), and
+/// whether it is marked complete.
+fn stored_parts(url: &str) -> (usize, bool) {
+    let (parent, name) = url.rsplit_once('/').unwrap();
+    let store = grove_objects::StreamStore::open(parent).unwrap();
+    let listing = store.parts(name).unwrap();
+    (listing.parts.len(), listing.complete)
+}
+
+/// Sends v@1 to `url` and kills the sender once three parts are stored,
+/// which must leave the upload incomplete; sends again, which must store
+/// only the rest; receives from the URL and compares hashes.
+fn interrupted_upload_round_trip(a: &Pool, url: &str) {
     let mut sender = a
         .command(&["send", "v@1", "--to", url])
-        .env("GROVE_STREAM_PART_BYTES", "1048576")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .env("GROVE_STREAM_PART_BYTES", TEST_PART_BYTES)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let started = Instant::now();
-    let mut killed = false;
     loop {
         if let Some(status) = sender.try_wait().unwrap() {
-            assert!(status.success(), "the first send failed");
-            break;
+            panic!("{url}: the first send ended ({status}) before three parts were seen: it was never cut");
         }
-        let enough = match parts_in {
-            Some(dir) => part_files(dir) >= 3,
-            None => started.elapsed() > Duration::from_millis(300),
-        };
-        if enough {
+        if stored_parts(url).0 >= 3 {
             sender.kill().unwrap();
             sender.wait().unwrap();
-            killed = true;
             break;
         }
-        assert!(started.elapsed() < Duration::from_secs(30));
-        std::thread::sleep(Duration::from_millis(2));
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{url}: no three parts stored in 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(5));
     }
-    let parts_before = parts_in.map(part_files);
+    let (parts_before, complete) = stored_parts(url);
+    assert!(
+        !complete,
+        "{url}: the upload is complete after the kill: the first send was not cut"
+    );
     let output = a
         .command(&["send", "v@1", "--to", url])
-        .env("GROVE_STREAM_PART_BYTES", "1048576")
+        .env("GROVE_STREAM_PART_BYTES", TEST_PART_BYTES)
         .output()
         .unwrap();
     let text = format!(
@@ -617,8 +894,19 @@ fn interrupted_upload_round_trip(a: &Pool, url: &str, parts_in: Option<&Path>) {
     );
     assert!(output.status.success(), "the second send failed: {text}");
     println!(
-        "{url}: first send killed: {killed} (parts then: {parts_before:?}); second send said: {}",
+        "{url}: first send killed with {parts_before} parts stored; second send said: {}",
         text.trim()
+    );
+    assert!(
+        text.contains(&format!(
+            "holds {parts_before} part(s) of this stream; sending the rest"
+        )),
+        "{url}: the second send did not continue after the {parts_before} stored parts: {text}"
+    );
+    let (parts_after, complete) = stored_parts(url);
+    assert!(
+        complete && parts_after > parts_before,
+        "{url}: {parts_after} parts, complete: {complete}"
     );
     let b = Pool::new();
     b.ok(&["receive", "r@1", "--from", url]);
@@ -630,27 +918,9 @@ fn streams_round_trip_through_file_urls_and_an_interrupted_upload_resumes() {
     let (a, _) = source(48, &[(0, 40 * MIB)], 0x0bad_5eed_0bad_5eed);
     let store = a.file("store");
     std::fs::create_dir_all(&store).unwrap();
-    let url = format!("file://{}/s1", store.display());
-    interrupted_upload_round_trip(&a, &url, Some(&store.join("s1")));
-
-    match (
-        std::env::var("AWS_ENDPOINT_URL"),
-        std::env::var("GROVE_TEST_S3_BUCKET"),
-    ) {
-        (Ok(_), Ok(bucket)) => {
-            let prefix = format!(
-                "grove-replication-test-{}-{}",
-                std::process::id(),
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap()
-                    .as_nanos()
-            );
-            interrupted_upload_round_trip(&a, &format!("s3://{bucket}/{prefix}/s1"), None);
-        }
-        _ => skip(
-            "AWS_ENDPOINT_URL and GROVE_TEST_S3_BUCKET are not set (scripts/ceph.sh env); skipping the s3:// part",
-        ),
+    interrupted_upload_round_trip(&a, &format!("file://{}/s1", store.display()));
+    if let Some(prefix) = s3_prefix("the s3:// part") {
+        interrupted_upload_round_trip(&a, &format!("{prefix}/s1"));
     }
 }
 
@@ -793,4 +1063,245 @@ fn an_edited_resume_token_sends_nothing() {
     a.ok(&["send", "--resume", &token, "-o", rest.to_str().unwrap()]);
     b.ok(&["receive", "r@1", rest.to_str().unwrap()]);
     assert_eq!(b.hash("r@1"), a.hash("v@1"));
+}
+
+/// How long the test's sshd may take to listen.
+const SSHD_STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// sshd, wherever it is installed (Debian puts it in /usr/sbin, which a
+/// user's PATH may lack).
+fn find_sshd() -> Option<PathBuf> {
+    let found = Command::new("sh")
+        .args(["-c", "command -v sshd"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+    found.or_else(|| Some(PathBuf::from("/usr/sbin/sshd")).filter(|p| p.exists()))
+}
+
+/// A private sshd on 127.0.0.1 at a free port, run as root with its own
+/// host key and one authorized client key, all in a temporary directory;
+/// killed on drop.
+struct Sshd {
+    child: Child,
+    dir: TempDir,
+    port: u16,
+}
+
+impl Drop for Sshd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Sshd {
+    /// Starts one, or says (visibly) why this machine cannot.
+    fn start() -> Option<Sshd> {
+        let Some(sshd) = find_sshd() else {
+            skip("sshd is not installed; skipping (scripts/test.sh installs openssh-server)");
+            return None;
+        };
+        if !have("ssh") || !have("ssh-keygen") {
+            return None;
+        }
+        if !rustix::process::geteuid().is_root() {
+            skip("not root: the test's sshd logs in as root; skipping");
+            return None;
+        }
+        let dir = TempDir::new().unwrap();
+        for key in ["host_key", "client_key"] {
+            let path = dir.path().join(key);
+            let output = Command::new("ssh-keygen")
+                .args(["-q", "-t", "ed25519", "-N", "", "-C", "grove-test", "-f"])
+                .arg(&path)
+                .output()
+                .unwrap();
+            assert!(
+                output.status.success(),
+                "ssh-keygen: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        std::fs::copy(
+            dir.path().join("client_key.pub"),
+            dir.path().join("authorized_keys"),
+        )
+        .unwrap();
+        // sshd's privilege separation needs this directory, which only
+        // its service (not installed as one here) would make.
+        std::fs::create_dir_all("/run/sshd").unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let config = dir.path().join("sshd_config");
+        let d = dir.path().display();
+        std::fs::write(
+            &config,
+            format!(
+                "Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host_key\n\
+                 AuthorizedKeysFile {d}/authorized_keys\nPidFile none\n\
+                 StrictModes no\nUsePAM no\nPermitRootLogin prohibit-password\n\
+                 PubkeyAuthentication yes\nPasswordAuthentication no\n\
+                 KbdInteractiveAuthentication no\nAllowUsers root\n"
+            ),
+        )
+        .unwrap();
+        let log = std::fs::File::create(dir.path().join("sshd.log")).unwrap();
+        let child = Command::new(&sshd)
+            .arg("-f")
+            .arg(&config)
+            .args(["-D", "-e"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let mut server = Sshd { child, dir, port };
+        let started = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Some(status) = server.child.try_wait().unwrap() {
+                panic!("sshd exited with {status}: {}", server.log());
+            }
+            assert!(
+                started.elapsed() < SSHD_STARTUP_TIMEOUT,
+                "sshd did not listen on port {port} within {SSHD_STARTUP_TIMEOUT:?}: {}",
+                server.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(server)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("sshd.log")).unwrap_or_default()
+    }
+
+    /// `ssh ... root@127.0.0.1 REMOTE`, as a user would type it (with
+    /// ssh's own chatter, such as the host key warning, turned off so the
+    /// remote side's stderr is all that reaches ours).
+    fn ssh(&self, remote: &str) -> Command {
+        let mut command = Command::new("ssh");
+        command
+            .args(["-p", &self.port.to_string(), "-i"])
+            .arg(self.dir.path().join("client_key"))
+            .args([
+                "-o",
+                "StrictHostKeyChecking=no",
+                "-o",
+                "UserKnownHostsFile=/dev/null",
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "LogLevel=ERROR",
+                "root@127.0.0.1",
+                remote,
+            ]);
+        command
+    }
+}
+
+/// `grove send ARGS` on `from` piped into `ssh HOST grove --pool TO
+/// receive NAME`: the sender's output and ssh's (the remote receive's).
+fn send_over_ssh(
+    sshd: &Sshd,
+    from: &Pool,
+    args: &[&str],
+    to: &Pool,
+    name: &str,
+) -> (Output, Output) {
+    let mut sender = from
+        .command(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let remote = format!("'{GROVE}' --pool '{}' receive '{name}'", to.path.display());
+    let ssh = sshd
+        .ssh(&remote)
+        .stdin(sender.stdout.take().unwrap())
+        .output()
+        .unwrap();
+    let sent = sender.wait_with_output().unwrap();
+    (sent, ssh)
+}
+
+#[test]
+fn send_piped_through_ssh_into_a_remote_receive() {
+    let Some(sshd) = Sshd::start() else {
+        return;
+    };
+    let runs = [(0, 5 * MIB), (9 * MIB + 4096, 3 * MIB)];
+    let (a, _) = source(16, &runs, 0x55d0_0000_0000_0001);
+    let b = Pool::new();
+
+    // Full.
+    let (sent, received) = send_over_ssh(&sshd, &a, &["send", "v@1"], &b, "r@1");
+    let text = |o: &Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    assert!(sent.status.success(), "send: {}", text(&sent));
+    assert!(
+        received.status.success(),
+        "ssh ... grove receive: {}\nsshd: {}",
+        text(&received),
+        sshd.log()
+    );
+    let said = String::from_utf8_lossy(&received.stdout);
+    assert!(
+        said.contains(r#"received "r@1""#) && said.contains("content digest verified"),
+        "the remote receive's summary did not reach us: {said}"
+    );
+    assert_eq!(b.hash("r@1"), a.hash("v@1"));
+    println!("full over ssh: {}", said.trim());
+
+    // Incremental.
+    a.write("v", 2 * MIB, &Rng(3).bytes(MIB));
+    a.ok(&["snapshot", "v", "v@2"]);
+    let (sent, received) = send_over_ssh(&sshd, &a, &["send", "v@2", "--from", "v@1"], &b, "r@2");
+    assert!(sent.status.success(), "send: {}", text(&sent));
+    assert!(received.status.success(), "receive: {}", text(&received));
+    assert_eq!(b.hash("r@2"), a.hash("v@2"));
+    println!(
+        "incremental over ssh: {}",
+        String::from_utf8_lossy(&received.stdout).trim()
+    );
+
+    // A base the far pool lacks: its one-line error comes back over ssh
+    // on stderr, and ssh exits with the remote failure.
+    let c = Pool::new();
+    let (sent, received) = send_over_ssh(&sshd, &a, &["send", "v@2", "--from", "v@1"], &c, "x@2");
+    assert!(
+        !received.status.success(),
+        "a receive without its base succeeded"
+    );
+    let error = String::from_utf8_lossy(&received.stderr).to_string();
+    let lines: Vec<&str> = error.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "not one line: {error:?}");
+    let guid = a.list().into_iter().find(|v| v["name"] == "v@1").unwrap()["guid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        lines[0].starts_with("grove: error:")
+            && lines[0].contains(r#"snapshot "v@1""#)
+            && lines[0].to_lowercase().contains(&guid.to_lowercase())
+            && lines[0].contains("send a full stream"),
+        "{error}"
+    );
+    assert!(!c.has_volume("x@2"));
+    println!(
+        "missing base over ssh: ssh exit {:?}, stderr: {}; the sender: {:?}, {}",
+        received.status.code(),
+        lines[0],
+        sent.status.code(),
+        String::from_utf8_lossy(&sent.stderr).trim()
+    );
 }
