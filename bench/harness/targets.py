@@ -196,7 +196,7 @@ def retention_targets(r):
     if before:
         list_detail += (f"; before: {before['stall_ms']:.1f} ms during a "
                         f"{before['list_s']:.2f} s list")
-    return [
+    checks = [
         _target(f"random 4K write IOPS while {biggest['snapshots']:,} snapshots are pruned "
                 "and reclaimed / without", "IOPS during prune / without", worst_ratio,
                 ">= 0.9", worst_ratio >= IOPS_MIN_RATIO,
@@ -225,3 +225,16 @@ def retention_targets(r):
                 "a read waits while the listing holds the state lock for a slice, or "
                 "for CPU the listing (daemon and `grove list` process) takes on 2 cores"),
     ]
+    admin = r.get("admin")
+    if admin:
+        labels = ", ".join(f"`grove {c['command']}`" for c in admin["commands"])
+        checks.append(_target(
+            f"longest read stall during {labels} with {admin['volumes']:,} volumes",
+            "admin stall (ms)", admin["stall_ms"], "<= 10 ms",
+            admin["stall_ms"] <= STALL_MAX_MS,
+            "; ".join(f"{c['command']}: worst read {c['stall_ms']:.1f} ms during "
+                      f"{c['s']:.3f} s, {c['quiet_span']['lat_max_ms']:.1f} ms quiet"
+                      for c in admin["commands"]),
+            "a read waits while a command holds the state lock, or for CPU the "
+            "command (daemon and `grove` process) takes on 2 cores"))
+    return checks
