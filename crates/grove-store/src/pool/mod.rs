@@ -21,8 +21,8 @@ pub use retention::HoldInfo;
 use off_lock::walk_off_lock;
 
 use locking::{
-    commit, commit_if_large, commit_locked, lock_state, punch_freed, release_frees, settle_commit,
-    write_gate,
+    commit, commit_background, commit_if_large, commit_locked, lock_state, punch_freed,
+    release_frees, settle_commit, write_gate,
 };
 
 use std::collections::HashMap;
@@ -888,10 +888,11 @@ impl Pool {
         if !commit_due {
             return Ok((freed_bytes, false));
         }
-        // The commit's I/O runs without the lock: its data flush carries
-        // every client's unflushed writes and may take long, and clients'
-        // requests go on meanwhile. It punches what it frees.
-        commit(&self.inner)?;
+        // The commit's I/O runs without the lock: its flush may take long,
+        // and clients' requests go on meanwhile. It flushes their data
+        // only if the transaction maps some (their writes in place are
+        // left to their own flush). It punches what it frees.
+        commit_background(&self.inner)?;
         Ok((freed_bytes, batch.done))
     }
 

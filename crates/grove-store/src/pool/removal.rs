@@ -19,7 +19,7 @@
 
 use std::collections::BTreeSet;
 
-use super::locking::commit;
+use super::locking::commit_background;
 use super::{ensure_changes_allowed, Pool, RemoveOptions};
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::record::VolumeKind;
@@ -160,9 +160,10 @@ impl Pool {
         removal.summary.batches += 1;
         removal.done += taken;
         if commit_due || removal.is_done() {
-            // Never under the lock: the commit's data flush may take long
-            // (every client's unflushed writes), and clients go on meanwhile.
-            commit(&self.inner)?;
+            // Never under the lock: the commit's flush may take long, and
+            // clients go on meanwhile. It leaves their writes in place to
+            // their own flush; the removals are durable when it returns.
+            commit_background(&self.inner)?;
             removal.summary.commits += 1;
         }
         let summary = &removal.summary;
