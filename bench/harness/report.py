@@ -237,11 +237,16 @@ def retention_section(r, p):
                      "ratio (span)", "worst ms quiet span", "worst ms pruned span",
                      "worst ms quiet window", "worst ms pruned window",
                      "window covers"], rows)
+    def phase(x, name):
+        f = x["phases"][name]
+        text = f"{name} {_n(f['iops'])} IOPS, worst {_f(f['lat_max_ms'], 1)} ms"
+        if f.get("iops_ratio") is not None:
+            text += (f" ({_f(f['iops_ratio'])} of the quiet span's "
+                     f"{_n(f['quiet_iops'])}, worst {_f(f['quiet_lat_max_ms'], 1)} ms)")
+        return text
     lines += ["", "Each phase apart (pruned window): " + "; ".join(
-        f"{x['snapshots']:,}: prune {_n(x['phases']['prune']['iops'])} IOPS, worst "
-        f"{_f(x['phases']['prune']['lat_max_ms'], 1)} ms; reclaim "
-        f"{_n(x['phases']['reclaim']['iops'])} IOPS, worst "
-        f"{_f(x['phases']['reclaim']['lat_max_ms'], 1)} ms" for x in r["prune"]) + "."]
+        f"{x['snapshots']:,}: {phase(x, 'prune')}; {phase(x, 'reclaim')}"
+        for x in r["prune"]) + "."]
     lines += ["", "`grove list --json` through the control socket of a served pool while "
               "one fio client reads random 4K blocks (1 job, iodepth 1), against the same "
               f"span of a quiet {r['list_window_s']:g} s window:", ""]
@@ -258,6 +263,17 @@ def retention_section(r, p):
     lines += _table(["grove", "volumes", "list s", "worst read ms quiet",
                      "worst read ms during list", "read IOPS quiet", "read IOPS during",
                      "window covers", "binary"], lrows)
+    admin = r.get("admin")
+    if admin:
+        lines += ["", f"Admin commands through the control socket of the same pool "
+                  f"({admin['volumes']:,} volumes), one after another in one read window "
+                  "like the list's, against the same spans of a quiet window (the worst "
+                  "read of fio's 100 ms rows covering each command):", ""]
+        arows = [[f"`grove {' '.join(c['args'])}`", _f(c["s"], 3),
+                  _f(c["quiet_span"]["lat_max_ms"], 2), _f(c["stall_ms"], 2),
+                  "yes" if c["covered"] else "no"] for c in admin["commands"]]
+        lines += _table(["command", "s", "worst read ms quiet", "worst read ms during",
+                         "window covers"], arows)
     return lines
 
 

@@ -17,7 +17,7 @@ const WORKLOADS: [&str; 7] = [
     "replication",
     "retention",
 ];
-const TARGET_COUNT: usize = 12;
+const TARGET_COUNT: usize = 13;
 
 fn tools_required() -> bool {
     std::env::var_os("GROVE_REQUIRE_TOOLS").is_some_and(|v| v != "0")
@@ -166,6 +166,15 @@ fn smoke_profile_runs_every_workload_and_reports() {
             .is_some_and(|v| v > 0.0),
         "{retention}"
     );
+    // The admin commands, each timed beside the same reader.
+    let commands = retention["admin"]["commands"]
+        .as_array()
+        .expect("admin commands");
+    assert_eq!(commands.len(), 4, "{retention}");
+    for command in commands {
+        assert!(command["s"].is_f64(), "{command}");
+        assert!(command["stall_ms"].is_f64(), "{command}");
+    }
     let targets = results["targets"].as_array().expect("targets");
     assert_eq!(targets.len(), TARGET_COUNT, "{text}");
     for target in targets {

@@ -12,13 +12,21 @@ listing a pool of 100,000 volumes while clients do I/O, on pools served by
    each timed. The same window runs just before without any pruning.
    Compared: IOPS over the whole window and over the span prune and
    reclaim took (fio's 100 ms logs), and the worst single request
-   latency in that span against the same span of the quiet window.
+   latency in that span against the same span of the quiet window
+   (iops_ratio_span, lat_max_ms against quiet_lat_max_ms); each phase
+   apart too.
 2. List: a pool with one volume and snapshots of it up to
    `retention_list_volumes` volumes. One fio client reads random 4 KiB
    blocks (iodepth 1) for a fixed window while `grove list --json` runs
    through the control socket; the worst request latency during the list
    against the same span of a quiet window. With --grove-before, the same
    with an older grove's `serve` and `list` on the same pool.
+3. Admin commands (issue 25 point 5): on the same pool and in the same
+   kind of read window, `grove info`, `rename`, `resize` and `rm` through
+   the control socket one after another, ADMIN_GAP_S apart, each timed;
+   the worst read latency during each (fio's 100 ms rows that cover it)
+   against the same spans of a quiet window. Each of them once computed
+   its accounting under the state lock, which every client waited for.
 
 The daemon's retention scheduler is kept from acting on its own
 (GROVE_CLOCK_FILE names a file that does not exist, so it never reads a
@@ -44,6 +52,9 @@ VOLUME_BYTES = 1 << 30
 LIST_READ_JOBS = 1
 LIST_READ_DEPTH = 1
 FIO_GRACE_S = 120
+# Between two timed admin commands: fio's 100 ms rows of one command do
+# not overlap the next's.
+ADMIN_GAP_S = 0.3
 
 
 def run(ctx):
@@ -53,6 +64,8 @@ def run(ctx):
     result["list"] = list_stall(ctx, work, ctx.grove.grove, "after")
     if ctx.grove_before:
         result["list_before"] = list_stall(ctx, work, ctx.grove_before, "before")
+    # Last: its rename and rm change the pool the listings count.
+    result["admin"] = admin_stall(ctx, work)
     result["window_s"] = p.retention_window_s
     result["list_window_s"] = p.retention_list_window_s
     result["metadata"] = ctx.grove.metadata(work / "prune-pool",
@@ -183,10 +196,18 @@ def prune_round(ctx, work, pool, sock, n, built):
     span = (t["prune_start_ms"], t["reclaim_end_ms"])
     quiet_span = fio.span_figures(quiet_prefix, p.numjobs, *span)
     busy_span = fio.span_figures(busy_prefix, p.numjobs, *span)
-    # Each phase apart: which of the two a stall belongs to.
-    phases = {name: fio.span_figures(busy_prefix, p.numjobs, a, b) for name, (a, b) in
-              {"prune": (t["prune_start_ms"], t["prune_end_ms"]),
-               "reclaim": (t["prune_end_ms"], t["reclaim_end_ms"])}.items()}
+    # Each phase apart, against the same span of the quiet window: which
+    # of the two a loss or a stall belongs to.
+    phases = {}
+    for name, (a, b) in {"prune": (t["prune_start_ms"], t["prune_end_ms"]),
+                         "reclaim": (t["prune_end_ms"], t["reclaim_end_ms"])}.items():
+        phase = fio.span_figures(busy_prefix, p.numjobs, a, b)
+        quiet_phase = fio.span_figures(quiet_prefix, p.numjobs, a, b)
+        phase["quiet_iops"] = quiet_phase["iops"]
+        phase["quiet_lat_max_ms"] = quiet_phase["lat_max_ms"]
+        phase["iops_ratio"] = (phase["iops"] / quiet_phase["iops"]
+                               if quiet_phase["iops"] else None)
+        phases[name] = phase
     return {
         "phases": phases,
         "snapshots": n, "kept": left, "build_ms": built["build_ms"],
@@ -198,6 +219,9 @@ def prune_round(ctx, work, pool, sock, n, built):
         "iops_ratio_window": during["iops"] / quiet["iops"],
         "iops_ratio_span": (busy_span["iops"] / quiet_span["iops"]
                             if quiet_span["iops"] else None),
+        # The worst single request during prune and reclaim, and without.
+        "lat_max_ms": busy_span["lat_max_ms"],
+        "quiet_lat_max_ms": quiet_span["lat_max_ms"],
         "lat_max_excess_ms": busy_span["lat_max_ms"] - quiet_span["lat_max_ms"],
     }
 
@@ -253,3 +277,58 @@ def list_stall(ctx, work, grove_bin, which):
         "stall_ms": busy_span["lat_max_ms"],
     })
     return result
+
+
+def admin_commands(volumes):
+    """The admin commands timed on the list pool (v and v@1 ... v@N): each
+    as (label, arguments)."""
+    n = volumes - 1
+    return [("info", ["info", "--json"]),
+            ("rename", ["rename", f"v@{n // 2}", "v@renamed"]),
+            ("resize", ["resize", "v", str(2 * VOLUME_BYTES)]),
+            ("rm", ["rm", f"v@{n // 3}"])]
+
+
+def admin_stall(ctx, work):
+    """A quiet read window, then the same with `grove info`, `rename`,
+    `resize` and `rm` in it, one after another: per command, its time and
+    the worst read during it, and the same spans of the quiet window."""
+    p = ctx.profile
+    grove_bin = ctx.grove.grove
+    pool = work / "list-pool"
+    sock = work / "admin.sock"
+    window = p.retention_list_window_s
+    commands = admin_commands(p.retention_list_volumes)
+
+    def admin(started):
+        time.sleep(p.retention_lead_s)
+        timed = []
+        for label, args in commands:
+            t = {"command": label, "args": args, "start_ms": ms_since(started)}
+            _, t["s"] = run_cli(grove_bin, pool, *args)
+            t["end_ms"] = ms_since(started)
+            timed.append(t)
+            time.sleep(ADMIN_GAP_S)
+        return timed
+
+    with serve(ctx, grove_bin, pool, sock, "retention-admin.log"):
+        ctx.log(f"retention: admin commands: quiet window of {window} s")
+        quiet_prefix = work / "admin-quiet"
+        fio_window(ctx, sock, "v", "rand-read", LIST_READ_JOBS, LIST_READ_DEPTH, window,
+                   quiet_prefix)
+        ctx.log(f"retention: admin commands: window of {window} s with "
+                f"{', '.join(label for label, _ in commands)}")
+        busy_prefix = work / "admin-busy"
+        _, timed = fio_window(ctx, sock, "v", "rand-read", LIST_READ_JOBS, LIST_READ_DEPTH,
+                              window, busy_prefix, admin)
+    rows = []
+    for t in timed:
+        span = (t["start_ms"], t["end_ms"])
+        quiet_span = fio.span_figures(quiet_prefix, LIST_READ_JOBS, *span)
+        busy_span = fio.span_figures(busy_prefix, LIST_READ_JOBS, *span)
+        rows.append({"command": t["command"], "args": t["args"], "s": t["s"],
+                     "span_ms": list(span), "covered": t["end_ms"] <= window * 1000,
+                     "quiet_span": quiet_span, "during_span": busy_span,
+                     "stall_ms": busy_span["lat_max_ms"]})
+    return {"volumes": p.retention_list_volumes, "commands": rows,
+            "stall_ms": max(r["stall_ms"] for r in rows)}

@@ -16,6 +16,20 @@ use crate::format::journal::{AllocChange, AllocExtent, Descriptor, Roots, ShareR
 use crate::state::State;
 use crate::types::BlockAddr;
 
+/// Which data a commit flushes before its transaction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DataFlush {
+    /// Every write landed so far: what a client's flush, a snapshot and
+    /// everything a caller waits on to be durable need.
+    All,
+    /// Only if the transaction maps blocks whose data is not flushed yet
+    /// (ordered mode); writes in place are left to the next flush. For
+    /// background commits (removals, reclaim) beside clients that write:
+    /// their commit needs no client data, and a data flush would carry
+    /// every write the clients have not flushed.
+    IfMapped,
+}
+
 /// What [`State::prepare_commit`] leaves for the pool to do.
 pub(crate) enum PreparedCommit {
     /// Nothing to write, or written already: the blocks freed.
@@ -191,12 +205,25 @@ impl State {
     /// Order (ordered mode): data first, then the transaction that maps it,
     /// then the metadata blocks at home. Replay redoes the last step.
     pub(crate) fn prepare_commit(&mut self) -> Result<PreparedCommit> {
+        self.prepare_commit_with(DataFlush::All)
+    }
+
+    /// `prepare_commit`, flushing the data `flush` says.
+    pub(crate) fn prepare_commit_with(&mut self, flush: DataFlush) -> Result<PreparedCommit> {
         assert!(self.commit_in_flight.is_none(), "one commit at a time");
         if cfg!(feature = "unsafe-no-journal") {
             self.flush_device("data")?;
             return self.commit_in_place_unsafely().map(PreparedCommit::Done);
         }
-        let flush_data = self.data_dirty().swap(false, Ordering::AcqRel);
+        let mapped = self.take_data_mapped();
+        let flush_data = match flush {
+            DataFlush::All => self.data_dirty().swap(false, Ordering::AcqRel),
+            DataFlush::IfMapped if mapped => self.data_dirty().swap(false, Ordering::AcqRel),
+            DataFlush::IfMapped => false,
+        };
+        // Mapped data is dirty data: the flag is set only with data_dirty,
+        // and both are cleared by the same flush.
+        assert!(!mapped || flush_data, "mapped data left unflushed");
         if !flush_data && !self.has_changes() {
             return Ok(PreparedCommit::Done(Vec::new()));
         }
@@ -214,6 +241,9 @@ impl State {
                 self.volume_table.restore_dirty(dirty_ids);
                 if flush_data {
                     self.data_dirty().store(true, Ordering::Release);
+                }
+                if mapped {
+                    self.note_data_mapped();
                 }
                 return Err(e);
             }

@@ -62,8 +62,8 @@ pub use format::record::VolumeKind;
 pub use pool::{
     guid_hex, validate_volume_name, validate_volume_size, CursorInfo, DiffFrom, DiffReport,
     ForegroundLoad, ForegroundRequest, HoldInfo, PartialReceive, Pool, PoolInfo, PoolOptions,
-    RemovalSummary, RemoveOptions, SnapshotIdentity, Volume, VolumeClaim, VolumeInfo,
-    VolumeSummary, LIST_SLICE_VOLUMES, REMOVE_BATCH_SNAPSHOTS, WALK_ROUNDS_MAX,
+    RemovalSummary, RemoveOptions, SnapshotIdentity, SnapshotRemoval, Volume, VolumeClaim,
+    VolumeInfo, VolumeSummary, LIST_SLICE_VOLUMES, REMOVE_BATCH_SNAPSHOTS, WALK_ROUNDS_MAX,
 };
 pub use punch::PunchStats;
 pub use reclaim::RECLAIM_BATCH_ENTRIES;

@@ -73,6 +73,13 @@ pub struct State {
     /// write lands, and a commit clears it before it flushes, so a write that
     /// lands during a commit is flushed by the next one.
     data_dirty: Arc<AtomicBool>,
+    /// A block whose data is not flushed yet was mapped since the last
+    /// data flush (a hole filled, a shared block copied): the transaction
+    /// that maps it must follow a data flush (ordered mode). Writes in
+    /// place map nothing, so a commit without this needs no data flush for
+    /// its own order (`DataFlush::IfMapped`). Set and cleared under the
+    /// state lock; set only while `data_dirty` is.
+    data_mapped_unflushed: bool,
     /// Radix nodes visited by lookups, for the depth-independence test.
     node_visits: u64,
     pub(crate) journal: Journal,
@@ -133,6 +140,7 @@ impl State {
                 geometry.block_bytes(),
             )),
             data_dirty: Arc::new(AtomicBool::new(false)),
+            data_mapped_unflushed: false,
             node_visits: 0,
         }
     }
@@ -153,6 +161,20 @@ impl State {
     /// writers outside the state lock (see the field).
     pub(crate) fn data_dirty(&self) -> &Arc<AtomicBool> {
         &self.data_dirty
+    }
+
+    /// Data not flushed yet is about to be mapped (see the field); sets
+    /// `data_dirty` too.
+    pub(crate) fn note_data_mapped(&mut self) {
+        self.data_dirty
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.data_mapped_unflushed = true;
+    }
+
+    /// Whether unflushed data was mapped since the last data flush; a
+    /// commit that flushes data clears it.
+    pub(crate) fn take_data_mapped(&mut self) -> bool {
+        std::mem::take(&mut self.data_mapped_unflushed)
     }
 
     /// Radix nodes visited by lookups so far.

@@ -325,8 +325,8 @@ impl State {
         );
         // Set before the write: this path holds the state lock, which a
         // commit needs, so the commit that clears it comes after the write.
-        self.data_dirty()
-            .store(true, std::sync::atomic::Ordering::Release);
+        // It may map a new block (install, below).
+        self.note_data_mapped();
         let device = std::sync::Arc::clone(self.device());
         if let Err(e) = write::run(device.as_ref(), block_bytes, data, &plan) {
             plan.free_allocations(self);
@@ -366,8 +366,7 @@ impl State {
         }
         // The data landed before this; the commit that makes the mapping
         // durable must flush it first.
-        self.data_dirty()
-            .store(true, std::sync::atomic::Ordering::Release);
+        self.note_data_mapped();
         self.map_new_block(id, leaf, slot, &path, entry, new_block)?;
         Ok(true)
     }

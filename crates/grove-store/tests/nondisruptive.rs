@@ -28,6 +28,7 @@ const RECORD_BYTES: u64 = 256;
 struct CountingDevice {
     inner: MemDevice,
     written_bytes: AtomicU64,
+    flushes: AtomicU64,
 }
 
 impl BlockDevice for CountingDevice {
@@ -40,6 +41,7 @@ impl BlockDevice for CountingDevice {
         self.inner.write_at(buf, offset)
     }
     fn flush(&self) -> io::Result<()> {
+        self.flushes.fetch_add(1, Ordering::Relaxed);
         self.inner.flush()
     }
     fn len_bytes(&self) -> io::Result<u64> {
@@ -57,6 +59,7 @@ fn counting_pool() -> (Pool, Arc<CountingDevice>) {
     let device = Arc::new(CountingDevice {
         inner: MemDevice::new(),
         written_bytes: AtomicU64::new(0),
+        flushes: AtomicU64::new(0),
     });
     let options = PoolOptions {
         block_size_bytes: BLOCK as u32,
@@ -227,12 +230,14 @@ fn removing_thousands_of_snapshots_goes_in_few_batches_and_little_metadata() {
     let mut expected = vec![0u8; VOLUME_BYTES as usize];
     pool.volume("v").unwrap().read_at(&mut expected, 0).unwrap();
     let written_before = device.written_bytes.load(Ordering::Relaxed);
+    let flushes_before = device.flushes.load(Ordering::Relaxed);
 
     let summary = pool
         .remove_snapshots(&names, RemoveOptions::default())
         .unwrap();
 
     let written = device.written_bytes.load(Ordering::Relaxed) - written_before;
+    let flushes = device.flushes.load(Ordering::Relaxed) - flushes_before;
     assert_eq!(summary.removed, names);
     assert!(summary.vanished.is_empty());
     // A batch ends early when it nears what one journal transaction holds
@@ -244,6 +249,16 @@ fn removing_thousands_of_snapshots_goes_in_few_batches_and_little_metadata() {
         (full_batches..=2 * full_batches).contains(&batches),
         "{batches} batches for {COUNT} snapshots"
     );
+    // Batches share commits: one where a batch ended early, and one at
+    // the end; each commit's flush carries every client's unflushed
+    // writes, so they are few. A commit flushes twice at most (the data,
+    // then its journal transaction).
+    let commits = summary.commits as usize;
+    assert!(
+        (1..=batches).contains(&commits),
+        "{commits} commits for {batches} batches"
+    );
+    assert!(flushes <= 2 * summary.commits, "{flushes} flushes");
     // A 256-byte record each, journaled then written home, and a little
     // more: a commit per removal would cost a journal block and a record
     // block at least (2 KiB each here).
@@ -270,6 +285,56 @@ fn removing_thousands_of_snapshots_goes_in_few_batches_and_little_metadata() {
     let gone = pool.diff(&dropped, "v").unwrap_err();
     assert_eq!(gone.kind(), ErrorKind::NotFound, "{gone}");
     assert_clean(&pool, "after removing and reclaiming");
+}
+
+/// The daemons' reclaimer shares commits between batches (each commit
+/// flushes every client's unflushed writes): removed snapshots given back
+/// a few entries at a time take far fewer commits than batches, every
+/// block comes back once the last batch commits, and a pool reopened from
+/// what is durable then is clean and holds the same.
+#[test]
+fn reclaim_batches_sharing_commits_give_everything_back_in_few_commits() {
+    const COUNT: usize = 200;
+    let (pool, device) = pool_with_snapshots(COUNT);
+    let names: Vec<String> = (1..=COUNT).map(|i| format!("v@{i}")).collect();
+    pool.remove_snapshots(&names, RemoveOptions::default())
+        .unwrap();
+    let pending = pool.pending_free_bytes().unwrap();
+    assert!(pending > 0);
+    let flushes_before = device.flushes.load(Ordering::Relaxed);
+    let mut batches = 0u64;
+    let mut freed = 0;
+    loop {
+        let (bytes, done) = pool.reclaim_batch_sharing_commits_for_tests(4).unwrap();
+        freed += bytes;
+        batches += 1;
+        if done {
+            break;
+        }
+    }
+    let flushes = device.flushes.load(Ordering::Relaxed) - flushes_before;
+    assert_eq!(freed, pending);
+    assert_eq!(pool.pending_free_bytes().unwrap(), 0);
+    assert!(
+        flushes * 4 < batches,
+        "{flushes} flushes for {batches} batches"
+    );
+    let mut expected = vec![0u8; VOLUME_BYTES as usize];
+    pool.volume("v").unwrap().read_at(&mut expected, 0).unwrap();
+    assert_clean(&pool, "after reclaim sharing commits");
+    let info = pool.info().unwrap();
+    assert_eq!(info.referenced_bytes, 256 * BLOCK);
+    drop(pool);
+    let reopened = Pool::open_device(device.clone(), Path::new("nondisruptive"), None).unwrap();
+    assert_clean(&reopened, "reopened after reclaim sharing commits");
+    assert_eq!(reopened.pending_free_bytes().unwrap(), 0);
+    let mut after = vec![0u8; VOLUME_BYTES as usize];
+    reopened
+        .volume("v")
+        .unwrap()
+        .read_at(&mut after, 0)
+        .unwrap();
+    assert!(after == expected, "the volume kept every byte");
 }
 
 #[test]

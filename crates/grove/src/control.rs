@@ -254,7 +254,10 @@ impl Admin for Pool {
         Ok(Pool::holds(self))
     }
     fn remove_snapshots(&self, names: &[String]) -> grove_store::Result<RemovalSummary> {
-        Pool::remove_snapshots(self, names, RemoveOptions::default())
+        // Paced by the clients' load: on a pool no client uses (a command
+        // that opened it here), at full speed.
+        let never_stopping = AtomicBool::new(false);
+        crate::reclaimer::remove_snapshots_paced(self, names, &never_stopping)
     }
     fn release_expired_holds(&self, now_unix_secs: u64) -> grove_store::Result<Vec<HoldInfo>> {
         Pool::release_expired_holds(self, now_unix_secs)
@@ -472,9 +475,9 @@ fn execute(opened: &OpenedPool, request: Request, stopping: &AtomicBool) -> Repl
         } => reply(pool.hold(&snapshot, &tag, until)),
         Request::Release { snapshot, tag } => reply(pool.release(&snapshot, &tag)),
         Request::Holds => reply(Ok(pool.holds())),
-        Request::RemoveSnapshots { names } => {
-            reply(pool.remove_snapshots(&names, RemoveOptions::default()))
-        }
+        Request::RemoveSnapshots { names } => reply(crate::reclaimer::remove_snapshots_paced(
+            pool, &names, stopping,
+        )),
         Request::ReleaseExpiredHolds { now_unix_secs } => {
             reply(pool.release_expired_holds(now_unix_secs))
         }

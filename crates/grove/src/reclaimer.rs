@@ -12,14 +12,16 @@
 //! and so is one past its pruning level (`grove space`): then the space
 //! matters more than the clients' pace, and the writes that would fail at
 //! the hard limit are theirs.
-//! `grove gc --wait` in the daemon goes through the same pacing, and only
-//! one of the two runs a batch (with its pause) at a time.
+//! `grove gc --wait` in the daemon goes through the same pacing, and so
+//! does pruning's removal of snapshots in the daemons (`grove prune`
+//! through the control socket, the scheduler): only one of them runs a
+//! batch (with its pause) at a time.
 
 use std::sync::atomic::AtomicBool;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use grove_store::{ForegroundLoad, Pool, SpaceLevel};
+use grove_store::{ForegroundLoad, Pool, RemovalSummary, RemoveOptions, SpaceLevel};
 
 use crate::worker::{is_stopping, sleep_unless_stopping, Worker};
 
@@ -37,10 +39,63 @@ const IDLE_POLL_MS: u64 = 200;
 /// so a persistent error is logged now and then, not in a loop.
 const ERROR_PAUSE_MS: u64 = 30_000;
 
-/// Whoever runs a batch (the reclaimer, a `gc --wait`) holds this through
-/// the batch and its pause, so that two of them never add up to more than
-/// the share left to background work.
-static TURN: Mutex<()> = Mutex::new(());
+/// Whoever runs a batch (the reclaimer, a `gc --wait`, a prune) holds a
+/// turn through the batch and its pause, so that two of them never add up
+/// to more than the share left to background work. Turns are given in the
+/// order asked for: with a plain mutex the reclaimer, asking again the
+/// moment it let go, kept a prune waiting for its whole reclaim.
+static TURNS: Turns = Turns::new();
+
+struct Turns {
+    tickets: Mutex<Tickets>,
+    changed: Condvar,
+}
+
+struct Tickets {
+    /// The ticket the next one to ask gets.
+    next: u64,
+    /// The ticket whose turn it is.
+    serving: u64,
+}
+
+/// A turn, held until dropped.
+struct Turn<'a>(&'a Turns);
+
+impl Turns {
+    const fn new() -> Turns {
+        Turns {
+            tickets: Mutex::new(Tickets {
+                next: 0,
+                serving: 0,
+            }),
+            changed: Condvar::new(),
+        }
+    }
+
+    fn take(&self) -> Turn<'_> {
+        let mut tickets = self.tickets.lock().unwrap_or_else(PoisonError::into_inner);
+        let mine = tickets.next;
+        tickets.next += 1;
+        while tickets.serving != mine {
+            tickets = self
+                .changed
+                .wait(tickets)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        Turn(self)
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        let turns = self.0;
+        let mut tickets = turns.tickets.lock().unwrap_or_else(PoisonError::into_inner);
+        tickets.serving += 1;
+        debug_assert!(tickets.serving <= tickets.next, "a turn given once");
+        drop(tickets);
+        turns.changed.notify_all();
+    }
+}
 
 pub struct Reclaimer(Worker);
 
@@ -111,19 +166,24 @@ impl Pacer {
     ) -> grove_store::Result<Step> {
         let started = Instant::now();
         let (freed_bytes, done) = batch()?;
+        Ok(self.after(pool, started, freed_bytes, done))
+    }
+
+    /// The step of a batch that began at `started` and just ended.
+    fn after(&mut self, pool: &Pool, started: Instant, freed_bytes: u64, done: bool) -> Step {
         let took = started.elapsed();
         let now = pool.foreground_load();
         let busy = now.busy_since(&self.seen);
         self.seen = now;
         let space_pressed = busy && pool.space_status().level >= SpaceLevel::Prune;
-        Ok(Step {
+        Step {
             freed_bytes,
             done,
             busy,
             space_pressed,
             took,
             pause: pause_after(took, busy && !space_pressed),
-        })
+        }
     }
 
     /// One reclaim batch, then (unless it was the last, or the caller is
@@ -134,13 +194,62 @@ impl Pacer {
         pool: &Pool,
         stopping: &AtomicBool,
     ) -> grove_store::Result<(u64, bool)> {
-        let _turn = TURN.lock().unwrap_or_else(PoisonError::into_inner);
-        let step = self.step(pool, || pool.reclaim_batch())?;
+        let _turn = TURNS.take();
+        // Past the pruning level each batch commits, so that what it frees
+        // is reusable (and punched) at once; else batches share commits,
+        // whose flushes carry the clients' unflushed writes.
+        let space_pressed = pool.space_status().level >= SpaceLevel::Prune;
+        let step = self.step(pool, || {
+            if space_pressed {
+                pool.reclaim_batch()
+            } else {
+                pool.reclaim_batch_sharing_commits()
+            }
+        })?;
+        tracing::debug!(
+            "reclaim: a batch took {:?}, pause {:?}",
+            step.took,
+            step.pause
+        );
         if !step.done {
             let ms = u64::try_from(step.pause.as_millis()).unwrap_or(u64::MAX);
             sleep_unless_stopping(ms.max(1), stopping);
         }
         Ok((step.freed_bytes, step.done))
+    }
+}
+
+/// Removes snapshots for pruning (`Pool::remove_snapshots`, checked whole
+/// first) a batch at a time, each batch and its pause in this process's
+/// turn, paced like reclaim: while clients are busy, a batch of removals
+/// and its commit (which flushes their unflushed writes) are followed by a
+/// pause nine times as long, the last batch included. Stopping only cuts
+/// the pauses short: the batches left still run, each a short commit.
+pub fn remove_snapshots_paced(
+    pool: &Pool,
+    names: &[String],
+    stopping: &AtomicBool,
+) -> grove_store::Result<RemovalSummary> {
+    let mut removal = pool.begin_snapshot_removal(names, RemoveOptions::default())?;
+    let mut pacer = Pacer::new(pool);
+    loop {
+        let _turn = TURNS.take();
+        let started = Instant::now();
+        let done = pool.remove_next_batch(&mut removal)?;
+        // The last batch too: a prune too long for one control request
+        // is several, and their batches would otherwise meet back to back.
+        let step = pacer.after(pool, started, 0, done);
+        tracing::debug!(
+            "prune: a batch of removals took {:?} (commits so far {}), pause {:?}",
+            step.took,
+            removal.summary().commits,
+            step.pause
+        );
+        let ms = u64::try_from(step.pause.as_millis()).unwrap_or(u64::MAX);
+        sleep_unless_stopping(ms.max(1), stopping);
+        if done {
+            return Ok(removal.into_summary());
+        }
     }
 }
 
@@ -239,6 +348,58 @@ mod tests {
         let stopping = AtomicBool::new(false);
         while !pacer.batch_and_pause(&pool, &stopping).unwrap().1 {}
         assert_eq!(pool.pending_free_bytes().unwrap(), 0);
+    }
+
+    #[test]
+    fn turns_are_given_in_the_order_asked_for() {
+        static LOCAL: Turns = Turns::new();
+        let order = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let first = LOCAL.take();
+        let asked = |n: u64| {
+            let tickets = LOCAL.tickets.lock().unwrap();
+            tickets.next - tickets.serving == n
+        };
+        let mut waiters = Vec::new();
+        for who in 1..=3 {
+            let order = order.clone();
+            waiters.push(std::thread::spawn(move || {
+                let _turn = LOCAL.take();
+                order.lock().unwrap().push(who);
+            }));
+            // Each asks only once the one before is waiting.
+            while !asked(who + 1) {
+                std::thread::yield_now();
+            }
+        }
+        drop(first);
+        for waiter in waiters {
+            waiter.join().unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), [1, 2, 3]);
+    }
+
+    #[test]
+    fn a_paced_prune_removes_what_it_is_asked_and_refuses_a_held_snapshot() {
+        let (_dir, pool) = pool_with_reclaim();
+        for i in 0..5 {
+            pool.snapshot("v", &format!("v@p{i}")).unwrap();
+        }
+        pool.hold("v@p4", "legal", None).unwrap();
+        let stopping = AtomicBool::new(false);
+        let request = pool.begin_foreground_request();
+        let names: Vec<String> = (0..4).map(|i| format!("v@p{i}")).collect();
+        let summary = remove_snapshots_paced(&pool, &names, &stopping).unwrap();
+        assert_eq!(summary.removed, names);
+        assert_eq!((summary.batches, summary.commits), (1, 1));
+        let e = remove_snapshots_paced(&pool, &["v@p4".to_string()], &stopping).unwrap_err();
+        assert!(e.message().contains("held"), "{e}");
+        drop(request);
+        let left: Vec<String> = pool
+            .volume_summaries()
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
+        assert_eq!(left, ["v", "v@p4"]);
     }
 
     const CAPACITY_BYTES: u64 = 256 << 20;

@@ -502,3 +502,159 @@ fn a_served_prune_of_more_names_than_one_request_holds_removes_them_all() {
     assert_eq!(pool.snapshots(), left);
     drop(server);
 }
+
+/// The levels in rank order, as `grove rank` names them.
+const LEVELS: [&str; 6] = ["frequent", "hourly", "daily", "weekly", "monthly", "yearly"];
+
+/// What the rank tree keeps, written apart from the planner: each level
+/// keeps the newest `keeps[level]` snapshots ranked at it or higher, and a
+/// snapshot never ranked is the policy's to keep. `snapshots` is oldest
+/// first, each with its level's index; returns, for each kept one, the
+/// highest level keeping it (None: kept as unranked).
+fn kept_by_rank(
+    snapshots: &[(String, Option<usize>)],
+    keeps: [usize; 6],
+) -> std::collections::BTreeMap<String, Option<&'static str>> {
+    let mut kept = std::collections::BTreeMap::new();
+    for (name, rank) in snapshots {
+        if rank.is_none() {
+            kept.insert(name.clone(), None);
+        }
+    }
+    for (level, &keep) in keeps.iter().enumerate() {
+        let counted = snapshots
+            .iter()
+            .rev()
+            .filter(|(_, rank)| rank.is_some_and(|r| r >= level));
+        for (name, _) in counted.take(keep) {
+            // Levels go up: the last to keep a snapshot is its highest.
+            kept.insert(name.clone(), Some(LEVELS[level]));
+        }
+    }
+    kept
+}
+
+/// Lazy ranking (`grove rank` after the snapshot was taken by hand): a
+/// snapshot taken without a rank is kept as unranked; once ranked, `policy
+/// show --json` lists it at that rank, kept by the level the rank tree
+/// says, and `prune --dry-run` then `prune` drop exactly what an oracle of
+/// the rank tree drops. Three rounds of new hand-taken snapshots, each
+/// with some old and new ones ranked (again, or back to none) at random.
+#[test]
+fn snapshots_ranked_later_are_kept_and_pruned_as_their_rank_against_an_oracle() {
+    let pool = Pool::new();
+    pool.ok(&[
+        "policy", "set", "vm", "--hourly", "3", "--daily", "2", "--weekly", "1",
+    ]);
+    let keeps = [0, 3, 2, 1, 0, 0];
+    // xorshift64: the same ranks every run.
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut below = |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    // Live snapshots, oldest first, with the rank given (an index of LEVELS).
+    let mut live: Vec<(String, Option<usize>)> = Vec::new();
+    let mut taken = 0;
+    for round in 0..3 {
+        for _ in 0..8 {
+            // Names in the order taken: two taken in one second are ordered
+            // by name, so the oracle's order is the planner's.
+            let name = format!("vm@s{taken:02}");
+            pool.ok(&["snapshot", "vm", &name]);
+            live.push((name, None));
+            taken += 1;
+        }
+        for s in policy_show(&pool) {
+            let name = s["name"].as_str().unwrap();
+            if live[live.len() - 8..].iter().any(|(n, _)| n == name) {
+                assert!(
+                    s["rank"].is_null() && s["keep"] == true,
+                    "round {round}: taken by hand, kept unranked: {s}"
+                );
+            }
+        }
+        for snapshot in live.iter_mut() {
+            if below(3) == 0 {
+                continue;
+            }
+            // One chance in seven of `none`, which takes a rank away.
+            let level = below(LEVELS.len() as u64 + 1) as usize;
+            let text = LEVELS.get(level).copied().unwrap_or("none");
+            let out = pool.ok(&["rank", &snapshot.0, text]);
+            assert_eq!(out.trim(), format!("ranked {:?} {text}", snapshot.0));
+            snapshot.1 = (level < LEVELS.len()).then_some(level);
+        }
+        let expected = kept_by_rank(&live, keeps);
+
+        let shown = policy_show(&pool);
+        assert_eq!(shown.len(), live.len(), "round {round}");
+        for s in &shown {
+            let name = s["name"].as_str().unwrap();
+            let given = live.iter().find(|(n, _)| n == name).unwrap().1;
+            assert_eq!(
+                s["rank"].as_str(),
+                given.map(|l| LEVELS[l]),
+                "round {round}: {name} shown at the rank given later"
+            );
+            assert_eq!(
+                s["keep"] == true,
+                expected.contains_key(name),
+                "round {round}: {s}"
+            );
+            assert_eq!(
+                s["kept_by"].as_str(),
+                expected.get(name).copied().flatten(),
+                "round {round}: {s}"
+            );
+        }
+        let pruned: BTreeSet<String> = live
+            .iter()
+            .map(|(n, _)| n.clone())
+            .filter(|n| !expected.contains_key(n))
+            .collect();
+        let now = at(shown_now(&shown));
+        let dry = pool.ok(&["prune", "--dry-run", "--now", &now]);
+        assert_eq!(prune_lines(&dry, "would remove "), pruned, "{dry}");
+        assert_eq!(
+            pool.snapshots().len(),
+            live.len(),
+            "a dry run removes nothing"
+        );
+        let out = pool.ok(&["prune", "--now", &now]);
+        assert_eq!(prune_lines(&out, "removed "), pruned, "{out}");
+        live.retain(|(n, _)| expected.contains_key(n));
+        let names: BTreeSet<String> = live.iter().map(|(n, _)| n.clone()).collect();
+        assert_eq!(pool.snapshots(), names, "round {round}");
+        assert!(
+            !pruned.is_empty() || round > 0,
+            "the ranks leave something to prune"
+        );
+    }
+}
+
+/// `grove policy show --json`'s snapshots of vm, newest first.
+fn policy_show(pool: &Pool) -> Vec<Value> {
+    let shown: Value = serde_json::from_str(&pool.ok(&["policy", "show", "--json"])).unwrap();
+    shown[0]["snapshots"].as_array().unwrap().clone()
+}
+
+/// A time past every snapshot shown: where prune acts.
+fn shown_now(shown: &[Value]) -> u64 {
+    shown
+        .iter()
+        .map(|s| s["created_unix_secs"].as_u64().unwrap())
+        .max()
+        .unwrap()
+        + HOUR
+}
+
+/// The names of `grove prune`'s lines that start with `prefix`.
+fn prune_lines(out: &str, prefix: &str) -> BTreeSet<String> {
+    out.lines()
+        .filter_map(|l| l.strip_prefix(prefix))
+        .map(str::to_string)
+        .collect()
+}

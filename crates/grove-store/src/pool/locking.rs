@@ -6,7 +6,7 @@
 use std::sync::{Mutex, MutexGuard};
 
 use super::{ensure_changes_allowed, Inner};
-use crate::commit::{CommitIo, PreparedCommit};
+use crate::commit::{CommitIo, DataFlush, PreparedCommit};
 use crate::error::{Error, ErrorKind, Result};
 use crate::state::State;
 use crate::types::BlockAddr;
@@ -37,10 +37,23 @@ pub(super) fn write_gate(inner: &Inner) -> std::sync::RwLockWriteGuard<'_, ()> {
 /// clients' reads and writes go on meanwhile: this is what every flush,
 /// and so every NBD FLUSH and fsync, does.
 pub(super) fn commit(inner: &Inner) -> Result<()> {
+    commit_with(inner, DataFlush::All)
+}
+
+/// `commit` for background work beside clients (removal and reclaim
+/// batches): it flushes their data only when the transaction maps some
+/// not yet flushed, and leaves writes in place to their next flush (see
+/// `DataFlush::IfMapped`). Under random overwrites a data flush was most of
+/// a commit's time, and the journal's own flush came after it.
+pub(super) fn commit_background(inner: &Inner) -> Result<()> {
+    commit_with(inner, DataFlush::IfMapped)
+}
+
+fn commit_with(inner: &Inner, flush: DataFlush) -> Result<()> {
     let mut state = wait_for_commit_io(inner, lock_state(inner));
     settle_commit(inner, &mut state)?;
     ensure_changes_allowed(&state)?;
-    let io = match state.prepare_commit() {
+    let io = match state.prepare_commit_with(flush) {
         Ok(PreparedCommit::Done(frees)) => {
             release_frees(inner, &mut state, frees);
             drop(state);

@@ -13,7 +13,7 @@ mod volume;
 
 pub use foreground::{ForegroundLoad, ForegroundRequest};
 pub use off_lock::WALK_ROUNDS_MAX;
-pub use removal::{RemovalSummary, REMOVE_BATCH_SNAPSHOTS};
+pub use removal::{RemovalSummary, SnapshotRemoval, REMOVE_BATCH_SNAPSHOTS};
 
 pub use replication::{guid_hex, CursorInfo, DiffFrom, PartialReceive, SnapshotIdentity};
 pub use retention::HoldInfo;
@@ -21,8 +21,8 @@ pub use retention::HoldInfo;
 use off_lock::walk_off_lock;
 
 use locking::{
-    commit, commit_if_large, commit_locked, lock_state, punch_freed, release_frees, settle_commit,
-    write_gate,
+    commit, commit_background, commit_if_large, commit_locked, lock_state, punch_freed,
+    release_frees, settle_commit, write_gate,
 };
 
 use std::collections::HashMap;
@@ -836,17 +836,41 @@ impl Pool {
     /// work on the pool goes on between batches. Returns the bytes freed
     /// and whether anything is left.
     pub fn reclaim_batch(&self) -> Result<(u64, bool)> {
-        self.reclaim_batch_of(None)
+        self.reclaim_batch_of(None, false)
+    }
+
+    /// One reclaim batch as `reclaim_batch`, but committed only when the
+    /// metadata waiting for a commit nears what one journal transaction
+    /// holds, or once nothing is left: for the daemons' reclaimer, beside
+    /// clients whose unflushed writes every commit flushes (a batch gives
+    /// back a few removed snapshots, so ten thousand of them were over a
+    /// thousand commits). What a batch frees is reusable after the commit
+    /// that makes it durable, which a client's flush may also be.
+    pub fn reclaim_batch_sharing_commits(&self) -> Result<(u64, bool)> {
+        self.reclaim_batch_of(None, true)
     }
 
     /// One reclaim batch of at most `budget_entries` entries, so tests can
     /// leave removed trees half given back (interrupted reclaim).
     #[doc(hidden)]
     pub fn reclaim_batch_for_tests(&self, budget_entries: usize) -> Result<(u64, bool)> {
-        self.reclaim_batch_of(Some(budget_entries))
+        self.reclaim_batch_of(Some(budget_entries), false)
     }
 
-    fn reclaim_batch_of(&self, budget_entries: Option<usize>) -> Result<(u64, bool)> {
+    /// The same as `reclaim_batch_for_tests`, sharing commits.
+    #[doc(hidden)]
+    pub fn reclaim_batch_sharing_commits_for_tests(
+        &self,
+        budget_entries: usize,
+    ) -> Result<(u64, bool)> {
+        self.reclaim_batch_of(Some(budget_entries), true)
+    }
+
+    fn reclaim_batch_of(
+        &self,
+        budget_entries: Option<usize>,
+        share_commits: bool,
+    ) -> Result<(u64, bool)> {
         let mut state = self.state();
         if !state.has_pending_reclaim() {
             return Ok((0, true));
@@ -857,11 +881,18 @@ impl Pool {
             .min(budget_entries.unwrap_or(usize::MAX));
         let batch: ReclaimBatch = state.reclaim_batch(budget)?;
         let freed_bytes = batch.freed_blocks * state.geometry().block_bytes();
+        let commit_due = !share_commits
+            || batch.done
+            || state.pending_commit_blocks() > state.auto_commit_blocks();
         drop(state);
-        // The commit's I/O runs without the lock: its data flush carries
-        // every client's unflushed writes and may take long, and clients'
-        // requests go on meanwhile. It punches what it frees.
-        commit(&self.inner)?;
+        if !commit_due {
+            return Ok((freed_bytes, false));
+        }
+        // The commit's I/O runs without the lock: its flush may take long,
+        // and clients' requests go on meanwhile. It flushes their data
+        // only if the transaction maps some (their writes in place are
+        // left to their own flush). It punches what it frees.
+        commit_background(&self.inner)?;
         Ok((freed_bytes, batch.done))
     }
 
