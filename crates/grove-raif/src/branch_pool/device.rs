@@ -91,11 +91,16 @@ impl Spread {
             .collect()
     }
 
-    /// The pieces of `offset..offset + len`: (segment, offset in it,
-    /// length, offset in the caller's buffer).
-    fn route(&self, offset: u64, len: usize) -> Vec<(Arc<Segment>, u64, usize, usize)> {
-        let mut pieces = Vec::new();
-        let end = offset + len as u64;
+    /// Calls `each(segment, offset in it, length, offset from `offset`)`
+    /// for the pieces of `offset..offset + len`, in order: no allocation,
+    /// as every request routes through here.
+    fn route(
+        &self,
+        offset: u64,
+        len: u64,
+        mut each: impl FnMut(&Segment, u64, u64, u64) -> io::Result<()>,
+    ) -> io::Result<()> {
+        let end = offset + len;
         let mut at = offset;
         while at < end {
             // The last segment starting at or before `at` holds it.
@@ -119,16 +124,10 @@ impl Spread {
                     stop = stop.min(watermark);
                 }
             }
-            let n = stop - at;
-            pieces.push((
-                segment.clone(),
-                at - start,
-                n as usize,
-                (at - offset) as usize,
-            ));
+            each(segment, at - start, stop - at, at - offset)?;
             at = stop;
         }
-        pieces
+        Ok(())
     }
 
     fn restripe_of(&self, i: usize) -> Option<RestripeShape> {
@@ -256,7 +255,7 @@ impl BranchDevice {
                 Arc::new(Branch::new(b.label.clone(), b.place.clone(), health))
             })
             .collect();
-        let (shape, sequence) = newest_shape(&shared, files.as_ref(), &dirty)?;
+        let (shape, sequence, in_step) = newest_shape(&shared, files.as_ref(), &dirty)?;
         shape.check(shared.len()).map_err(|why| {
             io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -315,9 +314,9 @@ impl BranchDevice {
             recorder,
             files: Some(files),
         };
-        // Every branch gets the shape now: a pool made before shapes, or
-        // a branch that missed the last save, is in step from here on.
-        {
+        // A pool made before shapes, or a branch that missed the last save
+        // (a crash in it), gets the shape now; otherwise opening writes none.
+        if !in_step {
             let mut spread = write_lock(&device.spread);
             let shape = spread.shape.clone();
             device.save_shape(&mut spread, shape)?;
@@ -783,9 +782,9 @@ impl BranchDevice {
             .map(|(i, s)| (s.id, i))
             .collect();
         let mut devices = Vec::new();
-        for (n, &(id, _)) in ids.iter().enumerate() {
-            devices.push(match (n, &first) {
-                (0, Some(given)) if id == spread.shape.segments[0].id => given.clone(),
+        for &(id, i) in &ids {
+            devices.push(match (i, &first) {
+                (0, Some(given)) => given.clone(),
                 _ => self.files()?.segment(&place, id, true)?,
             });
         }
@@ -941,15 +940,18 @@ fn target_is_zero(target: &Segment, from: u64, n: u64) -> io::Result<bool> {
     Ok(is_zero(&bytes))
 }
 
-/// The newest valid shape on any usable branch, and its sequence; one
-/// segment over every branch if none keeps one (a pool made before
-/// shapes). A branch whose shape file cannot be read is failed.
+/// The newest valid shape on any usable branch, its sequence, and whether
+/// every usable branch holds it; one segment over every branch if none
+/// keeps one (a pool made before shapes). A branch whose shape file
+/// cannot be read is failed.
 fn newest_shape(
     branches: &[Arc<Branch>],
     files: &dyn BranchFiles,
     dirty: &AtomicBool,
-) -> io::Result<(Shape, u64)> {
+) -> io::Result<(Shape, u64, bool)> {
     let mut newest: Option<(u64, Shape)> = None;
+    // The sequence each usable branch holds (None: no valid shape).
+    let mut held = Vec::new();
     let mut damaged = Vec::new();
     for branch in branches {
         if branch.health() == Health::Failed {
@@ -960,12 +962,16 @@ fn newest_shape(
             .and_then(|device| shape::read(&device));
         match found {
             Ok(shape::Found::Shape(sequence, shape)) => {
+                held.push(Some(sequence));
                 if newest.as_ref().is_none_or(|(s, _)| *s < sequence) {
                     newest = Some((sequence, shape));
                 }
             }
-            Ok(shape::Found::Nothing) => {}
-            Ok(shape::Found::Damaged(why)) => damaged.push(format!("{}: {why}", branch.label)),
+            Ok(shape::Found::Nothing) => held.push(None),
+            Ok(shape::Found::Damaged(why)) => {
+                held.push(None);
+                damaged.push(format!("{}: {why}", branch.label));
+            }
             Err(e) => {
                 tracing::warn!("branch {}: shape file cannot be read: {e}", branch.label);
                 branch.set_health(Health::Failed);
@@ -974,8 +980,11 @@ fn newest_shape(
         }
     }
     match newest {
-        Some((sequence, shape)) => Ok((shape, sequence)),
-        None if damaged.is_empty() => Ok((Shape::single(branches.len()), 0)),
+        Some((sequence, shape)) => {
+            let in_step = held.iter().all(|&h| h == Some(sequence));
+            Ok((shape, sequence, in_step))
+        }
+        None if damaged.is_empty() => Ok((Shape::single(branches.len()), 0, false)),
         None => Err(io::Error::new(
             io::ErrorKind::InvalidData,
             format!("no branch keeps a readable shape ({})", damaged.join("; ")),
@@ -986,18 +995,18 @@ fn newest_shape(
 impl BlockDevice for BranchDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let spread = read_lock(&self.spread);
-        for (segment, at, n, buf_at) in spread.route(offset, buf.len()) {
-            segment.read_at(&mut buf[buf_at..buf_at + n], at)?;
-        }
-        Ok(())
+        spread.route(offset, buf.len() as u64, |segment, at, n, buf_at| {
+            let (buf_at, n) = (buf_at as usize, n as usize);
+            segment.read_at(&mut buf[buf_at..buf_at + n], at)
+        })
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         let spread = read_lock(&self.spread);
-        for (segment, at, n, buf_at) in spread.route(offset, buf.len()) {
-            segment.write_at(&buf[buf_at..buf_at + n], at)?;
-        }
-        Ok(())
+        spread.route(offset, buf.len() as u64, |segment, at, n, buf_at| {
+            let (buf_at, n) = (buf_at as usize, n as usize);
+            segment.write_at(&buf[buf_at..buf_at + n], at)
+        })
     }
 
     fn flush(&self) -> io::Result<()> {
@@ -1043,11 +1052,7 @@ impl BlockDevice for BranchDevice {
 
     fn punch(&self, offset: u64, len_bytes: u64) -> io::Result<()> {
         let spread = read_lock(&self.spread);
-        let pieces = route_len(&spread, offset, len_bytes);
-        for (segment, at, n) in pieces {
-            segment.punch(at, n)?;
-        }
-        Ok(())
+        spread.route(offset, len_bytes, |segment, at, n, _| segment.punch(at, n))
     }
 
     /// The data the last segment can still take: each branch's share of
@@ -1093,21 +1098,4 @@ impl BlockDevice for BranchDevice {
         }
         Ok(Some(total))
     }
-}
-
-/// `route` for a range that may not fit a buffer (punches).
-fn route_len(spread: &Spread, offset: u64, len_bytes: u64) -> Vec<(Arc<Segment>, u64, u64)> {
-    /// Routed a piece at a time, each well within a usize.
-    const PIECE_BYTES: u64 = 1 << 30;
-    let mut pieces = Vec::new();
-    let end = offset + len_bytes;
-    let mut at = offset;
-    while at < end {
-        let chunk = (end - at).min(PIECE_BYTES);
-        for (segment, segment_at, n, _) in spread.route(at, chunk as usize) {
-            pieces.push((segment, segment_at, n as u64));
-        }
-        at += chunk;
-    }
-    pieces
 }

@@ -499,6 +499,11 @@ pub fn open(config: &BranchPoolConfig, degraded: bool) -> Result<BranchDevice, B
             )),
             Found::Unusable(why) => Err(why),
         };
+        specs.push(BranchSpec {
+            label: member.label.clone(),
+            usable: usable.is_ok(),
+            place: place.clone(),
+        });
         match usable {
             Ok(lock) => locks.push(lock),
             Err(why) => problems.push((
@@ -506,11 +511,6 @@ pub fn open(config: &BranchPoolConfig, degraded: bool) -> Result<BranchDevice, B
                 format!("branch {} ({place}) {why}", member.label),
             )),
         }
-        specs.push(BranchSpec {
-            label: member.label.clone(),
-            usable: !problems.iter().any(|(label, _)| *label == member.label),
-            place,
-        });
     }
     if !problems.is_empty() && !degraded {
         return Err(needs_degraded(&problems));
