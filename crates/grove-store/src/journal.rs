@@ -413,15 +413,9 @@ pub fn transaction_bytes(block_bytes: usize, descriptor: &[u8], images: &[Vec<u8
 /// Writes a reserved transaction at `offset` and flushes it: once this
 /// returns Ok, the transaction survives a crash.
 pub fn write_transaction(device: &dyn BlockDevice, offset: u64, bytes: &[u8]) -> Result<()> {
-    device.write_at(bytes, offset).map_err(|e| {
+    device.write_durable_at(bytes, offset).map_err(|e| {
         Error::io(
             format!("cannot write the journal of {}", device.describe()),
-            e,
-        )
-    })?;
-    device.flush().map_err(|e| {
-        Error::io(
-            format!("cannot flush the journal of {}", device.describe()),
             e,
         )
     })

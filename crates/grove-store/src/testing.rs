@@ -20,6 +20,12 @@ pub enum DeviceOp {
         data: Vec<u8>,
     },
     Flush,
+    /// The writes before it to these bytes are durable (a write made with
+    /// `write_durable_at`); nothing else is.
+    FlushRange {
+        offset: u64,
+        len_bytes: u64,
+    },
     SetLen {
         len_bytes: u64,
     },
@@ -146,16 +152,49 @@ impl CrashImages {
     pub fn image(&mut self, position: usize, mut fate: impl FnMut(usize) -> WriteFate) -> Vec<u8> {
         let volatile = self.volatile_writes(position);
         let mut image = self.durable.clone();
-        for (i, op) in self.ops[position - volatile..position].iter().enumerate() {
-            apply(&mut image, op, fate(i));
+        let since_flush = &self.ops[position - volatile..position];
+        for (i, op) in since_flush.iter().enumerate() {
+            let fate = fate(i);
+            apply(&mut image, op, fate);
+            if fate != WriteFate::Landed {
+                // What a later ranged flush made durable landed whatever
+                // became of the rest of the write.
+                for later in &since_flush[i + 1..] {
+                    if let DeviceOp::FlushRange { offset, len_bytes } = later {
+                        apply_within(&mut image, op, *offset, *len_bytes);
+                    }
+                }
+            }
         }
         image
     }
 }
 
+/// Applies the part of a write that lies within `offset..offset + len_bytes`
+/// as landed (the sectors of the range that a ranged flush made durable).
+fn apply_within(image: &mut Vec<u8>, op: &DeviceOp, offset: u64, len_bytes: u64) {
+    let DeviceOp::Write {
+        offset: write_at,
+        data,
+    } = op
+    else {
+        return;
+    };
+    let start = offset.max(*write_at);
+    let end = (offset + len_bytes).min(write_at + data.len() as u64);
+    if start >= end {
+        return;
+    }
+    let part = DeviceOp::Write {
+        offset: start,
+        data: data[(start - write_at) as usize..(end - write_at) as usize].to_vec(),
+    };
+    apply(image, &part, WriteFate::Landed);
+}
+
 fn apply(image: &mut Vec<u8>, op: &DeviceOp, fate: WriteFate) {
     match op {
-        DeviceOp::Flush => {}
+        DeviceOp::Flush | DeviceOp::FlushRange { .. } => {}
         DeviceOp::SetLen { len_bytes } => {
             // Growing is kept even when lost: the engine only ever grows the
             // store, and the bytes a lost grow would cut read as zeros anyway.
@@ -241,6 +280,17 @@ impl BlockDevice for CrashDevice {
 
     fn flush(&self) -> io::Result<()> {
         self.log().ops.push(DeviceOp::Flush);
+        Ok(())
+    }
+
+    /// The write, then a flush of its range alone: a crash image keeps,
+    /// loses or tears the other writes since the last flush as before.
+    fn write_durable_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.write_at(buf, offset)?;
+        self.log().ops.push(DeviceOp::FlushRange {
+            offset,
+            len_bytes: buf.len() as u64,
+        });
         Ok(())
     }
 
@@ -427,5 +477,52 @@ impl<D: BlockDevice> BlockDevice for std::sync::Arc<D> {
     }
     fn host_space(&self) -> Option<crate::space_levels::HostSpace> {
         (**self).host_space()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A durable write lands in every crash image after it, whatever
+    /// becomes of the other writes since the last flush; a crash image
+    /// before it may still lose or tear it.
+    #[test]
+    fn a_ranged_flush_keeps_its_own_writes_only() {
+        let device = CrashDevice::from_bytes(vec![0; 4096]);
+        device.write_at(&[1; 1024], 0).unwrap();
+        device.write_durable_at(&[2; 1024], 2048).unwrap();
+        device.write_at(&[3; 512], 2048).unwrap();
+        let ops = device.ops();
+        assert!(matches!(
+            ops[2],
+            DeviceOp::FlushRange {
+                offset: 2048,
+                len_bytes: 1024
+            }
+        ));
+        let mut images = CrashImages::with_base(vec![0; 4096], ops.clone());
+        // Before the ranged flush: the durable write may be lost or torn.
+        let torn = images.image(2, |_| WriteFate::Torn(0b01));
+        assert_eq!(torn[2048], 2);
+        assert_eq!(torn[2560], 0, "the second sector was lost");
+        for fate in [WriteFate::Lost, WriteFate::Torn(0b10), WriteFate::Landed] {
+            let mut images = CrashImages::with_base(vec![0; 4096], ops.clone());
+            let image = images.image(ops.len(), |_| fate);
+            let landed = fate == WriteFate::Landed;
+            // The write before it, outside its range: as the fate says.
+            assert_eq!(image[0] == 1, landed, "{fate:?}");
+            // Its own range: durable.
+            assert!(image[2560..3072].iter().all(|&b| b == 2), "{fate:?}");
+            // A later write into the range: as the fate says again.
+            let later_kept = fate != WriteFate::Lost;
+            let first_sector = if later_kept { 3 } else { 2 };
+            if fate != WriteFate::Torn(0b10) {
+                assert!(
+                    image[2048..2560].iter().all(|&b| b == first_sector),
+                    "{fate:?}"
+                );
+            }
+        }
     }
 }

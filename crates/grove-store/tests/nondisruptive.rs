@@ -29,6 +29,8 @@ struct CountingDevice {
     inner: MemDevice,
     written_bytes: AtomicU64,
     flushes: AtomicU64,
+    /// Writes made durable by themselves (`write_durable_at`).
+    durable_writes: AtomicU64,
 }
 
 impl BlockDevice for CountingDevice {
@@ -43,6 +45,10 @@ impl BlockDevice for CountingDevice {
     fn flush(&self) -> io::Result<()> {
         self.flushes.fetch_add(1, Ordering::Relaxed);
         self.inner.flush()
+    }
+    fn write_durable_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.durable_writes.fetch_add(1, Ordering::Relaxed);
+        self.write_at(buf, offset)
     }
     fn len_bytes(&self) -> io::Result<u64> {
         self.inner.len_bytes()
@@ -60,6 +66,7 @@ fn counting_pool() -> (Pool, Arc<CountingDevice>) {
         inner: MemDevice::new(),
         written_bytes: AtomicU64::new(0),
         flushes: AtomicU64::new(0),
+        durable_writes: AtomicU64::new(0),
     });
     let options = PoolOptions {
         block_size_bytes: BLOCK as u32,
@@ -335,6 +342,63 @@ fn reclaim_batches_sharing_commits_give_everything_back_in_few_commits() {
         .read_at(&mut after, 0)
         .unwrap();
     assert!(after == expected, "the volume kept every byte");
+}
+
+/// Pruning and reclaim beside a client that writes in place never flush
+/// the whole device: each of their commits makes its journal write durable
+/// by itself, so the client's unflushed writes stay in the host's cache
+/// (a flush would write them all back, and the client's writes would
+/// queue behind it). Its own flush still makes them durable.
+#[test]
+fn background_commits_leave_a_client_s_unflushed_writes_alone() {
+    const COUNT: usize = 100;
+    let (pool, device) = pool_with_snapshots(COUNT);
+    let volume = pool.volume("v").unwrap();
+    // Rewritten whole after the last snapshot: v's blocks are its own, so
+    // the writes below go in place and map nothing.
+    volume
+        .write_at(&vec![9u8; 256 * BLOCK as usize], 0)
+        .unwrap();
+    volume.flush().unwrap();
+    let flushes_before = device.flushes.load(Ordering::Relaxed);
+    let durable_before = device.durable_writes.load(Ordering::Relaxed);
+    let mut written = 0;
+    let write_some = |written: &mut u64| {
+        let block = *written % 256;
+        volume
+            .write_at(&[3u8; BLOCK as usize], block * BLOCK)
+            .unwrap();
+        *written += 1;
+    };
+    let names: Vec<String> = (1..=COUNT).map(|i| format!("v@{i}")).collect();
+    let mut removal = pool
+        .begin_snapshot_removal(&names, RemoveOptions::default())
+        .unwrap();
+    loop {
+        write_some(&mut written);
+        if pool.remove_next_batch(&mut removal).unwrap() {
+            break;
+        }
+    }
+    loop {
+        write_some(&mut written);
+        let (_, done) = pool.reclaim_batch_sharing_commits_for_tests(8).unwrap();
+        if done {
+            break;
+        }
+    }
+    assert_eq!(pool.pending_free_bytes().unwrap(), 0);
+    let commits = device.durable_writes.load(Ordering::Relaxed) - durable_before;
+    assert!(commits >= 2, "prune and reclaim committed {commits} times");
+    assert_eq!(
+        device.flushes.load(Ordering::Relaxed),
+        flushes_before,
+        "{commits} background commits flushed the device whole"
+    );
+    // The client's flush is still a flush.
+    volume.flush().unwrap();
+    assert_eq!(device.flushes.load(Ordering::Relaxed), flushes_before + 1);
+    assert_clean(&pool, "after pruning beside a writer");
 }
 
 #[test]
