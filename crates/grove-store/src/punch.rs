@@ -155,17 +155,24 @@ impl State {
         }
     }
 
-    /// Takes up to `PUNCH_RUN_BLOCKS_MAX` blocks off the backlog, reserves
-    /// those still free, and returns them as extents to punch without the
-    /// lock; None when the backlog is empty. `finish_punch_run` must follow.
-    pub(crate) fn take_punch_run(&mut self) -> Option<PunchRun> {
+    /// Takes up to `max_blocks` (at most `PUNCH_RUN_BLOCKS_MAX`) blocks off
+    /// the backlog, reserves those still free, and returns them as extents
+    /// to punch without the lock, with how many blocks came off the
+    /// backlog; None when the backlog is empty. `finish_punch_run` must
+    /// follow.
+    pub(crate) fn take_punch_run(&mut self, max_blocks: usize) -> Option<(PunchRun, usize)> {
         if self.punch.stats.unsupported {
             self.punch.backlog.clear();
         }
-        if self.punch.backlog.is_empty() {
+        if self.punch.backlog.is_empty() || max_blocks == 0 {
             return None;
         }
-        let take = self.punch.backlog.len().min(PUNCH_RUN_BLOCKS_MAX);
+        let take = self
+            .punch
+            .backlog
+            .len()
+            .min(max_blocks)
+            .min(PUNCH_RUN_BLOCKS_MAX);
         let start = self.punch.backlog.len() - take;
         let mut blocks: Vec<BlockAddr> = self.punch.backlog.drain(start..).collect();
         blocks.sort_unstable();
@@ -176,11 +183,17 @@ impl State {
             debug_assert!(!self.space_map.alloc().is_group_header(addr));
             self.space_map.reserve_free(addr);
         }
-        Some(PunchRun {
+        let run = PunchRun {
             device: self.device().clone(),
             block_bytes: self.geometry().block_bytes(),
             extents: coalesce(&mut blocks),
-        })
+        };
+        Some((run, take))
+    }
+
+    /// Freed blocks waiting to be punched.
+    pub(crate) fn punch_backlog_len(&self) -> usize {
+        self.punch.backlog.len()
     }
 
     /// Gives a run's blocks back to the allocator and records what it did.

@@ -302,3 +302,45 @@ fn blocks_reused_before_their_punch_keep_their_new_data() {
     assert!(all["a"].iter().all(|&b| b == 0));
     assert!(pool.check(false).unwrap().is_clean());
 }
+
+/// A pool whose daemon paces punching (`defer_punching`) leaves freed
+/// blocks on the backlog after its commits: the pool has the space back at
+/// once, the host only when the daemon punches (`punch_some`, a step at a
+/// time) or the pool closes.
+#[test]
+fn deferred_punching_waits_for_the_caller_and_close_punches_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = Pool::create(dir.path(), &PoolOptions::default()).unwrap();
+    pool.defer_punching();
+    pool_with_unique_snapshot(&pool);
+    let expected = contents(&pool).remove("disk").unwrap();
+    let allocated_before = store_allocated(dir.path());
+    let used_before = pool.info().unwrap().used_bytes;
+
+    pool.remove_volume("disk@1").unwrap();
+    pool.reclaim_all(|_| {}).unwrap();
+    pool.flush().unwrap();
+    // The pool has its space back; the host has not.
+    assert!(used_before - pool.info().unwrap().used_bytes >= UNIQUE_BYTES);
+    let backlog = pool.punch_backlog_blocks();
+    assert!(backlog as u64 * 4096 >= UNIQUE_BYTES, "{backlog}");
+    assert_eq!(pool.punch_stats().blocks, 0);
+    assert!(store_allocated(dir.path()) + MIB >= allocated_before);
+
+    // One step takes what it was given off the backlog, and punches it.
+    assert_eq!(pool.punch_some(100), 100);
+    assert_eq!(pool.punch_backlog_blocks(), backlog - 100);
+    assert_eq!(pool.punch_stats().blocks, 100);
+
+    // Close punches what is left.
+    pool.close().unwrap();
+    let allocated_after = store_allocated(dir.path());
+    // Less the journal and superblock blocks the close's checkpoint wrote.
+    assert!(
+        allocated_before - allocated_after + MIB >= UNIQUE_BYTES,
+        "{allocated_before} -> {allocated_after}"
+    );
+    let pool = Pool::open(dir.path()).unwrap();
+    assert!(contents(&pool)["disk"] == expected);
+    assert!(pool.check(false).unwrap().is_clean());
+}

@@ -5,6 +5,7 @@
 
 use std::sync::{Mutex, MutexGuard};
 
+use super::punching::punch_freed;
 use super::{ensure_changes_allowed, Inner};
 use crate::commit::{CommitIo, DataFlush, PreparedCommit};
 use crate::error::{Error, ErrorKind, Result};
@@ -105,20 +106,6 @@ fn commit_io_running(inner: &Inner) -> bool {
         inner.commit_io.try_lock(),
         Err(std::sync::TryLockError::WouldBlock)
     )
-}
-
-/// Punches the blocks made reusable since the last time out of the device
-/// (`punch.rs`): taken and given back under the state lock, punched
-/// without it. Called where the pool lets the lock go: after a flush, a
-/// reclaim batch, at close.
-pub(super) fn punch_freed(inner: &Inner) {
-    loop {
-        let Some(run) = lock_state(inner).take_punch_run() else {
-            return;
-        };
-        let outcome = run.execute();
-        lock_state(inner).finish_punch_run(run, outcome);
-    }
 }
 
 /// Finishes the commit whose I/O runs (or ran) without the state lock, if

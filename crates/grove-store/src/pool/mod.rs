@@ -6,6 +6,7 @@ mod capacity;
 mod foreground;
 mod locking;
 mod off_lock;
+mod punching;
 mod removal;
 mod replication;
 mod retention;
@@ -21,8 +22,8 @@ pub use retention::HoldInfo;
 use off_lock::walk_off_lock;
 
 use locking::{
-    commit, commit_background, commit_if_large, commit_locked, lock_state, punch_freed,
-    release_frees, settle_commit, write_gate,
+    commit, commit_background, commit_if_large, commit_locked, lock_state, release_frees,
+    settle_commit, write_gate,
 };
 
 use std::collections::HashMap;
@@ -176,6 +177,8 @@ struct Inner {
     space: Mutex<capacity::SpaceControl>,
     /// Client requests begun and running (`foreground.rs`).
     foreground: foreground::ForegroundCounters,
+    /// A daemon punches freed blocks at its own pace (`punching.rs`).
+    punch_deferred: std::sync::atomic::AtomicBool,
 }
 
 /// How `Pool::remove` treats a volume's family and its users.
@@ -581,6 +584,7 @@ impl Pool {
                 handles: Mutex::new(HashMap::new()),
                 space: Mutex::new(capacity::SpaceControl::new(SpaceSettings::default(), None)),
                 foreground: foreground::ForegroundCounters::default(),
+                punch_deferred: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }
@@ -996,7 +1000,7 @@ impl Pool {
         }
         commit_locked(&self.inner, &mut state)?;
         drop(state);
-        punch_freed(&self.inner);
+        punching::punch_backlog(&self.inner, usize::MAX);
         let mut state = self.state();
         settle_commit(&self.inner, &mut state)?;
         if state.needs_checkpoint() {
