@@ -204,23 +204,20 @@ def retention_targets(r):
                           f"{(x['span_ms'][1] - x['span_ms'][0]) / 1000:.1f} s of prune and "
                           f"reclaim, {x['iops_ratio_window']:.2f} over the "
                           f"{r['window_s']:.0f} s window" for x in rounds),
-                "prune, reclaim, grove serve and fio share this machine's 2 cores (and "
-                "other users' builds and tests: the quiet window's worst request swings "
-                "from 0.2 to 4.7 s between runs). Removal and reclaim batches share "
-                "commits and no longer flush fio's data themselves, but each commit's "
-                "journal flush is an fdatasync of the one store file, which writes back "
-                "every page fio dirtied (fio sends no FLUSH): one to three seconds a "
-                "commit under fio, and about 25 commits for 10,000 snapshots, mostly "
-                "reclaim's (about a block of metadata per snapshot given back)"),
+                "prune, reclaim, grove serve and fio share this machine's 2 cores; each "
+                "removal or reclaim batch holds the state lock (every write is planned "
+                "under it) for a few ms, then pauses nine times as long while clients "
+                "are busy; commits write only their own journal bytes (RWF_DSYNC), and "
+                "freed blocks are punched once the clients pause"),
         _target("worst request latency during prune and reclaim - without",
                 "worst latency excess (ms)", worst_excess, "<= 10 ms",
                 worst_excess <= STALL_MAX_MS,
                 "; ".join(f"{x['snapshots']:,}: {x['during_span']['lat_max_ms']:.1f} ms vs "
                           f"{x['quiet_span']['lat_max_ms']:.1f} ms" for x in rounds),
-                "a request waits behind host write-back while a commit's fdatasync "
-                "writes back every page fio dirtied; the quiet window's own worst is "
-                "hundreds of ms to seconds on this shared machine, so a 10 ms margin "
-                "cannot be told from its noise"),
+                "a request waits while a batch holds the state lock; the quiet "
+                "window's own worst request is tens to hundreds of ms on this machine "
+                "(fio's 64 requests in flight on 2 cores, host write-back), so a 10 ms "
+                "margin is near its noise"),
         _target(f"longest read stall during `grove list` with {lst['volumes']:,} volumes",
                 "list stall (ms)", lst["stall_ms"], "<= 10 ms",
                 lst["stall_ms"] <= STALL_MAX_MS, list_detail,
