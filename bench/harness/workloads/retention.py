@@ -7,7 +7,8 @@ listing a pool of 100,000 volumes while clients do I/O, on pools served by
    in-process by `grove-bench ranked-snapshots`) and a policy keeping the
    newest 2 hourly. While fio writes random 4 KiB blocks into another
    volume of the same pool (`busy`, written whole first, so every write
-   overwrites) for a fixed window, `grove prune r<N>` (metadata work)
+   overwrites) for a fixed window, `retention_prune_lead_s` in (fio at its
+   steady pace), `grove prune r<N>` (metadata work)
    and then `grove gc --wait` (reclaim) run through the control socket,
    each timed. The same window runs just before without any pruning.
    Compared: IOPS over the whole window and over the span prune and
@@ -189,7 +190,8 @@ def prune_round(ctx, work, pool, sock, n, built):
     ctx.log(f"retention: {n:,} snapshots: window of {window} s with prune and reclaim")
     busy_prefix = work / f"prune-{n}"
     during, t = fio_window(ctx, sock, "busy", "rand-write", p.numjobs, p.iodepth, window,
-                           busy_prefix, timed_prune(ctx, pool, n, now, p.retention_lead_s))
+                           busy_prefix,
+                           timed_prune(ctx, pool, n, now, p.retention_prune_lead_s))
     left = len(snapshots_of(ctx.grove.grove, pool, f"r{n}"))
     if left != KEEP_HOURLY:
         raise CommandError(f"r{n} has {left} snapshots after pruning, not {KEEP_HOURLY}")
