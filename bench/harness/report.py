@@ -218,6 +218,8 @@ def retention_section(r, p):
                      _f(x["iops_ratio_window"]),
                      _n(x["quiet_span"]["iops"]), _n(x["during_span"]["iops"]),
                      _f(x["iops_ratio_span"]),
+                     _n(x.get("steady_outside", {}).get("iops")),
+                     _f(x.get("iops_ratio_same_run")),
                      _f(x["quiet_span"]["lat_max_ms"], 1), _f(x["during_span"]["lat_max_ms"], 1),
                      _f(x["quiet"]["lat_max_ms"], 1), _f(x["during"]["lat_max_ms"], 1),
                      "yes" if x["covered"] else "no"])
@@ -228,13 +230,17 @@ def retention_section(r, p):
              f"volume of the pool ({p['numjobs']} jobs x iodepth {p['iodepth']}, buffered, "
              f"{r['window_s']:.0f} s window), `grove prune` (metadata work) and then "
              f"`grove gc --wait` (reclaim) run through the control socket, starting "
-             f"{p['retention_lead_s']} s in; each is a whole `grove` process, timed. The "
+             f"{p.get('retention_prune_lead_s', p['retention_lead_s'])} s in; each is a "
+             "whole `grove` process, timed. The "
              "same window runs just before with no pruning. \"span\" is the stretch "
              "prune and reclaim took, measured in both windows from fio's 100 ms logs; "
+             "\"same run\" is the pruned window's own pace outside that span (past its "
+             "first 2 s), before and after; "
              "latencies are the worst single request's (completion latency, from fio's histograms).", ""]
     lines += _table(["snapshots", "prune s", "reclaim s", "IOPS quiet window",
                      "IOPS pruned window", "ratio", "IOPS quiet span", "IOPS pruned span",
-                     "ratio (span)", "worst ms quiet span", "worst ms pruned span",
+                     "ratio (span)", "IOPS same run outside", "ratio (same run)",
+                     "worst ms quiet span", "worst ms pruned span",
                      "worst ms quiet window", "worst ms pruned window",
                      "window covers"], rows)
     def phase(x, name):

@@ -186,7 +186,10 @@ STALL_MAX_MS = 10.0
 def retention_targets(r):
     rounds = r["prune"]
     biggest = rounds[-1]
-    worst_ratio = min(x["iops_ratio_span"] for x in rounds)
+    # Against the same fio run outside prune and reclaim where it has
+    # stretches long enough, else against the quiet window's same span.
+    same_run = [x.get("iops_ratio_same_run") or x["iops_ratio_span"] for x in rounds]
+    worst_ratio = min(same_run)
     worst_excess = max(x["lat_max_excess_ms"] for x in rounds)
     lst = r["list"]
     before = r.get("list_before")
@@ -200,10 +203,13 @@ def retention_targets(r):
         _target(f"random 4K write IOPS while {biggest['snapshots']:,} snapshots are pruned "
                 "and reclaimed / without", "IOPS during prune / without", worst_ratio,
                 ">= 0.9", worst_ratio >= IOPS_MIN_RATIO,
-                "; ".join(f"{x['snapshots']:,}: {x['iops_ratio_span']:.2f} over the "
+                "; ".join(f"{x['snapshots']:,}: {ratio:.2f} of the same fio run's "
+                          f"pace outside the "
                           f"{(x['span_ms'][1] - x['span_ms'][0]) / 1000:.1f} s of prune and "
-                          f"reclaim, {x['iops_ratio_window']:.2f} over the "
-                          f"{r['window_s']:.0f} s window" for x in rounds),
+                          f"reclaim, {x['iops_ratio_span']:.2f} of the quiet window's same "
+                          f"span, {x['iops_ratio_window']:.2f} over the "
+                          f"{r['window_s']:.0f} s window"
+                          for x, ratio in zip(rounds, same_run)),
                 "prune, reclaim, grove serve and fio share this machine's 2 cores; each "
                 "removal or reclaim batch holds the state lock (every write is planned "
                 "under it) for a few ms, then pauses nine times as long while clients "
@@ -234,9 +240,9 @@ def retention_targets(r):
             "; ".join(f"{c['command']}: worst read {c['stall_ms']:.1f} ms during "
                       f"{c['s']:.3f} s, {c['quiet_span']['lat_max_ms']:.1f} ms quiet"
                       for c in admin["commands"]),
-            "resize is the one past 10 ms (12.8 to 28.7 ms in three runs): it commits "
-            "with the state lock held (commit_locked, journal fdatasync included), as "
-            "rename does, and growing v also adds a radix level and walks v for its "
-            "figures; not profiled further. info, rename and rm stay within a few ms "
+            "resize is the one past 10 ms (12.8 to 28.7 ms in five runs, though the "
+            "command takes 4 to 7 ms): it commits with the state lock held "
+            "(commit_locked), as rename does, and growing v also adds a radix level and "
+            "walks v for its figures; not profiled further. info, rename and rm stay within a few ms "
             "of the quiet window"))
     return checks

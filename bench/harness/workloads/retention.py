@@ -53,6 +53,11 @@ VOLUME_BYTES = 1 << 30
 LIST_READ_JOBS = 1
 LIST_READ_DEPTH = 1
 FIO_GRACE_S = 120
+# fio's first seconds fill the page cache, at a pace unlike the rest.
+WARMUP_MS = 2000
+# A stretch before or after pruning shorter than this is left out of the
+# pruned window's own pace.
+STEADY_PART_MIN_MS = 1000
 # Between two timed admin commands: fio's 100 ms rows of one command do
 # not overlap the next's.
 ADMIN_GAP_S = 0.3
@@ -210,8 +215,15 @@ def prune_round(ctx, work, pool, sock, n, built):
         phase["iops_ratio"] = (phase["iops"] / quiet_phase["iops"]
                                if quiet_phase["iops"] else None)
         phases[name] = phase
+    steady = steady_outside(busy_prefix, p.numjobs, span, window * 1000)
     return {
         "phases": phases,
+        "steady_outside": steady,
+        # Against the same fio run before and after prune and reclaim:
+        # "without" a few seconds away, not a minute (the quiet window's
+        # pace drifts by more than a 3 s span of pruning can cost).
+        "iops_ratio_same_run": (busy_span["iops"] / steady["iops"]
+                                if steady["iops"] else None),
         "snapshots": n, "kept": left, "build_ms": built["build_ms"],
         "prune_s": t["prune_s"], "reclaim_s": t["reclaim_s"],
         "covered": t["reclaim_end_ms"] <= window * 1000,
@@ -226,6 +238,20 @@ def prune_round(ctx, work, pool, sock, n, built):
         "quiet_lat_max_ms": quiet_span["lat_max_ms"],
         "lat_max_excess_ms": busy_span["lat_max_ms"] - quiet_span["lat_max_ms"],
     }
+
+
+def steady_outside(prefix, numjobs, span, window_ms):
+    """IOPS of a logged fio run outside `span`, past its first WARMUP_MS
+    (the page cache filling): the pruned window's own pace without
+    pruning, before it began and after it ended, weighted by time."""
+    parts = [(WARMUP_MS, span[0]), (span[1], window_ms)]
+    parts = [(a, b) for a, b in parts if b - a >= STEADY_PART_MIN_MS]
+    total_ms = sum(b - a for a, b in parts)
+    if not total_ms:
+        return {"iops": None, "ms": 0}
+    iops = sum(fio.span_figures(prefix, numjobs, a, b)["iops"] * (b - a)
+               for a, b in parts) / total_ms
+    return {"iops": iops, "ms": total_ms}
 
 
 def build_list_pool(ctx, pool):
