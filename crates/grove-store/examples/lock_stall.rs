@@ -4,6 +4,7 @@
 //! ```text
 //! cargo run --release -p grove-store --example lock_stall -- build DIR 100000
 //! cargo run --release -p grove-store --example lock_stall -- list DIR
+//! cargo run --release -p grove-store --example lock_stall -- resize DIR
 //! cargo run --release -p grove-store --example lock_stall -- prune DIR 10000 [one-by-one]
 //! ```
 //!
@@ -18,6 +19,9 @@
 //! `Pool::remove_snapshots`, or with `one-by-one` through `Pool::remove`),
 //! then reclaims, under the same reader, and prints times and the bytes
 //! written to the store (all metadata: the reader writes nothing).
+//! `resize` grows `v` to twice its size and back under the reader.
+//! With LOCK_STALL_FLUSH=1 in the environment, flushes and durable writes
+//! reach the file as in production.
 
 use std::io;
 use std::path::Path;
@@ -49,7 +53,16 @@ impl BlockDevice for CountingFile {
         self.file.write_at(buf, offset)
     }
     fn flush(&self) -> io::Result<()> {
+        if std::env::var_os("LOCK_STALL_FLUSH").is_some() {
+            return self.file.flush();
+        }
         Ok(())
+    }
+    fn write_durable_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        if std::env::var_os("LOCK_STALL_FLUSH").is_some() {
+            return self.file.write_durable_at(buf, offset);
+        }
+        self.write_at(buf, offset)
     }
     fn len_bytes(&self) -> io::Result<u64> {
         self.file.len_bytes()
@@ -240,6 +253,25 @@ fn prune(dir: &Path, count: u64, one_by_one: bool) -> grove_store::Result<()> {
     pool.close()
 }
 
+fn resize(dir: &Path) -> grove_store::Result<()> {
+    let (pool, _) = open(dir)?;
+    pool.volumes()?;
+    let size = pool.volume_info("v")?.summary.size_bytes;
+    for (what, to) in [("grow", 2 * size), ("shrink", size)] {
+        let (resized, took, seen) = with_reader(&pool, || pool.resize_volume("v", to));
+        resized?;
+        let (_, quiet, quiet_seen) = with_reader(&pool, || {
+            std::thread::sleep(took.max(Duration::from_millis(200)))
+        });
+        println!(
+            "resize ({what}) beside a reader: {:.1} ms; reader: {seen}; in a quiet {:.0} ms: {quiet_seen}",
+            ms(took),
+            ms(quiet),
+        );
+    }
+    pool.close()
+}
+
 fn remove_batched(pool: &Pool, names: &[String]) -> grove_store::Result<()> {
     let summary = pool.remove_snapshots(names, Default::default())?;
     assert_eq!(summary.removed.len(), names.len());
@@ -254,6 +286,7 @@ fn main() {
     let result = match args[0].as_str() {
         "build" => build(dir, n(100_000)),
         "list" => list(dir),
+        "resize" => resize(dir),
         "prune" => prune(
             dir,
             n(10_000),

@@ -527,4 +527,44 @@ mod tests {
         assert_eq!(step.pause, Duration::from_millis(BATCH_PAUSE_MS));
         drop(request);
     }
+
+    #[test]
+    fn past_the_warning_level_busy_clients_do_not_hold_punching_off() {
+        let (_dir, pool) = pool_of(PoolOptions {
+            capacity_bytes: Some(CAPACITY_BYTES),
+            ..PoolOptions::default()
+        });
+        pool.defer_punching();
+        let stopping = AtomicBool::new(false);
+        let mut pacer = Pacer::new(&pool);
+        while !pacer.batch_and_pause(&pool, &stopping).unwrap().1 {}
+        let backlog = pool.punch_backlog_blocks();
+        assert!(backlog > 0);
+        let request = pool.begin_foreground_request();
+        assert!(
+            !pacer.punch_and_pause(&pool, &stopping),
+            "busy, below the level"
+        );
+
+        // The pool's use past a warning level of 1% of its capacity.
+        pool.create_volume("fill", 8 << 20).unwrap();
+        let fill = pool.volume("fill").unwrap();
+        fill.write_at(&vec![1u8; 4 << 20], 0).unwrap();
+        let mut settings = pool.space_settings();
+        settings.auto_extend = false;
+        settings.warn_percent = 1;
+        pool.set_space_settings(&settings).unwrap();
+        assert!(pool.space_status().level >= SpaceLevel::Warn);
+        // Busy still, so a small step at a time, each with its pause.
+        let started = Instant::now();
+        assert!(pacer.punch_and_pause(&pool, &stopping));
+        assert!(started.elapsed() >= Duration::from_millis(BUSY_PAUSE_MIN_MS));
+        assert_eq!(
+            pool.punch_backlog_blocks(),
+            backlog.saturating_sub(PUNCH_STEP_BUSY_BLOCKS)
+        );
+        while pacer.punch_and_pause(&pool, &stopping) {}
+        assert_eq!(pool.punch_backlog_blocks(), 0);
+        drop(request);
+    }
 }
