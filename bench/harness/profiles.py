@@ -57,6 +57,8 @@ class Profile:
     # starting lead seconds in; then `grove list` on a pool of this many
     # volumes while one client reads, in a list window (and a quiet one).
     retention_counts: tuple = (1000, 10_000)
+    # Rounds of each count (volumes of their own); targets take the median.
+    retention_rounds: int = 3
     retention_busy_bytes: int = GIB
     # Prune and reclaim of 10,000 snapshots take about 32 s beside fio
     # (batches paced 1:9 while clients are busy); they took 50 to 125 s
@@ -108,6 +110,7 @@ QUICK = Profile(
     repl_snapshot_data_bytes=16 * MIB,
     # 10,000 snapshots take about 30 s to prune and reclaim beside fio.
     retention_counts=(1000, 3000),
+    retention_rounds=1,
     retention_busy_bytes=256 * MIB,
     retention_window_s=20.0,
     retention_prune_lead_s=5.0,
@@ -147,6 +150,7 @@ SMOKE = Profile(
     repl_snapshots=10,
     repl_snapshot_data_bytes=1 * MIB,
     retention_counts=(20, 100),
+    retention_rounds=1,
     retention_busy_bytes=16 * MIB,
     # The reclaimer gives way to fio's writes (9 parts in 10 of the time),
     # so reclaiming 100 snapshots takes about 2 s here: room to spare.

@@ -213,7 +213,10 @@ def replication_section(r, p):
 def retention_section(r, p):
     rows = []
     for x in r["prune"]:
-        rows.append([f"{x['snapshots']:,}", _f(x["prune_s"], 3), _f(x["reclaim_s"], 3),
+        label = f"{x['snapshots']:,}"
+        if p.get("retention_rounds", 1) > 1:
+            label += f" (round {x.get('round', 0) + 1})"
+        rows.append([label, _f(x["prune_s"], 3), _f(x["reclaim_s"], 3),
                      _n(x["quiet"]["iops"]), _n(x["during"]["iops"]),
                      _f(x["iops_ratio_window"]),
                      _n(x["quiet_span"]["iops"]), _n(x["during_span"]["iops"]),

@@ -2,13 +2,15 @@
 listing a pool of 100,000 volumes while clients do I/O, on pools served by
 `grove serve`, all in one run.
 
-1. Prune: volumes r<N> with N hourly-ranked snapshots an hour apart (each
+1. Prune: volumes r<N>x<K> (round K of `retention_rounds`, each alike:
+   one round's worst request is one draw from fio's own heavy tail) with N
+   hourly-ranked snapshots an hour apart (each
    with a 4 KiB write after it, so each leaves blocks to reclaim; built
    in-process by `grove-bench ranked-snapshots`) and a policy keeping the
    newest 2 hourly. While fio writes random 4 KiB blocks into another
    volume of the same pool (`busy`, written whole first, so every write
    overwrites) for a fixed window, `retention_prune_lead_s` in (fio at its
-   steady pace), `grove prune r<N>` (metadata work)
+   steady pace), `grove prune VOLUME` (metadata work)
    and then `grove gc --wait` (reclaim) run through the control socket,
    each timed. The same window runs just before without any pruning.
    Compared: IOPS over the whole window and over the span prune and
@@ -107,7 +109,7 @@ def run_cli(grove_bin, pool, *args):
 
 
 def build_prune_pool(ctx, pool):
-    """The busy volume, written whole, and r<N> with N ranked snapshots
+    """The busy volume, written whole, and r<N>x<K> with N ranked snapshots
     and a policy keeping KEEP_HOURLY of them, for each N of the profile."""
     p = ctx.profile
     g = ctx.grove
@@ -117,14 +119,15 @@ def build_prune_pool(ctx, pool):
     g.bench_json("write-extents", "--pool", pool, "--volume", "busy",
                  "--create-size", p.retention_busy_bytes, "--extents", extents)
     built = {}
-    for n in p.retention_counts:
-        ctx.log(f"retention: building {n:,} hourly snapshots of r{n}")
-        built[n] = g.bench_json("ranked-snapshots", "--pool", pool, "--volume", f"r{n}",
+    for n, k in prune_cases(p):
+        volume = prune_volume(n, k)
+        ctx.log(f"retention: building {n:,} hourly snapshots of {volume}")
+        built[n, k] = g.bench_json("ranked-snapshots", "--pool", pool, "--volume", volume,
                                 "--create-size", VOLUME_BYTES, "--prefill-bytes",
                                 PREFILL_BYTES, "--count", n, "--rank", HOURLY,
                                 "--first-unix-secs", FIRST_UNIX_S, "--step-secs", HOUR_S,
                                 "--writes-between", 1)
-        g.cli(pool, "policy", "set", f"r{n}", "--hourly", KEEP_HOURLY)
+        g.cli(pool, "policy", "set", volume, "--hourly", KEEP_HOURLY)
     return built
 
 
@@ -152,20 +155,31 @@ def ms_since(started):
     return (time.monotonic() - started) * 1000.0
 
 
-def timed_prune(ctx, pool, n, now, lead_s):
-    """`during` for the pruned window: after lead_s, `grove prune r<N>`
+def timed_prune(ctx, pool, volume, now, lead_s):
+    """`during` for the pruned window: after lead_s, `grove prune VOLUME`
     then `grove gc --wait`, each timed; times in ms since fio started."""
     grove_bin = ctx.grove.grove
 
     def during(started):
         time.sleep(lead_s)
         t = {"prune_start_ms": ms_since(started)}
-        _, t["prune_s"] = run_cli(grove_bin, pool, "prune", f"r{n}", "--now", f"@{now}")
+        _, t["prune_s"] = run_cli(grove_bin, pool, "prune", volume, "--now", f"@{now}")
         t["prune_end_ms"] = ms_since(started)
         _, t["reclaim_s"] = run_cli(grove_bin, pool, "gc", "--wait")
         t["reclaim_end_ms"] = ms_since(started)
         return t
     return during
+
+
+def prune_cases(p):
+    """(snapshot count, round) of each prune round: `retention_rounds` of
+    each count, on volumes of their own, since one round's worst request
+    is one draw from fio's own heavy tail."""
+    return [(n, k) for n in p.retention_counts for k in range(p.retention_rounds)]
+
+
+def prune_volume(n, k):
+    return f"r{n}x{k}"
 
 
 def prune_rounds(ctx, work):
@@ -175,31 +189,32 @@ def prune_rounds(ctx, work):
     sock = work / "prune.sock"
     rounds = []
     with serve(ctx, ctx.grove.grove, pool, sock, "retention-prune.log"):
-        for n in p.retention_counts:
-            rounds.append(prune_round(ctx, work, pool, sock, n, built[n]))
+        for n, k in prune_cases(p):
+            rounds.append(prune_round(ctx, work, pool, sock, n, k, built[n, k]))
     return rounds
 
 
-def prune_round(ctx, work, pool, sock, n, built):
+def prune_round(ctx, work, pool, sock, n, k, built):
     """The quiet window, then the same window with prune and reclaim."""
     p = ctx.profile
     window = p.retention_window_s
     now = built["last_unix_secs"] + HOUR_S // 2
-    before = len(snapshots_of(ctx.grove.grove, pool, f"r{n}"))
+    volume = prune_volume(n, k)
+    before = len(snapshots_of(ctx.grove.grove, pool, volume))
     if before != n:
-        raise CommandError(f"r{n} has {before} snapshots before pruning, not {n}")
-    ctx.log(f"retention: {n:,} snapshots: quiet window of {window} s")
-    quiet_prefix = work / f"quiet-{n}"
+        raise CommandError(f"{volume} has {before} snapshots before pruning, not {n}")
+    ctx.log(f"retention: {volume}, {n:,} snapshots: quiet window of {window} s")
+    quiet_prefix = work / f"quiet-{volume}"
     quiet, _ = fio_window(ctx, sock, "busy", "rand-write", p.numjobs, p.iodepth, window,
                           quiet_prefix)
-    ctx.log(f"retention: {n:,} snapshots: window of {window} s with prune and reclaim")
-    busy_prefix = work / f"prune-{n}"
+    ctx.log(f"retention: {volume}: window of {window} s with prune and reclaim")
+    busy_prefix = work / f"prune-{volume}"
     during, t = fio_window(ctx, sock, "busy", "rand-write", p.numjobs, p.iodepth, window,
                            busy_prefix,
-                           timed_prune(ctx, pool, n, now, p.retention_prune_lead_s))
-    left = len(snapshots_of(ctx.grove.grove, pool, f"r{n}"))
+                           timed_prune(ctx, pool, volume, now, p.retention_prune_lead_s))
+    left = len(snapshots_of(ctx.grove.grove, pool, volume))
     if left != KEEP_HOURLY:
-        raise CommandError(f"r{n} has {left} snapshots after pruning, not {KEEP_HOURLY}")
+        raise CommandError(f"{volume} has {left} snapshots after pruning, not {KEEP_HOURLY}")
     span = (t["prune_start_ms"], t["reclaim_end_ms"])
     quiet_span = fio.span_figures(quiet_prefix, p.numjobs, *span)
     busy_span = fio.span_figures(busy_prefix, p.numjobs, *span)
@@ -224,7 +239,7 @@ def prune_round(ctx, work, pool, sock, n, built):
         # pace drifts by more than a 3 s span of pruning can cost).
         "iops_ratio_same_run": (busy_span["iops"] / steady["iops"]
                                 if steady["iops"] else None),
-        "snapshots": n, "kept": left, "build_ms": built["build_ms"],
+        "snapshots": n, "round": k, "kept": left, "build_ms": built["build_ms"],
         "prune_s": t["prune_s"], "reclaim_s": t["reclaim_s"],
         "covered": t["reclaim_end_ms"] <= window * 1000,
         "span_ms": list(span),

@@ -183,6 +183,15 @@ fn with_reader<T>(pool: &Pool, work: impl FnOnce() -> T) -> (T, Duration, Seen) 
     (out, took, Seen(worst, reads, slow))
 }
 
+/// What the reader sees in a quiet spell as long as `took` (200 ms at
+/// least): the figures to compare a measured one with.
+fn quiet_spell(pool: &Pool, took: Duration) -> (Duration, Seen) {
+    let (_, quiet, seen) = with_reader(pool, || {
+        std::thread::sleep(took.max(Duration::from_millis(200)))
+    });
+    (quiet, seen)
+}
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
@@ -201,9 +210,7 @@ fn list(dir: &Path) -> grove_store::Result<()> {
     println!("list alone (again): {:.0} ms", ms(started.elapsed()));
     let (listed, took, seen) = with_reader(&pool, || pool.volumes());
     let count = listed?.len();
-    let (_, quiet, quiet_seen) = with_reader(&pool, || {
-        std::thread::sleep(took.max(Duration::from_millis(200)))
-    });
+    let (quiet, quiet_seen) = quiet_spell(&pool, took);
     println!(
         "list of {count} volumes beside a reader: {:.0} ms; reader: {seen}; in a quiet {:.0} ms: {quiet_seen}",
         ms(took),
@@ -246,9 +253,7 @@ fn prune(dir: &Path, count: u64, one_by_one: bool) -> grove_store::Result<()> {
         freed >> 20,
         (device.written_bytes.load(Ordering::Relaxed) - before) / 1024,
     );
-    let (_, quiet, quiet_seen) = with_reader(&pool, || {
-        std::thread::sleep(took.max(Duration::from_millis(200)))
-    });
+    let (quiet, quiet_seen) = quiet_spell(&pool, took);
     println!("quiet {:.0} ms: {quiet_seen}", ms(quiet));
     pool.close()
 }
@@ -260,9 +265,7 @@ fn resize(dir: &Path) -> grove_store::Result<()> {
     for (what, to) in [("grow", 2 * size), ("shrink", size)] {
         let (resized, took, seen) = with_reader(&pool, || pool.resize_volume("v", to));
         resized?;
-        let (_, quiet, quiet_seen) = with_reader(&pool, || {
-            std::thread::sleep(took.max(Duration::from_millis(200)))
-        });
+        let (quiet, quiet_seen) = quiet_spell(&pool, took);
         println!(
             "resize ({what}) beside a reader: {:.1} ms; reader: {seen}; in a quiet {:.0} ms: {quiet_seen}",
             ms(took),

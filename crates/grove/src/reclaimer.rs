@@ -494,6 +494,23 @@ mod tests {
 
     const CAPACITY_BYTES: u64 = 256 << 20;
 
+    /// Writes 4 MiB and sets the warning level (and the pruning level,
+    /// for `Prune`) to 1% of the pool's capacity, so its use is past it.
+    fn fill_past(pool: &Pool, level: SpaceLevel) {
+        pool.create_volume("fill", 8 << 20).unwrap();
+        let fill = pool.volume("fill").unwrap();
+        fill.write_at(&vec![1u8; 4 << 20], 0).unwrap();
+        let mut settings = pool.space_settings();
+        settings.auto_extend = false;
+        settings.warn_percent = 1;
+        if level == SpaceLevel::Prune {
+            settings.prune_percent = 1;
+        }
+        pool.set_space_settings(&settings).unwrap();
+        let status = pool.space_status();
+        assert!(status.level >= level, "{status:?}");
+    }
+
     #[test]
     fn past_the_pruning_level_the_reclaimer_does_not_give_way() {
         let (_dir, pool) = pool_of(PoolOptions {
@@ -511,17 +528,7 @@ mod tests {
         );
         assert_eq!(step.pause, pause_after(step.took, true));
 
-        // The pool's use past a pruning level of 1% of its capacity.
-        pool.create_volume("fill", 8 << 20).unwrap();
-        let fill = pool.volume("fill").unwrap();
-        fill.write_at(&vec![1u8; 4 << 20], 0).unwrap();
-        let mut settings = pool.space_settings();
-        settings.auto_extend = false;
-        settings.warn_percent = 1;
-        settings.prune_percent = 1;
-        pool.set_space_settings(&settings).unwrap();
-        let status = pool.space_status();
-        assert!(status.level >= SpaceLevel::Prune, "{status:?}");
+        fill_past(&pool, SpaceLevel::Prune);
         let step = pacer.step(&pool, batch).unwrap();
         assert!(step.busy && step.space_pressed);
         assert_eq!(step.pause, Duration::from_millis(BATCH_PAUSE_MS));
@@ -546,15 +553,8 @@ mod tests {
             "busy, below the level"
         );
 
-        // The pool's use past a warning level of 1% of its capacity.
-        pool.create_volume("fill", 8 << 20).unwrap();
-        let fill = pool.volume("fill").unwrap();
-        fill.write_at(&vec![1u8; 4 << 20], 0).unwrap();
-        let mut settings = pool.space_settings();
-        settings.auto_extend = false;
-        settings.warn_percent = 1;
-        pool.set_space_settings(&settings).unwrap();
-        assert!(pool.space_status().level >= SpaceLevel::Warn);
+        fill_past(&pool, SpaceLevel::Warn);
+        assert!(pool.space_status().level < SpaceLevel::Prune);
         // Busy still, so a small step at a time, each with its pause.
         let started = Instant::now();
         assert!(pacer.punch_and_pause(&pool, &stopping));
