@@ -80,10 +80,14 @@ pub fn ranked_snapshots(pool_dir: &Path, plan: &Plan) -> Result<()> {
     let device = Arc::new(BuildDevice {
         file: FileDevice::open(&store).with_context(|| format!("open {}", store.display()))?,
     });
-    let pool = Pool::open_device(device.clone(), pool_dir, None)?;
+    // With grove.toml's settings, so that the capacity grows by steps as
+    // the build fills it, as in `grove` (without them it does not).
+    let pool = Pool::open_on_device(pool_dir, device.clone(), &config)?;
     if let Some(size) = plan.create_bytes {
-        pool.create_volume(plan.volume, size)?;
-        prefill(&pool, plan.volume, plan.prefill_bytes)?;
+        pool.create_volume(plan.volume, size)
+            .with_context(|| format!("create {}", plan.volume))?;
+        prefill(&pool, plan.volume, plan.prefill_bytes)
+            .with_context(|| format!("write the first bytes of {}", plan.volume))?;
     }
     let volume = pool.volume(plan.volume)?;
     let prefilled_blocks = (plan.prefill_bytes / BLOCK_BYTES).max(1);
@@ -92,9 +96,12 @@ pub fn ranked_snapshots(pool_dir: &Path, plan: &Plan) -> Result<()> {
     for i in 1..=plan.count {
         let created = plan.first_unix_secs + (i - 1) * plan.step_secs;
         let name = format!("{}@{i}", plan.volume);
-        pool.snapshot_ranked(plan.volume, &name, plan.rank, created)?;
+        pool.snapshot_ranked(plan.volume, &name, plan.rank, created)
+            .with_context(|| format!("snapshot {name}"))?;
         for _ in 0..plan.writes_between {
-            volume.write_at(&block, next_block % prefilled_blocks * BLOCK_BYTES)?;
+            volume
+                .write_at(&block, next_block % prefilled_blocks * BLOCK_BYTES)
+                .with_context(|| format!("write into {} after snapshot {i}", plan.volume))?;
             next_block += 1;
         }
     }

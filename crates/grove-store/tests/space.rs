@@ -318,3 +318,31 @@ fn settings_live_in_grove_toml_and_bad_ones_are_refused_by_key() {
         "{error}"
     );
 }
+
+/// A snapshot past extend_at takes the watcher's step itself: without a
+/// watcher (the CLI, an in-process pool) snapshots filled the capacity
+/// with their records and failed with "the pool is full" while the host
+/// had room (found by the retention bench's in-process builder: 6 volumes
+/// of 1,000 to 10,000 snapshots each).
+#[test]
+fn a_snapshot_past_extend_at_extends_without_a_watcher() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = create(&dir.path().join("pool"), 4 * MIB, &stepping(None, 2 * MIB));
+    pool.create_volume("v", 64 * MIB).unwrap();
+    let volume = pool.volume("v").unwrap();
+    // Past 80% of 4 MiB.
+    for i in 0..52 {
+        volume
+            .write_at(&[5u8; WRITE_BYTES], i * WRITE_BYTES as u64)
+            .unwrap();
+    }
+    assert_eq!(pool.space_status().capacity_bytes, Some(4 * MIB));
+    pool.snapshot("v", "v@1").unwrap();
+    assert_eq!(pool.space_status().capacity_bytes, Some(6 * MIB));
+    // Thousands more, each a record, and no failure: the capacity keeps
+    // a step ahead.
+    for i in 2..=3000 {
+        pool.snapshot("v", &format!("v@{i}")).unwrap();
+    }
+    assert!(pool.check(false).unwrap().is_clean());
+}

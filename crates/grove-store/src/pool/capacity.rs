@@ -107,6 +107,15 @@ pub(super) fn extend_locked(inner: &Inner, state: &mut State) -> Result<bool> {
 /// Refuses a new snapshot or clone at the hard limit (after trying to
 /// extend): it could not keep a single overwrite of its source.
 pub(super) fn ensure_room_for_snapshot(inner: &Inner, state: &mut State, name: &str) -> Result<()> {
+    // Past extend_at, a step now, as the daemons' watcher would take: a
+    // snapshot allocates (its record, its table node), and without a
+    // watcher (the CLI, an in-process pool, a burst of snapshots between
+    // two of its looks) the capacity filled up and the snapshot failed
+    // with "the pool is full" while the host had room to grow into.
+    let (figures, settings) = figures(inner, state);
+    if space_levels::wants_extension(&figures, &settings) {
+        extend_locked(inner, state)?;
+    }
     let mut status = status_locked(inner, state);
     while status.level == SpaceLevel::Full && extend_locked(inner, state)? {
         status = status_locked(inner, state);
