@@ -55,6 +55,16 @@ fn fill(volume: &Volume, start: u64) -> (u64, grove_store::Error) {
     }
 }
 
+/// Writes 52 chunks of 64 KiB: past 80% (the default extend_at) of a
+/// 4 MiB capacity, short of its end.
+fn fill_past_extend_at(volume: &Volume) {
+    for i in 0..52 {
+        volume
+            .write_at(&[5u8; WRITE_BYTES], i * WRITE_BYTES as u64)
+            .unwrap();
+    }
+}
+
 /// Every chunk below `written` reads back as written.
 fn verify(volume: &Volume, written: u64) {
     let mut buf = vec![0u8; WRITE_BYTES];
@@ -248,12 +258,7 @@ fn the_watcher_extends_past_extend_at_before_anything_fails() {
         Some(4 * MIB),
         "nothing to extend yet"
     );
-    // Past 80% of 4 MiB.
-    for i in 0..52 {
-        volume
-            .write_at(&[5u8; WRITE_BYTES], i * WRITE_BYTES as u64)
-            .unwrap();
-    }
+    fill_past_extend_at(&volume);
     assert_eq!(pool.space_status().capacity_bytes, Some(4 * MIB));
     let status = pool.watch_space().unwrap();
     assert_eq!(status.capacity_bytes, Some(6 * MIB));
@@ -330,12 +335,7 @@ fn a_snapshot_past_extend_at_extends_without_a_watcher() {
     let pool = create(&dir.path().join("pool"), 4 * MIB, &stepping(None, 2 * MIB));
     pool.create_volume("v", 64 * MIB).unwrap();
     let volume = pool.volume("v").unwrap();
-    // Past 80% of 4 MiB.
-    for i in 0..52 {
-        volume
-            .write_at(&[5u8; WRITE_BYTES], i * WRITE_BYTES as u64)
-            .unwrap();
-    }
+    fill_past_extend_at(&volume);
     assert_eq!(pool.space_status().capacity_bytes, Some(4 * MIB));
     pool.snapshot("v", "v@1").unwrap();
     assert_eq!(pool.space_status().capacity_bytes, Some(6 * MIB));

@@ -196,9 +196,12 @@ impl Pacer {
         let now = pool.foreground_load();
         let busy = now.busy_since(&self.punch_seen);
         self.punch_seen = now;
-        let pressed =
-            backlog >= PUNCH_BACKLOG_BUSY_BLOCKS || pool.space_status().level >= SpaceLevel::Warn;
-        if busy && !pressed {
+        // The space status (a statvfs) is looked at only while clients
+        // are busy: idle, the step is taken anyway.
+        let pressed = || {
+            backlog >= PUNCH_BACKLOG_BUSY_BLOCKS || pool.space_status().level >= SpaceLevel::Warn
+        };
+        if busy && !pressed() {
             return false;
         }
         let started = Instant::now();

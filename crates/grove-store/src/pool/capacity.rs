@@ -113,10 +113,12 @@ pub(super) fn ensure_room_for_snapshot(inner: &Inner, state: &mut State, name: &
     // two of its looks) the capacity filled up and the snapshot failed
     // with "the pool is full" while the host had room to grow into.
     let (figures, settings) = figures(inner, state);
-    if space_levels::wants_extension(&figures, &settings) {
-        extend_locked(inner, state)?;
-    }
-    let mut status = status_locked(inner, state);
+    let mut status =
+        if space_levels::wants_extension(&figures, &settings) && extend_locked(inner, state)? {
+            status_locked(inner, state)
+        } else {
+            space_levels::evaluate(&figures, &settings)
+        };
     while status.level == SpaceLevel::Full && extend_locked(inner, state)? {
         status = status_locked(inner, state);
     }

@@ -103,19 +103,13 @@ impl Pool {
         ids: &[u64],
         options: RemoveOptions,
     ) -> Result<RemovalSummary> {
-        let doomed = {
+        let mut removal = {
             let state = self.state();
             let ids = ids
                 .iter()
                 .map(|&id| Ok(state.volume_by_id(VolumeId(id))?.id))
                 .collect::<Result<Vec<_>>>()?;
-            self.doomed_snapshots(&state, &ids, options)?
-        };
-        let mut removal = SnapshotRemoval {
-            doomed,
-            done: 0,
-            force: options.force,
-            summary: RemovalSummary::default(),
+            self.checked_removal(&state, &ids, options)?
         };
         self.remove_all_batches(&mut removal)?;
         Ok(removal.into_summary())
@@ -133,9 +127,19 @@ impl Pool {
             .iter()
             .map(|name| Ok(state.volume_by_name(name)?.id))
             .collect::<Result<Vec<_>>>()?;
-        let doomed = self.doomed_snapshots(&state, &ids, options)?;
+        self.checked_removal(&state, &ids, options)
+    }
+
+    /// A removal of `ids` (and, recursive, their descendants), checked
+    /// whole, with nothing removed yet.
+    fn checked_removal(
+        &self,
+        state: &State,
+        ids: &[VolumeId],
+        options: RemoveOptions,
+    ) -> Result<SnapshotRemoval> {
         Ok(SnapshotRemoval {
-            doomed,
+            doomed: self.doomed_snapshots(state, ids, options)?,
             done: 0,
             force: options.force,
             summary: RemovalSummary::default(),
