@@ -739,8 +739,22 @@ fn killed_receive_from_url_resumes(a: &Pool, url: &str, seed: u64) {
         }
         child.kill().unwrap();
         child.wait().unwrap();
+        if b.has_volume("r@1") {
+            // The kill landed after the receive's last commit, while it
+            // was closing the pool: the snapshot must then be whole.
+            assert_eq!(
+                b.hash("r@1"),
+                expected,
+                "{url}: round {round}: a kill after the commit"
+            );
+            assert!(
+                b.status("r@1").is_none(),
+                "{url}: a partial receive is left beside r@1"
+            );
+            println!("{url}: round {round}: the kill at {fraction:.2} of {uncut_time:?} came after the commit; again");
+            continue;
+        }
         cut += 1;
-        assert!(!b.has_volume("r@1"), "{url}: r@1 is visible after a kill");
         let progress = b.status("r@1").map(|token| token_progress(&token));
 
         let output = b.run(&["receive", "r@1", "--from", url]);
