@@ -5,6 +5,9 @@
 //! rebuilds the share counts from the trees if a crash tore a count block.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use crate::device::BlockDevice;
 
 use crate::error::{Error, Result};
 use crate::format::journal::AllocChange;
@@ -24,6 +27,54 @@ pub(crate) struct TreeReference {
 
 /// Every block the trees reach (see `State::references_from_trees`).
 pub(crate) type TreeReferences = HashMap<BlockAddr, TreeReference>;
+
+/// A prepared checkpoint's writes, in four steps that become durable in
+/// order, each flushed before the next: the journaled images not home yet
+/// (the flush also makes durable the images commits wrote home), the
+/// share-count blocks, the allocation maps, and the superblock that moves
+/// the journal's replay start up. It needs no state, so it may run
+/// without the state lock.
+pub(crate) struct CheckpointIo {
+    device: Arc<dyn BlockDevice>,
+    block_bytes: u64,
+    steps: [(&'static str, BlockWrites); 4],
+}
+
+/// Whole blocks to write: (where, what).
+type BlockWrites = Vec<(BlockAddr, Vec<u8>)>;
+
+/// What a prepared checkpoint records once its I/O is durable.
+pub(crate) struct InFlightCheckpoint {
+    /// The superblock it writes, with the generation it takes.
+    superblock: Superblock,
+}
+
+impl CheckpointIo {
+    pub(crate) fn run(&self) -> Result<()> {
+        for (what, writes) in &self.steps {
+            for (addr, block) in writes {
+                self.device
+                    .write_at(block, addr.0 * self.block_bytes)
+                    .map_err(|e| {
+                        Error::io(
+                            format!(
+                                "cannot write {what} at {addr} of {}",
+                                self.device.describe()
+                            ),
+                            e,
+                        )
+                    })?;
+            }
+            self.device.flush().map_err(|e| {
+                Error::io(
+                    format!("cannot flush {what} to {}", self.device.describe()),
+                    e,
+                )
+            })?;
+        }
+        Ok(())
+    }
+}
 
 impl State {
     /// Something a checkpoint would write: journaled transactions, changed
@@ -47,7 +98,8 @@ impl State {
             self.write_device_block(count_block.home, &count_block.block, "share counts")?;
         }
         let written: Vec<(u64, u32)> = dirty.iter().map(|c| (c.group, c.index)).collect();
-        self.space_map.mark_count_blocks_written(&written);
+        self.space_map.mark_count_blocks_present(&written);
+        self.space_map.mark_count_blocks_clean();
         Ok(())
     }
 
@@ -147,32 +199,43 @@ impl State {
     }
 
     /// Makes the metadata written home durable, writes the allocation maps,
-    /// and moves the journal's replay start up in a new superblock. After a
-    /// checkpoint, replay has nothing to do.
+    /// and moves the journal's replay start up in a new superblock, all
+    /// under the state lock. After a checkpoint, replay has nothing to do.
     pub fn checkpoint(&mut self) -> Result<()> {
+        let io = self.prepare_checkpoint();
+        let result = io.run();
+        self.finish_checkpoint(result)
+    }
+
+    /// The first step of a checkpoint: what it writes, encoded now from
+    /// the durable state (the maps' and counts' durable copies, the
+    /// committed roots), which only a commit changes. Its I/O
+    /// ([`CheckpointIo::run`]) may then run without the state lock while
+    /// clients read and write; nothing commits or checkpoints until
+    /// [`State::finish_checkpoint`] ends it.
+    pub(crate) fn prepare_checkpoint(&mut self) -> CheckpointIo {
         assert!(
-            self.commit_in_flight.is_none(),
-            "a checkpoint waits for the commit in flight"
+            self.commit_in_flight.is_none() && self.checkpoint_in_flight.is_none(),
+            "a checkpoint waits for the commit or checkpoint in flight"
         );
-        for (home, image) in self.nodes.unwritten() {
-            self.write_device_block(home, image, "metadata")?;
-        }
-        self.nodes.all_written_home();
-        self.flush_device("metadata")?;
+        let block_bytes = self.geometry().block_size_bytes;
+        // The journaled images not home yet stay in the node store until
+        // the checkpoint ends, so that reads use them, never their homes
+        // being written.
+        let nodes: BlockWrites = self
+            .nodes
+            .unwritten()
+            .map(|(home, image)| (home, image.to_vec()))
+            .collect();
         // Count blocks before the maps that say they hold counts: a crash
         // between leaves a map that does not know a written count block,
         // whose counts the journal still replays.
-        self.write_count_blocks()?;
-        self.flush_device("share counts")?;
-        let maps = self
-            .space_map
-            .alloc()
-            .dirty_maps(self.geometry().block_size_bytes);
-        for (addr, block) in &maps {
-            self.write_device_block(*addr, block, "allocation map")?;
-        }
-        self.flush_device("allocation maps")?;
-        self.space_map.mark_maps_clean();
+        let counts = self.space_map.shares().dirty_count_blocks(block_bytes);
+        let present: Vec<(u64, u32)> = counts.iter().map(|c| (c.group, c.index)).collect();
+        self.space_map.mark_count_blocks_present(&present);
+        let counts = counts.into_iter().map(|c| (c.home, c.block)).collect();
+        let maps = self.space_map.alloc().dirty_maps(block_bytes);
+
         let mut superblock = self.superblock.clone();
         superblock.volume_table_root = self.committed_roots.volume_table_root;
         superblock.volume_table_height = self.committed_roots.volume_table_height;
@@ -181,29 +244,53 @@ impl State {
         superblock.birth_generation = self.committed_roots.birth_generation;
         superblock.journal_head = self.journal.write_position();
         superblock.journal_sequence = self.journal.sequence();
-        self.write_superblock(&mut superblock)?;
-        self.superblock.generation = superblock.generation;
-        self.superblock.journal_head = superblock.journal_head;
-        self.superblock.journal_sequence = superblock.journal_sequence;
-        self.superblock.group_count = superblock.group_count;
-        self.journal.checkpointed();
-        Ok(())
+        // The next generation goes to the other slot; a failed write does
+        // not use it up, so a retry writes the same (possibly torn) slot
+        // and never the last good one.
+        superblock.generation += 1;
+        let mut superblock_block = vec![0u8; block_bytes as usize];
+        superblock_block[..SUPERBLOCK_LEN].copy_from_slice(&superblock.encode());
+        let superblock_write = vec![(BlockAddr(superblock.slot()), superblock_block)];
+
+        self.metadata_changed();
+        self.checkpoint_in_flight = Some(InFlightCheckpoint { superblock });
+        CheckpointIo {
+            device: self.device().clone(),
+            block_bytes: u64::from(block_bytes),
+            steps: [
+                ("metadata", nodes),
+                ("share counts", counts),
+                ("allocation maps", maps),
+                ("the superblock", superblock_write),
+            ],
+        }
     }
 
-    /// Writes `superblock` with the next generation into its slot and
-    /// flushes it. On failure the generation is not used up, so a retry
-    /// writes the same (possibly torn) slot and never the last good one.
-    pub fn write_superblock(&self, superblock: &mut Superblock) -> Result<()> {
-        superblock.generation += 1;
-        let mut block = vec![0u8; self.geometry().block_size_bytes as usize];
-        block[..SUPERBLOCK_LEN].copy_from_slice(&superblock.encode());
-        let result = self
-            .write_device_block(BlockAddr(superblock.slot()), &block, "superblock")
-            .and_then(|()| self.flush_device("the superblock"));
-        if result.is_err() {
-            superblock.generation -= 1;
-        }
-        result
+    /// The last step of a checkpoint, under the state lock, after its I/O:
+    /// on success the images are home, the counts and maps clean and the
+    /// journal's replay start moved up; on failure all stays to write, and
+    /// the next checkpoint writes it again.
+    pub(crate) fn finish_checkpoint(&mut self, result: Result<()>) -> Result<()> {
+        let in_flight = self
+            .checkpoint_in_flight
+            .take()
+            .expect("a checkpoint is in flight");
+        result?;
+        assert_eq!(
+            in_flight.superblock.journal_head,
+            self.journal.write_position(),
+            "nothing was journaled during a checkpoint"
+        );
+        self.nodes.all_written_home();
+        self.space_map.mark_count_blocks_clean();
+        self.space_map.mark_maps_clean();
+        let written = in_flight.superblock;
+        self.superblock.generation = written.generation;
+        self.superblock.journal_head = written.journal_head;
+        self.superblock.journal_sequence = written.journal_sequence;
+        self.superblock.group_count = written.group_count;
+        self.journal.checkpointed();
+        Ok(())
     }
 
     /// Checks the roots a replayed transaction leaves against the ones

@@ -189,9 +189,20 @@ impl State {
             PreparedCommit::Done(frees) => Ok(frees),
             PreparedCommit::Io(io) => {
                 let outcome = io.run();
-                self.finish_commit(outcome)
+                let frees = self.finish_commit(outcome)?;
+                if self.wants_checkpoint() {
+                    // Opportunistic: if it fails, the next commit tries again.
+                    let _ = self.checkpoint();
+                }
+                Ok(frees)
             }
         }
+    }
+
+    /// True when the journal is half full: a checkpoint is due, so that
+    /// replay stays short and the next transactions find room.
+    pub(crate) fn wants_checkpoint(&self) -> bool {
+        self.journal.wants_checkpoint()
     }
 
     /// The first step of a commit: builds the transaction and does the
@@ -210,7 +221,10 @@ impl State {
 
     /// `prepare_commit`, flushing the data `flush` says.
     pub(crate) fn prepare_commit_with(&mut self, flush: DataFlush) -> Result<PreparedCommit> {
-        assert!(self.commit_in_flight.is_none(), "one commit at a time");
+        assert!(
+            !self.has_io_in_flight(),
+            "one commit or checkpoint at a time"
+        );
         if cfg!(feature = "unsafe-no-journal") {
             self.flush_device("data")?;
             return self.commit_in_place_unsafely().map(PreparedCommit::Done);
@@ -360,7 +374,8 @@ impl State {
 
     /// The last step of a commit, under the state lock, after its I/O:
     /// forgets the images written home, writes the frees that did not fit
-    /// and checkpoints when the journal is half full. Returns the blocks
+    /// (the caller checkpoints when the journal is half full, see
+    /// [`State::wants_checkpoint`]). Returns the blocks
     /// the commit freed (none if its frees could not all be journaled).
     pub(crate) fn finish_commit(&mut self, outcome: CommitIoOutcome) -> Result<Vec<BlockAddr>> {
         let in_flight = self.commit_in_flight.take().expect("a commit is in flight");
@@ -376,10 +391,6 @@ impl State {
             self.nodes.written_home(home);
         }
         let frees_durable = self.append_trailing_frees(in_flight.roots, &in_flight.trailing_frees);
-        if self.journal.wants_checkpoint() {
-            // Opportunistic: if it fails, the next commit tries again.
-            let _ = self.checkpoint();
-        }
         Ok(if frees_durable {
             in_flight.frees
         } else {
@@ -411,9 +422,10 @@ impl State {
         true
     }
 
-    /// Whether a prepared commit waits for [`State::finish_commit`].
-    pub(crate) fn has_commit_in_flight(&self) -> bool {
-        self.commit_in_flight.is_some()
+    /// Whether a prepared commit waits for [`State::finish_commit`], or a
+    /// prepared checkpoint for [`State::finish_checkpoint`].
+    pub(crate) fn has_io_in_flight(&self) -> bool {
+        self.commit_in_flight.is_some() || self.checkpoint_in_flight.is_some()
     }
 
     /// For benchmarks only (feature `unsafe-no-journal`): the commit with

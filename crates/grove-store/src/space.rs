@@ -200,12 +200,16 @@ impl SpaceMap {
         self.alloc.mark_maps_clean();
     }
 
-    /// The count blocks in `written` (group, index) are written: their
-    /// groups' maps say they hold counts, and none is dirty any more.
-    pub(crate) fn mark_count_blocks_written(&mut self, written: &[(u64, u32)]) {
+    /// The count blocks in `written` (group, index) are written (or are
+    /// written before the maps): their groups' maps say they hold counts.
+    pub(crate) fn mark_count_blocks_present(&mut self, written: &[(u64, u32)]) {
         for &(group, index) in written {
             self.alloc.mark_shares_present(group, index);
         }
+    }
+
+    /// The dirty count blocks are durable: none is dirty any more.
+    pub(crate) fn mark_count_blocks_clean(&mut self) {
         self.shares.mark_count_blocks_clean();
     }
 

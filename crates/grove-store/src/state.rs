@@ -91,6 +91,9 @@ pub struct State {
     pub(crate) open_warnings: Vec<String>,
     /// A prepared commit whose I/O may be running without the state lock.
     pub(crate) commit_in_flight: Option<InFlightCommit>,
+    /// A prepared checkpoint whose I/O may be running without the state
+    /// lock (never at the same time as a commit in flight).
+    pub(crate) checkpoint_in_flight: Option<crate::checkpoint::InFlightCheckpoint>,
     /// What punching freed blocks out of the device did, and the blocks
     /// made reusable since they were last punched (`punch.rs` alone).
     pub(crate) punch: crate::punch::Puncher,
@@ -130,6 +133,7 @@ impl State {
             journal,
             committed_roots,
             commit_in_flight: None,
+            checkpoint_in_flight: None,
             punch: Default::default(),
             open_warnings: Vec::new(),
             device,

@@ -248,8 +248,11 @@ fn run_workload(seed: u64) -> Checked {
                 durable = true;
             }
             73..=80 if writable.len() >= 2 => {
-                // Concurrent writers on two volumes; every value either
-                // volume passes through is a legitimate crash state.
+                // Concurrent writers on two volumes, and a third thread
+                // flushing meanwhile (the tiny journal makes its commits
+                // checkpoint often, with the state lock let go during
+                // their I/O); every value either volume passes through is
+                // a legitimate crash state.
                 let a = writable[rng.below(writable.len() as u64) as usize].clone();
                 let b = writable.iter().find(|n| **n != a).unwrap().clone();
                 let mut plans = Vec::new();
@@ -272,6 +275,12 @@ fn run_workload(seed: u64) -> Checked {
                             }
                         });
                     }
+                    let flusher = pool.clone();
+                    scope.spawn(move || {
+                        for _ in 0..2 {
+                            flusher.flush().unwrap();
+                        }
+                    });
                 });
                 for (name, writes) in &plans {
                     for (offset, data) in writes {

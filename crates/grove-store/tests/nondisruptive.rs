@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use grove_store::format::superblock::SUPERBLOCK_SLOTS;
 use grove_store::{
     BlockDevice, ErrorKind, MemDevice, Pool, PoolOptions, RemoveOptions, BOOKMARKS_PER_PARENT_MAX,
     REMOVE_BATCH_SNAPSHOTS,
@@ -478,36 +479,76 @@ fn remove_reports_what_it_adds_to_pending() {
     assert_clean(&pool, "after the removals");
 }
 
-/// A memory device whose flushes wait while its gate is closed: a commit's
-/// I/O that takes as long as the test wants.
-struct GatedFlushDevice {
-    inner: MemDevice,
-    closed: std::sync::Mutex<bool>,
-    opened: std::sync::Condvar,
-    flushes_entered: AtomicU64,
+/// What a gated device holds while its gate is closed.
+#[derive(Clone, Copy, PartialEq)]
+enum Gated {
+    /// Flushes: a commit's I/O that takes as long as the test wants.
+    Flushes,
+    /// Writes to the superblock slots, which only a checkpoint makes: its
+    /// last step waits as long as the test wants.
+    SuperblockWrites,
 }
 
-impl GatedFlushDevice {
+/// A memory device whose flushes, or superblock writes, wait while its
+/// gate is closed.
+struct GatedDevice {
+    inner: MemDevice,
+    gated: Gated,
+    closed: std::sync::Mutex<bool>,
+    opened: std::sync::Condvar,
+    /// Gated operations begun (waiting or not).
+    entered: AtomicU64,
+}
+
+impl GatedDevice {
+    fn new(gated: Gated) -> Arc<GatedDevice> {
+        Arc::new(GatedDevice {
+            inner: MemDevice::new(),
+            gated,
+            closed: std::sync::Mutex::new(false),
+            opened: std::sync::Condvar::new(),
+            entered: AtomicU64::new(0),
+        })
+    }
+
     fn set_closed(&self, closed: bool) {
         *self.closed.lock().unwrap() = closed;
         self.opened.notify_all();
     }
-}
 
-impl BlockDevice for GatedFlushDevice {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.inner.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.inner.write_at(buf, offset)
-    }
-    fn flush(&self) -> io::Result<()> {
-        self.flushes_entered.fetch_add(1, Ordering::SeqCst);
+    fn pass(&self, operation: Gated) {
+        if operation != self.gated {
+            return;
+        }
+        self.entered.fetch_add(1, Ordering::SeqCst);
         let mut closed = self.closed.lock().unwrap();
         while *closed {
             closed = self.opened.wait(closed).unwrap();
         }
-        drop(closed);
+    }
+
+    /// Waits (10 s at most) until a gated operation begins after `since`.
+    fn wait_entered(&self, since: u64) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.entered.load(Ordering::SeqCst) == since {
+            assert!(Instant::now() < deadline, "no gated operation began");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+impl BlockDevice for GatedDevice {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        if offset < SUPERBLOCK_SLOTS * BLOCK {
+            self.pass(Gated::SuperblockWrites);
+        }
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> io::Result<()> {
+        self.pass(Gated::Flushes);
         self.inner.flush()
     }
     fn len_bytes(&self) -> io::Result<u64> {
@@ -521,6 +562,21 @@ impl BlockDevice for GatedFlushDevice {
     }
 }
 
+/// A pool on `device` with volume `v`, block 0 holding 7s durably.
+fn gated_pool(device: &Arc<GatedDevice>, journal_bytes: u64) -> (Pool, grove_store::Volume) {
+    let options = PoolOptions {
+        block_size_bytes: BLOCK as u32,
+        capacity_bytes: None,
+        journal_bytes: Some(journal_bytes),
+    };
+    let pool = Pool::format(device.clone(), &options, Path::new("gated"), None).unwrap();
+    pool.create_volume("v", VOLUME_BYTES).unwrap();
+    let volume = pool.volume("v").unwrap();
+    volume.write_at(&[7u8; BLOCK as usize], 0).unwrap();
+    pool.flush().unwrap();
+    (pool, volume)
+}
+
 /// A second commit (a prune's batch, a reclaim batch, a client's flush)
 /// that comes while another's I/O runs waits for it without the state
 /// lock: other clients' reads go on meanwhile. Waiting under the lock held
@@ -528,33 +584,17 @@ impl BlockDevice for GatedFlushDevice {
 /// flushes many unflushed writes).
 #[test]
 fn a_commit_waiting_for_another_s_io_lets_readers_in() {
-    let device = Arc::new(GatedFlushDevice {
-        inner: MemDevice::new(),
-        closed: std::sync::Mutex::new(false),
-        opened: std::sync::Condvar::new(),
-        flushes_entered: AtomicU64::new(0),
-    });
-    let options = PoolOptions {
-        block_size_bytes: BLOCK as u32,
-        capacity_bytes: None,
-        journal_bytes: Some(4 << 20),
-    };
-    let pool = Pool::format(device.clone(), &options, Path::new("gated"), None).unwrap();
-    pool.create_volume("v", VOLUME_BYTES).unwrap();
-    let volume = pool.volume("v").unwrap();
-    volume.write_at(&[7u8; BLOCK as usize], 0).unwrap();
-    pool.flush().unwrap();
+    let device = GatedDevice::new(Gated::Flushes);
+    let (pool, volume) = gated_pool(&device, 4 << 20);
     volume.write_at(&[8u8; BLOCK as usize], 0).unwrap();
 
     device.set_closed(true);
-    let entered = device.flushes_entered.load(Ordering::SeqCst);
+    let entered = device.entered.load(Ordering::SeqCst);
     let first = std::thread::spawn({
         let pool = pool.clone();
         move || pool.flush()
     });
-    while device.flushes_entered.load(Ordering::SeqCst) == entered {
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    device.wait_entered(entered);
     // The first commit's I/O now waits at the gate, without the lock.
     let second = std::thread::spawn({
         let pool = pool.clone();
@@ -583,4 +623,65 @@ fn a_commit_waiting_for_another_s_io_lets_readers_in() {
     first.join().unwrap().unwrap();
     second.join().unwrap().unwrap();
     assert_clean(&pool, "after both commits");
+}
+
+/// A checkpoint, due once the journal is half full, runs its I/O (a flush
+/// of the whole store per step) with the state lock let go, as a commit
+/// does: other clients read and write meanwhile. Under the lock it held
+/// every NBD request for half a second beside a client writing at full
+/// speed. Its last step, the superblock, waits here at the gate.
+#[test]
+fn a_checkpoint_lets_readers_and_writers_in() {
+    let device = GatedDevice::new(Gated::SuperblockWrites);
+    // 64 journal blocks: a checkpoint every dozen small commits.
+    let (pool, volume) = gated_pool(&device, 64 * BLOCK);
+
+    device.set_closed(true);
+    let entered = device.entered.load(Ordering::SeqCst);
+    let committer = std::thread::spawn({
+        let pool = pool.clone();
+        let volume = pool.volume("v").unwrap();
+        move || -> grove_store::Result<()> {
+            for i in 1..=200u64 {
+                volume.write_at(&[i as u8; BLOCK as usize], i * BLOCK)?;
+                pool.flush()?;
+            }
+            Ok(())
+        }
+    });
+    device.wait_entered(entered);
+    // The checkpoint's superblock write now waits at the gate.
+
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; BLOCK as usize];
+        let outcome = volume
+            .read_at(&mut buf, 0)
+            .and_then(|_| volume.write_at(&[9u8; BLOCK as usize], 0))
+            .map(|_| buf[0]);
+        let _ = done.send(outcome);
+    });
+    let outcome = finished.recv_timeout(Duration::from_secs(10));
+    device.set_closed(false);
+    assert_eq!(
+        outcome
+            .expect("a read and a write waited for a checkpoint's I/O")
+            .unwrap(),
+        7
+    );
+    committer.join().unwrap().unwrap();
+    let volume = pool.volume("v").unwrap();
+    let mut buf = vec![0u8; BLOCK as usize];
+    volume.read_at(&mut buf, 0).unwrap();
+    assert_eq!(buf[0], 9, "the write made during the checkpoint");
+    pool.flush().unwrap();
+    assert_clean(&pool, "after the checkpoint");
+    drop(volume);
+    pool.close().unwrap();
+    let reopened = Pool::open_device(device.clone(), Path::new("gated"), None).unwrap();
+    let volume = reopened.volume("v").unwrap();
+    for (block, expected) in [(0u64, 9u8), (1, 1), (200, 200)] {
+        volume.read_at(&mut buf, block * BLOCK).unwrap();
+        assert_eq!(buf[0], expected, "block {block} after reopening");
+    }
 }

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::sync::MutexGuard;
 
-use super::locking::{lock, settle_commit};
+use super::locking::{lock, settle_io};
 use super::{ensure_changes_allowed, Inner, Pool};
 use crate::config::PoolConfig;
 use crate::error::{Error, ErrorKind, Result};
@@ -91,7 +91,7 @@ pub(super) fn extend_locked(inner: &Inner, state: &mut State) -> Result<bool> {
     if target_blocks <= old_blocks {
         return Ok(false);
     }
-    settle_commit(inner, state)?;
+    settle_io(inner, state)?;
     ensure_changes_allowed(state)?;
     state.raise_capacity(target_blocks)?;
     tracing::info!(
@@ -214,7 +214,7 @@ impl Pool {
                 ));
             }
         }
-        settle_commit(&self.inner, &mut state)?;
+        settle_io(&self.inner, &mut state)?;
         ensure_changes_allowed(&state)?;
         state.raise_capacity(blocks)?;
         Ok(blocks * block_bytes)

@@ -1,13 +1,14 @@
 //! The pool's locks and the commits that run between them. Lock order is
 //! always the state lock, then the I/O gate. A commit lets the state lock
-//! go during its I/O (`commit`); anything that commits or checkpoints with
-//! the lock held first settles a commit in flight (`settle_commit`).
+//! go during its I/O (`commit`), and so does the checkpoint that follows
+//! when the journal is half full; anything that commits or checkpoints
+//! with the lock held first settles the I/O in flight (`settle_io`).
 
 use std::sync::{Mutex, MutexGuard};
 
 use super::punching::punch_freed;
 use super::{ensure_changes_allowed, Inner};
-use crate::commit::{CommitIo, DataFlush, PreparedCommit};
+use crate::commit::{CommitIo, CommitIoOutcome, DataFlush, PreparedCommit};
 use crate::error::{Error, ErrorKind, Result};
 use crate::state::State;
 use crate::types::BlockAddr;
@@ -51,8 +52,8 @@ pub(super) fn commit_background(inner: &Inner) -> Result<()> {
 }
 
 fn commit_with(inner: &Inner, flush: DataFlush) -> Result<()> {
-    let mut state = wait_for_commit_io(inner, lock_state(inner));
-    settle_commit(inner, &mut state)?;
+    let mut state = wait_for_io(inner, lock_state(inner));
+    settle_io(inner, &mut state)?;
     ensure_changes_allowed(&state)?;
     let io = match state.prepare_commit_with(flush) {
         Ok(PreparedCommit::Done(frees)) => {
@@ -72,26 +73,55 @@ fn commit_with(inner: &Inner, flush: DataFlush) -> Result<()> {
     let io_running = lock(&inner.commit_io);
     drop(state);
     let outcome = io.run();
-    *lock(&inner.commit_outcome) = Some(outcome);
+    *lock(&inner.io_outcome) = Some(IoOutcome::Commit(outcome));
     drop(io_running);
-    let mut state = wait_for_commit_io(inner, lock_state(inner));
-    settle_commit(inner, &mut state)?;
+    let mut state = wait_for_io(inner, lock_state(inner));
+    settle_io(inner, &mut state)?;
     // Another committer may have finished it: its failure is the pool's.
     ensure_changes_allowed(&state)?;
+    if state.wants_checkpoint() {
+        state = checkpoint_off_lock(inner, state);
+    }
     drop(state);
     punch_freed(inner);
     Ok(())
 }
 
-/// Waits with the state lock let go while another commit's I/O runs, and
-/// returns the lock once none does: settling that commit under the lock
-/// would hold every client's request for the rest of its I/O (a data
-/// flush of every client's unflushed writes may take hundreds of ms).
-fn wait_for_commit_io<'a>(
+/// Checkpoints with the state lock let go during the checkpoint's I/O, as
+/// a commit does: each of its steps flushes the whole store, which writes
+/// back every client's unflushed writes (half a second under a client
+/// writing at full speed), and clients' requests must not wait for that.
+fn checkpoint_off_lock<'a>(
     inner: &'a Inner,
     mut state: MutexGuard<'a, State>,
 ) -> MutexGuard<'a, State> {
-    while state.has_commit_in_flight() && commit_io_running(inner) {
+    let io = state.prepare_checkpoint();
+    let io_running = lock(&inner.commit_io);
+    drop(state);
+    let result = io.run();
+    *lock(&inner.io_outcome) = Some(IoOutcome::Checkpoint(result));
+    drop(io_running);
+    let mut state = wait_for_io(inner, lock_state(inner));
+    // Settles this checkpoint, unless another thread did first and has
+    // since started a commit: a failure of that commit is in
+    // `state.failed` for its committer and every later one to report.
+    let _ = settle_io(inner, &mut state);
+    state
+}
+
+/// How I/O run without the state lock went, for whoever settles it.
+pub(super) enum IoOutcome {
+    Commit(CommitIoOutcome),
+    Checkpoint(Result<()>),
+}
+
+/// Waits with the state lock let go while another commit's or
+/// checkpoint's I/O runs, and returns the lock once none does: settling it
+/// under the lock would hold every client's request for the rest of its
+/// I/O (a data flush of every client's unflushed writes may take hundreds
+/// of ms).
+fn wait_for_io<'a>(inner: &'a Inner, mut state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+    while state.has_io_in_flight() && io_running(inner) {
         drop(state);
         drop(lock(&inner.commit_io));
         state = lock_state(inner);
@@ -99,32 +129,49 @@ fn wait_for_commit_io<'a>(
     state
 }
 
-/// True while a commit's I/O holds `commit_io` (taken before the state is
-/// let go, given back once its outcome is stored).
-fn commit_io_running(inner: &Inner) -> bool {
+/// True while a commit's or checkpoint's I/O holds `commit_io` (taken
+/// before the state is let go, given back once its outcome is stored).
+fn io_running(inner: &Inner) -> bool {
     matches!(
         inner.commit_io.try_lock(),
         Err(std::sync::TryLockError::WouldBlock)
     )
 }
 
-/// Finishes the commit whose I/O runs (or ran) without the state lock, if
-/// there is one: waits for the I/O, then the bookkeeping under the lock.
-/// Everything that commits or checkpoints under the lock does this first.
-pub(super) fn settle_commit(inner: &Inner, state: &mut State) -> Result<()> {
-    if !state.has_commit_in_flight() {
+/// Finishes the commit or checkpoint whose I/O runs (or ran) without the
+/// state lock, if there is one: waits for the I/O, then the bookkeeping
+/// under the lock. Everything that commits or checkpoints under the lock
+/// does this first. A failed commit fails the pool; a failed checkpoint
+/// leaves its writes to the next one (as an inline one that fails after a
+/// commit does).
+pub(super) fn settle_io(inner: &Inner, state: &mut State) -> Result<()> {
+    if !state.has_io_in_flight() {
         return Ok(());
     }
     let outcome = {
         let _io_done = lock(&inner.commit_io);
-        lock(&inner.commit_outcome).take()
+        lock(&inner.io_outcome).take()
     };
-    let outcome = outcome.unwrap_or_else(|| {
-        CommitIo::failed(Error::new(
+    let lost = || {
+        Error::new(
             ErrorKind::Io,
-            "a commit's I/O ended without an outcome (it panicked)",
-        ))
-    });
+            "I/O run without the state lock ended without an outcome (it panicked)",
+        )
+    };
+    if state.checkpoint_in_flight.is_some() {
+        let result = match outcome {
+            Some(IoOutcome::Checkpoint(result)) => result,
+            _ => Err(lost()),
+        };
+        if let Err(e) = state.finish_checkpoint(result) {
+            tracing::warn!("a checkpoint failed; the next one writes it again: {e}");
+        }
+        return Ok(());
+    }
+    let outcome = match outcome {
+        Some(IoOutcome::Commit(outcome)) => outcome,
+        _ => CommitIo::failed(lost()),
+    };
     match state.finish_commit(outcome) {
         Ok(frees) => {
             release_frees(inner, state, frees);
@@ -156,7 +203,7 @@ pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// state) waits only for reads already in flight, never for a reader that
 /// waits for it.
 pub(super) fn commit_locked(inner: &Inner, state: &mut State) -> Result<()> {
-    settle_commit(inner, state)?;
+    settle_io(inner, state)?;
     ensure_changes_allowed(state)?;
     let frees = match state.commit() {
         Ok(frees) => frees,

@@ -23,7 +23,7 @@ use off_lock::walk_off_lock;
 
 use locking::{
     commit, commit_background, commit_if_large, commit_locked, lock_state, release_frees,
-    settle_commit, write_gate,
+    settle_io, write_gate, IoOutcome,
 };
 
 use std::collections::HashMap;
@@ -34,7 +34,6 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::alloc::Allocator;
 use crate::check::CheckReport;
-use crate::commit::CommitIoOutcome;
 use crate::config::{PoolConfig, CONFIG_FILE_NAME};
 use crate::device::{BlockDevice, FileDevice};
 use crate::diff::DiffExtent;
@@ -162,11 +161,11 @@ struct Inner {
     /// state lock; commit takes it exclusively before it lets freed blocks
     /// be reused, so no read can see a block that was reallocated under it.
     io_gate: RwLock<()>,
-    /// Held by the one commit whose I/O runs without the state lock, from
-    /// before it lets the state go until its outcome is in
-    /// `commit_outcome`: whoever finishes that commit waits here for it.
+    /// Held by the one commit or checkpoint whose I/O runs without the
+    /// state lock, from before it lets the state go until its outcome is
+    /// in `io_outcome`: whoever finishes it waits here for it.
     commit_io: Mutex<()>,
-    commit_outcome: Mutex<Option<CommitIoOutcome>>,
+    io_outcome: Mutex<Option<IoOutcome>>,
     /// Holds the pool's exclusive lock for as long as the pool is open.
     _lock_file: Option<File>,
     /// Claims per volume (NBD clients, open FUSE files): a volume in use
@@ -208,8 +207,9 @@ impl Drop for Inner {
         // Best effort: an explicit close() or flush() reports errors. A pool
         // whose commit failed writes nothing more.
         if let Ok(state) = self.state.get_mut() {
-            // A commit in flight here lost its runner to a panic.
-            if state.failed.is_some() || state.has_commit_in_flight() {
+            // A commit or checkpoint in flight here lost its runner to a
+            // panic.
+            if state.failed.is_some() || state.has_io_in_flight() {
                 return;
             }
             if let Ok(frees) = state.commit() {
@@ -579,7 +579,7 @@ impl Pool {
                 state: Mutex::new(state),
                 io_gate: RwLock::new(()),
                 commit_io: Mutex::new(()),
-                commit_outcome: Mutex::new(None),
+                io_outcome: Mutex::new(None),
                 _lock_file: lock,
                 handles: Mutex::new(HashMap::new()),
                 space: Mutex::new(capacity::SpaceControl::new(SpaceSettings::default(), None)),
@@ -1002,7 +1002,7 @@ impl Pool {
         drop(state);
         punching::punch_backlog(&self.inner, usize::MAX);
         let mut state = self.state();
-        settle_commit(&self.inner, &mut state)?;
+        settle_io(&self.inner, &mut state)?;
         if state.needs_checkpoint() {
             state.checkpoint()?;
         }
@@ -1025,7 +1025,7 @@ impl Pool {
     ) -> Result<CheckReport> {
         let mut state = self.state();
         // The journal must read back every transaction it has reserved.
-        settle_commit(&self.inner, &mut state)?;
+        settle_io(&self.inner, &mut state)?;
         if repair {
             ensure_changes_allowed(&state)?;
         }
@@ -1068,7 +1068,7 @@ impl Pool {
         window_blocks: u64,
     ) -> Result<CheckReport> {
         let mut state = self.state();
-        settle_commit(&self.inner, &mut state)?;
+        settle_io(&self.inner, &mut state)?;
         let never = std::sync::atomic::AtomicBool::new(false);
         state.check_in_windows(repair, window_blocks, &never)
     }
