@@ -8,7 +8,6 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use crate::device::BlockDevice;
-
 use crate::error::{Error, Result};
 use crate::format::journal::AllocChange;
 use crate::format::node::NodeKind;
@@ -215,7 +214,7 @@ impl State {
     /// [`State::finish_checkpoint`] ends it.
     pub(crate) fn prepare_checkpoint(&mut self) -> CheckpointIo {
         assert!(
-            self.commit_in_flight.is_none() && self.checkpoint_in_flight.is_none(),
+            !self.has_io_in_flight(),
             "a checkpoint waits for the commit or checkpoint in flight"
         );
         let block_bytes = self.geometry().block_size_bytes;

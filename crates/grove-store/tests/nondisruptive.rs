@@ -562,6 +562,18 @@ impl BlockDevice for GatedDevice {
     }
 }
 
+/// Runs `work` in a thread of its own and gives its outcome, or an error
+/// if it has not ended within 10 s (it is then left waiting).
+fn within_10_s<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, std::sync::mpsc::RecvTimeoutError> {
+    let (done, outcome) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(work());
+    });
+    outcome.recv_timeout(Duration::from_secs(10))
+}
+
 /// A pool on `device` with volume `v`, block 0 holding 7s durably.
 fn gated_pool(device: &Arc<GatedDevice>, journal_bytes: u64) -> (Pool, grove_store::Volume) {
     let options = PoolOptions {
@@ -606,13 +618,10 @@ fn a_commit_waiting_for_another_s_io_lets_readers_in() {
         "the second commit waits for the first"
     );
 
-    let (done, read) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
+    let outcome = within_10_s(move || {
         let mut buf = vec![0u8; BLOCK as usize];
-        let outcome = volume.read_at(&mut buf, 0).map(|_| buf[0]);
-        let _ = done.send(outcome);
+        volume.read_at(&mut buf, 0).map(|_| buf[0])
     });
-    let outcome = read.recv_timeout(Duration::from_secs(10));
     device.set_closed(false);
     assert_eq!(
         outcome
@@ -652,16 +661,13 @@ fn a_checkpoint_lets_readers_and_writers_in() {
     device.wait_entered(entered);
     // The checkpoint's superblock write now waits at the gate.
 
-    let (done, finished) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
+    let outcome = within_10_s(move || {
         let mut buf = vec![0u8; BLOCK as usize];
-        let outcome = volume
+        volume
             .read_at(&mut buf, 0)
             .and_then(|_| volume.write_at(&[9u8; BLOCK as usize], 0))
-            .map(|_| buf[0]);
-        let _ = done.send(outcome);
+            .map(|_| buf[0])
     });
-    let outcome = finished.recv_timeout(Duration::from_secs(10));
     device.set_closed(false);
     assert_eq!(
         outcome

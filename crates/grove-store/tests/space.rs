@@ -55,6 +55,15 @@ fn fill(volume: &Volume, start: u64) -> (u64, grove_store::Error) {
     }
 }
 
+/// A pool of 4 MiB in `dir` that extends by 2 MiB steps, and its 64 MiB
+/// volume `v`.
+fn stepping_pool(dir: &Path) -> (Pool, Volume) {
+    let pool = create(&dir.join("pool"), 4 * MIB, &stepping(None, 2 * MIB));
+    pool.create_volume("v", 64 * MIB).unwrap();
+    let volume = pool.volume("v").unwrap();
+    (pool, volume)
+}
+
 /// Writes 52 chunks of 64 KiB: past 80% (the default extend_at) of a
 /// 4 MiB capacity, short of its end.
 fn fill_past_extend_at(volume: &Volume) {
@@ -249,9 +258,7 @@ fn at_the_hard_limit_snapshots_are_refused_and_service_resumes_when_space_return
 #[test]
 fn the_watcher_extends_past_extend_at_before_anything_fails() {
     let dir = tempfile::tempdir().unwrap();
-    let pool = create(&dir.path().join("pool"), 4 * MIB, &stepping(None, 2 * MIB));
-    pool.create_volume("v", 64 * MIB).unwrap();
-    let volume = pool.volume("v").unwrap();
+    let (pool, volume) = stepping_pool(dir.path());
     let status = pool.watch_space().unwrap();
     assert_eq!(
         status.capacity_bytes,
@@ -332,9 +339,7 @@ fn settings_live_in_grove_toml_and_bad_ones_are_refused_by_key() {
 #[test]
 fn a_snapshot_past_extend_at_extends_without_a_watcher() {
     let dir = tempfile::tempdir().unwrap();
-    let pool = create(&dir.path().join("pool"), 4 * MIB, &stepping(None, 2 * MIB));
-    pool.create_volume("v", 64 * MIB).unwrap();
-    let volume = pool.volume("v").unwrap();
+    let (pool, volume) = stepping_pool(dir.path());
     fill_past_extend_at(&volume);
     assert_eq!(pool.space_status().capacity_bytes, Some(4 * MIB));
     pool.snapshot("v", "v@1").unwrap();

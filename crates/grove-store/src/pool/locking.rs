@@ -68,14 +68,7 @@ fn commit_with(inner: &Inner, flush: DataFlush) -> Result<()> {
             return Err(e);
         }
     };
-    // Taken before the state is let go, so that whoever finishes this
-    // commit (below, or another committer first) waits for its I/O.
-    let io_running = lock(&inner.commit_io);
-    drop(state);
-    let outcome = io.run();
-    *lock(&inner.io_outcome) = Some(IoOutcome::Commit(outcome));
-    drop(io_running);
-    let mut state = wait_for_io(inner, lock_state(inner));
+    let mut state = run_off_lock(inner, state, || IoOutcome::Commit(io.run()));
     settle_io(inner, &mut state)?;
     // Another committer may have finished it: its failure is the pool's.
     ensure_changes_allowed(&state)?;
@@ -96,17 +89,34 @@ fn checkpoint_off_lock<'a>(
     mut state: MutexGuard<'a, State>,
 ) -> MutexGuard<'a, State> {
     let io = state.prepare_checkpoint();
-    let io_running = lock(&inner.commit_io);
-    drop(state);
-    let result = io.run();
-    *lock(&inner.io_outcome) = Some(IoOutcome::Checkpoint(result));
-    drop(io_running);
-    let mut state = wait_for_io(inner, lock_state(inner));
+    let mut state = run_off_lock(inner, state, || IoOutcome::Checkpoint(io.run()));
     // Settles this checkpoint, unless another thread did first and has
     // since started a commit: a failure of that commit is in
     // `state.failed` for its committer and every later one to report.
     let _ = settle_io(inner, &mut state);
     state
+}
+
+/// Runs the I/O of the commit or checkpoint `state` has in flight with the
+/// state lock let go, leaves its outcome for `settle_io`, and returns the
+/// lock once no I/O runs. The I/O slot is taken before the state is let
+/// go, so that whoever settles it (the caller, or another committer
+/// first) waits for the I/O.
+fn run_off_lock<'a>(
+    inner: &'a Inner,
+    state: MutexGuard<'a, State>,
+    io: impl FnOnce() -> IoOutcome,
+) -> MutexGuard<'a, State> {
+    assert!(
+        state.has_io_in_flight(),
+        "I/O run off the lock is in flight"
+    );
+    let io_running = lock(&inner.commit_io);
+    drop(state);
+    let outcome = io();
+    *lock(&inner.io_outcome) = Some(outcome);
+    drop(io_running);
+    wait_for_io(inner, lock_state(inner))
 }
 
 /// How I/O run without the state lock went, for whoever settles it.
