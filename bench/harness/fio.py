@@ -5,6 +5,8 @@ pages on the host (sync), so none pays for write-back another left behind."""
 
 import json
 import os
+import pathlib
+import time
 
 from procs import run
 
@@ -81,13 +83,35 @@ PLAT_BITS = 6
 
 def logged_nbd_args(job, sock, export, runtime_s, numjobs, iodepth, log_prefix):
     """A time-based job through fio's nbd engine that writes windowed
-    latency histograms to LOG_PREFIX_clat_hist.N.log (N: job number)."""
+    latency histograms to LOG_PREFIX_clat_hist.N.log (N: job number).
+    Rows are stamped on the wall clock (ms since the Unix epoch): fio's
+    own clock starts once its jobs are set up, 100s of ms after fio is
+    started, and spans timed by the harness would land that far off."""
     rw, bs = JOBS[job]
     return ["fio", "--name=job", f"--rw={rw}", f"--bs={bs}", f"--numjobs={numjobs}",
             f"--iodepth={iodepth}", f"--runtime={int(runtime_s * 1000)}ms", "--time_based",
             "--group_reporting", "--output-format=json", "--ioengine=nbd",
             f"--uri={nbd_uri(sock, export)}", f"--log_hist_msec={LOG_WINDOW_MS}",
-            f"--write_hist_log={log_prefix}"]
+            f"--write_hist_log={log_prefix}", "--log_unix_epoch=1"]
+
+
+def mark_origin(log_prefix):
+    """Records now, on the wall clock, as the time base of LOG_PREFIX's
+    rows, and returns it (seconds since the epoch): spans given to
+    span_figures are in ms since then (`ms_since`). Call it just before
+    starting fio."""
+    now = time.time()
+    origin_path(log_prefix).write_text(f"{now * 1000:.3f}\n")
+    return now
+
+
+def ms_since(origin):
+    """ms since ORIGIN (mark_origin's), on the same wall clock."""
+    return (time.time() - origin) * 1000.0
+
+
+def origin_path(log_prefix):
+    return pathlib.Path(f"{log_prefix}_origin_ms")
 
 
 def parse_summary(text):
@@ -110,28 +134,34 @@ def bin_ns(index):
     return (1 << (error_bits + PLAT_BITS)) + (index % per_power + 0.5) * (1 << error_bits)
 
 
-def read_hist_log(path):
-    """(time ms, completions, worst ns) per row of one fio hist log."""
+def read_hist_log(path, origin_ms):
+    """(time ms since ORIGIN_MS, completions, worst ns) per row of one fio
+    hist log stamped on the wall clock."""
     rows = []
     with open(path) as f:
         for line in f:
             fields = line.split(",")
             counts = [int(c) for c in fields[3:]]
             used = [i for i, c in enumerate(counts) if c]
-            rows.append((int(fields[0]), sum(counts), bin_ns(used[-1]) if used else 0))
+            rows.append((int(fields[0]) - origin_ms, sum(counts),
+                         bin_ns(used[-1]) if used else 0))
     return rows
 
 
 def span_figures(log_prefix, numjobs, start_ms, end_ms):
     """IOPS (all jobs) and worst completion latency (ms) over [start_ms,
     end_ms] of a logged run, from the rows that end within it or one
-    window after (a row covers the time since the job's previous row)."""
+    window after (a row covers the time since the job's previous row, or
+    one window for its first). Times are ms since mark_origin(log_prefix)."""
+    origin_ms = float(origin_path(log_prefix).read_text())
     iops = 0.0
     worst_ns = 0
     for n in range(1, numjobs + 1):
         ios = covered_ms = 0
-        previous = 0
-        for t, count, worst in read_hist_log(f"{log_prefix}_clat_hist.{n}.log"):
+        previous = None
+        for t, count, worst in read_hist_log(f"{log_prefix}_clat_hist.{n}.log", origin_ms):
+            if previous is None:
+                previous = t - LOG_WINDOW_MS
             if start_ms <= t < end_ms + LOG_WINDOW_MS:
                 ios += count
                 covered_ms += t - previous

@@ -69,6 +69,9 @@ class Profile:
     # seconds (page cache filling) are not those of the rest, and a span
     # of 3 s (1,000 snapshots) compared there measured that, not pruning.
     retention_prune_lead_s: float = 10.0
+    # The latency probe's rounds (one request in flight) start pruning
+    # this far in: only the worst request counts there, not the pace.
+    retention_probe_lead_s: float = 3.0
     retention_list_volumes: int = 100_000
     retention_list_window_s: float = 8.0
     # A pool over branches: the image each target holds, alternating
@@ -157,6 +160,7 @@ SMOKE = Profile(
     retention_window_s=8.0,
     retention_lead_s=0.3,
     retention_prune_lead_s=0.3,
+    retention_probe_lead_s=0.3,
     retention_list_volumes=200,
     # Room for the four admin commands, ADMIN_GAP_S apart, after the lead.
     retention_list_window_s=2.5,

@@ -216,7 +216,9 @@ def retention_section(r, p):
         label = f"{x['snapshots']:,}"
         if p.get("retention_rounds", 1) > 1:
             label += f" (round {x.get('round', 0) + 1})"
-        rows.append([label, _f(x["prune_s"], 3), _f(x["reclaim_s"], 3),
+        load = (f"{x['numjobs']} x {x['iodepth']}, {x['window_s']:.1f} s" if "load" in x
+                else f"{p['numjobs']} x {p['iodepth']}, {r['window_s']:.1f} s")
+        rows.append([label, load, _f(x["prune_s"], 3), _f(x["reclaim_s"], 3),
                      _n(x["quiet"]["iops"]), _n(x["during"]["iops"]),
                      _f(x["iops_ratio_window"]),
                      _n(x["quiet_span"]["iops"]), _n(x["during_span"]["iops"]),
@@ -230,17 +232,19 @@ def retention_section(r, p):
              "Volumes with N hourly-ranked snapshots an hour apart (a 4 KiB write after "
              "each) and a policy keeping the newest 2, in a pool served by `grove serve` "
              "(its scheduler kept idle). While fio writes random 4K blocks into another "
-             f"volume of the pool ({p['numjobs']} jobs x iodepth {p['iodepth']}, buffered, "
-             f"{r['window_s']:.0f} s window), `grove prune` (metadata work) and then "
+             "volume of the pool (buffered; \"fio\": jobs x iodepth, and the window), "
+             "`grove prune` (metadata work) and then "
              f"`grove gc --wait` (reclaim) run through the control socket, starting "
-             f"{p.get('retention_prune_lead_s', p['retention_lead_s'])} s in; each is a "
+             f"{p.get('retention_prune_lead_s', p['retention_lead_s'])} s in "
+             f"({p.get('retention_probe_lead_s', '-')} s with one request in flight, the "
+             "latency probe, whose window is sized from the full load's spans); each is a "
              "whole `grove` process, timed. The "
              "same window runs just before with no pruning. \"span\" is the stretch "
              "prune and reclaim took, measured in both windows from fio's 100 ms logs; "
              "\"same run\" is the pruned window's own pace outside that span (past its "
              "first 2 s), before and after; "
              "latencies are the worst single request's (completion latency, from fio's histograms).", ""]
-    lines += _table(["snapshots", "prune s", "reclaim s", "IOPS quiet window",
+    lines += _table(["snapshots", "fio", "prune s", "reclaim s", "IOPS quiet window",
                      "IOPS pruned window", "ratio", "IOPS quiet span", "IOPS pruned span",
                      "ratio (span)", "IOPS same run outside", "ratio (same run)",
                      "worst ms quiet span", "worst ms pruned span",
@@ -254,7 +258,8 @@ def retention_section(r, p):
                      f"{_n(f['quiet_iops'])}, worst {_f(f['quiet_lat_max_ms'], 1)} ms)")
         return text
     lines += ["", "Each phase apart (pruned window): " + "; ".join(
-        f"{x['snapshots']:,}: {phase(x, 'prune')}; {phase(x, 'reclaim')}"
+        f"{x['snapshots']:,} ({x.get('numjobs', p['numjobs'])} x "
+        f"{x.get('iodepth', p['iodepth'])}): {phase(x, 'prune')}; {phase(x, 'reclaim')}"
         for x in r["prune"]) + "."]
     lines += ["", "`grove list --json` through the control socket of a served pool while "
               "one fio client reads random 4K blocks (1 job, iodepth 1), against the same "

@@ -149,7 +149,16 @@ fn smoke_profile_runs_every_workload_and_reports() {
     // Retention: every count pruned down to what the policy keeps, inside
     // its window, and the list of every volume timed beside a reader.
     let retention = &results["workloads"]["retention"];
-    for round in retention["prune"].as_array().expect("prune rounds") {
+    let rounds = retention["prune"].as_array().expect("prune rounds");
+    // Each count under fio's full load and under the one-request probe.
+    let under = |load: &str| rounds.iter().filter(|r| r["load"] == load).count();
+    assert!(under("full") > 0, "{retention}");
+    assert_eq!(under("probe"), under("full"), "{retention}");
+    for round in rounds {
+        let in_flight = round["numjobs"].as_u64().zip(round["iodepth"].as_u64());
+        if round["load"] == "probe" {
+            assert_eq!(in_flight, Some((1, 1)), "{round}");
+        }
         assert_eq!(round["kept"], 2, "{round}");
         assert!(round["covered"] == true, "{round}");
         assert!(

@@ -17,7 +17,14 @@ listing a pool of 100,000 volumes while clients do I/O, on pools served by
    reclaim took (fio's 100 ms logs), and the worst single request
    latency in that span against the same span of the quiet window
    (iops_ratio_span, lat_max_ms against quiet_lat_max_ms); each phase
-   apart too.
+   apart too. Each count runs twice over: with fio's full load
+   (`numjobs` x `iodepth`: the IOPS goal) and with the latency probe
+   (one job, one request in flight: the worst-request goal), each on
+   volumes of its own. Under the full load the worst request measures
+   how long a request waits for one of 2 cores (the quiet window's own
+   worst is 4 to 340 ms round to round); the probe leaves a core to
+   spare, so what it waits for is the engine. The probe's window is
+   sized from the full load's spans of the same count.
 2. List: a pool with one volume and snapshots of it up to
    `retention_list_volumes` volumes. One fio client reads random 4 KiB
    blocks (iodepth 1) for a fixed window while `grove list --json` runs
@@ -54,6 +61,14 @@ PREFILL_BYTES = 64 * MIB
 VOLUME_BYTES = 1 << 30
 LIST_READ_JOBS = 1
 LIST_READ_DEPTH = 1
+# The latency probe's fio: one job, one request in flight.
+PROBE_JOBS = 1
+PROBE_DEPTH = 1
+# A probe window runs for its lead, then this many times the longest span
+# prune and reclaim took under the full load, then PROBE_TAIL_S: reclaim
+# paces itself against any busy client, so the probe's span is no longer.
+PROBE_SPAN_FACTOR = 1.25
+PROBE_TAIL_S = 3.0
 FIO_GRACE_S = 120
 # fio's first seconds fill the page cache, at a pace unlike the rest.
 WARMUP_MS = 2000
@@ -119,10 +134,11 @@ def build_prune_pool(ctx, pool):
     g.bench_json("write-extents", "--pool", pool, "--volume", "busy",
                  "--create-size", p.retention_busy_bytes, "--extents", extents)
     built = {}
-    for n, k in prune_cases(p):
-        volume = prune_volume(n, k)
+    for case in prune_cases(p):
+        n = case[0]
+        volume = prune_volume(*case)
         ctx.log(f"retention: building {n:,} hourly snapshots of {volume}")
-        built[n, k] = g.bench_json("ranked-snapshots", "--pool", pool, "--volume", volume,
+        built[case] = g.bench_json("ranked-snapshots", "--pool", pool, "--volume", volume,
                                 "--create-size", VOLUME_BYTES, "--prefill-bytes",
                                 PREFILL_BYTES, "--count", n, "--rank", HOURLY,
                                 "--first-unix-secs", FIRST_UNIX_S, "--step-secs", HOUR_S,
@@ -133,11 +149,12 @@ def build_prune_pool(ctx, pool):
 
 def fio_window(ctx, sock, export, job, numjobs, iodepth, seconds, prefix, during=None):
     """fio for `seconds` (windowed logs at PREFIX); `during(started)` runs
-    meanwhile, given fio's start on the monotonic clock, and returns what
-    it measured. Returns (fio's summary, during's result)."""
+    meanwhile, given the logs' time base (fio.mark_origin), and returns
+    what it measured, timed with fio.ms_since(started). Returns (fio's
+    summary, during's result)."""
     args = fio.logged_nbd_args(job, sock, export, seconds, numjobs, iodepth, prefix)
     os.sync()
-    started = time.monotonic()
+    started = fio.mark_origin(prefix)
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         events = during(started) if during else None
@@ -151,10 +168,6 @@ def fio_window(ctx, sock, export, job, numjobs, iodepth, seconds, prefix, during
     return fio.parse_summary(out), events
 
 
-def ms_since(started):
-    return (time.monotonic() - started) * 1000.0
-
-
 def timed_prune(ctx, pool, volume, now, lead_s):
     """`during` for the pruned window: after lead_s, `grove prune VOLUME`
     then `grove gc --wait`, each timed; times in ms since fio started."""
@@ -162,24 +175,49 @@ def timed_prune(ctx, pool, volume, now, lead_s):
 
     def during(started):
         time.sleep(lead_s)
-        t = {"prune_start_ms": ms_since(started)}
+        t = {"prune_start_ms": fio.ms_since(started)}
         _, t["prune_s"] = run_cli(grove_bin, pool, "prune", volume, "--now", f"@{now}")
-        t["prune_end_ms"] = ms_since(started)
+        t["prune_end_ms"] = fio.ms_since(started)
         _, t["reclaim_s"] = run_cli(grove_bin, pool, "gc", "--wait")
-        t["reclaim_end_ms"] = ms_since(started)
+        t["reclaim_end_ms"] = fio.ms_since(started)
         return t
     return during
 
 
+# The two loads each count is pruned under: fio's full load (the IOPS
+# goal) and the latency probe (the worst-request goal).
+FULL_LOAD = "full"
+PROBE_LOAD = "probe"
+
+
 def prune_cases(p):
-    """(snapshot count, round) of each prune round: `retention_rounds` of
-    each count, on volumes of their own, since one round's worst request
-    is one draw from fio's own heavy tail."""
-    return [(n, k) for n in p.retention_counts for k in range(p.retention_rounds)]
+    """(snapshot count, load, round) of each prune round, in the order
+    they run: for each count, `retention_rounds` under fio's full load,
+    then as many under the probe, each on a volume of its own, since one
+    round's worst request is one draw from fio's own heavy tail."""
+    return [(n, load, k) for n in p.retention_counts for load in (FULL_LOAD, PROBE_LOAD)
+            for k in range(p.retention_rounds)]
 
 
-def prune_volume(n, k):
-    return f"r{n}x{k}"
+def prune_volume(n, load, k):
+    return f"r{n}x{k}" if load == FULL_LOAD else f"r{n}p{k}"
+
+
+def fio_load(p, load):
+    """(jobs, iodepth) of the foreground fio under LOAD."""
+    return (p.numjobs, p.iodepth) if load == FULL_LOAD else (PROBE_JOBS, PROBE_DEPTH)
+
+
+def round_window(p, load, earlier):
+    """(window, lead) in seconds of a round under LOAD, given the rounds
+    of the same count run before it: the full load's from the profile,
+    the probe's sized from the full load's longest span."""
+    if load == FULL_LOAD:
+        return p.retention_window_s, p.retention_prune_lead_s
+    longest_s = max((x["span_ms"][1] - x["span_ms"][0]) / 1000 for x in earlier
+                    if x["load"] == FULL_LOAD)
+    window = p.retention_probe_lead_s + PROBE_SPAN_FACTOR * longest_s + PROBE_TAIL_S
+    return min(window, p.retention_window_s), p.retention_probe_lead_s
 
 
 def prune_rounds(ctx, work):
@@ -189,48 +227,50 @@ def prune_rounds(ctx, work):
     sock = work / "prune.sock"
     rounds = []
     with serve(ctx, ctx.grove.grove, pool, sock, "retention-prune.log"):
-        for n, k in prune_cases(p):
-            rounds.append(prune_round(ctx, work, pool, sock, n, k, built[n, k]))
+        for case in prune_cases(p):
+            n, load, _ = case
+            window, lead = round_window(p, load, [x for x in rounds if x["snapshots"] == n])
+            rounds.append(prune_round(ctx, work, pool, sock, case, built[case], window, lead))
     return rounds
 
 
-def prune_round(ctx, work, pool, sock, n, k, built):
+def prune_round(ctx, work, pool, sock, case, built, window, lead):
     """The quiet window, then the same window with prune and reclaim."""
     p = ctx.profile
-    window = p.retention_window_s
+    n, load, k = case
+    jobs, depth = fio_load(p, load)
     now = built["last_unix_secs"] + HOUR_S // 2
-    volume = prune_volume(n, k)
+    volume = prune_volume(*case)
     before = len(snapshots_of(ctx.grove.grove, pool, volume))
     if before != n:
         raise CommandError(f"{volume} has {before} snapshots before pruning, not {n}")
-    ctx.log(f"retention: {volume}, {n:,} snapshots: quiet window of {window} s")
+    ctx.log(f"retention: {volume}, {n:,} snapshots, {jobs} x {depth} in flight: "
+            f"quiet window of {window:.1f} s")
     quiet_prefix = work / f"quiet-{volume}"
-    quiet, _ = fio_window(ctx, sock, "busy", "rand-write", p.numjobs, p.iodepth, window,
-                          quiet_prefix)
-    ctx.log(f"retention: {volume}: window of {window} s with prune and reclaim")
+    quiet, _ = fio_window(ctx, sock, "busy", "rand-write", jobs, depth, window, quiet_prefix)
+    ctx.log(f"retention: {volume}: window of {window:.1f} s with prune and reclaim")
     busy_prefix = work / f"prune-{volume}"
-    during, t = fio_window(ctx, sock, "busy", "rand-write", p.numjobs, p.iodepth, window,
-                           busy_prefix,
-                           timed_prune(ctx, pool, volume, now, p.retention_prune_lead_s))
+    during, t = fio_window(ctx, sock, "busy", "rand-write", jobs, depth, window, busy_prefix,
+                           timed_prune(ctx, pool, volume, now, lead))
     left = len(snapshots_of(ctx.grove.grove, pool, volume))
     if left != KEEP_HOURLY:
         raise CommandError(f"{volume} has {left} snapshots after pruning, not {KEEP_HOURLY}")
     span = (t["prune_start_ms"], t["reclaim_end_ms"])
-    quiet_span = fio.span_figures(quiet_prefix, p.numjobs, *span)
-    busy_span = fio.span_figures(busy_prefix, p.numjobs, *span)
+    quiet_span = fio.span_figures(quiet_prefix, jobs, *span)
+    busy_span = fio.span_figures(busy_prefix, jobs, *span)
     # Each phase apart, against the same span of the quiet window: which
     # of the two a loss or a stall belongs to.
     phases = {}
     for name, (a, b) in {"prune": (t["prune_start_ms"], t["prune_end_ms"]),
                          "reclaim": (t["prune_end_ms"], t["reclaim_end_ms"])}.items():
-        phase = fio.span_figures(busy_prefix, p.numjobs, a, b)
-        quiet_phase = fio.span_figures(quiet_prefix, p.numjobs, a, b)
+        phase = fio.span_figures(busy_prefix, jobs, a, b)
+        quiet_phase = fio.span_figures(quiet_prefix, jobs, a, b)
         phase["quiet_iops"] = quiet_phase["iops"]
         phase["quiet_lat_max_ms"] = quiet_phase["lat_max_ms"]
         phase["iops_ratio"] = (phase["iops"] / quiet_phase["iops"]
                                if quiet_phase["iops"] else None)
         phases[name] = phase
-    steady = steady_outside(busy_prefix, p.numjobs, span, window * 1000)
+    steady = steady_outside(busy_prefix, jobs, span, window * 1000)
     return {
         "phases": phases,
         "steady_outside": steady,
@@ -239,7 +279,8 @@ def prune_round(ctx, work, pool, sock, n, k, built):
         # pace drifts by more than a 3 s span of pruning can cost).
         "iops_ratio_same_run": (busy_span["iops"] / steady["iops"]
                                 if steady["iops"] else None),
-        "snapshots": n, "round": k, "kept": left, "build_ms": built["build_ms"],
+        "snapshots": n, "load": load, "numjobs": jobs, "iodepth": depth, "round": k,
+        "window_s": window, "lead_s": lead, "kept": left, "build_ms": built["build_ms"],
         "prune_s": t["prune_s"], "reclaim_s": t["reclaim_s"],
         "covered": t["reclaim_end_ms"] <= window * 1000,
         "span_ms": list(span),
@@ -292,9 +333,9 @@ def list_stall(ctx, work, grove_bin, which):
 
     def listing(started):
         time.sleep(p.retention_lead_s)
-        t = {"start_ms": ms_since(started)}
+        t = {"start_ms": fio.ms_since(started)}
         out, t["list_s"] = run_cli(grove_bin, pool, "list", "--json")
-        t["end_ms"] = ms_since(started)
+        t["end_ms"] = fio.ms_since(started)
         t["listed"] = len(json.loads(out))
         return t
 
@@ -347,9 +388,9 @@ def admin_stall(ctx, work):
         time.sleep(p.retention_lead_s)
         timed = []
         for label, args in commands:
-            t = {"command": label, "args": args, "start_ms": ms_since(started)}
+            t = {"command": label, "args": args, "start_ms": fio.ms_since(started)}
             _, t["s"] = run_cli(grove_bin, pool, *args)
-            t["end_ms"] = ms_since(started)
+            t["end_ms"] = fio.ms_since(started)
             timed.append(t)
             time.sleep(ADMIN_GAP_S)
         return timed
