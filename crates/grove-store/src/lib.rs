@@ -63,7 +63,8 @@ pub use pool::{
     guid_hex, validate_volume_name, validate_volume_size, CursorInfo, DiffFrom, DiffReport,
     ForegroundLoad, ForegroundRequest, HoldInfo, PartialReceive, Pool, PoolInfo, PoolOptions,
     RemovalSummary, RemoveOptions, SnapshotIdentity, SnapshotRemoval, Volume, VolumeClaim,
-    VolumeInfo, VolumeSummary, LIST_SLICE_VOLUMES, REMOVE_BATCH_SNAPSHOTS, WALK_ROUNDS_MAX,
+    VolumeInfo, VolumeSummary, LIST_SLICE_VOLUMES, REMOVE_BATCH_SNAPSHOTS, SUMMARY_SLICE_VOLUMES,
+    WALK_ROUNDS_MAX,
 };
 pub use punch::PunchStats;
 pub use reclaim::RECLAIM_BATCH_ENTRIES;

@@ -47,6 +47,11 @@ impl ForegroundCounters {
         ForegroundRequest(self)
     }
 
+    /// Requests running now.
+    pub(super) fn in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
     fn load(&self) -> ForegroundLoad {
         ForegroundLoad {
             started: self.started.load(Ordering::Relaxed),

@@ -22,8 +22,8 @@ pub use retention::HoldInfo;
 use off_lock::walk_off_lock;
 
 use locking::{
-    commit, commit_background, commit_if_large, commit_locked, lock_state, release_frees,
-    settle_io, write_gate, IoOutcome,
+    commit, commit_background, commit_if_large, commit_locked, let_clients_in, lock_state,
+    release_frees, settle_io, write_gate, IoOutcome,
 };
 
 use std::collections::HashMap;
@@ -623,26 +623,49 @@ impl Pool {
             if done {
                 return Ok(infos);
             }
-            // Let a client that waited for this slice have the lock.
-            std::thread::yield_now();
+            let_clients_in(&self.inner);
         }
     }
 
     /// Names of every volume, in creation order, without the accounting.
     pub fn volume_names(&self) -> Vec<String> {
-        self.state()
-            .visible_records()
-            .map(|r| r.name.clone())
-            .collect()
+        self.visible_in_slices(|_, record| record.name.clone())
     }
 
-    /// Every volume, in creation order, without the accounting.
+    /// Every volume, in creation order, without the accounting. `grove rm`,
+    /// the reclaimer and the retention scheduler ask for them.
     pub fn volume_summaries(&self) -> Vec<VolumeSummary> {
-        let state = self.state();
-        state
-            .visible_records()
-            .map(|r| volume_summary(&state, r))
-            .collect()
+        self.visible_in_slices(volume_summary)
+    }
+
+    /// `f` of every visible volume, in creation order, SUMMARY_SLICE_VOLUMES
+    /// per lock hold: 100,000 summaries in one hold kept every client
+    /// waiting about 20 ms. As with `volumes`, a volume made or removed
+    /// meanwhile may or may not be in it.
+    fn visible_in_slices<T>(&self, f: impl Fn(&State, &VolumeRecord) -> T) -> Vec<T> {
+        let mut out = Vec::new();
+        let mut after = VolumeId::NONE;
+        loop {
+            let state = self.state();
+            let slice: Vec<(VolumeId, T)> = state
+                .volume_table
+                .live_records_after(after)
+                .filter(|r| r.is_visible())
+                .take(SUMMARY_SLICE_VOLUMES)
+                .map(|r| (r.id, f(&state, r)))
+                .collect();
+            drop(state);
+            let done = slice.len() < SUMMARY_SLICE_VOLUMES;
+            if let Some(&(last, _)) = slice.last() {
+                assert!(last > after, "slices go forward in creation order");
+                after = last;
+            }
+            out.extend(slice.into_iter().map(|(_, item)| item));
+            if done {
+                return out;
+            }
+            let_clients_in(&self.inner);
+        }
     }
 
     pub fn volume_summary(&self, name: &str) -> Result<VolumeSummary> {
@@ -1161,6 +1184,11 @@ fn volume_summary(state: &State, record: &VolumeRecord) -> VolumeSummary {
 /// Volumes a listing computes per lock hold: how long other clients may
 /// wait for it (each volume's walk uses nodes read without the lock).
 pub const LIST_SLICE_VOLUMES: usize = 16;
+
+/// Volumes a listing without accounting (names, summaries) takes per lock
+/// hold: a summary copies a record's fields and looks up its parent's
+/// name, under 1 ms for a slice in a release build.
+pub const SUMMARY_SLICE_VOLUMES: usize = 2048;
 
 /// The next LIST_SLICE_VOLUMES visible volumes after `after`, with their
 /// accounting; None if some nodes must be read first.
