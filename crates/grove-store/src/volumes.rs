@@ -105,6 +105,27 @@ impl State {
         out
     }
 
+    /// The live volumes whose nearest live ancestor is `id` (as summaries
+    /// show their parent): its live children, and through removed ones
+    /// theirs. In creation order.
+    pub fn children_shown_under(&self, id: VolumeId) -> Vec<VolumeId> {
+        let mut out = Vec::new();
+        let mut removed = vec![id];
+        // A removed record is kept while it has children, so every line
+        // down from `id` ends at a live volume; ids only grow down a
+        // family, so there is no cycle to guard against.
+        while let Some(next) = removed.pop() {
+            for child in self.volume_table.children_of(next) {
+                match self.volume_table.live(child) {
+                    Some(_) => out.push(child),
+                    None => removed.push(child),
+                }
+            }
+        }
+        out.sort_unstable();
+        out
+    }
+
     pub(crate) fn next_volume_id(&mut self) -> VolumeId {
         let id = self.superblock.next_volume_id;
         self.superblock.next_volume_id = VolumeId(id.0 + 1);

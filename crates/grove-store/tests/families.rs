@@ -97,6 +97,9 @@ fn random_family_trees_keep_every_byte_through_interior_removals() {
             .iter()
             .any(|v| v.summary.parent.as_deref() == Some(name.as_str()));
         removed_with_children += u64::from(has_children);
+        if round % 10 == 0 {
+            assert_families_match_the_pool_list(&pool, &format!("round {round}"));
+        }
         let freed = pool.remove_volume(&name).unwrap();
         assert!(freed <= info.summary.referenced_bytes);
         model.remove(&name);
@@ -120,6 +123,25 @@ fn random_family_trees_keep_every_byte_through_interior_removals() {
     assert_eq!(info.referenced_bytes, 0);
     assert_eq!(info.pending_free_bytes, 0);
     assert_clean(&pool, "after removing everything");
+}
+
+/// Each volume's family summaries are its own summary, then every volume
+/// the whole pool's summaries show under it (through removed members), in
+/// creation order; an unknown name is an error.
+fn assert_families_match_the_pool_list(pool: &Pool, context: &str) {
+    let all = pool.volume_summaries();
+    for volume in &all {
+        let family = pool.family_summaries(&volume.name).unwrap();
+        let under: Vec<_> = all
+            .iter()
+            .filter(|s| s.parent.as_deref() == Some(volume.name.as_str()))
+            .cloned()
+            .collect();
+        assert_eq!(family[0], *volume, "{context}");
+        assert_eq!(family[1..], under[..], "{context}: {}", volume.name);
+    }
+    let e = pool.family_summaries("nope").unwrap_err();
+    assert_eq!(e.kind(), grove_store::ErrorKind::NotFound, "{context}: {e}");
 }
 
 #[test]

@@ -486,11 +486,9 @@ fn list(pool: &dyn Admin, json: bool) -> Result<()> {
 
 fn remove(pool: &dyn Admin, name: &str, recursive: bool, force: bool) -> Result<()> {
     let info = pool.volume_info(name)?;
-    let dependents = pool
-        .summaries()?
-        .iter()
-        .filter(|v| v.parent.as_deref() == Some(name))
-        .count();
+    // The family's summaries, not the pool's: 100,000 of them took most of
+    // a half-second `rm`.
+    let dependents = pool.family_summaries(name)?.len() - 1;
     let freed_bytes = pool.remove(name, recursive, force)?;
     say(format_args!(
         "removed {} {name:?}{}; it gives back {}",

@@ -103,6 +103,9 @@ pub trait Admin {
     fn volumes(&self) -> grove_store::Result<Vec<VolumeInfo>>;
     /// Every volume without the accounting (cheap at any pool size).
     fn summaries(&self) -> grove_store::Result<Vec<VolumeSummary>>;
+    /// `name`'s summary, then those of the volumes shown under it: a
+    /// family's, without listing the whole pool.
+    fn family_summaries(&self, name: &str) -> grove_store::Result<Vec<VolumeSummary>>;
     fn volume_info(&self, name: &str) -> grove_store::Result<VolumeInfo>;
     fn info(&self) -> grove_store::Result<PoolInfo>;
     fn check(&self, repair: bool) -> grove_store::Result<CheckReport>;
@@ -217,6 +220,9 @@ impl Admin for Pool {
     fn summaries(&self) -> grove_store::Result<Vec<VolumeSummary>> {
         Ok(Pool::volume_summaries(self))
     }
+    fn family_summaries(&self, name: &str) -> grove_store::Result<Vec<VolumeSummary>> {
+        Pool::family_summaries(self, name)
+    }
     fn volume_info(&self, name: &str) -> grove_store::Result<VolumeInfo> {
         Pool::volume_info(self, name)
     }
@@ -328,6 +334,9 @@ enum Request {
     },
     List,
     Summaries,
+    FamilySummaries {
+        name: String,
+    },
     VolumeInfo {
         name: String,
     },
@@ -455,6 +464,7 @@ fn execute(opened: &OpenedPool, request: Request, stopping: &AtomicBool) -> Repl
         Request::Rename { name, new_name } => reply(pool.rename_volume(&name, &new_name)),
         Request::List => reply(pool.volumes()),
         Request::Summaries => reply(Ok(pool.volume_summaries())),
+        Request::FamilySummaries { name } => reply(pool.family_summaries(&name)),
         Request::VolumeInfo { name } => reply(pool.volume_info(&name)),
         Request::Info => reply(pool.info()),
         Request::Check { repair } => {
@@ -1191,6 +1201,9 @@ impl Admin for ControlClient {
     }
     fn summaries(&self) -> grove_store::Result<Vec<VolumeSummary>> {
         self.call(Request::Summaries)
+    }
+    fn family_summaries(&self, name: &str) -> grove_store::Result<Vec<VolumeSummary>> {
+        self.call(Request::FamilySummaries { name: name.into() })
     }
     fn volume_info(&self, name: &str) -> grove_store::Result<VolumeInfo> {
         self.call(Request::VolumeInfo { name: name.into() })

@@ -54,16 +54,27 @@ pub fn volumes_under_policy(
     now: u64,
     only: &[String],
 ) -> Result<Vec<VolumeUnderPolicy>> {
-    let summaries = admin.summaries()?;
-    for name in only {
-        match summaries.iter().find(|s| &s.name == name) {
-            None => bail!("no volume named {name:?}"),
-            Some(s) if s.kind == VolumeKind::Snapshot => bail!(
-                "{name:?} is a snapshot; retention works on the volume its snapshots are taken of"
-            ),
-            Some(_) => {}
+    // Named volumes: their families only, not the whole pool (`grove
+    // prune VOLUME` beside 100,000 other volumes).
+    let summaries = if only.is_empty() {
+        admin.summaries()?
+    } else {
+        let mut summaries = Vec::new();
+        for name in only {
+            let family = admin.family_summaries(name)?;
+            if family[0].kind == VolumeKind::Snapshot {
+                bail!(
+                    "{name:?} is a snapshot; retention works on the volume its snapshots are taken of"
+                );
+            }
+            summaries.extend(family);
         }
-    }
+        // Two named volumes of one family (a volume and its clone) would
+        // list the clone twice.
+        summaries.sort_by_key(|s| s.id);
+        summaries.dedup_by_key(|s| s.id);
+        summaries
+    };
     let mut holds: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for hold in admin.holds()? {
         if hold.until_unix_secs.is_none_or(|until| until > now) {

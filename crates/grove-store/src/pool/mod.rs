@@ -638,6 +638,34 @@ impl Pool {
         self.visible_in_slices(volume_summary)
     }
 
+    /// `name`'s summary, then those of the volumes shown under it (its
+    /// children, and through removed ones theirs), in creation order: what
+    /// `grove prune VOLUME` and `grove rm` need of a family, without
+    /// listing the whole pool. The children come SUMMARY_SLICE_VOLUMES per
+    /// lock hold; one removed meanwhile is left out.
+    pub fn family_summaries(&self, name: &str) -> Result<Vec<VolumeSummary>> {
+        let (head, children) = {
+            let state = self.state();
+            let record = state.volume_by_name(name)?;
+            let children = state.children_shown_under(record.id);
+            (volume_summary(&state, record), children)
+        };
+        let mut out = Vec::with_capacity(1 + children.len());
+        out.push(head);
+        for slice in children.chunks(SUMMARY_SLICE_VOLUMES) {
+            let_clients_in(&self.inner);
+            let state = self.state();
+            out.extend(
+                slice
+                    .iter()
+                    .filter_map(|id| state.volume_table.live(*id))
+                    .filter(|record| record.is_visible())
+                    .map(|record| volume_summary(&state, record)),
+            );
+        }
+        Ok(out)
+    }
+
     /// `f` of every visible volume, in creation order, SUMMARY_SLICE_VOLUMES
     /// per lock hold: 100,000 summaries in one hold kept every client
     /// waiting about 20 ms. As with `volumes`, a volume made or removed
