@@ -293,9 +293,7 @@ def retention_targets(r):
             "; ".join(f"{c['command']}: worst read {c['stall_ms']:.1f} ms during "
                       f"{c['s']:.3f} s, {c['quiet_span']['lat_max_ms']:.1f} ms quiet"
                       for c in admin["commands"]),
-            "resize is the one past 10 ms (12.8 to 28.7 ms in five runs, though the "
-            "command takes 4 to 7 ms): it commits with the state lock held "
-            "(commit_locked), as rename does, and growing v also adds a radix level and "
-            "walks v for its figures; not profiled further. info, rename and rm stay within a few ms "
-            "of the quiet window"))
+            "a read waits while a command holds the state lock (its change and "
+            "commit; listings go in slices of 2,048 volumes), or for a core the "
+            "command's process and the daemon take on 2 cores"))
     return checks
