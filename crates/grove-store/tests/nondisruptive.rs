@@ -172,8 +172,8 @@ fn a_listing_of_many_volumes_lets_readers_in() {
     );
 }
 
-/// Summaries (what `grove rm`, the reclaimer and the retention scheduler
-/// ask for) are taken a slice per lock hold, with a pause between slices
+/// Summaries (what the reclaimer and the retention scheduler ask for) are
+/// taken a slice per lock hold, with a pause between slices
 /// while clients wait: were the lock held across a whole listing (100,000
 /// volumes held every client for about 20 ms), no read could both start
 /// and end inside one.
@@ -201,8 +201,7 @@ fn a_summary_listing_lets_readers_in() {
         .collect();
     inside.sort_unstable();
     // Unsliced, or sliced without a pause for waiters, the median listing
-    // had no read inside (and the most any had was 4); sliced with the
-    // pause, hundreds.
+    // had no read inside; sliced with the pause, hundreds.
     assert!(
         inside[LISTINGS / 2] >= 20,
         "reads inside each of {LISTINGS} summary listings: {inside:?}"

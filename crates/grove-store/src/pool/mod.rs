@@ -632,8 +632,8 @@ impl Pool {
         self.visible_in_slices(|_, record| record.name.clone())
     }
 
-    /// Every volume, in creation order, without the accounting. `grove rm`,
-    /// the reclaimer and the retention scheduler ask for them.
+    /// Every volume, in creation order, without the accounting (the
+    /// reclaimer and the retention scheduler ask for them).
     pub fn volume_summaries(&self) -> Vec<VolumeSummary> {
         self.visible_in_slices(volume_summary)
     }
