@@ -13,7 +13,7 @@ use crate::format::journal::AllocChange;
 use crate::format::node::NodeKind;
 use crate::format::shares::SHARE_BLOCKS_PER_GROUP;
 use crate::format::superblock::{Superblock, SUPERBLOCK_LEN};
-use crate::state::State;
+use crate::state::{flush, write_block, State};
 use crate::types::BlockAddr;
 
 /// How the trees reach a block: by how many entries or records, and
@@ -50,26 +50,12 @@ pub(crate) struct InFlightCheckpoint {
 
 impl CheckpointIo {
     pub(crate) fn run(&self) -> Result<()> {
+        let device = self.device.as_ref();
         for (what, writes) in &self.steps {
             for (addr, block) in writes {
-                self.device
-                    .write_at(block, addr.0 * self.block_bytes)
-                    .map_err(|e| {
-                        Error::io(
-                            format!(
-                                "cannot write {what} at {addr} of {}",
-                                self.device.describe()
-                            ),
-                            e,
-                        )
-                    })?;
+                write_block(device, self.block_bytes, *addr, block, what)?;
             }
-            self.device.flush().map_err(|e| {
-                Error::io(
-                    format!("cannot flush {what} to {}", self.device.describe()),
-                    e,
-                )
-            })?;
+            flush(device, what)?;
         }
         Ok(())
     }

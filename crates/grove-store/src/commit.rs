@@ -79,12 +79,7 @@ impl CommitIo {
             homes_written: Vec::new(),
         };
         if self.flush_data {
-            outcome.result = self.device.flush().map_err(|e| {
-                Error::io(
-                    format!("cannot flush data to {}", self.device.describe()),
-                    e,
-                )
-            });
+            outcome.result = crate::state::flush(self.device.as_ref(), "data");
             if outcome.result.is_err() {
                 return outcome;
             }

@@ -210,26 +210,17 @@ impl State {
 
     pub(crate) fn write_device_block(&self, addr: BlockAddr, buf: &[u8], what: &str) -> Result<()> {
         self.metadata_changed();
-        self.device
-            .write_at(buf, self.block_offset(addr))
-            .map_err(|e| {
-                Error::io(
-                    format!(
-                        "cannot write {what} at {addr} of {}",
-                        self.device.describe()
-                    ),
-                    e,
-                )
-            })
+        write_block(
+            self.device.as_ref(),
+            self.geometry.block_bytes(),
+            addr,
+            buf,
+            what,
+        )
     }
 
     pub(crate) fn flush_device(&self, what: &str) -> Result<()> {
-        self.device.flush().map_err(|e| {
-            Error::io(
-                format!("cannot flush {what} to {}", self.device.describe()),
-                e,
-            )
-        })
+        flush(self.device.as_ref(), what)
     }
     /// Grows the device to span every allocation group, so that the store
     /// never looks truncated to the next open (the groups' blocks may not
@@ -488,4 +479,28 @@ impl State {
         }
         released
     }
+}
+
+/// Writes `buf` at block `addr` of `device`; an error names `what` and
+/// where. For I/O run with or without the state lock alike.
+pub(crate) fn write_block(
+    device: &dyn BlockDevice,
+    block_bytes: u64,
+    addr: BlockAddr,
+    buf: &[u8],
+    what: &str,
+) -> Result<()> {
+    device.write_at(buf, addr.0 * block_bytes).map_err(|e| {
+        Error::io(
+            format!("cannot write {what} at {addr} of {}", device.describe()),
+            e,
+        )
+    })
+}
+
+/// Flushes `device`; an error names `what` was being made durable.
+pub(crate) fn flush(device: &dyn BlockDevice, what: &str) -> Result<()> {
+    device
+        .flush()
+        .map_err(|e| Error::io(format!("cannot flush {what} to {}", device.describe()), e))
 }

@@ -652,8 +652,10 @@ impl Pool {
         };
         let mut out = Vec::with_capacity(1 + children.len());
         out.push(head);
-        for slice in children.chunks(SUMMARY_SLICE_VOLUMES) {
-            let_clients_in(&self.inner);
+        for (i, slice) in children.chunks(SUMMARY_SLICE_VOLUMES).enumerate() {
+            if i > 0 {
+                let_clients_in(&self.inner);
+            }
             let state = self.state();
             out.extend(
                 slice
