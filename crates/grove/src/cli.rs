@@ -1,8 +1,8 @@
 //! The command line: every command, argument and flag, with its help text.
 //!
 //! Sizes and offsets are taken as text and parsed by `size::parse_size` in
-//! the commands, so a bad size is an ordinary error (exit 1), while clap
-//! keeps exit 2 for malformed command lines. Every size, offset and length
+//! the commands, so a bad size gets grove's one line naming the argument
+//! (a usage error, exit 2, as clap's own are). Every size, offset and length
 //! allows a leading '-' (`allow_hyphen_values`): clap would otherwise read
 //! `--size -5G` as an unknown flag and print a multi-line usage error,
 //! where parse_size refuses it in one line.

@@ -1,7 +1,8 @@
 //! `grove`: the command line over the grove-store engine.
 //!
 //! Every failure ends the same way: one line `grove: error: <message>` on
-//! stderr and exit code 1. Usage errors are clap's, with exit code 2.
+//! stderr, with exit code 1, or 2 for a command line that cannot be taken
+//! as written (usage.rs).
 
 mod branches;
 mod cli;
@@ -26,6 +27,7 @@ mod space_cmd;
 mod space_hook;
 mod space_watch;
 mod transfer;
+mod usage;
 mod worker;
 
 use std::process::ExitCode;
@@ -36,14 +38,36 @@ use clap::Parser;
 const EXIT_FAILURE: u8 = 1;
 
 fn main() -> ExitCode {
-    let cli = cli::Cli::parse();
+    let cli = match cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => return clap_exit(&error),
+    };
     match commands::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(error) if usage::is_usage_error(&error) => {
+            let pointer = usage::help_pointer_for_this_command_line();
+            eprintln!("grove: error: {} {pointer}", one_line(&error));
+            ExitCode::from(usage::EXIT_USAGE)
+        }
         Err(error) => {
             eprintln!("grove: error: {}", one_line(&error));
             ExitCode::from(EXIT_FAILURE)
         }
     }
+}
+
+/// `--help` and `--version` print as clap lays them out and exit 0; any
+/// other parse failure is one error line and exit 2.
+fn clap_exit(error: &clap::Error) -> ExitCode {
+    if !error.use_stderr() {
+        // Help or version: clap prints it to stdout.
+        return match error.print() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(_) => ExitCode::from(EXIT_FAILURE),
+        };
+    }
+    eprintln!("grove: error: {}", usage::clap_error_line(error));
+    ExitCode::from(usage::EXIT_USAGE)
 }
 
 /// The error and its causes joined with ": " on one line. A cause whose text

@@ -4,9 +4,12 @@
 //! `KiB` all mean 1024): block devices are sized in binary units, and one
 //! meaning per letter avoids a 2.4% surprise between `10GB` and `10GiB`.
 //! Sizes are parsed as text in the command, not by clap, so that a bad size
-//! is a plain error (exit 1) naming the argument, like every other error.
+//! gets one line naming the argument and the reason; that line is a usage
+//! error (exit 2), as clap's own are.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
+
+use crate::usage::UsageError;
 
 /// Binary multipliers by the letter that starts a suffix.
 const UNIT_MULTIPLIERS: [(char, u64); 4] = [
@@ -23,7 +26,9 @@ const FRACTION_DIGITS_MAX: usize = 12;
 
 /// Parses a size in bytes. `what` names the argument in the error message.
 pub fn parse_size(text: &str, what: &str) -> Result<u64> {
-    parse(text.trim()).with_context(|| format!("invalid {what} {text:?}"))
+    parse(text.trim()).map_err(|reason| {
+        anyhow::Error::new(UsageError(format!("invalid {what} {text:?}: {reason}")))
+    })
 }
 
 fn parse(text: &str) -> Result<u64> {

@@ -160,13 +160,28 @@ impl Pool {
         self.refused_with_stdin(args, None)
     }
 
+    /// Runs a command line that must be refused as a usage error (exit 2)
+    /// and change nothing; returns the error line.
+    fn refused_usage(&self, args: &[&str]) -> String {
+        self.refused_checked(args, None, expect_usage_line)
+    }
+
     fn refused_with_stdin(&self, args: &[&str], input: Option<&[u8]>) -> String {
+        self.refused_checked(args, input, expect_error_line)
+    }
+
+    fn refused_checked(
+        &self,
+        args: &[&str],
+        input: Option<&[u8]>,
+        expect: fn(&[&str], &Output) -> String,
+    ) -> String {
         let before = self.snapshot_state();
         let output = match input {
             Some(input) => self.run_with_stdin(args, input),
             None => self.run(args),
         };
-        let line = expect_error_line(args, &output);
+        let line = expect(args, &output);
         let after = self.snapshot_state();
         assert!(before.0 == after.0, "{args:?} changed the volume list");
         assert_eq!(before.1, after.1, "{args:?} changed the pool info");
@@ -188,11 +203,26 @@ fn expect_success(args: &[&str], output: Output) -> Vec<u8> {
 /// Checks the error contract: exit code 1 and exactly one stderr line
 /// starting with "grove: error:". Returns that line.
 fn expect_error_line(args: &[&str], output: &Output) -> String {
+    expect_error_line_with_code(args, output, 1)
+}
+
+/// The usage error contract: exit code 2, one line "grove: error: …"
+/// ending with a pointer to a command's --help. Returns that line.
+fn expect_usage_line(args: &[&str], output: &Output) -> String {
+    let line = expect_error_line_with_code(args, output, 2);
+    assert!(
+        line.ends_with(" --help')") && line.contains("(see 'grove"),
+        "grove {args:?}: no pointer to --help: {line}"
+    );
+    line
+}
+
+fn expect_error_line_with_code(args: &[&str], output: &Output, code: i32) -> String {
     let stderr = String::from_utf8(output.stderr.clone()).unwrap();
     assert_eq!(
         output.status.code(),
-        Some(1),
-        "grove {args:?} should fail with exit 1; stderr: {stderr}"
+        Some(code),
+        "grove {args:?} should fail with exit {code}; stderr: {stderr}"
     );
     assert!(
         stderr.starts_with("grove: error: ") && stderr.ends_with('\n'),
@@ -1035,11 +1065,13 @@ fn bad_volume_sizes_are_refused() {
         (&["create", "x", "--size", "1.25K"], "multiple of 512"),
         (&["resize", "v", "0"], "invalid volume size 0"),
         (&["resize", "v", "513"], "multiple of 512"),
-        (&["create", "x", "--size", "100P"], "invalid size"),
     ] {
         let line = pool.refused(args);
         assert!(line.contains(reason), "{args:?}: {line}");
     }
+    // A size whose text cannot be read is a usage error.
+    let line = pool.refused_usage(&["create", "x", "--size", "100P"]);
+    assert!(line.contains("invalid size"), "{line}");
 }
 
 #[test]
@@ -1064,12 +1096,12 @@ fn bad_size_strings_are_refused() {
             &["read", "v", "--length", text],
             &["write", "v", "--offset", text, "data"],
         ] {
-            let line = pool.refused(args);
+            let line = pool.refused_usage(args);
             assert!(line.contains("invalid "), "{args:?}: {line}");
         }
     }
     // A negative number glued to its flag, or not.
-    let line = pool.refused(&["create", "x", "--size=-5"]);
+    let line = pool.refused_usage(&["create", "x", "--size=-5"]);
     assert!(line.contains("invalid size \"-5\""), "{line}");
 }
 
@@ -1089,7 +1121,7 @@ fn negative_sizes_and_offsets_get_one_line() {
         (&["write", "v", "--offset", "-1", "data"], "offset \"-1\""),
         (&["write", "v", "data", "--offset", "-4K"], "offset \"-4K\""),
     ] {
-        let line = pool.refused(args);
+        let line = pool.refused_usage(args);
         assert!(
             line.contains(&format!("invalid {what}")) && line.contains("cannot be negative"),
             "{args:?}: {line}"
@@ -1100,7 +1132,7 @@ fn negative_sizes_and_offsets_get_one_line() {
         &["init", "--capacity", "-1G"],
     ] {
         let fresh = Pool::uninitialized();
-        let line = expect_error_line(args, &fresh.run(args));
+        let line = expect_usage_line(args, &fresh.run(args));
         assert!(line.contains("cannot be negative"), "{args:?}: {line}");
         assert!(!fresh.path.exists(), "{args:?} made a pool");
     }
@@ -1113,7 +1145,13 @@ fn bad_block_size_is_refused() {
     for text in ["3K", "128K", "512", "0", "abc", "4Q"] {
         let pool = Pool::uninitialized();
         let output = pool.run(&["init", "--block-size", text]);
-        let line = expect_error_line(&["init", text], &output);
+        // Text that is no size at all is a usage error; a size the pool
+        // cannot take is refused as any other error.
+        let line = if text.ends_with(|c: char| c.is_ascii_digit() || c == 'K') {
+            expect_error_line(&["init", text], &output)
+        } else {
+            expect_usage_line(&["init", text], &output)
+        };
         assert!(line.contains("block size"), "{text}: {line}");
         assert!(
             !pool.path.exists(),
@@ -1122,7 +1160,7 @@ fn bad_block_size_is_refused() {
     }
     let pool = Pool::uninitialized();
     let output = pool.run(&["init", "--capacity", "lots"]);
-    expect_error_line(&["init", "--capacity"], &output);
+    expect_usage_line(&["init", "--capacity"], &output);
     assert!(!pool.path.exists());
 }
 
@@ -1312,10 +1350,23 @@ fn usage_errors_exit_2() {
         &["list", "--bogus"],
         &[],
         &["snapshot", "only-one"],
+        &["list", "--json", "extra"],
+        &["policy", "set"],
     ] {
-        let output = pool.run(args);
-        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        let line = expect_usage_line(args, &pool.run(args));
+        assert!(!line.contains("Usage:"), "{args:?}: {line}");
     }
+    // The pointer names the command that was misused.
+    let line = expect_usage_line(&["list", "--bogus"], &pool.run(&["list", "--bogus"]));
+    assert!(
+        line.contains("'--bogus'") && line.ends_with("(see 'grove list --help')"),
+        "{line}"
+    );
+    let args = ["resize", "v", "12Q"];
+    let line = expect_usage_line(&args, &pool.run(&args));
+    assert!(line.ends_with("(see 'grove resize --help')"), "{line}");
+    // Version is not an error either.
+    assert!(pool.run(&["--version"]).status.success());
     // Help is not an error.
     let output = pool.run(&["--help"]);
     assert!(output.status.success());
@@ -1689,10 +1740,6 @@ fn bad_space_settings_get_one_line_and_change_nothing() {
             "space.host_reserve",
         ),
         (
-            &["space", "set", "--max-capacity", "lots"][..],
-            "max capacity",
-        ),
-        (
             &["space", "set", "--auto-extend", "maybe"][..],
             "say on or off",
         ),
@@ -1721,6 +1768,10 @@ fn bad_space_settings_get_one_line_and_change_nothing() {
             "{args:?}"
         );
     }
+    // A size whose text cannot be read is a usage error (exit 2).
+    let line = pool.refused_usage(&["space", "set", "--max-capacity", "lots"]);
+    assert!(line.contains("max capacity"), "{line}");
+    assert_eq!(fs::read_to_string(&config_path).unwrap(), config);
     let fresh = Pool::uninitialized();
     let output = fresh.run(&["init", "--capacity", "5G", "--max-capacity", "2G"]);
     let line = expect_error_line(&["init"], &output);
