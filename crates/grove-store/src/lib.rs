@@ -62,7 +62,7 @@ pub use format::record::VolumeKind;
 pub use pool::{
     guid_hex, validate_volume_name, validate_volume_size, CursorInfo, DiffFrom, DiffReport,
     ForegroundLoad, ForegroundRequest, HoldInfo, PartialReceive, Pool, PoolInfo, PoolOptions,
-    RemovalSummary, RemoveOptions, SnapshotIdentity, SnapshotRemoval, Volume, VolumeClaim,
+    RemovalSummary, RemoveOptions, Shrink, SnapshotIdentity, SnapshotRemoval, Volume, VolumeClaim,
     VolumeInfo, VolumeSummary, LIST_SLICE_VOLUMES, REMOVE_BATCH_SNAPSHOTS, SUMMARY_SLICE_VOLUMES,
     WALK_ROUNDS_MAX,
 };

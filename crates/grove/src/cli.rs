@@ -410,13 +410,19 @@ pub enum Command {
     },
 
     /// Grow or shrink a writable volume
-    #[command(after_help = "Example:\n  grove resize disk 20G")]
+    #[command(
+        after_help = "Examples:\n  grove resize disk 20G\n  grove resize disk 1G --force    shrink, dropping what lies past 1 GiB"
+    )]
     Resize {
         /// Volume to resize
         name: String,
-        /// New size, a multiple of 512 bytes. Shrinking drops the data past the new end
+        /// New size, a multiple of 512 bytes
         #[arg(allow_hyphen_values = true)]
         size: String,
+        /// Allow shrinking, which drops the data past the new end (refused
+        /// without it, saying how much data that is)
+        #[arg(long)]
+        force: bool,
     },
 
     /// Give a volume a new name

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use grove_store::types::is_valid_block_size;
-use grove_store::{Pool, PoolOptions, SpaceSettings};
+use grove_store::{Pool, PoolOptions, Shrink, SpaceSettings};
 
 use crate::branches::BranchAdmin;
 use crate::cli::{BranchCommand, Cli, Command};
@@ -303,7 +303,7 @@ fn run_admin(pool: &dyn Admin, branches: &dyn BranchAdmin, command: Command) -> 
                 }
             ))
         }
-        Command::Resize { name, size } => resize(pool, &name, &size),
+        Command::Resize { name, size, force } => resize(pool, &name, &size, force),
         Command::Rename { name, new_name } => {
             pool.rename_volume(&name, &new_name)?;
             say(format_args!("renamed {name:?} to {new_name:?}"))
@@ -535,10 +535,25 @@ pub(crate) fn reclaim_with_progress(pool: &Pool) -> Result<u64> {
     Ok(pool.reclaim_all(|freed| bar.set_position(freed.min(pending)))?)
 }
 
-fn resize(pool: &dyn Admin, name: &str, size: &str) -> Result<()> {
+fn resize(pool: &dyn Admin, name: &str, size: &str, force: bool) -> Result<()> {
     let size_bytes = parse_size(size, "size")?;
     let before = pool.volume_info(name)?;
-    let after = pool.resize_volume(name, size_bytes)?;
+    let shrink = if force {
+        Shrink::DropData
+    } else {
+        Shrink::KeepData
+    };
+    let after = pool
+        .resize_volume(name, size_bytes, shrink)
+        .map_err(|error| {
+            // The engine's refusal to shrink (pool/resize.rs) says what
+            // would be dropped; the flag that allows it is ours to name.
+            if !force && error.message().contains(" would shrink from ") {
+                anyhow::anyhow!("{}; add --force to shrink it", error.message())
+            } else {
+                error.into()
+            }
+        })?;
     say(format_args!(
         "resized {name:?} from {} to {}",
         format_size(before.summary.size_bytes),

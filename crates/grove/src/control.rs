@@ -25,7 +25,7 @@ use std::time::Duration;
 use anyhow::{anyhow, Context, Result};
 use grove_store::{
     CheckReport, DiffReport, Error, ErrorKind, HoldInfo, Pool, PoolInfo, RemovalSummary,
-    RemoveOptions, SpaceSettings, SpaceStatus, VolumeInfo, VolumeSummary,
+    RemoveOptions, Shrink, SpaceSettings, SpaceStatus, VolumeInfo, VolumeSummary,
 };
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
@@ -98,7 +98,14 @@ pub trait Admin {
     fn diff(&self, a: &str, b: &str) -> grove_store::Result<DiffReport>;
     /// Reclaims one batch, or everything with `wait`.
     fn gc(&self, wait: bool) -> grove_store::Result<GcReport>;
-    fn resize_volume(&self, name: &str, size_bytes: u64) -> grove_store::Result<VolumeInfo>;
+    /// Resizes a writable volume; a smaller size is refused unless
+    /// `shrink` says its data past the new end may go.
+    fn resize_volume(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        shrink: Shrink,
+    ) -> grove_store::Result<VolumeInfo>;
     fn rename_volume(&self, name: &str, new_name: &str) -> grove_store::Result<VolumeInfo>;
     fn volumes(&self) -> grove_store::Result<Vec<VolumeInfo>>;
     /// Every volume without the accounting (cheap at any pool size).
@@ -208,8 +215,13 @@ impl Admin for Pool {
             pending_free_bytes: self.pending_free_bytes()?,
         })
     }
-    fn resize_volume(&self, name: &str, size_bytes: u64) -> grove_store::Result<VolumeInfo> {
-        Pool::resize_volume(self, name, size_bytes)
+    fn resize_volume(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        shrink: Shrink,
+    ) -> grove_store::Result<VolumeInfo> {
+        Pool::resize_volume_with(self, name, size_bytes, shrink)
     }
     fn rename_volume(&self, name: &str, new_name: &str) -> grove_store::Result<VolumeInfo> {
         Pool::rename_volume(self, name, new_name)
@@ -327,6 +339,8 @@ enum Request {
     Resize {
         name: String,
         size_bytes: u64,
+        /// Shrinking may drop data past the new end (`grove resize --force`).
+        drop_data: bool,
     },
     Rename {
         name: String,
@@ -460,7 +474,11 @@ fn execute(opened: &OpenedPool, request: Request, stopping: &AtomicBool) -> Repl
         } => reply(pool.rollback(&snapshot, volume.as_deref(), force)),
         Request::Diff { a, b } => reply(pool.diff(&a, &b)),
         Request::Gc { wait } => reply(control_limits::gc_until_stopped(pool, wait, stopping)),
-        Request::Resize { name, size_bytes } => reply(pool.resize_volume(&name, size_bytes)),
+        Request::Resize {
+            name,
+            size_bytes,
+            drop_data,
+        } => reply(pool.resize_volume_with(&name, size_bytes, shrink_for(drop_data))),
         Request::Rename { name, new_name } => reply(pool.rename_volume(&name, &new_name)),
         Request::List => reply(pool.volumes()),
         Request::Summaries => reply(Ok(pool.volume_summaries())),
@@ -563,6 +581,15 @@ fn with_branches<T>(
 }
 
 /// The reply to a command-level result (an anyhow error's whole chain).
+/// The request's flag as the engine's choice.
+fn shrink_for(drop_data: bool) -> Shrink {
+    if drop_data {
+        Shrink::DropData
+    } else {
+        Shrink::KeepData
+    }
+}
+
 fn reply_any<T: Serialize>(result: Result<T>) -> Reply {
     match result {
         Ok(value) => Reply::Ok(serde_json::to_value(value).unwrap_or(serde_json::Value::Null)),
@@ -1184,10 +1211,16 @@ impl Admin for ControlClient {
     fn gc(&self, wait: bool) -> grove_store::Result<GcReport> {
         self.call(Request::Gc { wait })
     }
-    fn resize_volume(&self, name: &str, size_bytes: u64) -> grove_store::Result<VolumeInfo> {
+    fn resize_volume(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        shrink: Shrink,
+    ) -> grove_store::Result<VolumeInfo> {
         self.call(Request::Resize {
             name: name.into(),
             size_bytes,
+            drop_data: shrink == Shrink::DropData,
         })
     }
     fn rename_volume(&self, name: &str, new_name: &str) -> grove_store::Result<VolumeInfo> {

@@ -492,8 +492,21 @@ fn rm_rename_and_resize() {
         pool.read("renamed", MIB, 2 * MIB),
         vec![0u8; 2 * MIB as usize]
     );
+    // Shrinking needs --force, and without it says how much data it drops:
+    // the last 512 KiB of the 1 MiB written (the grown 2 MiB are holes).
+    let line = pool.refused(&["resize", "renamed", "512K"]);
+    assert!(
+        line.contains("512.0 KiB of data") && line.contains("--force"),
+        "{line}"
+    );
+    // A hole-only tail is refused too: shrinking is not undone by growing.
+    let line = pool.refused(&["resize", "renamed", "2M"]);
+    assert!(
+        line.contains("no mapped data") && line.contains("--force"),
+        "{line}"
+    );
     // Shrink: the end moves in and the rest is kept.
-    pool.ok(&["resize", "renamed", "512K"]);
+    pool.ok(&["resize", "renamed", "512K", "--force"]);
     assert_eq!(u64_of(&pool.volume("renamed"), "size_bytes"), 512 * KIB);
     assert_eq!(pool.ok(&["read", "renamed"]), &data[..512 * KIB as usize]);
     // Growing back does not bring the dropped data back.

@@ -175,6 +175,11 @@ fn other_commands_work_through_the_server_and_sigterm_closes_cleanly() {
     served.ok(&["clone", "disk@1", "copy"]);
     served.ok(&["rename", "copy", "copy2"]);
     served.ok(&["resize", "copy2", "128M"]);
+    // Shrinking through the server needs --force as it does alone.
+    let output = served.run(&["resize", "copy2", "64M"]);
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("add --force"));
+    served.ok(&["resize", "copy2", "64M", "--force"]);
     served.ok(&["rm", "other"]);
     let list = served.ok(&["list", "--json"]);
     for name in ["disk", "disk@1", "copy2"] {

@@ -9,6 +9,7 @@ mod off_lock;
 mod punching;
 mod removal;
 mod replication;
+mod resize;
 mod retention;
 mod volume;
 
@@ -17,6 +18,7 @@ pub use off_lock::WALK_ROUNDS_MAX;
 pub use removal::{RemovalSummary, SnapshotRemoval, REMOVE_BATCH_SNAPSHOTS};
 
 pub use replication::{guid_hex, CursorInfo, DiffFrom, PartialReceive, SnapshotIdentity};
+pub use resize::Shrink;
 pub use retention::HoldInfo;
 
 use off_lock::walk_off_lock;
@@ -965,19 +967,6 @@ impl Pool {
                 return Ok(freed);
             }
         }
-    }
-
-    pub fn resize_volume(&self, name: &str, size_bytes: u64) -> Result<VolumeInfo> {
-        validate_volume_size(size_bytes)?;
-        let mut state = self.state();
-        ensure_changes_allowed(&state)?;
-        let record = state.volume_by_name(name)?.clone();
-        if !record.kind.is_writable() {
-            return Err(read_only_error(&record));
-        }
-        state.resize_volume(record.id, size_bytes)?;
-        commit_locked(&self.inner, &mut state)?;
-        volume_info_off_lock(&self.inner, state, record.id)
     }
 
     pub fn rename_volume(&self, name: &str, new_name: &str) -> Result<VolumeInfo> {
