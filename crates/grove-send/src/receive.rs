@@ -25,7 +25,7 @@ use crate::digest::{decode_state, encode_state, ContentDigest, DigestCache};
 use crate::format::{
     Begin, Frame, FrameReader, Header, StreamError, FRAME_OVERHEAD_BYTES, UNIT_BYTES,
 };
-use crate::send::volume_digest;
+use crate::send::{remove_volume_units, volume_digest};
 use crate::token::ResumeToken;
 
 /// Stream bytes applied before a commit of data and progress is asked for
@@ -694,9 +694,7 @@ impl<'a> SectionReceiver<'a> {
             // A full stream's units past what this run started with were
             // never written: their old contents are zeros.
             if self.begin.base_guid.is_some() || offset < self.fresh_from {
-                let mut old = vec![0u8; length as usize];
-                self.volume.read_at(&mut old, offset)?;
-                digest.remove(offset, &old);
+                remove_volume_units(digest, &self.volume, offset, end)?;
             }
         }
         match frame {

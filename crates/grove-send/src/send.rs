@@ -574,13 +574,62 @@ fn forget_old(digest: &mut DigestPlan, start: u64, end: u64) -> Result<()> {
         base: Some(base),
     } = digest
     {
-        let mut old = vec![0u8; (end - start) as usize];
-        base.read_at(&mut old, start)
-            .context("cannot read the base snapshot")?;
-        running.remove(start, &old);
+        remove_volume_units(running, base, start, end).context("cannot read the base snapshot")?;
     }
     Ok(())
 }
+
+/// Takes a volume's units [start, end) out of a digest. Only what the
+/// volume maps is read (zero units add nothing to a digest), a chunk of
+/// `DATA_BYTES_MAX` at a time: a Hole or Zero record may cover terabytes,
+/// and memory must not follow its length.
+pub(crate) fn remove_volume_units(
+    digest: &mut ContentDigest,
+    volume: &Volume,
+    start: u64,
+    end: u64,
+) -> Result<()> {
+    let mut buf = vec![0u8; DATA_BYTES_MAX];
+    for_each_mapped_chunk(volume, start, end, &mut buf, |at, chunk| {
+        digest.remove(at, chunk)
+    })
+}
+
+/// Reads the units a volume maps in [start, end), in chunks of at most
+/// `buf`'s length, and hands each to `f` with its offset.
+fn for_each_mapped_chunk(
+    volume: &Volume,
+    start: u64,
+    end: u64,
+    buf: &mut [u8],
+    mut f: impl FnMut(u64, &[u8]),
+) -> Result<()> {
+    let size = volume.size_bytes()?;
+    let end = end.min(size);
+    let mut window = start;
+    while window < end {
+        // The extents are listed a window at a time, so that their list
+        // stays bounded however fragmented a large range is.
+        let window_end = window.saturating_add(MAPPED_WINDOW_BYTES).min(end);
+        let mapped = volume.mapped_extents_in(window, window_end - window)?;
+        for (run_start, run_end) in unit_ranges(mapped, size, window) {
+            let run_end = run_end.min(window_end);
+            let mut at = run_start;
+            while at < run_end {
+                let len = (run_end - at).min(buf.len() as u64) as usize;
+                volume.read_at(&mut buf[..len], at)?;
+                f(at, &buf[..len]);
+                at += len as u64;
+            }
+        }
+        window = window_end;
+    }
+    Ok(())
+}
+
+/// Bytes of a volume whose mapped extents are listed at once when a long
+/// range is read: at most 16,384 extents of 4 KiB blocks, 256 KiB of list.
+const MAPPED_WINDOW_BYTES: u64 = 64 << 20;
 
 /// Byte ranges widened to whole digest units (the last may end at the
 /// volume's end), clipped to [from, size), merged, sorted.
@@ -624,18 +673,11 @@ fn zero_runs(chunk: &[u8]) -> Vec<(usize, usize, bool)> {
 
 /// The content digest of a whole volume, reading only what it maps.
 pub fn volume_digest(volume: &Volume) -> Result<ContentDigest> {
-    let size = volume.size_bytes()?;
     let mut digest = ContentDigest::empty();
     let mut buf = vec![0u8; DATA_BYTES_MAX];
-    for (start, end) in unit_ranges(volume.mapped_extents()?, size, 0) {
-        let mut at = start;
-        while at < end {
-            let len = (end - at).min(DATA_BYTES_MAX as u64) as usize;
-            volume.read_at(&mut buf[..len], at)?;
-            digest.add(at, &buf[..len]);
-            at += len as u64;
-        }
-    }
+    for_each_mapped_chunk(volume, 0, u64::MAX, &mut buf, |at, chunk| {
+        digest.add(at, chunk)
+    })?;
     Ok(digest)
 }
 

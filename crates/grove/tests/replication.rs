@@ -1319,3 +1319,149 @@ fn send_piped_through_ssh_into_a_remote_receive() {
         String::from_utf8_lossy(&sent.stderr).trim()
     );
 }
+
+/// Peak memory a receive or send may take, whatever the stream describes
+/// (issue 35): a Zero or Hole record costs a fixed buffer, not its length.
+const STREAM_PEAK_RSS_MAX_BYTES: u64 = 64 << 20;
+
+/// Runs `grove ARGS` under python3, which reports the child's peak
+/// resident set (getrusage of its one child, so nothing else this test
+/// binary runs is counted). Returns the output and the peak in bytes.
+fn run_measuring_peak_rss(pool: &Pool, args: &[&str], stdin: Option<&PathBuf>) -> (Output, u64) {
+    const MEASURE: &str = "import resource, subprocess, sys\n\
+        inp = open(sys.argv[1], 'rb') if sys.argv[1] else subprocess.DEVNULL\n\
+        code = subprocess.run(sys.argv[2:], stdin=inp).returncode\n\
+        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss\n\
+        print(f'peak-kib {peak}', file=sys.stderr)\n\
+        sys.exit(code)";
+    let input = stdin.map(|p| p.to_str().unwrap().to_string());
+    let output = Command::new("python3")
+        .args(["-c", MEASURE, input.as_deref().unwrap_or("")])
+        .arg(GROVE)
+        .arg("--pool")
+        .arg(&pool.path)
+        .args(args)
+        .env_remove("GROVE_POOL")
+        .current_dir(pool.dir.path())
+        .output()
+        .expect("python3 runs (the tests need it to measure memory)");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let peak_kib: u64 = stderr
+        .lines()
+        .find_map(|line| line.strip_prefix("peak-kib "))
+        .unwrap_or_else(|| panic!("no peak reported: {stderr}"))
+        .trim()
+        .parse()
+        .unwrap();
+    (output, peak_kib * 1024)
+}
+
+/// A VM that zeroes half a GiB makes a tiny incremental stream; sending
+/// and receiving it must not take memory in proportion to the range (it
+/// took 532 MB of RSS), and neither may a forged full stream whose one
+/// Zero record covers 8 GiB.
+#[test]
+fn zero_and_hole_records_over_large_ranges_take_bounded_memory() {
+    const ZEROED: usize = 512 * MIB;
+    let (a, full) = source(1024, &[(0, MIB), (100 * MIB, MIB), (700 * MIB, MIB)], 35);
+    let b = Pool::new();
+    let full_path = b.file("full.stream");
+    std::fs::write(&full_path, &full).unwrap();
+    b.ok(&["receive", "r@1", full_path.to_str().unwrap()]);
+    // Half a GiB of zeros written over data and holes alike.
+    let zeros = a.file("zeros.img");
+    std::fs::File::create(&zeros)
+        .unwrap()
+        .set_len(ZEROED as u64)
+        .unwrap();
+    a.ok(&["write", "v", "--offset", "0", zeros.to_str().unwrap()]);
+    a.ok(&["snapshot", "v", "v@2"]);
+    let incremental = a.file("incremental.stream");
+    let out = incremental.to_str().unwrap();
+    let (sent, send_peak) =
+        run_measuring_peak_rss(&a, &["send", "v@2", "--from", "v@1", "-o", out], None);
+    assert!(sent.status.success(), "{sent:?}");
+    let stream_len = std::fs::metadata(&incremental).unwrap().len();
+    assert!(
+        stream_len < 64 * 1024,
+        "the zeroing took {stream_len} stream bytes"
+    );
+    let (received, receive_peak) =
+        run_measuring_peak_rss(&b, &["receive", "r@2", "-"], Some(&incremental));
+    assert!(received.status.success(), "{received:?}");
+    assert_eq!(b.hash("r@2"), a.hash("v@2"));
+    println!("zeroed 512 MiB: stream {stream_len} B, send peak {send_peak} B, receive peak {receive_peak} B");
+    assert!(
+        send_peak < STREAM_PEAK_RSS_MAX_BYTES,
+        "send took {send_peak} bytes"
+    );
+    assert!(
+        receive_peak < STREAM_PEAK_RSS_MAX_BYTES,
+        "receive took {receive_peak} bytes"
+    );
+    let forged = b.file("forged.stream");
+    std::fs::write(&forged, forged_zero_stream(8 << 30)).unwrap();
+    let (forged_run, forged_peak) =
+        run_measuring_peak_rss(&b, &["receive", "f@1", forged.to_str().unwrap()], None);
+    println!("forged 8 GiB Zero record: receive peak {forged_peak} B, {forged_run:?}");
+    assert!(
+        forged_peak < STREAM_PEAK_RSS_MAX_BYTES,
+        "receive took {forged_peak} bytes"
+    );
+    assert!(forged_run.status.success(), "{forged_run:?}");
+    assert_eq!(u64_field(&b, "f@1", "size_bytes"), 8 << 30);
+}
+
+fn u64_field(pool: &Pool, name: &str, field: &str) -> u64 {
+    let volume = pool.list().into_iter().find(|v| v["name"] == name);
+    volume.unwrap_or_else(|| panic!("no {name}"))[field]
+        .as_u64()
+        .unwrap()
+}
+
+/// A well-formed full stream of one snapshot of `size` bytes that holds
+/// one Zero record over all of it.
+fn forged_zero_stream(size: u64) -> Vec<u8> {
+    use grove_send::digest::ContentDigest;
+    use grove_send::format::{Begin, Finish, Frame, FrameWriter, Header};
+    let guid = *b"forged-zero-guid";
+    let mut writer = FrameWriter::new(Vec::new());
+    let frames = [
+        Frame::Header(Header {
+            range: false,
+            resumed: false,
+            sections: 1,
+            resumed_offset: 0,
+            final_target: guid,
+            base_hints: Vec::new(),
+        }),
+        Frame::Begin(Begin {
+            section: 0,
+            base_guid: None,
+            base_generation: 0,
+            target_guid: guid,
+            target_generation: 1,
+            target_created_unix_secs: 1_700_000_000,
+            size_bytes: size,
+            block_size_bytes: 4096,
+            resume_tag: [7; 16],
+            target_name: "f@1".into(),
+            base_name: String::new(),
+        }),
+        Frame::Zero {
+            offset: 0,
+            length: size,
+        },
+        Frame::Finish(Finish {
+            content_digest: ContentDigest::empty().finish(size),
+            data_bytes: 0,
+            zero_bytes: size,
+            hole_bytes: 0,
+        }),
+        Frame::End { sections: 1 },
+    ];
+    for frame in &frames {
+        writer.write(frame).unwrap();
+    }
+    writer.into_inner()
+}
