@@ -219,6 +219,10 @@ pub fn abort(pool: &Pool, name: &str) -> Result<u64> {
 /// Receives the stream from `input`; the last section becomes snapshot
 /// `name`, earlier ones (a range) snapshots named after the sender's.
 /// `progress` hears the stream bytes read so far.
+///
+/// The last section's snapshot is made visible only once the stream's end
+/// frame is read and checked: a stream damaged anywhere, its trailer
+/// included, leaves no snapshot of its last section.
 pub fn receive(
     pool: &Pool,
     name: &str,
@@ -229,72 +233,117 @@ pub fn receive(
         .map_err(|e| ReceiveError::refused(e.into(), Vec::new()))?;
     let mut reader = FrameReader::new(input);
     let mut summary = ReceiveSummary::default();
-    let header = match reader.next_frame() {
-        Ok(Frame::Header(header)) => header,
-        Ok(_) => {
-            return Err(ReceiveError::refused(
-                anyhow!("the stream does not start with a header"),
-                Vec::new(),
-            ))
-        }
-        Err(e) => return Err(ReceiveError::refused(e.into(), Vec::new())),
-    };
+    let header = read_header(&mut reader)?;
     // A resumed stream numbers its sections as the whole stream did.
     let mut first_section = None;
+    let mut verified_last = None;
     for index in 0..header.sections {
-        let begin = match reader.next_frame() {
-            Ok(Frame::Begin(begin))
-                if begin.section == first_section.unwrap_or(begin.section) + index =>
-            {
-                first_section.get_or_insert(begin.section);
-                begin
-            }
-            Ok(other) => {
-                return Err(ReceiveError::refused(
-                    anyhow!(
-                        "expected the start of section {index}, found {}",
-                        describe(&other)
-                    ),
-                    summary.snapshots,
-                ))
-            }
-            Err(e) => return Err(ReceiveError::refused(e.into(), summary.snapshots)),
-        };
+        let begin = read_begin(&mut reader, index, &mut first_section)
+            .map_err(|cause| ReceiveError::refused(cause, summary.snapshots.clone()))?;
         let local = local_name(name, &begin.target_name, index + 1 == header.sections);
         let total = first_section.unwrap_or(0) + header.sections;
         let mut section = SectionReceiver::start(pool, &header, &begin, index, total, &local)
             .map_err(|e| ReceiveError::refused(e, summary.snapshots.clone()))?;
         match section.run(&mut reader, &mut summary, progress) {
-            Ok(()) => summary.snapshots.push(local),
-            Err(SectionError::Interrupted(cause)) => {
-                let resumable = resume_token(pool, &local)
-                    .ok()
-                    .map(|t| Box::new((local.clone(), t)));
-                return Err(ReceiveError {
-                    cause,
-                    resumable,
-                    finished: summary.snapshots,
-                });
-            }
-            Err(SectionError::Refused(cause)) => {
-                return Err(ReceiveError::refused(cause, summary.snapshots))
-            }
+            Ok(Finished::Published) => summary.snapshots.push(local),
+            Ok(Finished::Verified(digest)) => verified_last = Some((section, digest, local)),
+            Err(error) => return Err(section_failed(pool, error, &local, summary.snapshots)),
         }
     }
-    match reader.next_frame() {
-        Ok(Frame::End { sections }) if sections == first_section.unwrap_or(0) + header.sections => {
-        }
-        Ok(other) => {
-            return Err(ReceiveError::refused(
-                anyhow!("expected the stream's end, found {}", describe(&other)),
-                summary.snapshots,
-            ))
-        }
-        Err(e) => return Err(ReceiveError::refused(e.into(), summary.snapshots)),
+    let sections = first_section.unwrap_or(0) + header.sections;
+    if let Err(cause) = read_end(&mut reader, sections) {
+        let cause = match verified_last {
+            Some((section, _, _)) => section.drop_for(cause),
+            None => cause,
+        };
+        return Err(ReceiveError::refused(cause, summary.snapshots));
+    }
+    if let Some((mut section, digest, local)) = verified_last {
+        section
+            .publish(digest)
+            .map_err(|e| ReceiveError::refused(e, summary.snapshots.clone()))?;
+        summary.snapshots.push(local);
     }
     summary.stream_bytes = reader.bytes_read;
     progress(summary.stream_bytes);
     Ok(summary)
+}
+
+/// The stream's first frame, which must be grove's stream header: input
+/// that does not begin with one is refused as "not a grove stream".
+fn read_header(reader: &mut FrameReader<impl Read>) -> std::result::Result<Header, ReceiveError> {
+    let not_a_stream =
+        |why: &str| ReceiveError::refused(anyhow!("not a grove stream: {why}"), Vec::new());
+    match reader.next_frame() {
+        Ok(Frame::Header(header)) => Ok(header),
+        Ok(other) => Err(not_a_stream(&format!(
+            "it begins with {} instead of a stream header",
+            describe(&other)
+        ))),
+        Err(StreamError::Damaged { at_byte: 0, why }) => Err(not_a_stream(&format!(
+            "its first bytes are no stream header ({why})"
+        ))),
+        Err(StreamError::Truncated { at_byte: 0 }) => {
+            Err(not_a_stream("it is empty or shorter than a stream header"))
+        }
+        Err(e) => Err(ReceiveError::refused(e.into(), Vec::new())),
+    }
+}
+
+/// Section `index`'s Begin frame, numbered on from the first section's.
+fn read_begin(
+    reader: &mut FrameReader<impl Read>,
+    index: u32,
+    first_section: &mut Option<u32>,
+) -> Result<Begin> {
+    match reader.next_frame()? {
+        Frame::Begin(begin) if begin.section == first_section.unwrap_or(begin.section) + index => {
+            first_section.get_or_insert(begin.section);
+            Ok(begin)
+        }
+        other => bail!(
+            "the stream is damaged: expected the start of section {index}, found {}",
+            describe(&other)
+        ),
+    }
+}
+
+/// The stream's end frame, which must count the sections the header did.
+fn read_end(reader: &mut FrameReader<impl Read>, sections: u32) -> Result<()> {
+    let at = reader.bytes_read;
+    match reader.next_frame()? {
+        Frame::End { sections: counted } if counted == sections => Ok(()),
+        Frame::End { sections: counted } => bail!(
+            "the stream is damaged at byte {at}: its end counts {counted} sections, but it held {sections}"
+        ),
+        other => bail!(
+            "the stream is damaged at byte {at}: expected the stream's end, found {}",
+            describe(&other)
+        ),
+    }
+}
+
+/// The error of a section that stopped: an interrupted one keeps its
+/// partial receive and says how to resume it.
+fn section_failed(
+    pool: &Pool,
+    error: SectionError,
+    local: &str,
+    finished: Vec<String>,
+) -> ReceiveError {
+    match error {
+        SectionError::Interrupted(cause) => {
+            let resumable = resume_token(pool, local)
+                .ok()
+                .map(|t| Box::new((local.to_string(), t)));
+            ReceiveError {
+                cause,
+                resumable,
+                finished,
+            }
+        }
+        SectionError::Refused(cause) => ReceiveError::refused(cause, finished),
+    }
 }
 
 fn describe(frame: &Frame) -> &'static str {
@@ -320,6 +369,15 @@ fn local_name(name: &str, sender_name: &str, last: bool) -> String {
         (Some((prefix, _)), Some((_, suffix))) => format!("{prefix}@{suffix}"),
         _ => sender_name.to_string(),
     }
+}
+
+/// How a section that read its Finish record ended.
+enum Finished {
+    /// An earlier section of a range, now a snapshot.
+    Published,
+    /// The last section, its content checked: made a snapshot only once
+    /// the stream's end is.
+    Verified(ContentDigest),
 }
 
 enum SectionError {
@@ -616,7 +674,7 @@ impl<'a> SectionReceiver<'a> {
         reader: &mut FrameReader<impl Read>,
         summary: &mut ReceiveSummary,
         progress: &mut dyn FnMut(u64),
-    ) -> std::result::Result<(), SectionError> {
+    ) -> std::result::Result<Finished, SectionError> {
         loop {
             let frame = match reader.next_frame() {
                 Ok(frame) => frame,
@@ -785,7 +843,19 @@ impl<'a> SectionReceiver<'a> {
         }
     }
 
-    fn finish(&mut self, expected: [u8; 32]) -> std::result::Result<(), SectionError> {
+    /// Checks the received content against the stream's digest. An
+    /// earlier section of a range is then published at once; the last
+    /// one waits for the stream's end (`publish` or `drop_for`).
+    fn finish(&mut self, expected: [u8; 32]) -> std::result::Result<Finished, SectionError> {
+        let digest = self.verify(expected)?;
+        if self.last {
+            return Ok(Finished::Verified(digest));
+        }
+        self.publish(digest).map_err(SectionError::Refused)?;
+        Ok(Finished::Published)
+    }
+
+    fn verify(&mut self, expected: [u8; 32]) -> std::result::Result<ContentDigest, SectionError> {
         // A progress commit in flight must not land after the finish.
         self.committer.wait().map_err(SectionError::Refused)?;
         let size = self.begin.size_bytes;
@@ -804,14 +874,30 @@ impl<'a> SectionReceiver<'a> {
                 self.begin.target_name
             )));
         }
+        Ok(digest)
+    }
+
+    /// Makes the verified section a snapshot.
+    fn publish(&mut self, digest: ContentDigest) -> Result<()> {
         self.pool
-            .finish_receive(&self.name, self.begin.target_created_unix_secs, self.last)
-            .map_err(|e| SectionError::Refused(e.into()))?;
+            .finish_receive(&self.name, self.begin.target_created_unix_secs, self.last)?;
         let cache = DigestCache::new(self.pool.dir());
-        cache.put(&self.begin.target_guid, size, &digest);
+        cache.put(&self.begin.target_guid, self.begin.size_bytes, &digest);
         cache.forget_unknown(|| self.pool.known_guids());
         forget_state(self.pool.dir(), &self.name);
         Ok(())
+    }
+
+    /// Drops a verified last section whose stream's end is damaged: the
+    /// stream is refused whole, and the same good stream can follow.
+    fn drop_for(self, cause: anyhow::Error) -> anyhow::Error {
+        match abort(self.pool, &self.name) {
+            Ok(_) => anyhow!(
+                "{cause:#}; {:?} was not made and nothing of it is kept",
+                self.name
+            ),
+            Err(e) => anyhow!("{cause:#}; dropping the partial receive failed too ({e:#})"),
+        }
     }
 }
 

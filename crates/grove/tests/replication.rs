@@ -1465,3 +1465,64 @@ fn forged_zero_stream(size: u64) -> Vec<u8> {
     }
     writer.into_inner()
 }
+
+/// A stream damaged only after its last Finish record (its end frame cut,
+/// its checksum flipped, a wrong section count, a Finish repeated) is
+/// refused and leaves nothing: no snapshot, no partial, and the good
+/// stream is received afterwards. Garbage is "not a grove stream".
+#[test]
+fn a_stream_damaged_in_its_trailer_leaves_nothing() {
+    use grove_send::format::{Frame, FrameWriter};
+    let (a, full) = source(4, &[(0, 300 * 1024), (2 * MIB, MIB)], 0x35);
+    let layout = frames(&full);
+    let (end_start, end_end) = *layout.last().unwrap();
+    let (finish_start, _) = layout[layout.len() - 2];
+    let mut cases: Vec<(&str, Vec<u8>)> = Vec::new();
+    cases.push(("end frame cut", full[..end_end - 3].to_vec()));
+    cases.push(("end frame missing", full[..end_start].to_vec()));
+    let mut flipped = full.clone();
+    flipped[end_end - 1] ^= 0x40;
+    cases.push(("end frame's checksum flipped", flipped));
+    let mut miscounted = full[..end_start].to_vec();
+    FrameWriter::new(&mut miscounted)
+        .write(&Frame::End { sections: 2 })
+        .unwrap();
+    cases.push(("a wrong section count", miscounted));
+    let mut repeated = full[..end_start].to_vec();
+    repeated.extend_from_slice(&full[finish_start..end_start]);
+    repeated.extend_from_slice(&full[end_start..]);
+    cases.push(("a Finish repeated", repeated));
+    let b = Pool::new();
+    let path = b.file("trailer.stream");
+    for (what, stream) in &cases {
+        std::fs::write(&path, stream).unwrap();
+        let output = b.run(&["receive", "r@1", path.to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{what}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{what}: {stderr}");
+        assert!(!b.has_volume("r@1"), "{what}: r@1 is visible");
+        assert!(b.status("r@1").is_none(), "{what}: a partial is left");
+        if *what == "a wrong section count" {
+            assert!(
+                stderr.contains("its end counts 2 sections, but it held 1"),
+                "{stderr}"
+            );
+        }
+    }
+    std::fs::write(&path, &full).unwrap();
+    b.ok(&["receive", "r@1", path.to_str().unwrap()]);
+    assert_eq!(b.hash("r@1"), a.hash("v@1"));
+    // Bytes that are no stream at all.
+    let mut rng = Rng(0x35_35);
+    for garbage in [rng.bytes(4096), b"hello, world\n".to_vec(), Vec::new()] {
+        std::fs::write(&path, &garbage).unwrap();
+        let output = b.run(&["receive", "g@1", path.to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.starts_with("grove: error: ") && stderr.contains("not a grove stream"),
+            "{stderr}"
+        );
+        assert!(!b.has_volume("g@1") && b.status("g@1").is_none());
+    }
+}
