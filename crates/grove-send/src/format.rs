@@ -99,6 +99,45 @@ pub struct Begin {
     pub base_name: String,
 }
 
+/// How far past the receiver's clock a snapshot's creation time may lie:
+/// clocks of two hosts disagree, but not by a day.
+pub const CREATED_AHEAD_SECS_MAX: u64 = 24 * 3600;
+
+impl Begin {
+    /// Checks the fields a decoder cannot judge alone against what a pool
+    /// can take and the receiver's clock (`now_unix_secs`); the error names
+    /// the field. A forged creation time would sort the snapshot wrongly
+    /// for retention, and a forged block size is no pool's.
+    pub fn check(&self, now_unix_secs: u64) -> Result<(), String> {
+        use grove_store::types::{
+            is_valid_block_size, BLOCK_SIZE_MAX_BYTES, BLOCK_SIZE_MIN_BYTES, VOLUME_SIZE_MAX_BYTES,
+        };
+        if !is_valid_block_size(self.block_size_bytes) {
+            return Err(format!(
+                "its block size is {} bytes, not a power of two from {BLOCK_SIZE_MIN_BYTES} to {BLOCK_SIZE_MAX_BYTES}",
+                self.block_size_bytes
+            ));
+        }
+        if self.size_bytes > VOLUME_SIZE_MAX_BYTES {
+            return Err(format!(
+                "its volume size is {} bytes, past the largest volume ({VOLUME_SIZE_MAX_BYTES})",
+                self.size_bytes
+            ));
+        }
+        let latest = now_unix_secs.saturating_add(CREATED_AHEAD_SECS_MAX);
+        if self.target_created_unix_secs > latest {
+            return Err(format!(
+                "its creation time is {} (Unix seconds), more than a day past this host's clock ({now_unix_secs})",
+                self.target_created_unix_secs
+            ));
+        }
+        if self.target_guid == [0; 16] {
+            return Err("its snapshot GUID is all zeros".into());
+        }
+        Ok(())
+    }
+}
+
 /// Closes a section.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Finish {

@@ -296,8 +296,15 @@ fn read_begin(
     index: u32,
     first_section: &mut Option<u32>,
 ) -> Result<Begin> {
+    let at = reader.bytes_read;
     match reader.next_frame()? {
         Frame::Begin(begin) if begin.section == first_section.unwrap_or(begin.section) + index => {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |since| since.as_secs());
+            begin.check(now).map_err(|why| {
+                anyhow!("the stream is damaged or forged at byte {at}: section {index}'s start is impossible: {why}")
+            })?;
             first_section.get_or_insert(begin.section);
             Ok(begin)
         }

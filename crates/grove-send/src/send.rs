@@ -102,6 +102,11 @@ pub struct SendSummary {
     /// The last snapshot of the stream.
     pub target: String,
     pub target_guid: String,
+    /// The last snapshot's volume size.
+    pub target_size_bytes: u64,
+    /// Whether the first section is full (no base): its unmapped blocks
+    /// are left out, not sent as Hole records.
+    pub full: bool,
 }
 
 /// One snapshot's part of a stream.
@@ -166,6 +171,8 @@ pub fn send_to_sink(
         sections: sections.len() as u32,
         target: final_target.name.clone(),
         target_guid: guid_hex(&final_target.guid),
+        target_size_bytes: final_target.size_bytes,
+        full: sections[0].base.is_none(),
         ..SendSummary::default()
     };
     let range = request.range || request.resume.as_ref().is_some_and(|t| t.range);

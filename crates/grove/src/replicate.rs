@@ -278,15 +278,34 @@ pub fn open_input(path: Option<&Path>) -> Result<Box<dyn Read + Send>> {
     }
 }
 
+/// One line on what a send carried. A full stream leaves a volume's
+/// unmapped space out (the receiver's new volume reads it as zeros); an
+/// incremental one marks what the target unmapped as Hole records.
 pub fn describe_send(summary: &SendSummary) -> String {
+    let carried = if summary.full && summary.sections == 1 {
+        let unmapped = summary
+            .target_size_bytes
+            .saturating_sub(summary.data_bytes + summary.zero_bytes);
+        format!(
+            "a full stream of a {} volume: {} of data, {} of zeros as records, {} unmapped left out",
+            format_size(summary.target_size_bytes),
+            format_size(summary.data_bytes),
+            format_size(summary.zero_bytes),
+            format_size(unmapped)
+        )
+    } else {
+        format!(
+            "{} of data, {} of zeros and {} unmapped since the base, as records",
+            format_size(summary.data_bytes),
+            format_size(summary.zero_bytes),
+            format_size(summary.hole_bytes)
+        )
+    };
     format!(
-        "sent {:?} ({} snapshot{}): {} of data, {} of zeros and {} of holes as records, {} stream bytes",
+        "sent {:?} ({} snapshot{}), {carried}; {} stream bytes",
         summary.target,
         summary.sections,
         if summary.sections == 1 { "" } else { "s" },
-        format_size(summary.data_bytes),
-        format_size(summary.zero_bytes),
-        format_size(summary.hole_bytes),
         summary.stream_bytes
     )
 }

@@ -1422,9 +1422,64 @@ fn u64_field(pool: &Pool, name: &str, field: &str) -> u64 {
 /// A well-formed full stream of one snapshot of `size` bytes that holds
 /// one Zero record over all of it.
 fn forged_zero_stream(size: u64) -> Vec<u8> {
+    forged_stream(size, |_| {})
+}
+
+/// A change made to a forged stream's Begin frame.
+type BeginEdit = fn(&mut grove_send::format::Begin);
+
+/// Forged Begin fields are refused in one line naming the field, and
+/// leave nothing.
+#[test]
+fn forged_begin_fields_are_refused_naming_the_field() {
+    let b = Pool::new();
+    let path = b.file("forged.stream");
+    let cases: [(&str, BeginEdit); 6] = [
+        ("block size is 0 bytes", |b| b.block_size_bytes = 0),
+        ("block size is 3000 bytes", |b| b.block_size_bytes = 3000),
+        ("block size is 2147483648 bytes", |b| {
+            b.block_size_bytes = 1 << 31
+        }),
+        ("creation time is 18446744073709551615", |b| {
+            b.target_created_unix_secs = u64::MAX
+        }),
+        ("past the largest volume", |b| b.size_bytes = 1 << 60),
+        ("GUID is all zeros", |b| b.target_guid = [0; 16]),
+    ];
+    for (says, edit) in cases {
+        std::fs::write(&path, forged_stream(1 << 20, edit)).unwrap();
+        let output = b.run(&["receive", "f@1", path.to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{says}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(says), "expected {says:?}: {stderr}");
+        assert!(!b.has_volume("f@1") && b.status("f@1").is_none(), "{says}");
+    }
+    // The same stream unforged is taken.
+    std::fs::write(&path, forged_stream(1 << 20, |_| {})).unwrap();
+    b.ok(&["receive", "f@1", path.to_str().unwrap()]);
+}
+
+/// A full stream of one snapshot of `size` bytes holding one Zero record
+/// over all of it, its Begin frame edited by `edit`.
+fn forged_stream(size: u64, edit: impl FnOnce(&mut grove_send::format::Begin)) -> Vec<u8> {
     use grove_send::digest::ContentDigest;
     use grove_send::format::{Begin, Finish, Frame, FrameWriter, Header};
     let guid = *b"forged-zero-guid";
+    let mut begin = Begin {
+        section: 0,
+        base_guid: None,
+        base_generation: 0,
+        target_guid: guid,
+        target_generation: 1,
+        target_created_unix_secs: 1_700_000_000,
+        size_bytes: size,
+        block_size_bytes: 4096,
+        resume_tag: [7; 16],
+        target_name: "f@1".into(),
+        base_name: String::new(),
+    };
+    edit(&mut begin);
     let mut writer = FrameWriter::new(Vec::new());
     let frames = [
         Frame::Header(Header {
@@ -1435,19 +1490,7 @@ fn forged_zero_stream(size: u64) -> Vec<u8> {
             final_target: guid,
             base_hints: Vec::new(),
         }),
-        Frame::Begin(Begin {
-            section: 0,
-            base_guid: None,
-            base_generation: 0,
-            target_guid: guid,
-            target_generation: 1,
-            target_created_unix_secs: 1_700_000_000,
-            size_bytes: size,
-            block_size_bytes: 4096,
-            resume_tag: [7; 16],
-            target_name: "f@1".into(),
-            base_name: String::new(),
-        }),
+        Frame::Begin(begin),
         Frame::Zero {
             offset: 0,
             length: size,
@@ -1474,6 +1517,20 @@ fn forged_zero_stream(size: u64) -> Vec<u8> {
 fn a_stream_damaged_in_its_trailer_leaves_nothing() {
     use grove_send::format::{Frame, FrameWriter};
     let (a, full) = source(4, &[(0, 300 * 1024), (2 * MIB, MIB)], 0x35);
+    // The send's summary says what a full stream left out (it said "0 B
+    // of holes as records" for a mostly empty volume).
+    let again = a.file("again.stream");
+    let sent = a.run(&["send", "v@1", "-o", again.to_str().unwrap()]);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&sent.stdout),
+        String::from_utf8_lossy(&sent.stderr)
+    );
+    assert!(
+        said.contains("a full stream of a 4.0 MiB volume: 1.3 MiB of data")
+            && said.contains("2.7 MiB unmapped left out"),
+        "{said}"
+    );
     let layout = frames(&full);
     let (end_start, end_end) = *layout.last().unwrap();
     let (finish_start, _) = layout[layout.len() - 2];
