@@ -10,11 +10,21 @@ use crate::codec::*;
 /// Requests one connection runs at once, by default.
 pub const WORKERS_PER_CONNECTION_DEFAULT: usize = 4;
 /// Connections served at once, by default; more are closed at accept.
-pub const CONNECTIONS_MAX_DEFAULT: usize = 128;
-/// Connections one client (a uid on a unix socket, an address over TCP)
-/// may hold at once, by default: room for multi-conn clients (nbdcopy
-/// opens 4), while 8 clients are needed to fill the server.
+/// Room for a VM host's 1,000 disks on one socket, one connection each,
+/// and more than 63 clients' full shares (63 x 16 = 1,008): no set of
+/// fewer than 64 clients can lock another out. An idle connection costs
+/// its threads' touched stacks and buffer pages, tens of KiB.
+pub const CONNECTIONS_MAX_DEFAULT: usize = 1024;
+/// Connections one client (a process on a unix socket, an address over
+/// TCP) may hold at once, by default: room for multi-conn clients
+/// (nbdcopy opens 4).
 pub const CONNECTIONS_PER_CLIENT_MAX_DEFAULT: usize = 16;
+/// Clients that together cannot take every slot with the defaults.
+pub const CLIENTS_THAT_CANNOT_LOCK_OUT_DEFAULT: usize = 63;
+const _: () = assert!(
+    CLIENTS_THAT_CANNOT_LOCK_OUT_DEFAULT * CONNECTIONS_PER_CLIENT_MAX_DEFAULT
+        < CONNECTIONS_MAX_DEFAULT
+);
 /// The rate below which a client is too slow, by default: a request's
 /// data and a reply get the request timeout plus their bytes at this
 /// rate. A 32 MiB read may take 30 s + 128 s.
@@ -33,8 +43,10 @@ pub const INFLIGHT_LIMIT_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
 /// limited.
 pub const REQUEST_TIMEOUT_MS_DEFAULT: u64 = 30_000;
 /// How long shutdown waits for connections to finish their in-flight
-/// requests before it closes their sockets outright, by default.
-pub const SHUTDOWN_GRACE_MS_DEFAULT: u64 = 10_000;
+/// requests before it closes their sockets outright, by default. The
+/// whole stop is promised within 10 s of the signal: the rest is for
+/// closing the connections, the final flush and closing the pool.
+pub const SHUTDOWN_GRACE_MS_DEFAULT: u64 = 8_000;
 /// Permissions of the unix socket files the server creates, by default:
 /// owner and group may connect, nobody else.
 pub const SOCKET_MODE_DEFAULT: u32 = 0o660;

@@ -319,26 +319,42 @@ pub(crate) fn serve(
     };
     let (sender, receiver) = mpsc::channel::<Job>();
     let receiver = Mutex::new(receiver);
+    let idle = AtomicUsize::new(0);
     let end = thread::scope(|scope| {
+        // Workers start as requests need them, up to `workers`: an idle
+        // connection (a mounted disk) holds one thread beside its reader,
+        // so a host's thousand disks cost a thousand stacks, not five.
         let mut started = 0;
-        for index in 0..workers.max(1) {
-            let connection = &connection;
-            let receiver = &receiver;
+        let mut start_worker = || {
+            if started >= workers.max(1) {
+                return false;
+            }
+            let (connection, receiver, idle) = (&connection, &receiver, &idle);
             let spawned = thread::Builder::new()
-                .name(format!("nbd-worker-{index}"))
-                .spawn_scoped(scope, move || worker(connection, receiver));
+                .name(format!("nbd-worker-{started}"))
+                .spawn_scoped(scope, move || worker(connection, receiver, idle));
             match spawned {
-                Ok(_) => started += 1,
+                Ok(_) => {
+                    started += 1;
+                    true
+                }
                 // Out of threads: serve with the workers there are.
                 Err(e) => {
-                    tracing::warn!(connection = label, error = %e, "cannot start an NBD worker thread")
+                    tracing::warn!(connection = label, error = %e, "cannot start an NBD worker thread");
+                    false
                 }
             }
-        }
-        if started == 0 {
+        };
+        if !start_worker() {
             return End::Io(io::Error::other("no worker thread could be started"));
         }
-        let end = read_requests(reader, &connection, &sender);
+        let mut dispatch = |job: Job| {
+            if idle.load(Ordering::SeqCst) == 0 {
+                start_worker();
+            }
+            sender.send(job).is_ok()
+        };
+        let end = read_requests(reader, &connection, &mut dispatch);
         // Closing the queue lets the workers finish what is queued and stop.
         drop(sender);
         end
@@ -369,10 +385,12 @@ fn cost_bytes(request: &Request, accepted: bool, meta_contexts: usize) -> u64 {
     REQUEST_OVERHEAD_BYTES + data_bytes
 }
 
+/// Reads requests and hands each to `dispatch`, which queues it for a
+/// worker (false: every worker is gone).
 fn read_requests(
     reader: &mut BufReader<Stream>,
     connection: &Connection<'_>,
-    sender: &mpsc::Sender<Job>,
+    dispatch: &mut dyn FnMut(Job) -> bool,
 ) -> End {
     let deadlines = connection.deadlines;
     loop {
@@ -425,7 +443,7 @@ fn read_requests(
             rejection,
             cost_bytes,
         };
-        if sender.send(job).is_err() {
+        if !dispatch(job) {
             // Every worker is gone, which only happens if one panicked.
             return End::Protocol("the connection's workers stopped".to_string());
         }
@@ -479,14 +497,18 @@ fn truncated(e: io::Error, deadlines: &Deadlines) -> End {
     }
 }
 
-fn worker(connection: &Connection<'_>, receiver: &Mutex<mpsc::Receiver<Job>>) {
+/// Runs queued requests until the queue closes. `idle` counts the workers
+/// waiting for a request, so the reader starts another only when none is.
+fn worker(connection: &Connection<'_>, receiver: &Mutex<mpsc::Receiver<Job>>, idle: &AtomicUsize) {
     loop {
+        idle.fetch_add(1, Ordering::SeqCst);
         let job = {
             let receiver = receiver.lock().unwrap_or_else(|e| e.into_inner());
-            match receiver.recv() {
-                Ok(job) => job,
-                Err(_) => return,
-            }
+            receiver.recv()
+        };
+        idle.fetch_sub(1, Ordering::SeqCst);
+        let Ok(job) = job else {
+            return;
         };
         let cost_bytes = job.cost_bytes;
         let released_early_bytes = run(connection, job);

@@ -42,7 +42,7 @@ pub struct ServeArgs {
     /// its handshake gives way to a new one, else the new one is closed
     #[arg(long, value_name = "N", default_value_t = CONNECTIONS_MAX_DEFAULT)]
     pub max_connections: usize,
-    /// Connections one client may hold at once: a uid on the unix socket,
+    /// Connections one client may hold at once: a process on the unix socket,
     /// an address over TCP
     #[arg(long, value_name = "N", default_value_t = CONNECTIONS_PER_CLIENT_MAX_DEFAULT)]
     pub max_connections_per_client: usize,

@@ -386,7 +386,7 @@ fn a_small_metadata_cache_serves_a_volume_larger_than_it_maps() {
     assert!(served.ok(&["check"]).contains("clean"));
     // A size that is not one is refused before anything starts.
     let output = served.run(&["serve", "--cache-size", "lots"]);
-    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(output.status.code(), Some(2), "a usage error");
     assert!(String::from_utf8_lossy(&output.stderr).contains("cache size"));
 }
 
