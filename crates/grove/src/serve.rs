@@ -299,6 +299,29 @@ pub(crate) fn init_logging() {
         .try_init();
 }
 
+/// Exports named in the startup line at most; past them the line counts
+/// the rest and points to `nbdinfo --list`, so 1,000 exports stay one
+/// readable line.
+const EXPORTS_NAMED_MAX: usize = 8;
+
+/// "3 exports (a, b, c)", or "63 exports (a, b, ... and 55 more: nbdinfo --list shows all)".
+fn exports_summary(names: &[String]) -> String {
+    let count = match names.len() {
+        1 => "1 export".to_string(),
+        n => format!("{n} exports"),
+    };
+    if names.is_empty() {
+        return format!("{count} (none yet)");
+    }
+    let shown = names[..names.len().min(EXPORTS_NAMED_MAX)].join(", ");
+    match names.len().checked_sub(EXPORTS_NAMED_MAX) {
+        Some(more) if more > 0 => {
+            format!("{count} ({shown}, and {more} more: nbdinfo --list shows them all)")
+        }
+        _ => format!("{count} ({shown})"),
+    }
+}
+
 fn print_how_to_connect(
     pool: &Pool,
     socket: Option<&Path>,
@@ -318,14 +341,9 @@ fn print_how_to_connect(
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "serving pool {} over NBD: {} exports ({})",
+        "serving pool {} over NBD: {}",
         pool.dir().display(),
-        names.len(),
-        if names.is_empty() {
-            "none yet".to_string()
-        } else {
-            names.join(", ")
-        }
+        exports_summary(&names)
     )?;
     if let Some(path) = socket {
         let path = path.display();
@@ -357,4 +375,23 @@ fn print_how_to_connect(
     )?;
     out.flush()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exports_summary;
+
+    #[test]
+    fn many_exports_are_counted_not_listed() {
+        let names = |n: usize| (0..n).map(|i| format!("v{i}")).collect::<Vec<_>>();
+        assert_eq!(exports_summary(&names(0)), "0 exports (none yet)");
+        assert_eq!(exports_summary(&names(1)), "1 export (v0)");
+        assert_eq!(exports_summary(&names(3)), "3 exports (v0, v1, v2)");
+        let line = exports_summary(&names(63));
+        assert!(
+            line.starts_with("63 exports (v0, v1, v2, v3, v4, v5, v6, v7, and 55 more"),
+            "{line}"
+        );
+        assert!(!line.contains("v8"), "{line}");
+    }
 }
