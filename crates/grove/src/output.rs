@@ -195,9 +195,13 @@ pub fn write_diff(out: &mut impl Write, report: &DiffReport) -> io::Result<()> {
             zero_bytes += extent.length_bytes;
         }
     }
+    let extents = match report.extents.len() {
+        1 => "1 extent".to_string(),
+        n => format!("{n} extents"),
+    };
     writeln!(
         out,
-        "{} differs from {}{}: {} of new data, {} now zero, in {} extents",
+        "{} differs from {}{}: {} of new data, {} now zero, in {extents}{}",
         report.newer,
         report.base,
         if report.base_removed {
@@ -207,7 +211,21 @@ pub fn write_diff(out: &mut impl Write, report: &DiffReport) -> io::Result<()> {
         },
         format_size(data_bytes),
         format_size(zero_bytes),
-        report.extents.len()
+        size_change(report)
+    )
+}
+
+/// "; its size grew from 1.0 GiB to 2.0 GiB", or nothing when the sizes match.
+fn size_change(report: &DiffReport) -> String {
+    let (base, newer) = (report.base_size_bytes, report.newer_size_bytes);
+    if base == newer {
+        return String::new();
+    }
+    let how = if newer > base { "grew" } else { "shrank" };
+    format!(
+        "; its size {how} from {} to {}",
+        format_size(base),
+        format_size(newer)
     )
 }
 

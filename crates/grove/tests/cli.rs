@@ -567,6 +567,20 @@ fn rm_recursive_rollback_diff_and_gc() {
     assert_eq!(extents[0]["data"], true);
     let table = pool.ok_text(&["diff", "disk@1", "disk"]);
     assert!(table.contains("64.0 KiB of new data"), "{table}");
+    assert!(
+        table.contains("in 1 extent") && !table.contains("1 extents"),
+        "{table}"
+    );
+    assert!(!table.contains("its size"), "{table}");
+    // A size change is said, not only seen in the JSON's two sizes.
+    pool.ok(&["clone", "disk@1", "bigger"]);
+    pool.ok(&["resize", "bigger", "32M"]);
+    let table = pool.ok_text(&["diff", "disk@1", "bigger"]);
+    assert!(
+        table.contains("its size grew from 16.0 MiB to 32.0 MiB"),
+        "{table}"
+    );
+    pool.ok(&["rm", "bigger"]);
 
     // rollback: back to the snapshot, in place.
     let message = pool.ok_text(&["rollback", "disk@1"]);

@@ -245,6 +245,13 @@ fn holds_stop_rm_and_prune_until_released_or_their_lease_ends() {
     assert_eq!(holds[0]["until_unix_secs"], MONDAY + 2 * HOUR);
     let e = pool.fails(&["rm", &first]);
     assert!(e.contains("is held (audit, legal)"), "{e}");
+    // The way out names the real tags, not a placeholder.
+    assert!(
+        e.contains(&format!(
+            "`grove release {first} audit` and `grove release {first} legal`"
+        )) && !e.contains("TAG"),
+        "{e}"
+    );
     let e = pool.fails(&["release", &first, "nope"]);
     assert!(
         e.contains("has no hold \"nope\"; its holds are audit, legal"),

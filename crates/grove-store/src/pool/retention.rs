@@ -138,10 +138,15 @@ pub(super) fn ensure_not_held(state: &State, ids: &[VolumeId]) -> Result<()> {
         if let Some(tags) = held.get_mut(&record.guid) {
             tags.sort();
             let name = &record.name;
+            let release = tags
+                .iter()
+                .map(|tag| format!("`grove release {name} {tag}`"))
+                .collect::<Vec<_>>()
+                .join(" and ");
             return Err(Error::new(
                 ErrorKind::InvalidState,
                 format!(
-                    "snapshot {name:?} is held ({}); release it with `grove release {name} TAG`, or remove it with --force",
+                    "snapshot {name:?} is held ({}); release it with {release}, or remove it with --force",
                     tags.join(", ")
                 ),
             ));
