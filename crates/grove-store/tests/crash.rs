@@ -1088,7 +1088,14 @@ fn a_crash_anywhere_in_a_receive_never_shows_a_partial_snapshot() {
     drop(volume);
     pool.finish_receive("r@1", 1_700_000_000, true).unwrap();
     pool.set_cursor("offsite", "r@1").unwrap();
-    pool.remove_volume("r@1").unwrap();
+    // The cursor holds its snapshot: removing it takes --force, and the
+    // cursor stays as a bookmark.
+    assert!(pool.remove_volume("r@1").is_err());
+    let forced = RemoveOptions {
+        force: true,
+        ..RemoveOptions::default()
+    };
+    pool.remove("r@1", forced).unwrap();
     drop(pool);
     let ops = device.ops()[logged_before..].to_vec();
     let mut images = CrashImages::with_base(base, ops.clone());

@@ -725,6 +725,9 @@ struct Harness {
     peak_used_bytes: Cell<u64>,
     /// Each replication target's cursor: the GUID of the snapshot it marks.
     cursors: BTreeMap<String, [u8; 16]>,
+    /// Each cursor's snapshot (engine id): held as `cursor:TARGET` while it
+    /// lives.
+    cursor_snapshots: BTreeMap<String, u64>,
     /// Hold tags by snapshot (engine id).
     holds: BTreeMap<u64, BTreeSet<String>>,
     /// Ranks by snapshot (engine id); absent is 0.
@@ -813,6 +816,7 @@ impl Harness {
             roll_serial: 0,
             peak_used_bytes: Cell::new(0),
             cursors: BTreeMap::new(),
+            cursor_snapshots: BTreeMap::new(),
             holds: BTreeMap::new(),
             ranks: BTreeMap::new(),
         }
@@ -1214,6 +1218,8 @@ impl Harness {
                     .map_err(fail("identity"))?
                     .guid;
                 self.cursors.insert(target.to_string(), guid);
+                let id = self.model.id_of(snapshot).expect("a live snapshot");
+                self.cursor_snapshots.insert(target.to_string(), id);
             }
             _ => prop_assert!(result.is_err(), "a cursor on {} was accepted", snapshot),
         }
@@ -1289,6 +1295,13 @@ impl Harness {
         Ok(())
     }
 
+    /// Whether snapshot `id` is held: by a tag, or by a replication cursor
+    /// that marks it.
+    fn is_held(&self, id: u64) -> bool {
+        self.holds.get(&id).is_some_and(|tags| !tags.is_empty())
+            || self.cursor_snapshots.values().any(|&marked| marked == id)
+    }
+
     /// The pool's holds and ranks are the model's.
     fn check_holds_and_ranks(&self) -> Result<(), TestCaseError> {
         let listed: BTreeSet<(u64, String)> = self
@@ -1297,10 +1310,16 @@ impl Harness {
             .into_iter()
             .map(|h| (self.model.id_of(&h.snapshot).unwrap_or(0), h.tag))
             .collect();
+        let live_cursors = self
+            .cursor_snapshots
+            .iter()
+            .filter(|(_, id)| self.model.volumes.contains_key(id))
+            .map(|(target, id)| (*id, format!("cursor:{target}")));
         let expected: BTreeSet<(u64, String)> = self
             .holds
             .iter()
             .flat_map(|(id, tags)| tags.iter().map(move |t| (*id, t.clone())))
+            .chain(live_cursors)
             .collect();
         prop_assert_eq!(listed, expected, "holds");
         for (id, volume) in &self.model.volumes {
@@ -1482,15 +1501,13 @@ impl Harness {
             expect_kind(refused, ErrorKind::Busy, "remove of a volume in use")?;
             drop(claim);
         }
+        let mut force = false;
         if let Some(id) = self.model.id_of(name) {
             let mut doomed = vec![id];
             if recursive {
                 doomed.extend(self.model.descendants(id));
             }
-            if doomed
-                .iter()
-                .any(|d| self.holds.get(d).is_some_and(|tags| !tags.is_empty()))
-            {
+            if doomed.iter().any(|d| self.is_held(*d)) {
                 let refused = self.pool().remove(
                     name,
                     RemoveOptions {
@@ -1499,24 +1516,28 @@ impl Harness {
                     },
                 );
                 REMOVALS_REFUSED_BY_HOLDS.fetch_add(1, Ordering::Relaxed);
-                return expect_kind(
+                expect_kind(
                     refused,
                     ErrorKind::InvalidState,
                     "remove of a held snapshot",
-                );
+                )?;
+                // Held by tags: left alone. Held by replication cursors
+                // only: removed with --force, as a user moving on would,
+                // and the cursors stay as bookmarks.
+                if doomed
+                    .iter()
+                    .any(|d| self.holds.get(d).is_some_and(|t| !t.is_empty()))
+                {
+                    return Ok(());
+                }
+                force = true;
             }
         }
         let unique_bytes = self
             .pool()
             .volume_info(name)
             .map_or(0, |info| info.unique_bytes);
-        let result = self.pool().remove(
-            name,
-            RemoveOptions {
-                recursive,
-                force: false,
-            },
-        );
+        let result = self.pool().remove(name, RemoveOptions { recursive, force });
         let Some(id) = self.model.id_of(name) else {
             expect_kind(
                 handle.map(|_| ()),
@@ -1649,10 +1670,7 @@ impl Harness {
                 doomed.push(id);
             }
         }
-        if doomed
-            .iter()
-            .any(|d| self.holds.get(d).is_some_and(|tags| !tags.is_empty()))
-        {
+        if doomed.iter().any(|d| self.is_held(*d)) {
             REMOVALS_REFUSED_BY_HOLDS.fetch_add(1, Ordering::Relaxed);
             return expect_kind(
                 result,
@@ -1719,9 +1737,13 @@ impl Harness {
             line.kept.push_back(snapshot);
             if line.kept.len() > usize::from(keep) {
                 let oldest = line.kept.pop_front().expect("not empty");
-                line.removed.push(oldest.clone());
                 // Other ops may have removed it already (recursively).
                 self.remove(&oldest, false)?;
+                // A snapshot a hold or cursor keeps stays live: not one of
+                // the line's bookmarks.
+                if self.model.id_of(&oldest).is_none() {
+                    self.lines.entry(id).or_default().removed.push(oldest);
+                }
             }
             let size = self.model.volumes[&id].size_bytes;
             let len = range.len_bytes.clamp(1, ROLL_WRITE_BYTES_MAX).min(size);

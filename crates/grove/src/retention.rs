@@ -81,14 +81,6 @@ pub fn volumes_under_policy(
             holds.entry(hold.snapshot).or_default().push(hold.tag);
         }
     }
-    for cursor in admin.replication_state()?.cursors {
-        if let Some(snapshot) = cursor.snapshot {
-            holds
-                .entry(snapshot)
-                .or_default()
-                .push(format!("cursor:{}", cursor.target));
-        }
-    }
     let mut out = Vec::new();
     for volume in summaries.iter().filter(|s| s.kind != VolumeKind::Snapshot) {
         if !only.is_empty() && !only.contains(&volume.name) {

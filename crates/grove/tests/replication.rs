@@ -975,9 +975,27 @@ fn cursors_ranges_and_a_missing_base_name_what_to_send() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // The cursor's snapshot removed: the cursor still carries the next
+    // The cursor holds its snapshot: listed among the holds, and refused
+    // to rm without --force (issue 35: neither was true).
+    let holds: Value = serde_json::from_str(&a.ok(&["holds", "--json"])).unwrap();
+    let cursor_hold = holds
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["tag"] == "cursor:b")
+        .unwrap_or_else(|| panic!("no cursor hold in {holds}"));
+    assert_eq!(cursor_hold["snapshot"], "v@3", "{holds}");
+    let refused = a.run(&["rm", "v@3"]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("is held (cursor:b)") && stderr.contains("--force"),
+        "{stderr}"
+    );
+    assert!(a.has_volume("v@3"));
+    // Forced, the snapshot goes and the cursor still carries the next
     // incremental.
-    a.ok(&["rm", "v@3"]);
+    a.ok(&["rm", "--force", "v@3"]);
     let listing = a.ok(&["list"]);
     assert!(listing.contains("kept as a bookmark"), "{listing}");
     let out = pipe(&a, &["send", "v@4", "--cursor", "b"], &b, "v@4");
@@ -987,6 +1005,11 @@ fn cursors_ranges_and_a_missing_base_name_what_to_send() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(a.hash("v@4"), b.hash("v@4"));
+    // Releasing a cursor's hold drops the cursor, and its snapshot is then
+    // an ordinary one.
+    a.ok(&["release", "v@4", "cursor:b"]);
+    assert!(!a.ok(&["list"]).contains(r#"cursor "b""#));
+    assert!(!a.ok(&["holds"]).contains("cursor:b"));
 
     // A range (`--from BASE..`) makes every snapshot between, named under
     // the receiver's prefix.

@@ -67,6 +67,15 @@ impl Pool {
         let mut state = self.state();
         ensure_changes_allowed(&state)?;
         let guid = live_snapshot(&state, snapshot, "released")?.guid;
+        if let Some(target) = tag.strip_prefix(CURSOR_HOLD_PREFIX) {
+            // A cursor's hold goes with the cursor: the target's next send
+            // is then full, or from a base named by hand.
+            if state.cursor(target).is_some_and(|c| c.guid == guid) {
+                let removed = state.remove_cursor(target);
+                assert!(removed, "the cursor found a moment ago");
+                return commit_locked(&self.inner, &mut state);
+            }
+        }
         if !state.release_hold(guid, tag) {
             let tags = hold_tags(&state, guid);
             let has = if tags.is_empty() {
@@ -103,10 +112,17 @@ impl Pool {
         Ok(expired.into_iter().map(|(_, hold)| hold).collect())
     }
 
-    /// Every hold, by snapshot name then tag.
+    /// Every hold, by snapshot name then tag; a replication cursor holds
+    /// the live snapshot it marks as `cursor:TARGET`.
     pub fn holds(&self) -> Vec<HoldInfo> {
         let state = self.state();
         let mut holds: Vec<HoldInfo> = state.holds().map(|h| hold_info(&state, h)).collect();
+        holds.extend(cursor_holds(&state).map(|(snapshot, tag)| HoldInfo {
+            snapshot: snapshot.name.clone(),
+            snapshot_guid: guid_hex(&snapshot.guid),
+            tag,
+            until_unix_secs: None,
+        }));
         holds.sort_by(|a, b| (&a.snapshot, &a.tag).cmp(&(&b.snapshot, &b.tag)));
         holds
     }
@@ -129,6 +145,9 @@ pub(super) fn ensure_not_held(state: &State, ids: &[VolumeId]) -> Result<()> {
     let mut held: HashMap<[u8; 16], Vec<String>> = HashMap::new();
     for hold in state.holds() {
         held.entry(hold.guid).or_default().push(hold.name.clone());
+    }
+    for (snapshot, tag) in cursor_holds(state) {
+        held.entry(snapshot.guid).or_default().push(tag);
     }
     if held.is_empty() {
         return Ok(());
@@ -167,6 +186,19 @@ pub(super) fn drop_holds_of(state: &mut State, ids: &[VolumeId]) {
         let released = state.release_hold(guid, &tag);
         assert!(released, "a hold found a moment ago");
     }
+}
+
+/// The tag of the hold a replication cursor places on its snapshot.
+pub const CURSOR_HOLD_PREFIX: &str = "cursor:";
+
+/// The live snapshots replication cursors mark, each with its hold's tag
+/// (`cursor:TARGET`). A forced removal keeps the cursor, as a bookmark:
+/// the target's next incremental still has its base.
+fn cursor_holds(state: &State) -> impl Iterator<Item = (&VolumeRecord, String)> {
+    state.cursors().filter_map(|cursor| {
+        let snapshot = state.snapshot_by_guid(&cursor.guid)?;
+        Some((snapshot, format!("{CURSOR_HOLD_PREFIX}{}", cursor.name)))
+    })
 }
 
 fn hold_tags(state: &State, guid: [u8; 16]) -> Vec<String> {
