@@ -73,7 +73,12 @@ pub enum RaifCommand {
         json: bool,
     },
     /// Which rule laid a file out, and where its metadata and units live
-    Explain { path: PathBuf },
+    Explain {
+        path: PathBuf,
+        /// The whole answer as JSON, every stripe's units included
+        #[arg(long)]
+        json: bool,
+    },
     /// Restore redundancy: refill an empty directory that replaces a failed
     /// branch from the other branches, on a mounted RAIF
     #[command(
@@ -143,12 +148,7 @@ pub fn run(command: RaifCommand) -> Result<()> {
             mountpoint,
         } => rebuild(&mountpoint, branch, &to, force),
         RaifCommand::Scrub { repair, mountpoint } => scrub(&mountpoint, repair),
-        RaifCommand::Explain { path } => {
-            let text = xattr(&path, grove_fuse::raif::XATTR_EXPLAIN)?;
-            let value: serde_json::Value = serde_json::from_str(&text)?;
-            println!("{}", serde_json::to_string_pretty(&value)?);
-            Ok(())
-        }
+        RaifCommand::Explain { path, json } => explain(&path, json),
     }
 }
 
@@ -234,7 +234,7 @@ fn mount(config: Config, mountpoint: &Path, how: &How) -> Result<()> {
     let log = log.as_deref();
     let daemon = std::env::var_os(DAEMON_ENV).is_some();
     if !how.foreground && !daemon {
-        start_in_background(how, log)?;
+        start_in_background(how, log, mountpoint)?;
         if let Some(warning) = &warning {
             eprintln!("grove: warning: {warning}");
         }
@@ -309,7 +309,7 @@ fn announce(mountpoint: &Path, daemon: bool, log: Option<&Path>) -> Result<()> {
 
 /// Runs this same command again with --foreground, detached, and waits
 /// until it is mounted or has failed; its error is reported as it said it.
-fn start_in_background(how: &How, log: Option<&Path>) -> Result<()> {
+fn start_in_background(how: &How, log: Option<&Path>, mountpoint: &Path) -> Result<()> {
     let exe = std::env::current_exe().context("cannot find the grove executable")?;
     let mut command = Command::new(exe);
     command.args(["raif", "mount", "--foreground"]);
@@ -337,7 +337,8 @@ fn start_in_background(how: &How, log: Option<&Path>) -> Result<()> {
         .any(|l| l == READY_LINE);
     if ready {
         println!(
-            "mounted RAIF (grove raif mount, pid {}); unmount with `fusermount3 -u MOUNTPOINT`",
+            "mounted RAIF on {} (grove raif mount, pid {}); unmount with `fusermount3 -u {0}`",
+            mountpoint.display(),
             child.id()
         );
         return Ok(());
@@ -376,6 +377,72 @@ fn xattr(path: &Path, name: &str) -> Result<String> {
     Ok(String::from_utf8(buf)?)
 }
 
+fn explain(path: &Path, json: bool) -> Result<()> {
+    let text = xattr(path, grove_fuse::raif::XATTR_EXPLAIN)?;
+    let value: serde_json::Value = serde_json::from_str(&text)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&value)?);
+    } else {
+        print!("{}", explain_text(&value));
+    }
+    Ok(())
+}
+
+/// `raif explain` for people: one "field  value" line each, then the first
+/// stripes' units by branch label.
+fn explain_text(v: &serde_json::Value) -> String {
+    let field = |key: &str| match &v[key] {
+        serde_json::Value::String(text) => text.clone(),
+        serde_json::Value::Null => "-".to_string(),
+        serde_json::Value::Array(items) => items
+            .iter()
+            .map(|i| i.as_str().map_or_else(|| i.to_string(), str::to_string))
+            .collect::<Vec<_>>()
+            .join(", "),
+        other => other.to_string(),
+    };
+    if v["kind"].is_string() {
+        return format!(
+            "path        {}\nkind        {} (kept on every branch)\n",
+            field("path"),
+            field("kind")
+        );
+    }
+    let mut out = String::new();
+    for (label, key) in [
+        ("path", "path"),
+        ("level", "level"),
+        ("rule", "rule"),
+        ("rule now", "rule_now"),
+        ("stripe unit", "stripe_unit_bytes"),
+        ("size", "size_bytes"),
+        ("branches", "branches"),
+        ("metadata on", "metadata_on"),
+        ("name on", "name_on"),
+        ("names", "names"),
+    ] {
+        out.push_str(&format!(
+            "{label:<12}{}
+",
+            field(key)
+        ));
+    }
+    for stripe in v["stripes"].as_array().into_iter().flatten() {
+        let units = |key: &str| serde_json::to_string(&stripe[key]).unwrap_or_default();
+        out.push_str(&format!(
+            "stripe {} at {}: data {} parity {}\n",
+            stripe["stripe"],
+            stripe["offset"],
+            units("data"),
+            units("parity")
+        ));
+    }
+    out
+}
+
+/// The mount's state and branches; exit 1 if degraded, with the failed
+/// branches and how to refill them said on stdout (a degraded mount is a
+/// state to report, not an error of the command).
 fn status(mountpoint: &Path, json: bool) -> Result<()> {
     let text = xattr(mountpoint, grove_fuse::raif::XATTR_STATUS)?;
     let value: serde_json::Value = serde_json::from_str(&text)?;
@@ -385,11 +452,30 @@ fn status(mountpoint: &Path, json: bool) -> Result<()> {
         println!("state: {}", value["state"].as_str().unwrap_or("?"));
         print_branches(&value);
     }
-    if value["state"] == "degraded" {
-        bail!("{} is degraded: a branch failed", mountpoint.display());
+    if value["state"] != "degraded" {
+        return Ok(());
     }
-    Ok(())
+    if !json {
+        let failed: Vec<&str> = value["branches"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|b| b["state"] == "failed")
+            .filter_map(|b| b["label"].as_str())
+            .collect();
+        for label in &failed {
+            println!(
+                "branch {label} failed: `grove raif rebuild --branch {label} --to NEWDIR {}` refills it",
+                mountpoint.display()
+            );
+        }
+    }
+    std::process::exit(EXIT_DEGRADED);
 }
+
+/// `raif status`'s exit code for a degraded mount, as `grove check` exits 1
+/// when it finds something wrong.
+const EXIT_DEGRADED: i32 = 1;
 
 /// One line per branch: its label (what `rebuild --branch` takes) beside
 /// its directory, then its health; a replacement also names the directory

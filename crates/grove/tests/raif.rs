@@ -141,6 +141,9 @@ impl Raif {
         );
         assert!(is_mounted(&self.mnt));
         let stdout = String::from_utf8_lossy(&out.stdout);
+        // The way out names this mount point, not a placeholder.
+        let unmount = format!("unmount with `fusermount3 -u {}`", self.mnt.display());
+        assert!(stdout.contains(&unmount), "{stdout}");
         let pid = stdout.split("pid ").nth(1).and_then(|rest| {
             rest.split(|c: char| !c.is_ascii_digit())
                 .next()?
@@ -189,7 +192,7 @@ impl Raif {
 
     /// What `explain` says about a file.
     fn explain(&self, rel: &str) -> serde_json::Value {
-        let out = grove(&["raif", "explain", self.p(rel).to_str().unwrap()]);
+        let out = grove(&["raif", "explain", "--json", self.p(rel).to_str().unwrap()]);
         assert!(
             out.status.success(),
             "{}",
@@ -507,6 +510,17 @@ fn removing_a_branch_mid_run_keeps_every_file() {
         assert_eq!(status["branches"][1]["state"], "failed");
         let out = grove(&["raif", "status", r.mnt.to_str().unwrap()]);
         assert_eq!(out.status.code(), Some(1), "status exits 1 when degraded");
+        // Reported, not an error: the failed branch and how to refill it.
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            stdout.contains("branch b1 failed: `grove raif rebuild --branch b1 --to NEWDIR"),
+            "{level}: {stdout}"
+        );
+        assert!(
+            out.stderr.is_empty(),
+            "{level}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }
 
@@ -544,6 +558,16 @@ fn explain_and_status_answer() {
     let r = Raif::new("raif1", 3, "64K");
     fs::write(r.p("a.bin"), pattern(200_000, 1)).unwrap();
     let out = grove(&["raif", "explain", r.p("a.bin").to_str().unwrap()]);
+    assert!(out.status.success());
+    // For people: a line a field, not JSON.
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("level       raif1\n") && text.contains("rule        default\n"),
+        "{text}"
+    );
+    assert!(text.contains("stripe 0 at 0: data"), "{text}");
+    assert!(!text.trim_start().starts_with('{'), "{text}");
+    let out = grove(&["raif", "explain", "--json", r.p("a.bin").to_str().unwrap()]);
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["level"], "raif1");
