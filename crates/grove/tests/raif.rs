@@ -1803,3 +1803,74 @@ fn random_link_operations_match_a_model() {
         text(&out)
     );
 }
+
+/// A write or truncate by anyone but root clears set-user-ID, and
+/// set-group-ID where group execute is set, as ext4 does (pjdfstest
+/// chmod/12): a write by nobody left 4777 set. Root's writes keep them.
+#[test]
+fn a_write_by_another_user_clears_set_id_bits() {
+    require!();
+    let is_root = rustix::process::geteuid().is_root();
+    if !is_root || Command::new("setpriv").arg("--version").output().is_err() {
+        if std::env::var_os("GROVE_REQUIRE_TOOLS").is_some() {
+            panic!("cannot run: needs root and setpriv");
+        }
+        eprintln!("SKIP: needs root and setpriv");
+        return;
+    }
+    use std::io::Write;
+    let mut r = Raif::new("raif1", 2, "64K");
+    r.unmount();
+    r.flags.push("--allow-other".into());
+    r.mount();
+    for dir in [r.dir.path(), r.mnt.as_path()] {
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let mode = |name: &str| fs::metadata(r.p(name)).unwrap().permissions().mode() & 0o7777;
+    let as_nobody = |script: &str| {
+        let out = Command::new("setpriv")
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "sh",
+                "-c",
+                script,
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{script}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let cases = [
+        // (mode before, what nobody does, mode after)
+        (0o4777, "echo x >> {}", 0o777),
+        (0o6777, "truncate -s 1 {}", 0o777),
+        (0o2777, "echo x >> {}", 0o777),
+        // Set-group-ID without group execute is mandatory locking: kept.
+        (0o2767, "echo x >> {}", 0o2767),
+    ];
+    for (i, (before, action, after)) in cases.into_iter().enumerate() {
+        let name = format!("f{i}");
+        fs::write(r.p(&name), b"hello\n").unwrap();
+        fs::set_permissions(r.p(&name), fs::Permissions::from_mode(before)).unwrap();
+        as_nobody(&action.replace("{}", r.p(&name).to_str().unwrap()));
+        assert_eq!(mode(&name), after, "{before:o} after `{action}` by nobody");
+    }
+    // Root writes keep the bits, as on ext4 (CAP_FSETID).
+    fs::set_permissions(r.p("f0"), fs::Permissions::from_mode(0o4777)).unwrap();
+    OpenOptions::new()
+        .append(true)
+        .open(r.p("f0"))
+        .unwrap()
+        .write_all(b"root\n")
+        .unwrap();
+    assert_eq!(mode("f0"), 0o4777);
+    // And the cleared bits are what the branches keep: after a remount.
+    r.unmount();
+    r.mount();
+    assert_eq!(mode("f1"), 0o777);
+}

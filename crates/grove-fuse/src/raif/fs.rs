@@ -205,6 +205,7 @@ impl RaifFs {
     #[allow(clippy::too_many_arguments)]
     fn do_setattr(
         &self,
+        caller_uid: u32,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -216,6 +217,7 @@ impl RaifFs {
         if let Some(file) = self.core.unlinked_open(ino.0) {
             // ftruncate, fchmod, futimens of a file with no name left.
             if let Some(size) = size {
+                kill_set_id_bits(&file, caller_uid);
                 self.core.truncate(&file, size).map_err(errno)?;
             }
             set_file_attrs(&file, mode, uid, gid, atime, mtime);
@@ -227,6 +229,7 @@ impl RaifFs {
                 let file = self.core.open(ino.0, &rel).map_err(errno)?;
                 let result = (|| {
                     if let Some(size) = size {
+                        kill_set_id_bits(&file, caller_uid);
                         self.core.truncate(&file, size)?;
                     }
                     set_file_attrs(&file, mode, uid, gid, atime, mtime);
@@ -342,6 +345,29 @@ impl RaifFs {
     }
 }
 
+/// Clears set-user-ID, and set-group-ID where group execute is set too,
+/// when anyone but root writes or truncates a file, as Linux does for
+/// ext4 (should_remove_suid): a program changed by another hand must not
+/// go on running as its owner. (The kernel leaves it to a FUSE server.)
+fn kill_set_id_bits(file: &OpenFile, caller_uid: u32) {
+    const SET_UID: u32 = 0o4000;
+    const SET_GID_AND_GROUP_EXEC: u32 = 0o2010;
+    if caller_uid == 0 {
+        return;
+    }
+    let mut m = file.meta.write().unwrap_or_else(|e| e.into_inner());
+    let mut kill = m.mode & SET_UID;
+    if m.mode & SET_GID_AND_GROUP_EXEC == SET_GID_AND_GROUP_EXEC {
+        kill |= 0o2000;
+    }
+    if kill == 0 {
+        return;
+    }
+    m.mode &= !kill;
+    m.ctime_ns = meta::now_ns();
+    file.dirty.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Applies a setattr's mode, owner and times to an open file's metadata.
 fn set_file_attrs(
     file: &OpenFile,
@@ -419,7 +445,7 @@ impl fuser::Filesystem for RaifFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -436,7 +462,7 @@ impl fuser::Filesystem for RaifFs {
         reply: ReplyAttr,
     ) {
         let _gate = self.gate();
-        match self.do_setattr(ino, mode, uid, gid, size, atime, mtime) {
+        match self.do_setattr(req.uid(), ino, mode, uid, gid, size, atime, mtime) {
             Ok(attr) => reply.attr(&TTL, &attr),
             Err(e) => reply.error(e),
         }
@@ -687,7 +713,7 @@ impl fuser::Filesystem for RaifFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -698,10 +724,11 @@ impl fuser::Filesystem for RaifFs {
         reply: ReplyWrite,
     ) {
         let _gate = self.gate();
-        match self
-            .file(ino)
-            .and_then(|f| self.core.write(&f, offset, data).map_err(errno))
-        {
+        let written = self.file(ino).and_then(|f| {
+            kill_set_id_bits(&f, req.uid());
+            self.core.write(&f, offset, data).map_err(errno)
+        });
+        match written {
             Ok(()) => reply.written(data.len() as u32),
             Err(e) => reply.error(e),
         }
