@@ -12,7 +12,7 @@ use grove_store::{Pool, PoolOptions, Shrink, SpaceSettings};
 
 use crate::branches::BranchAdmin;
 use crate::cli::{BranchCommand, Cli, Command};
-use crate::control::{Admin, ControlClient};
+use crate::control::{Admin, AdminVolume, ControlClient};
 use crate::open::{open_pool, OpenedPool};
 use crate::output::{
     format_size, write_check_report, write_diff, write_pool_info, write_volume_table,
@@ -230,14 +230,36 @@ fn run_admin(pool: &dyn Admin, branches: &dyn BranchAdmin, command: Command) -> 
         | Command::Raif { .. } => {
             unreachable!("init, serve and mount open the pool themselves")
         }
-        Command::Import { .. }
-        | Command::Export { .. }
-        | Command::Write { .. }
-        | Command::Read { .. } => {
+        Command::Import { .. } | Command::Export { .. } => {
             bail!(
-                "pool {} is held by a running `grove serve` or `grove mount`: read and write its volumes over NBD or through the mounted files, or stop it first",
+                "pool {} is held by a running `grove serve` or `grove mount`: import and export through its NBD exports or mounted files (qemu-img convert, nbdcopy, cp), or stop it first",
                 pool.dir().display()
             )
+        }
+        // Through the daemon: small pieces over its control socket.
+        Command::Write { name, offset, file } => {
+            let offset = parse_size(&offset, "offset")?;
+            let volume = AdminVolume {
+                admin: pool,
+                name: &name,
+            };
+            let written = transfer::write(&volume, &name, offset, file.as_deref())?;
+            say(format_args!(
+                "wrote {written} bytes to {name:?} at offset {offset}"
+            ))
+        }
+        Command::Read {
+            name,
+            offset,
+            length,
+        } => {
+            let offset = parse_size(&offset, "offset")?;
+            let length = length.map(|text| parse_size(&text, "length")).transpose()?;
+            let volume = AdminVolume {
+                admin: pool,
+                name: &name,
+            };
+            transfer::read(&volume, &name, offset, length)
         }
         Command::Create { name, size } => create(pool, &name, &size),
         Command::Snapshot {

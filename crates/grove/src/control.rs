@@ -23,6 +23,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
+use grove_send::digest::{hex, unhex};
 use grove_store::{
     CheckReport, DiffReport, Error, ErrorKind, HoldInfo, Pool, PoolInfo, RemovalSummary,
     RemoveOptions, Shrink, SpaceSettings, SpaceStatus, VolumeInfo, VolumeSummary,
@@ -37,6 +38,13 @@ use crate::open::OpenedPool;
 pub const CONTROL_SOCKET_NAME: &str = "grove.control";
 /// Longest request line the daemon reads; requests are small.
 const REQUEST_LINE_MAX_BYTES: u64 = 64 * 1024;
+/// Most bytes one `grove read` request through the daemon returns (its
+/// reply is twice that in hex, streamed like any reply).
+pub const BYTES_PER_REQUEST_MAX: usize = 1 << 20;
+/// Most bytes one `grove write` request carries: their hex and the rest of
+/// the request must fit REQUEST_LINE_MAX_BYTES.
+const WRITE_BYTES_PER_REQUEST_MAX: usize = 16 * 1024;
+const _: () = assert!(2 * WRITE_BYTES_PER_REQUEST_MAX + 1024 < REQUEST_LINE_MAX_BYTES as usize);
 /// Requests one control connection may send before it is closed.
 const REQUESTS_PER_CONNECTION_MAX: usize = 1000;
 /// How often stopping checks whether the connections have finished.
@@ -107,6 +115,12 @@ pub trait Admin {
         shrink: Shrink,
     ) -> grove_store::Result<VolumeInfo>;
     fn rename_volume(&self, name: &str, new_name: &str) -> grove_store::Result<VolumeInfo>;
+    /// `length` bytes of volume `name` from `offset` (`grove read`).
+    fn read_bytes(&self, name: &str, offset: u64, length: u64) -> grove_store::Result<Vec<u8>>;
+    /// Writes `data` into volume `name` at `offset` (`grove write`).
+    fn write_bytes(&self, name: &str, offset: u64, data: &[u8]) -> grove_store::Result<()>;
+    /// Makes the pool's completed writes durable.
+    fn flush_volume(&self, name: &str) -> grove_store::Result<()>;
     fn volumes(&self) -> grove_store::Result<Vec<VolumeInfo>>;
     /// Every volume without the accounting (cheap at any pool size).
     fn summaries(&self) -> grove_store::Result<Vec<VolumeSummary>>;
@@ -225,6 +239,19 @@ impl Admin for Pool {
     }
     fn rename_volume(&self, name: &str, new_name: &str) -> grove_store::Result<VolumeInfo> {
         Pool::rename_volume(self, name, new_name)
+    }
+    fn read_bytes(&self, name: &str, offset: u64, length: u64) -> grove_store::Result<Vec<u8>> {
+        let length = usize::try_from(length.min(BYTES_PER_REQUEST_MAX as u64))
+            .expect("bounded by BYTES_PER_REQUEST_MAX");
+        let mut bytes = vec![0u8; length];
+        self.volume(name)?.read_at(&mut bytes, offset)?;
+        Ok(bytes)
+    }
+    fn write_bytes(&self, name: &str, offset: u64, data: &[u8]) -> grove_store::Result<()> {
+        self.volume(name)?.write_at(data, offset)
+    }
+    fn flush_volume(&self, name: &str) -> grove_store::Result<()> {
+        self.volume(name)?.flush()
     }
     fn volumes(&self) -> grove_store::Result<Vec<VolumeInfo>> {
         Pool::volumes(self)
@@ -345,6 +372,23 @@ enum Request {
     Rename {
         name: String,
         new_name: String,
+    },
+    /// `grove read` through the daemon: a piece of at most
+    /// BYTES_PER_REQUEST_MAX bytes, answered in hex.
+    ReadBytes {
+        name: String,
+        offset: u64,
+        length: u64,
+    },
+    /// `grove write` through the daemon: a piece whose hex fits a request
+    /// line (WRITE_BYTES_PER_REQUEST_MAX).
+    WriteBytes {
+        name: String,
+        offset: u64,
+        hex: String,
+    },
+    FlushVolume {
+        name: String,
     },
     List,
     Summaries,
@@ -479,6 +523,17 @@ fn execute(opened: &OpenedPool, request: Request, stopping: &AtomicBool) -> Repl
             size_bytes,
             drop_data,
         } => reply(pool.resize_volume_with(&name, size_bytes, shrink_for(drop_data))),
+        Request::ReadBytes {
+            name,
+            offset,
+            length,
+        } => reply(Admin::read_bytes(pool, &name, offset, length).map(|b| hex(&b))),
+        Request::WriteBytes { name, offset, hex } => reply(
+            unhex(&hex)
+                .map_err(|e| Error::new(ErrorKind::InvalidArgument, format!("{e:#}")))
+                .and_then(|data| Admin::write_bytes(pool, &name, offset, &data)),
+        ),
+        Request::FlushVolume { name } => reply(Admin::flush_volume(pool, &name)),
         Request::Rename { name, new_name } => reply(pool.rename_volume(&name, &new_name)),
         Request::List => reply(pool.volumes()),
         Request::Summaries => reply(Ok(pool.volume_summaries())),
@@ -1223,6 +1278,41 @@ impl Admin for ControlClient {
             drop_data: shrink == Shrink::DropData,
         })
     }
+    fn read_bytes(&self, name: &str, offset: u64, length: u64) -> grove_store::Result<Vec<u8>> {
+        let text: String = self.call(Request::ReadBytes {
+            name: name.into(),
+            offset,
+            length: length.min(BYTES_PER_REQUEST_MAX as u64),
+        })?;
+        unhex(&text).map_err(|e| {
+            Error::new(
+                ErrorKind::Io,
+                format!("the daemon's reply to a read is not hex: {e:#}"),
+            )
+        })
+    }
+    fn write_bytes(&self, name: &str, offset: u64, data: &[u8]) -> grove_store::Result<()> {
+        if data.is_empty() {
+            // Still asked: the engine refuses a snapshot or an offset past
+            // the end before any input is read.
+            return self.call(Request::WriteBytes {
+                name: name.into(),
+                offset,
+                hex: String::new(),
+            });
+        }
+        for (index, piece) in data.chunks(WRITE_BYTES_PER_REQUEST_MAX).enumerate() {
+            self.call::<()>(Request::WriteBytes {
+                name: name.into(),
+                offset: offset + (index * WRITE_BYTES_PER_REQUEST_MAX) as u64,
+                hex: hex(piece),
+            })?;
+        }
+        Ok(())
+    }
+    fn flush_volume(&self, name: &str) -> grove_store::Result<()> {
+        self.call(Request::FlushVolume { name: name.into() })
+    }
     fn rename_volume(&self, name: &str, new_name: &str) -> grove_store::Result<VolumeInfo> {
         self.call(Request::Rename {
             name: name.into(),
@@ -1372,6 +1462,39 @@ impl BranchAdmin for ControlClient {
     }
     fn restripe_branches(&self) -> grove_store::Result<RestripeSummary> {
         self.call_with_progress("restriping", Request::Restripe)
+    }
+}
+
+/// A volume of a pool reached through `Admin` (here or the daemon's
+/// control socket), as `grove read` and `grove write` move its bytes.
+pub struct AdminVolume<'a> {
+    pub admin: &'a dyn Admin,
+    pub name: &'a str,
+}
+
+impl crate::transfer::VolumeBytes for AdminVolume<'_> {
+    fn size_bytes(&self) -> grove_store::Result<u64> {
+        Ok(self.admin.volume_info(self.name)?.summary.size_bytes)
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> grove_store::Result<()> {
+        for (index, piece) in buf.chunks_mut(BYTES_PER_REQUEST_MAX).enumerate() {
+            let at = offset + (index * BYTES_PER_REQUEST_MAX) as u64;
+            let got = self.admin.read_bytes(self.name, at, piece.len() as u64)?;
+            if got.len() != piece.len() {
+                return Err(Error::new(
+                    ErrorKind::Io,
+                    format!("asked for {} bytes at {at}, got {}", piece.len(), got.len()),
+                ));
+            }
+            piece.copy_from_slice(&got);
+        }
+        Ok(())
+    }
+    fn write_at(&self, data: &[u8], offset: u64) -> grove_store::Result<()> {
+        self.admin.write_bytes(self.name, offset, data)
+    }
+    fn flush(&self) -> grove_store::Result<()> {
+        self.admin.flush_volume(self.name)
     }
 }
 

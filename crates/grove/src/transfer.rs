@@ -371,7 +371,37 @@ fn export_stream(
 
 /// `grove write`: bytes from FILE (or stdin when None or `-`) at `offset`.
 /// Returns the bytes written.
-pub fn write(volume: &Volume, name: &str, offset: u64, input: Option<&Path>) -> Result<u64> {
+/// A volume's bytes as `grove read` and `grove write` move them: the
+/// volume itself where the pool is open here, or one reached through the
+/// control socket of the daemon that holds the pool (control.rs).
+pub trait VolumeBytes {
+    fn size_bytes(&self) -> grove_store::Result<u64>;
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> grove_store::Result<()>;
+    fn write_at(&self, data: &[u8], offset: u64) -> grove_store::Result<()>;
+    fn flush(&self) -> grove_store::Result<()>;
+}
+
+impl VolumeBytes for Volume {
+    fn size_bytes(&self) -> grove_store::Result<u64> {
+        Volume::size_bytes(self)
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> grove_store::Result<()> {
+        Volume::read_at(self, buf, offset)
+    }
+    fn write_at(&self, data: &[u8], offset: u64) -> grove_store::Result<()> {
+        Volume::write_at(self, data, offset)
+    }
+    fn flush(&self) -> grove_store::Result<()> {
+        Volume::flush(self)
+    }
+}
+
+pub fn write(
+    volume: &dyn VolumeBytes,
+    name: &str,
+    offset: u64,
+    input: Option<&Path>,
+) -> Result<u64> {
     // An empty write makes the engine refuse a read-only snapshot or an
     // offset past the end with its own message, before any input is read.
     volume.write_at(&[], offset)?;
@@ -408,7 +438,7 @@ pub fn write(volume: &Volume, name: &str, offset: u64, input: Option<&Path>) -> 
 }
 
 /// `grove read`: `length` bytes from `offset` (default: to the end) to stdout.
-pub fn read(volume: &Volume, name: &str, offset: u64, length: Option<u64>) -> Result<()> {
+pub fn read(volume: &dyn VolumeBytes, name: &str, offset: u64, length: Option<u64>) -> Result<()> {
     let size_bytes = volume.size_bytes()?;
     let length = match length {
         Some(length) => length,

@@ -196,8 +196,34 @@ fn other_commands_work_through_the_server_and_sigterm_closes_cleanly() {
         stderr.starts_with("grove: error: no volume named \"nope\""),
         "{stderr}"
     );
-    // Moving data needs the pool itself: a clear refusal.
-    let output = served.run(&["read", "disk", "--length", "10"]);
+    // grove read and grove write go through the daemon (issue 35: they
+    // were refused), and what they move is what NBD clients see.
+    let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8 + 1).collect();
+    let file = served.dir.path().join("data.bin");
+    std::fs::write(&file, &data).unwrap();
+    let said = served.ok(&["write", "disk", "--offset", "1M", file.to_str().unwrap()]);
+    assert!(said.contains("wrote 100000 bytes"), "{said}");
+    let output = served.run(&["read", "disk", "--offset", "1M", "--length", "100000"]);
+    assert!(output.status.success(), "{output:?}");
+    assert!(
+        output.stdout == data,
+        "read back through the daemon differs"
+    );
+    if have("qemu-io") {
+        let uri = served.uri("disk");
+        let check = format!("read -P 1 {} 1", (1 << 20) + 251 * 4);
+        assert_qemu_io_ok(
+            &qemu_io(&uri, true, &[&check]),
+            "NBD sees grove write's bytes",
+        );
+    }
+    // Past the end, and a snapshot, are refused as they are without a server.
+    let output = served.run(&["write", "disk@1", file.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(1));
+    let output = served.run(&["read", "disk", "--offset", "64M", "--length", "1"]);
+    assert_eq!(output.status.code(), Some(1));
+    // Importing needs the pool itself: a clear refusal.
+    let output = served.run(&["import", "other2", file.to_str().unwrap()]);
     assert_eq!(output.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&output.stderr).contains("held by a running `grove serve`"));
     // A second server on the same pool is refused.
