@@ -390,7 +390,7 @@ impl<W: StreamSink> SectionSender<'_, W> {
             zero_bytes: 0,
             hole_bytes: 0,
         };
-        for (start, end) in self.changed_ranges(&volume)? {
+        for (start, end) in self.changed_ranges()? {
             self.send_range(&volume, start, end, &mut digest, &mut counts)?;
         }
         let running = match digest {
@@ -439,10 +439,12 @@ impl<W: StreamSink> SectionSender<'_, W> {
 
     /// Unit-aligned, sorted, disjoint byte ranges [start, end) of the
     /// target to send, from the section's start on.
-    fn changed_ranges(&self, volume: &Volume) -> Result<Vec<(u64, u64)>> {
+    fn changed_ranges(&self) -> Result<Vec<(u64, u64)>> {
         let target = &self.section.target;
         let extents: Vec<(u64, u64)> = match &self.section.base {
-            None => volume.mapped_extents()?,
+            // All of it: send_range lists what is mapped a window at a
+            // time, so a fragmented volume's extents are never all held.
+            None => vec![(0, target.size_bytes)],
             Some((from, _)) => self
                 .pool
                 .diff_from(from, &target.name)?
@@ -461,6 +463,24 @@ impl<W: StreamSink> SectionSender<'_, W> {
     /// Sends [start, end): Hole records where the target maps nothing,
     /// Zero and Data records where it does.
     fn send_range(
+        &mut self,
+        volume: &Volume,
+        start: u64,
+        end: u64,
+        digest: &mut DigestPlan,
+        counts: &mut Finish,
+    ) -> Result<()> {
+        let mut window = start;
+        while window < end {
+            let window_end = window.saturating_add(MAPPED_WINDOW_BYTES).min(end);
+            self.send_window(volume, window, window_end, digest, counts)?;
+            window = window_end;
+        }
+        Ok(())
+    }
+
+    /// `send_range` over one window, whose mapped extents are listed at once.
+    fn send_window(
         &mut self,
         volume: &Volume,
         start: u64,
