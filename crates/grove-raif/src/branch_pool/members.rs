@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! BRANCH_DIR/grove-branch.toml   identity: pool id, label, index, shape,
-//!                                sequence, state (ok | rebuilding), failed
+//!                                sequence, state (ok | rebuilding), failed,
+//!                                settled
 //! BRANCH_DIR/grove.branch-shape  the pool's segments (shape.rs)
 //! BRANCH_DIR/grove.branch        segment 0's stripe units (data file)
 //! BRANCH_DIR/grove.branch-journal  segment 0's stripe journal
@@ -16,10 +17,11 @@
 //! The directory itself is locked (flock) while a process uses it.
 //!
 //! Every open raises the sequence in the identity file of every healthy
-//! branch, and so does every change of health; each such identity lists
-//! the branches failed at the time. A branch so listed is failed: the pool
-//! opens without it, as it ran. Any other branch whose sequence is lower
-//! than the others' missed writes (a stale copy): it is refused, or with
+//! branch, and so does every change of health (in two rounds: the
+//! sequence, then `settled`); each such identity lists the branches failed
+//! at the time. A branch so listed is failed: the pool opens without it,
+//! as it ran. Any other branch whose sequence is lower than the highest
+//! `settled` missed writes (a stale copy): it is refused, or with
 //! `degraded` run without. A branch whose pool id differs belongs to
 //! another pool and is refused outright.
 
@@ -85,6 +87,14 @@ pub struct BranchIdentity {
     /// failed, not as old copies or surprises, and runs without them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failed: Vec<String>,
+    /// The newest sequence every branch in service had taken when this
+    /// identity was written: a record writes the new sequence to every
+    /// branch, then this to every branch. A branch behind the highest
+    /// `settled` missed a whole record (an old copy); one behind only the
+    /// highest sequence saw a record cut short, with nothing written
+    /// after it. None in identities from before: their own sequence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settled: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -243,6 +253,7 @@ impl BranchPoolConfig {
             sequence,
             state,
             failed: Vec::new(),
+            settled: None,
         }
     }
 
@@ -397,10 +408,16 @@ fn lock_dir(dir: &Path, label: &str) -> Result<File, BranchPoolError> {
 struct Recorder {
     config: BranchPoolConfig,
     sequence: AtomicU64,
+    /// The newest sequence whose record finished both rounds.
+    settled: AtomicU64,
     _locks: Mutex<Vec<File>>,
 }
 
 impl Recorder {
+    /// Two rounds over the branches in service: the new sequence (with
+    /// the last settled one), then the new sequence as settled. A crash in
+    /// the first leaves branches one sequence behind that missed nothing,
+    /// which `settled` tells from an old copy.
     fn record(&self, members: &[MemberStatus]) -> io::Result<()> {
         let sequence = self.sequence.fetch_add(1, Ordering::AcqRel) + 1;
         let failed: Vec<String> = members
@@ -408,33 +425,39 @@ impl Recorder {
             .filter(|m| m.health == Health::Failed)
             .map(|m| m.label.clone())
             .collect();
-        for (index, member) in members.iter().enumerate() {
-            let state = match member.health {
-                Health::Healthy => IdentityState::Ok,
-                Health::Rebuilding => IdentityState::Rebuilding,
-                Health::Failed => continue,
-            };
-            let dir = Path::new(&member.place);
-            BranchIdentity {
-                failed: failed.clone(),
-                ..self
-                    .config
-                    .identity_of(&member.label, index, members.len(), sequence, state)
+        let last_settled = self.settled.load(Ordering::Acquire);
+        for settled in [last_settled, sequence] {
+            for (index, member) in members.iter().enumerate() {
+                let state = match member.health {
+                    Health::Healthy => IdentityState::Ok,
+                    Health::Rebuilding => IdentityState::Rebuilding,
+                    Health::Failed => continue,
+                };
+                let dir = Path::new(&member.place);
+                BranchIdentity {
+                    failed: failed.clone(),
+                    settled: Some(settled),
+                    ..self
+                        .config
+                        .identity_of(&member.label, index, members.len(), sequence, state)
+                }
+                .save(dir)?;
             }
-            .save(dir)?;
         }
+        self.settled.fetch_max(sequence, Ordering::AcqRel);
         Ok(())
     }
 }
 
 fn recorder(
     config: &BranchPoolConfig,
-    sequence: u64,
+    (sequence, settled): (u64, u64),
     locks: Vec<File>,
 ) -> (Arc<Recorder>, MembershipRecorder) {
     let shared = Arc::new(Recorder {
         config: config.clone(),
         sequence: AtomicU64::new(sequence),
+        settled: AtomicU64::new(settled),
         _locks: Mutex::new(locks),
     });
     let inner = shared.clone();
@@ -470,7 +493,7 @@ pub fn create(config: &BranchPoolConfig) -> Result<BranchDevice, BranchPoolError
             usable: true,
         });
     }
-    let (shared, recorder) = recorder(config, 0, locks);
+    let (shared, recorder) = recorder(config, (0, 0), locks);
     let device = BranchDevice::open(
         config.level,
         config.stripe_unit_bytes,
@@ -492,6 +515,7 @@ enum Found {
     Ok {
         lock: File,
         sequence: u64,
+        settled: u64,
         failed: Vec<String>,
     },
     /// A replacement whose rebuild did not finish: grove left it so, and
@@ -524,14 +548,14 @@ pub fn open(config: &BranchPoolConfig, degraded: bool) -> Result<BranchDevice, B
     for (index, member) in config.member.iter().enumerate() {
         found.push(find_member(config, index, member)?);
     }
-    let (newest, failed) = newest_record(&found);
-    let (specs, locks, missing) = classify(config, found, newest, &failed);
+    let (newest, settled, failed) = newest_record(&found);
+    let (specs, locks, missing) = classify(config, found, (newest, settled), &failed);
     check_survives(config, &missing)?;
     let unknown: Vec<&Missing> = missing.iter().filter(|m| !m.known).collect();
     if !unknown.is_empty() && !degraded {
         return Err(needs_degraded(&unknown));
     }
-    let (shared, recorder) = recorder(config, newest, locks);
+    let (shared, recorder) = recorder(config, (newest, settled), locks);
     let device = BranchDevice::open(
         config.level,
         config.stripe_unit_bytes,
@@ -572,17 +596,19 @@ pub fn open(config: &BranchPoolConfig, degraded: bool) -> Result<BranchDevice, B
     Ok(device)
 }
 
-/// The newest sequence among the whole branches, and the branches those
-/// newest identities recorded as failed.
-fn newest_record(found: &[Found]) -> (u64, Vec<String>) {
-    let newest = found
-        .iter()
-        .filter_map(|f| match f {
-            Found::Ok { sequence, .. } => Some(*sequence),
+/// The newest sequence among the whole branches, the newest settled one,
+/// and the branches the newest identities recorded as failed.
+fn newest_record(found: &[Found]) -> (u64, u64, Vec<String>) {
+    let whole = || {
+        found.iter().filter_map(|f| match f {
+            Found::Ok {
+                sequence, settled, ..
+            } => Some((*sequence, *settled)),
             _ => None,
         })
-        .max()
-        .unwrap_or(0);
+    };
+    let newest = whole().map(|(sequence, _)| sequence).max().unwrap_or(0);
+    let settled = whole().map(|(_, settled)| settled).max().unwrap_or(0);
     let mut failed = Vec::new();
     for f in found {
         if let Found::Ok {
@@ -596,7 +622,7 @@ fn newest_record(found: &[Found]) -> (u64, Vec<String>) {
             }
         }
     }
-    (newest, failed)
+    (newest, settled, failed)
 }
 
 /// Each branch as the device is given it, the locks of those in service,
@@ -604,7 +630,7 @@ fn newest_record(found: &[Found]) -> (u64, Vec<String>) {
 fn classify(
     config: &BranchPoolConfig,
     found: Vec<Found>,
-    newest: u64,
+    (newest, settled): (u64, u64),
     failed: &[String],
 ) -> (Vec<BranchSpec>, Vec<File>, Vec<Missing>) {
     let mut specs = Vec::new();
@@ -618,7 +644,8 @@ fn classify(
                 true,
                 "is failed and out of service until it is rebuilt".to_string(),
             )),
-            Found::Ok { lock, sequence, .. } if sequence == newest => Ok(lock),
+            // Behind only a record cut short, it missed no write.
+            Found::Ok { lock, sequence, .. } if sequence >= settled.min(newest) => Ok(lock),
             Found::Ok { sequence, .. } => Err((
                 false,
                 format!("is an old copy (sequence {sequence}, the pool's is {newest})"),
@@ -714,6 +741,7 @@ fn find_member(
     let expected = BranchIdentity {
         width: identity.width,
         failed: identity.failed.clone(),
+        settled: identity.settled,
         ..config.identity(index, identity.sequence, identity.state)
     };
     if identity != expected {
@@ -735,6 +763,7 @@ fn find_member(
         Ok(lock) => Ok(Found::Ok {
             lock,
             sequence: identity.sequence,
+            settled: identity.settled.unwrap_or(identity.sequence),
             failed: identity.failed,
         }),
         Err(e @ BranchPoolError::Busy { .. }) => Err(e),
