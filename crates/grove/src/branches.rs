@@ -570,16 +570,24 @@ pub fn degraded_line(dir: &Path, report: &BranchReport) -> Option<String> {
     if !report.degraded {
         return None;
     }
-    let down: Vec<String> = report
+    let down: Vec<&BranchLine> = report
         .branches
         .iter()
         .filter(|b| b.health != "ok")
+        .collect();
+    let named: Vec<String> = down
+        .iter()
         .map(|b| format!("{} ({}) {}", b.label, b.dir, b.health))
         .collect();
+    // The command as it runs, for the one branch most often down.
+    let rebuild = match down.as_slice() {
+        [one] => format!("`grove rebuild --branch {} --to DIR`", one.label),
+        _ => "`grove rebuild --branch LABEL --to DIR` for each".to_string(),
+    };
     Some(format!(
-        "pool {} is degraded: branch {}; `grove rebuild --branch LABEL --to DIR` restores its redundancy",
+        "pool {} is degraded: branch {}; {rebuild} restores its redundancy",
         dir.display(),
-        down.join(", ")
+        named.join(", ")
     ))
 }
 

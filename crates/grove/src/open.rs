@@ -139,9 +139,9 @@ pub fn branch_error(error: BranchPoolError) -> Error {
         BranchPoolError::Busy { .. } => ErrorKind::Busy,
         BranchPoolError::Io { .. } => ErrorKind::Io,
         BranchPoolError::Config(_) => ErrorKind::InvalidArgument,
-        BranchPoolError::Foreign { .. } | BranchPoolError::NeedsDegraded(_) => {
-            ErrorKind::InvalidState
-        }
+        BranchPoolError::Foreign { .. }
+        | BranchPoolError::NeedsDegraded(_)
+        | BranchPoolError::TooManyLost(_) => ErrorKind::InvalidState,
     };
     Error::new(kind, error.to_string())
 }

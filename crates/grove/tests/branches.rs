@@ -288,6 +288,54 @@ fn an_old_copy_of_a_branch_is_refused() {
     assert_eq!(setup.health(&["--degraded"])[1], "failed");
 }
 
+/// Sets `key = value` in branch directory `dir`'s identity file.
+fn set_identity(dir: &Path, key: &str, value: &str) {
+    let path = dir.join("grove-branch.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut found = false;
+    let text: Vec<String> = text
+        .lines()
+        .map(|line| match line.split_once(" = ") {
+            Some((k, _)) if k == key => {
+                found = true;
+                format!("{key} = {value}")
+            }
+            _ => line.to_string(),
+        })
+        .collect();
+    assert!(found, "no {key} in {}", path.display());
+    std::fs::write(&path, text.join("\n")).unwrap();
+}
+
+fn identity_number(dir: &Path, key: &str) -> u64 {
+    let text = std::fs::read_to_string(dir.join("grove-branch.toml")).unwrap();
+    text.lines()
+        .find_map(|line| line.strip_prefix(&format!("{key} = ")))
+        .unwrap_or_else(|| panic!("no {key} in {text}"))
+        .parse()
+        .unwrap()
+}
+
+/// An open killed while it raised the branches' sequence (b0 took the new
+/// one, b1 and b2 not yet) leaves no old copy: nothing was written after.
+/// (A kill of `grove branch restripe` at its start made one, at random.)
+#[test]
+fn an_open_cut_short_while_raising_the_sequence_leaves_no_old_copy() {
+    let setup = Setup::init("raif5", 3);
+    let image = setup.import("disk", 27);
+    let sequence = identity_number(&setup.branch(0), "sequence");
+    assert_eq!(identity_number(&setup.branch(0), "settled"), sequence);
+    set_identity(&setup.branch(0), "sequence", &(sequence + 1).to_string());
+    assert_eq!(setup.health(&[]), ["ok", "ok", "ok"]);
+    setup.assert_volume(&[], "disk", &image, "after the cut-short open");
+    // Every branch took the next record whole.
+    let after = identity_number(&setup.branch(0), "sequence");
+    for i in 0..3 {
+        assert_eq!(identity_number(&setup.branch(i), "sequence"), after);
+        assert_eq!(identity_number(&setup.branch(i), "settled"), after);
+    }
+}
+
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for entry in std::fs::read_dir(from).unwrap() {
@@ -371,19 +419,382 @@ fn scrub_finds_and_repairs_a_flipped_byte() {
     }
 }
 
+/// The rebuild command a line of grove's names, as arguments after
+/// `grove`: what is between "`grove rebuild" and the closing "`".
+fn printed_rebuild(line: &str) -> Vec<String> {
+    let start = line
+        .find("`grove rebuild")
+        .unwrap_or_else(|| panic!("no rebuild command in: {line}"));
+    let rest = &line[start + "`grove ".len()..];
+    let end = rest.find('`').expect("the command's closing backquote");
+    rest[..end].split_whitespace().map(String::from).collect()
+}
+
+fn fuse_possible() -> bool {
+    rustix::process::geteuid().is_root() && Path::new("/dev/fuse").exists()
+}
+
+/// `grove mount --foreground` on the setup's pool until unmounted: the
+/// daemon's log (GROVE_LOG=info), or None without root and /dev/fuse.
+fn mount_log_until_unmounted(setup: &Setup, flags: &[&str]) -> Option<String> {
+    if !fuse_possible() {
+        eprintln!("SKIP (mount part): needs root and /dev/fuse");
+        return None;
+    }
+    let mountpoint = setup.path("mnt");
+    std::fs::create_dir_all(&mountpoint).unwrap();
+    let log = setup.path("mount.log");
+    let child = Command::new(GROVE)
+        .arg("--pool")
+        .arg(setup.pool())
+        .args(flags)
+        .args(["mount", "--foreground"])
+        .arg(&mountpoint)
+        .env("GROVE_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut child = Reaped(child);
+    let started = Instant::now();
+    while !mountpoint.join("disk").exists() {
+        let log = std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(child.0.try_wait().unwrap().is_none(), "grove mount: {log}");
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no mount: {log}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(Command::new("umount")
+        .arg(&mountpoint)
+        .status()
+        .unwrap()
+        .success());
+    assert!(child.0.wait().unwrap().success());
+    Some(std::fs::read_to_string(&log).unwrap())
+}
+
+/// Issue 35: a branch taken out of service with `grove branch fail` is
+/// reported failed (never an old copy) by every command, `grove serve` and
+/// `grove mount`, all of which run degraded without being asked; the
+/// rebuild command grove prints then works as printed.
 #[test]
-fn branch_fail_takes_a_branch_out_of_service() {
+fn a_failed_branch_is_reported_failed_everywhere_and_rebuilt_as_printed() {
     let setup = Setup::init("raif5", 3);
     let image = setup.import("disk", 9);
+    let hash = setup.ok(&["hash", "disk"]);
     let out = setup.ok(&["branch", "fail", "b2"]);
     assert!(out.contains("branch b2 is out of service"), "{out}");
-    // Its identity is behind the others' now: it needs a rebuild.
-    let refused = setup.fails(&["info"]);
-    assert!(refused.contains("branch b2"), "{refused}");
-    setup.assert_volume(&["--degraded"], "disk", &image, "b2 failed");
+    let printed = printed_rebuild(&out);
+    assert_eq!(
+        printed,
+        ["rebuild", "--branch", "b2", "--to", "DIR"],
+        "{out}"
+    );
+
+    for args in [
+        &["info"][..],
+        &["hash", "disk"],
+        &["list"],
+        &["check"],
+        &["export", "disk", "/dev/null"],
+    ] {
+        let output = setup.grove(args);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let said = format!("{stdout}{stderr}");
+        assert!(output.status.success(), "grove {args:?}: {stderr}");
+        assert!(!said.contains("old copy"), "grove {args:?}: {said}");
+        let failed = stderr.contains("branch b2 (") && stderr.contains(") failed")
+            || stdout.lines().any(|l| {
+                l.split_whitespace()
+                    .eq(["b2", "failed", &setup.branch(2).display().to_string()])
+            });
+        assert!(failed, "grove {args:?} does not say b2 failed: {said}");
+    }
+    assert_eq!(setup.ok(&["hash", "disk"]), hash);
+    setup.assert_volume(&[], "disk", &image, "b2 failed");
+    assert_eq!(setup.health(&[]), ["ok", "ok", "failed"]);
+    assert_eq!(setup.info(&[])["branches"]["degraded"], true);
     // A second failure is past what RAIF5 survives.
-    let refused = setup.fails(&["--degraded", "branch", "fail", "b0"]);
+    let refused = setup.fails(&["branch", "fail", "b0"]);
     assert!(refused.contains("cannot do without"), "{refused}");
+
+    let served = Served::start(&setup, &[]);
+    assert_eq!(setup.health(&[]), ["ok", "ok", "failed"]);
+    let log = served.stop();
+    assert!(log.contains("branch b2") && log.contains("failed"), "{log}");
+    assert!(!log.contains("old copy"), "{log}");
+    if let Some(log) = mount_log_until_unmounted(&setup, &[]) {
+        assert!(log.contains("branch b2") && log.contains("failed"), "{log}");
+        assert!(!log.contains("old copy"), "{log}");
+    }
+
+    // The printed command, DIR filled in, and nothing else.
+    let new_dir = setup.path("b2-new");
+    let mut args: Vec<&str> = printed.iter().map(String::as_str).collect();
+    args[4] = new_dir.to_str().unwrap();
+    let out = setup.ok(&args);
+    assert!(out.contains("rebuilt branch b2"), "{out}");
+    assert_eq!(setup.health(&[]), ["ok", "ok", "ok"]);
+    let output = setup.grove(&["list"]);
+    assert!(
+        output.status.success() && output.stderr.is_empty(),
+        "{output:?}"
+    );
+    // The rebuilt branch carries its share: lose another.
+    std::fs::remove_dir_all(setup.branch(0)).unwrap();
+    setup.assert_volume(&["--degraded"], "disk", &image, "rebuilt, then b0 lost");
+}
+
+/// A branch the daemon's watcher failed (its directory removed under
+/// `grove serve`) is known failed at the next open: commands and a new
+/// `grove serve` run degraded without `--degraded`, and the rebuild runs
+/// as printed.
+#[test]
+fn a_branch_failed_while_served_stays_failed_after_a_restart() {
+    let setup = Setup::init("raif6", 4);
+    let image = setup.import("disk", 17);
+    let served = Served::start(&setup, &[]);
+    std::fs::remove_dir_all(setup.branch(1)).unwrap();
+    wait_for_health(&setup, 1, "failed", &served);
+    served.stop();
+
+    assert_eq!(setup.health(&[]), ["ok", "failed", "ok", "ok"]);
+    let output = setup.grove(&["list"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("branch b1 (") && stderr.contains(") failed"),
+        "{stderr}"
+    );
+    let printed = printed_rebuild(&stderr);
+    assert_eq!(
+        printed,
+        ["rebuild", "--branch", "b1", "--to", "DIR"],
+        "{stderr}"
+    );
+    Served::start(&setup, &[]).stop();
+    setup.assert_volume(&[], "disk", &image, "b1 failed while served");
+
+    let new_dir = setup.path("b1-new");
+    let mut args: Vec<&str> = printed.iter().map(String::as_str).collect();
+    args[4] = new_dir.to_str().unwrap();
+    setup.ok(&args);
+    assert_eq!(setup.health(&[]), ["ok", "ok", "ok", "ok"]);
+}
+
+/// Asserts `output` failed with exactly one line on stderr, a grove error;
+/// returns it.
+fn one_error_line(output: &Output, what: &str) -> String {
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(1), "{what}: {stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{what}: not one line: {stderr}");
+    assert!(stderr.starts_with("grove: error: "), "{what}: {stderr}");
+    stderr
+}
+
+/// The ways the open of a pool, a server or a mount can run into a branch
+/// it did not record: each as (flags, command) run with GROVE_LOG=info,
+/// so that a log line before the error would show.
+fn opening_commands(setup: &Setup) -> Vec<Vec<String>> {
+    let mut commands = vec![vec!["info".to_string()], vec!["serve".to_string()]];
+    if fuse_possible() {
+        let mountpoint = setup.path("mnt");
+        std::fs::create_dir_all(&mountpoint).unwrap();
+        let at = mountpoint.display().to_string();
+        commands.push(vec!["mount".into(), at.clone()]);
+        commands.push(vec!["mount".into(), "--foreground".into(), at.clone()]);
+        commands.push(vec!["serve".into(), "--mount".into(), at]);
+    }
+    commands
+}
+
+fn grove_logged(setup: &Setup, args: &[String]) -> Output {
+    Command::new(GROVE)
+        .arg("--pool")
+        .arg(setup.pool())
+        .args(args)
+        .env("GROVE_LOG", "info")
+        .output()
+        .unwrap()
+}
+
+/// Damages a branch directory.
+type BreakBranch = fn(&Path);
+
+/// Issue 35: a branch missing (directory, data file or identity gone)
+/// refuses every open, `grove serve` and `grove mount` included, in one
+/// line that names it and suggests --degraded; once run with --degraded,
+/// the pool knows the branch failed.
+#[test]
+fn a_missing_branch_is_refused_in_one_line_that_suggests_degraded() {
+    let breaks: [(&str, BreakBranch); 3] = [
+        ("data file gone", |d| {
+            std::fs::remove_file(d.join("grove.branch")).unwrap()
+        }),
+        ("directory gone", |d| std::fs::remove_dir_all(d).unwrap()),
+        ("identity gone", |d| {
+            std::fs::remove_file(d.join("grove-branch.toml")).unwrap()
+        }),
+    ];
+    for (what, break_branch) in breaks {
+        let setup = Setup::init("raif5", 3);
+        let image = setup.import("disk", 13);
+        break_branch(&setup.branch(1));
+        for args in opening_commands(&setup) {
+            let context = format!("{what}: grove {args:?}");
+            let line = one_error_line(&grove_logged(&setup, &args), &context);
+            assert!(line.contains("branch b1 ("), "{context}: {line}");
+            assert!(line.contains("open with --degraded"), "{context}: {line}");
+            assert_eq!(
+                printed_rebuild(&line),
+                ["rebuild", "--branch", "b1", "--to", "DIR"],
+                "{context}: {line}"
+            );
+        }
+        setup.assert_volume(&["--degraded"], "disk", &image, what);
+        // Run degraded once, the pool recorded the branch as failed.
+        assert_eq!(setup.health(&[]), ["ok", "failed", "ok"], "{what}");
+        setup.assert_volume(&[], "disk", &image, what);
+    }
+}
+
+/// Issue 35: past what the level survives, the open of a pool, a server
+/// or a mount is refused in one line that names every branch lost and
+/// does not suggest --degraded, which could not help.
+#[test]
+fn past_what_the_level_survives_one_line_names_every_lost_branch() {
+    let setup = Setup::init("raif5", 3);
+    std::fs::remove_dir_all(setup.branch(1)).unwrap();
+    std::fs::remove_dir_all(setup.branch(2)).unwrap();
+    for mut args in opening_commands(&setup) {
+        for degraded in [false, true] {
+            if degraded {
+                args.insert(0, "--degraded".into());
+            }
+            let context = format!("two lost: grove {args:?}");
+            let line = one_error_line(&grove_logged(&setup, &args), &context);
+            assert!(line.contains("cannot run without 2"), "{context}: {line}");
+            assert!(
+                line.contains("branch b1 (") && line.contains("branch b2 ("),
+                "{context}: {line}"
+            );
+            assert!(!line.contains("--degraded"), "{context}: {line}");
+        }
+    }
+}
+
+/// A rebuild cut short where it leaves the pool (grove.toml naming the
+/// new directory, whose identity says rebuilding) is known to the pool:
+/// commands run degraded without --degraded, and the same rebuild command
+/// runs again as it was.
+#[test]
+fn a_rebuild_cut_short_runs_again_without_degraded() {
+    let setup = Setup::init("raif5", 3);
+    let image = setup.import("disk", 23);
+    setup.ok(&["branch", "fail", "b2"]);
+    // What `grove rebuild --branch b2 --to b2-new` has done before its
+    // device work: the new directory claimed, grove.toml pointed at it.
+    let new_dir = setup.path("b2-new");
+    std::fs::create_dir(&new_dir).unwrap();
+    let identity = std::fs::read_to_string(setup.branch(2).join("grove-branch.toml")).unwrap();
+    let identity = identity
+        .lines()
+        .map(|line| match line.split_once(" = ") {
+            Some(("state", _)) => "state = \"rebuilding\"".to_string(),
+            Some(("sequence", _)) => "sequence = 0".to_string(),
+            _ => line.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(identity.contains("rebuilding"), "{identity}");
+    std::fs::write(new_dir.join("grove-branch.toml"), identity).unwrap();
+    let config = setup.pool().join("grove.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let old = format!("\"{}\"", setup.branch(2).display());
+    assert!(text.contains(&old), "{text}");
+    std::fs::write(
+        &config,
+        text.replace(&old, &format!("\"{}\"", new_dir.display())),
+    )
+    .unwrap();
+
+    assert_eq!(setup.health(&[]), ["ok", "ok", "failed"]);
+    setup.assert_volume(&[], "disk", &image, "rebuild cut short");
+    let out = setup.ok(&[
+        "rebuild",
+        "--branch",
+        "b2",
+        "--to",
+        new_dir.to_str().unwrap(),
+    ]);
+    assert!(out.contains("rebuilt branch b2"), "{out}");
+    assert_eq!(setup.health(&[]), ["ok", "ok", "ok"]);
+    std::fs::remove_dir_all(setup.branch(0)).unwrap();
+    setup.assert_volume(&["--degraded"], "disk", &image, "rebuilt, then b0 lost");
+}
+
+/// The role a README sentence gives a branch file, by the word before it.
+const FILE_ROLES: [(&str, &str); 5] = [
+    ("grove-branch.toml", "identity"),
+    ("grove.branch", "data"),
+    ("grove.branch-journal", "journal"),
+    ("grove.branch-sums", "checksum"),
+    ("grove.branch-shape", "shape"),
+];
+
+/// Issue 35: the README's section on pools over several disks names the
+/// files of a branch directory as they are: each one a new pool's branch
+/// holds (or, suffixed .N, one growth adds), and where a sentence says
+/// what a file is (the words just before its name), that is what it holds.
+#[test]
+fn the_readme_says_what_each_branch_file_holds() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let start = readme.find("## Pools over several disks").unwrap();
+    let section = &readme[start..];
+    let section = &section[..section[2..].find("\n## ").map_or(section.len(), |i| i + 2)];
+    let setup = Setup::init("raif5", 3);
+    let held: Vec<String> = std::fs::read_dir(setup.branch(0))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let pieces: Vec<&str> = section.split('`').collect();
+    let mut named = 0;
+    // Odd pieces are quoted; the plain text before each is the one before.
+    for i in (1..pieces.len()).step_by(2) {
+        let name = pieces[i];
+        if !(name.starts_with("grove.branch") || name.starts_with("grove-branch")) {
+            continue;
+        }
+        named += 1;
+        let base = name.strip_suffix(".N").unwrap_or(name);
+        if base == name {
+            assert!(
+                held.iter().any(|h| h == name),
+                "README names {name}; a branch holds {held:?}"
+            );
+        }
+        let (_, role) = FILE_ROLES
+            .iter()
+            .find(|(file, _)| *file == base)
+            .unwrap_or_else(|| panic!("README names {name}, which no branch holds"));
+        let before: Vec<char> = pieces[i - 1].replace('\n', " ").chars().collect();
+        let before: String = before[before.len().saturating_sub(24)..].iter().collect();
+        let said = FILE_ROLES
+            .iter()
+            .filter_map(|(_, r)| before.rfind(r).map(|at| (at, *r)))
+            .max();
+        if let Some((_, said)) = said {
+            assert_eq!(
+                said, *role,
+                "README calls {name} the {said} file: ...{before}`{name}`"
+            );
+        }
+    }
+    assert!(named >= 5, "the README names {named} branch files");
 }
 
 #[test]

@@ -184,6 +184,62 @@ pub struct BranchDevice {
     /// None for a device assembled from files given whole (tests): it
     /// cannot grow, restripe or keep a shape.
     files: Option<Arc<dyn BranchFiles>>,
+    /// Branches found usable whose files could not be opened, with why
+    /// (the first file's error): they run failed. The caller decides
+    /// whether that is allowed and says so (one line, not a log line here).
+    unopened: Vec<(String, String)>,
+}
+
+/// What `BranchDevice::open` assembles each segment from.
+struct SegmentOpener<'a> {
+    level: Level,
+    stripe_unit_bytes: u64,
+    branches: &'a [Arc<Branch>],
+    files: &'a dyn BranchFiles,
+    dirty: &'a Arc<AtomicBool>,
+    unopened: &'a Unopened,
+}
+
+impl SegmentOpener<'_> {
+    /// Segment `id` over the first `width` branches; a branch whose files
+    /// cannot be opened is noted and runs failed in it.
+    fn open(&self, id: u32, width: u32) -> io::Result<Arc<Segment>> {
+        let members = self.branches[..width as usize]
+            .iter()
+            .map(|branch| {
+                let devices = (branch.health() != Health::Failed)
+                    .then(|| self.files.segment(&read_lock(&branch.place), id, false))
+                    .and_then(|opened| {
+                        opened
+                            .map_err(|e| self.unopened.note(&branch.label, format!("{e}")))
+                            .ok()
+                    });
+                (branch.clone(), devices)
+            })
+            .collect();
+        Segment::assemble(
+            self.level,
+            self.stripe_unit_bytes,
+            members,
+            self.dirty.clone(),
+            STAGING_LIMIT_BYTES,
+        )
+        .map(Arc::new)
+    }
+}
+
+/// The branches whose files an open could not use, in the order found;
+/// one entry (the first error) per branch.
+#[derive(Default)]
+struct Unopened(std::sync::Mutex<Vec<(String, String)>>);
+
+impl Unopened {
+    fn note(&self, label: &str, why: String) {
+        let mut list = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if !list.iter().any(|(l, _)| l == label) {
+            list.push((label.to_string(), why));
+        }
+    }
 }
 
 impl BranchDevice {
@@ -228,6 +284,7 @@ impl BranchDevice {
             membership_dirty: dirty,
             recorder,
             files: None,
+            unopened: Vec::new(),
         })
     }
 
@@ -255,49 +312,28 @@ impl BranchDevice {
                 Arc::new(Branch::new(b.label.clone(), b.place.clone(), health))
             })
             .collect();
-        let (shape, sequence, in_step) = newest_shape(&shared, files.as_ref(), &dirty)?;
+        let unopened = Unopened::default();
+        let (shape, sequence, in_step) = newest_shape(&shared, files.as_ref(), &dirty, &unopened)?;
         shape.check(shared.len()).map_err(|why| {
             io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!("branch pool shape: {why}"),
             )
         })?;
-        let open_segment = |id: u32, width: u32| {
-            let members = shared[..width as usize]
-                .iter()
-                .map(|branch| {
-                    let devices = (branch.health() != Health::Failed)
-                        .then(|| files.segment(&read_lock(&branch.place), id, false))
-                        .and_then(|opened| {
-                            opened
-                                .map_err(|e| {
-                                    tracing::warn!(
-                                        "branch {}: segment {id} cannot be opened: {e}",
-                                        branch.label
-                                    )
-                                })
-                                .ok()
-                        });
-                    (branch.clone(), devices)
-                })
-                .collect();
-            Segment::assemble(
-                level,
-                stripe_unit_bytes,
-                members,
-                dirty.clone(),
-                STAGING_LIMIT_BYTES,
-            )
-            .map(Arc::new)
+        let opener = SegmentOpener {
+            level,
+            stripe_unit_bytes,
+            branches: &shared,
+            files: files.as_ref(),
+            dirty: &dirty,
+            unopened: &unopened,
         };
-        let mut segments = Vec::new();
-        for segment in &shape.segments {
-            segments.push(open_segment(segment.id, segment.width)?);
-        }
-        let target = match shape.restripe {
-            Some(restripe) => Some(open_segment(restripe.target, shared.len() as u32)?),
-            None => None,
-        };
+        let segments = (shape.segments.iter())
+            .map(|segment| opener.open(segment.id, segment.width))
+            .collect::<io::Result<Vec<_>>>()?;
+        let target = (shape.restripe)
+            .map(|restripe| opener.open(restripe.target, shared.len() as u32))
+            .transpose()?;
         let device = BranchDevice {
             level,
             stripe_unit_bytes,
@@ -313,6 +349,7 @@ impl BranchDevice {
             membership_dirty: dirty,
             recorder,
             files: Some(files),
+            unopened: unopened.0.into_inner().unwrap_or_else(|e| e.into_inner()),
         };
         // A pool made before shapes, or a branch that missed the last save
         // (a crash in it), gets the shape now; otherwise opening writes none.
@@ -342,6 +379,12 @@ impl BranchDevice {
 
     pub fn level(&self) -> Level {
         self.level
+    }
+
+    /// The branches `open` found usable but whose files it could not
+    /// open, each with the error: they run failed.
+    pub fn unopened_at_open(&self) -> &[(String, String)] {
+        &self.unopened
     }
 
     pub fn stripe_unit_bytes(&self) -> u64 {
@@ -948,6 +991,7 @@ fn newest_shape(
     branches: &[Arc<Branch>],
     files: &dyn BranchFiles,
     dirty: &AtomicBool,
+    unopened: &Unopened,
 ) -> io::Result<(Shape, u64, bool)> {
     let mut newest: Option<(u64, Shape)> = None;
     // The sequence each usable branch holds (None: no valid shape).
@@ -973,7 +1017,7 @@ fn newest_shape(
                 damaged.push(format!("{}: {why}", branch.label));
             }
             Err(e) => {
-                tracing::warn!("branch {}: shape file cannot be read: {e}", branch.label);
+                unopened.note(&branch.label, format!("its shape file cannot be read: {e}"));
                 branch.set_health(Health::Failed);
                 dirty.store(true, Ordering::Release);
             }

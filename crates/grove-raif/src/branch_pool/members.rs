@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! BRANCH_DIR/grove-branch.toml   identity: pool id, label, index, shape,
-//!                                sequence, state (ok | rebuilding)
+//!                                sequence, state (ok | rebuilding), failed,
+//!                                settled
 //! BRANCH_DIR/grove.branch-shape  the pool's segments (shape.rs)
 //! BRANCH_DIR/grove.branch        segment 0's stripe units (data file)
 //! BRANCH_DIR/grove.branch-journal  segment 0's stripe journal
@@ -16,10 +17,13 @@
 //! The directory itself is locked (flock) while a process uses it.
 //!
 //! Every open raises the sequence in the identity file of every healthy
-//! branch, and so does every change of health. A branch whose sequence is
-//! lower than the others' missed writes (a stale copy, or one that failed
-//! and came back): it is refused, or with `degraded` run without. A branch
-//! whose pool id differs belongs to another pool and is refused outright.
+//! branch, and so does every change of health (in two rounds: the
+//! sequence, then `settled`); each such identity lists the branches failed
+//! at the time. A branch so listed is failed: the pool opens without it,
+//! as it ran. Any other branch whose sequence is lower than the highest
+//! `settled` missed writes (a stale copy): it is refused, or with
+//! `degraded` run without. A branch whose pool id differs belongs to
+//! another pool and is refused outright.
 
 use std::fs::File;
 use std::io;
@@ -33,6 +37,7 @@ use super::device::{
     BranchDevice, BranchFiles, BranchSpace, BranchSpec, Health, MemberDevices, MemberStatus,
     MembershipRecorder,
 };
+use crate::layout::Layout;
 use crate::level::Level;
 
 pub const IDENTITY_FILE_NAME: &str = "grove-branch.toml";
@@ -76,6 +81,20 @@ pub struct BranchIdentity {
     pub stripe_unit_bytes: u64,
     pub sequence: u64,
     pub state: IdentityState,
+    /// The branches the pool ran without when this identity was written
+    /// (failed by `grove branch fail`, an I/O error or the daemons'
+    /// watcher, and not replaced since): the next open knows them as
+    /// failed, not as old copies or surprises, and runs without them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed: Vec<String>,
+    /// The newest sequence every branch in service had taken when this
+    /// identity was written: a record writes the new sequence to every
+    /// branch, then this to every branch. A branch behind the highest
+    /// `settled` missed a whole record (an old copy); one behind only the
+    /// highest sequence saw a record cut short, with nothing written
+    /// after it. None in identities from before: their own sequence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settled: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -98,6 +117,9 @@ pub enum BranchPoolError {
     },
     #[error("{0}")]
     NeedsDegraded(String),
+    /// More branches gone than the level survives.
+    #[error("{0}")]
+    TooManyLost(String),
     #[error("branch {label} ({dir}) is in use by another grove process")]
     Busy { label: String, dir: String },
     #[error("{what}: {source}")]
@@ -230,6 +252,8 @@ impl BranchPoolConfig {
             stripe_unit_bytes: self.stripe_unit_bytes,
             sequence,
             state,
+            failed: Vec::new(),
+            settled: None,
         }
     }
 
@@ -384,35 +408,56 @@ fn lock_dir(dir: &Path, label: &str) -> Result<File, BranchPoolError> {
 struct Recorder {
     config: BranchPoolConfig,
     sequence: AtomicU64,
+    /// The newest sequence whose record finished both rounds.
+    settled: AtomicU64,
     _locks: Mutex<Vec<File>>,
 }
 
 impl Recorder {
+    /// Two rounds over the branches in service: the new sequence (with
+    /// the last settled one), then the new sequence as settled. A crash in
+    /// the first leaves branches one sequence behind that missed nothing,
+    /// which `settled` tells from an old copy.
     fn record(&self, members: &[MemberStatus]) -> io::Result<()> {
         let sequence = self.sequence.fetch_add(1, Ordering::AcqRel) + 1;
-        for (index, member) in members.iter().enumerate() {
-            let state = match member.health {
-                Health::Healthy => IdentityState::Ok,
-                Health::Rebuilding => IdentityState::Rebuilding,
-                Health::Failed => continue,
-            };
-            let dir = Path::new(&member.place);
-            self.config
-                .identity_of(&member.label, index, members.len(), sequence, state)
+        let failed: Vec<String> = members
+            .iter()
+            .filter(|m| m.health == Health::Failed)
+            .map(|m| m.label.clone())
+            .collect();
+        let last_settled = self.settled.load(Ordering::Acquire);
+        for settled in [last_settled, sequence] {
+            for (index, member) in members.iter().enumerate() {
+                let state = match member.health {
+                    Health::Healthy => IdentityState::Ok,
+                    Health::Rebuilding => IdentityState::Rebuilding,
+                    Health::Failed => continue,
+                };
+                let dir = Path::new(&member.place);
+                BranchIdentity {
+                    failed: failed.clone(),
+                    settled: Some(settled),
+                    ..self
+                        .config
+                        .identity_of(&member.label, index, members.len(), sequence, state)
+                }
                 .save(dir)?;
+            }
         }
+        self.settled.fetch_max(sequence, Ordering::AcqRel);
         Ok(())
     }
 }
 
 fn recorder(
     config: &BranchPoolConfig,
-    sequence: u64,
+    (sequence, settled): (u64, u64),
     locks: Vec<File>,
 ) -> (Arc<Recorder>, MembershipRecorder) {
     let shared = Arc::new(Recorder {
         config: config.clone(),
         sequence: AtomicU64::new(sequence),
+        settled: AtomicU64::new(settled),
         _locks: Mutex::new(locks),
     });
     let inner = shared.clone();
@@ -448,7 +493,7 @@ pub fn create(config: &BranchPoolConfig) -> Result<BranchDevice, BranchPoolError
             usable: true,
         });
     }
-    let (shared, recorder) = recorder(config, 0, locks);
+    let (shared, recorder) = recorder(config, (0, 0), locks);
     let device = BranchDevice::open(
         config.level,
         config.stripe_unit_bytes,
@@ -465,60 +510,52 @@ pub fn create(config: &BranchPoolConfig) -> Result<BranchDevice, BranchPoolError
 
 /// How one configured branch was found at open.
 enum Found {
-    Ok(File, u64),
-    /// Usable only after a rebuild: missing, stale, or an unfinished rebuild.
+    /// Its identity, of this pool and whole: locked, with its sequence and
+    /// the branches it recorded as failed.
+    Ok {
+        lock: File,
+        sequence: u64,
+        settled: u64,
+        failed: Vec<String>,
+    },
+    /// A replacement whose rebuild did not finish: grove left it so, and
+    /// running the rebuild again refills it from the start.
+    Rebuilding,
+    /// Usable only after a rebuild, and not something the pool recorded:
+    /// missing, holding no identity, or not lockable.
     Unusable(String),
 }
 
-/// Opens the branches of a pool. A branch that is missing, stale (an old
-/// copy), half rebuilt or whose files cannot be opened is refused unless
-/// `degraded`, and then run without; one from another pool is always
-/// refused.
+/// A branch the pool must run without: its label, index and one line on
+/// why. `known`: the pool recorded it (failed, or a rebuild left
+/// unfinished), so the open runs without it unasked; an unknown one only
+/// with `degraded`, as it may be a disk not mounted or a wrong path.
+struct Missing {
+    label: String,
+    index: usize,
+    line: String,
+    known: bool,
+}
+
+/// Opens the branches of a pool. A branch the pool recorded as failed, or
+/// a replacement whose rebuild did not finish, is run without (the pool
+/// is degraded, as it was when it last ran). A branch that is missing,
+/// stale (an old copy), holds no identity or whose files cannot be opened
+/// is refused unless `degraded`, and then run without. Past what the level
+/// survives, and for a branch of another pool, the open is refused.
 pub fn open(config: &BranchPoolConfig, degraded: bool) -> Result<BranchDevice, BranchPoolError> {
     let mut found = Vec::new();
     for (index, member) in config.member.iter().enumerate() {
         found.push(find_member(config, index, member)?);
     }
-    let newest = found
-        .iter()
-        .filter_map(|f| match f {
-            Found::Ok(_, sequence) => Some(*sequence),
-            Found::Unusable(_) => None,
-        })
-        .max()
-        .unwrap_or(0);
-    let mut specs = Vec::new();
-    let mut locks = Vec::new();
-    let mut problems = Vec::new();
-    for (member, found) in config.member.iter().zip(found) {
-        let place = member.dir.display().to_string();
-        let usable = match found {
-            Found::Ok(lock, sequence) if sequence == newest => Ok(lock),
-            Found::Ok(_, sequence) => Err(format!(
-                "is an old copy (sequence {sequence}, the pool's is {newest})"
-            )),
-            Found::Unusable(why) => Err(why),
-        };
-        specs.push(BranchSpec {
-            label: member.label.clone(),
-            usable: usable.is_ok(),
-            place: place.clone(),
-        });
-        match usable {
-            Ok(lock) => locks.push(lock),
-            Err(why) => problems.push((
-                member.label.clone(),
-                format!("branch {} ({place}) {why}", member.label),
-            )),
-        }
+    let (newest, settled, failed) = newest_record(&found);
+    let (specs, locks, missing) = classify(config, found, (newest, settled), &failed);
+    check_survives(config, &missing)?;
+    let unknown: Vec<&Missing> = missing.iter().filter(|m| !m.known).collect();
+    if !unknown.is_empty() && !degraded {
+        return Err(needs_degraded(&unknown));
     }
-    if !problems.is_empty() && !degraded {
-        return Err(needs_degraded(&problems));
-    }
-    for (_, problem) in &problems {
-        tracing::warn!("{problem}; the pool runs degraded");
-    }
-    let (shared, recorder) = recorder(config, newest, locks);
+    let (shared, recorder) = recorder(config, (newest, settled), locks);
     let device = BranchDevice::open(
         config.level,
         config.stripe_unit_bytes,
@@ -526,22 +563,31 @@ pub fn open(config: &BranchPoolConfig, degraded: bool) -> Result<BranchDevice, B
         Arc::new(DirFiles),
         Some(recorder),
     )
-    .map_err(|e| BranchPoolError::NeedsDegraded(format!("{e}")))?;
-    if !degraded {
-        let unopened: Vec<(String, String)> = device
-            .status()
-            .into_iter()
-            .filter(|m| m.health != Health::Healthy)
-            .map(|m| {
-                let why = format!(
-                    "branch {} ({}) has files that cannot be opened",
-                    m.label, m.place
-                );
-                (m.label, why)
+    .map_err(|e| BranchPoolError::TooManyLost(format!("{e}")))?;
+    let unopened: Vec<Missing> = device
+        .unopened_at_open()
+        .iter()
+        .filter_map(|(label, why)| {
+            let index = config.index_of(label)?;
+            let place = config.member[index].dir.display();
+            let line = format!("branch {label} ({place}) cannot be used: {why}");
+            let (label, known) = (label.clone(), false);
+            Some(Missing {
+                label,
+                index,
+                line,
+                known,
             })
-            .collect();
-        if !unopened.is_empty() {
-            return Err(needs_degraded(&unopened));
+        })
+        .collect();
+    if !unopened.is_empty() && !degraded {
+        return Err(needs_degraded(&unopened.iter().collect::<Vec<_>>()));
+    }
+    for m in missing.iter().chain(&unopened) {
+        if m.known {
+            tracing::info!("{}; the pool runs degraded", m.line);
+        } else {
+            tracing::warn!("{}; the pool runs degraded", m.line);
         }
     }
     shared
@@ -550,17 +596,115 @@ pub fn open(config: &BranchPoolConfig, degraded: bool) -> Result<BranchDevice, B
     Ok(device)
 }
 
-/// The refusal of a pool with branches it cannot use: (label, why) each.
-fn needs_degraded(problems: &[(String, String)]) -> BranchPoolError {
-    let (label, first) = &problems[0];
-    BranchPoolError::NeedsDegraded(format!(
-        "{first}{}: open with --degraded to run without it, then `grove rebuild --branch {label} --to DIR`",
-        if problems.len() > 1 {
-            format!(" (and {} more)", problems.len() - 1)
-        } else {
-            String::new()
-        },
-    ))
+/// The newest sequence among the whole branches, the newest settled one,
+/// and the branches the newest identities recorded as failed.
+fn newest_record(found: &[Found]) -> (u64, u64, Vec<String>) {
+    let whole = || {
+        found.iter().filter_map(|f| match f {
+            Found::Ok {
+                sequence, settled, ..
+            } => Some((*sequence, *settled)),
+            _ => None,
+        })
+    };
+    let newest = whole().map(|(sequence, _)| sequence).max().unwrap_or(0);
+    let settled = whole().map(|(_, settled)| settled).max().unwrap_or(0);
+    let mut failed = Vec::new();
+    for f in found {
+        if let Found::Ok {
+            sequence,
+            failed: f,
+            ..
+        } = f
+        {
+            if *sequence == newest {
+                failed.extend(f.iter().cloned());
+            }
+        }
+    }
+    (newest, settled, failed)
+}
+
+/// Each branch as the device is given it, the locks of those in service,
+/// and the branches the pool must run without.
+fn classify(
+    config: &BranchPoolConfig,
+    found: Vec<Found>,
+    (newest, settled): (u64, u64),
+    failed: &[String],
+) -> (Vec<BranchSpec>, Vec<File>, Vec<Missing>) {
+    let mut specs = Vec::new();
+    let mut locks = Vec::new();
+    let mut missing = Vec::new();
+    for (index, (member, found)) in config.member.iter().zip(found).enumerate() {
+        let place = member.dir.display().to_string();
+        let usable = match found {
+            // Failed while the pool ran: its copy is behind, whatever it says.
+            _ if failed.contains(&member.label) => Err((
+                true,
+                "is failed and out of service until it is rebuilt".to_string(),
+            )),
+            // Behind only a record cut short, it missed no write.
+            Found::Ok { lock, sequence, .. } if sequence >= settled.min(newest) => Ok(lock),
+            Found::Ok { sequence, .. } => Err((
+                false,
+                format!("is an old copy (sequence {sequence}, the pool's is {newest})"),
+            )),
+            Found::Rebuilding => Err((true, "was being rebuilt and is not whole yet".into())),
+            Found::Unusable(why) => Err((false, why)),
+        };
+        specs.push(BranchSpec {
+            label: member.label.clone(),
+            usable: usable.is_ok(),
+            place: place.clone(),
+        });
+        match usable {
+            Ok(lock) => locks.push(lock),
+            Err((known, why)) => missing.push(Missing {
+                label: member.label.clone(),
+                index,
+                line: format!("branch {} ({place}) {why}", member.label),
+                known,
+            }),
+        }
+    }
+    (specs, locks, missing)
+}
+
+/// Refuses, in one line naming each, branches past what the level
+/// survives (over the pool's full width; a narrower segment of a grown
+/// pool is checked by the device).
+fn check_survives(config: &BranchPoolConfig, missing: &[Missing]) -> Result<(), BranchPoolError> {
+    let width = config.member.len();
+    let lost: Vec<usize> = missing.iter().map(|m| m.index).collect();
+    let layout = Layout::new(config.level, width, config.stripe_unit_bytes, 0).map_err(|e| {
+        BranchPoolError::Config(format!("{} over {width} branches: {e}", config.level))
+    })?;
+    if lost.is_empty() || crate::raid::survives(&layout, &lost) {
+        return Ok(());
+    }
+    let lines: Vec<&str> = missing.iter().map(|m| m.line.as_str()).collect();
+    Err(BranchPoolError::TooManyLost(format!(
+        "{} over {width} branches cannot run without {} of them (it survives {}): {}",
+        config.level,
+        lost.len(),
+        config.level.tolerated_losses(width),
+        lines.join("; ")
+    )))
+}
+
+/// The refusal of a pool with branches it cannot use and did not record:
+/// every one named, and how to go on.
+fn needs_degraded(missing: &[&Missing]) -> BranchPoolError {
+    let lines: Vec<&str> = missing.iter().map(|m| m.line.as_str()).collect();
+    let then = match missing {
+        [one] => format!(
+            "open with --degraded to run without it, then `grove rebuild --branch {} --to DIR`",
+            one.label
+        ),
+        _ => "open with --degraded to run without them, then `grove rebuild --branch LABEL --to DIR` for each".to_string(),
+    };
+    BranchPoolError::NeedsDegraded(format!("{}: {then}", lines.join("; ")))
 }
 
 fn find_member(
@@ -596,6 +740,8 @@ fn find_member(
     // and the identities learn it at the next record.
     let expected = BranchIdentity {
         width: identity.width,
+        failed: identity.failed.clone(),
+        settled: identity.settled,
         ..config.identity(index, identity.sequence, identity.state)
     };
     if identity != expected {
@@ -611,12 +757,15 @@ fn find_member(
         )));
     }
     if identity.state == IdentityState::Rebuilding {
-        return Ok(Found::Unusable(
-            "was being rebuilt and is not whole yet".into(),
-        ));
+        return Ok(Found::Rebuilding);
     }
     match lock_dir(dir, &member.label) {
-        Ok(lock) => Ok(Found::Ok(lock, identity.sequence)),
+        Ok(lock) => Ok(Found::Ok {
+            lock,
+            sequence: identity.sequence,
+            settled: identity.settled.unwrap_or(identity.sequence),
+            failed: identity.failed,
+        }),
         Err(e @ BranchPoolError::Busy { .. }) => Err(e),
         Err(e) => Ok(Found::Unusable(format!("cannot be opened: {e}"))),
     }
