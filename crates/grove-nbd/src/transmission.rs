@@ -317,19 +317,32 @@ pub(crate) fn serve(
         stopping: limits.stopping,
         label,
     };
+    let end = run_workers(reader, &connection, workers);
+    if connection.wrote.load(Ordering::SeqCst) {
+        // Not required by the protocol, but a client that leaves without a
+        // flush should not lose its writes to a crash soon after.
+        if let Err(e) = export.volume.flush() {
+            tracing::warn!(connection = label, error = %e, "flush at disconnect failed");
+        }
+    }
+    end
+}
+
+/// Reads requests and runs them on worker threads until the client stops.
+/// Workers start as requests need them, up to `workers`: an idle
+/// connection (a mounted disk) holds one thread beside its reader, so a
+/// host's thousand disks cost a thousand stacks, not five.
+fn run_workers(reader: &mut BufReader<Stream>, connection: &Connection<'_>, workers: usize) -> End {
     let (sender, receiver) = mpsc::channel::<Job>();
     let receiver = Mutex::new(receiver);
     let idle = AtomicUsize::new(0);
-    let end = thread::scope(|scope| {
-        // Workers start as requests need them, up to `workers`: an idle
-        // connection (a mounted disk) holds one thread beside its reader,
-        // so a host's thousand disks cost a thousand stacks, not five.
+    thread::scope(|scope| {
         let mut started = 0;
         let mut start_worker = || {
             if started >= workers.max(1) {
                 return false;
             }
-            let (connection, receiver, idle) = (&connection, &receiver, &idle);
+            let (receiver, idle) = (&receiver, &idle);
             let spawned = thread::Builder::new()
                 .name(format!("nbd-worker-{started}"))
                 .spawn_scoped(scope, move || worker(connection, receiver, idle));
@@ -340,7 +353,7 @@ pub(crate) fn serve(
                 }
                 // Out of threads: serve with the workers there are.
                 Err(e) => {
-                    tracing::warn!(connection = label, error = %e, "cannot start an NBD worker thread");
+                    tracing::warn!(connection = connection.label, error = %e, "cannot start an NBD worker thread");
                     false
                 }
             }
@@ -354,19 +367,11 @@ pub(crate) fn serve(
             }
             sender.send(job).is_ok()
         };
-        let end = read_requests(reader, &connection, &mut dispatch);
+        let end = read_requests(reader, connection, &mut dispatch);
         // Closing the queue lets the workers finish what is queued and stop.
         drop(sender);
         end
-    });
-    if connection.wrote.load(Ordering::SeqCst) {
-        // Not required by the protocol, but a client that leaves without a
-        // flush should not lose its writes to a crash soon after.
-        if let Err(e) = export.volume.flush() {
-            tracing::warn!(connection = label, error = %e, "flush at disconnect failed");
-        }
-    }
-    end
+    })
 }
 
 /// What a request holds in the budgets while it is in the server: its data

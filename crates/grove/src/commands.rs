@@ -204,6 +204,38 @@ fn run_local(opened: &OpenedPool, command: Command) -> Result<()> {
     }
 }
 
+/// `grove write` and `grove read` through `Admin`: a daemon's control
+/// socket, in small pieces.
+fn move_bytes(pool: &dyn Admin, command: Command) -> Result<()> {
+    match command {
+        Command::Write { name, offset, file } => {
+            let offset = parse_size(&offset, "offset")?;
+            let volume = AdminVolume {
+                admin: pool,
+                name: &name,
+            };
+            let written = transfer::write(&volume, &name, offset, file.as_deref())?;
+            say(format_args!(
+                "wrote {written} bytes to {name:?} at offset {offset}"
+            ))
+        }
+        Command::Read {
+            name,
+            offset,
+            length,
+        } => {
+            let offset = parse_size(&offset, "offset")?;
+            let length = length.map(|text| parse_size(&text, "length")).transpose()?;
+            let volume = AdminVolume {
+                admin: pool,
+                name: &name,
+            };
+            transfer::read(&volume, &name, offset, length)
+        }
+        _ => unreachable!("move_bytes takes grove read and grove write"),
+    }
+}
+
 /// `grove branch restripe`, and `grove branch add --restripe` after the add.
 fn restripe_and_say(branches: &dyn BranchAdmin) -> Result<()> {
     let summary = branches.restripe_branches()?;
@@ -236,31 +268,7 @@ fn run_admin(pool: &dyn Admin, branches: &dyn BranchAdmin, command: Command) -> 
                 pool.dir().display()
             )
         }
-        // Through the daemon: small pieces over its control socket.
-        Command::Write { name, offset, file } => {
-            let offset = parse_size(&offset, "offset")?;
-            let volume = AdminVolume {
-                admin: pool,
-                name: &name,
-            };
-            let written = transfer::write(&volume, &name, offset, file.as_deref())?;
-            say(format_args!(
-                "wrote {written} bytes to {name:?} at offset {offset}"
-            ))
-        }
-        Command::Read {
-            name,
-            offset,
-            length,
-        } => {
-            let offset = parse_size(&offset, "offset")?;
-            let length = length.map(|text| parse_size(&text, "length")).transpose()?;
-            let volume = AdminVolume {
-                admin: pool,
-                name: &name,
-            };
-            transfer::read(&volume, &name, offset, length)
-        }
+        command @ (Command::Write { .. } | Command::Read { .. }) => move_bytes(pool, command),
         Command::Create { name, size } => create(pool, &name, &size),
         Command::Snapshot {
             source,
