@@ -488,11 +488,7 @@ impl<W: StreamSink> SectionSender<'_, W> {
         digest: &mut DigestPlan,
         counts: &mut Finish,
     ) -> Result<()> {
-        let size = self.section.target.size_bytes;
-        let mapped = unit_ranges(volume.mapped_extents_in(start, end - start)?, size, start)
-            .into_iter()
-            .map(|(s, e)| (s, e.min(end)))
-            .filter(|(s, e)| s < e);
+        let mapped = mapped_units_in(volume, self.section.target.size_bytes, start, end)?;
         let mut at = start;
         let incremental = self.section.base.is_some();
         for (map_start, map_end) in mapped {
@@ -638,9 +634,7 @@ fn for_each_mapped_chunk(
         // The extents are listed a window at a time, so that their list
         // stays bounded however fragmented a large range is.
         let window_end = window.saturating_add(MAPPED_WINDOW_BYTES).min(end);
-        let mapped = volume.mapped_extents_in(window, window_end - window)?;
-        for (run_start, run_end) in unit_ranges(mapped, size, window) {
-            let run_end = run_end.min(window_end);
+        for (run_start, run_end) in mapped_units_in(volume, size, window, window_end)? {
             let mut at = run_start;
             while at < run_end {
                 let len = (run_end - at).min(buf.len() as u64) as usize;
@@ -652,6 +646,17 @@ fn for_each_mapped_chunk(
         window = window_end;
     }
     Ok(())
+}
+
+/// The whole digest units a volume of `size` bytes maps in [start, end),
+/// clipped to it: one window's worth, listed at once.
+fn mapped_units_in(volume: &Volume, size: u64, start: u64, end: u64) -> Result<Vec<(u64, u64)>> {
+    let mapped = volume.mapped_extents_in(start, end - start)?;
+    Ok(unit_ranges(mapped, size, start)
+        .into_iter()
+        .map(|(s, e)| (s, e.min(end)))
+        .filter(|(s, e)| s < e)
+        .collect())
 }
 
 /// Bytes of a volume whose mapped extents are listed at once when a long

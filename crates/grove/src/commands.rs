@@ -156,23 +156,8 @@ fn run_local(opened: &OpenedPool, command: Command) -> Result<()> {
                 say(format_args!("{report}"))
             }
         }
-        Command::Write { name, offset, file } => {
-            let offset = parse_size(&offset, "offset")?;
-            let volume = pool.volume(&name)?;
-            let written = transfer::write(&volume, &name, offset, file.as_deref())?;
-            say(format_args!(
-                "wrote {written} bytes to {name:?} at offset {offset}"
-            ))
-        }
-        Command::Read {
-            name,
-            offset,
-            length,
-        } => {
-            let offset = parse_size(&offset, "offset")?;
-            let length = length.map(|text| parse_size(&text, "length")).transpose()?;
-            transfer::read(&pool.volume(&name)?, &name, offset, length)
-        }
+        // The same path a daemon's pool takes: Pool is an Admin too.
+        command @ (Command::Write { .. } | Command::Read { .. }) => move_bytes(pool, command),
         // Here nothing else would reclaim: give the space back before exit.
         Command::Rm {
             name,
@@ -204,8 +189,8 @@ fn run_local(opened: &OpenedPool, command: Command) -> Result<()> {
     }
 }
 
-/// `grove write` and `grove read` through `Admin`: a daemon's control
-/// socket, in small pieces.
+/// `grove write` and `grove read` through `Admin`: the pool here, or a
+/// daemon's control socket in small pieces.
 fn move_bytes(pool: &dyn Admin, command: Command) -> Result<()> {
     match command {
         Command::Write { name, offset, file } => {
