@@ -650,6 +650,74 @@ fn names_up_to_name_max(d: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// The longest path a system call takes (PATH_MAX less its NUL).
+const PATH_MAX_BYTES: usize = 4095;
+
+/// A path of `len` bytes below `d`: directories of 200-byte names, made
+/// here, and a last name that makes up the length (pjdfstest's "dirgen").
+fn path_of_length(d: &Path, len: usize, last: char) -> Result<PathBuf, String> {
+    let mut path = d.to_path_buf();
+    let mut level = 0;
+    while len - path.as_os_str().len() > 1 + NAME_MAX_BYTES {
+        path.push(format!("{level:02}{}", "d".repeat(198)));
+        if !path.exists() {
+            fs::create_dir(&path).map_err(e("mkdir on the way"))?;
+        }
+        level += 1;
+    }
+    let room = len - path.as_os_str().len() - 1;
+    path.push(last.to_string().repeat(room));
+    Ok(path)
+}
+
+/// Paths up to PATH_MAX work for every kind of entry: the same path under
+/// a branch directory, and a sidecar's one directory deeper, are longer,
+/// so the mount must reach them a directory at a time (pjdfstest's
+/// PATH_MAX cases of open, mkdir, symlink, link, rename, chmod, chown,
+/// truncate, unlink and rmdir).
+fn paths_up_to_path_max(d: &Path) -> Result<(), String> {
+    let file = path_of_length(d, PATH_MAX_BYTES, 'f')?;
+    fs::write(&file, b"deep").map_err(e("create"))?;
+    ensure!(fs::read(&file).map_err(e("read"))? == b"deep", "content");
+    fs::set_permissions(&file, fs::Permissions::from_mode(0o640)).map_err(e("chmod"))?;
+    std::os::unix::fs::chown(&file, Some(OTHER_ID), Some(OTHER_ID)).map_err(e("chown"))?;
+    let m = fs::metadata(&file).map_err(e("stat"))?;
+    ensure!(m.mode() & 0o7777 == 0o640, "mode {:o}", m.mode());
+    ensure!(m.uid() == OTHER_ID && m.gid() == OTHER_ID, "owner");
+    OpenOptions::new()
+        .write(true)
+        .open(&file)
+        .and_then(|f| f.set_len(2))
+        .map_err(e("truncate"))?;
+    ensure!(fs::read(&file).map_err(e("read"))? == b"de", "truncated");
+    let link = path_of_length(d, PATH_MAX_BYTES, 'l')?;
+    fs::hard_link(&file, &link).map_err(e("link"))?;
+    ensure!(
+        fs::metadata(&link).map_err(e("stat"))?.nlink() == 2,
+        "nlink"
+    );
+    let renamed = path_of_length(d, PATH_MAX_BYTES, 'r')?;
+    fs::rename(&link, &renamed).map_err(e("rename"))?;
+    fs::remove_file(&renamed).map_err(e("unlink"))?;
+    fs::remove_file(&file).map_err(e("unlink"))?;
+    let symlink = path_of_length(d, PATH_MAX_BYTES, 's')?;
+    std::os::unix::fs::symlink("target", &symlink).map_err(e("symlink"))?;
+    ensure!(
+        fs::read_link(&symlink).map_err(e("readlink"))? == Path::new("target"),
+        "link target"
+    );
+    fs::remove_file(&symlink).map_err(e("unlink"))?;
+    let dir = path_of_length(d, PATH_MAX_BYTES, 'm')?;
+    fs::create_dir(&dir).map_err(e("mkdir"))?;
+    fs::remove_dir(&dir).map_err(e("rmdir"))?;
+    let parent = dir.parent().ok_or("no parent")?;
+    ensure!(
+        fs::read_dir(parent).map_err(e("readdir"))?.count() == 0,
+        "left behind"
+    );
+    Ok(())
+}
+
 /// rename's errors: EISDIR, ENOTDIR, ENOTEMPTY/EEXIST, EINVAL; a directory
 /// replaces an empty one.
 fn rename_error_codes(d: &Path) -> Result<(), String> {
@@ -811,6 +879,7 @@ const CHECKS: &[(&str, Check)] = &[
         sticky_directory_protects_entries,
     ),
     ("chown_and_chmod_permissions", chown_and_chmod_permissions),
+    ("paths_up_to_path_max", paths_up_to_path_max),
     ("fifo_works", fifo_works),
     ("device_node_keeps_its_number", device_node_keeps_its_number),
     ("unix_socket_binds", unix_socket_binds),

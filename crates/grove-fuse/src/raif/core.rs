@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use grove_raif::config::{Config, FileFacts};
 use grove_raif::{raid, start_branch, Balancer, BranchIo, Layout};
+use rustix::fs::{FileType, OFlags};
 
+use super::lower;
 use super::meta::{self, Meta, META_DIR, META_FORMAT, RESERVED_PREFIX};
 
 /// Mode bits of a component file on a branch: only root reads it there.
@@ -711,7 +713,7 @@ impl Core {
         self.branches
             .healthy()
             .map(|b| self.branches.root(b).join(rel))
-            .find(|p| p.is_dir())
+            .find(|p| lower::is_dir(p))
             .map_or(2, |p| super::plain::dir_nlink(&p, m))
     }
 
@@ -721,7 +723,7 @@ impl Core {
     pub fn lower_metadata(&self, rel: &Path) -> io::Result<std::fs::Metadata> {
         let mut last = io::Error::from_raw_os_error(2);
         for branch in self.branches.healthy() {
-            match std::fs::symlink_metadata(self.branches.root(branch).join(rel)) {
+            match lower::symlink_metadata(self.branches.root(branch).join(rel)) {
                 Ok(m) if !m.is_file() => return Ok(m),
                 Ok(_) => {}
                 Err(e) => {
@@ -740,24 +742,23 @@ impl Core {
         let mut any = false;
         for branch in self.branches.healthy() {
             let dir = self.branches.root(branch).join(rel);
-            let Ok(entries) = std::fs::read_dir(&dir) else {
+            let Ok(entries) = lower::read_dir(&dir) else {
                 continue;
             };
             any = true;
-            for entry in entries.flatten() {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                let kind = entry.file_type()?;
+            for entry in entries {
+                let name = entry.name.to_string_lossy().into_owned();
+                let kind = entry.kind;
                 if let Some(file) = name.strip_prefix(RESERVED_PREFIX) {
                     // A format 1 sidecar.
-                    if !file.starts_with("tmp.") && kind.is_file() {
+                    if !file.starts_with("tmp.") && kind == FileType::RegularFile {
                         names.insert(file.to_string(), true);
                     }
-                } else if name == META_DIR && kind.is_dir() {
-                    for sidecar in std::fs::read_dir(dir.join(META_DIR))?.flatten() {
-                        let file = sidecar.file_name().to_string_lossy().into_owned();
-                        names.insert(file, true);
+                } else if name == META_DIR && kind == FileType::Directory {
+                    for sidecar in lower::read_dir(dir.join(META_DIR))? {
+                        names.insert(sidecar.name.to_string_lossy().into_owned(), true);
                     }
-                } else if !kind.is_file() {
+                } else if kind != FileType::RegularFile {
                     names.entry(name).or_insert(false);
                 }
             }
@@ -842,11 +843,7 @@ impl Core {
                     return None;
                 }
                 let path = self.branches.root(branch).join(rel);
-                match std::fs::OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .open(&path)
-                {
+                match lower::open(&path, OFlags::RDWR, 0) {
                     Ok(f) => Some(f),
                     Err(e) => {
                         tracing::warn!("cannot open {}: {e}", path.display());
@@ -1011,7 +1008,7 @@ impl Core {
                 .unwrap_or_else(|e| e.into_inner())
                 .is_some();
             if let (true, Some(t)) = (made, &temps[position]) {
-                std::fs::rename(t, self.branches.root(b).join(rel))?;
+                lower::rename(t, self.branches.root(b).join(rel))?;
             }
         }
         for b in self.subset_of(&old)? {
@@ -1223,7 +1220,7 @@ impl Core {
     /// may be left in it.
     pub fn remove_empty_dir(&self, rel: &Path) -> io::Result<()> {
         self.check_empty_dir(rel)?;
-        self.remove_plain(rel, |p| std::fs::remove_dir(p))
+        self.remove_plain(rel, |p| lower::remove_dir(p))
     }
 
     /// ENOTEMPTY unless the directory has no entry; its (then empty)
@@ -1234,7 +1231,7 @@ impl Core {
         }
         for branch in self.branches.healthy().collect::<Vec<_>>() {
             let ours = self.branches.root(branch).join(rel).join(META_DIR);
-            match std::fs::remove_dir(&ours) {
+            match lower::remove_dir(&ours) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
                 _ => {}
             }
@@ -1282,8 +1279,8 @@ impl Core {
         }
         let new_meta = self.branches.meta_branches(to);
         self.on_all(|root| {
-            if root.join(from).exists() {
-                std::fs::rename(root.join(from), root.join(to))?;
+            if lower::exists(root.join(from)) {
+                lower::rename(root.join(from), root.join(to))?;
             }
             Ok(())
         })?;
@@ -1328,7 +1325,7 @@ fn write_hole() -> Option<u64> {
 }
 
 pub fn remove_if_there(path: &Path) -> io::Result<()> {
-    match std::fs::remove_file(path) {
+    match lower::remove_file(path) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         other => other,
     }
@@ -1339,12 +1336,8 @@ pub fn remove_if_there(path: &Path) -> io::Result<()> {
 /// file's component (a link cut short).
 pub fn create_component(path: &Path) -> io::Result<File> {
     remove_if_there(path)?;
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .mode(COMPONENT_MODE)
-        .open(path)
+    let flags = OFlags::RDWR | OFlags::CREATE | OFlags::EXCL;
+    lower::open(path, flags, COMPONENT_MODE)
 }
 
 /// Positions within a subset whose branches are failed.

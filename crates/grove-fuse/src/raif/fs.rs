@@ -18,6 +18,7 @@ use fuser::{
 };
 
 use super::core::{is_reserved, lower_mode, Core, Node, OpenFile};
+use super::lower;
 use super::meta::{self, Meta};
 use super::{plain, report};
 
@@ -130,7 +131,7 @@ impl RaifFs {
                 .on_all(|root| {
                     let path = root.join(&rel);
                     make(&path, setgid)?;
-                    std::os::unix::fs::lchown(&path, Some(uid), Some(gid))
+                    lower::lchown(&path, Some(uid), Some(gid))
                 })
                 .map_err(errno)?;
             Ok(rel)
@@ -247,7 +248,7 @@ impl RaifFs {
                         let path = root.join(&rel);
                         // Owner first: a chown clears set-ID bits a chmod sets.
                         if uid.is_some() || gid.is_some() {
-                            std::os::unix::fs::lchown(&path, uid, gid)?;
+                            lower::lchown(&path, uid, gid)?;
                         }
                         if let (Some(mode), false) = (mode, is_symlink) {
                             plain::set_mode(&path, mode)?;
@@ -319,7 +320,7 @@ impl RaifFs {
                     }
                 }
                 self.core
-                    .on_all(|root| std::fs::rename(root.join(from), root.join(to)))
+                    .on_all(|root| lower::rename(root.join(from), root.join(to)))
                     .map_err(errno)?;
                 self.core
                     .inodes
@@ -472,7 +473,7 @@ impl fuser::Filesystem for RaifFs {
         let found = self.core.path_of(ino.0).and_then(|rel| {
             let mut last = io::Error::from_raw_os_error(2);
             for b in self.core.branches.healthy() {
-                match std::fs::read_link(self.core.branches.root(b).join(&rel)) {
+                match lower::read_link(self.core.branches.root(b).join(&rel)) {
                     Ok(target) => return Ok(target),
                     Err(e) => last = e,
                 }
@@ -495,7 +496,7 @@ impl fuser::Filesystem for RaifFs {
         reply: ReplyEntry,
     ) {
         self.make_plain(req, parent, name, reply, |path, setgid| {
-            std::fs::create_dir(path)?;
+            lower::create_dir(path)?;
             let inherited = if setgid { 0o2000 } else { 0 };
             plain::set_mode(path, (mode & !umask & 0o7777) | inherited)
         });
@@ -510,7 +511,7 @@ impl fuser::Filesystem for RaifFs {
         reply: ReplyEntry,
     ) {
         self.make_plain(req, parent, link_name, reply, |path, _| {
-            std::os::unix::fs::symlink(target, path)
+            lower::symlink(target, path)
         });
     }
 
@@ -552,7 +553,7 @@ impl fuser::Filesystem for RaifFs {
                     Node::Plain(m) if m.is_dir() => Err(Errno::EISDIR),
                     Node::Plain(_) => self
                         .core
-                        .remove_plain(&rel, |p| std::fs::remove_file(p))
+                        .remove_plain(&rel, |p| lower::remove_file(p))
                         .map_err(errno),
                 });
         match done {

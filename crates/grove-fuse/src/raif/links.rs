@@ -34,6 +34,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::core::{lock, Core, Node, OpenFile};
+use super::lower;
 use super::meta::{self, Meta};
 
 /// The steps of a link and an unlink after which a crash leaves state
@@ -83,7 +84,7 @@ impl Core {
         match node {
             Node::Plain(m) if m.is_dir() => Err(io::Error::from_raw_os_error(EPERM)),
             Node::Plain(_) => {
-                self.on_all(|root| std::fs::hard_link(root.join(from), root.join(to)))?;
+                self.on_all(|root| lower::hard_link(root.join(from), root.join(to)))?;
                 lock(&self.inodes).add_name(ino, to);
                 Ok(())
             }
@@ -153,7 +154,7 @@ impl Core {
             let root = self.branches.root(branch);
             // A crash's leftover at the new name is no file's: it goes.
             let linked = super::core::remove_if_there(&root.join(to))
-                .and_then(|()| std::fs::hard_link(root.join(from), root.join(to)));
+                .and_then(|()| lower::hard_link(root.join(from), root.join(to)));
             match linked {
                 Ok(()) => made.push(branch),
                 Err(e) => {

@@ -25,6 +25,7 @@ use grove_raif::{raid, BranchIo};
 use serde::{Deserialize, Serialize};
 
 use super::core::{self, lock, Core, FileIo, Node, OpenFile};
+use super::lower;
 use super::meta;
 
 /// The virtual attribute (on the root) that starts a job.
@@ -312,7 +313,7 @@ fn empty_dir(to: &Path) {
         let path = entry.path();
         let removed = match entry.file_type() {
             Ok(t) if t.is_dir() => std::fs::remove_dir_all(&path),
-            _ => std::fs::remove_file(&path),
+            _ => lower::remove_file(&path),
         };
         if let Err(e) = removed {
             tracing::warn!("cannot remove {}: {e}", path.display());
@@ -336,7 +337,7 @@ fn refill(core: &Core, branch: usize, to: &Path) -> Result<(), String> {
             .map(|m| core::lower_identity(&m));
         let first = identity.as_ref().and_then(|id| copied.get(id));
         let made = match first {
-            Some(first) => std::fs::hard_link(to.join(first), to.join(other)),
+            Some(first) => lower::hard_link(to.join(first), to.join(other)),
             None => copy_plain(core, to, other),
         };
         match made {
@@ -381,7 +382,7 @@ fn copy_plain(core: &Core, to: &Path, rel: &Path) -> io::Result<()> {
         .then(|| {
             core.branches
                 .healthy()
-                .find_map(|b| std::fs::read_link(core.branches.root(b).join(rel)).ok())
+                .find_map(|b| lower::read_link(core.branches.root(b).join(rel)).ok())
         })
         .flatten();
     super::plain::copy_entry(&m, target.as_deref(), &to.join(rel))
@@ -430,7 +431,7 @@ fn rebuild_file(core: &Core, branch: usize, names: &FileNames) -> io::Result<()>
         component.set_len(layout.component_bytes(m.size_bytes))?;
         component.sync_all()?;
         for other in &names.names[1..] {
-            std::fs::hard_link(root.join(rel), root.join(other))?;
+            lower::hard_link(root.join(rel), root.join(other))?;
         }
         Ok(())
     })();
@@ -499,10 +500,7 @@ fn install_open_components(core: &Core, branch: usize, to: &Path, replace: bool)
             continue;
         }
         let Ok(rel) = core.path_of(ino) else { continue };
-        let opened = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(to.join(&rel));
+        let opened = lower::open(to.join(&rel), rustix::fs::OFlags::RDWR, 0);
         match opened {
             Ok(handle) => {
                 *file.components[position]

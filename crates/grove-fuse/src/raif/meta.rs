@@ -56,7 +56,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use grove_raif::Level;
+use rustix::fs::OFlags;
 use serde::{Deserialize, Serialize};
+
+use super::lower;
 
 /// Names of grove's own files on the branches begin with this.
 pub const RESERVED_PREFIX: &str = ".grove-raif.";
@@ -172,7 +175,7 @@ pub fn legacy_sidecar_path(root: &Path, rel: &Path) -> Option<PathBuf> {
 
 /// Removes a format 1 sidecar of `rel`, if it has one.
 fn remove_legacy(root: &Path, rel: &Path) -> std::io::Result<()> {
-    match legacy_sidecar_path(root, rel).map(std::fs::remove_file) {
+    match legacy_sidecar_path(root, rel).map(lower::remove_file) {
         Some(Err(e)) if !absent(&e) => Err(e),
         _ => Ok(()),
     }
@@ -264,14 +267,14 @@ fn write_atomically(
     let mut tries = 0;
     let renamed = loop {
         tries += 1;
-        let _ = std::fs::create_dir(make_dir);
-        match std::fs::rename(&tmp, target) {
+        let _ = lower::create_dir(make_dir);
+        match lower::rename(&tmp, target) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && tries < META_WRITE_TRIES => {}
             other => break other,
         }
     };
     if renamed.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+        let _ = lower::remove_file(&tmp);
     }
     renamed
 }
@@ -296,10 +299,10 @@ pub fn remove(root: &Path, rel: &Path) -> std::io::Result<()> {
         Err(e) if absent(&e) => Ok(()),
         other => other,
     };
-    gone(std::fs::remove_file(sidecar_path(root, rel)))?;
+    gone(lower::remove_file(sidecar_path(root, rel)))?;
     remove_legacy(root, rel)?;
     // Fails while other sidecars live there, as it should.
-    let _ = std::fs::remove_dir(meta_dir(root, rel));
+    let _ = lower::remove_dir(meta_dir(root, rel));
     Ok(())
 }
 
@@ -307,13 +310,13 @@ pub fn remove(root: &Path, rel: &Path) -> std::io::Result<()> {
 pub fn read(root: &Path, rel: &Path) -> std::io::Result<Option<Sidecar>> {
     use std::io::Read;
     let mut path = sidecar_path(root, rel);
-    let file = match std::fs::File::open(&path) {
+    let file = match lower::open(&path, OFlags::RDONLY, 0) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let Some(legacy) = legacy_sidecar_path(root, rel) else {
                 return Ok(None);
             };
             path = legacy;
-            match std::fs::File::open(&path) {
+            match lower::open(&path, OFlags::RDONLY, 0) {
                 Err(e) if absent(&e) => return Ok(None),
                 other => other?,
             }
@@ -399,7 +402,7 @@ pub fn read_record(root: &Path, id: &str) -> std::io::Result<Option<Meta>> {
 
 /// Removes link record `id` under `root` (fine if it is not there).
 pub fn remove_record(root: &Path, id: &str) -> std::io::Result<()> {
-    match std::fs::remove_file(record_path(root, id)) {
+    match lower::remove_file(record_path(root, id)) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
     }

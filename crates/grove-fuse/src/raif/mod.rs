@@ -9,6 +9,7 @@
 mod core;
 mod fs;
 mod links;
+mod lower;
 mod maintain;
 pub mod meta;
 mod plain;

@@ -7,8 +7,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::SystemTime;
 
-use rustix::fs::{AtFlags, FileType as LowerType, Mode, Timespec, Timestamps, CWD, UTIME_OMIT};
+use rustix::fs::{AtFlags, FileType as LowerType, Mode, Timespec, Timestamps, UTIME_OMIT};
 
+use super::lower;
 use super::meta::{self, LINKS_DIR, META_DIR, WORK_DIR};
 
 /// st_mode's file type bits.
@@ -32,16 +33,16 @@ pub fn special_type(mode: u32) -> Option<LowerType> {
 /// (mknod applies the process umask, so they are set again after).
 pub fn make_special(path: &Path, kind: LowerType, perm: u32, rdev: u64) -> io::Result<()> {
     let mode = Mode::from_raw_mode(perm & PERMISSION_BITS);
-    rustix::fs::mknodat(CWD, path, kind, mode, rdev)?;
-    rustix::fs::chmod(path, mode)?;
+    let at = lower::at(path)?;
+    rustix::fs::mknodat(at.fd(), at.name(), kind, mode, rdev)?;
+    lower::chmod(path, mode.bits())?;
     Ok(())
 }
 
 /// Sets the permission bits of an entry that is not a symlink (a symlink's
 /// own mode cannot change on Linux, and chmod would follow it).
 pub fn set_mode(path: &Path, perm: u32) -> io::Result<()> {
-    rustix::fs::chmod(path, Mode::from_raw_mode(perm & PERMISSION_BITS))?;
-    Ok(())
+    lower::chmod(path, perm & PERMISSION_BITS)
 }
 
 /// Sets the access and modification times of the entry itself, never of
@@ -69,7 +70,8 @@ pub fn set_times(
         last_access: spec(accessed),
         last_modification: spec(modified),
     };
-    rustix::fs::utimensat(CWD, path, &times, AtFlags::SYMLINK_NOFOLLOW)?;
+    let at = lower::at(path)?;
+    rustix::fs::utimensat(at.fd(), at.name(), &times, AtFlags::SYMLINK_NOFOLLOW)?;
     Ok(())
 }
 
@@ -79,7 +81,7 @@ pub fn set_times(
 pub fn dir_nlink(path: &Path, lower: &std::fs::Metadata) -> u32 {
     let ours = [META_DIR, WORK_DIR, LINKS_DIR]
         .iter()
-        .filter(|name| path.join(name).is_dir())
+        .filter(|name| lower::is_dir(path.join(name)))
         .count() as u64;
     lower.nlink().saturating_sub(ours).max(2) as u32
 }
@@ -91,13 +93,13 @@ pub fn dir_nlink(path: &Path, lower: &std::fs::Metadata) -> u32 {
 pub fn copy_entry(m: &std::fs::Metadata, target: Option<&Path>, to: &Path) -> io::Result<()> {
     let file_type = m.file_type();
     if file_type.is_dir() {
-        match std::fs::create_dir(to) {
+        match lower::create_dir(to) {
             Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
             _ => {}
         }
     } else if file_type.is_symlink() {
         let target = target.ok_or_else(|| io::Error::from_raw_os_error(2))?;
-        std::os::unix::fs::symlink(target, to)?;
+        lower::symlink(target, to)?;
     } else {
         let kind = special_type(m.mode())
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "not a special file"))?;
@@ -106,7 +108,7 @@ pub fn copy_entry(m: &std::fs::Metadata, target: Option<&Path>, to: &Path) -> io
     if !file_type.is_symlink() {
         set_mode(to, m.mode())?;
     }
-    std::os::unix::fs::lchown(to, Some(m.uid()), Some(m.gid()))?;
+    lower::lchown(to, Some(m.uid()), Some(m.gid()))?;
     set_times(to, m.accessed().ok(), m.modified().ok())
 }
 

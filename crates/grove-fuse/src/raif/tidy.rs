@@ -21,6 +21,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 
 use super::core::{is_reserved, lock, Core, Node};
+use super::lower;
 use super::maintain::{walk_tree, FileNames, Tree};
 use super::meta;
 
@@ -153,19 +154,19 @@ fn remove_stray_components(
     let files: BTreeMap<String, bool> = core.list(dir)?;
     let b = &core.branches;
     for branch in b.healthy().collect::<Vec<_>>() {
-        let Ok(entries) = std::fs::read_dir(b.root(branch).join(dir)) else {
+        let lower_dir = b.root(branch).join(dir);
+        let Ok(entries) = lower::read_dir(&lower_dir) else {
             continue;
         };
         for entry in entries {
-            let entry = entry?;
-            let name = entry.file_name();
-            let kind = entry.file_type()?;
+            let name = entry.name;
+            let is_file = entry.kind == rustix::fs::FileType::RegularFile;
             let has_sidecar = files.get(&*name.to_string_lossy()) == Some(&true);
-            if is_reserved(&name) || !kind.is_file() || has_sidecar {
+            if is_reserved(&name) || !is_file || has_sidecar {
                 continue;
             }
-            let path = entry.path();
-            let ours = entry.metadata()?.mode() == COMPONENT_ST_MODE;
+            let path = lower_dir.join(&name);
+            let ours = lower::symlink_metadata(&path)?.mode() == COMPONENT_ST_MODE;
             let label = &b.config.branches[branch].label;
             let rel = dir.join(&name);
             if !ours {
