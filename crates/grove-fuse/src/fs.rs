@@ -20,12 +20,9 @@ use grove_store::types::VOLUME_NAME_MAX_BYTES;
 use grove_store::{Pool, Volume, VolumeSummary};
 
 use crate::errno::{data_errno, errno_for};
-use crate::mount::{MAX_BACKGROUND_REQUESTS, MAX_WRITE_BYTES};
+use crate::kernel::{open_flags, OnEnd, MAX_BACKGROUND_REQUESTS, MAX_WRITE_BYTES, TTL};
 use crate::seek::{fallocate_action, seek_data_hole, Fallocate, SeekError};
 
-/// Attributes and entries are not cached: a volume resized or removed
-/// through the control socket must show at once.
-const TTL: Duration = Duration::ZERO;
 /// The first inode number given to a volume (1 is the root directory).
 const FIRST_VOLUME_INO: u64 = 2;
 /// Mode bits of a writable volume, of a snapshot (or anything on a
@@ -67,7 +64,7 @@ pub(crate) struct VolumeFs {
     open_flags: FopenFlags,
     /// Called once, when the session ends (unmounted, or the connection
     /// aborted), after the pool is flushed.
-    on_end: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    on_end: OnEnd,
 }
 
 impl VolumeFs {
@@ -85,7 +82,7 @@ impl VolumeFs {
                 next_ino: FIRST_VOLUME_INO,
                 ..Inodes::default()
             }),
-            on_end: Mutex::new(Some(on_end)),
+            on_end: OnEnd::new(on_end),
         }
     }
 
@@ -297,23 +294,6 @@ fn log_data_error(what: &str, error: &grove_store::Error) -> Errno {
     errno
 }
 
-/// How the files of a mount open. Direct I/O keeps the page cache out
-/// between a file and the engine, and with FUSE_DIRECT_IO_ALLOW_MMAP
-/// (Linux 6.6) such files can still be mapped shared: pages written
-/// through a mapping go to the engine as write requests, and msync is an
-/// fsync. An older kernel answers ENODEV to a shared mapping of a direct
-/// I/O file, so there files use the page cache instead (invalidated at
-/// each open) and mapping them works.
-pub(crate) fn open_flags(config: &mut KernelConfig) -> FopenFlags {
-    match config.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP) {
-        Ok(()) => FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES,
-        Err(_) => {
-            tracing::info!("the kernel cannot map direct I/O files: files use the page cache");
-            FopenFlags::empty()
-        }
-    }
-}
-
 impl fuser::Filesystem for VolumeFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
         // What the kernel cannot do is left at its default: each setting
@@ -331,10 +311,7 @@ impl fuser::Filesystem for VolumeFs {
                 tracing::error!(%error, "cannot flush the pool after unmount");
             }
         }
-        let on_end = self.on_end.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(on_end) = on_end {
-            on_end();
-        }
+        self.on_end.run();
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {

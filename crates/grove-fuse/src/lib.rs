@@ -31,12 +31,11 @@
 
 mod errno;
 mod fs;
+mod kernel;
 mod mount;
 pub mod raif;
 pub mod seek;
 
 pub use errno::{data_errno, errno_for};
-pub use mount::{
-    check_mount_possible, mount, Mount, MountError, MountOptions, FUSE_DEVICE_PATH,
-    MAX_BACKGROUND_REQUESTS, MAX_WRITE_BYTES, SESSION_THREADS,
-};
+pub use kernel::{MAX_BACKGROUND_REQUESTS, MAX_WRITE_BYTES, SESSION_THREADS};
+pub use mount::{check_mount_possible, mount, Mount, MountError, MountOptions, FUSE_DEVICE_PATH};

@@ -5,21 +5,14 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use fuser::{BackgroundSession, Config, MountOption, SessionACL};
+use fuser::{BackgroundSession, Config, MountOption};
 use grove_store::Pool;
 
 use crate::fs::VolumeFs;
+use crate::kernel::session_config;
 
 /// The FUSE device the kernel talks through.
 pub const FUSE_DEVICE_PATH: &str = "/dev/fuse";
-/// Largest read or write one FUSE request carries (the kernel's own cap,
-/// 256 pages, on most machines).
-pub const MAX_WRITE_BYTES: u32 = 1024 * 1024;
-/// Threads reading requests from the kernel, each on its own cloned
-/// /dev/fuse descriptor: how many requests are served at once.
-pub const SESSION_THREADS: usize = 4;
-/// Asynchronous requests (direct I/O, readahead) the kernel keeps queued.
-pub const MAX_BACKGROUND_REQUESTS: u16 = 64;
 /// The name and subtype that mount(8) and /proc/mounts show: `fuse.grove`.
 const FS_NAME: &str = "grove";
 /// The helper non-root users mount through.
@@ -149,34 +142,41 @@ pub fn mount(
     options: &MountOptions,
     on_end: impl FnOnce() + Send + 'static,
 ) -> Result<Mount, MountError> {
-    check_mount_possible(mountpoint)?;
-    let mountpoint = std::path::absolute(mountpoint)
-        .map_err(|e| MountError::io(format!("cannot resolve {}", mountpoint.display()), e))?;
-    let mut config = Config::default();
-    config.mount_options = vec![
-        MountOption::FSName(FS_NAME.into()),
-        MountOption::Subtype(FS_NAME.into()),
-        // The kernel checks mode bits: 0444 snapshots stay read-only for
-        // everyone but root, whom `open` refuses with EROFS.
-        MountOption::DefaultPermissions,
+    let mountpoint = checked_mount_point(mountpoint)?;
+    let mut options_of_volumes = vec![
+        // Volume files are disks: nothing in them runs or is a device.
+        // (The kernel checks mode bits: 0444 snapshots stay read-only for
+        // everyone but root, whom `open` refuses with EROFS.)
         MountOption::NoDev,
         MountOption::NoSuid,
         MountOption::NoExec,
-        if options.read_only {
-            MountOption::RO
-        } else {
-            MountOption::RW
-        },
     ];
-    config.acl = if options.allow_other {
-        SessionACL::All
+    options_of_volumes.push(if options.read_only {
+        MountOption::RO
     } else {
-        SessionACL::Owner
-    };
-    config.n_threads = Some(SESSION_THREADS);
-    config.clone_fd = true;
+        MountOption::RW
+    });
+    let config = session_config(FS_NAME, options_of_volumes, options.allow_other);
     let fs = VolumeFs::new(pool, options.read_only, Box::new(on_end));
-    let session = fuser::spawn_mount(fs, &mountpoint, &config).map_err(|e| {
+    let mount = spawn(fs, mountpoint, &config)?;
+    tracing::info!(mountpoint = %mount.mountpoint.display(), "FUSE mount ready");
+    Ok(mount)
+}
+
+/// `mountpoint` made absolute, once [`check_mount_possible`] passed.
+pub(crate) fn checked_mount_point(mountpoint: &Path) -> Result<PathBuf, MountError> {
+    check_mount_possible(mountpoint)?;
+    std::path::absolute(mountpoint)
+        .map_err(|e| MountError::io(format!("cannot resolve {}", mountpoint.display()), e))
+}
+
+/// Serves `fs` on `mountpoint` from background threads.
+pub(crate) fn spawn<FS: fuser::Filesystem + Send + 'static>(
+    fs: FS,
+    mountpoint: PathBuf,
+    config: &Config,
+) -> Result<Mount, MountError> {
+    let session = fuser::spawn_mount(fs, &mountpoint, config).map_err(|e| {
         if e.kind() == io::ErrorKind::PermissionDenied {
             MountError::PermissionDenied {
                 path: mountpoint.clone(),
@@ -186,7 +186,6 @@ pub fn mount(
             MountError::io(format!("cannot mount on {}", mountpoint.display()), e)
         }
     })?;
-    tracing::info!(mountpoint = %mountpoint.display(), "FUSE mount ready");
     Ok(Mount {
         session,
         mountpoint,
@@ -194,13 +193,6 @@ pub fn mount(
 }
 
 impl Mount {
-    pub(crate) fn from_session(session: BackgroundSession, mountpoint: PathBuf) -> Mount {
-        Mount {
-            session,
-            mountpoint,
-        }
-    }
-
     pub fn mountpoint(&self) -> &Path {
         &self.mountpoint
     }

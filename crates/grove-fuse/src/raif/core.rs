@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
-use grove_raif::config::{Config, FileFacts};
+use grove_raif::config::{Config, FileFacts, Rule};
 use grove_raif::{raid, start_branch, Balancer, BranchIo, Layout};
 use rustix::fs::{FileType, OFlags};
 
@@ -467,7 +467,7 @@ pub struct Core {
     /// exclusively by a rebuild: a rebuild sees no write it could miss.
     pub gate: RwLock<()>,
     /// The last maintenance job (rebuild or scrub) and its progress.
-    pub job: Mutex<Option<super::maintain::Job>>,
+    pub job: Mutex<Option<super::job::Job>>,
     /// Write requests so far, and the one [`WRITE_HOLE_ENV`] stops, if any.
     writes: AtomicU64,
     write_hole: Option<u64>,
@@ -959,18 +959,25 @@ impl Core {
             );
             return Ok(());
         }
-        let name = rel.file_name().unwrap_or_default();
-        let mut new = old.clone();
-        new.level = rule.level;
-        new.stripe_unit_bytes = rule.stripe_unit_bytes;
-        new.start = start_branch(name.as_encoded_bytes(), rule.branches.len());
-        new.branches = rule
-            .branches
-            .iter()
-            .map(|&b| config.branches[b].label.clone())
-            .collect();
-        new.rule = rule.name.clone();
-        // Each new component starts in its branch's work directory.
+        let new = meta_under_rule(&old, rule, config, rel);
+        let (temps, temp) = self.staging_file(&new, rule);
+        if let Err(e) = self.copy_into(file, &old, &temp, &new) {
+            for t in temps.iter().flatten() {
+                let _ = remove_if_there(t);
+            }
+            return Err(e);
+        }
+        self.move_into_place(rel, rule, &temps, &temp, &old)?;
+        self.write_meta(rel, &new, true)?;
+        *file.meta.write().unwrap_or_else(|e| e.into_inner()) = new;
+        tracing::info!("{}: laid out again by rule {}", rel.display(), rule.name);
+        Ok(())
+    }
+
+    /// A file of `new`'s layout whose components start in the work
+    /// directories of the rule's branches (none on a failed branch), and
+    /// their paths there.
+    fn staging_file(&self, new: &Meta, rule: &Rule) -> (Vec<Option<PathBuf>>, OpenFile) {
         let temps: Vec<Option<PathBuf>> = rule
             .branches
             .iter()
@@ -992,16 +999,19 @@ impl Core {
             persisting: Mutex::new(()),
             unlinked: AtomicBool::new(false),
         };
-        let copied = self.copy_into(file, &old, &temp, &new);
-        let remove_temps = || {
-            for t in temps.iter().flatten() {
-                let _ = remove_if_there(t);
-            }
-        };
-        if let Err(e) = copied {
-            remove_temps();
-            return Err(e);
-        }
+        (temps, temp)
+    }
+
+    /// Renames the staged components over the file's name on the rule's
+    /// branches, and removes the old layout's components from the others.
+    fn move_into_place(
+        &self,
+        rel: &Path,
+        rule: &Rule,
+        temps: &[Option<PathBuf>],
+        temp: &OpenFile,
+        old: &Meta,
+    ) -> io::Result<()> {
         for (position, &b) in rule.branches.iter().enumerate() {
             let made = temp.components[position]
                 .read()
@@ -1011,14 +1021,11 @@ impl Core {
                 lower::rename(t, self.branches.root(b).join(rel))?;
             }
         }
-        for b in self.subset_of(&old)? {
+        for b in self.subset_of(old)? {
             if !rule.branches.contains(&b) && !self.branches.is_failed(b) {
                 let _ = remove_if_there(&self.branches.root(b).join(rel));
             }
         }
-        self.write_meta(rel, &new, true)?;
-        *file.meta.write().unwrap_or_else(|e| e.into_inner()) = new;
-        tracing::info!("{}: laid out again by rule {}", rel.display(), rule.name);
         Ok(())
     }
 
@@ -1356,6 +1363,23 @@ pub fn raid_error(e: raid::RaidError) -> io::Error {
 pub fn libc_s_ifreg() -> u32 {
     0o100_000
 }
+/// `old`'s metadata as `rule` lays the file at `rel` out: its level, unit,
+/// branches and starting branch.
+fn meta_under_rule(old: &Meta, rule: &Rule, config: &Config, rel: &Path) -> Meta {
+    let name = rel.file_name().unwrap_or_default();
+    let mut new = old.clone();
+    new.level = rule.level;
+    new.stripe_unit_bytes = rule.stripe_unit_bytes;
+    new.start = start_branch(name.as_encoded_bytes(), rule.branches.len());
+    new.branches = rule
+        .branches
+        .iter()
+        .map(|&b| config.branches[b].label.clone())
+        .collect();
+    new.rule = rule.name.clone();
+    new
+}
+
 
 /// st_mode of a lower entry.
 pub fn lower_mode(m: &std::fs::Metadata) -> u32 {

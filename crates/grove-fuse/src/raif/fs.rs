@@ -7,7 +7,7 @@ use std::ffi::OsStr;
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLockReadGuard};
+use std::sync::{Arc, RwLockReadGuard};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
@@ -21,10 +21,8 @@ use super::core::{is_reserved, lower_mode, Core, Node, OpenFile};
 use super::lower;
 use super::meta::{self, Meta};
 use super::{plain, report};
+use crate::kernel::{open_flags, OnEnd, MAX_WRITE_BYTES, TTL};
 
-/// Attributes are not cached: metadata lives in sidecars that only this
-/// process changes, but a branch may fail between two requests.
-const TTL: Duration = Duration::ZERO;
 /// The virtual attribute that holds the mount's status (on the root).
 pub const XATTR_STATUS: &str = "user.grove.raif.status";
 /// The virtual attribute that explains a file's layout.
@@ -40,9 +38,9 @@ const NAME_MAX_BYTES: u32 = 255;
 
 pub struct RaifFs {
     pub core: Arc<Core>,
-    /// How files open: see [`crate::fs::open_flags`].
+    /// How files open: see [`crate::kernel::open_flags`].
     open_flags: FopenFlags,
-    on_end: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    on_end: OnEnd,
 }
 
 fn errno(e: io::Error) -> Errno {
@@ -106,7 +104,7 @@ impl RaifFs {
         RaifFs {
             core: Arc::new(core),
             open_flags: FopenFlags::FOPEN_DIRECT_IO,
-            on_end: Mutex::new(Some(on_end)),
+            on_end: OnEnd::new(on_end),
         }
     }
 
@@ -203,25 +201,27 @@ impl RaifFs {
         self.core.open_file(ino.0).ok_or(Errno::EBADF)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn do_setattr(
         &self,
         caller_uid: u32,
         ino: INodeNo,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
         size: Option<u64>,
-        atime: Option<TimeOrNow>,
-        mtime: Option<TimeOrNow>,
+        attrs: Attrs,
     ) -> Result<FileAttr, Errno> {
+        let Attrs {
+            mode,
+            uid,
+            gid,
+            atime,
+            mtime,
+        } = attrs;
         if let Some(file) = self.core.unlinked_open(ino.0) {
             // ftruncate, fchmod, futimens of a file with no name left.
             if let Some(size) = size {
                 kill_set_id_bits(&file, caller_uid);
                 self.core.truncate(&file, size).map_err(errno)?;
             }
-            set_file_attrs(&file, mode, uid, gid, atime, mtime);
+            set_file_attrs(&file, &attrs);
             return self.attr_of_ino(ino);
         }
         let rel = self.core.path_of(ino.0).map_err(errno)?;
@@ -233,7 +233,7 @@ impl RaifFs {
                         kill_set_id_bits(&file, caller_uid);
                         self.core.truncate(&file, size)?;
                     }
-                    set_file_attrs(&file, mode, uid, gid, atime, mtime);
+                    set_file_attrs(&file, &attrs);
                     self.core.persist(ino.0, &file, false)
                 })();
                 let _ = self.core.release(ino.0);
@@ -369,25 +369,28 @@ fn kill_set_id_bits(file: &OpenFile, caller_uid: u32) {
     file.dirty.store(true, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// Applies a setattr's mode, owner and times to an open file's metadata.
-fn set_file_attrs(
-    file: &OpenFile,
+/// What a setattr changes besides the size.
+#[derive(Debug, Clone, Copy)]
+struct Attrs {
     mode: Option<u32>,
     uid: Option<u32>,
     gid: Option<u32>,
     atime: Option<TimeOrNow>,
     mtime: Option<TimeOrNow>,
-) {
+}
+
+/// Applies a setattr's mode, owner and times to an open file's metadata.
+fn set_file_attrs(file: &OpenFile, attrs: &Attrs) {
     let mut m = file.meta.write().unwrap_or_else(|e| e.into_inner());
-    if let Some(mode) = mode {
+    if let Some(mode) = attrs.mode {
         m.mode = (m.mode & !0o7777) | (mode & 0o7777);
     }
-    m.uid = uid.unwrap_or(m.uid);
-    m.gid = gid.unwrap_or(m.gid);
-    if let Some(t) = atime {
+    m.uid = attrs.uid.unwrap_or(m.uid);
+    m.gid = attrs.gid.unwrap_or(m.gid);
+    if let Some(t) = attrs.atime {
         m.atime_ns = to_ns(t);
     }
-    if let Some(t) = mtime {
+    if let Some(t) = attrs.mtime {
         m.mtime_ns = to_ns(t);
     }
     m.ctime_ns = meta::now_ns();
@@ -405,9 +408,9 @@ fn reply_xattr(data: Result<Vec<u8>, Errno>, size: u32, reply: ReplyXattr) {
 
 impl fuser::Filesystem for RaifFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
-        let _ = config.set_max_write(crate::MAX_WRITE_BYTES);
+        let _ = config.set_max_write(MAX_WRITE_BYTES);
         // Parallel direct writes would let two writes of one stripe race.
-        self.open_flags = crate::fs::open_flags(config) & !FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES;
+        self.open_flags = open_flags(config) & !FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES;
         Ok(())
     }
 
@@ -424,9 +427,7 @@ impl fuser::Filesystem for RaifFs {
                 tracing::error!("cannot write metadata back at unmount: {e}");
             }
         }
-        if let Some(on_end) = self.on_end.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            on_end();
-        }
+        self.on_end.run();
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
@@ -463,7 +464,14 @@ impl fuser::Filesystem for RaifFs {
         reply: ReplyAttr,
     ) {
         let _gate = self.gate();
-        match self.do_setattr(req.uid(), ino, mode, uid, gid, size, atime, mtime) {
+        let attrs = Attrs {
+            mode,
+            uid,
+            gid,
+            atime,
+            mtime,
+        };
+        match self.do_setattr(req.uid(), ino, size, attrs) {
             Ok(attr) => reply.attr(&TTL, &attr),
             Err(e) => reply.error(e),
         }
@@ -840,7 +848,7 @@ impl fuser::Filesystem for RaifFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        if ino.0 != super::core::ROOT_INO || name.to_str() != Some(super::maintain::XATTR_CONTROL) {
+        if ino.0 != super::core::ROOT_INO || name.to_str() != Some(super::job::XATTR_CONTROL) {
             return reply.error(Errno::ENOTSUP);
         }
         match super::maintain::start(&self.core, value) {

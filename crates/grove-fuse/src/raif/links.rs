@@ -277,8 +277,8 @@ mod tests {
     use grove_raif::Level;
 
     use super::*;
-    use crate::raif::maintain::walk_tree;
     use crate::raif::tidy::tidy;
+    use crate::raif::walk::walk_tree;
 
     const WIDTH: usize = 3;
     /// Spans several stripes of 4 KiB units.

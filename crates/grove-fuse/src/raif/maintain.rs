@@ -18,60 +18,19 @@
 use std::collections::HashMap;
 use std::io;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use grove_raif::{raid, BranchIo};
-use serde::{Deserialize, Serialize};
 
 use super::core::{self, lock, Core, FileIo, Node, OpenFile};
+use super::job::{Job, Request, JOB_LINES_MAX};
 use super::lower;
 use super::meta;
+use super::walk::{walk_tree, FileNames, Tree};
 
-/// The virtual attribute (on the root) that starts a job.
-pub const XATTR_CONTROL: &str = "user.grove.raif.control";
 /// Stripes of one file checked under one hold of its lock.
 pub const JOB_STRIPES_PER_LOCK: u64 = 64;
-/// Problem lines a job keeps: the status attribute must stay below the
-/// kernel's 64 KiB limit for an extended attribute value.
-pub const JOB_LINES_MAX: usize = 200;
-
-/// What `grove raif rebuild|scrub` asks for.
-#[derive(Debug, Deserialize, Serialize)]
-#[serde(tag = "op", rename_all = "lowercase")]
-pub enum Request {
-    Rebuild {
-        id: String,
-        branch: String,
-        to: PathBuf,
-        /// Replace a branch that is not failed (it loses its redundancy
-        /// until the rebuild ends).
-        #[serde(default)]
-        force: bool,
-    },
-    Scrub {
-        id: String,
-        repair: bool,
-    },
-}
-
-/// A job's progress and outcome, as the status attribute shows it.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct Job {
-    pub id: String,
-    pub op: String,
-    pub done_bytes: u64,
-    pub total_bytes: u64,
-    pub finished: bool,
-    pub files: u64,
-    /// Problems found: mismatches, stripes or files that could not be read.
-    pub problems: u64,
-    /// The first [`JOB_LINES_MAX`] problems, one line each.
-    pub lines: Vec<String>,
-    /// Why the job as a whole failed, if it did.
-    pub error: Option<String>,
-}
-
 /// Starts the job `value` asks for; EBUSY while another one runs.
 pub fn start(core: &Arc<Core>, value: &[u8]) -> io::Result<()> {
     let request: Request = serde_json::from_slice(value)
@@ -120,71 +79,6 @@ fn problem(core: &Core, line: String) {
             j.lines.push(line);
         }
     });
-}
-
-/// Everything below the mount, parents before children.
-#[derive(Default)]
-pub(super) struct Tree {
-    pub(super) dirs: Vec<PathBuf>,
-    /// Symlinks and special files.
-    pub(super) others: Vec<PathBuf>,
-    /// Regular files, each once whatever its number of names.
-    pub(super) files: Vec<FileNames>,
-    /// Names whose node could not be read, with why.
-    pub(super) unreadable: Vec<String>,
-}
-
-/// A regular file and every name the walk found for it.
-pub(super) struct FileNames {
-    pub(super) names: Vec<PathBuf>,
-    pub(super) meta: meta::Meta,
-}
-
-impl FileNames {
-    pub(super) fn first(&self) -> &Path {
-        &self.names[0]
-    }
-}
-
-/// Walks the tree below the mount: a linked file's names gather in one
-/// entry, so that jobs count and copy it once.
-pub(super) fn walk_tree(core: &Core) -> Result<Tree, String> {
-    let mut tree = Tree::default();
-    let mut linked: HashMap<String, usize> = HashMap::new();
-    let mut pending = vec![PathBuf::new()];
-    while let Some(dir) = pending.pop() {
-        let names = core
-            .list(&dir)
-            .map_err(|e| format!("cannot list /{}: {e}", dir.display()))?;
-        for (name, is_file) in names {
-            let rel = dir.join(name);
-            match core.node(&rel) {
-                Ok(Node::File(m)) if is_file => {
-                    let known = m.link.as_ref().and_then(|id| linked.get(id).copied());
-                    match known {
-                        Some(i) => tree.files[i].names.push(rel),
-                        None => {
-                            if let Some(id) = &m.link {
-                                linked.insert(id.clone(), tree.files.len());
-                            }
-                            tree.files.push(FileNames {
-                                names: vec![rel],
-                                meta: m,
-                            });
-                        }
-                    }
-                }
-                Ok(Node::Plain(m)) if m.is_dir() => {
-                    tree.dirs.push(rel.clone());
-                    pending.push(rel);
-                }
-                Ok(Node::Plain(_)) => tree.others.push(rel),
-                Ok(Node::File(_)) => {}
-                Err(e) => tree.unreadable.push(format!("{}: {e}", rel.display())),
-            }
-        }
-    }
-    Ok(tree)
 }
 
 /// [`walk_tree`] for a job: what it could not read are problems, and the

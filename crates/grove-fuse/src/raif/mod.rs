@@ -8,6 +8,7 @@
 
 mod core;
 mod fs;
+mod job;
 mod links;
 mod lower;
 mod maintain;
@@ -15,23 +16,23 @@ pub mod meta;
 mod plain;
 mod report;
 mod tidy;
+mod walk;
 
 use std::path::Path;
 
-use fuser::{Config as FuseConfig, MountOption, SessionACL};
+use fuser::MountOption;
 use grove_raif::config::Config;
 use grove_raif::{raid, Layout};
 
 pub use core::{READ_DELAY_ENV, WRITE_HOLE_ENV};
 pub use fs::{XATTR_EXPLAIN, XATTR_STATUS};
-pub use maintain::{Job, Request, XATTR_CONTROL};
+pub use job::{Job, Request, XATTR_CONTROL};
 
-use crate::mount::{Mount, MountError};
+use crate::kernel::session_config;
+use crate::mount::{checked_mount_point, spawn, Mount, MountError};
 
 /// The name mount(8) shows: `fuse.grove-raif`.
 const FS_NAME: &str = "grove-raif";
-/// Threads serving requests at once.
-pub const RAIF_SESSION_THREADS: usize = 4;
 
 /// Checks that every branch is a directory: a missing one is an error,
 /// unless `degraded`. Then the missing branches are returned (they start
@@ -97,32 +98,15 @@ pub fn mount_raif(
     degraded: bool,
     on_end: impl FnOnce() + Send + 'static,
 ) -> Result<Mount, MountError> {
-    crate::mount::check_mount_possible(mountpoint)?;
+    let mountpoint = checked_mount_point(mountpoint)?;
     let missing = check_branches(&config, degraded)?;
-    let mountpoint = std::path::absolute(mountpoint).map_err(|e| MountError::Io {
-        context: format!("cannot resolve {}", mountpoint.display()),
-        source: e,
-    })?;
-    let mut fuse = FuseConfig::default();
-    fuse.mount_options = vec![
-        MountOption::FSName(FS_NAME.into()),
-        MountOption::Subtype(FS_NAME.into()),
-        MountOption::DefaultPermissions,
-        MountOption::RW,
-    ];
+    // As on any file system root mounts: device nodes open and set-ID
+    // bits count (fusermount3 refuses both to other users).
+    let mut options = vec![MountOption::RW];
     if rustix::process::geteuid().is_root() {
-        // As on any file system root mounts: device nodes open and set-ID
-        // bits count (fusermount3 refuses both to other users).
-        fuse.mount_options
-            .extend([MountOption::Dev, MountOption::Suid]);
+        options.extend([MountOption::Dev, MountOption::Suid]);
     }
-    fuse.acl = if allow_other {
-        SessionACL::All
-    } else {
-        SessionACL::Owner
-    };
-    fuse.n_threads = Some(RAIF_SESSION_THREADS);
-    fuse.clone_fd = true;
+    let fuse = session_config(FS_NAME, options, allow_other);
     for (branch, b) in config.branches.iter().enumerate() {
         if !missing.contains(&branch) {
             meta::clean_work_dir(&b.path).map_err(|e| MountError::Io {
@@ -140,10 +124,7 @@ pub fn mount_raif(
         core.branches.fail(branch, &why);
     }
     let fs = fs::RaifFs::new(core, Box::new(on_end));
-    let session = fuser::spawn_mount(fs, &mountpoint, &fuse).map_err(|e| MountError::Io {
-        context: format!("cannot mount on {}", mountpoint.display()),
-        source: e,
-    })?;
-    tracing::info!(mountpoint = %mountpoint.display(), "RAIF mount ready");
-    Ok(Mount::from_session(session, mountpoint))
+    let mount = spawn(fs, mountpoint, &fuse)?;
+    tracing::info!(mountpoint = %mount.mountpoint().display(), "RAIF mount ready");
+    Ok(mount)
 }

@@ -22,8 +22,8 @@ use std::sync::atomic::Ordering;
 
 use super::core::{is_reserved, lock, Core, Node};
 use super::lower;
-use super::maintain::{walk_tree, FileNames, Tree};
 use super::meta;
+use super::walk::{walk_tree, FileNames, Tree};
 
 /// st_mode of a component grove made (a regular file, 0600): only those
 /// are removed; another file found in a branch is reported and kept.
