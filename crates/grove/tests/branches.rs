@@ -8,6 +8,7 @@
 //! under qemu-io writes, a restripe killed part way and resumed.
 
 mod support;
+use support::GroveOnPool;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -27,6 +28,12 @@ const IMAGE_BYTES: usize = 3 << 20;
 
 struct Setup {
     dir: tempfile::TempDir,
+}
+
+impl GroveOnPool for Setup {
+    fn pool_path(&self) -> PathBuf {
+        self.pool()
+    }
 }
 
 impl Setup {
@@ -62,28 +69,9 @@ impl Setup {
         self.dir.path().join(name)
     }
 
-    fn grove(&self, args: &[&str]) -> Output {
-        Command::new(GROVE)
-            .arg("--pool")
-            .arg(self.pool())
-            .args(args)
-            .output()
-            .unwrap()
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let output = self.grove(args);
-        assert!(
-            output.status.success(),
-            "grove {args:?}: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8(output.stdout).unwrap()
-    }
-
     /// Runs a command that must fail with one error line; returns it.
     fn fails(&self, args: &[&str]) -> String {
-        let output = self.grove(args);
+        let output = self.run(args);
         let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
         assert_eq!(output.status.code(), Some(1), "grove {args:?}: {stderr}");
         let errors: Vec<&str> = stderr
@@ -403,7 +391,7 @@ fn scrub_finds_and_repairs_a_flipped_byte() {
         bytes[at] ^= 0x5a;
         std::fs::write(&data_file, &bytes).unwrap();
 
-        let output = setup.grove(&["scrub", "--json"]);
+        let output = setup.run(&["scrub", "--json"]);
         assert_eq!(output.status.code(), Some(1), "{level}: {output:?}");
         let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
         assert_eq!(report["stripes_with_errors"], 1, "{level}: {report}");
@@ -500,7 +488,7 @@ fn a_failed_branch_is_reported_failed_everywhere_and_rebuilt_as_printed() {
         &["check"],
         &["export", "disk", "/dev/null"],
     ] {
-        let output = setup.grove(args);
+        let output = setup.run(args);
         let stdout = String::from_utf8_lossy(&output.stdout);
         let stderr = String::from_utf8_lossy(&output.stderr);
         let said = format!("{stdout}{stderr}");
@@ -538,7 +526,7 @@ fn a_failed_branch_is_reported_failed_everywhere_and_rebuilt_as_printed() {
     let out = setup.ok(&args);
     assert!(out.contains("rebuilt branch b2"), "{out}");
     assert_eq!(setup.health(&[]), ["ok", "ok", "ok"]);
-    let output = setup.grove(&["list"]);
+    let output = setup.run(&["list"]);
     assert!(
         output.status.success() && output.stderr.is_empty(),
         "{output:?}"
@@ -562,7 +550,7 @@ fn a_branch_failed_while_served_stays_failed_after_a_restart() {
     served.stop();
 
     assert_eq!(setup.health(&[]), ["ok", "failed", "ok", "ok"]);
-    let output = setup.grove(&["list"]);
+    let output = setup.run(&["list"]);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stderr}");
     assert!(

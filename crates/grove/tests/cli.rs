@@ -1,6 +1,9 @@
 //! End-to-end tests of the `grove` binary: each test makes a pool in a
 //! temporary directory and runs the real binary against it with --pool.
 
+mod support;
+use support::GroveOnPool;
+
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{FileExt, MetadataExt};
@@ -24,6 +27,16 @@ struct Pool {
     path: PathBuf,
 }
 
+impl GroveOnPool for Pool {
+    fn pool_path(&self) -> PathBuf {
+        self.path.clone()
+    }
+
+    fn working_dir(&self) -> Option<&Path> {
+        Some(self.dir.path())
+    }
+}
+
 impl Pool {
     /// A temp directory with a pool made by `grove init` plus `init_args`.
     fn new(init_args: &[&str]) -> Pool {
@@ -43,22 +56,6 @@ impl Pool {
 
     fn file(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
-    }
-
-    fn command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_grove"));
-        command
-            .arg("--pool")
-            .arg(&self.path)
-            .args(args)
-            .env_remove("GROVE_POOL")
-            .current_dir(self.dir.path())
-            .stdin(Stdio::null());
-        command
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        self.command(args).output().unwrap()
     }
 
     fn run_with_stdin(&self, args: &[&str], input: &[u8]) -> Output {

@@ -5,6 +5,9 @@
 //! is undone by a guard's Drop, so a failing assertion leaves none behind,
 //! and every external command runs under `timeout`.
 
+#[macro_use]
+mod support;
+
 use std::collections::BTreeMap;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -21,37 +24,6 @@ const FS_VOLUME_SIZE: &str = "512M";
 const BLOCK_BYTES: usize = 4096;
 
 // ---------------------------------------------------------------- helpers
-
-/// Why these tests cannot run here, if they cannot.
-fn skip_reason(tools: &[&str]) -> Option<String> {
-    if !rustix::process::geteuid().is_root() {
-        return Some("needs root (FUSE mounts and loop devices)".into());
-    }
-    if !Path::new("/dev/fuse").exists() {
-        return Some("no /dev/fuse".into());
-    }
-    tools
-        .iter()
-        .find(|tool| !have(tool))
-        .map(|tool| format!("{tool} is not installed (scripts/test.sh installs it)"))
-}
-
-macro_rules! require {
-    ($($tool:expr),* $(,)?) => {
-        if let Some(reason) = skip_reason(&[$($tool),*]) {
-            eprintln!("skipping: {reason}");
-            return;
-        }
-    };
-}
-
-fn have(tool: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
 
 /// Runs a command under `timeout`.
 fn run(program: &str, args: &[&str]) -> Output {
@@ -531,13 +503,13 @@ fn file_system_on_volume_files(fs: Fs, via_serve: bool) {
 
 #[test]
 fn ext4_on_volume_files_through_grove_mount() {
-    require!("losetup", "mkfs.ext4", "fsck.ext4", "fsfreeze", "timeout");
+    require_fuse!("losetup", "mkfs.ext4", "fsck.ext4", "fsfreeze", "timeout");
     file_system_on_volume_files(Fs::Ext4, false);
 }
 
 #[test]
 fn xfs_on_volume_files_through_grove_serve_mount() {
-    require!("losetup", "mkfs.xfs", "xfs_repair", "fsfreeze", "timeout");
+    require_fuse!("losetup", "mkfs.xfs", "xfs_repair", "fsfreeze", "timeout");
     file_system_on_volume_files(Fs::Xfs, true);
 }
 
@@ -545,7 +517,7 @@ fn xfs_on_volume_files_through_grove_serve_mount() {
 
 #[test]
 fn volume_files_follow_the_pool() {
-    require!("timeout", "fallocate");
+    require_fuse!("timeout", "fallocate");
     let pool = TestPool::new();
     pool.ok(&["create", "disk", "--size", "8M"]);
     let mountpoint = pool.dir("mnt");
@@ -767,7 +739,7 @@ fn assert_prefix_state(data: &[u8], tag: u8, blocks: u32, what: &str) -> u32 {
 
 #[test]
 fn two_writers_and_snapshots_through_the_control_socket() {
-    require!("timeout");
+    require_fuse!("timeout");
     const BLOCKS: u32 = 256;
     const ROUNDS: u32 = 12;
     const SNAPSHOTS_MAX: usize = 40;
@@ -849,7 +821,7 @@ fn one_line_error(output: Output) -> String {
 
 #[test]
 fn mount_errors_are_one_line() {
-    require!("timeout", "unshare", "setpriv");
+    require_fuse!("timeout", "unshare", "setpriv");
     let pool = TestPool::new();
     pool.ok(&["create", "disk", "--size", "1M"]);
 
@@ -961,7 +933,7 @@ fn mount_errors_are_one_line() {
 /// one line and left as it was.
 #[test]
 fn export_onto_a_block_device_writes_every_byte() {
-    require!("losetup", "timeout");
+    require_fuse!("losetup", "timeout");
     let pool = TestPool::new();
     pool.ok(&["create", "v", "--size", "4M"]);
     let data = pattern(11, 64 * 1024);
@@ -1018,7 +990,7 @@ fn map_shared(file: &std::fs::File, len: usize) -> rustix::io::Result<*mut u8> {
 /// mapping still there), another mount reads them.
 #[test]
 fn a_volume_file_maps_shared_and_msync_makes_writes_durable() {
-    require!("timeout");
+    require_fuse!("timeout");
     const MAP_BYTES: usize = 1 << 20;
     let pool = TestPool::new();
     pool.ok(&["create", "disk", "--size", "4M"]);

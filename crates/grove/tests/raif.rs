@@ -7,6 +7,9 @@
 //! fails under GROVE_REQUIRE_TOOLS=1). Every mount is undone by a guard's
 //! Drop, so a failing assertion leaves none behind.
 
+#[macro_use]
+mod support;
+
 use std::collections::BTreeMap;
 use std::fs::{self, OpenOptions};
 use std::io::ErrorKind;
@@ -37,28 +40,6 @@ const REBUILD_STATUS_FILE_BYTES: usize = 64 * 1024;
 /// The delay of each read on the surviving branches in that test: it
 /// makes the rebuild last a few seconds while status is polled.
 const REBUILD_READ_DELAY_MS: u64 = 5;
-
-fn skip_reason() -> Option<String> {
-    if !rustix::process::geteuid().is_root() {
-        return Some("needs root (FUSE mounts)".into());
-    }
-    if !Path::new("/dev/fuse").exists() {
-        return Some("no /dev/fuse".into());
-    }
-    None
-}
-
-macro_rules! require {
-    () => {
-        if let Some(reason) = skip_reason() {
-            if std::env::var_os("GROVE_REQUIRE_TOOLS").is_some() {
-                panic!("cannot run: {reason}");
-            }
-            eprintln!("SKIP: {reason}");
-            return;
-        }
-    };
-}
 
 fn grove(args: &[&str]) -> Output {
     grove_with_env(args, &[])
@@ -289,7 +270,7 @@ fn pattern(len: usize, seed: u64) -> Vec<u8> {
 
 #[test]
 fn posix_operations_behave() {
-    require!();
+    require_fuse!();
     let r = Raif::new("raif5", 4, "4K");
     // create, write at offsets, read back, stat size
     fs::write(r.p("a"), b"hello").unwrap();
@@ -389,7 +370,7 @@ fn posix_operations_behave() {
 
 #[test]
 fn random_operations_match_an_oracle_on_raif5() {
-    require!();
+    require_fuse!();
     let r = Raif::new("raif5", 4, "4K");
     let mut oracle: BTreeMap<String, Vec<u8>> = BTreeMap::new();
     let mut rng = pattern(FSX_OPERATIONS * 8, 42)
@@ -485,7 +466,7 @@ fn random_operations_match_an_oracle_on_raif5() {
 
 #[test]
 fn removing_a_branch_mid_run_keeps_every_file() {
-    require!();
+    require_fuse!();
     for (level, width) in [("raif1", 2), ("raif5", 3), ("raif6", 4), ("raif10", 4)] {
         let r = Raif::new(level, width, "4K");
         let files: Vec<(String, Vec<u8>)> = (0..6)
@@ -526,7 +507,7 @@ fn removing_a_branch_mid_run_keeps_every_file() {
 
 #[test]
 fn a_branch_removed_under_an_open_file_is_noticed() {
-    require!();
+    require_fuse!();
     let r = Raif::new("raif5", 3, "4K");
     let data = pattern(40_000, 50);
     let f = OpenOptions::new()
@@ -554,7 +535,7 @@ fn a_branch_removed_under_an_open_file_is_noticed() {
 
 #[test]
 fn explain_and_status_answer() {
-    require!();
+    require_fuse!();
     let r = Raif::new("raif1", 3, "64K");
     fs::write(r.p("a.bin"), pattern(200_000, 1)).unwrap();
     let out = grove(&["raif", "explain", r.p("a.bin").to_str().unwrap()]);
@@ -587,7 +568,7 @@ fn explain_and_status_answer() {
 
 #[test]
 fn bad_input_gets_one_line_errors() {
-    require!();
+    require_fuse!();
     let dir = tempfile::tempdir().unwrap();
     let mnt = dir.path().join("mnt");
     fs::create_dir(&mnt).unwrap();
@@ -639,7 +620,7 @@ fn text(out: &Output) -> String {
 
 #[test]
 fn rebuild_restores_full_redundancy() {
-    require!();
+    require_fuse!();
     for (level, width) in [("raif1", 2), ("raif5", 3), ("raif6", 4), ("raif10", 4)] {
         let mut r = Raif::new(level, width, "4K");
         fs::create_dir(r.p("d")).unwrap();
@@ -703,7 +684,7 @@ fn rebuild_restores_full_redundancy() {
 /// shows labels beside directories.
 #[test]
 fn rebuild_refuses_a_healthy_branch_and_a_failed_one_leaves_the_mount_as_it_was() {
-    require!();
+    require_fuse!();
     let r = Raif::new("raif5", 3, "4K");
     let data = pattern(100_000, 5);
     fs::write(r.p("f"), &data).unwrap();
@@ -750,7 +731,7 @@ fn rebuild_refuses_a_healthy_branch_and_a_failed_one_leaves_the_mount_as_it_was(
 /// came while the rebuild was part way; at the end it is ok and whole.
 #[test]
 fn a_replacement_shows_as_rebuilding_until_every_file_on_it_is_whole() {
-    require!();
+    require_fuse!();
     let delays = format!("b0={REBUILD_READ_DELAY_MS},b2={REBUILD_READ_DELAY_MS}");
     let mut r = Raif::with_env("raif5", 3, "4K", &[("GROVE_RAIF_READ_DELAY", &delays)]);
     let files: Vec<(String, Vec<u8>)> = (0..REBUILD_STATUS_FILES)
@@ -844,7 +825,7 @@ fn a_replacement_shows_as_rebuilding_until_every_file_on_it_is_whole() {
 /// times set explicitly are the same everywhere.)
 #[test]
 fn special_files_are_on_every_branch_with_their_modes_owners_and_times() {
-    require!();
+    require_fuse!();
     use rustix::fs::{FileType, Mode, Timespec, Timestamps};
     for (level, width) in [("raif1", 2), ("raif5", 3), ("raif6", 4)] {
         let r = Raif::new(level, width, "4K");
@@ -955,7 +936,7 @@ fn special_files_are_on_every_branch_with_their_modes_owners_and_times() {
 
 #[test]
 fn a_mount_whose_log_cannot_be_written_still_serves() {
-    require!();
+    require_fuse!();
     let r = Raif::new("raif5", 3, "4K");
     r.unmount();
     let mut args = vec!["raif", "mount", "--foreground", "--level", "raif5"];
@@ -991,7 +972,7 @@ fn a_mount_whose_log_cannot_be_written_still_serves() {
 
 #[test]
 fn a_degraded_mount_serves_and_rebuild_restores_the_missing_branch() {
-    require!();
+    require_fuse!();
     let mut r = Raif::new("raif5", 3, "4K");
     fs::create_dir(r.p("d")).unwrap();
     let mut files: Vec<(String, Vec<u8>)> = (0..4)
@@ -1054,7 +1035,7 @@ fn a_degraded_mount_serves_and_rebuild_restores_the_missing_branch() {
 
 #[test]
 fn a_degraded_mount_is_refused_beyond_what_the_layout_survives() {
-    require!();
+    require_fuse!();
     // (level, width, branches removed, what the one-line error says)
     let cases = [
         (
@@ -1105,7 +1086,7 @@ fn a_degraded_mount_is_refused_beyond_what_the_layout_survives() {
 
 #[test]
 fn scrub_finds_and_repairs_a_corrupt_unit() {
-    require!();
+    require_fuse!();
     for level in ["raif5", "raif1"] {
         let r = Raif::new(level, 3, "4K");
         let data = pattern(50_000, 3);
@@ -1142,7 +1123,7 @@ fn scrub_finds_and_repairs_a_corrupt_unit() {
 
 #[test]
 fn kill_9_of_the_mount_keeps_every_fsync() {
-    require!();
+    require_fuse!();
     for iteration in 0..CRASH_ITERATIONS {
         let r = Raif::new("raif5", 3, "4K");
         r.unmount();
@@ -1231,7 +1212,7 @@ fn wait_for_log(r: &Raif, text: &str) -> bool {
 
 #[test]
 fn kill_9_in_the_write_hole_is_found_and_repaired_by_scrub() {
-    require!();
+    require_fuse!();
     for (level, width) in [("raif5", 3), ("raif1", 2)] {
         let mut r = Raif::new(level, width, "4K");
         let mut data = pattern(50_000, 21);
@@ -1291,7 +1272,7 @@ fn kill_9_in_the_write_hole_is_found_and_repaired_by_scrub() {
 
 #[test]
 fn a_slow_branch_gets_fewer_reads() {
-    require!();
+    require_fuse!();
     // Every read of branch b0 is delayed by the mount's test hook.
     let r = Raif::with_env("raif1", 2, "64K", &[("GROVE_RAIF_READ_DELAY", "b0=3")]);
     let data = pattern(8 * 65536, 4);
@@ -1314,7 +1295,7 @@ fn a_slow_branch_gets_fewer_reads() {
 
 #[test]
 fn a_file_growing_past_a_size_threshold_is_laid_out_again_at_close() {
-    require!();
+    require_fuse!();
     let mut r = Raif::new("raif1", 3, "4K");
     r.unmount();
     let config = r.dir.path().join("raif.toml");
@@ -1390,7 +1371,7 @@ const LINK_NAMES: [&str; 3] = ["a", "d/b", "c"];
 /// branch. explain shows the count and the record.
 #[test]
 fn hard_links_stay_one_file_through_degraded_mode_rebuild_and_scrub() {
-    require!();
+    require_fuse!();
     for (level, width) in [("raif1", 2), ("raif5", 3), ("raif6", 4), ("raif10", 4)] {
         let mut r = Raif::new(level, width, "4K");
         fs::create_dir(r.p("d")).unwrap();
@@ -1490,7 +1471,7 @@ fn deleted_files_held(r: &Raif) -> usize {
 /// open; after the close the mount holds none.
 #[test]
 fn a_linked_file_goes_with_its_last_name_and_last_descriptor() {
-    require!();
+    require_fuse!();
     let r = Raif::new("raif5", 3, "4K");
     fs::create_dir(r.p("d")).unwrap();
     let data = pattern(200_000, 21);
@@ -1543,7 +1524,7 @@ fn all_files_on_branches(r: &Raif) -> Vec<PathBuf> {
 /// the branches hold what they held before it was made, and scrub is clean.
 #[test]
 fn an_unlinked_open_file_gives_its_space_back_at_close_and_a_crash_leaves_nothing() {
-    require!();
+    require_fuse!();
     let r = Raif::new("raif5", 3, "4K");
     fs::write(r.p("keep"), b"kept").unwrap();
     let kept = all_files_on_branches(&r);
@@ -1604,7 +1585,7 @@ fn an_unlinked_open_file_gives_its_space_back_at_close_and_a_crash_leaves_nothin
 /// by --repair; the linked file's names stay whole.
 #[test]
 fn scrub_repair_removes_what_a_cut_short_link_left() {
-    require!();
+    require_fuse!();
     let r = Raif::new("raif5", 3, "4K");
     let data = pattern(30_000, 31);
     fs::write(r.p("a"), &data).unwrap();
@@ -1698,7 +1679,7 @@ impl LinkModel {
 /// nothing.
 #[test]
 fn random_link_operations_match_a_model() {
-    require!();
+    require_fuse!();
     let r = Raif::new("raif6", 4, "4K");
     fs::create_dir(r.p("d")).unwrap();
     let mut model = LinkModel::default();
@@ -1809,7 +1790,7 @@ fn random_link_operations_match_a_model() {
 /// chmod/12): a write by nobody left 4777 set. Root's writes keep them.
 #[test]
 fn a_write_by_another_user_clears_set_id_bits() {
-    require!();
+    require_fuse!();
     let is_root = rustix::process::geteuid().is_root();
     if !is_root || Command::new("setpriv").arg("--version").output().is_err() {
         if std::env::var_os("GROVE_REQUIRE_TOOLS").is_some() {

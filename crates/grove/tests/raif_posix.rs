@@ -9,6 +9,9 @@
 //! bindfs for the comparison (each test says why it skips otherwise, and
 //! fails instead under scripts/test.sh).
 
+#[macro_use]
+mod support;
+
 use std::fs::{self, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
@@ -30,28 +33,6 @@ const NAME_MAX_BYTES: usize = 255;
 const SUITE_BIN_ENV: &str = "GROVE_RAIF_SUITE_BIN";
 
 type Check = fn(&Path) -> Result<(), String>;
-
-fn skip_reason() -> Option<String> {
-    if !rustix::process::geteuid().is_root() {
-        return Some("needs root (FUSE mounts, other uids)".into());
-    }
-    if !Path::new("/dev/fuse").exists() {
-        return Some("no /dev/fuse".into());
-    }
-    None
-}
-
-macro_rules! require {
-    () => {
-        if let Some(reason) = skip_reason() {
-            if std::env::var_os("GROVE_REQUIRE_TOOLS").is_some() {
-                panic!("cannot run: {reason}");
-            }
-            eprintln!("SKIP: {reason}");
-            return;
-        }
-    };
-}
 
 macro_rules! ensure {
     ($cond:expr, $($msg:tt)+) => {
@@ -1083,7 +1064,7 @@ fn check_of(failure: &str) -> &str {
 /// every level. Prints the counts (the figure the closing note reports).
 #[test]
 fn posix_suite_passes_on_every_raif_level_as_on_ext4() {
-    require!();
+    require_fuse!();
     let ext4 = on_ext4();
     report("ext4", &ext4);
     let mut differ = Vec::new();
@@ -1129,7 +1110,7 @@ fn peers_missing() -> Option<String> {
 /// suite as mergerfs and as bindfs do. Prints the table of every target.
 #[test]
 fn every_raif_level_passes_at_least_as_many_checks_as_mergerfs_and_bindfs() {
-    require!();
+    require_fuse!();
     if let Some(reason) = peers_missing() {
         if std::env::var_os("GROVE_REQUIRE_TOOLS").is_some() {
             panic!("cannot run: {reason}");
@@ -1168,7 +1149,7 @@ fn every_raif_level_passes_at_least_as_many_checks_as_mergerfs_and_bindfs() {
 /// copy failed with a usage error). Relative branch paths still work.
 #[test]
 fn background_mount_passes_arguments_through() {
-    require!();
+    require_fuse!();
     let dir = tempfile::tempdir().unwrap();
     for name in ["raif", "mount", "raif5", "4K"] {
         fs::write(dir.path().join(name), b"").unwrap();

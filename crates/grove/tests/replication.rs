@@ -8,8 +8,11 @@
 //! test that needs a missing tool or service skips visibly, and under
 //! scripts/test.sh ($GROVE_REQUIRE_TOOLS) fails instead.
 
+mod support;
+use support::{have, GroveOnPool};
+
 use std::io::{Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -70,24 +73,19 @@ fn skip(what: &str) {
     println!("SKIP: {what}");
 }
 
-fn have(tool: &str) -> bool {
-    let found = Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .output()
-        .unwrap()
-        .status
-        .success();
-    if !found {
-        skip(&format!(
-            "{tool} is not installed; skipping (scripts/test.sh installs it)"
-        ));
-    }
-    found
-}
-
 struct Pool {
     dir: TempDir,
     path: PathBuf,
+}
+
+impl GroveOnPool for Pool {
+    fn pool_path(&self) -> PathBuf {
+        self.path.clone()
+    }
+
+    fn working_dir(&self) -> Option<&Path> {
+        Some(self.dir.path())
+    }
 }
 
 impl Pool {
@@ -101,33 +99,6 @@ impl Pool {
 
     fn file(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
-    }
-
-    fn command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(GROVE);
-        command
-            .arg("--pool")
-            .arg(&self.path)
-            .args(args)
-            .env_remove("GROVE_POOL")
-            .current_dir(self.dir.path())
-            .stdin(Stdio::null());
-        command
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        self.command(args).output().unwrap()
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let output = self.run(args);
-        assert!(
-            output.status.success(),
-            "grove {args:?} failed: {}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8(output.stdout).unwrap()
     }
 
     fn list(&self) -> Vec<Value> {

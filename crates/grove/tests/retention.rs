@@ -7,15 +7,15 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tempfile::TempDir;
 
 mod support;
+use support::GroveOnPool;
 
-const GROVE: &str = env!("CARGO_BIN_EXE_grove");
 const HOUR: u64 = 3600;
 /// 2026-11-23 00:00:00 UTC, a Monday.
 const MONDAY: u64 = 1_795_392_000;
@@ -27,6 +27,16 @@ struct Pool {
     path: PathBuf,
 }
 
+impl GroveOnPool for Pool {
+    fn pool_path(&self) -> PathBuf {
+        self.path.clone()
+    }
+
+    fn working_dir(&self) -> Option<&Path> {
+        Some(self.dir.path())
+    }
+}
+
 impl Pool {
     fn new() -> Pool {
         let dir = TempDir::new().unwrap();
@@ -35,33 +45,6 @@ impl Pool {
         pool.ok(&["init"]);
         pool.ok(&["create", "vm", "--size", "16M"]);
         pool
-    }
-
-    fn command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(GROVE);
-        command
-            .arg("--pool")
-            .arg(&self.path)
-            .args(args)
-            .env_remove("GROVE_POOL")
-            .current_dir(self.dir.path())
-            .stdin(Stdio::null());
-        command
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        self.command(args).output().unwrap()
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let output = self.run(args);
-        assert!(
-            output.status.success(),
-            "grove {args:?} failed: {}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8(output.stdout).unwrap()
     }
 
     /// The one-line error of a command that must fail.

@@ -7,6 +7,9 @@
 //! scripts/test.sh ($GROVE_REQUIRE_TOOLS) a missing tool fails them
 //! instead.
 
+mod support;
+use support::{have, GroveOnPool};
+
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -18,6 +21,12 @@ const STARTUP_TIMEOUT_MS: u64 = 10_000;
 struct Served {
     dir: tempfile::TempDir,
     child: Option<Child>,
+}
+
+impl GroveOnPool for Served {
+    fn pool_path(&self) -> PathBuf {
+        self.pool()
+    }
 }
 
 impl Served {
@@ -74,25 +83,6 @@ impl Served {
         format!("nbd+unix:///{export}?socket={}", self.socket().display())
     }
 
-    fn run(&self, args: &[&str]) -> Output {
-        Command::new(GROVE)
-            .arg("--pool")
-            .arg(self.pool())
-            .args(args)
-            .output()
-            .unwrap()
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let output = self.run(args);
-        assert!(
-            output.status.success(),
-            "grove {args:?}: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8(output.stdout).unwrap()
-    }
-
     /// Sends SIGTERM and waits: the server must exit 0.
     fn terminate(&mut self) {
         let mut child = self.child.take().unwrap();
@@ -122,26 +112,6 @@ impl Drop for Served {
             let _ = child.wait();
         }
     }
-}
-
-fn have(tool: &str) -> bool {
-    let found = Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .output()
-        .unwrap()
-        .status
-        .success();
-    if !found {
-        // scripts/test.sh sets GROVE_REQUIRE_TOOLS: there a missing tool is
-        // a failure, not a quiet pass.
-        if std::env::var_os("GROVE_REQUIRE_TOOLS").is_some_and(|v| v != "0") {
-            panic!("{tool} is not installed, and GROVE_REQUIRE_TOOLS is set: install it (scripts/test.sh does)");
-        }
-        eprintln!(
-            "SKIP: {tool} is not installed; skipping this test (scripts/test.sh installs it)"
-        );
-    }
-    found
 }
 
 fn qemu_io(uri: &str, read_only: bool, commands: &[&str]) -> Output {

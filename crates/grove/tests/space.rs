@@ -9,10 +9,13 @@
 //! SKIP, except under scripts/test.sh ($GROVE_REQUIRE_TOOLS), where a
 //! missing tool fails it.
 
+mod support;
+use support::GroveOnPool;
+
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const GROVE: &str = env!("CARGO_BIN_EXE_grove");
@@ -24,6 +27,12 @@ struct Daemon {
     dir: tempfile::TempDir,
     child: Option<Child>,
     mountpoint: Option<PathBuf>,
+}
+
+impl GroveOnPool for Daemon {
+    fn pool_path(&self) -> PathBuf {
+        self.pool()
+    }
 }
 
 impl Daemon {
@@ -121,25 +130,6 @@ impl Daemon {
             .lines()
             .map(str::to_string)
             .collect()
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        Command::new(GROVE)
-            .arg("--pool")
-            .arg(self.pool())
-            .args(args)
-            .output()
-            .unwrap()
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let output = self.run(args);
-        assert!(
-            output.status.success(),
-            "grove {args:?}: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8(output.stdout).unwrap()
     }
 
     fn space(&self) -> serde_json::Value {

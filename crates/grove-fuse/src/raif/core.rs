@@ -1380,7 +1380,6 @@ fn meta_under_rule(old: &Meta, rule: &Rule, config: &Config, rel: &Path) -> Meta
     new
 }
 
-
 /// st_mode of a lower entry.
 pub fn lower_mode(m: &std::fs::Metadata) -> u32 {
     m.mode()

@@ -24,11 +24,91 @@ pub const STARTUP_TIMEOUT_MS: u64 = 20_000;
 pub const REPLY_TIMEOUT_MS: u64 = 30_000;
 pub const MIB: u64 = 1 << 20;
 
-pub fn have(tool: &str) -> bool {
-    let found = Command::new("sh")
+/// How a test's pool runs `grove` on itself: `grove --pool POOL ARGS`,
+/// with no GROVE_POOL from the test's environment and nothing on stdin,
+/// from the pool's own directory where it names one.
+pub trait GroveOnPool {
+    /// The pool's directory, as `--pool` takes it.
+    fn pool_path(&self) -> PathBuf;
+
+    /// Where commands run (relative paths resolve there); the test's own
+    /// directory if None.
+    fn working_dir(&self) -> Option<&Path> {
+        None
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(GROVE);
+        command
+            .arg("--pool")
+            .arg(self.pool_path())
+            .args(args)
+            .env_remove("GROVE_POOL")
+            .stdin(std::process::Stdio::null());
+        if let Some(dir) = self.working_dir() {
+            command.current_dir(dir);
+        }
+        command
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.command(args).output().unwrap()
+    }
+
+    /// Runs a command that must succeed; returns its stdout.
+    fn ok(&self, args: &[&str]) -> String {
+        let output = self.run(args);
+        assert!(
+            output.status.success(),
+            "grove {args:?} failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).unwrap()
+    }
+}
+
+/// Whether `tool` is on the PATH, without a word either way.
+pub fn installed(tool: &str) -> bool {
+    Command::new("sh")
         .args(["-c", &format!("command -v {tool}")])
         .output()
-        .is_ok_and(|o| o.status.success());
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Why a test of FUSE mounts cannot run here, if it cannot: it needs root
+/// (mounts for other users, loop devices, other uids), /dev/fuse and
+/// `tools`.
+pub fn fuse_skip_reason(tools: &[&str]) -> Option<String> {
+    if !rustix::process::geteuid().is_root() {
+        return Some("needs root (FUSE mounts, loop devices, other uids)".into());
+    }
+    if !Path::new("/dev/fuse").exists() {
+        return Some("no /dev/fuse".into());
+    }
+    tools
+        .iter()
+        .find(|tool| !installed(tool))
+        .map(|tool| format!("{tool} is not installed (scripts/test.sh installs it)"))
+}
+
+/// Returns from a test of FUSE mounts that cannot run here, saying why;
+/// under scripts/test.sh (GROVE_REQUIRE_TOOLS) the test fails instead.
+#[macro_export]
+macro_rules! require_fuse {
+    ($($tool:expr),* $(,)?) => {
+        if let Some(reason) = $crate::support::fuse_skip_reason(&[$($tool),*]) {
+            if std::env::var_os("GROVE_REQUIRE_TOOLS").is_some_and(|v| v != "0") {
+                panic!("cannot run: {reason}");
+            }
+            eprintln!("SKIP: {reason}");
+            return;
+        }
+    };
+}
+
+pub fn have(tool: &str) -> bool {
+    let found = installed(tool);
     if !found {
         if std::env::var_os("GROVE_REQUIRE_TOOLS").is_some_and(|v| v != "0") {
             panic!("{tool} is not installed, and GROVE_REQUIRE_TOOLS is set: install it (scripts/test.sh does)");
