@@ -117,22 +117,7 @@ enum Command {
     },
     /// bench/run: snapshots of --volume in an existing pool until there are
     /// --to of them; prints the time of each numbered --report-from or more.
-    Snapshots {
-        #[arg(long)]
-        pool: PathBuf,
-        #[arg(long)]
-        volume: String,
-        #[arg(long)]
-        to: u64,
-        #[arg(long, default_value_t = 1)]
-        report_from: u64,
-        /// How many of the last snapshots' times to print.
-        #[arg(long, default_value_t = 5)]
-        window: usize,
-        /// Stop making snapshots after this long, whatever the count.
-        #[arg(long, default_value_t = f64::INFINITY)]
-        max_seconds: f64,
-    },
+    Snapshots(suite::SnapshotsArgs),
     /// bench/run: a fresh pool with a --size-gib volume, a 4 KiB block every
     /// --stride-kib, and --snapshots snapshots with --writes-between random
     /// writes after each.
@@ -180,29 +165,7 @@ enum Command {
     /// bench/run: snapshots VOLUME@1 ... VOLUME@COUNT ranked --rank, dated
     /// --step-secs apart from --first-unix-secs, with --writes-between 4 KiB
     /// writes after each; the store's flushes skipped until the end.
-    RankedSnapshots {
-        #[arg(long)]
-        pool: PathBuf,
-        #[arg(long)]
-        volume: String,
-        /// Create the volume first, of this many bytes.
-        #[arg(long)]
-        create_size: Option<u64>,
-        /// With --create-size: bytes of data written at its start.
-        #[arg(long, default_value_t = 0)]
-        prefill_bytes: u64,
-        #[arg(long)]
-        count: u64,
-        /// Retention rank (0: none, 1: frequent, 2: hourly, ... 6: yearly).
-        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=6))]
-        rank: u8,
-        #[arg(long, default_value_t = 1_700_000_000)]
-        first_unix_secs: u64,
-        #[arg(long, default_value_t = 3600)]
-        step_secs: u64,
-        #[arg(long, default_value_t = 0)]
-        writes_between: u64,
-    },
+    RankedSnapshots(retention::RankedArgs),
 }
 
 /// xorshift64*: the same offsets in every run and for every peer.
@@ -390,14 +353,7 @@ fn main() -> Result<()> {
             writes_per_level,
             offsets_out,
         } => suite::chain(&pool, &base, depth, writes_per_level, &offsets_out),
-        Command::Snapshots {
-            pool,
-            volume,
-            to,
-            report_from,
-            window,
-            max_seconds,
-        } => suite::snapshots(&pool, &volume, to, report_from, window, max_seconds),
+        Command::Snapshots(args) => args.run(),
         Command::MemoryPool {
             pool,
             size_gib,
@@ -418,28 +374,6 @@ fn main() -> Result<()> {
             first,
             last,
         } => replication::empty_snapshots(&pool, &volume, first, last),
-        Command::RankedSnapshots {
-            pool,
-            volume,
-            create_size,
-            prefill_bytes,
-            count,
-            rank,
-            first_unix_secs,
-            step_secs,
-            writes_between,
-        } => retention::ranked_snapshots(
-            &pool,
-            &retention::Plan {
-                volume: &volume,
-                create_bytes: create_size,
-                prefill_bytes,
-                count,
-                rank,
-                first_unix_secs,
-                step_secs,
-                writes_between,
-            },
-        ),
+        Command::RankedSnapshots(args) => args.run(),
     }
 }

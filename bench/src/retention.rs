@@ -7,7 +7,7 @@
 //! processes against `grove serve`.
 
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -45,6 +45,48 @@ impl BlockDevice for BuildDevice {
     }
     fn describe(&self) -> String {
         self.file.describe()
+    }
+}
+
+// The arguments of `bench ranked-snapshots` (its help is the variant's).
+#[derive(clap::Args, Debug)]
+pub struct RankedArgs {
+    #[arg(long)]
+    pub pool: PathBuf,
+    #[arg(long)]
+    pub volume: String,
+    /// Create the volume first, of this many bytes.
+    #[arg(long)]
+    pub create_size: Option<u64>,
+    /// With --create-size: bytes of data written at its start.
+    #[arg(long, default_value_t = 0)]
+    pub prefill_bytes: u64,
+    #[arg(long)]
+    pub count: u64,
+    /// Retention rank (0: none, 1: frequent, 2: hourly, ... 6: yearly).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=6))]
+    pub rank: u8,
+    #[arg(long, default_value_t = 1_700_000_000)]
+    pub first_unix_secs: u64,
+    #[arg(long, default_value_t = 3600)]
+    pub step_secs: u64,
+    #[arg(long, default_value_t = 0)]
+    pub writes_between: u64,
+}
+
+impl RankedArgs {
+    pub fn run(&self) -> Result<()> {
+        let plan = Plan {
+            volume: &self.volume,
+            create_bytes: self.create_size,
+            prefill_bytes: self.prefill_bytes,
+            count: self.count,
+            rank: self.rank,
+            first_unix_secs: self.first_unix_secs,
+            step_secs: self.step_secs,
+            writes_between: self.writes_between,
+        };
+        ranked_snapshots(&self.pool, &plan)
     }
 }
 

@@ -5,7 +5,7 @@
 //! (NBD I/O, `grove list`) with the real binaries.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -73,6 +73,38 @@ pub fn chain(
         json!({ "depth": depth, "writes_per_level": writes_per_level, "build_ms": elapsed_ms(started) })
     );
     Ok(())
+}
+
+// The arguments of `bench snapshots` (its help is the variant's).
+#[derive(clap::Args, Debug)]
+pub struct SnapshotsArgs {
+    #[arg(long)]
+    pub pool: PathBuf,
+    #[arg(long)]
+    pub volume: String,
+    #[arg(long)]
+    pub to: u64,
+    #[arg(long, default_value_t = 1)]
+    pub report_from: u64,
+    /// How many of the last snapshots' times to print.
+    #[arg(long, default_value_t = 5)]
+    pub window: usize,
+    /// Stop making snapshots after this long, whatever the count.
+    #[arg(long, default_value_t = f64::INFINITY)]
+    pub max_seconds: f64,
+}
+
+impl SnapshotsArgs {
+    pub fn run(&self) -> Result<()> {
+        snapshots(
+            &self.pool,
+            &self.volume,
+            self.to,
+            self.report_from,
+            self.window,
+            self.max_seconds,
+        )
+    }
 }
 
 /// Snapshots `VOLUME@1`, `VOLUME@2`, ... of one volume until there are

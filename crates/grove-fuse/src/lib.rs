@@ -27,7 +27,6 @@
 //! mount.join()?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
-#![forbid(unsafe_code)]
 
 mod errno;
 mod fs;

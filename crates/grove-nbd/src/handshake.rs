@@ -503,48 +503,78 @@ fn meta_context(option: u32, data: &[u8], context: &Context<'_>, state: &mut Sta
         Ok(export) => export,
         Err(refusal) => return error_reply(option, refusal.reply_type, &refusal.message),
     };
-    // LIST with no query lists every context but grove:changed:, which has
-    // one per base; LIST of "grove:" or "grove:changed:" lists those of the
-    // export's newest earlier snapshots (SET selects only named bases).
-    let mut base_allocation = request.queries.is_empty() && !set;
-    let mut bases: Vec<String> = Vec::new();
-    let mut list_changed = false;
-    for query in &request.queries {
-        let Some((namespace, leaf)) = query.split_once(':') else {
-            return error_reply(
-                option,
-                REP_ERR_INVALID,
-                &format!("metadata context query {query:?} has no namespace"),
-            );
-        };
-        // Unknown namespaces and leaves are ignored, as the protocol asks;
-        // "base:" lists the namespace but selects nothing, and "grove:" or
-        // "grove:changed:" (no base) select nothing.
-        if namespace == "base" && (leaf == "allocation" || (leaf.is_empty() && !set)) {
-            base_allocation = true;
-        }
-        if let Some(base) = query.strip_prefix(META_CONTEXT_GROVE_CHANGED_PREFIX) {
-            if !base.is_empty() && !bases.iter().any(|b| b == base) {
-                bases.push(base.to_string());
-            }
-        }
-        let whole_namespace = query == "grove:" || query == META_CONTEXT_GROVE_CHANGED_PREFIX;
-        list_changed |= !set && whole_namespace;
-    }
-    if list_changed {
+    let queried = match read_queries(&request.queries, set) {
+        Ok(queried) => queried,
+        Err(why) => return error_reply(option, REP_ERR_INVALID, &why),
+    };
+    let mut bases = queried.bases;
+    if queried.list_changed {
         for base in listed_bases(context.pool, &export.name) {
             if !bases.contains(&base) {
                 bases.push(base);
             }
         }
     }
-    let mut selected = MetaContexts {
-        base_allocation,
-        changed: Vec::new(),
+    let selected = MetaContexts {
+        base_allocation: queried.base_allocation,
+        changed: select_changed(&export, &bases, set),
     };
-    for base in &bases {
+    let out = meta_context_replies(option, set, &selected);
+    if set && selected.count() > 0 {
+        state.meta_contexts = Some((export.name, selected));
+    }
+    out
+}
+
+/// What a LIST or SET of metadata contexts asked for.
+struct Queried {
+    base_allocation: bool,
+    /// Bases of grove:changed: contexts named, each once.
+    bases: Vec<String>,
+    /// A LIST of "grove:" or "grove:changed:": the export's newest earlier
+    /// snapshots are listed as bases.
+    list_changed: bool,
+}
+
+/// Reads the queries of a LIST or SET. LIST with no query lists every
+/// context but grove:changed:, which has one per base; LIST of "grove:"
+/// or "grove:changed:" lists those of the export's newest earlier
+/// snapshots (SET selects only named bases).
+fn read_queries(queries: &[String], set: bool) -> Result<Queried, String> {
+    let mut queried = Queried {
+        base_allocation: queries.is_empty() && !set,
+        bases: Vec::new(),
+        list_changed: false,
+    };
+    for query in queries {
+        let Some((namespace, leaf)) = query.split_once(':') else {
+            return Err(format!("metadata context query {query:?} has no namespace"));
+        };
+        // Unknown namespaces and leaves are ignored, as the protocol asks;
+        // "base:" lists the namespace but selects nothing, and "grove:" or
+        // "grove:changed:" (no base) select nothing.
+        if namespace == "base" && (leaf == "allocation" || (leaf.is_empty() && !set)) {
+            queried.base_allocation = true;
+        }
+        if let Some(base) = query.strip_prefix(META_CONTEXT_GROVE_CHANGED_PREFIX) {
+            if !base.is_empty() && !queried.bases.iter().any(|b| b == base) {
+                queried.bases.push(base.to_string());
+            }
+        }
+        let whole_namespace = query == "grove:" || query == META_CONTEXT_GROVE_CHANGED_PREFIX;
+        queried.list_changed |= !set && whole_namespace;
+    }
+    Ok(queried)
+}
+
+/// The grove:changed: contexts of `bases` that can be served, numbered
+/// in order; a SET selects at most CHANGED_CONTEXTS_MAX. Those left out
+/// are logged.
+fn select_changed(export: &Export, bases: &[String], set: bool) -> Vec<ChangedContext> {
+    let mut changed: Vec<ChangedContext> = Vec::new();
+    for base in bases {
         let name = format!("{META_CONTEXT_GROVE_CHANGED_PREFIX}{base}");
-        if set && selected.changed.len() >= CHANGED_CONTEXTS_MAX {
+        if set && changed.len() >= CHANGED_CONTEXTS_MAX {
             tracing::warn!(
                 "metadata context {:?} not selected for export {:?}: a connection selects at most {CHANGED_CONTEXTS_MAX} grove:changed: contexts",
                 truncate_message(&name, LOGGED_NAME_MAX_BYTES),
@@ -552,7 +582,7 @@ fn meta_context(option: u32, data: &[u8], context: &Context<'_>, state: &mut Sta
             );
             continue;
         }
-        if let Err(why) = changed_base_usable(&export, base) {
+        if let Err(why) = changed_base_usable(export, base) {
             let name = truncate_message(&name, LOGGED_NAME_MAX_BYTES);
             if set {
                 tracing::warn!(
@@ -567,12 +597,18 @@ fn meta_context(option: u32, data: &[u8], context: &Context<'_>, state: &mut Sta
             }
             continue;
         }
-        let id = CHANGED_CONTEXT_ID_FIRST + selected.changed.len() as u32;
-        selected.changed.push(ChangedContext {
+        let id = CHANGED_CONTEXT_ID_FIRST + changed.len() as u32;
+        changed.push(ChangedContext {
             id,
             base: base.to_string(),
         });
     }
+    changed
+}
+
+/// One reply per context listed or selected (ids only for a SET), then
+/// the ACK.
+fn meta_context_replies(option: u32, set: bool, selected: &MetaContexts) -> Vec<u8> {
     let mut out = Vec::new();
     if selected.base_allocation {
         let id = if set { BASE_ALLOCATION_CONTEXT_ID } else { 0 };
@@ -590,9 +626,6 @@ fn meta_context(option: u32, data: &[u8], context: &Context<'_>, state: &mut Sta
             REP_META_CONTEXT,
             &encode_rep_meta_context(id, &name),
         ));
-    }
-    if set && selected.count() > 0 {
-        state.meta_contexts = Some((export.name, selected));
     }
     out.extend(encode_option_reply(option, REP_ACK, &[]));
     out

@@ -44,7 +44,6 @@
 //! server.shutdown()?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
-#![forbid(unsafe_code)]
 
 pub mod block_status;
 mod buffers;

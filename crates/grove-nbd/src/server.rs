@@ -18,7 +18,7 @@ use crate::buffers::BufferPool;
 use crate::deadline::{Deadlines, Slot, WATCHDOG_TICK_MS};
 use crate::error::{NbdError, NbdErrorKind};
 use crate::export::ServerOptions;
-use crate::handshake::{self, Context, HandshakeError, Outcome};
+use crate::handshake::{self, Context, HandshakeError, Outcome, Session};
 use crate::peers::{admit, peer_of, Admission, Occupant, Peer};
 use crate::stream::{DeadlineReader, Stream};
 use crate::transmission::{self, Budget, End, Limits};
@@ -302,58 +302,9 @@ impl Server {
         tracing::info!("NBD server shutting down");
         let listeners = std::mem::take(&mut inner.control.lock().listeners);
         for listener in listeners {
-            // The accept loop checks `stopping` after every accept; one
-            // connection wakes it.
-            let woke = match &listener.wake {
-                WakeTarget::Unix(path) => UnixStream::connect(path).map(drop),
-                WakeTarget::Tcp(addr) => TcpStream::connect(addr).map(drop),
-            };
-            match woke {
-                Ok(()) => {
-                    let _ = listener.thread.join();
-                }
-                // Left to exit at its next accept.
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot wake an accept loop; leaving it behind")
-                }
-            }
-            if let Some(path) = &listener.socket_path {
-                let _ = std::fs::remove_file(path);
-            }
+            stop_listener(listener);
         }
-        // End every connection's reads: readers see end-of-file, workers
-        // answer what was already read, and the connections close.
-        let mut state = inner.control.lock();
-        for connection in state.connections.values() {
-            let _ = connection.stream.shutdown(Shutdown::Read);
-        }
-        let deadline = Instant::now() + Duration::from_millis(inner.options.shutdown_grace_ms);
-        while !state.connections.is_empty() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                tracing::warn!(
-                    connections = state.connections.len(),
-                    "connections still busy after the grace period; closing them"
-                );
-                for connection in state.connections.values() {
-                    let _ = connection.stream.shutdown(Shutdown::Both);
-                }
-                while !state.connections.is_empty() {
-                    state = inner
-                        .control
-                        .changed
-                        .wait(state)
-                        .unwrap_or_else(|e| e.into_inner());
-                }
-                break;
-            }
-            state = inner
-                .control
-                .changed
-                .wait_timeout(state, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
+        let state = self.close_connections();
         drop(state);
         let flushed = inner.pool.flush().map_err(|e| {
             NbdError::engine(NbdErrorKind::Flush, "cannot flush the pool at shutdown", e)
@@ -368,6 +319,45 @@ impl Server {
         }
         tracing::info!("NBD server stopped");
         flushed
+    }
+
+    /// Ends every connection's reads: readers see end-of-file, workers
+    /// answer what was already read, and the connections close. Those
+    /// still busy after the grace period are cut off. Returns the state,
+    /// locked, with no connection left.
+    fn close_connections(&self) -> MutexGuard<'_, State> {
+        let control = &self.inner.control;
+        let mut state = control.lock();
+        for connection in state.connections.values() {
+            let _ = connection.stream.shutdown(Shutdown::Read);
+        }
+        let grace = Duration::from_millis(self.inner.options.shutdown_grace_ms);
+        let deadline = Instant::now() + grace;
+        while !state.connections.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                tracing::warn!(
+                    connections = state.connections.len(),
+                    "connections still busy after the grace period; closing them"
+                );
+                for connection in state.connections.values() {
+                    let _ = connection.stream.shutdown(Shutdown::Both);
+                }
+                while !state.connections.is_empty() {
+                    state = control
+                        .changed
+                        .wait(state)
+                        .unwrap_or_else(|e| e.into_inner());
+                }
+                break;
+            }
+            state = control
+                .changed
+                .wait_timeout(state, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        state
     }
 
     /// Blocks until the server has shut down.
@@ -709,61 +699,34 @@ impl Drop for ConnectionGuard {
     }
 }
 
+/// Wakes a listener's accept loop (which checks `stopping` after every
+/// accept) with one connection, waits for it, and removes its socket file.
+fn stop_listener(listener: Listener) {
+    let woke = match &listener.wake {
+        WakeTarget::Unix(path) => UnixStream::connect(path).map(drop),
+        WakeTarget::Tcp(addr) => TcpStream::connect(addr).map(drop),
+    };
+    match woke {
+        Ok(()) => {
+            let _ = listener.thread.join();
+        }
+        // Left to exit at its next accept.
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot wake an accept loop; leaving it behind")
+        }
+    }
+    if let Some(path) = &listener.socket_path {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
 /// Serves one connection. Takes the pool by value so that it is let go
 /// before the connection unregisters.
 fn handle_connection(pool: Pool, options: &ServerOptions, ours: &Ours<'_>, stream: Stream) {
-    let control = ours.control;
-    let stopping = &control.stopping;
     let label = format!("{} ({})", ours.id, stream.peer());
-    let mut writer = match stream.try_clone() {
-        Ok(writer) => writer,
-        Err(e) => {
-            tracing::warn!(connection = label, error = %e, "cannot clone the socket");
-            return;
-        }
-    };
-    tracing::debug!(connection = label, "connected");
-    // The deadline covers the whole handshake, not each read: a client
-    // that trickles one byte at a time is cut off too.
-    let deadline = (options.handshake_timeout_ms > 0)
-        .then(|| Instant::now() + Duration::from_millis(options.handshake_timeout_ms));
-    // The reader keeps its buffer from the handshake into transmission: a
-    // client may send its first request right behind NBD_OPT_GO.
-    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, stream);
-    let negotiated = negotiate(
-        &mut reader,
-        &mut writer,
-        &Context {
-            pool: &pool,
-            options,
-            stopping,
-            tls: None,
-            tls_active: false,
-            entering_transmission: &|| ours.finished_handshake(),
-        },
-        deadline,
-        &label,
-    );
-    if deadline.is_some() {
-        if let Err(e) = reader.get_ref().set_read_timeout(None) {
-            tracing::warn!(connection = label, error = %e, "cannot clear the handshake timeout");
-            return;
-        }
-    }
-    let session = match negotiated {
-        Ok(Outcome::Transmission(session)) => session,
-        Ok(Outcome::Ended | Outcome::StartTls) => {
-            tracing::debug!(connection = label, "client left during the handshake");
-            return;
-        }
-        Err(e) if ours.deadlines.expired() => {
-            tracing::info!(connection = label, error = %e, "handshake cut off at its deadline");
-            return;
-        }
-        Err(e) => {
-            tracing::info!(connection = label, error = %e, "handshake ended");
-            return;
-        }
+    let Some((mut reader, writer, session)) = handshake(&pool, options, ours, stream, &label)
+    else {
+        return;
     };
     tracing::info!(
         connection = label,
@@ -775,12 +738,13 @@ fn handle_connection(pool: Pool, options: &ServerOptions, ours: &Ours<'_>, strea
         tls = reader.get_ref().is_tls(),
         "serving export"
     );
+    let control = ours.control;
     let limits = Limits {
         server_budget: &control.budget,
         peer_budget: ours.peer_budget,
         peers_connected: &control.peers_connected,
         buffers: &control.buffers,
-        stopping,
+        stopping: &control.stopping,
         deadlines: ours.deadlines,
         request_timeout: (options.request_timeout_ms > 0)
             .then(|| Duration::from_millis(options.request_timeout_ms)),
@@ -789,6 +753,63 @@ fn handle_connection(pool: Pool, options: &ServerOptions, ours: &Ours<'_>, strea
     };
     let end = transmission::serve(&mut reader, writer, &session, &limits, &label);
     log_end(&label, end);
+}
+
+/// A connection's handshake: its reader (which keeps what the client
+/// sent behind its last option), its writer and the export it chose; None
+/// when it ends without one, which is logged.
+fn handshake(
+    pool: &Pool,
+    options: &ServerOptions,
+    ours: &Ours<'_>,
+    stream: Stream,
+    label: &str,
+) -> Option<(BufReader<Stream>, Stream, Session)> {
+    let mut writer = match stream.try_clone() {
+        Ok(writer) => writer,
+        Err(e) => {
+            tracing::warn!(connection = label, error = %e, "cannot clone the socket");
+            return None;
+        }
+    };
+    tracing::debug!(connection = label, "connected");
+    // The deadline covers the whole handshake, not each read: a client
+    // that trickles one byte at a time is cut off too.
+    let deadline = (options.handshake_timeout_ms > 0)
+        .then(|| Instant::now() + Duration::from_millis(options.handshake_timeout_ms));
+    // The reader keeps its buffer from the handshake into transmission: a
+    // client may send its first request right behind NBD_OPT_GO.
+    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, stream);
+    let context = Context {
+        pool,
+        options,
+        stopping: &ours.control.stopping,
+        tls: None,
+        tls_active: false,
+        entering_transmission: &|| ours.finished_handshake(),
+    };
+    let negotiated = negotiate(&mut reader, &mut writer, &context, deadline, label);
+    if deadline.is_some() {
+        if let Err(e) = reader.get_ref().set_read_timeout(None) {
+            tracing::warn!(connection = label, error = %e, "cannot clear the handshake timeout");
+            return None;
+        }
+    }
+    match negotiated {
+        Ok(Outcome::Transmission(session)) => Some((reader, writer, session)),
+        Ok(Outcome::Ended | Outcome::StartTls) => {
+            tracing::debug!(connection = label, "client left during the handshake");
+            None
+        }
+        Err(e) if ours.deadlines.expired() => {
+            tracing::info!(connection = label, error = %e, "handshake cut off at its deadline");
+            None
+        }
+        Err(e) => {
+            tracing::info!(connection = label, error = %e, "handshake ended");
+            None
+        }
+    }
 }
 
 /// The handshake: the greeting, then options until the client picks an

@@ -14,7 +14,6 @@
 //! - [`branch_pool`]: a pool's store over branch directories, as one
 //!   `BlockDevice` for the engine: staging, the stripe journal, degraded
 //!   mode, rebuild and scrub.
-#![forbid(unsafe_code)]
 
 pub mod balance;
 pub mod branch_pool;

@@ -497,73 +497,8 @@ impl<'a> Fields<'a> {
 fn decode_body(kind: u8, body: &[u8]) -> Result<Frame, String> {
     let mut f = Fields { body, at: 0 };
     let frame = match kind {
-        TYPE_HEADER => {
-            if f.take(16)? != STREAM_MAGIC {
-                return Err("not a grove stream (no magic)".into());
-            }
-            let version = f.u32()?;
-            if version != STREAM_VERSION {
-                return Err(format!(
-                    "stream format version {version}; this grove reads version {STREAM_VERSION}"
-                ));
-            }
-            let flags = f.u32()?;
-            if flags & !3 != 0 {
-                return Err(format!("unknown header flags {flags:#x}"));
-            }
-            let sections = f.u32()?;
-            if sections == 0 {
-                return Err("a stream of no sections".into());
-            }
-            let resumed_offset = f.u64()?;
-            let final_target = f.guid()?;
-            let count = usize::from(f.u16()?);
-            if count > BASE_HINTS_MAX {
-                return Err(format!("{count} base hints"));
-            }
-            let mut base_hints = Vec::with_capacity(count);
-            for _ in 0..count {
-                let guid = f.guid()?;
-                base_hints.push((guid, f.name()?));
-            }
-            Frame::Header(Header {
-                range: flags & 1 != 0,
-                resumed: flags & 2 != 0,
-                sections,
-                resumed_offset,
-                final_target,
-                base_hints,
-            })
-        }
-        TYPE_BEGIN => {
-            let section = f.u32()?;
-            let base_guid = Some(f.guid()?).filter(|g| g != &[0; 16]);
-            let base_generation = f.u64()?;
-            let target_guid = f.guid()?;
-            let target_generation = f.u64()?;
-            let target_created_unix_secs = f.u64()?;
-            let size_bytes = f.u64()?;
-            let block_size_bytes = f.u32()?;
-            let resume_tag = f.guid()?;
-            let target_name = f.name()?;
-            let base_name = f.name()?;
-            if size_bytes == 0 || size_bytes % 512 != 0 {
-                return Err(format!("a volume of {size_bytes} bytes"));
-            }
-            Frame::Begin(Begin {
-                section,
-                base_guid,
-                base_generation,
-                target_guid,
-                target_generation,
-                target_created_unix_secs,
-                size_bytes,
-                block_size_bytes,
-                resume_tag,
-                target_name,
-                base_name,
-            })
-        }
+        TYPE_HEADER => Frame::Header(decode_header(&mut f)?),
+        TYPE_BEGIN => Frame::Begin(decode_begin(&mut f)?),
         TYPE_DATA => {
             let offset = f.u64()?;
             let bytes = f.rest().to_vec();
@@ -601,6 +536,75 @@ fn decode_body(kind: u8, body: &[u8]) -> Result<Frame, String> {
     };
     f.done()?;
     Ok(frame)
+}
+
+fn decode_header(f: &mut Fields) -> Result<Header, String> {
+    if f.take(16)? != STREAM_MAGIC {
+        return Err("not a grove stream (no magic)".into());
+    }
+    let version = f.u32()?;
+    if version != STREAM_VERSION {
+        return Err(format!(
+            "stream format version {version}; this grove reads version {STREAM_VERSION}"
+        ));
+    }
+    let flags = f.u32()?;
+    if flags & !3 != 0 {
+        return Err(format!("unknown header flags {flags:#x}"));
+    }
+    let sections = f.u32()?;
+    if sections == 0 {
+        return Err("a stream of no sections".into());
+    }
+    let resumed_offset = f.u64()?;
+    let final_target = f.guid()?;
+    let count = usize::from(f.u16()?);
+    if count > BASE_HINTS_MAX {
+        return Err(format!("{count} base hints"));
+    }
+    let mut base_hints = Vec::with_capacity(count);
+    for _ in 0..count {
+        let guid = f.guid()?;
+        base_hints.push((guid, f.name()?));
+    }
+    Ok(Header {
+        range: flags & 1 != 0,
+        resumed: flags & 2 != 0,
+        sections,
+        resumed_offset,
+        final_target,
+        base_hints,
+    })
+}
+
+fn decode_begin(f: &mut Fields) -> Result<Begin, String> {
+    let section = f.u32()?;
+    let base_guid = Some(f.guid()?).filter(|g| g != &[0; 16]);
+    let base_generation = f.u64()?;
+    let target_guid = f.guid()?;
+    let target_generation = f.u64()?;
+    let target_created_unix_secs = f.u64()?;
+    let size_bytes = f.u64()?;
+    let block_size_bytes = f.u32()?;
+    let resume_tag = f.guid()?;
+    let target_name = f.name()?;
+    let base_name = f.name()?;
+    if size_bytes == 0 || size_bytes % 512 != 0 {
+        return Err(format!("a volume of {size_bytes} bytes"));
+    }
+    Ok(Begin {
+        section,
+        base_guid,
+        base_generation,
+        target_guid,
+        target_generation,
+        target_created_unix_secs,
+        size_bytes,
+        block_size_bytes,
+        resume_tag,
+        target_name,
+        base_name,
+    })
 }
 
 #[cfg(test)]

@@ -138,34 +138,14 @@ pub fn send_to_sink(
     let key = SendKey::load_or_create(pool.dir())?;
     let (mut sections, final_target) = plan(pool, request, &key)?;
     let continue_at = request.continue_at;
-    if let Some(at) = continue_at {
-        if at.section as usize >= sections.len() {
-            bail!(
-                "the stored part of the stream ends past its last section: it is not this stream"
-            );
-        }
-        if at.begun {
-            sections[at.section as usize].start_bytes = at.offset;
-        }
-    }
-    let hints = pool
-        .earlier_snapshots(&sections[0].target.name)?
-        .into_iter()
-        .map(|s| (s.guid, s.name))
-        .collect();
+    continue_sections_at(&mut sections, continue_at)?;
     let mut writer = TrackedWriter {
         frames: FrameWriter::new(out),
         positions: continue_at.map_or_else(Positions::new, Positions::continuing),
     };
     if continue_at.is_none() {
-        writer.write(&Frame::Header(Header {
-            range: request.range || request.resume.as_ref().is_some_and(|t| t.range),
-            resumed: request.resume.is_some(),
-            sections: sections.len() as u32,
-            resumed_offset: sections[0].start_bytes,
-            final_target: final_target.guid,
-            base_hints: hints,
-        }))?;
+        let header = stream_header(pool, request, &sections, &final_target)?;
+        writer.write(&Frame::Header(header))?;
     }
     let mut summary = SendSummary {
         sections: sections.len() as u32,
@@ -208,6 +188,44 @@ pub fn send_to_sink(
     progress(summary.stream_bytes);
     cache.forget_unknown(|| pool.known_guids());
     Ok(summary)
+}
+
+/// Starts `sections` where an upload stored so far goes on: past the
+/// records of the section it stopped in.
+fn continue_sections_at(sections: &mut [Section], continue_at: Option<Position>) -> Result<()> {
+    let Some(at) = continue_at else {
+        return Ok(());
+    };
+    if at.section as usize >= sections.len() {
+        bail!("the stored part of the stream ends past its last section: it is not this stream");
+    }
+    if at.begun {
+        sections[at.section as usize].start_bytes = at.offset;
+    }
+    Ok(())
+}
+
+/// The stream's Header frame: its shape, and the snapshots the receiver
+/// may already hold, as hints for a base.
+fn stream_header(
+    pool: &Pool,
+    request: &SendRequest,
+    sections: &[Section],
+    final_target: &SnapshotIdentity,
+) -> Result<Header> {
+    let base_hints = pool
+        .earlier_snapshots(&sections[0].target.name)?
+        .into_iter()
+        .map(|s| (s.guid, s.name))
+        .collect();
+    Ok(Header {
+        range: request.range || request.resume.as_ref().is_some_and(|t| t.range),
+        resumed: request.resume.is_some(),
+        sections: sections.len() as u32,
+        resumed_offset: sections[0].start_bytes,
+        final_target: final_target.guid,
+        base_hints,
+    })
 }
 
 /// The sections to send, and the stream's last snapshot.

@@ -16,7 +16,6 @@
 //! pool.snapshot("disk", "disk@monday")?;
 //! # Ok::<(), grove_store::Error>(())
 //! ```
-#![forbid(unsafe_code)]
 
 mod accounting;
 pub mod alloc;

@@ -4,7 +4,7 @@
 //! BranchAdmin trait, as the Admin trait does for the rest), and the
 //! daemons' watcher that fails a branch whose directory or data file is gone.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -57,46 +57,31 @@ pub struct BranchLine {
     pub health: String,
 }
 
-/// What `grove rebuild` did.
+/// What `grove rebuild` did: grove-raif's report, and the directory the
+/// branch was rebuilt into.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RebuildSummary {
-    pub label: String,
     pub dir: String,
-    pub stripes: u64,
-    pub bytes_written: u64,
+    #[serde(flatten)]
+    pub report: RebuildReport,
 }
 
-/// What `grove scrub` found and did (grove-raif's ScrubReport).
+/// What `grove scrub` found and did: grove-raif's report, and whether it
+/// repaired (the control socket carries it as one JSON object).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct ScrubSummary {
     pub repair: bool,
-    pub stripes: u64,
-    pub stripes_with_errors: u64,
-    pub bad_units: BTreeMap<String, u64>,
-    pub repaired_units: u64,
-    pub unrepairable_stripes: u64,
-    pub units_without_sum: u64,
+    #[serde(flatten)]
+    pub report: ScrubReport,
 }
 
 impl ScrubSummary {
-    fn from_report(report: ScrubReport, repair: bool) -> ScrubSummary {
-        ScrubSummary {
-            repair,
-            stripes: report.stripes,
-            stripes_with_errors: report.stripes_with_errors,
-            bad_units: report.bad_units,
-            repaired_units: report.repaired_units,
-            unrepairable_stripes: report.unrepairable_stripes,
-            units_without_sum: report.units_without_sum,
-        }
-    }
-
     /// Stripes still wrong after the scrub.
     pub fn errors_left(&self) -> u64 {
         if self.repair {
-            self.unrepairable_stripes
+            self.report.unrepairable_stripes
         } else {
-            self.stripes_with_errors
+            self.report.stripes_with_errors
         }
     }
 }
@@ -289,10 +274,8 @@ pub fn rebuild(
         )
         .map_err(io_failure)?;
     Ok(RebuildSummary {
-        label: report.label,
         dir: to.display().to_string(),
-        stripes: report.stripes,
-        bytes_written: report.bytes_written,
+        report,
     })
 }
 
@@ -316,13 +299,13 @@ pub fn scrub(
             stop,
         )
         .map_err(io_failure)?;
-    let summary = ScrubSummary::from_report(report, repair);
+    let summary = ScrubSummary { repair, report };
     tracing::info!(
         "{what}: {} stripes, {} with errors, {} units repaired, {} unrepairable",
-        summary.stripes,
-        summary.stripes_with_errors,
-        summary.repaired_units,
-        summary.unrepairable_stripes
+        summary.report.stripes,
+        summary.report.stripes_with_errors,
+        summary.report.repaired_units,
+        summary.report.unrepairable_stripes
     );
     Ok(summary)
 }
@@ -595,36 +578,37 @@ pub fn degraded_line(dir: &Path, report: &BranchReport) -> Option<String> {
 pub fn rebuilt_line(summary: &RebuildSummary) -> String {
     format!(
         "rebuilt branch {} into {}: {} stripes, {} written and read back",
-        summary.label,
+        summary.report.label,
         summary.dir,
-        summary.stripes,
-        format_size(summary.bytes_written)
+        summary.report.stripes,
+        format_size(summary.report.bytes_written)
     )
 }
 
 pub fn write_scrub(out: &mut impl Write, summary: &ScrubSummary) -> io::Result<()> {
+    let report = &summary.report;
     writeln!(
         out,
         "scrubbed {} stripes: {} with errors{}",
-        summary.stripes,
-        summary.stripes_with_errors,
+        report.stripes,
+        report.stripes_with_errors,
         if summary.repair {
             format!(
                 ", {} units repaired, {} stripes unrepairable",
-                summary.repaired_units, summary.unrepairable_stripes
+                report.repaired_units, report.unrepairable_stripes
             )
         } else {
             String::new()
         }
     )?;
-    for (label, units) in &summary.bad_units {
+    for (label, units) in &report.bad_units {
         writeln!(out, "  branch {label}: {units} bad units")?;
     }
-    if summary.units_without_sum > 0 {
+    if report.units_without_sum > 0 {
         writeln!(
             out,
             "  {} units without a checksum were judged by their copies and parity alone",
-            summary.units_without_sum
+            report.units_without_sum
         )?;
     }
     Ok(())

@@ -15,7 +15,7 @@ use anyhow::{bail, Result};
 use grove_objects::{StreamStore, Upload};
 use grove_send::format::{FrameReader, FrameWriter, FRAME_BODY_MAX, FRAME_OVERHEAD_BYTES};
 use grove_send::{
-    Position, Positions, ReceiveSummary, RestartPoint, SendRequest, SendSummary, StreamSink,
+    Cursor, Position, Positions, ReceiveSummary, RestartPoint, SendRequest, SendSummary, StreamSink,
 };
 use grove_store::Pool;
 
@@ -30,8 +30,6 @@ const PART_SIZE_ENV: &str = "GROVE_STREAM_PART_BYTES";
 const PART_BYTES_DEFAULT: u64 = 2 * grove_objects::MULTIPART_CHUNK_BYTES as u64;
 /// Smallest part: room for two of the largest frames.
 const PART_BYTES_MIN: u64 = 2 * (FRAME_BODY_MAX as u64 + FRAME_OVERHEAD_BYTES);
-/// Cursor bytes: stream fingerprint (16), section (4), begun (1), offset (8).
-const CURSOR_BYTES: usize = 29;
 
 /// The store at URL's parent and the stream name (its last component).
 fn open(url: &str) -> Result<(StreamStore, String)> {
@@ -66,29 +64,6 @@ fn request_fingerprint(pool: &Pool, request: &SendRequest) -> Result<[u8; 16]> {
     Ok(grove_send::digest::fingerprint(&identities))
 }
 
-fn encode_cursor(fingerprint: &[u8; 16], at: Position) -> Vec<u8> {
-    let mut out = Vec::with_capacity(CURSOR_BYTES);
-    out.extend_from_slice(fingerprint);
-    out.extend_from_slice(&at.section.to_le_bytes());
-    out.push(u8::from(at.begun));
-    out.extend_from_slice(&at.offset.to_le_bytes());
-    out
-}
-
-fn decode_cursor(bytes: &[u8]) -> Option<([u8; 16], Position)> {
-    if bytes.len() != CURSOR_BYTES || bytes[20] > 1 {
-        return None;
-    }
-    Some((
-        bytes[..16].try_into().ok()?,
-        Position {
-            section: u32::from_le_bytes(bytes[16..20].try_into().ok()?),
-            begun: bytes[20] == 1,
-            offset: u64::from_le_bytes(bytes[21..29].try_into().ok()?),
-        },
-    ))
-}
-
 /// Cuts the stream into parts at frame boundaries.
 struct PartWriter {
     upload: Option<Upload>,
@@ -112,7 +87,11 @@ impl StreamSink for PartWriter {
         // Cut while one more frame still fits: a part never exceeds its size.
         let room_for_a_frame = FRAME_BODY_MAX + FRAME_OVERHEAD_BYTES as usize;
         if self.buffer.len() + room_for_a_frame > self.part_bytes {
-            let cursor = encode_cursor(&self.fingerprint, next);
+            let cursor = Cursor {
+                fingerprint: self.fingerprint,
+                at: next,
+            }
+            .encode();
             self.put(&cursor)?;
         }
         Ok(())
@@ -137,14 +116,16 @@ impl PartWriter {
     /// complete.
     fn finish(mut self) -> Result<()> {
         if !self.buffer.is_empty() {
-            let cursor = encode_cursor(
-                &self.fingerprint,
-                Position {
-                    section: u32::MAX,
-                    begun: false,
-                    offset: 0,
-                },
-            );
+            let end = Position {
+                section: u32::MAX,
+                begun: false,
+                offset: 0,
+            };
+            let cursor = Cursor {
+                fingerprint: self.fingerprint,
+                at: end,
+            }
+            .encode();
             self.put(&cursor)?;
         }
         self.upload
@@ -171,8 +152,8 @@ fn destination(url: &str, fingerprint: [u8; 16]) -> Result<Destination> {
     }
     let continue_at = match upload.stored_parts().last() {
         None => None,
-        Some(part) => match decode_cursor(&part.cursor) {
-            Some((stored, at)) if stored == fingerprint => Some(at),
+        Some(part) => match Cursor::decode(&part.cursor) {
+            Some(stored) if stored.fingerprint == fingerprint => Some(stored.at),
             _ => bail!("{url} holds part of another stream (other snapshots): remove it or choose another name"),
         },
     };
@@ -262,7 +243,7 @@ fn stored_input(url: &str, restart: Option<RestartPoint>) -> Result<Box<dyn Read
     let mut first = 0u64;
     let mut inside = false;
     for (i, part) in listing.parts.iter().enumerate() {
-        let Some((_, at)) = decode_cursor(&part.cursor) else {
+        let Some(Cursor { at, .. }) = Cursor::decode(&part.cursor) else {
             continue;
         };
         if at.section < restart.section

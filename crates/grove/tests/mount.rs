@@ -966,7 +966,9 @@ fn export_onto_a_block_device_writes_every_byte() {
     );
 }
 
-/// Maps `len` bytes of `file` shared and read-write.
+/// Maps `len` bytes of `file` shared and read-write. (Mapping a file is
+/// unsafe in Rust whatever the crate; this test exists to map one.)
+#[allow(unsafe_code)]
 fn map_shared(file: &std::fs::File, len: usize) -> rustix::io::Result<*mut u8> {
     use rustix::mm::{mmap, MapFlags, ProtFlags};
     // SAFETY: a fresh mapping of a file the caller keeps open; nothing
@@ -989,6 +991,7 @@ fn map_shared(file: &std::fs::File, len: usize) -> rustix::io::Result<*mut u8> {
 /// mapping and msync'ed are durable: after a kill -9 of the mount (the
 /// mapping still there), another mount reads them.
 #[test]
+#[allow(unsafe_code)] // writes through the mapping: the point of the test
 fn a_volume_file_maps_shared_and_msync_makes_writes_durable() {
     require_fuse!("timeout");
     const MAP_BYTES: usize = 1 << 20;

@@ -771,6 +771,7 @@ fn setgid_directory_passes_its_group(d: &Path) -> Result<(), String> {
 }
 
 /// A shared mapping: writes through it are read back after msync.
+#[allow(unsafe_code)] // writes through a mapping: the point of the check
 fn shared_mmap_writes(d: &Path) -> Result<(), String> {
     const LEN: usize = 8192;
     let p = d.join("m");

@@ -464,6 +464,26 @@ fn recorder(
     (shared, Box::new(move |members| inner.record(members)))
 }
 
+/// The device over `specs`, with its identity recorder (which goes on
+/// recording the pool's membership as branches fail and come back), and
+/// the recorder's shared half.
+fn assemble(
+    config: &BranchPoolConfig,
+    specs: Vec<BranchSpec>,
+    record: (u64, u64),
+    locks: Vec<File>,
+) -> (Arc<Recorder>, io::Result<BranchDevice>) {
+    let (shared, recorder) = recorder(config, record, locks);
+    let device = BranchDevice::open(
+        config.level,
+        config.stripe_unit_bytes,
+        specs,
+        Arc::new(DirFiles),
+        Some(recorder),
+    );
+    (shared, device)
+}
+
 /// Makes the branches of a new pool: each directory (made if missing)
 /// must not hold a branch already.
 pub fn create(config: &BranchPoolConfig) -> Result<BranchDevice, BranchPoolError> {
@@ -493,15 +513,8 @@ pub fn create(config: &BranchPoolConfig) -> Result<BranchDevice, BranchPoolError
             usable: true,
         });
     }
-    let (shared, recorder) = recorder(config, (0, 0), locks);
-    let device = BranchDevice::open(
-        config.level,
-        config.stripe_unit_bytes,
-        specs,
-        Arc::new(DirFiles),
-        Some(recorder),
-    )
-    .map_err(io_error("cannot assemble the branch pool"))?;
+    let (shared, device) = assemble(config, specs, (0, 0), locks);
+    let device = device.map_err(io_error("cannot assemble the branch pool"))?;
     shared
         .record(&device.status())
         .map_err(io_error("cannot write the branch identities"))?;
@@ -555,15 +568,8 @@ pub fn open(config: &BranchPoolConfig, degraded: bool) -> Result<BranchDevice, B
     if !unknown.is_empty() && !degraded {
         return Err(needs_degraded(&unknown));
     }
-    let (shared, recorder) = recorder(config, (newest, settled), locks);
-    let device = BranchDevice::open(
-        config.level,
-        config.stripe_unit_bytes,
-        specs,
-        Arc::new(DirFiles),
-        Some(recorder),
-    )
-    .map_err(|e| BranchPoolError::TooManyLost(format!("{e}")))?;
+    let (shared, device) = assemble(config, specs, (newest, settled), locks);
+    let device = device.map_err(|e| BranchPoolError::TooManyLost(format!("{e}")))?;
     let unopened: Vec<Missing> = device
         .unopened_at_open()
         .iter()

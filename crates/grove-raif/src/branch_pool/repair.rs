@@ -27,7 +27,7 @@ pub const REPAIR_BATCH_STRIPES: u64 = 64;
 pub const REBUILD_BATCH_BYTES: u64 = 1024 * 1024;
 
 /// What a scrub found and did.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ScrubReport {
     pub stripes: u64,
     /// Stripes with at least one unit that disagreed.
@@ -45,12 +45,16 @@ pub struct ScrubReport {
 }
 
 /// What a rebuild did.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RebuildReport {
     pub label: String,
     pub stripes: u64,
     pub bytes_written: u64,
 }
+
+/// Each branch's unit of a stripe as a scrub read it: its bytes, its
+/// stored sum and the verdict of one against the other (None: not read).
+type StripeUnits = Vec<Option<(Vec<u8>, u32, Verdict)>>;
 
 /// A unit read during a scrub, judged by its sum.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -268,11 +272,52 @@ impl Segment {
 
     fn scrub_stripe(&self, stripe: u64, repair: bool, report: &mut ScrubReport) -> io::Result<()> {
         report.stripes += 1;
+        let read = self.read_stripe_units(stripe, report)?;
+        let Some(expected) = self.expected_units(stripe, &read) else {
+            report.stripes_with_errors += 1;
+            report.unrepairable_stripes += 1;
+            for (b, entry) in read.iter().enumerate() {
+                if matches!(entry, Some((_, _, Verdict::Bad))) {
+                    self.count_bad_unit(b, report);
+                }
+            }
+            return Ok(());
+        };
+        let mut errors = false;
+        for (b, entry) in read.iter().enumerate() {
+            let Some((bytes, sum, verdict)) = entry else {
+                continue;
+            };
+            let right = &expected[b];
+            let content_wrong = bytes != right;
+            let sum_wrong =
+                *verdict == Verdict::Bad || (*sum != SUM_UNKNOWN && *sum != unit_sum(right));
+            if !content_wrong && !sum_wrong {
+                continue;
+            }
+            errors = true;
+            self.count_bad_unit(b, report);
+            if repair {
+                self.repair_unit(b, stripe, right, report)?;
+            }
+        }
+        if errors {
+            report.stripes_with_errors += 1;
+        }
+        Ok(())
+    }
+
+    /// Each readable branch's unit of `stripe`, its stored sum and the
+    /// verdict of one against the other; a branch that fails to read is
+    /// marked failed and left out.
+    fn read_stripe_units(
+        &self,
+        stripe: u64,
+        report: &mut ScrubReport,
+    ) -> io::Result<StripeUnits> {
         let unit = self.layout.stripe_unit_bytes as usize;
-        let width = self.members.len();
         let offset = stripe * unit as u64;
-        // Each readable branch's unit, its stored sum and the verdict.
-        let mut read: Vec<Option<(Vec<u8>, u32, Verdict)>> = vec![None; width];
+        let mut read: StripeUnits = vec![None; self.members.len()];
         for (b, member) in self.members.iter().enumerate() {
             if member.health() != Health::Healthy {
                 continue;
@@ -299,51 +344,35 @@ impl Segment {
             };
             read[b] = Some((bytes, sum, verdict));
         }
-        let Some(expected) = self.expected_units(stripe, &read) else {
-            report.stripes_with_errors += 1;
-            report.unrepairable_stripes += 1;
-            for (b, entry) in read.iter().enumerate() {
-                if matches!(entry, Some((_, _, Verdict::Bad))) {
-                    *report
-                        .bad_units
-                        .entry(self.members[b].label.clone())
-                        .or_default() += 1;
-                }
-            }
-            return Ok(());
-        };
-        let mut errors = false;
-        for (b, entry) in read.iter().enumerate() {
-            let Some((bytes, sum, verdict)) = entry else {
-                continue;
-            };
-            let right = &expected[b];
-            let content_wrong = bytes != right;
-            let sum_wrong =
-                *verdict == Verdict::Bad || (*sum != SUM_UNKNOWN && *sum != unit_sum(right));
-            if !content_wrong && !sum_wrong {
-                continue;
-            }
-            errors = true;
-            *report
-                .bad_units
-                .entry(self.members[b].label.clone())
-                .or_default() += 1;
-            if repair {
-                let devices = self.members[b].devices()?;
-                let written = devices.data.write_at(right, offset).and_then(|()| {
-                    devices
-                        .sums
-                        .write_at(&unit_sum(right).to_le_bytes(), stripe * SUM_BYTES)
-                });
-                match written {
-                    Ok(()) => report.repaired_units += 1,
-                    Err(e) => self.mark_failed(b, &e),
-                }
-            }
-        }
-        if errors {
-            report.stripes_with_errors += 1;
+        Ok(read)
+    }
+
+    fn count_bad_unit(&self, branch: usize, report: &mut ScrubReport) {
+        *report
+            .bad_units
+            .entry(self.members[branch].label.clone())
+            .or_default() += 1;
+    }
+
+    /// Writes `right` and its sum over branch `branch`'s unit of `stripe`;
+    /// a branch that fails the write is marked failed.
+    fn repair_unit(
+        &self,
+        branch: usize,
+        stripe: u64,
+        right: &[u8],
+        report: &mut ScrubReport,
+    ) -> io::Result<()> {
+        let offset = stripe * self.layout.stripe_unit_bytes;
+        let devices = self.members[branch].devices()?;
+        let written = devices.data.write_at(right, offset).and_then(|()| {
+            devices
+                .sums
+                .write_at(&unit_sum(right).to_le_bytes(), stripe * SUM_BYTES)
+        });
+        match written {
+            Ok(()) => report.repaired_units += 1,
+            Err(e) => self.mark_failed(branch, &e),
         }
         Ok(())
     }
