@@ -103,23 +103,20 @@ mod tests {
 
     #[test]
     fn engine_errors_map_to_protocol_errors() {
-        assert_eq!(
-            nbd_error_for(ErrorKind::ReadOnly, Command::Write),
-            NBD_EPERM
-        );
-        assert_eq!(
-            nbd_error_for(ErrorKind::OutOfRange, Command::Write),
-            NBD_ENOSPC
-        );
-        assert_eq!(
-            nbd_error_for(ErrorKind::OutOfRange, Command::Read),
-            NBD_EINVAL
-        );
-        assert_eq!(
-            nbd_error_for(ErrorKind::NoSpace, Command::Write),
-            NBD_ENOSPC
-        );
-        assert_eq!(nbd_error_for(ErrorKind::Io, Command::Flush), NBD_EIO);
-        assert_eq!(nbd_error_for(ErrorKind::Corrupt, Command::Read), NBD_EIO);
+        let cases = [
+            (ErrorKind::ReadOnly, Command::Write, NBD_EPERM),
+            (ErrorKind::OutOfRange, Command::Write, NBD_ENOSPC),
+            (ErrorKind::OutOfRange, Command::Read, NBD_EINVAL),
+            (ErrorKind::NoSpace, Command::Write, NBD_ENOSPC),
+            (ErrorKind::Io, Command::Flush, NBD_EIO),
+            (ErrorKind::Corrupt, Command::Read, NBD_EIO),
+        ];
+        for (kind, command, expected) in cases {
+            assert_eq!(
+                nbd_error_for(kind, command),
+                expected,
+                "{kind:?} {command:?}"
+            );
+        }
     }
 }

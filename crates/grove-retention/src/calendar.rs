@@ -253,30 +253,17 @@ mod tests {
         assert_eq!(t, 1_795_617_005);
         assert_eq!(display(t), "2026-11-25 14:30:05Z");
         assert_eq!(compact(t), "20261125-143005");
-        assert_eq!(
-            display(bucket_start(Level::Frequent, t, 900)),
-            "2026-11-25 14:30:00Z"
-        );
-        assert_eq!(
-            display(bucket_start(Level::Hourly, t, 900)),
-            "2026-11-25 14:00:00Z"
-        );
-        assert_eq!(
-            display(bucket_start(Level::Daily, t, 900)),
-            "2026-11-25 00:00:00Z"
-        );
-        assert_eq!(
-            display(bucket_start(Level::Weekly, t, 900)),
-            "2026-11-23 00:00:00Z"
-        );
-        assert_eq!(
-            display(bucket_start(Level::Monthly, t, 900)),
-            "2026-11-01 00:00:00Z"
-        );
-        assert_eq!(
-            display(bucket_start(Level::Yearly, t, 900)),
-            "2026-01-01 00:00:00Z"
-        );
+        let starts = [
+            (Level::Frequent, "2026-11-25 14:30:00Z"),
+            (Level::Hourly, "2026-11-25 14:00:00Z"),
+            (Level::Daily, "2026-11-25 00:00:00Z"),
+            (Level::Weekly, "2026-11-23 00:00:00Z"),
+            (Level::Monthly, "2026-11-01 00:00:00Z"),
+            (Level::Yearly, "2026-01-01 00:00:00Z"),
+        ];
+        for (level, start) in starts {
+            assert_eq!(display(bucket_start(level, t, 900)), start, "{level:?}");
+        }
         assert_eq!(
             display(next_bucket_start(Level::Monthly, t, 900)),
             "2026-12-01 00:00:00Z"

@@ -310,11 +310,7 @@ impl Segment {
     /// Each readable branch's unit of `stripe`, its stored sum and the
     /// verdict of one against the other; a branch that fails to read is
     /// marked failed and left out.
-    fn read_stripe_units(
-        &self,
-        stripe: u64,
-        report: &mut ScrubReport,
-    ) -> io::Result<StripeUnits> {
+    fn read_stripe_units(&self, stripe: u64, report: &mut ScrubReport) -> io::Result<StripeUnits> {
         let unit = self.layout.stripe_unit_bytes as usize;
         let offset = stripe * unit as u64;
         let mut read: StripeUnits = vec![None; self.members.len()];
