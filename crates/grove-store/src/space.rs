@@ -71,7 +71,19 @@ impl SpaceMap {
     /// True if `addr` has no other reference than the one a caller is
     /// about to release: releasing it will free it.
     pub(crate) fn is_last_reference(&self, addr: BlockAddr) -> bool {
-        !self.shares.is_shared(addr)
+        !self.is_shared(addr)
+    }
+
+    /// True if more than one entry points at `addr`: a write must copy it
+    /// (dedicate-on-write), and accounting counts it as not unique.
+    pub(crate) fn is_shared(&self, addr: BlockAddr) -> bool {
+        self.shares.is_shared(addr)
+    }
+
+    /// How many entries point at `addr` (an allocated block has one at
+    /// least), for walks that count references they meet.
+    pub(crate) fn references(&self, addr: BlockAddr) -> u32 {
+        self.shares.extra(addr).saturating_add(1)
     }
 
     // ----- references -----
