@@ -237,6 +237,37 @@ impl State {
             walk.error(e.to_string());
         }
         let counts = self.walk_everything(&mut walk);
+        self.walk_remaining_windows(
+            &mut walk,
+            &mut report,
+            &mut findings,
+            window_blocks,
+            store_end,
+        )?;
+        walk.quiet = false;
+        self.report_share_counts(&mut walk, &mut report, &mut findings);
+        self.report_maps(&mut walk, &mut report, &findings);
+        self.compare_accounting(&counts, &mut walk, &mut findings);
+        report.errors = self.walk_errors(walk);
+        if repair {
+            self.repair(&findings, &mut report)?;
+        }
+        report.elapsed_ms = started.elapsed().as_millis() as u64;
+        Ok(report)
+    }
+
+    /// Tallies the window the first walk counted, then walks everything
+    /// again for each next window up to `store_end`, counting only there:
+    /// one window's counts at a time keep a check of a large store in
+    /// bounded memory.
+    fn walk_remaining_windows(
+        &mut self,
+        walk: &mut Walk,
+        report: &mut CheckReport,
+        findings: &mut Findings,
+        window_blocks: u64,
+        store_end: u64,
+    ) -> Result<()> {
         loop {
             // A safe point: nothing is repaired before the walks are done.
             if walk.cancelled() {
@@ -245,24 +276,25 @@ impl State {
                     "the check was cancelled before it finished; nothing was repaired",
                 ));
             }
-            self.tally_share_counts(&walk, &mut findings);
-            self.tally_maps(&walk, &mut findings);
+            self.tally_share_counts(walk, findings);
+            self.tally_maps(walk, findings);
             report.blocks_checked += walk.tally.seen().count() as u64;
             let next = walk.tally.window().end;
             if next >= store_end {
-                break;
+                return Ok(());
             }
             // The next window: the same walk again, counting only there.
             walk.tally = Tally::new(next..(next + window_blocks).min(store_end));
             walk.quiet = true;
             walk.walked.clear();
             walk.counts.clear();
-            self.walk_everything(&mut walk);
+            self.walk_everything(walk);
         }
-        walk.quiet = false;
-        self.report_share_counts(&mut walk, &mut report, &mut findings);
-        self.report_maps(&mut walk, &mut report, &findings);
-        self.compare_accounting(&counts, &mut walk, &mut findings);
+    }
+
+    /// The walk's errors for the report, with the frees this session found
+    /// already free and how many errors were left out.
+    fn walk_errors(&self, mut walk: Walk) -> Vec<String> {
         if self.space_map().alloc().inconsistent_frees() > 0 {
             walk.error(format!(
                 "{} frees this session found their block already free (a damaged tree)",
@@ -273,12 +305,7 @@ impl State {
             walk.errors
                 .push(format!("... and {} more errors", walk.suppressed_errors));
         }
-        report.errors = walk.errors;
-        if repair {
-            self.repair(&findings, &mut report)?;
-        }
-        report.elapsed_ms = started.elapsed().as_millis() as u64;
-        Ok(report)
+        walk.errors
     }
 
     /// Walks the volume table and every tree, live or being reclaimed,

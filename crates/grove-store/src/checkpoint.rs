@@ -12,8 +12,10 @@ use crate::error::{Error, Result};
 use crate::format::journal::AllocChange;
 use crate::format::node::NodeKind;
 use crate::format::shares::SHARE_BLOCKS_PER_GROUP;
-use crate::format::superblock::{Superblock, SUPERBLOCK_LEN};
-use crate::state::{flush, write_block, State};
+use crate::format::superblock::SUPERBLOCK_LEN;
+use crate::io::{flush, write_block, InFlightCheckpoint};
+use crate::journal::ReplayedTransaction;
+use crate::state::State;
 use crate::types::BlockAddr;
 
 /// How the trees reach a block: by how many entries or records, and
@@ -41,12 +43,6 @@ pub(crate) struct CheckpointIo {
 
 /// Whole blocks to write: (where, what).
 type BlockWrites = Vec<(BlockAddr, Vec<u8>)>;
-
-/// What a prepared checkpoint records once its I/O is durable.
-pub(crate) struct InFlightCheckpoint {
-    /// The superblock it writes, with the generation it takes.
-    superblock: Superblock,
-}
 
 impl CheckpointIo {
     pub(crate) fn run(&self) -> Result<()> {
@@ -338,60 +334,12 @@ impl State {
         if transactions.is_empty() {
             return Ok(0);
         }
-        // An image is stale if a later transaction frees its block: the
-        // block may since hold data that the journal never saw (a revoke).
-        // Only blocks that have an image can need a revoke, so only those
-        // are looked up: a large removal frees millions of blocks.
-        let homes: BTreeSet<u64> = transactions
-            .iter()
-            .flat_map(|t| t.descriptor.homes.iter().map(|home| home.0))
-            .collect();
-        let mut last_freed: HashMap<u64, usize> = HashMap::new();
-        for (index, transaction) in transactions.iter().enumerate() {
-            for extent in &transaction.descriptor.extents {
-                if extent.change == AllocChange::Freed {
-                    let end = extent.first.0.saturating_add(u64::from(extent.count));
-                    for &addr in homes.range(extent.first.0..end) {
-                        last_freed.insert(addr, index);
-                    }
-                }
-            }
-        }
+        let last_freed = last_freed_homes(&transactions);
         // Every transaction is checked (and its extents and counts applied
         // in memory) before any image is written home: a transaction replay
         // cannot apply refuses the open with the store as it was.
         for transaction in &transactions {
-            let roots = transaction.descriptor.roots;
-            self.space_map_mut().replay(
-                &transaction.descriptor.extents,
-                &transaction.descriptor.share_runs,
-                roots.group_count,
-            )?;
-            let store_end = self.space_map().alloc().store_end();
-            if roots.birth_generation > crate::format::node::BIRTH_GENERATION_MAX {
-                return Err(Error::corrupt(format!(
-                    "journal transaction {} claims birth generation {}",
-                    transaction.descriptor.sequence, roots.birth_generation
-                )));
-            }
-            self.check_replayed_roots(transaction.descriptor.sequence, &roots, store_end)?;
-            for home in &transaction.descriptor.homes {
-                let data_start = self.superblock().data_start.0;
-                if home.0 < data_start
-                    || home.0 >= store_end
-                    || self.space_map().alloc().is_group_header(*home)
-                {
-                    return Err(Error::corrupt(format!(
-                        "journal transaction {} writes {home}, which cannot hold journaled metadata",
-                        transaction.descriptor.sequence
-                    )));
-                }
-            }
-            self.superblock_mut().volume_table_root = roots.volume_table_root;
-            self.superblock_mut().volume_table_height = roots.volume_table_height;
-            self.superblock_mut().next_volume_id = roots.next_volume_id;
-            self.superblock_mut().birth_generation = roots.birth_generation;
-            self.set_committed_roots(roots);
+            self.apply_replayed(transaction)?;
         }
         for (index, transaction) in transactions.iter().enumerate() {
             for (home, image) in transaction.descriptor.homes.iter().zip(&transaction.images) {
@@ -405,4 +353,65 @@ impl State {
         self.grow_device_to_store()?;
         Ok(transactions.len())
     }
+
+    /// Applies one replayed transaction in memory (its extents and counts,
+    /// its roots) after checking that what it claims fits the store.
+    fn apply_replayed(&mut self, transaction: &ReplayedTransaction) -> Result<()> {
+        let roots = transaction.descriptor.roots;
+        self.space_map_mut().replay(
+            &transaction.descriptor.extents,
+            &transaction.descriptor.share_runs,
+            roots.group_count,
+        )?;
+        let store_end = self.space_map().alloc().store_end();
+        if roots.birth_generation > crate::format::node::BIRTH_GENERATION_MAX {
+            return Err(Error::corrupt(format!(
+                "journal transaction {} claims birth generation {}",
+                transaction.descriptor.sequence, roots.birth_generation
+            )));
+        }
+        self.check_replayed_roots(transaction.descriptor.sequence, &roots, store_end)?;
+        for home in &transaction.descriptor.homes {
+            let data_start = self.superblock().data_start.0;
+            if home.0 < data_start
+                || home.0 >= store_end
+                || self.space_map().alloc().is_group_header(*home)
+            {
+                return Err(Error::corrupt(format!(
+                    "journal transaction {} writes {home}, which cannot hold journaled metadata",
+                    transaction.descriptor.sequence
+                )));
+            }
+        }
+        self.superblock_mut().volume_table_root = roots.volume_table_root;
+        self.superblock_mut().volume_table_height = roots.volume_table_height;
+        self.superblock_mut().next_volume_id = roots.next_volume_id;
+        self.superblock_mut().birth_generation = roots.birth_generation;
+        self.set_committed_roots(roots);
+        Ok(())
+    }
+}
+
+/// For each block a transaction writes an image home to, the last
+/// transaction that frees it. An image is stale if a later transaction
+/// frees its block: the block may since hold data that the journal never
+/// saw (a revoke). Only blocks that have an image can need a revoke, so only
+/// those are looked up: a large removal frees millions of blocks.
+fn last_freed_homes(transactions: &[ReplayedTransaction]) -> HashMap<u64, usize> {
+    let homes: BTreeSet<u64> = transactions
+        .iter()
+        .flat_map(|t| t.descriptor.homes.iter().map(|home| home.0))
+        .collect();
+    let mut last_freed: HashMap<u64, usize> = HashMap::new();
+    for (index, transaction) in transactions.iter().enumerate() {
+        for extent in &transaction.descriptor.extents {
+            if extent.change == AllocChange::Freed {
+                let end = extent.first.0.saturating_add(u64::from(extent.count));
+                for &addr in homes.range(extent.first.0..end) {
+                    last_freed.insert(addr, index);
+                }
+            }
+        }
+    }
+    last_freed
 }

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use crate::device::BlockDevice;
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::journal::{AllocChange, AllocExtent, Descriptor, Roots, ShareRun};
+use crate::io::{flush, InFlightCommit};
 use crate::state::State;
 use crate::types::BlockAddr;
 
@@ -37,18 +38,6 @@ pub(crate) enum PreparedCommit {
     /// I/O to run (without the state lock if the caller likes), then
     /// [`State::finish_commit`].
     Io(CommitIo),
-}
-
-/// What a prepared commit still needs once its I/O is done.
-#[derive(Default)]
-pub(crate) struct InFlightCommit {
-    /// Homes of the transaction's images, in order.
-    homes: Vec<BlockAddr>,
-    roots: Roots,
-    /// Free extents that did not fit in the transaction.
-    trailing_frees: Vec<AllocExtent>,
-    /// Blocks to make reusable once the transaction is durable.
-    frees: Vec<BlockAddr>,
 }
 
 /// The I/O of a prepared commit, which needs no state: the data flush
@@ -79,7 +68,7 @@ impl CommitIo {
             homes_written: Vec::new(),
         };
         if self.flush_data {
-            outcome.result = crate::state::flush(self.device.as_ref(), "data");
+            outcome.result = flush(self.device.as_ref(), "data");
             if outcome.result.is_err() {
                 return outcome;
             }

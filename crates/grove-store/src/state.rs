@@ -14,16 +14,14 @@ use std::sync::Arc;
 
 use crate::alloc::{Allocator, BlockUse};
 use crate::cache::NodeCache;
-use crate::checkpoint::InFlightCheckpoint;
-use crate::commit::InFlightCommit;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::journal::Roots;
 use crate::format::node::{Entry, Node, NodeKind};
 use crate::format::superblock::Superblock;
+use crate::io::{flush, write_block, InFlightCheckpoint, InFlightCommit, PoolIo, Puncher};
 use crate::journal::Journal;
 use crate::node_store::NodeStore;
-use crate::punch::Puncher;
 use crate::records::VolumeTable;
 use crate::shares::Shares;
 use crate::space::{Release, SpaceMap};
@@ -90,14 +88,8 @@ pub struct State {
     /// What opening the pool found wrong but could work around (a damaged
     /// superblock slot); `check` reports it.
     open_warnings: Vec<String>,
-    /// A prepared commit whose I/O may be running without the state lock.
-    commit_in_flight: Option<InFlightCommit>,
-    /// A prepared checkpoint whose I/O may be running without the state
-    /// lock (never at the same time as a commit in flight).
-    checkpoint_in_flight: Option<InFlightCheckpoint>,
-    /// What punching freed blocks out of the device did, and the blocks
-    /// made reusable since they were last punched (`punch.rs` alone).
-    punch: Puncher,
+    /// The commit or checkpoint in flight, and the puncher (`io.rs`).
+    io: PoolIo,
 }
 
 impl State {
@@ -133,9 +125,7 @@ impl State {
             deferred_frees: Vec::new(),
             journal,
             committed_roots,
-            commit_in_flight: None,
-            checkpoint_in_flight: None,
-            punch: Default::default(),
+            io: PoolIo::default(),
             open_warnings: Vec::new(),
             device,
             geometry,
@@ -276,39 +266,37 @@ impl State {
     // ----- I/O in flight -----
 
     pub(crate) fn start_commit_io(&mut self, in_flight: InFlightCommit) {
-        assert!(!self.has_io_in_flight(), "one I/O in flight at a time");
-        self.commit_in_flight = Some(in_flight);
+        self.io.start_commit(in_flight);
     }
 
     pub(crate) fn take_commit_in_flight(&mut self) -> Option<InFlightCommit> {
-        self.commit_in_flight.take()
+        self.io.take_commit()
     }
 
     pub(crate) fn start_checkpoint_io(&mut self, in_flight: InFlightCheckpoint) {
-        assert!(!self.has_io_in_flight(), "one I/O in flight at a time");
-        self.checkpoint_in_flight = Some(in_flight);
+        self.io.start_checkpoint(in_flight);
     }
 
     pub(crate) fn take_checkpoint_in_flight(&mut self) -> Option<InFlightCheckpoint> {
-        self.checkpoint_in_flight.take()
+        self.io.take_checkpoint()
     }
 
     pub(crate) fn checkpoint_in_flight(&self) -> bool {
-        self.checkpoint_in_flight.is_some()
+        self.io.checkpoint_in_flight()
     }
 
     /// A commit's or a checkpoint's I/O may be running without the lock.
     pub(crate) fn has_io_in_flight(&self) -> bool {
-        self.commit_in_flight.is_some() || self.checkpoint_in_flight.is_some()
+        self.io.in_flight()
     }
 
     /// Punching's own state (`punch.rs` alone).
     pub(crate) fn puncher(&self) -> &Puncher {
-        &self.punch
+        self.io.puncher()
     }
 
     pub(crate) fn puncher_mut(&mut self) -> &mut Puncher {
-        &mut self.punch
+        self.io.puncher_mut()
     }
 
     // ----- read-only views -----
@@ -652,28 +640,4 @@ impl State {
         }
         released
     }
-}
-
-/// Writes `buf` at block `addr` of `device`; an error names `what` and
-/// where. For I/O run with or without the state lock alike.
-pub(crate) fn write_block(
-    device: &dyn BlockDevice,
-    block_bytes: u64,
-    addr: BlockAddr,
-    buf: &[u8],
-    what: &str,
-) -> Result<()> {
-    device.write_at(buf, addr.0 * block_bytes).map_err(|e| {
-        Error::io(
-            format!("cannot write {what} at {addr} of {}", device.describe()),
-            e,
-        )
-    })
-}
-
-/// Flushes `device`; an error names `what` was being made durable.
-pub(crate) fn flush(device: &dyn BlockDevice, what: &str) -> Result<()> {
-    device
-        .flush()
-        .map_err(|e| Error::io(format!("cannot flush {what} to {}", device.describe()), e))
 }

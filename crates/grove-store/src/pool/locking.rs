@@ -8,26 +8,12 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use super::punching::punch_freed;
+use super::state_lock::lock_state;
 use super::{ensure_changes_allowed, Inner};
 use crate::commit::{CommitIo, CommitIoOutcome, DataFlush, PreparedCommit};
 use crate::error::{Error, ErrorKind, Result};
 use crate::state::State;
 use crate::types::BlockAddr;
-
-pub(super) fn lock_state(inner: &Inner) -> MutexGuard<'_, State> {
-    // A panic while the lock was held leaves the in-memory state suspect,
-    // but the on-disk state is only ever changed by whole commits: go on
-    // reading, and take no more changes (as after a failed commit).
-    let mut state = inner.state.lock().unwrap_or_else(|poisoned| {
-        let mut state = poisoned.into_inner();
-        state.mark_failed(
-            "an operation on the pool panicked; what it left in memory is not trusted".into(),
-        );
-        state
-    });
-    state.nodes_mut().begin_operation();
-    state
-}
 
 /// How long work done in slices under the state lock (listings) pauses
 /// between slices while clients have requests running.

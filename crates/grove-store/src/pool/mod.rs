@@ -11,6 +11,7 @@ mod removal;
 mod replication;
 mod resize;
 mod retention;
+mod state_lock;
 mod volume;
 
 pub use foreground::{ForegroundLoad, ForegroundRequest};
@@ -22,10 +23,11 @@ pub use resize::Shrink;
 pub use retention::HoldInfo;
 
 use off_lock::walk_off_lock;
+use state_lock::lock_state;
 
 use locking::{
-    commit, commit_background, commit_if_large, commit_locked, let_clients_in, lock_state,
-    release_frees, settle_io, write_gate, IoOutcome,
+    commit, commit_background, commit_if_large, commit_locked, let_clients_in, release_frees,
+    settle_io, write_gate, IoOutcome,
 };
 
 use std::collections::HashMap;
