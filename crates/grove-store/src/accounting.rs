@@ -57,7 +57,7 @@ impl State {
         with_nodes: bool,
         reads: &mut NodeReads,
     ) -> Result<Option<u64>> {
-        if self.space_map.shares().is_shared(root) {
+        if self.space_map().is_shared(root) {
             return Ok(Some(0));
         }
         Ok(self
@@ -79,7 +79,7 @@ impl State {
         };
         let mut count = Some(0);
         for entry in entries.iter().filter(|e| !e.is_empty()) {
-            if self.space_map.shares().is_shared(entry.addr()) {
+            if self.space_map().is_shared(entry.addr()) {
                 continue;
             }
             let below = if level == 0 {

@@ -110,6 +110,7 @@ impl Group {
                 _ => {}
             }
         }
+        debug_assert!(self.free_blocks <= self.usable_slots as u64);
     }
 
     /// Sets a live nibble, keeping the counters. The counters follow the
@@ -284,6 +285,7 @@ impl Allocator {
         let usable = usable_slots(self.group_blocks, self.capacity_blocks, index);
         self.groups
             .push(Group::new_empty(self.group_blocks, usable));
+        debug_assert_eq!(self.store_end(), end, "one group more");
         Ok(index)
     }
 
@@ -295,6 +297,7 @@ impl Allocator {
             BlockUse::Data => AllocChange::AllocatedData,
         };
         self.changes.push((addr, change, 0));
+        debug_assert!(self.is_allocated(addr) && !self.is_reserved(addr));
         Ok(addr)
     }
 
@@ -468,10 +471,13 @@ impl Allocator {
         for extent in &extents {
             self.apply_durable(extent);
         }
-        SealedChanges {
+        debug_assert!(!self.has_changes());
+        let sealed = SealedChanges {
             extents,
             frees: std::mem::take(&mut self.open_frees),
-        }
+        };
+        debug_assert!(!self.has_open_frees());
+        sealed
     }
 
     fn apply_durable(&mut self, extent: &AllocExtent) {
@@ -482,7 +488,15 @@ impl Allocator {
         };
         for addr in extent.first.0..extent.first.0 + u64::from(extent.count) {
             let (group, slot) = self.locate(BlockAddr(addr));
+            debug_assert!(
+                slot >= GROUP_HEADER_BLOCKS as usize,
+                "{addr}: a group's own block changes"
+            );
             self.durable_copy(group).set(slot, nibble);
+            debug_assert_eq!(
+                self.groups[group].durable.as_ref().map(|d| d.get(slot)),
+                Some(nibble)
+            );
         }
     }
 
@@ -574,6 +588,7 @@ impl Allocator {
             }
             self.apply_durable(extent);
         }
+        debug_assert_eq!(self.groups.len() as u64, self.durable_group_count);
         Ok(())
     }
 
@@ -587,6 +602,10 @@ impl Allocator {
                 group.recount(group_blocks);
             }
         }
+        debug_assert!(
+            self.changes.is_empty() && self.reserved.is_empty(),
+            "replay is first"
+        );
     }
 
     /// Replaces group `index`'s map with one rebuilt from the trees (its map
@@ -628,6 +647,7 @@ impl Allocator {
         };
         group.set(slot, nibble);
         self.changes.push((addr, change, old));
+        debug_assert_eq!(self.nibble(addr), Some(nibble));
     }
 
     /// Makes blocks freed by a now-durable transaction reusable.
@@ -723,6 +743,7 @@ impl Allocator {
         for group in &mut self.groups[..self.durable_group_count as usize] {
             group.durable = None;
         }
+        debug_assert!(!self.has_dirty_maps());
     }
 
     /// Which share-count blocks of `group` hold counts on disk.
@@ -738,6 +759,7 @@ impl Allocator {
             self.groups[group].shares_present |= 1 << index;
             self.durable_copy(group);
         }
+        debug_assert!(self.groups[group].shares_present & (1 << index) != 0);
     }
 
     /// True if `addr` is one of a group's own blocks (map or share counts).

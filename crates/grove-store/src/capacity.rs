@@ -13,14 +13,14 @@ use crate::state::State;
 impl State {
     /// Most blocks a capacity may name (the format's largest address).
     pub(crate) fn capacity_max_blocks(&self) -> u64 {
-        ENTRY_ADDR_MASK - self.superblock.data_start.0
+        ENTRY_ADDR_MASK - self.superblock().data_start.0
     }
 
     /// Raises the capacity to `capacity_blocks` and makes it durable. The
     /// caller has settled any commit in flight. On failure the capacity
     /// stays what it was, in memory as on disk.
     pub(crate) fn raise_capacity(&mut self, capacity_blocks: u64) -> Result<()> {
-        let old = self.superblock.capacity_blocks;
+        let old = self.superblock().capacity_blocks;
         if old == 0 {
             return Err(Error::new(
                 ErrorKind::InvalidArgument,
@@ -36,17 +36,17 @@ impl State {
                 ),
             ));
         }
-        self.space_map.set_capacity(capacity_blocks);
-        self.superblock.capacity_blocks = capacity_blocks;
+        self.space_map_mut().set_capacity(capacity_blocks);
+        self.superblock_mut().capacity_blocks = capacity_blocks;
         let made_durable = self.grow_device_to_store().and_then(|()| self.checkpoint());
         if let Err(e) = made_durable {
             // Nothing was allocated meanwhile (the lock is held), so the
             // slots the raise added are all free and can be taken back.
-            self.space_map.set_capacity(old);
-            self.superblock.capacity_blocks = old;
+            self.space_map_mut().set_capacity(old);
+            self.superblock_mut().capacity_blocks = old;
             return Err(e);
         }
-        assert_eq!(self.space_map.alloc().capacity_blocks(), capacity_blocks);
+        assert_eq!(self.space_map().alloc().capacity_blocks(), capacity_blocks);
         Ok(())
     }
 }

@@ -213,15 +213,15 @@ impl State {
         let started = Instant::now();
         let mut report = CheckReport::default();
         let mut findings = Findings::default();
-        report.warnings.extend(self.open_warnings.iter().cloned());
+        report.warnings.extend(self.open_warnings().iter().cloned());
         let warnings_before = report.warnings.len();
         self.check_superblocks(&mut report);
         // Any superblock problem (found at open or now) is mended by writing
         // both slots again, which the caller does after a repair.
         findings.superblock_damage =
-            !self.open_warnings.is_empty() || report.warnings.len() > warnings_before;
-        let data_start = self.superblock.data_start.0;
-        let store_end = self.space_map.alloc().store_end().max(data_start + 1);
+            !self.open_warnings().is_empty() || report.warnings.len() > warnings_before;
+        let data_start = self.superblock().data_start.0;
+        let store_end = self.space_map().alloc().store_end().max(data_start + 1);
         let window_blocks = window_blocks.clamp(1, CHECK_WINDOW_BLOCKS);
         let mut walk = Walk {
             cancel,
@@ -237,6 +237,37 @@ impl State {
             walk.error(e.to_string());
         }
         let counts = self.walk_everything(&mut walk);
+        self.walk_remaining_windows(
+            &mut walk,
+            &mut report,
+            &mut findings,
+            window_blocks,
+            store_end,
+        )?;
+        walk.quiet = false;
+        self.report_share_counts(&mut walk, &mut report, &mut findings);
+        self.report_maps(&mut walk, &mut report, &findings);
+        self.compare_accounting(&counts, &mut walk, &mut findings);
+        report.errors = self.walk_errors(walk);
+        if repair {
+            self.repair(&findings, &mut report)?;
+        }
+        report.elapsed_ms = started.elapsed().as_millis() as u64;
+        Ok(report)
+    }
+
+    /// Tallies the window the first walk counted, then walks everything
+    /// again for each next window up to `store_end`, counting only there:
+    /// one window's counts at a time keep a check of a large store in
+    /// bounded memory.
+    fn walk_remaining_windows(
+        &mut self,
+        walk: &mut Walk,
+        report: &mut CheckReport,
+        findings: &mut Findings,
+        window_blocks: u64,
+        store_end: u64,
+    ) -> Result<()> {
         loop {
             // A safe point: nothing is repaired before the walks are done.
             if walk.cancelled() {
@@ -245,55 +276,51 @@ impl State {
                     "the check was cancelled before it finished; nothing was repaired",
                 ));
             }
-            self.tally_share_counts(&walk, &mut findings);
-            self.tally_maps(&walk, &mut findings);
+            self.tally_share_counts(walk, findings);
+            self.tally_maps(walk, findings);
             report.blocks_checked += walk.tally.seen().count() as u64;
             let next = walk.tally.window().end;
             if next >= store_end {
-                break;
+                return Ok(());
             }
             // The next window: the same walk again, counting only there.
             walk.tally = Tally::new(next..(next + window_blocks).min(store_end));
             walk.quiet = true;
             walk.walked.clear();
             walk.counts.clear();
-            self.walk_everything(&mut walk);
+            self.walk_everything(walk);
         }
-        walk.quiet = false;
-        self.report_share_counts(&mut walk, &mut report, &mut findings);
-        self.report_maps(&mut walk, &mut report, &findings);
-        self.compare_accounting(&counts, &mut walk, &mut findings);
-        if self.space_map.alloc().inconsistent_frees() > 0 {
+    }
+
+    /// The walk's errors for the report, with the frees this session found
+    /// already free and how many errors were left out.
+    fn walk_errors(&self, mut walk: Walk) -> Vec<String> {
+        if self.space_map().alloc().inconsistent_frees() > 0 {
             walk.error(format!(
                 "{} frees this session found their block already free (a damaged tree)",
-                self.space_map.alloc().inconsistent_frees()
+                self.space_map().alloc().inconsistent_frees()
             ));
         }
         if walk.suppressed_errors > 0 {
             walk.errors
                 .push(format!("... and {} more errors", walk.suppressed_errors));
         }
-        report.errors = walk.errors;
-        if repair {
-            self.repair(&findings, &mut report)?;
-        }
-        report.elapsed_ms = started.elapsed().as_millis() as u64;
-        Ok(report)
+        walk.errors
     }
 
     /// Walks the volume table and every tree, live or being reclaimed,
     /// counting references; returns each volume's data and newest birth.
     fn walk_everything(&mut self, walk: &mut Walk) -> HashMap<VolumeId, Counts> {
-        if self.superblock.volume_table_height > 0 {
-            let root = self.superblock.volume_table_root;
+        if self.superblock().volume_table_height > 0 {
+            let root = self.superblock().volume_table_root;
             walk.reference(root, true);
-            self.walk_table(root, self.superblock.volume_table_height - 1, walk);
+            self.walk_table(root, self.superblock().volume_table_height - 1, walk);
         }
         let trees: Vec<(VolumeId, BlockAddr, u8, String)> = self
-            .volume_table
+            .volume_table()
             .live_records()
             .chain(
-                self.volume_table
+                self.volume_table()
                     .removed_records()
                     .filter(|r| !r.root.is_none()),
             )
@@ -312,7 +339,7 @@ impl State {
     fn tally_share_counts(&self, walk: &Walk, findings: &mut Findings) {
         for (addr, seen) in walk.tally.seen() {
             let counted = self
-                .space_map
+                .space_map()
                 .shares()
                 .extra(BlockAddr(addr))
                 .saturating_add(1);
@@ -323,7 +350,7 @@ impl State {
             }
         }
         let window = walk.tally.window();
-        for addr in self.space_map.shares().shared_blocks() {
+        for addr in self.space_map().shares().shared_blocks() {
             if window.contains(&addr) && !walk.tally.contains(addr) {
                 findings.high_counts.push((addr, 0));
             }
@@ -353,18 +380,22 @@ impl State {
 
     /// The allocation map against reachability, in this pass's window.
     fn tally_maps(&self, walk: &Walk, findings: &mut Findings) {
-        let store_end = self.space_map.alloc().store_end();
+        let store_end = self.space_map().alloc().store_end();
         let window = walk.tally.window();
-        for group in 0..self.space_map.alloc().group_count() {
-            let start = self.space_map.alloc().group_start(group).0;
-            let end = (start + self.superblock.group_blocks).min(store_end);
+        for group in 0..self.space_map().alloc().group_count() {
+            let start = self.space_map().alloc().group_start(group).0;
+            let end = (start + self.superblock().group_blocks).min(store_end);
             let first = (start + crate::format::group::GROUP_HEADER_BLOCKS).max(window.start);
             for addr in first..end.min(window.end) {
-                let nibble = self.space_map.alloc().nibble(BlockAddr(addr)).unwrap_or(0);
+                let nibble = self
+                    .space_map()
+                    .alloc()
+                    .nibble(BlockAddr(addr))
+                    .unwrap_or(0);
                 let allocated = nibble & NIBBLE_ALLOCATED != 0;
                 match (walk.tally.get(addr), allocated) {
                     // A write in flight holds it, and maps it shortly.
-                    (None, true) if self.space_map.alloc().is_reserved(BlockAddr(addr)) => {}
+                    (None, true) if self.space_map().alloc().is_reserved(BlockAddr(addr)) => {}
                     (None, true) => findings.leaks.push(addr),
                     (Some(seen), false) => findings.unmarked.push((addr, seen.is_meta)),
                     (Some(seen), true) if seen.is_meta != (nibble & NIBBLE_META != 0) => {
@@ -405,8 +436,8 @@ impl State {
         findings: &mut Findings,
     ) {
         let block_bytes = self.geometry().block_bytes();
-        let generation = self.superblock.birth_generation;
-        for record in self.volume_table.live_records() {
+        let generation = self.superblock().birth_generation;
+        for record in self.volume_table().live_records() {
             let actual = counts[&record.id];
             if actual.referenced != record.referenced_blocks {
                 walk.error(format!(
@@ -432,7 +463,7 @@ impl State {
     /// size fits the journal.
     fn repair(&mut self, findings: &Findings, report: &mut CheckReport) -> Result<()> {
         for &addr in &findings.leaks {
-            self.space_map.free_unreferenced(BlockAddr(addr));
+            self.space_map_mut().free_unreferenced(BlockAddr(addr));
             self.commit_if_large_during_repair()?;
         }
         if !findings.leaks.is_empty() {
@@ -447,7 +478,7 @@ impl State {
             } else {
                 BlockUse::Data
             };
-            self.space_map.mark_in_use(BlockAddr(addr), usage);
+            self.space_map_mut().mark_in_use(BlockAddr(addr), usage);
             self.commit_if_large_during_repair()?;
         }
         let remarked_count = findings.unmarked.len() + findings.wrong_kind.len();
@@ -466,7 +497,7 @@ impl State {
             .map(|&(addr, references, _)| (addr, references))
             .chain(findings.high_counts.iter().copied());
         for (addr, references) in count_fixes {
-            self.space_map
+            self.space_map_mut()
                 .set_share_count(BlockAddr(addr), references.saturating_sub(1));
             self.commit_if_large_during_repair()?;
         }
@@ -508,10 +539,10 @@ impl State {
                 ));
             }
             match Superblock::decode(&buf) {
-                Ok(sb) if sb.generation == self.superblock.generation || sb.generation.saturating_add(1) == self.superblock.generation => {}
+                Ok(sb) if sb.generation == self.superblock().generation || sb.generation.saturating_add(1) == self.superblock().generation => {}
                 Ok(sb) => report.warnings.push(format!(
                     "superblock slot {slot} has generation {}, the current one is {}",
-                    sb.generation, self.superblock.generation
+                    sb.generation, self.superblock().generation
                 )),
                 Err(SlotProblem::NewerVersion(v)) => {
                     report.errors.push(format!("superblock slot {slot} claims format version {v}"))

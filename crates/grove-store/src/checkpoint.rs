@@ -12,8 +12,10 @@ use crate::error::{Error, Result};
 use crate::format::journal::AllocChange;
 use crate::format::node::NodeKind;
 use crate::format::shares::SHARE_BLOCKS_PER_GROUP;
-use crate::format::superblock::{Superblock, SUPERBLOCK_LEN};
-use crate::state::{flush, write_block, State};
+use crate::format::superblock::SUPERBLOCK_LEN;
+use crate::io::{flush, write_block, InFlightCheckpoint};
+use crate::journal::ReplayedTransaction;
+use crate::state::State;
 use crate::types::BlockAddr;
 
 /// How the trees reach a block: by how many entries or records, and
@@ -42,12 +44,6 @@ pub(crate) struct CheckpointIo {
 /// Whole blocks to write: (where, what).
 type BlockWrites = Vec<(BlockAddr, Vec<u8>)>;
 
-/// What a prepared checkpoint records once its I/O is durable.
-pub(crate) struct InFlightCheckpoint {
-    /// The superblock it writes, with the generation it takes.
-    superblock: Superblock,
-}
-
 impl CheckpointIo {
     pub(crate) fn run(&self) -> Result<()> {
         let device = self.device.as_ref();
@@ -66,46 +62,46 @@ impl State {
     /// maps or failed write-backs. A pool that only read needs none, so
     /// opening and closing it writes nothing.
     pub fn needs_checkpoint(&self) -> bool {
-        !self.journal.is_empty()
-            || self.space_map.alloc().has_dirty_maps()
-            || self.space_map.shares().has_dirty_count_blocks()
-            || self.nodes.has_unwritten()
+        !self.journal().is_empty()
+            || self.space_map().alloc().has_dirty_maps()
+            || self.space_map().shares().has_dirty_count_blocks()
+            || self.nodes().has_unwritten()
     }
 
     /// Writes the share-count blocks whose durable counts changed, and
     /// notes in their groups' maps that they hold counts.
     pub(crate) fn write_count_blocks(&mut self) -> Result<()> {
         let dirty = self
-            .space_map
+            .space_map()
             .shares()
             .dirty_count_blocks(self.geometry().block_size_bytes);
         for count_block in &dirty {
             self.write_device_block(count_block.home, &count_block.block, "share counts")?;
         }
         let written: Vec<(u64, u32)> = dirty.iter().map(|c| (c.group, c.index)).collect();
-        self.space_map.mark_count_blocks_present(&written);
-        self.space_map.mark_count_blocks_clean();
+        self.space_map_mut().mark_count_blocks_present(&written);
+        self.space_map_mut().mark_count_blocks_clean();
         Ok(())
     }
 
     /// Reads the share-count blocks every group's map says it has.
     pub fn load_share_counts(&mut self) -> Result<()> {
         let mut block = vec![0u8; self.geometry().block_size_bytes as usize];
-        for group in 0..self.space_map.alloc().group_count() {
-            let present = self.space_map.alloc().shares_present(group);
+        for group in 0..self.space_map().alloc().group_count() {
+            let present = self.space_map().alloc().shares_present(group);
             for k in 0..SHARE_BLOCKS_PER_GROUP {
                 if present & (1 << k) == 0 {
                     continue;
                 }
-                let first = self.space_map.shares().count_block_first_of(group, k);
-                let home = BlockAddr(self.space_map.alloc().group_start(group).0 + 1 + k);
+                let first = self.space_map().shares().count_block_first_of(group, k);
+                let home = BlockAddr(self.space_map().alloc().group_start(group).0 + 1 + k);
                 self.read_block(home, &mut block, "share-count block")?;
                 match crate::format::shares::decode(BlockAddr(first), &block) {
-                    Ok(counts) => self.space_map.load_share_counts(first, &counts),
+                    Ok(counts) => self.space_map_mut().load_share_counts(first, &counts),
                     // Count blocks are rewritten in place at checkpoint, so
                     // a crash can tear one. The trees say what the counts
                     // must be: they are rebuilt once the table is loaded.
-                    Err(e) => self.share_counts_damaged.push((first, e.to_string())),
+                    Err(e) => self.note_share_counts_damaged(first, e.to_string()),
                 }
             }
         }
@@ -118,7 +114,7 @@ impl State {
     /// blocks hold counts). Both come from one walk of every tree. Returns
     /// whether it rebuilt anything (a checkpoint must then follow).
     pub(crate) fn rebuild_from_trees_if_damaged(&mut self) -> Result<bool> {
-        if self.maps_damaged.is_empty() && self.share_counts_damaged.is_empty() {
+        if self.maps_damaged().is_empty() && self.share_counts_damaged().is_empty() {
             return Ok(false);
         }
         let references = self.references_from_trees()?;
@@ -163,7 +159,7 @@ impl State {
     /// Recomputes every share count from what the trees reach, if opening
     /// found a count block it could not use (or a map, see above).
     fn rebuild_share_counts(&mut self, references: &TreeReferences) {
-        if self.share_counts_damaged.is_empty() {
+        if self.share_counts_damaged().is_empty() {
             return;
         }
         let extra: HashMap<u64, u32> = references
@@ -171,12 +167,12 @@ impl State {
             .filter(|(_, seen)| seen.count > 1)
             .map(|(addr, seen)| (addr.0, seen.count - 1))
             .collect();
-        self.space_map.rebuild_shares(extra);
-        let damaged = std::mem::take(&mut self.share_counts_damaged);
+        self.space_map_mut().rebuild_shares(extra);
+        let damaged = self.take_share_counts_damaged();
         for (first, _) in &damaged {
-            self.space_map.mark_count_block_dirty(*first);
+            self.space_map_mut().mark_count_block_dirty(*first);
         }
-        self.open_warnings.push(format!(
+        self.warn_at_open(format!(
             "{} share-count blocks were unusable ({}); all share counts were rebuilt from the trees",
             damaged.len(),
             damaged[0].1
@@ -208,27 +204,27 @@ impl State {
         // the checkpoint ends, so that reads use them, never their homes
         // being written.
         let nodes: BlockWrites = self
-            .nodes
+            .nodes()
             .unwritten()
             .map(|(home, image)| (home, image.to_vec()))
             .collect();
         // Count blocks before the maps that say they hold counts: a crash
         // between leaves a map that does not know a written count block,
         // whose counts the journal still replays.
-        let counts = self.space_map.shares().dirty_count_blocks(block_bytes);
+        let counts = self.space_map().shares().dirty_count_blocks(block_bytes);
         let present: Vec<(u64, u32)> = counts.iter().map(|c| (c.group, c.index)).collect();
-        self.space_map.mark_count_blocks_present(&present);
+        self.space_map_mut().mark_count_blocks_present(&present);
         let counts = counts.into_iter().map(|c| (c.home, c.block)).collect();
-        let maps = self.space_map.alloc().dirty_maps(block_bytes);
+        let maps = self.space_map().alloc().dirty_maps(block_bytes);
 
-        let mut superblock = self.superblock.clone();
-        superblock.volume_table_root = self.committed_roots.volume_table_root;
-        superblock.volume_table_height = self.committed_roots.volume_table_height;
-        superblock.next_volume_id = self.committed_roots.next_volume_id;
-        superblock.group_count = self.committed_roots.group_count;
-        superblock.birth_generation = self.committed_roots.birth_generation;
-        superblock.journal_head = self.journal.write_position();
-        superblock.journal_sequence = self.journal.sequence();
+        let mut superblock = self.superblock().clone();
+        superblock.volume_table_root = self.committed_roots().volume_table_root;
+        superblock.volume_table_height = self.committed_roots().volume_table_height;
+        superblock.next_volume_id = self.committed_roots().next_volume_id;
+        superblock.group_count = self.committed_roots().group_count;
+        superblock.birth_generation = self.committed_roots().birth_generation;
+        superblock.journal_head = self.journal().write_position();
+        superblock.journal_sequence = self.journal().sequence();
         // The next generation goes to the other slot; a failed write does
         // not use it up, so a retry writes the same (possibly torn) slot
         // and never the last good one.
@@ -238,7 +234,7 @@ impl State {
         let superblock_write = vec![(BlockAddr(superblock.slot()), superblock_block)];
 
         self.metadata_changed();
-        self.checkpoint_in_flight = Some(InFlightCheckpoint { superblock });
+        self.start_checkpoint_io(InFlightCheckpoint { superblock });
         CheckpointIo {
             device: self.device().clone(),
             block_bytes: u64::from(block_bytes),
@@ -257,24 +253,23 @@ impl State {
     /// the next checkpoint writes it again.
     pub(crate) fn finish_checkpoint(&mut self, result: Result<()>) -> Result<()> {
         let in_flight = self
-            .checkpoint_in_flight
-            .take()
+            .take_checkpoint_in_flight()
             .expect("a checkpoint is in flight");
         result?;
         assert_eq!(
             in_flight.superblock.journal_head,
-            self.journal.write_position(),
+            self.journal().write_position(),
             "nothing was journaled during a checkpoint"
         );
-        self.nodes.all_written_home();
-        self.space_map.mark_count_blocks_clean();
-        self.space_map.mark_maps_clean();
+        self.nodes_mut().all_written_home();
+        self.space_map_mut().mark_count_blocks_clean();
+        self.space_map_mut().mark_maps_clean();
         let written = in_flight.superblock;
-        self.superblock.generation = written.generation;
-        self.superblock.journal_head = written.journal_head;
-        self.superblock.journal_sequence = written.journal_sequence;
-        self.superblock.group_count = written.group_count;
-        self.journal.checkpointed();
+        self.superblock_mut().generation = written.generation;
+        self.superblock_mut().journal_head = written.journal_head;
+        self.superblock_mut().journal_sequence = written.journal_sequence;
+        self.superblock_mut().group_count = written.group_count;
+        self.journal_mut().checkpointed();
         Ok(())
     }
 
@@ -289,7 +284,7 @@ impl State {
         roots: &crate::format::journal::Roots,
         store_end: u64,
     ) -> Result<()> {
-        let before = &self.committed_roots;
+        let before = &self.committed_roots();
         let refuse = |why: String| {
             Err(Error::corrupt(format!(
                 "journal transaction {sequence} passes its checksum but {why}; replay refuses it"
@@ -315,13 +310,13 @@ impl State {
         }
         let root = roots.volume_table_root;
         if !root.is_none()
-            && (root.0 < self.superblock.data_start.0
+            && (root.0 < self.superblock().data_start.0
                 || root.0 >= store_end
-                || self.space_map.alloc().is_group_header(root))
+                || self.space_map().alloc().is_group_header(root))
         {
             return refuse(format!(
                 "volume_table_root {} is not a block of the data area {}..{store_end} outside the groups' own blocks",
-                root.0, self.superblock.data_start.0
+                root.0, self.superblock().data_start.0
             ));
         }
         Ok(())
@@ -334,66 +329,17 @@ impl State {
     /// states, so applying them again changes nothing.
     pub fn replay_journal(&mut self) -> Result<usize> {
         let device = std::sync::Arc::clone(self.device());
-        let transactions = self
-            .journal
-            .scan(device.as_ref(), &self.superblock.pool_uuid)?;
+        let pool_uuid = self.superblock().pool_uuid;
+        let transactions = self.journal_mut().scan(device.as_ref(), &pool_uuid)?;
         if transactions.is_empty() {
             return Ok(0);
         }
-        // An image is stale if a later transaction frees its block: the
-        // block may since hold data that the journal never saw (a revoke).
-        // Only blocks that have an image can need a revoke, so only those
-        // are looked up: a large removal frees millions of blocks.
-        let homes: BTreeSet<u64> = transactions
-            .iter()
-            .flat_map(|t| t.descriptor.homes.iter().map(|home| home.0))
-            .collect();
-        let mut last_freed: HashMap<u64, usize> = HashMap::new();
-        for (index, transaction) in transactions.iter().enumerate() {
-            for extent in &transaction.descriptor.extents {
-                if extent.change == AllocChange::Freed {
-                    let end = extent.first.0.saturating_add(u64::from(extent.count));
-                    for &addr in homes.range(extent.first.0..end) {
-                        last_freed.insert(addr, index);
-                    }
-                }
-            }
-        }
+        let last_freed = last_freed_homes(&transactions);
         // Every transaction is checked (and its extents and counts applied
         // in memory) before any image is written home: a transaction replay
         // cannot apply refuses the open with the store as it was.
         for transaction in &transactions {
-            let roots = transaction.descriptor.roots;
-            self.space_map.replay(
-                &transaction.descriptor.extents,
-                &transaction.descriptor.share_runs,
-                roots.group_count,
-            )?;
-            let store_end = self.space_map.alloc().store_end();
-            if roots.birth_generation > crate::format::node::BIRTH_GENERATION_MAX {
-                return Err(Error::corrupt(format!(
-                    "journal transaction {} claims birth generation {}",
-                    transaction.descriptor.sequence, roots.birth_generation
-                )));
-            }
-            self.check_replayed_roots(transaction.descriptor.sequence, &roots, store_end)?;
-            for home in &transaction.descriptor.homes {
-                let data_start = self.superblock.data_start.0;
-                if home.0 < data_start
-                    || home.0 >= store_end
-                    || self.space_map.alloc().is_group_header(*home)
-                {
-                    return Err(Error::corrupt(format!(
-                        "journal transaction {} writes {home}, which cannot hold journaled metadata",
-                        transaction.descriptor.sequence
-                    )));
-                }
-            }
-            self.superblock.volume_table_root = roots.volume_table_root;
-            self.superblock.volume_table_height = roots.volume_table_height;
-            self.superblock.next_volume_id = roots.next_volume_id;
-            self.superblock.birth_generation = roots.birth_generation;
-            self.committed_roots = roots;
+            self.apply_replayed(transaction)?;
         }
         for (index, transaction) in transactions.iter().enumerate() {
             for (home, image) in transaction.descriptor.homes.iter().zip(&transaction.images) {
@@ -403,8 +349,69 @@ impl State {
                 self.write_device_block(*home, image, "replayed metadata")?;
             }
         }
-        self.space_map.finish_replay();
+        self.space_map_mut().finish_replay();
         self.grow_device_to_store()?;
         Ok(transactions.len())
     }
+
+    /// Applies one replayed transaction in memory (its extents and counts,
+    /// its roots) after checking that what it claims fits the store.
+    fn apply_replayed(&mut self, transaction: &ReplayedTransaction) -> Result<()> {
+        let roots = transaction.descriptor.roots;
+        self.space_map_mut().replay(
+            &transaction.descriptor.extents,
+            &transaction.descriptor.share_runs,
+            roots.group_count,
+        )?;
+        let store_end = self.space_map().alloc().store_end();
+        if roots.birth_generation > crate::format::node::BIRTH_GENERATION_MAX {
+            return Err(Error::corrupt(format!(
+                "journal transaction {} claims birth generation {}",
+                transaction.descriptor.sequence, roots.birth_generation
+            )));
+        }
+        self.check_replayed_roots(transaction.descriptor.sequence, &roots, store_end)?;
+        for home in &transaction.descriptor.homes {
+            let data_start = self.superblock().data_start.0;
+            if home.0 < data_start
+                || home.0 >= store_end
+                || self.space_map().alloc().is_group_header(*home)
+            {
+                return Err(Error::corrupt(format!(
+                    "journal transaction {} writes {home}, which cannot hold journaled metadata",
+                    transaction.descriptor.sequence
+                )));
+            }
+        }
+        self.superblock_mut().volume_table_root = roots.volume_table_root;
+        self.superblock_mut().volume_table_height = roots.volume_table_height;
+        self.superblock_mut().next_volume_id = roots.next_volume_id;
+        self.superblock_mut().birth_generation = roots.birth_generation;
+        self.set_committed_roots(roots);
+        Ok(())
+    }
+}
+
+/// For each block a transaction writes an image home to, the last
+/// transaction that frees it. An image is stale if a later transaction
+/// frees its block: the block may since hold data that the journal never
+/// saw (a revoke). Only blocks that have an image can need a revoke, so only
+/// those are looked up: a large removal frees millions of blocks.
+fn last_freed_homes(transactions: &[ReplayedTransaction]) -> HashMap<u64, usize> {
+    let homes: BTreeSet<u64> = transactions
+        .iter()
+        .flat_map(|t| t.descriptor.homes.iter().map(|home| home.0))
+        .collect();
+    let mut last_freed: HashMap<u64, usize> = HashMap::new();
+    for (index, transaction) in transactions.iter().enumerate() {
+        for extent in &transaction.descriptor.extents {
+            if extent.change == AllocChange::Freed {
+                let end = extent.first.0.saturating_add(u64::from(extent.count));
+                for &addr in homes.range(extent.first.0..end) {
+                    last_freed.insert(addr, index);
+                }
+            }
+        }
+    }
+    last_freed
 }

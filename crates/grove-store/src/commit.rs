@@ -13,6 +13,7 @@ use std::sync::Arc;
 use crate::device::BlockDevice;
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::journal::{AllocChange, AllocExtent, Descriptor, Roots, ShareRun};
+use crate::io::{flush, InFlightCommit};
 use crate::state::State;
 use crate::types::BlockAddr;
 
@@ -37,18 +38,6 @@ pub(crate) enum PreparedCommit {
     /// I/O to run (without the state lock if the caller likes), then
     /// [`State::finish_commit`].
     Io(CommitIo),
-}
-
-/// What a prepared commit still needs once its I/O is done.
-#[derive(Default)]
-pub(crate) struct InFlightCommit {
-    /// Homes of the transaction's images, in order.
-    homes: Vec<BlockAddr>,
-    roots: Roots,
-    /// Free extents that did not fit in the transaction.
-    trailing_frees: Vec<AllocExtent>,
-    /// Blocks to make reusable once the transaction is durable.
-    frees: Vec<BlockAddr>,
 }
 
 /// The I/O of a prepared commit, which needs no state: the data flush
@@ -79,7 +68,7 @@ impl CommitIo {
             homes_written: Vec::new(),
         };
         if self.flush_data {
-            outcome.result = crate::state::flush(self.device.as_ref(), "data");
+            outcome.result = flush(self.device.as_ref(), "data");
             if outcome.result.is_err() {
                 return outcome;
             }
@@ -116,11 +105,11 @@ impl CommitIo {
 
 impl State {
     pub fn has_changes(&self) -> bool {
-        self.nodes.dirty_count() > 0
-            || self.volume_table.has_dirty()
-            || self.space_map.alloc().has_changes()
-            || self.space_map.shares().change_count() > 0
-            || self.committed_roots.birth_generation != self.superblock.birth_generation
+        self.nodes().dirty_count() > 0
+            || self.volume_table().has_dirty()
+            || self.space_map().alloc().has_changes()
+            || self.space_map().shares().change_count() > 0
+            || self.committed_roots().birth_generation != self.superblock().birth_generation
     }
 
     /// Dirty metadata that the next commit must write; the write path
@@ -132,11 +121,11 @@ impl State {
     /// run at most), so a burst of allocating writes does not commit long
     /// before the journal needs it.
     pub fn pending_commit_blocks(&self) -> u64 {
-        let images = self.nodes.dirty_count() + self.volume_table.dirty_count();
+        let images = self.nodes().dirty_count() + self.volume_table().dirty_count();
         let descriptor_bytes = Descriptor::encoded_len(
             images,
-            self.space_map.alloc().change_count(),
-            self.space_map.shares().run_count(),
+            self.space_map().alloc().change_count(),
+            self.space_map().shares().run_count(),
         );
         (images + descriptor_bytes.div_ceil(self.geometry().block_size_bytes as usize)) as u64
     }
@@ -151,29 +140,24 @@ impl State {
         }
         match self.commit() {
             Ok(frees) => {
-                self.deferred_frees.extend(frees);
+                self.defer_frees(frees);
                 Ok(())
             }
             Err(e) => {
-                self.failed = Some(e.to_string());
+                self.mark_failed(e.to_string());
                 Err(e)
             }
         }
     }
 
-    /// Frees of commits made during a repair, to release after it.
-    pub(crate) fn take_deferred_frees(&mut self) -> Vec<BlockAddr> {
-        std::mem::take(&mut self.deferred_frees)
-    }
-
     /// Blocks one journal transaction may span.
     pub fn max_transaction_blocks(&self) -> u64 {
-        self.journal.max_transaction_blocks()
+        self.journal().max_transaction_blocks()
     }
 
     /// The pending-commit size past which the write path commits by itself.
     pub fn auto_commit_blocks(&self) -> u64 {
-        self.journal.max_transaction_blocks() / 4
+        self.journal().max_transaction_blocks() / 4
     }
 
     /// Makes every change so far durable through the journal, all under
@@ -197,7 +181,7 @@ impl State {
     /// True when the journal is half full: a checkpoint is due, so that
     /// replay stays short and the next transactions find room.
     pub(crate) fn wants_checkpoint(&self) -> bool {
-        self.journal.wants_checkpoint()
+        self.journal().wants_checkpoint()
     }
 
     /// The first step of a commit: builds the transaction and does the
@@ -236,7 +220,7 @@ impl State {
         if !flush_data && !self.has_changes() {
             return Ok(PreparedCommit::Done(Vec::new()));
         }
-        let dirty_ids = self.volume_table.dirty_ids();
+        let dirty_ids = self.volume_table().dirty_ids();
         let prepared = if self.has_changes() {
             self.prepare_transaction().map(|(f, t)| (f, Some(t)))
         } else {
@@ -247,7 +231,7 @@ impl State {
             Err(e) => {
                 // Nothing was sealed: what was dirty stays dirty, so a retry
                 // after the fault clears writes all of it again.
-                self.volume_table.restore_dirty(dirty_ids);
+                self.volume_table_mut().restore_dirty(dirty_ids);
                 if flush_data {
                     self.data_dirty().store(true, Ordering::Release);
                 }
@@ -266,7 +250,7 @@ impl State {
             transaction,
             homes: in_flight.homes.clone(),
         };
-        self.commit_in_flight = Some(in_flight);
+        self.start_commit_io(in_flight);
         Ok(PreparedCommit::Io(io))
     }
 
@@ -276,12 +260,12 @@ impl State {
         let writes = self.dirty_images()?;
         self.grow_device_to_store()?;
         let roots = self.current_roots();
-        let share_runs = self.space_map.pending_share_runs();
+        let share_runs = self.space_map_mut().pending_share_runs();
         // Allocations and share counts must be durable with the tree that
         // uses them; frees may trail in later transactions (a crash between
         // leaks blocks, which check --repair and the GC reclaim, and never
         // frees a block still in use).
-        let mut extents = self.space_map.alloc().pending_extents();
+        let mut extents = self.space_map().alloc().pending_extents();
         extents.sort_by_key(|e| e.change == AllocChange::Freed);
         let (homes, images): (Vec<BlockAddr>, Vec<Vec<u8>>) = writes.into_iter().unzip();
         let first_extents = self.extents_that_fit(images.len(), share_runs.len(), &extents);
@@ -300,22 +284,22 @@ impl State {
         let trailing_frees = extents.split_off(first_extents);
         let transaction = self.reserve_transaction(roots, &homes, &images, extents, share_runs)?;
         // From here on, the bookkeeping of a durable transaction.
-        self.nodes.mark_clean();
-        let sealed = self.space_map.seal();
-        self.committed_roots = roots;
+        self.nodes_mut().mark_clean();
+        let sealed = self.space_map_mut().seal();
+        self.set_committed_roots(roots);
         // A freed block may be reused for data once this transaction is
         // durable: an older image must never be written over it.
         for extent in &sealed.extents {
             if extent.change == AllocChange::Freed {
                 let first = extent.first.0;
                 let end = first + u64::from(extent.count);
-                self.nodes.forget_images_in(first, end);
+                self.nodes_mut().forget_images_in(first, end);
             }
         }
         // Until written home, the images are where a node that leaves the
         // cache is read from.
         for (home, image) in homes.iter().zip(images) {
-            self.nodes.keep_unwritten(*home, image);
+            self.nodes_mut().keep_unwritten(*home, image);
         }
         let in_flight = InFlightCommit {
             homes,
@@ -332,17 +316,17 @@ impl State {
     fn dirty_images(&mut self) -> Result<Vec<(BlockAddr, Vec<u8>)>> {
         let block_size = self.geometry().block_size_bytes as usize;
         let mut writes = self.persist_volume_table()?;
-        writes.extend(self.nodes.dirty_images(block_size));
+        writes.extend(self.nodes().dirty_images(block_size));
         Ok(writes)
     }
 
     fn current_roots(&self) -> Roots {
         Roots {
-            volume_table_root: self.superblock.volume_table_root,
-            volume_table_height: self.superblock.volume_table_height,
-            next_volume_id: self.superblock.next_volume_id,
-            group_count: self.space_map.alloc().group_count(),
-            birth_generation: self.superblock.birth_generation,
+            volume_table_root: self.superblock().volume_table_root,
+            volume_table_height: self.superblock().volume_table_height,
+            next_volume_id: self.superblock().next_volume_id,
+            group_count: self.space_map().alloc().group_count(),
+            birth_generation: self.superblock().birth_generation,
         }
     }
 
@@ -359,11 +343,11 @@ impl State {
         let block = self.geometry().block_size_bytes as usize;
         let descriptor = self.descriptor(roots, homes.to_vec(), images, extents, share_runs);
         let len = u64::from(descriptor.descriptor_blocks) + images.len() as u64;
-        if !self.journal.fits(len) {
+        if !self.journal().fits(len) {
             self.checkpoint()?;
         }
         let bytes = crate::journal::transaction_bytes(block, &descriptor.encode(block), images);
-        let offset = self.journal.reserve(len);
+        let offset = self.journal_mut().reserve(len);
         Ok((offset, bytes))
     }
 
@@ -373,17 +357,17 @@ impl State {
     /// [`State::wants_checkpoint`]). Returns the blocks
     /// the commit freed (none if its frees could not all be journaled).
     pub(crate) fn finish_commit(&mut self, outcome: CommitIoOutcome) -> Result<Vec<BlockAddr>> {
-        let in_flight = self.commit_in_flight.take().expect("a commit is in flight");
+        let in_flight = self.take_commit_in_flight().expect("a commit is in flight");
         if let Err(e) = outcome.result {
             if outcome.journal_attempted {
-                self.journal.append_failed();
+                self.journal_mut().append_failed();
             }
             return Err(e);
         }
         // A failed write-back stays in the node store: the checkpoint
         // retries it before it lets the journal forget the transaction.
         for home in outcome.homes_written {
-            self.nodes.written_home(home);
+            self.nodes_mut().written_home(home);
         }
         let frees_durable = self.append_trailing_frees(in_flight.roots, &in_flight.trailing_frees);
         Ok(if frees_durable {
@@ -417,12 +401,6 @@ impl State {
         true
     }
 
-    /// Whether a prepared commit waits for [`State::finish_commit`], or a
-    /// prepared checkpoint for [`State::finish_checkpoint`].
-    pub(crate) fn has_io_in_flight(&self) -> bool {
-        self.commit_in_flight.is_some() || self.checkpoint_in_flight.is_some()
-    }
-
     /// For benchmarks only (feature `unsafe-no-journal`): the commit with
     /// no journal, metadata written in place and one flush. A crash can
     /// leave it inconsistent; it exists to measure what the journal costs.
@@ -436,19 +414,19 @@ impl State {
         for (home, image) in &writes {
             self.write_device_block(*home, image, "metadata")?;
         }
-        self.nodes.mark_clean();
-        let sealed = self.space_map.seal();
+        self.nodes_mut().mark_clean();
+        let sealed = self.space_map_mut().seal();
         self.write_count_blocks()?;
         for (addr, block) in self
-            .space_map
+            .space_map()
             .alloc()
             .dirty_maps(self.geometry().block_size_bytes)
         {
             self.write_device_block(addr, &block, "allocation map")?;
         }
-        self.space_map.mark_maps_clean();
+        self.space_map_mut().mark_maps_clean();
         self.flush_device("metadata")?;
-        self.committed_roots = roots;
+        self.set_committed_roots(roots);
         Ok(sealed.frees)
     }
 
@@ -456,7 +434,7 @@ impl State {
     /// and `share_runs` share-count runs.
     fn extents_that_fit(&self, images: usize, share_runs: usize, extents: &[AllocExtent]) -> usize {
         let block = self.geometry().block_size_bytes as usize;
-        let max_blocks = self.journal.max_transaction_blocks() as usize;
+        let max_blocks = self.journal().max_transaction_blocks() as usize;
         let descriptor_blocks_max = max_blocks.saturating_sub(images);
         let budget_bytes = descriptor_blocks_max * block;
         let fixed = Descriptor::encoded_len(images, 0, share_runs);
@@ -481,8 +459,8 @@ impl State {
             images_crc = crc32c::crc32c_append(images_crc, image);
         }
         Descriptor {
-            sequence: self.journal.sequence(),
-            pool_uuid: self.superblock.pool_uuid,
+            sequence: self.journal().sequence(),
+            pool_uuid: self.superblock().pool_uuid,
             descriptor_blocks: Descriptor::encoded_len(homes.len(), extents.len(), share_runs.len())
                 .div_ceil(block) as u32,
             images_crc,
@@ -505,18 +483,18 @@ impl State {
         let block = self.geometry().block_size_bytes as usize;
         let descriptor = self.descriptor(roots, homes, images, extents, share_runs);
         let len = u64::from(descriptor.descriptor_blocks) + images.len() as u64;
-        if !self.journal.fits(len) {
+        if !self.journal().fits(len) {
             self.checkpoint()?;
         }
         let bytes = descriptor.encode(block);
         let device = std::sync::Arc::clone(self.device());
-        self.journal.append(device.as_ref(), &bytes, images)
+        self.journal_mut().append(device.as_ref(), &bytes, images)
     }
 
     /// Checks that the journal reads back exactly the transactions written
     /// since the last checkpoint; returns how many.
     pub(crate) fn verify_journal(&self) -> Result<u64> {
-        self.journal
-            .verify(self.device().as_ref(), &self.superblock.pool_uuid)
+        self.journal()
+            .verify(self.device().as_ref(), &self.superblock().pool_uuid)
     }
 }

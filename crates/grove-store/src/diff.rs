@@ -252,7 +252,7 @@ impl State {
     ) -> Result<()> {
         let source = base.parent;
         let mut current = newer;
-        for _ in 0..=self.volume_table.record_count() {
+        for _ in 0..=self.volume_table().record_count() {
             if current.id == source {
                 return Ok(());
             }

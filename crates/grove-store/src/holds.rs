@@ -17,7 +17,7 @@ use crate::types::{BlockAddr, VolumeId};
 impl State {
     /// Every hold in the pool.
     pub(crate) fn holds(&self) -> impl Iterator<Item = &VolumeRecord> {
-        self.volume_table.removed_records().filter(|r| r.hold)
+        self.volume_table().removed_records().filter(|r| r.hold)
     }
 
     /// The holds on the snapshot whose GUID is `guid`.
@@ -36,7 +36,7 @@ impl State {
         );
         self.release_hold(snapshot.guid, tag);
         let id = self.next_volume_id();
-        self.volume_table.insert(VolumeRecord {
+        self.volume_table_mut().insert(VolumeRecord {
             id,
             root: BlockAddr::NONE,
             name: tag.to_string(),
@@ -67,8 +67,8 @@ impl State {
         else {
             return false;
         };
-        self.volume_table.drop_removed(id);
-        if self.volume_table.removed(parent).is_some() {
+        self.volume_table_mut().drop_removed(id);
+        if self.volume_table().removed(parent).is_some() {
             self.prune_removed(parent);
         }
         debug_assert!(self.holds_on(guid).all(|h| h.name != tag));
@@ -82,7 +82,8 @@ impl State {
             VolumeKind::Snapshot,
             "only snapshots are ranked"
         );
-        self.volume_table.update(id, |record| record.rank = rank);
+        self.volume_table_mut()
+            .update(id, |record| record.rank = rank);
         debug_assert_eq!(self.live_record(id).rank, rank);
     }
 }

@@ -92,10 +92,15 @@ impl Journal {
     /// Records that a checkpoint made everything up to the write position
     /// durable at home.
     pub fn checkpointed(&mut self) {
+        assert!(
+            self.next <= self.blocks,
+            "the write position is inside the journal"
+        );
         self.head = self.next;
         self.head_sequence = self.sequence;
         self.used_blocks = 0;
         self.checkpoint_required = false;
+        debug_assert!(self.is_empty() && self.head == self.next);
     }
 
     /// Where a transaction of `len` blocks would go, or None if it needs a
@@ -158,6 +163,10 @@ impl Journal {
             .checked_add(1)
             .expect("the journal sequence has headroom");
         assert!(self.used_blocks <= self.blocks);
+        assert!(
+            self.next <= self.blocks,
+            "a transaction ends inside the journal"
+        );
         (self.start.0 + position) * self.block_size_bytes as u64
     }
 
@@ -166,7 +175,10 @@ impl Journal {
     /// appended until a checkpoint has recorded a later one: replay can
     /// then never take the failed attempt for a retry.
     pub fn append_failed(&mut self) {
+        // Only a reserved transaction can fail: something was appended.
+        debug_assert!(!self.is_empty(), "a failed append without a reservation");
         self.checkpoint_required = true;
+        debug_assert!(!self.fits(0));
     }
 
     /// Writes a transaction (descriptor blocks then images, as one write)
@@ -179,6 +191,7 @@ impl Journal {
     ) -> Result<()> {
         let bytes = transaction_bytes(self.block_size_bytes, descriptor, images);
         let offset = self.reserve((bytes.len() / self.block_size_bytes) as u64);
+        debug_assert!(!self.is_empty());
         let written = write_transaction(device, offset, &bytes);
         if written.is_err() {
             self.append_failed();
@@ -264,6 +277,7 @@ impl Journal {
             }
         }
         self.next = position;
+        debug_assert!(self.next <= self.blocks && self.used_blocks <= self.blocks);
         Ok(found)
     }
 

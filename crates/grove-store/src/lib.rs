@@ -31,6 +31,7 @@ pub mod error;
 pub mod format;
 mod geometry;
 mod holds;
+mod io;
 mod journal;
 mod map_rebuild;
 mod node_reads;

@@ -27,24 +27,23 @@ impl State {
     /// its group's count blocks hold counts, so it marks the share counts
     /// for rebuilding too.
     pub(crate) fn rebuild_maps(&mut self, references: &TreeReferences) -> Result<()> {
-        if self.maps_damaged.is_empty() {
+        if self.maps_damaged().is_empty() {
             return Ok(());
         }
-        let damaged: BTreeMap<u64, String> =
-            std::mem::take(&mut self.maps_damaged).into_iter().collect();
+        let damaged: BTreeMap<u64, String> = self.take_maps_damaged().into_iter().collect();
         let mut in_use = InUse::new();
-        let table_height = self.superblock.volume_table_height;
+        let table_height = self.superblock().volume_table_height;
         if table_height > 0 {
-            let root = self.superblock.volume_table_root;
+            let root = self.superblock().volume_table_root;
             self.note_in_use(root, true, &damaged, &mut in_use);
             self.walk_table_for_map(root, table_height - 1, &damaged, &mut in_use)?;
         }
         for (&addr, seen) in references {
             self.note_in_use(addr, seen.is_node, &damaged, &mut in_use);
         }
-        let group_blocks = self.superblock.group_blocks;
+        let group_blocks = self.superblock().group_blocks;
         for &group in damaged.keys() {
-            let start = self.space_map.alloc().group_start(group).0;
+            let start = self.space_map().alloc().group_start(group).0;
             let mut nibbles = vec![0u8; group_blocks as usize];
             nibbles[..GROUP_HEADER_BLOCKS as usize].fill(NIBBLE_ALLOCATED | NIBBLE_META);
             for (slot, nibble) in nibbles
@@ -56,16 +55,15 @@ impl State {
                     *nibble = NIBBLE_ALLOCATED | if is_meta { NIBBLE_META } else { 0 };
                 }
             }
-            self.space_map.rebuild_group(group, &nibbles);
+            self.space_map_mut().rebuild_group(group, &nibbles);
             // Which count blocks hold counts went with the map: every count
             // is rebuilt, and the group's first count block rewritten.
-            let first = self.space_map.shares().count_block_first_of(group, 0);
-            self.share_counts_damaged
-                .push((first, format!("the map of group {group} was unusable")));
+            let first = self.space_map().shares().count_block_first_of(group, 0);
+            self.note_share_counts_damaged(first, format!("the map of group {group} was unusable"));
         }
         let why = damaged.values().next().expect("not empty");
         let groups: Vec<String> = damaged.keys().map(u64::to_string).collect();
-        self.open_warnings.push(format!(
+        self.warn_at_open(format!(
             "the allocation maps of groups {} were unusable ({why}); they were rebuilt from the trees",
             groups.join(", ")
         ));
@@ -81,11 +79,11 @@ impl State {
         damaged: &BTreeMap<u64, String>,
         in_use: &mut InUse,
     ) {
-        let data_start = self.superblock.data_start.0;
-        if addr.0 < data_start || addr.0 >= self.space_map.alloc().store_end() {
+        let data_start = self.superblock().data_start.0;
+        if addr.0 < data_start || addr.0 >= self.space_map().alloc().store_end() {
             return;
         }
-        let group = (addr.0 - data_start) / self.superblock.group_blocks;
+        let group = (addr.0 - data_start) / self.superblock().group_blocks;
         if damaged.contains_key(&group) {
             // A block reached as a node is metadata even if some (damaged)
             // entry also names it as data: the node must never be reused.

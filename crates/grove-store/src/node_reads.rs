@@ -114,8 +114,8 @@ impl State {
         reads: &mut NodeReads,
     ) -> Result<Option<Box<[Entry]>>> {
         if reads.direct
-            || self.nodes.peek(addr).is_some()
-            || self.nodes.unwritten_image(addr).is_some()
+            || self.nodes().peek(addr).is_some()
+            || self.nodes().unwritten_image(addr).is_some()
         {
             return self.node_entries(addr, kind, level).map(Some);
         }

@@ -68,17 +68,27 @@ impl NodeStore {
 
     /// A cached node, used now (it gets its second chance).
     pub(crate) fn get(&mut self, addr: BlockAddr) -> Option<&Node> {
-        self.cache.get(addr)
+        let cached = self.cache.contains(addr);
+        let node = self.cache.get(addr);
+        debug_assert_eq!(node.is_some(), cached, "{addr}: use moved it in or out");
+        node
     }
 
     /// Keeps a node read from its block, clean.
     pub(crate) fn insert_read(&mut self, addr: BlockAddr, node: Node) {
+        // What the block holds is older than a dirty node: never replace one.
+        assert!(
+            !self.cache.dirty().contains(&addr),
+            "{addr}: a read would replace a dirty node"
+        );
         self.cache.insert(addr, node, false);
+        debug_assert!(self.cache.contains(addr));
     }
 
     /// Keeps a node made in memory for a newly allocated block: dirty.
     pub(crate) fn insert_new(&mut self, addr: BlockAddr, node: Node) {
         self.cache.insert(addr, node, true);
+        debug_assert!(self.cache.contains(addr) && self.cache.dirty().contains(&addr));
     }
 
     /// An entry of a node this operation loaded.
@@ -88,19 +98,27 @@ impl NodeStore {
 
     /// Changes an entry of a node this operation loaded: dirty from now.
     pub(crate) fn set_entry(&mut self, addr: BlockAddr, slot: usize, entry: Entry) {
+        assert!(
+            self.cache.contains(addr),
+            "{addr}: changed before it was loaded"
+        );
         self.cache.set_entry(addr, slot, entry);
+        debug_assert!(self.cache.dirty().contains(&addr) && self.cache.entry(addr, slot) == entry);
     }
 
     /// The block of a node was freed: the epoch moves and the node goes.
     pub(crate) fn forget(&mut self, addr: BlockAddr) {
         self.changed();
         self.cache.remove(addr);
+        debug_assert!(!self.cache.contains(addr) && !self.cache.dirty().contains(&addr));
     }
 
     /// A new operation holds the pool lock: nodes the last one used may be
     /// evicted from now on.
     pub(crate) fn begin_operation(&mut self) {
+        let dirty = self.cache.dirty().len();
         self.cache.begin_operation();
+        debug_assert_eq!(self.cache.dirty().len(), dirty, "dirty nodes stay pinned");
     }
 
     /// Keeps at most `cache_nodes` decoded nodes from now on. Dirty nodes
@@ -112,6 +130,7 @@ impl NodeStore {
                 self.cache.insert(addr, node.clone(), true);
             }
         }
+        debug_assert_eq!(self.cache.dirty(), old.dirty(), "dirty nodes move over");
     }
 
     // ----- dirty nodes, for the commit -----
@@ -137,6 +156,7 @@ impl NodeStore {
     /// The dirty nodes are in a transaction now: clean, evictable again.
     pub(crate) fn mark_clean(&mut self) {
         self.cache.mark_all_clean();
+        debug_assert!(self.cache.dirty().is_empty());
     }
 
     // ----- journaled images not yet home -----
@@ -150,19 +170,28 @@ impl NodeStore {
     /// A transaction journals `image` for `home`: read from it until its
     /// write home lands.
     pub(crate) fn keep_unwritten(&mut self, home: BlockAddr, image: Vec<u8>) {
+        assert!(!image.is_empty(), "{home}: an empty image");
         self.unwritten_homes.insert(home, image);
+        debug_assert!(self.unwritten_homes.contains_key(&home));
     }
 
     /// The image of `home` landed at home.
     pub(crate) fn written_home(&mut self, home: BlockAddr) {
         self.unwritten_homes.remove(&home);
+        debug_assert!(!self.unwritten_homes.contains_key(&home));
     }
 
     /// Blocks [first, end) were freed by a durable transaction and may be
     /// reused for data: an older image must never be written over them.
     pub(crate) fn forget_images_in(&mut self, first: u64, end: u64) {
+        assert!(first <= end, "blocks {first}..{end}");
         self.unwritten_homes
             .retain(|addr, _| addr.0 < first || addr.0 >= end);
+        debug_assert!(self
+            .unwritten_homes
+            .range(BlockAddr(first)..BlockAddr(end))
+            .next()
+            .is_none());
     }
 
     pub(crate) fn has_unwritten(&self) -> bool {
@@ -179,5 +208,6 @@ impl NodeStore {
     /// Every image is home (the checkpoint wrote them).
     pub(crate) fn all_written_home(&mut self) {
         self.unwritten_homes.clear();
+        debug_assert!(!self.has_unwritten());
     }
 }

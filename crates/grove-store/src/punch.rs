@@ -25,44 +25,13 @@ use std::sync::Arc;
 
 use crate::device::{is_punch_unsupported, BlockDevice};
 use crate::format::group::NIBBLE_PENDING_FREE;
+pub use crate::io::PunchStats;
 use crate::state::State;
 use crate::types::BlockAddr;
 
-/// Most blocks the backlog holds (8 bytes each): frees past it are not
-/// punched (they keep their host space until reused, or until `check
-/// --repair`). Flushes and reclaim batches empty it long before.
-pub(crate) const PUNCH_BACKLOG_BLOCKS_MAX: usize = 1 << 20;
 /// Most blocks one run reserves while it punches without the lock: they
 /// cannot be allocated meanwhile.
 pub(crate) const PUNCH_RUN_BLOCKS_MAX: usize = 16 * 1024;
-
-/// Punching's own state in `State`, private to this file: what it did, and
-/// the blocks made reusable since they were last punched.
-#[derive(Default)]
-pub(crate) struct Puncher {
-    stats: PunchStats,
-    backlog: Vec<BlockAddr>,
-}
-
-/// What hole punching did on the pool's device since the pool was opened.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PunchStats {
-    /// Extents punched: one device call each.
-    pub extents: u64,
-    /// Blocks in those extents.
-    pub blocks: u64,
-    /// Punches that failed for another reason than "cannot punch"; their
-    /// blocks keep their host space until they are written and freed again
-    /// (or `check --repair` punches every free extent).
-    pub errors: u64,
-    /// Freed blocks left unpunched because the backlog was full.
-    pub dropped_blocks: u64,
-    /// The device cannot punch holes: punching is off.
-    pub unsupported: bool,
-    /// Time spent in punch calls (without the state lock, except for
-    /// `check --repair`'s).
-    pub elapsed_us: u64,
-}
 
 /// Sorts `blocks` and merges neighbours into extents (first block, count).
 pub(crate) fn coalesce(blocks: &mut [BlockAddr]) -> Vec<(BlockAddr, u64)> {
@@ -136,22 +105,18 @@ impl State {
     /// freed) on the punch backlog, just before `make_reusable` releases
     /// them.
     pub(crate) fn queue_durable_frees(&mut self, frees: &[BlockAddr]) {
-        if self.punch.stats.unsupported {
+        if self.puncher().is_off() {
             return;
         }
         for &addr in frees {
-            if self.space_map.alloc().nibble(addr) != Some(NIBBLE_PENDING_FREE) {
+            if self.space_map().alloc().nibble(addr) != Some(NIBBLE_PENDING_FREE) {
                 continue;
             }
             assert!(
-                !self.space_map.alloc().is_group_header(addr),
+                !self.space_map().alloc().is_group_header(addr),
                 "{addr} is a group's own block and is never freed"
             );
-            if self.punch.backlog.len() < PUNCH_BACKLOG_BLOCKS_MAX {
-                self.punch.backlog.push(addr);
-            } else {
-                self.punch.stats.dropped_blocks += 1;
-            }
+            self.puncher_mut().queue(addr);
         }
     }
 
@@ -161,27 +126,23 @@ impl State {
     /// backlog; None when the backlog is empty. `finish_punch_run` must
     /// follow.
     pub(crate) fn take_punch_run(&mut self, max_blocks: usize) -> Option<(PunchRun, usize)> {
-        if self.punch.stats.unsupported {
-            self.punch.backlog.clear();
+        if self.puncher().is_off() {
+            self.puncher_mut().clear_backlog();
         }
-        if self.punch.backlog.is_empty() || max_blocks == 0 {
+        if self.puncher().backlog_len() == 0 || max_blocks == 0 {
             return None;
         }
-        let take = self
-            .punch
-            .backlog
-            .len()
-            .min(max_blocks)
-            .min(PUNCH_RUN_BLOCKS_MAX);
-        let start = self.punch.backlog.len() - take;
-        let mut blocks: Vec<BlockAddr> = self.punch.backlog.drain(start..).collect();
+        let mut blocks = self
+            .puncher_mut()
+            .take(max_blocks.min(PUNCH_RUN_BLOCKS_MAX));
+        let take = blocks.len();
         blocks.sort_unstable();
         blocks.dedup();
         // A block reused since it was queued holds its new owner's data.
-        blocks.retain(|&addr| self.space_map.alloc().nibble(addr) == Some(0));
+        blocks.retain(|&addr| self.space_map().alloc().nibble(addr) == Some(0));
         for &addr in &blocks {
-            debug_assert!(!self.space_map.alloc().is_group_header(addr));
-            self.space_map.reserve_free(addr);
+            debug_assert!(!self.space_map().alloc().is_group_header(addr));
+            self.space_map_mut().reserve_free(addr);
         }
         let run = PunchRun {
             device: self.device().clone(),
@@ -193,7 +154,7 @@ impl State {
 
     /// Freed blocks waiting to be punched.
     pub(crate) fn punch_backlog_len(&self) -> usize {
-        self.punch.backlog.len()
+        self.puncher().backlog_len()
     }
 
     /// Gives a run's blocks back to the allocator and records what it did.
@@ -201,31 +162,31 @@ impl State {
         for &(first, count) in &run.extents {
             for addr in (first.0..first.0 + count).map(BlockAddr) {
                 assert!(
-                    self.space_map.alloc().is_reserved(addr),
+                    self.space_map().alloc().is_reserved(addr),
                     "{addr} was not held for punching"
                 );
-                self.space_map.unreserve(addr);
+                self.space_map_mut().unreserve(addr);
             }
         }
         self.record_punches(outcome);
     }
 
     fn record_punches(&mut self, outcome: PunchOutcome) {
-        self.punch.stats.extents += outcome.extents;
-        self.punch.stats.blocks += outcome.blocks;
-        self.punch.stats.elapsed_us += outcome.elapsed_us;
+        self.puncher_mut().count(
+            outcome.extents,
+            outcome.blocks,
+            outcome.failures,
+            outcome.elapsed_us,
+        );
         if let Some(e) = outcome.unsupported {
-            if !self.punch.stats.unsupported {
+            if self.puncher_mut().turn_off() {
                 tracing::info!(
                     "{} cannot punch holes ({e}): freed blocks keep their space on the host",
                     self.device().describe()
                 );
             }
-            self.punch.stats.unsupported = true;
-            self.punch.backlog.clear();
         }
         if let Some(e) = outcome.first_error {
-            self.punch.stats.errors += outcome.failures;
             tracing::warn!(
                 "cannot punch {} freed extents out of {} ({e}); their space stays allocated on the host",
                 outcome.failures,
@@ -240,13 +201,13 @@ impl State {
     /// pass over the maps in memory, one device call per free extent;
     /// `check --repair` runs it. Returns the blocks punched.
     pub(crate) fn punch_free_space(&mut self) -> u64 {
-        let data_start = self.superblock.data_start.0;
+        let data_start = self.superblock().data_start.0;
         // Slots past a capacity that ends inside the last group are not
         // free space: they are not in the store at all.
-        let end = match self.space_map.alloc().capacity_blocks() {
-            0 => self.space_map.alloc().store_end(),
+        let end = match self.space_map().alloc().capacity_blocks() {
+            0 => self.space_map().alloc().store_end(),
             capacity => self
-                .space_map
+                .space_map()
                 .alloc()
                 .store_end()
                 .min(data_start + capacity),
@@ -254,8 +215,8 @@ impl State {
         let mut extents = Vec::new();
         let mut run: Option<(BlockAddr, u64)> = None;
         for addr in (data_start..end).map(BlockAddr) {
-            if self.space_map.alloc().nibble(addr) == Some(0) {
-                debug_assert!(!self.space_map.alloc().is_group_header(addr));
+            if self.space_map().alloc().nibble(addr) == Some(0) {
+                debug_assert!(!self.space_map().alloc().is_group_header(addr));
                 run = match run {
                     Some((first, count)) => Some((first, count + 1)),
                     None => Some((addr, 1)),
@@ -265,10 +226,10 @@ impl State {
             }
         }
         extents.extend(run);
-        let before = self.punch.stats.blocks;
+        let before = self.puncher().stats().blocks;
         // Every free block is punched now: the backlog has nothing left.
-        self.punch.backlog.clear();
-        if !self.punch.stats.unsupported {
+        self.puncher_mut().clear_backlog();
+        if !self.puncher().is_off() {
             let run = PunchRun {
                 device: self.device().clone(),
                 block_bytes: self.geometry().block_bytes(),
@@ -277,12 +238,12 @@ impl State {
             let outcome = run.execute();
             self.record_punches(outcome);
         }
-        self.punch.stats.blocks - before
+        self.puncher().stats().blocks - before
     }
 
     /// What punching did since the pool was opened.
     pub(crate) fn punch_stats(&self) -> PunchStats {
-        self.punch.stats
+        self.puncher().stats()
     }
 }
 

@@ -52,7 +52,7 @@ struct DyingTally {
 impl State {
     /// The first removed record whose tree is not given back yet.
     fn next_dying(&self) -> Option<VolumeId> {
-        self.volume_table
+        self.volume_table()
             .removed_records()
             .find(|r| !r.root.is_none())
             .map(|r| r.id)
@@ -90,20 +90,20 @@ impl State {
         while budget > 0 && self.pending_commit_blocks() <= self.auto_commit_blocks() {
             let Some(id) = self.next_dying() else { break };
             let record = self
-                .volume_table
+                .volume_table()
                 .removed(id)
                 .expect("removed record")
                 .clone();
             let root = record.root;
             // A root others share only loses a count; the last reference
             // is released once everything below it has been given back.
-            let emptied = !self.space_map.is_last_reference(root)
+            let emptied = !self.space_map().is_last_reference(root)
                 || self.reclaim_node(root, record.height - 1, &mut budget, &mut freed_blocks)?;
             if emptied && self.release_reference(root) == Release::Freed {
                 freed_blocks += 1;
             }
             if emptied {
-                self.volume_table
+                self.volume_table_mut()
                     .update(id, |record| record.root = BlockAddr::NONE);
                 emptied_ids.push(id);
                 budget = budget.saturating_sub(1);
@@ -139,7 +139,7 @@ impl State {
             let child = entry.addr();
             // A shared child only loses a count. Ours alone, a data block
             // or a node now emptied is freed; a node not yet emptied waits.
-            let last = self.space_map.is_last_reference(child);
+            let last = self.space_map().is_last_reference(child);
             if last && level > 0 && !self.reclaim_node(child, level - 1, budget, freed_blocks)? {
                 return Ok(false);
             }
@@ -182,7 +182,7 @@ impl State {
 
     fn dying_tally(&mut self, doomed: &[VolumeId], reads: &mut NodeReads) -> Result<DyingTally> {
         let removed = self
-            .volume_table
+            .volume_table()
             .removed_records()
             .filter(|r| !r.root.is_none())
             .map(|r| (r.root, r.height, true));
@@ -219,7 +219,7 @@ impl State {
         tally: &mut DyingTally,
         reads: &mut NodeReads,
     ) {
-        let references = self.space_map.shares().extra(addr).saturating_add(1);
+        let references = self.space_map().references(addr);
         let seen = tally.seen.entry(addr).or_default();
         *seen += 1;
         if *seen != references {

@@ -28,12 +28,12 @@ impl State {
 
     /// A live record of any kind (partial receives too) whose GUID is `guid`.
     pub(crate) fn live_record_by_guid(&self, guid: &[u8; 16]) -> Option<&VolumeRecord> {
-        self.volume_table.live_records().find(|r| &r.guid == guid)
+        self.volume_table().live_records().find(|r| &r.guid == guid)
     }
 
     /// The partial receive named `name`.
     pub(crate) fn partial_receive(&self, name: &str) -> Result<&VolumeRecord> {
-        match self.volume_table.by_name(name) {
+        match self.volume_table().by_name(name) {
             Some(record) if record.receive_progress.is_some() => Ok(record),
             _ => Err(Error::new(
                 ErrorKind::NotFound,
@@ -72,7 +72,7 @@ impl State {
                 id
             }
         };
-        self.volume_table.update(id, |record| {
+        self.volume_table_mut().update(id, |record| {
             record.guid = target_guid;
             record.receive_progress = Some(0);
         });
@@ -82,7 +82,7 @@ impl State {
     /// Records that a partial receive holds the target's first
     /// `progress_bytes`: durable with the next commit, as the data is.
     pub(crate) fn set_receive_progress(&mut self, id: VolumeId, progress_bytes: u64) {
-        self.volume_table.update(id, |record| {
+        self.volume_table_mut().update(id, |record| {
             assert!(record.receive_progress.is_some(), "not a partial receive");
             record.receive_progress = Some(progress_bytes);
         });
@@ -92,7 +92,7 @@ impl State {
     /// same record, visible from the commit that writes it.
     pub(crate) fn finish_receive(&mut self, id: VolumeId, created_unix_secs: u64) -> Result<()> {
         let generation = self.take_generation()?;
-        self.volume_table.update(id, |record| {
+        self.volume_table_mut().update(id, |record| {
             assert!(record.receive_progress.is_some(), "not a partial receive");
             record.receive_progress = None;
             record.kind = VolumeKind::Snapshot;
@@ -106,7 +106,7 @@ impl State {
     /// Drops a partial receive: an ordinary removed volume from then on,
     /// whose tree the reclaimer gives back.
     pub(crate) fn abort_receive(&mut self, id: VolumeId) {
-        self.volume_table.update(id, |record| {
+        self.volume_table_mut().update(id, |record| {
             assert!(record.receive_progress.is_some(), "not a partial receive");
             record.receive_progress = None;
         });
@@ -115,13 +115,13 @@ impl State {
 
     /// The cursor of replication target `target`.
     pub(crate) fn cursor(&self, target: &str) -> Option<&VolumeRecord> {
-        self.volume_table
+        self.volume_table()
             .removed_records()
             .find(|r| r.cursor && r.name == target)
     }
 
     pub(crate) fn cursors(&self) -> impl Iterator<Item = &VolumeRecord> {
-        self.volume_table.removed_records().filter(|r| r.cursor)
+        self.volume_table().removed_records().filter(|r| r.cursor)
     }
 
     /// Points target `target`'s cursor at snapshot `snapshot`, replacing
@@ -135,7 +135,7 @@ impl State {
         );
         self.remove_cursor(target);
         let id = self.next_volume_id();
-        self.volume_table.insert(VolumeRecord {
+        self.volume_table_mut().insert(VolumeRecord {
             id,
             parent: snapshot.parent,
             root: BlockAddr::NONE,
@@ -154,8 +154,8 @@ impl State {
         let Some(old) = self.cursor(target).map(|r| (r.id, r.parent)) else {
             return false;
         };
-        self.volume_table.drop_removed(old.0);
-        if self.volume_table.removed(old.1).is_some() {
+        self.volume_table_mut().drop_removed(old.0);
+        if self.volume_table().removed(old.1).is_some() {
             self.prune_removed(old.1);
         }
         true

@@ -123,6 +123,7 @@ impl Shares {
             )));
         }
         self.set(addr, before + 1);
+        debug_assert_eq!(self.extra(addr), before + 1, "{addr}: count");
         Ok((before, before + 1))
     }
 
@@ -160,6 +161,8 @@ impl Shares {
         self.run_links = self.run_links + joins(left, is) + joins(is, right)
             - joins(left, was)
             - joins(was, right);
+        debug_assert_eq!(self.changed_count(addr.0), Some(extra), "{addr}: count");
+        debug_assert!(self.run_links < self.changed_blocks, "runs counted");
     }
 
     /// The live count of `addr` if it changed since the last seal.
@@ -177,7 +180,12 @@ impl Shares {
 
     /// Sets a block's count outright (check --repair).
     pub fn set_exact(&mut self, addr: BlockAddr, extra: u32) {
+        assert!(
+            extra <= EXTRA_REFERENCES_MAX,
+            "{addr}: {extra} extra references"
+        );
         self.set(addr, extra);
+        debug_assert_eq!(self.extra(addr), extra);
     }
 
     /// Replaces every count with `extra` (rebuilt from the trees), live and
@@ -200,6 +208,10 @@ impl Shares {
             }
         }
         self.dirty_count_blocks.extend(touched);
+        debug_assert_eq!(self.changed_blocks, 0);
+        debug_assert!(extra
+            .iter()
+            .all(|(&addr, &n)| self.extra(BlockAddr(addr)) == n));
     }
 
     /// Sets a block's live and durable count alike (loading, replay, rebuild).
@@ -231,6 +243,11 @@ impl Shares {
 
     /// Marks the count block covering blocks from `first` for rewriting.
     pub fn mark_count_block_dirty(&mut self, first: u64) {
+        assert_eq!(
+            self.count_block_first(first),
+            first,
+            "not a count block's first block"
+        );
         self.dirty_count_blocks.insert(first);
     }
 
@@ -248,6 +265,8 @@ impl Shares {
     /// address order.
     fn changes(&mut self) -> impl Iterator<Item = (u64, u32)> + '_ {
         self.changed_chunks.sort_unstable();
+        // `set` lists a chunk once, when its first count changes.
+        debug_assert!(self.changed_chunks.windows(2).all(|w| w[0] < w[1]));
         let chunks = &self.chunks;
         self.changed_chunks.iter().flat_map(move |chunk_no| {
             let chunk = &chunks[chunk_no];
@@ -328,8 +347,10 @@ impl Shares {
                 self.set_both(addr, run.extra);
                 let first = self.count_block_first(addr);
                 self.dirty_count_blocks.insert(first);
+                debug_assert_eq!(self.extra(BlockAddr(addr)), run.extra);
             }
         }
+        debug_assert_eq!(self.changed_blocks, 0, "replay changes nothing live");
         Ok(())
     }
 
@@ -371,10 +392,16 @@ impl Shares {
     /// Loads the counts of one count block read at open, as live and
     /// durable ones.
     pub fn load(&mut self, first: u64, counts: &[u32]) {
+        assert_eq!(
+            self.count_block_first(first),
+            first,
+            "not a count block's first block"
+        );
         let in_group = self.counts_in_group(first);
         for (i, &extra) in counts.iter().enumerate().take(in_group) {
             if extra != 0 {
                 self.set_both(first + i as u64, extra);
+                debug_assert_eq!(self.extra(BlockAddr(first + i as u64)), extra);
             }
         }
     }
@@ -410,6 +437,7 @@ impl Shares {
 
     pub fn mark_count_blocks_clean(&mut self) {
         self.dirty_count_blocks.clear();
+        debug_assert!(!self.has_dirty_count_blocks());
     }
 
     pub fn has_dirty_count_blocks(&self) -> bool {

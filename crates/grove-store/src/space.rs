@@ -24,6 +24,7 @@ use std::collections::HashMap;
 
 use crate::alloc::{Allocator, BlockUse, SealedChanges};
 use crate::error::Result;
+use crate::format::group::NIBBLE_PENDING_FREE;
 use crate::format::journal::{AllocExtent, ShareRun};
 use crate::shares::Shares;
 use crate::types::BlockAddr;
@@ -66,12 +67,25 @@ impl SpaceMap {
     /// `capacity.rs` calls it, with the superblock kept in step.
     pub(crate) fn set_capacity(&mut self, capacity_blocks: u64) {
         self.alloc.set_capacity(capacity_blocks);
+        debug_assert_eq!(self.alloc.capacity_blocks(), capacity_blocks);
     }
 
     /// True if `addr` has no other reference than the one a caller is
     /// about to release: releasing it will free it.
     pub(crate) fn is_last_reference(&self, addr: BlockAddr) -> bool {
-        !self.shares.is_shared(addr)
+        !self.is_shared(addr)
+    }
+
+    /// True if more than one entry points at `addr`: a write must copy it
+    /// (dedicate-on-write), and accounting counts it as not unique.
+    pub(crate) fn is_shared(&self, addr: BlockAddr) -> bool {
+        self.shares.is_shared(addr)
+    }
+
+    /// How many entries point at `addr` (an allocated block has one at
+    /// least), for walks that count references they meet.
+    pub(crate) fn references(&self, addr: BlockAddr) -> u32 {
+        self.shares.extra(addr).saturating_add(1)
     }
 
     // ----- references -----
@@ -98,7 +112,15 @@ impl SpaceMap {
             assert_eq!(self.shares.extra(addr), extra - 1, "{addr}: count");
             Release::Shared
         } else {
+            let refused = self.alloc.inconsistent_frees();
             self.alloc.free(addr);
+            // A block freed must have been allocated: one that was not is
+            // damage on disk, refused and counted for `check`.
+            debug_assert!(
+                self.alloc.nibble(addr) == Some(NIBBLE_PENDING_FREE)
+                    || self.alloc.inconsistent_frees() == refused + 1,
+                "{addr}: freed, or refused as damage"
+            );
             Release::Freed
         }
     }
@@ -106,7 +128,14 @@ impl SpaceMap {
     /// Frees a block that no entry or record points at: a leak found by
     /// `check --repair`, or a new block a failed write never mapped.
     pub(crate) fn free_unreferenced(&mut self, addr: BlockAddr) {
+        debug_assert!(!self.shares.is_shared(addr), "{addr}: others point at it");
+        let refused = self.alloc.inconsistent_frees();
         self.alloc.free(addr);
+        debug_assert!(
+            self.alloc.nibble(addr) == Some(NIBBLE_PENDING_FREE)
+                || self.alloc.inconsistent_frees() == refused + 1,
+            "{addr}: freed, or refused as damage"
+        );
     }
 
     // ----- allocation -----
@@ -145,7 +174,12 @@ impl SpaceMap {
 
     /// Makes blocks freed by a now-durable transaction reusable.
     pub(crate) fn release_durable_frees(&mut self, frees: Vec<BlockAddr>) {
+        let free_before = self.alloc.free_blocks();
+        let count = frees.len() as u64;
         self.alloc.release(frees);
+        // Only blocks still pending free turn free (a repair may have put
+        // one back in use): never more than were given.
+        debug_assert!(self.alloc.free_blocks() - free_before <= count);
     }
 
     // ----- repair -----
@@ -166,7 +200,9 @@ impl SpaceMap {
 
     /// The open transaction's share-count runs.
     pub(crate) fn pending_share_runs(&mut self) -> Vec<ShareRun> {
-        self.shares.pending_runs()
+        let runs = self.shares.pending_runs();
+        debug_assert_eq!(runs.is_empty(), self.shares.change_count() == 0);
+        runs
     }
 
     /// The open transaction is durable: both fold it into their durable
@@ -187,17 +223,24 @@ impl SpaceMap {
     ) -> Result<()> {
         self.alloc.replay(extents, group_count)?;
         let store_end = self.alloc.store_end();
-        self.shares.replay(share_runs, store_end)
+        self.shares.replay(share_runs, store_end)?;
+        debug_assert!(!self.alloc.has_changes() && self.shares.change_count() == 0);
+        Ok(())
     }
 
     /// After replay, the live state starts from the durable one.
     pub(crate) fn finish_replay(&mut self) {
         self.alloc.finish_replay();
+        debug_assert!(
+            !self.alloc.has_changes(),
+            "the live maps start from the durable ones"
+        );
     }
 
     /// The allocation maps are written.
     pub(crate) fn mark_maps_clean(&mut self) {
         self.alloc.mark_maps_clean();
+        debug_assert!(!self.alloc.has_dirty_maps());
     }
 
     /// The count blocks in `written` (group, index) are written (or are
@@ -205,30 +248,42 @@ impl SpaceMap {
     pub(crate) fn mark_count_blocks_present(&mut self, written: &[(u64, u32)]) {
         for &(group, index) in written {
             self.alloc.mark_shares_present(group, index);
+            debug_assert!(self.alloc.shares_present(group) & (1 << index) != 0);
         }
     }
 
     /// The dirty count blocks are durable: none is dirty any more.
     pub(crate) fn mark_count_blocks_clean(&mut self) {
         self.shares.mark_count_blocks_clean();
+        debug_assert!(!self.shares.has_dirty_count_blocks());
     }
 
     /// Loads the counts of one count block read at open.
     pub(crate) fn load_share_counts(&mut self, first: u64, counts: &[u32]) {
         self.shares.load(first, counts);
+        debug_assert_eq!(self.shares.change_count(), 0, "loaded counts are durable");
     }
 
     /// Replaces every count with what the trees say.
     pub(crate) fn rebuild_shares(&mut self, extra: HashMap<u64, u32>) {
         self.shares.rebuild(extra);
+        debug_assert_eq!(self.shares.change_count(), 0, "rebuilt counts are durable");
     }
 
     pub(crate) fn mark_count_block_dirty(&mut self, first: u64) {
         self.shares.mark_count_block_dirty(first);
+        debug_assert!(self.shares.has_dirty_count_blocks());
     }
 
     /// Replaces a group's map with one rebuilt from the trees.
     pub(crate) fn rebuild_group(&mut self, group: u64, nibbles: &[u8]) {
         self.alloc.rebuild_group(group, nibbles);
+        debug_assert!(
+            (0..nibbles.len() as u64).all(|slot| {
+                let addr = BlockAddr(self.alloc.group_start(group).0 + slot);
+                self.alloc.nibble(addr) == Some(nibbles[slot as usize])
+            }),
+            "group {group}: the map is what the trees say"
+        );
     }
 }

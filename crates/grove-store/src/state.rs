@@ -14,12 +14,12 @@ use std::sync::Arc;
 
 use crate::alloc::{Allocator, BlockUse};
 use crate::cache::NodeCache;
-use crate::commit::InFlightCommit;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::journal::Roots;
 use crate::format::node::{Entry, Node, NodeKind};
 use crate::format::superblock::Superblock;
+use crate::io::{flush, write_block, InFlightCheckpoint, InFlightCommit, PoolIo, Puncher};
 use crate::journal::Journal;
 use crate::node_store::NodeStore;
 use crate::records::VolumeTable;
@@ -46,28 +46,27 @@ pub(crate) struct Space {
 pub struct State {
     device: Arc<dyn BlockDevice>,
     geometry: Geometry,
-    pub(crate) superblock: Superblock,
+    superblock: Superblock,
     /// Which blocks are in use and how many references each has: the
     /// allocator and the share counts, changed only through its methods.
-    pub(crate) space_map: SpaceMap,
+    space_map: SpaceMap,
     /// Decoded nodes, and journaled images not yet home: where a node is
     /// read from (`node_store.rs`).
-    pub(crate) nodes: NodeStore,
+    nodes: NodeStore,
     /// Every volume record, live and removed, with its indexes and dirty
     /// marks, changed only through its methods (`records.rs`).
-    pub(crate) volume_table: VolumeTable,
+    volume_table: VolumeTable,
     /// Why the pool stopped taking changes: a commit failed, so what is
     /// in memory may no longer match anything durable. Reads go on.
-    pub(crate) failed: Option<String>,
+    failed: Option<String>,
     /// Count blocks that could not be decoded at open (torn by a crash
     /// during a checkpoint); the counts are rebuilt from the trees.
-    pub(crate) share_counts_damaged: Vec<(u64, String)>,
+    share_counts_damaged: Vec<(u64, String)>,
     /// Groups whose map block could not be decoded at open (torn by a
     /// crash during a checkpoint), and why; rebuilt from the trees.
-    pub(crate) maps_damaged: Vec<(u64, String)>,
+    maps_damaged: Vec<(u64, String)>,
     /// Blocks freed by commits made in the middle of a repair.
-    pub(crate) deferred_frees: Vec<BlockAddr>,
-    /// Data was written since the last device flush.
+    deferred_frees: Vec<BlockAddr>,
     /// Data was written since the last device flush. Shared with writers
     /// that write in place outside the state lock: they set it after their
     /// write lands, and a commit clears it before it flushes, so a write that
@@ -82,21 +81,15 @@ pub struct State {
     data_mapped_unflushed: bool,
     /// Radix nodes visited by lookups, for the depth-independence test.
     node_visits: u64,
-    pub(crate) journal: Journal,
+    journal: Journal,
     /// The roots as of the last durable transaction: what a checkpoint
     /// writes into the superblock.
-    pub(crate) committed_roots: Roots,
+    committed_roots: Roots,
     /// What opening the pool found wrong but could work around (a damaged
     /// superblock slot); `check` reports it.
-    pub(crate) open_warnings: Vec<String>,
-    /// A prepared commit whose I/O may be running without the state lock.
-    pub(crate) commit_in_flight: Option<InFlightCommit>,
-    /// A prepared checkpoint whose I/O may be running without the state
-    /// lock (never at the same time as a commit in flight).
-    pub(crate) checkpoint_in_flight: Option<crate::checkpoint::InFlightCheckpoint>,
-    /// What punching freed blocks out of the device did, and the blocks
-    /// made reusable since they were last punched (`punch.rs` alone).
-    pub(crate) punch: crate::punch::Puncher,
+    open_warnings: Vec<String>,
+    /// The commit or checkpoint in flight, and the puncher (`io.rs`).
+    io: PoolIo,
 }
 
 impl State {
@@ -132,9 +125,7 @@ impl State {
             deferred_frees: Vec::new(),
             journal,
             committed_roots,
-            commit_in_flight: None,
-            checkpoint_in_flight: None,
-            punch: Default::default(),
+            io: PoolIo::default(),
             open_warnings: Vec::new(),
             device,
             geometry,
@@ -147,6 +138,165 @@ impl State {
             data_mapped_unflushed: false,
             node_visits: 0,
         }
+    }
+
+    // ----- the parts, each changed only through its owner's methods -----
+
+    /// The superblock as of open or the last checkpoint.
+    pub(crate) fn superblock(&self) -> &Superblock {
+        &self.superblock
+    }
+
+    pub(crate) fn superblock_mut(&mut self) -> &mut Superblock {
+        &mut self.superblock
+    }
+
+    /// The allocator and share counts (`space.rs`).
+    pub(crate) fn space_map(&self) -> &SpaceMap {
+        &self.space_map
+    }
+
+    pub(crate) fn space_map_mut(&mut self) -> &mut SpaceMap {
+        &mut self.space_map
+    }
+
+    /// Where nodes are read from (`node_store.rs`).
+    pub(crate) fn nodes(&self) -> &NodeStore {
+        &self.nodes
+    }
+
+    pub(crate) fn nodes_mut(&mut self) -> &mut NodeStore {
+        &mut self.nodes
+    }
+
+    /// Every volume record in memory (`records.rs`).
+    pub(crate) fn volume_table(&self) -> &VolumeTable {
+        &self.volume_table
+    }
+
+    pub(crate) fn volume_table_mut(&mut self) -> &mut VolumeTable {
+        &mut self.volume_table
+    }
+
+    /// Where transactions go in the journal (`journal.rs`).
+    pub(crate) fn journal(&self) -> &Journal {
+        &self.journal
+    }
+
+    pub(crate) fn journal_mut(&mut self) -> &mut Journal {
+        &mut self.journal
+    }
+
+    /// The roots as of the last durable transaction.
+    pub(crate) fn committed_roots(&self) -> &Roots {
+        &self.committed_roots
+    }
+
+    /// A transaction with these roots is durable (a commit, or replay).
+    pub(crate) fn set_committed_roots(&mut self, roots: Roots) {
+        self.committed_roots = roots;
+    }
+
+    // ----- failure -----
+
+    /// Why the pool stopped taking changes, if it did.
+    pub(crate) fn failed(&self) -> Option<&str> {
+        self.failed.as_deref()
+    }
+
+    /// Stops the pool taking changes: what is in memory may no longer match
+    /// anything durable. The first reason stays; reads go on.
+    pub(crate) fn mark_failed(&mut self, reason: String) {
+        if self.failed.is_none() {
+            self.failed = Some(reason);
+        }
+        debug_assert!(self.failed.is_some());
+    }
+
+    // ----- what open found -----
+
+    /// What opening the pool found wrong but could work around.
+    pub(crate) fn open_warnings(&self) -> &[String] {
+        &self.open_warnings
+    }
+
+    pub(crate) fn warn_at_open(&mut self, warning: String) {
+        self.open_warnings.push(warning);
+    }
+
+    /// A repair fixed what open found: nothing is left to warn of.
+    pub(crate) fn clear_open_warnings(&mut self) {
+        self.open_warnings.clear();
+    }
+
+    /// Records what open found: the superblock's problems and the groups
+    /// whose map block did not decode (rebuilt from the trees).
+    pub(crate) fn note_open_damage(
+        &mut self,
+        warnings: Vec<String>,
+        maps_damaged: Vec<(u64, String)>,
+    ) {
+        self.open_warnings = warnings;
+        self.maps_damaged = maps_damaged;
+    }
+
+    /// Groups whose map block did not decode at open, handed to the rebuild.
+    pub(crate) fn take_maps_damaged(&mut self) -> Vec<(u64, String)> {
+        std::mem::take(&mut self.maps_damaged)
+    }
+
+    pub(crate) fn maps_damaged(&self) -> &[(u64, String)] {
+        &self.maps_damaged
+    }
+
+    /// A share-count block that did not decode at open, and why.
+    pub(crate) fn note_share_counts_damaged(&mut self, first: u64, why: String) {
+        self.share_counts_damaged.push((first, why));
+    }
+
+    pub(crate) fn share_counts_damaged(&self) -> &[(u64, String)] {
+        &self.share_counts_damaged
+    }
+
+    /// The damaged share-count blocks, handed to the rebuild.
+    pub(crate) fn take_share_counts_damaged(&mut self) -> Vec<(u64, String)> {
+        std::mem::take(&mut self.share_counts_damaged)
+    }
+
+    // ----- I/O in flight -----
+
+    pub(crate) fn start_commit_io(&mut self, in_flight: InFlightCommit) {
+        self.io.start_commit(in_flight);
+    }
+
+    pub(crate) fn take_commit_in_flight(&mut self) -> Option<InFlightCommit> {
+        self.io.take_commit()
+    }
+
+    pub(crate) fn start_checkpoint_io(&mut self, in_flight: InFlightCheckpoint) {
+        self.io.start_checkpoint(in_flight);
+    }
+
+    pub(crate) fn take_checkpoint_in_flight(&mut self) -> Option<InFlightCheckpoint> {
+        self.io.take_checkpoint()
+    }
+
+    pub(crate) fn checkpoint_in_flight(&self) -> bool {
+        self.io.checkpoint_in_flight()
+    }
+
+    /// A commit's or a checkpoint's I/O may be running without the lock.
+    pub(crate) fn has_io_in_flight(&self) -> bool {
+        self.io.in_flight()
+    }
+
+    /// Punching's own state (`punch.rs` alone).
+    pub(crate) fn puncher(&self) -> &Puncher {
+        self.io.puncher()
+    }
+
+    pub(crate) fn puncher_mut(&mut self) -> &mut Puncher {
+        self.io.puncher_mut()
     }
 
     // ----- read-only views -----
@@ -254,6 +404,17 @@ impl State {
     pub(crate) fn make_reusable(&mut self, frees: Vec<BlockAddr>) {
         self.queue_durable_frees(&frees);
         self.space_map.release_durable_frees(frees);
+    }
+
+    /// Keeps the frees of a commit made in the middle of a repair, for the
+    /// pool to make reusable after it (`take_deferred_frees`).
+    pub(crate) fn defer_frees(&mut self, frees: Vec<BlockAddr>) {
+        self.deferred_frees.extend(frees);
+    }
+
+    /// Frees of commits made during a repair, to release after it.
+    pub(crate) fn take_deferred_frees(&mut self) -> Vec<BlockAddr> {
+        std::mem::take(&mut self.deferred_frees)
     }
 
     /// True when blocks freed since the last commit wait for it before
@@ -479,28 +640,4 @@ impl State {
         }
         released
     }
-}
-
-/// Writes `buf` at block `addr` of `device`; an error names `what` and
-/// where. For I/O run with or without the state lock alike.
-pub(crate) fn write_block(
-    device: &dyn BlockDevice,
-    block_bytes: u64,
-    addr: BlockAddr,
-    buf: &[u8],
-    what: &str,
-) -> Result<()> {
-    device.write_at(buf, addr.0 * block_bytes).map_err(|e| {
-        Error::io(
-            format!("cannot write {what} at {addr} of {}", device.describe()),
-            e,
-        )
-    })
-}
-
-/// Flushes `device`; an error names `what` was being made durable.
-pub(crate) fn flush(device: &dyn BlockDevice, what: &str) -> Result<()> {
-    device
-        .flush()
-        .map_err(|e| Error::io(format!("cannot flush {what} to {}", device.describe()), e))
 }

@@ -76,7 +76,7 @@ impl State {
         let mut addr = root;
         for level in (0..height).rev() {
             self.count_node_visit();
-            if self.space_map.shares().is_shared(addr) {
+            if self.space_map().is_shared(addr) {
                 return Ok(None);
             }
             let slot = self.geometry().slot(index, level);
@@ -86,7 +86,7 @@ impl State {
             }
             if level == 0 {
                 let writable =
-                    write::may_write_in_place(entry, share_floor_generation, &self.space_map);
+                    write::may_write_in_place(entry, share_floor_generation, self.space_map());
                 return Ok(writable.then_some(entry.addr()));
             }
             addr = entry.addr();
@@ -98,7 +98,7 @@ impl State {
     /// whose entries carry no history).
     fn birth_now(&self, kind: NodeKind) -> u64 {
         match kind {
-            NodeKind::VolumeData => self.superblock.birth_generation,
+            NodeKind::VolumeData => self.superblock().birth_generation,
             NodeKind::VolumeTable => 0,
         }
     }
@@ -118,7 +118,7 @@ impl State {
         let child = if entry.is_empty() {
             let empty = Node::empty(kind, child_level, self.geometry().entries_per_node);
             self.insert_new_node(empty)?
-        } else if self.space_map.shares().is_shared(entry.addr()) {
+        } else if self.space_map().is_shared(entry.addr()) {
             // The copy points at every child the original does, so each
             // child gains a reference, and the original loses ours.
             let copy = self.load_node(entry.addr(), kind, child_level)?.clone();
@@ -138,7 +138,7 @@ impl State {
     /// about to point at them too).
     pub(crate) fn reference_children(&mut self, node: &Node) -> Result<()> {
         for entry in node.entries.iter().filter(|e| !e.is_empty()) {
-            self.space_map.take_reference(entry.addr())?;
+            self.space_map_mut().take_reference(entry.addr())?;
         }
         Ok(())
     }
@@ -166,7 +166,7 @@ impl State {
 
     /// Renews the births on `path`: something below changed now.
     pub(crate) fn touch_path(&mut self, path: &Path) {
-        let now = self.superblock.birth_generation;
+        let now = self.superblock().birth_generation;
         for &(node, slot) in path {
             let entry = self.entry(node, slot);
             if entry.birth() < now {
@@ -187,7 +187,9 @@ impl State {
         dropped: &mut Dropped,
     ) -> Result<()> {
         let pending = dropped.decrements.get(&addr).copied().unwrap_or(0);
-        if self.space_map.shares().extra(addr) > pending {
+        // Others than this one point at it, past those this drop released.
+        let others = self.space_map().references(addr) - 1;
+        if others > pending {
             // Shared: only counted, its subtree stays for the others.
             dropped.referenced_blocks += self.count_mapped(addr, level)?;
             *dropped.decrements.entry(addr).or_default() += 1;
@@ -245,7 +247,7 @@ impl State {
         end: u64,
         dropped: &mut Dropped,
     ) -> Result<bool> {
-        let now = self.superblock.birth_generation;
+        let now = self.superblock().birth_generation;
         let span = self.geometry().span_blocks(level);
         let first_slot = ((first.max(base) - base) / span) as usize;
         let last_slot = (((end - 1).min(base + span * self.geometry().entries_per_node as u64 - 1)
@@ -295,7 +297,7 @@ impl State {
         let unmapped = dropped.referenced_blocks;
         self.apply_dropped(dropped);
         // Saturating: a damaged (but checksummed) record must not panic.
-        self.volume_table.update(id, |record| {
+        self.volume_table_mut().update(id, |record| {
             record.referenced_blocks = record.referenced_blocks.saturating_sub(unmapped);
         });
         Ok(())
@@ -382,11 +384,11 @@ impl State {
         old: Entry,
         new_block: BlockAddr,
     ) -> Result<()> {
-        let now = self.superblock.birth_generation;
+        let now = self.superblock().birth_generation;
         self.set_entry(leaf, slot, Entry::new(new_block, now));
         self.touch_path(path);
         if old.is_empty() {
-            self.volume_table
+            self.volume_table_mut()
                 .update(id, |record| record.referenced_blocks += 1);
         } else {
             let mut dropped = Dropped::default();

@@ -18,10 +18,10 @@ impl State {
     /// Checks that a root pointer read from disk names a usable block: in
     /// the data area and not an allocation map.
     fn check_root(&self, addr: BlockAddr, what: &str) -> Result<()> {
-        let data_start = self.superblock.data_start.0;
+        let data_start = self.superblock().data_start.0;
         if addr.0 < data_start
-            || addr.0 >= self.space_map.alloc().store_end()
-            || self.space_map.alloc().is_group_header(addr)
+            || addr.0 >= self.space_map().alloc().store_end()
+            || self.space_map().alloc().is_group_header(addr)
         {
             return Err(Error::corrupt(format!(
                 "{what} points at {addr}, which cannot hold a node"
@@ -32,7 +32,7 @@ impl State {
 
     /// Reads every record of the volume table into memory.
     pub fn load_volume_table(&mut self) -> Result<()> {
-        let height = self.superblock.volume_table_height;
+        let height = self.superblock().volume_table_height;
         if height == 0 {
             return Ok(());
         }
@@ -41,10 +41,10 @@ impl State {
                 "the volume table claims {height} levels"
             )));
         }
-        self.check_root(self.superblock.volume_table_root, "the volume table root")?;
+        self.check_root(self.superblock().volume_table_root, "the volume table root")?;
         let mut leaves = Vec::new();
         self.collect_table_leaves(
-            self.superblock.volume_table_root,
+            self.superblock().volume_table_root,
             height - 1,
             0,
             &mut leaves,
@@ -52,7 +52,7 @@ impl State {
         for (block_index, addr) in leaves {
             self.load_record_block(block_index, addr)?;
         }
-        for record in self.volume_table.all_records() {
+        for record in self.volume_table().all_records() {
             self.check_record(record)?;
         }
         Ok(())
@@ -72,13 +72,14 @@ impl State {
                 records.push(record);
             }
         }
-        self.volume_table.load_block(block_index, block, records)
+        self.volume_table_mut()
+            .load_block(block_index, block, records)
     }
 
     /// Checks what a record read from disk claims against the rest of the
     /// pool: generations, its root and tree height, its id, its parent.
     fn check_record(&self, record: &VolumeRecord) -> Result<()> {
-        let generation = self.superblock.birth_generation;
+        let generation = self.superblock().birth_generation;
         let newest = record
             .created_generation
             .max(record.share_floor_generation)
@@ -91,10 +92,12 @@ impl State {
         }
         // Ids, parents and roots are checked for every record, with a tree
         // or without one (a record without data still names its lineage).
-        if record.id.0 >= self.superblock.next_volume_id.0 {
+        if record.id.0 >= self.superblock().next_volume_id.0 {
             return Err(Error::corrupt(format!(
                 "volume {:?} has id {}, not below next_volume_id {}",
-                record.name, record.id.0, self.superblock.next_volume_id.0
+                record.name,
+                record.id.0,
+                self.superblock().next_volume_id.0
             )));
         }
         // A parent is always made before its children: ids only grow.
@@ -104,7 +107,7 @@ impl State {
                 record.name, record.id.0, record.parent.0
             )));
         }
-        if record.parent != VolumeId::NONE && self.volume_table.any(record.parent).is_none() {
+        if record.parent != VolumeId::NONE && self.volume_table().any(record.parent).is_none() {
             return Err(Error::corrupt(format!(
                 "volume {:?} names parent #{}, which does not exist",
                 record.name, record.parent.0
@@ -156,7 +159,7 @@ impl State {
     /// tree as ids grow. Returns the record blocks to write.
     pub(crate) fn persist_volume_table(&mut self) -> Result<Vec<(BlockAddr, Vec<u8>)>> {
         let per_block = self.geometry().records_per_block;
-        let dirty = self.volume_table.take_dirty();
+        let dirty = self.volume_table_mut().take_dirty();
         let mut touched: BTreeMap<u64, BlockAddr> = BTreeMap::new();
         for id in dirty {
             let block_index = id.0 / per_block;
@@ -165,7 +168,7 @@ impl State {
             }
             let block_size = self.geometry().block_size_bytes as usize;
             let slot = (id.0 % per_block) as usize;
-            self.volume_table
+            self.volume_table_mut()
                 .encode_into_block(id, block_index, slot, block_size);
         }
         // A record block whose every slot is empty is given back, so that
@@ -173,10 +176,10 @@ impl State {
         // at open) their empty blocks.
         let mut writes = Vec::with_capacity(touched.len());
         for (index, addr) in touched {
-            let block = self.volume_table.record_block(index);
+            let block = self.volume_table().record_block(index);
             if block.iter().all(|&b| b == 0) {
                 self.release_table_block(index, addr)?;
-                self.volume_table.forget_record_block(index);
+                self.volume_table_mut().forget_record_block(index);
             } else {
                 writes.push((addr, block.to_vec()));
             }
@@ -188,8 +191,8 @@ impl State {
     /// table and frees it.
     fn release_table_block(&mut self, block_index: u64, addr: BlockAddr) -> Result<()> {
         let (leaf, _) = self.leaf_for_write(
-            self.superblock.volume_table_root,
-            self.superblock.volume_table_height,
+            self.superblock().volume_table_root,
+            self.superblock().volume_table_height,
             NodeKind::VolumeTable,
             block_index,
         )?;
@@ -197,7 +200,7 @@ impl State {
         debug_assert_eq!(self.entry(leaf, slot).addr(), addr);
         self.set_entry(leaf, slot, Entry::EMPTY);
         // Record blocks are never shared: this is their last reference.
-        debug_assert!(self.space_map.is_last_reference(addr));
+        debug_assert!(self.space_map().is_last_reference(addr));
         self.release_reference(addr);
         Ok(())
     }
@@ -206,25 +209,25 @@ impl State {
     /// table nodes above it as needed.
     fn table_block_for_write(&mut self, block_index: u64) -> Result<BlockAddr> {
         let entries = self.geometry().entries_per_node;
-        if self.superblock.volume_table_height == 0 {
+        if self.superblock().volume_table_height == 0 {
             let root = self.insert_new_node(Node::empty(NodeKind::VolumeTable, 0, entries))?;
-            self.superblock.volume_table_root = root;
-            self.superblock.volume_table_height = 1;
+            self.superblock_mut().volume_table_root = root;
+            self.superblock_mut().volume_table_height = 1;
         }
         while self
             .geometry()
-            .capacity_blocks(self.superblock.volume_table_height)
+            .capacity_blocks(self.superblock().volume_table_height)
             <= block_index
         {
-            let level = self.superblock.volume_table_height;
+            let level = self.superblock().volume_table_height;
             let mut node = Node::empty(NodeKind::VolumeTable, level, entries);
-            node.entries[0] = Entry::new(self.superblock.volume_table_root, 0);
-            self.superblock.volume_table_root = self.insert_new_node(node)?;
-            self.superblock.volume_table_height += 1;
+            node.entries[0] = Entry::new(self.superblock().volume_table_root, 0);
+            self.superblock_mut().volume_table_root = self.insert_new_node(node)?;
+            self.superblock_mut().volume_table_height += 1;
         }
-        let height = self.superblock.volume_table_height;
+        let height = self.superblock().volume_table_height;
         let (leaf, _) = self.leaf_for_write(
-            self.superblock.volume_table_root,
+            self.superblock().volume_table_root,
             height,
             NodeKind::VolumeTable,
             block_index,
@@ -234,7 +237,7 @@ impl State {
         if !entry.is_empty() {
             return Ok(entry.addr());
         }
-        let addr = self.space_map.allocate(BlockUse::Meta)?;
+        let addr = self.space_map_mut().allocate(BlockUse::Meta)?;
         self.set_entry(leaf, slot, Entry::new(addr, 0));
         Ok(addr)
     }

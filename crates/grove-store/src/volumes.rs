@@ -19,13 +19,15 @@ pub const BOOKMARKS_PER_PARENT_MAX: usize = 16;
 impl State {
     /// Live volumes as listed, in id order: not partial receives.
     pub(crate) fn visible_records(&self) -> impl Iterator<Item = &VolumeRecord> {
-        self.volume_table.live_records().filter(|r| r.is_visible())
+        self.volume_table()
+            .live_records()
+            .filter(|r| r.is_visible())
     }
 
     /// A visible live volume: a partial receive holds its name, but is
     /// not a volume yet.
     pub fn volume_by_name(&self, name: &str) -> Result<&VolumeRecord> {
-        match self.volume_table.by_name(name) {
+        match self.volume_table().by_name(name) {
             Some(record) if record.receive_progress.is_none() => Ok(record),
             Some(_) => Err(Error::new(
                 ErrorKind::NotFound,
@@ -41,7 +43,7 @@ impl State {
     }
 
     pub fn volume_by_id(&self, id: VolumeId) -> Result<&VolumeRecord> {
-        self.volume_table.live(id).ok_or_else(|| {
+        self.volume_table().live(id).ok_or_else(|| {
             Error::new(
                 ErrorKind::NotFound,
                 format!("{id} no longer exists (it was removed)"),
@@ -53,7 +55,7 @@ impl State {
     /// reclaimer has not given back yet. What rebuilding counts or maps
     /// from the trees starts from.
     pub(crate) fn tree_roots(&self) -> Vec<(BlockAddr, u8)> {
-        self.volume_table
+        self.volume_table()
             .all_records()
             .filter(|r| !r.root.is_none())
             .map(|r| (r.root, r.height))
@@ -62,12 +64,12 @@ impl State {
 
     /// A live record the caller knows exists.
     pub(crate) fn live_record(&self, id: VolumeId) -> &VolumeRecord {
-        self.volume_table.live(id).expect("volume exists")
+        self.volume_table().live(id).expect("volume exists")
     }
 
     /// A live or removed record.
     pub(crate) fn any_record(&self, id: VolumeId) -> Option<&VolumeRecord> {
-        self.volume_table.any(id)
+        self.volume_table().any(id)
     }
 
     /// The nearest live ancestor of a volume: its parent, or the parent's
@@ -76,7 +78,7 @@ impl State {
         let mut parent = record.parent;
         // Ids only grow down a family, so the walk ends; the bound guards
         // against a damaged table all the same.
-        for _ in 0..=self.volume_table.record_count() {
+        for _ in 0..=self.volume_table().record_count() {
             let ancestor = self.any_record(parent)?;
             if !ancestor.removed {
                 return Some(ancestor);
@@ -92,11 +94,11 @@ impl State {
         let mut queue = vec![id];
         let mut seen = BTreeSet::new();
         while let Some(next) = queue.pop() {
-            for child in self.volume_table.children_of(next) {
+            for child in self.volume_table().children_of(next) {
                 if !seen.insert(child) {
                     continue;
                 }
-                if self.volume_table.live(child).is_some() {
+                if self.volume_table().live(child).is_some() {
                     out.push(child);
                 }
                 queue.push(child);
@@ -115,8 +117,8 @@ impl State {
         // down from `id` ends at a live volume; ids only grow down a
         // family, so there is no cycle to guard against.
         while let Some(next) = removed.pop() {
-            for child in self.volume_table.children_of(next) {
-                match self.volume_table.live(child) {
+            for child in self.volume_table().children_of(next) {
+                match self.volume_table().live(child) {
                     Some(_) => out.push(child),
                     None => removed.push(child),
                 }
@@ -127,15 +129,15 @@ impl State {
     }
 
     pub(crate) fn next_volume_id(&mut self) -> VolumeId {
-        let id = self.superblock.next_volume_id;
-        self.superblock.next_volume_id = VolumeId(id.0 + 1);
+        let id = self.superblock().next_volume_id;
+        self.superblock_mut().next_volume_id = VolumeId(id.0 + 1);
         id
     }
 
     /// The generation a snapshot, clone or rollback takes; the pool moves
     /// on to the next one so that every later write is born after it.
     pub(crate) fn take_generation(&mut self) -> Result<u64> {
-        let generation = self.superblock.birth_generation;
+        let generation = self.superblock().birth_generation;
         if generation >= BIRTH_GENERATION_MAX {
             return Err(Error::new(
                 ErrorKind::NoSpace,
@@ -144,7 +146,7 @@ impl State {
                 ),
             ));
         }
-        self.superblock.birth_generation = generation + 1;
+        self.superblock_mut().birth_generation = generation + 1;
         Ok(generation)
     }
 
@@ -164,8 +166,8 @@ impl State {
             self.geometry().entries_per_node,
         ))?;
         let id = self.next_volume_id();
-        let generation = self.superblock.birth_generation;
-        self.volume_table.insert(VolumeRecord {
+        let generation = self.superblock().birth_generation;
+        self.volume_table_mut().insert(VolumeRecord {
             id,
             parent: VolumeId::NONE,
             size_bytes,
@@ -216,7 +218,7 @@ impl State {
         // counting anew. A clone counts from now, and so does a snapshot of
         // a snapshot (nothing was written between them).
         let restarts_written = kind == VolumeKind::Snapshot && source_record.kind.is_writable();
-        let written_base_generation = self.volume_table.update(source, |source_mut| {
+        let written_base_generation = self.volume_table_mut().update(source, |source_mut| {
             source_mut.share_floor_generation = generation;
             if restarts_written {
                 std::mem::replace(&mut source_mut.written_base_generation, generation)
@@ -225,7 +227,7 @@ impl State {
             }
         });
         let id = self.next_volume_id();
-        self.volume_table.insert(VolumeRecord {
+        self.volume_table_mut().insert(VolumeRecord {
             id,
             parent: source,
             size_bytes: source_record.size_bytes,
@@ -254,7 +256,7 @@ impl State {
     /// volume reaches. Its children keep their parent link to the removed
     /// record, which stays while they need it.
     pub fn remove_volume(&mut self, id: VolumeId) {
-        self.volume_table.mark_removed(id);
+        self.volume_table_mut().mark_removed(id);
     }
 
     /// What `grove rollback SNAPSHOT [VOLUME]` reads from and resets:
@@ -341,7 +343,7 @@ impl State {
         let new_root = self.copy_root(source_record.root, source_record.height)?;
         let generation = self.take_generation()?;
         let hidden = self.next_volume_id();
-        self.volume_table.insert(VolumeRecord {
+        self.volume_table_mut().insert(VolumeRecord {
             id: hidden,
             parent: VolumeId::NONE,
             kind: VolumeKind::Volume,
@@ -358,7 +360,7 @@ impl State {
             hold_until_unix_secs: 0,
             ..old.clone()
         });
-        self.volume_table.update(target, |target_mut| {
+        self.volume_table_mut().update(target, |target_mut| {
             target_mut.root = new_root;
             target_mut.height = source_record.height;
             target_mut.size_bytes = source_record.size_bytes;
@@ -366,14 +368,14 @@ impl State {
             target_mut.share_floor_generation = generation;
             target_mut.written_base_generation = generation;
         });
-        self.volume_table.update(source, |source_mut| {
+        self.volume_table_mut().update(source, |source_mut| {
             source_mut.share_floor_generation = generation;
         });
         Ok(())
     }
 
     pub fn rename_volume(&mut self, id: VolumeId, new_name: &str) {
-        self.volume_table.rename(id, new_name);
+        self.volume_table_mut().rename(id, new_name);
     }
 
     /// Grows or shrinks a volume. Shrinking unmaps the blocks past the new
@@ -405,7 +407,7 @@ impl State {
             let wanted = self
                 .geometry()
                 .height_for(self.geometry().blocks_for(new_size_bytes));
-            let now = self.superblock.birth_generation;
+            let now = self.superblock().birth_generation;
             let mut root = self.live_record(id).root;
             for level in record.height..wanted {
                 let mut node = Node::empty(
@@ -416,12 +418,12 @@ impl State {
                 node.entries[0] = Entry::new(root, now);
                 root = self.insert_new_node(node)?;
             }
-            self.volume_table.update(id, |record| {
+            self.volume_table_mut().update(id, |record| {
                 record.root = root;
                 record.height = record.height.max(wanted);
             });
         }
-        self.volume_table
+        self.volume_table_mut()
             .update(id, |record| record.size_bytes = new_size_bytes);
         Ok(())
     }
@@ -445,12 +447,12 @@ impl State {
         let mut todo: Vec<VolumeId> = Vec::new();
         for &id in ids {
             todo.push(id);
-            todo.extend(self.volume_table.children_of(id));
+            todo.extend(self.volume_table().children_of(id));
             // `id` may have just become a bookmark, which pushes its
             // parent's oldest one past BOOKMARKS_PER_PARENT_MAX: look at
             // its sibling bookmarks too (other siblings are kept for
             // reasons a new bookmark does not change).
-            if let Some(parent) = self.volume_table.removed(id).map(|r| r.parent) {
+            if let Some(parent) = self.volume_table().removed(id).map(|r| r.parent) {
                 if !families.contains_key(&parent) {
                     let family = self.family(&mut families, parent);
                     todo.extend(family.bookmarks.iter().map(|&(_, sibling)| sibling));
@@ -460,16 +462,16 @@ impl State {
         // Every record is dropped at most once, and each drop queues at
         // most its parent and its sibling bookmarks: the loop is bounded.
         let bound =
-            (BOOKMARKS_PER_PARENT_MAX + 4) * (self.volume_table.record_count() + 1) + todo.len();
+            (BOOKMARKS_PER_PARENT_MAX + 4) * (self.volume_table().record_count() + 1) + todo.len();
         for _ in 0..bound {
             let Some(next) = todo.pop() else { break };
-            if self.volume_table.removed(next).is_none()
+            if self.volume_table().removed(next).is_none()
                 || self.removed_record_is_needed(next, &mut families)
             {
                 continue;
             }
-            let record = self.volume_table.drop_removed(next);
-            debug_assert!(self.volume_table.any(next).is_none());
+            let record = self.volume_table_mut().drop_removed(next);
+            debug_assert!(self.volume_table().any(next).is_none());
             let family = self.family(&mut families, record.parent);
             family.forget(&record);
             // Of its siblings, only bookmarks may be judged anew: the
@@ -495,13 +497,13 @@ impl State {
         id: VolumeId,
         families: &mut HashMap<VolumeId, Family>,
     ) -> bool {
-        let Some(record) = self.volume_table.removed(id) else {
+        let Some(record) = self.volume_table().removed(id) else {
             return true;
         };
         if !record.root.is_none() {
             return true;
         }
-        if self.volume_table.has_children(id) || record.cursor || record.hold {
+        if self.volume_table().has_children(id) || record.cursor || record.hold {
             return true;
         }
         record.kind == VolumeKind::Snapshot
@@ -510,7 +512,7 @@ impl State {
 
     /// The newest removed snapshot (a bookmark) named `name`, if any.
     pub(crate) fn bookmark_by_name(&self, name: &str) -> Option<&VolumeRecord> {
-        self.volume_table
+        self.volume_table()
             .removed_records()
             .filter(|r| r.name == name && r.kind == VolumeKind::Snapshot && !r.cursor && !r.hold)
             .max_by_key(|r| r.created_generation)
@@ -539,7 +541,7 @@ const CHILD_LOOKUP_COST: usize = 16;
 
 impl Family {
     fn of(state: &State, parent: VolumeId) -> Family {
-        let table = &state.volume_table;
+        let table = &state.volume_table();
         let parent_lives = table.live(parent).is_some();
         let mut family = Family {
             bookmarks: BTreeSet::new(),

@@ -56,7 +56,7 @@ impl WritePlan {
     /// Gives back the new blocks (a failed write, or a failed plan).
     pub fn free_allocations(&self, state: &mut State) {
         for allocation in &self.allocations {
-            state.space_map.unreserve(allocation.new_block);
+            state.space_map_mut().unreserve(allocation.new_block);
         }
     }
 }
@@ -138,7 +138,7 @@ fn plan_into(
             continue;
         }
         let old = state.lookup(record.root, record.height, NodeKind::VolumeData, index)?;
-        let new_block = state.space_map.reserve()?;
+        let new_block = state.space_map_mut().reserve()?;
         if piece as u64 == block_bytes {
             plan.direct.push((new_block.0 * block_bytes, range.clone()));
         }
@@ -231,11 +231,11 @@ pub(crate) fn install(
             state.install_written_block(id, allocation.index, allocation.old, allocation.new_block);
         let result = match installed {
             Ok(true) => {
-                state.space_map.confirm(allocation.new_block);
+                state.space_map_mut().confirm(allocation.new_block);
                 Ok(())
             }
             Ok(false) => {
-                state.space_map.unreserve(allocation.new_block);
+                state.space_map_mut().unreserve(allocation.new_block);
                 state.write_block(
                     id,
                     allocation.index,
@@ -244,13 +244,13 @@ pub(crate) fn install(
                 )
             }
             Err(e) => {
-                state.space_map.unreserve(allocation.new_block);
+                state.space_map_mut().unreserve(allocation.new_block);
                 Err(e)
             }
         };
         if let Err(e) = result {
             for rest in &allocations[i + 1..] {
-                state.space_map.unreserve(rest.new_block);
+                state.space_map_mut().unreserve(rest.new_block);
             }
             return Err(e);
         }

@@ -8,28 +8,12 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use super::punching::punch_freed;
+use super::state_lock::lock_state;
 use super::{ensure_changes_allowed, Inner};
 use crate::commit::{CommitIo, CommitIoOutcome, DataFlush, PreparedCommit};
 use crate::error::{Error, ErrorKind, Result};
 use crate::state::State;
 use crate::types::BlockAddr;
-
-pub(super) fn lock_state(inner: &Inner) -> MutexGuard<'_, State> {
-    // A panic while the lock was held leaves the in-memory state suspect,
-    // but the on-disk state is only ever changed by whole commits: go on
-    // reading, and take no more changes (as after a failed commit).
-    let mut state = inner.state.lock().unwrap_or_else(|poisoned| {
-        let mut state = poisoned.into_inner();
-        if state.failed.is_none() {
-            state.failed = Some(
-                "an operation on the pool panicked; what it left in memory is not trusted".into(),
-            );
-        }
-        state
-    });
-    state.nodes.begin_operation();
-    state
-}
 
 /// How long work done in slices under the state lock (listings) pauses
 /// between slices while clients have requests running.
@@ -84,7 +68,7 @@ fn commit_with(inner: &Inner, flush: DataFlush) -> Result<()> {
         }
         Ok(PreparedCommit::Io(io)) => io,
         Err(e) => {
-            state.failed = Some(e.to_string());
+            state.mark_failed(e.to_string());
             return Err(e);
         }
     };
@@ -188,7 +172,7 @@ pub(super) fn settle_io(inner: &Inner, state: &mut State) -> Result<()> {
             "I/O run without the state lock ended without an outcome (it panicked)",
         )
     };
-    if state.checkpoint_in_flight.is_some() {
+    if state.checkpoint_in_flight() {
         let result = match outcome {
             Some(IoOutcome::Checkpoint(result)) => result,
             _ => Err(lost()),
@@ -208,7 +192,7 @@ pub(super) fn settle_io(inner: &Inner, state: &mut State) -> Result<()> {
             Ok(())
         }
         Err(e) => {
-            state.failed = Some(e.to_string());
+            state.mark_failed(e.to_string());
             Err(e)
         }
     }
@@ -240,7 +224,7 @@ pub(super) fn commit_locked(inner: &Inner, state: &mut State) -> Result<()> {
         Err(e) => {
             // What is in memory may now match nothing durable: take no
             // more changes rather than retry with half-changed state.
-            state.failed = Some(e.to_string());
+            state.mark_failed(e.to_string());
             return Err(e);
         }
     };

@@ -11,6 +11,7 @@ mod removal;
 mod replication;
 mod resize;
 mod retention;
+mod state_lock;
 mod volume;
 
 pub use foreground::{ForegroundLoad, ForegroundRequest};
@@ -22,10 +23,11 @@ pub use resize::Shrink;
 pub use retention::HoldInfo;
 
 use off_lock::walk_off_lock;
+use state_lock::lock_state;
 
 use locking::{
-    commit, commit_background, commit_if_large, commit_locked, let_clients_in, lock_state,
-    release_frees, settle_io, write_gate, IoOutcome,
+    commit, commit_background, commit_if_large, commit_locked, let_clients_in, release_frees,
+    settle_io, write_gate, IoOutcome,
 };
 
 use std::collections::HashMap;
@@ -211,7 +213,7 @@ impl Drop for Inner {
         if let Ok(state) = self.state.get_mut() {
             // A commit or checkpoint in flight here lost its runner to a
             // panic.
-            if state.failed.is_some() || state.has_io_in_flight() {
+            if state.failed().is_some() || state.has_io_in_flight() {
                 return;
             }
             if let Ok(frees) = state.commit() {
@@ -562,8 +564,7 @@ impl Pool {
             .check_capacity()
             .map_err(|why| Error::corrupt(format!("{what}: {why}; refusing to open it")))?;
         let mut state = State::new(device, superblock, alloc);
-        state.open_warnings = superblock_problems;
-        state.maps_damaged = maps_damaged;
+        state.note_open_damage(superblock_problems, maps_damaged);
         state.load_share_counts()?;
         let replayed = state.replay_journal()?;
         state.load_volume_table()?;
@@ -662,7 +663,7 @@ impl Pool {
             out.extend(
                 slice
                     .iter()
-                    .filter_map(|id| state.volume_table.live(*id))
+                    .filter_map(|id| state.volume_table().live(*id))
                     .filter(|record| record.is_visible())
                     .map(|record| volume_summary(&state, record)),
             );
@@ -680,7 +681,7 @@ impl Pool {
         loop {
             let state = self.state();
             let slice: Vec<(VolumeId, T)> = state
-                .volume_table
+                .volume_table()
                 .live_records_after(after)
                 .filter(|r| r.is_visible())
                 .take(SUMMARY_SLICE_VOLUMES)
@@ -876,13 +877,13 @@ impl Pool {
     /// trees). A rebuild is written back at once, so only the command that
     /// opened the pool hears of it: it should tell the user.
     pub fn open_warnings(&self) -> Vec<String> {
-        self.state().open_warnings.clone()
+        self.state().open_warnings().to_vec()
     }
 
     /// Why the pool takes no more changes, if a commit failed: it must be
     /// opened again (after fixing the cause) to go on.
     pub fn failure(&self) -> Option<String> {
-        self.state().failed.clone()
+        self.state().failed().map(str::to_string)
     }
 
     /// Bytes removed volumes still hold; the reclaimer frees them.
@@ -1037,7 +1038,7 @@ impl Pool {
     /// Other handles keep the pool open until they are dropped.
     pub fn close(self) -> Result<()> {
         let mut state = self.state();
-        if state.failed.is_some() {
+        if state.failed().is_some() {
             return ensure_changes_allowed(&state);
         }
         commit_locked(&self.inner, &mut state)?;
@@ -1080,7 +1081,7 @@ impl Pool {
             // Two checkpoints write both slots, so a damaged one is replaced.
             state.checkpoint()?;
             state.checkpoint()?;
-            state.open_warnings.clear();
+            state.clear_open_warnings();
         }
         if repair {
             // A store written by a grove that did not punch holes gets the
@@ -1164,7 +1165,7 @@ fn read_only_error(record: &VolumeRecord) -> Error {
 }
 
 fn ensure_name_free(state: &State, name: &str) -> Result<()> {
-    if state.volume_table.by_name(name).is_some() {
+    if state.volume_table().by_name(name).is_some() {
         return Err(Error::new(
             ErrorKind::AlreadyExists,
             format!("a volume named {name:?} already exists"),
@@ -1175,7 +1176,7 @@ fn ensure_name_free(state: &State, name: &str) -> Result<()> {
 
 /// Refuses changes once a commit has failed (see `State::failed`).
 fn ensure_changes_allowed(state: &State) -> Result<()> {
-    match &state.failed {
+    match state.failed() {
         None => Ok(()),
         Some(cause) => Err(Error::new(
             ErrorKind::ReadOnly,
@@ -1217,7 +1218,7 @@ fn volume_infos_after(
     reads: &mut NodeReads,
 ) -> Result<Option<Vec<VolumeInfo>>> {
     let records: Vec<VolumeRecord> = state
-        .volume_table
+        .volume_table()
         .live_records_after(after)
         .filter(|r| r.is_visible())
         .take(LIST_SLICE_VOLUMES)

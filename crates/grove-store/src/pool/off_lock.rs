@@ -10,7 +10,7 @@
 
 use std::sync::MutexGuard;
 
-use super::locking::lock_state;
+use super::state_lock::lock_state;
 use super::Inner;
 use crate::error::Result;
 use crate::node_reads::NodeReads;

@@ -13,7 +13,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::locking::lock_state;
+use super::state_lock::lock_state;
 use super::{Inner, Pool};
 use crate::punch::PUNCH_RUN_BLOCKS_MAX;
 

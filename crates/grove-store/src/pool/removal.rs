@@ -245,18 +245,18 @@ impl Pool {
         let live: Vec<VolumeId> = batch
             .iter()
             .map(|(id, _)| *id)
-            .filter(|&id| state.volume_table.live(id).is_some())
+            .filter(|&id| state.volume_table().live(id).is_some())
             .collect();
         super::retention::settle_holds(&mut state, &live, force)?;
         for (done, (id, name)) in batch.iter().enumerate() {
             // Another client may have removed (and even reused the name
             // of) a volume since the request was checked: the id decides.
-            if state.volume_table.live(*id).is_none() {
+            if state.volume_table().live(*id).is_none() {
                 summary.vanished.push(name.clone());
                 continue;
             }
             state.remove_volume(*id);
-            debug_assert!(state.volume_table.live(*id).is_none());
+            debug_assert!(state.volume_table().live(*id).is_none());
             summary.removed.push(name.clone());
             if commit_due(&state) {
                 return Ok((done + 1, true));

@@ -90,7 +90,7 @@ impl State {
                 if let Some(live) = self.snapshot_by_guid(guid) {
                     return Ok((live.clone(), true));
                 }
-                self.volume_table
+                self.volume_table()
                     .removed_records()
                     .filter(|r| &r.guid == guid && r.kind == VolumeKind::Snapshot)
                     .max_by_key(|r| r.created_generation)
@@ -151,7 +151,7 @@ impl Pool {
     /// other.
     pub fn known_guids(&self) -> std::collections::HashSet<[u8; 16]> {
         let state = self.state();
-        state.volume_table.all_records().map(|r| r.guid).collect()
+        state.volume_table().all_records().map(|r| r.guid).collect()
     }
 
     /// The visible snapshot with GUID `guid`.
@@ -224,9 +224,9 @@ impl Pool {
         let state = self.state();
         let record = state.volume_by_name(name)?.clone();
         let mut found: Vec<SnapshotIdentity> = state
-            .volume_table
+            .volume_table()
             .children_of(record.parent)
-            .filter_map(|id| state.volume_table.live(id))
+            .filter_map(|id| state.volume_table().live(id))
             .filter(|r| {
                 r.is_visible()
                     && r.kind == VolumeKind::Snapshot
@@ -235,8 +235,8 @@ impl Pool {
             .map(|r| identity(r, true))
             .collect();
         let mut parent = record.parent;
-        for _ in 0..=state.volume_table.record_count() {
-            match state.volume_table.live(parent) {
+        for _ in 0..=state.volume_table().record_count() {
+            match state.volume_table().live(parent) {
                 Some(p) if p.is_visible() && p.kind == VolumeKind::Snapshot => {
                     found.push(identity(p, true));
                     parent = p.parent;
@@ -299,7 +299,7 @@ impl Pool {
     pub fn partial_receives(&self) -> Vec<PartialReceive> {
         let state = self.state();
         state
-            .volume_table
+            .volume_table()
             .live_records()
             .filter(|r| r.receive_progress.is_some())
             .map(|r| partial(&state, r))

@@ -5,7 +5,8 @@
 
 use std::sync::MutexGuard;
 
-use super::locking::{commit, commit_if_large, commit_locked, lock_state};
+use super::locking::{commit, commit_if_large, commit_locked};
+use super::state_lock::lock_state;
 use super::{
     check_range, ensure_changes_allowed, read_only_error, volume_info_off_lock, volume_summary,
     Inner, Volume, VolumeInfo, VolumeSummary,
