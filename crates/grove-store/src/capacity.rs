@@ -37,13 +37,13 @@ impl State {
             ));
         }
         self.space_map_mut().set_capacity(capacity_blocks);
-        self.superblock_mut().capacity_blocks = capacity_blocks;
+        self.set_superblock_capacity(capacity_blocks);
         let made_durable = self.grow_device_to_store().and_then(|()| self.checkpoint());
         if let Err(e) = made_durable {
             // Nothing was allocated meanwhile (the lock is held), so the
             // slots the raise added are all free and can be taken back.
             self.space_map_mut().set_capacity(old);
-            self.superblock_mut().capacity_blocks = old;
+            self.set_superblock_capacity(old);
             return Err(e);
         }
         assert_eq!(self.space_map().alloc().capacity_blocks(), capacity_blocks);

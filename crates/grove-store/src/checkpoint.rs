@@ -264,11 +264,7 @@ impl State {
         self.nodes_mut().all_written_home();
         self.space_map_mut().mark_count_blocks_clean();
         self.space_map_mut().mark_maps_clean();
-        let written = in_flight.superblock;
-        self.superblock_mut().generation = written.generation;
-        self.superblock_mut().journal_head = written.journal_head;
-        self.superblock_mut().journal_sequence = written.journal_sequence;
-        self.superblock_mut().group_count = written.group_count;
+        self.note_superblock_written(&in_flight.superblock);
         self.journal_mut().checkpointed();
         Ok(())
     }
@@ -383,11 +379,7 @@ impl State {
                 )));
             }
         }
-        self.superblock_mut().volume_table_root = roots.volume_table_root;
-        self.superblock_mut().volume_table_height = roots.volume_table_height;
-        self.superblock_mut().next_volume_id = roots.next_volume_id;
-        self.superblock_mut().birth_generation = roots.birth_generation;
-        self.set_committed_roots(roots);
+        self.adopt_replayed_roots(roots);
         Ok(())
     }
 }

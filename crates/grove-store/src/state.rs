@@ -1,7 +1,9 @@
 //! The engine's state, everything the pool's state lock guards: the
 //! space map (allocator and share counts, `space.rs`), the node store
-//! (`node_store.rs`), the volume records and the journal, with the device
-//! access and node decoding the rest builds on. Each other part of the engine is an `impl State` in
+//! (`node_store.rs`), the volume records, the journal and the pool's I/O in
+//! flight (`io.rs`), with the device access and node decoding the rest
+//! builds on. Its fields are private: the rest asks through the methods
+//! below. Each other part of the engine is an `impl State` in
 //! a file of its own: `tree.rs` (radix trees), `volumes.rs` (volume
 //! operations), `volume_table.rs` (records on disk; `records.rs` holds
 //! them in memory, the one owner of their rules), `commit.rs`
@@ -147,8 +149,50 @@ impl State {
         &self.superblock
     }
 
-    pub(crate) fn superblock_mut(&mut self) -> &mut Superblock {
-        &mut self.superblock
+    /// The volume table's root moved (it grew a level, or was made).
+    pub(crate) fn set_volume_table_root(&mut self, root: BlockAddr, height: u8) {
+        assert!(height > 0 && height >= self.superblock.volume_table_height);
+        self.superblock.volume_table_root = root;
+        self.superblock.volume_table_height = height;
+    }
+
+    /// A new volume's id; the next one is one higher.
+    pub(crate) fn next_volume_id(&mut self) -> VolumeId {
+        let id = self.superblock.next_volume_id;
+        self.superblock.next_volume_id = VolumeId(id.0 + 1);
+        id
+    }
+
+    /// Every later write is born at `generation` or after (see
+    /// `take_generation`); generations only move up.
+    pub(crate) fn advance_birth_generation(&mut self, generation: u64) {
+        assert!(generation > self.superblock.birth_generation);
+        self.superblock.birth_generation = generation;
+    }
+
+    /// The capacity the next checkpoint records (`capacity.rs`, with the
+    /// space map kept in step).
+    pub(crate) fn set_superblock_capacity(&mut self, capacity_blocks: u64) {
+        self.superblock.capacity_blocks = capacity_blocks;
+    }
+
+    /// A checkpoint wrote `written`: its generation and journal head are
+    /// the superblock's now.
+    pub(crate) fn note_superblock_written(&mut self, written: &Superblock) {
+        self.superblock.generation = written.generation;
+        self.superblock.journal_head = written.journal_head;
+        self.superblock.journal_sequence = written.journal_sequence;
+        self.superblock.group_count = written.group_count;
+    }
+
+    /// A replayed transaction's roots are the pool's: in the superblock
+    /// the next checkpoint writes, and as the last durable roots.
+    pub(crate) fn adopt_replayed_roots(&mut self, roots: Roots) {
+        self.superblock.volume_table_root = roots.volume_table_root;
+        self.superblock.volume_table_height = roots.volume_table_height;
+        self.superblock.next_volume_id = roots.next_volume_id;
+        self.superblock.birth_generation = roots.birth_generation;
+        self.committed_roots = roots;
     }
 
     /// The allocator and share counts (`space.rs`).

@@ -211,8 +211,7 @@ impl State {
         let entries = self.geometry().entries_per_node;
         if self.superblock().volume_table_height == 0 {
             let root = self.insert_new_node(Node::empty(NodeKind::VolumeTable, 0, entries))?;
-            self.superblock_mut().volume_table_root = root;
-            self.superblock_mut().volume_table_height = 1;
+            self.set_volume_table_root(root, 1);
         }
         while self
             .geometry()
@@ -222,8 +221,8 @@ impl State {
             let level = self.superblock().volume_table_height;
             let mut node = Node::empty(NodeKind::VolumeTable, level, entries);
             node.entries[0] = Entry::new(self.superblock().volume_table_root, 0);
-            self.superblock_mut().volume_table_root = self.insert_new_node(node)?;
-            self.superblock_mut().volume_table_height += 1;
+            let root = self.insert_new_node(node)?;
+            self.set_volume_table_root(root, level + 1);
         }
         let height = self.superblock().volume_table_height;
         let (leaf, _) = self.leaf_for_write(

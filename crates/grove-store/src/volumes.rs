@@ -128,12 +128,6 @@ impl State {
         out
     }
 
-    pub(crate) fn next_volume_id(&mut self) -> VolumeId {
-        let id = self.superblock().next_volume_id;
-        self.superblock_mut().next_volume_id = VolumeId(id.0 + 1);
-        id
-    }
-
     /// The generation a snapshot, clone or rollback takes; the pool moves
     /// on to the next one so that every later write is born after it.
     pub(crate) fn take_generation(&mut self) -> Result<u64> {
@@ -146,7 +140,7 @@ impl State {
                 ),
             ));
         }
-        self.superblock_mut().birth_generation = generation + 1;
+        self.advance_birth_generation(generation + 1);
         Ok(generation)
     }
 
