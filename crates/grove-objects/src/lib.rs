@@ -86,20 +86,6 @@ pub(crate) fn check_name(name: &str) -> std::result::Result<(), String> {
     Ok(())
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
-        .collect()
-}
-
 /// One stored part of a stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PartInfo {
@@ -124,7 +110,7 @@ impl StreamListing {
 }
 
 fn part_name(index: u64, cursor: &[u8]) -> String {
-    format!("{PART_PREFIX}{index:08}-{}", hex(cursor))
+    format!("{PART_PREFIX}{index:08}-{}", hex::encode(cursor))
 }
 
 /// What one listing of a stream found.
@@ -151,9 +137,9 @@ fn scan(entries: Vec<Entry>) -> Scan {
         } else if entry.name.starts_with(MULTIPART_PREFIX) {
             scan.multiparts.push(entry.name.clone());
         } else if let Some(rest) = entry.name.strip_prefix(PART_PREFIX) {
-            let parsed = rest
-                .split_once('-')
-                .and_then(|(index, cursor)| Some((index.parse::<u64>().ok()?, unhex(cursor)?)));
+            let parsed = rest.split_once('-').and_then(|(index, cursor)| {
+                Some((index.parse::<u64>().ok()?, hex::decode(cursor).ok()?))
+            });
             if let Some((index, cursor)) = parsed {
                 scan.parts.push((
                     PartInfo {

@@ -125,29 +125,11 @@ pub struct Config {
     pub rules: Vec<Rule>,
 }
 
-/// Parses "64K", "1M", "512" (powers of 1024).
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let (digits, shift) = match text.chars().last().map(|c| c.to_ascii_uppercase()) {
-        Some('K') => (&text[..text.len() - 1], 10),
-        Some('M') => (&text[..text.len() - 1], 20),
-        Some('G') => (&text[..text.len() - 1], 30),
-        Some('T') => (&text[..text.len() - 1], 40),
-        _ => (text, 0),
-    };
-    let value: u64 = digits
-        .trim()
-        .parse()
-        .map_err(|_| format!("{text:?} is not a size (a number with K, M, G or T)"))?;
-    value
-        .checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("{text:?} is too large"))
-}
-
 fn size_of(raw: &RawSize) -> Result<u64, String> {
     match raw {
         RawSize::Bytes(n) => Ok(*n),
-        RawSize::Text(t) => parse_size(t),
+        RawSize::Text(text) => grove_store::units::parse_size(text)
+            .map_err(|reason| format!("{text:?} is not a size: {reason}")),
     }
 }
 

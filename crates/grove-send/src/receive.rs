@@ -633,7 +633,7 @@ impl<'a> SectionReceiver<'a> {
             begin_frame: {
                 let mut writer = crate::format::FrameWriter::new(Vec::new());
                 writer.write(&Frame::Begin(begin.clone()))?;
-                crate::digest::hex(&writer.into_inner())
+                hex::encode(writer.into_inner())
             },
         };
         // Synced only when the partial receive first commits (`commit`):

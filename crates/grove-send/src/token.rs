@@ -24,7 +24,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
-use crate::digest::{hex, unhex};
+use crate::digest::unhex;
 
 const TOKEN_PREFIX: &str = "grove1-";
 const TOKEN_VERSION: u8 = 1;
@@ -57,7 +57,7 @@ impl ResumeToken {
         debug_assert_eq!(bytes.len(), TOKEN_BYTES);
         let crc = crc32c::crc32c(&bytes);
         bytes.extend_from_slice(&crc.to_le_bytes());
-        format!("{TOKEN_PREFIX}{}", hex(&bytes))
+        format!("{TOKEN_PREFIX}{}", hex::encode(bytes))
     }
 
     pub fn decode(text: &str) -> Result<ResumeToken> {

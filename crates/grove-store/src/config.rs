@@ -5,6 +5,7 @@
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::FORMAT_VERSION;
 use crate::space_settings::{SpaceConfig, SpaceSettings, SPACE_KEYS};
+use crate::units::parse_size;
 use std::path::Path;
 
 /// Name of the configuration file inside a pool directory.
@@ -69,7 +70,9 @@ impl PoolConfig {
 
     /// The cache size this configuration asks for, in bytes.
     pub fn cache_size_bytes(&self) -> Option<u64> {
-        self.cache_size.as_deref().and_then(parse_size_bytes)
+        self.cache_size
+            .as_deref()
+            .and_then(|text| parse_size(text).ok())
     }
 
     /// The space settings this configuration asks for (checked at load).
@@ -145,7 +148,7 @@ impl PoolConfig {
             space.settings().map_err(bad)?;
         }
         if let Some(text) = &config.cache_size {
-            if parse_size_bytes(text).is_none() {
+            if parse_size(text).is_err() {
                 return Err(bad(format!(
                     "cache_size {text:?} is not a size: write it like \"256M\" or \"1G\""
                 )));
@@ -277,24 +280,9 @@ fn one_line(message: &str) -> String {
     message.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-/// "4096", "64K", "256M", "1G", "1T" (powers of 1024) as bytes; None if it
-/// is not a size or does not fit.
-pub fn parse_size_bytes(text: &str) -> Option<u64> {
-    let text = text.trim();
-    let (digits, shift) = match text.chars().last()? {
-        'K' | 'k' => (&text[..text.len() - 1], 10),
-        'M' | 'm' => (&text[..text.len() - 1], 20),
-        'G' | 'g' => (&text[..text.len() - 1], 30),
-        'T' | 't' => (&text[..text.len() - 1], 40),
-        _ => (text, 0),
-    };
-    let value: u64 = digits.parse().ok()?;
-    value.checked_mul(1u64 << shift)
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{check_keys, edit_distance, parse_size_bytes};
+    use super::{check_keys, edit_distance};
 
     #[test]
     fn unknown_keys_are_named_with_the_nearest_known_one() {
@@ -322,17 +310,5 @@ mod tests {
         );
         let not_table = check_keys("format_version = 2\nspace = 3\n").unwrap_err();
         assert_eq!(not_table, "space must be a table ([space])");
-    }
-
-    #[test]
-    fn sizes_parse_in_powers_of_1024() {
-        assert_eq!(parse_size_bytes("4096"), Some(4096));
-        assert_eq!(parse_size_bytes("64K"), Some(64 << 10));
-        assert_eq!(parse_size_bytes("256M"), Some(256 << 20));
-        assert_eq!(parse_size_bytes("1g"), Some(1 << 30));
-        assert_eq!(parse_size_bytes("2T"), Some(2 << 40));
-        assert_eq!(parse_size_bytes("x"), None);
-        assert_eq!(parse_size_bytes("M"), None);
-        assert_eq!(parse_size_bytes("99999999999T"), None);
     }
 }

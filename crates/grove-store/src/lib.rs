@@ -49,6 +49,7 @@ mod state;
 pub mod testing;
 mod tree;
 pub mod types;
+pub mod units;
 mod volume_table;
 mod volumes;
 mod write;

@@ -262,7 +262,8 @@ fn parse_reserve(key: &str, text: &str) -> Result<Amount, String> {
             .map(Amount::Percent)
             .ok_or_else(|| format!("space.{key} {text:?} is not a percentage from 0% to 99%"));
     }
-    crate::config::parse_size_bytes(text)
+    crate::units::parse_size(text)
+        .ok()
         .map(Amount::Bytes)
         .ok_or_else(|| {
             format!("space.{key} {text:?} is not a size like \"1G\" or a percentage like \"5%\"")
@@ -270,7 +271,7 @@ fn parse_reserve(key: &str, text: &str) -> Result<Amount, String> {
 }
 
 fn parse_positive_size(key: &str, text: &str) -> Result<u64, String> {
-    match crate::config::parse_size_bytes(text) {
+    match crate::units::parse_size(text).ok() {
         Some(0) => Err(format!("space.{key} {text:?} must be more than 0")),
         Some(bytes) => Ok(bytes),
         None => Err(format!(

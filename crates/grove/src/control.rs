@@ -23,7 +23,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
-use grove_send::digest::{hex, unhex};
+use grove_send::digest::unhex;
 use grove_store::{
     CheckReport, DiffReport, Error, ErrorKind, HoldInfo, Pool, PoolInfo, RemovalSummary,
     RemoveOptions, Shrink, SpaceSettings, SpaceStatus, VolumeInfo, VolumeSummary,
@@ -527,7 +527,7 @@ fn execute(opened: &OpenedPool, request: Request, stopping: &AtomicBool) -> Repl
             name,
             offset,
             length,
-        } => reply(Admin::read_bytes(pool, &name, offset, length).map(|b| hex(&b))),
+        } => reply(Admin::read_bytes(pool, &name, offset, length).map(hex::encode)),
         Request::WriteBytes { name, offset, hex } => reply(
             unhex(&hex)
                 .map_err(|e| Error::new(ErrorKind::InvalidArgument, format!("{e:#}")))
@@ -1305,7 +1305,7 @@ impl Admin for ControlClient {
             self.call::<()>(Request::WriteBytes {
                 name: name.into(),
                 offset: offset + (index * WRITE_BYTES_PER_REQUEST_MAX) as u64,
-                hex: hex(piece),
+                hex: hex::encode(piece),
             })?;
         }
         Ok(())

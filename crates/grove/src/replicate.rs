@@ -347,9 +347,7 @@ pub fn receive_into_pool(pool: &Pool, name: &str, input: impl Read) -> Result<Re
 pub fn hash(pool: &Pool, name: &str) -> Result<String> {
     let volume = pool.volume(name)?;
     let digest = grove_send::volume_digest(&volume)?;
-    Ok(grove_send::digest::hex(
-        &digest.finish(volume.size_bytes()?),
-    ))
+    Ok(hex::encode(digest.finish(volume.size_bytes()?)))
 }
 
 /// `grove receive --status`: the token that resumes a partial receive.

@@ -1,98 +1,19 @@
-//! Parsing sizes such as `512`, `4K`, `64KiB`, `1.5G` or `1T`.
+//! Sizes such as `512`, `4K`, `64KiB`, `1.5G` or `1T` on the command line.
 //!
-//! Every suffix is a power of 1024, whatever its spelling (`K`, `KB` and
-//! `KiB` all mean 1024): block devices are sized in binary units, and one
-//! meaning per letter avoids a 2.4% surprise between `10GB` and `10GiB`.
+//! The rules are grove-store's one size parser (`grove_store::units`).
 //! Sizes are parsed as text in the command, not by clap, so that a bad size
 //! gets one line naming the argument and the reason; that line is a usage
 //! error (exit 2), as clap's own are.
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 
 use crate::usage::UsageError;
 
-/// Binary multipliers by the letter that starts a suffix.
-const UNIT_MULTIPLIERS: [(char, u64); 4] = [
-    ('k', 1 << 10),
-    ('m', 1 << 20),
-    ('g', 1 << 30),
-    ('t', 1 << 40),
-];
-
-/// Most digits accepted after a decimal point: enough for any byte-exact
-/// fraction of a TiB written out by hand, few enough that the arithmetic
-/// below cannot overflow a u128.
-const FRACTION_DIGITS_MAX: usize = 12;
-
 /// Parses a size in bytes. `what` names the argument in the error message.
 pub fn parse_size(text: &str, what: &str) -> Result<u64> {
-    parse(text.trim()).map_err(|reason| {
+    grove_store::units::parse_size(text).map_err(|reason| {
         anyhow::Error::new(UsageError(format!("invalid {what} {text:?}: {reason}")))
     })
-}
-
-fn parse(text: &str) -> Result<u64> {
-    // Reached through clap's allow_hyphen_values: say why, not just "invalid".
-    if text.starts_with('-') {
-        bail!("a size, offset or length cannot be negative");
-    }
-    let number_end = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, suffix) = text.split_at(number_end);
-    let (whole, fraction) = match number.split_once('.') {
-        Some((whole, fraction)) => (whole, fraction),
-        None => (number, ""),
-    };
-    if whole.is_empty() && fraction.is_empty() {
-        bail!("expected a number such as 512, 4K, 10G or 1.5T");
-    }
-    let multiplier = parse_suffix(suffix.trim_start())?;
-    if fraction.contains('.') {
-        bail!("it has more than one decimal point");
-    }
-    if fraction.len() > FRACTION_DIGITS_MAX {
-        bail!("at most {FRACTION_DIGITS_MAX} digits may follow the decimal point");
-    }
-    let too_large = || anyhow::anyhow!("it is too large (the largest is {} bytes)", u64::MAX);
-    let whole_value: u128 = if whole.is_empty() {
-        0
-    } else {
-        whole.parse().map_err(|_| too_large())?
-    };
-    // Exact decimal arithmetic: 1.1G is 1181116006.4 bytes, which must be
-    // refused rather than rounded by a float.
-    let fraction_value: u128 = if fraction.is_empty() {
-        0
-    } else {
-        fraction.parse().expect("only ASCII digits remain")
-    };
-    let scale = 10u128.pow(fraction.len() as u32);
-    let multiplier = u128::from(multiplier);
-    let whole_bytes = whole_value.checked_mul(multiplier).ok_or_else(too_large)?;
-    let fraction_scaled = fraction_value * multiplier;
-    if !fraction_scaled.is_multiple_of(scale) {
-        bail!("it is not a whole number of bytes");
-    }
-    let bytes = whole_bytes
-        .checked_add(fraction_scaled / scale)
-        .ok_or_else(too_large)?;
-    u64::try_from(bytes).map_err(|_| too_large())
-}
-
-/// `""` or `B` is bytes; `K`, `KB`, `KiB` (any case) are KiB, and so on.
-fn parse_suffix(suffix: &str) -> Result<u64> {
-    let lower = suffix.to_ascii_lowercase();
-    if lower.is_empty() || lower == "b" {
-        return Ok(1);
-    }
-    let mut chars = lower.chars();
-    let letter = chars.next().expect("suffix is not empty");
-    let rest = chars.as_str();
-    match UNIT_MULTIPLIERS.iter().find(|(unit, _)| *unit == letter) {
-        Some((_, multiplier)) if ["", "b", "ib"].contains(&rest) => Ok(*multiplier),
-        _ => bail!("unknown unit {suffix:?}: use K, M, G or T (powers of 1024), or none for bytes"),
-    }
 }
 
 #[cfg(test)]

@@ -246,34 +246,8 @@ impl Descriptor {
         }
         let mut pool = [0u8; 16];
         pool.copy_from_slice(&bytes[UUID_OFFSET..UUID_OFFSET + 16]);
-        let mut offset = HOMES_OFFSET;
-        let mut homes = Vec::with_capacity(image_count);
-        for index in 0..image_count {
-            let home = BlockAddr(get_u64(bytes, offset));
-            if home.is_none() {
-                return Err(format!("home {index} is block 0"));
-            }
-            homes.push(home);
-            offset += HOME_BYTES;
-        }
-        let mut extents = Vec::with_capacity(extent_count);
-        for index in 0..extent_count {
-            let extent = decode_extent(&bytes[offset..offset + EXTENT_BYTES])
-                .map_err(|why| format!("extent {index}: {why}"))?;
-            extents.push(extent);
-            offset += EXTENT_BYTES;
-        }
-        let mut share_runs = Vec::with_capacity(share_run_count);
-        for index in 0..share_run_count {
-            let run = decode_share_run(&bytes[offset..offset + SHARE_RUN_BYTES])
-                .map_err(|why| format!("share run {index}: {why}"))?;
-            share_runs.push(run);
-            offset += SHARE_RUN_BYTES;
-        }
-        // The layout says the rest is zero: anything else is damage.
-        if bytes[offset..].iter().any(|&b| b != 0) {
-            return Err("bytes after its last share run are not zero".into());
-        }
+        let (homes, extents, share_runs) =
+            decode_lists(bytes, image_count, extent_count, share_run_count)?;
         let roots = decode_roots(bytes)?;
         Ok(Some(Descriptor {
             sequence,
@@ -286,6 +260,49 @@ impl Descriptor {
             share_runs,
         }))
     }
+}
+
+/// A descriptor's homes, extents and share runs.
+type DescriptorLists = (Vec<BlockAddr>, Vec<AllocExtent>, Vec<ShareRun>);
+
+/// A descriptor's homes, extents and share runs, laid one after the other
+/// from HOMES_OFFSET, with nothing but zeros after the last; `bytes` was
+/// checked long enough for the counts.
+fn decode_lists(
+    bytes: &[u8],
+    image_count: usize,
+    extent_count: usize,
+    share_run_count: usize,
+) -> Result<DescriptorLists, String> {
+    let mut offset = HOMES_OFFSET;
+    let mut homes = Vec::with_capacity(image_count);
+    for index in 0..image_count {
+        let home = BlockAddr(get_u64(bytes, offset));
+        if home.is_none() {
+            return Err(format!("home {index} is block 0"));
+        }
+        homes.push(home);
+        offset += HOME_BYTES;
+    }
+    let mut extents = Vec::with_capacity(extent_count);
+    for index in 0..extent_count {
+        let extent = decode_extent(&bytes[offset..offset + EXTENT_BYTES])
+            .map_err(|why| format!("extent {index}: {why}"))?;
+        extents.push(extent);
+        offset += EXTENT_BYTES;
+    }
+    let mut share_runs = Vec::with_capacity(share_run_count);
+    for index in 0..share_run_count {
+        let run = decode_share_run(&bytes[offset..offset + SHARE_RUN_BYTES])
+            .map_err(|why| format!("share run {index}: {why}"))?;
+        share_runs.push(run);
+        offset += SHARE_RUN_BYTES;
+    }
+    // The layout says the rest is zero: anything else is damage.
+    if bytes[offset..].iter().any(|&b| b != 0) {
+        return Err("bytes after its last share run are not zero".into());
+    }
+    Ok((homes, extents, share_runs))
 }
 
 /// One allocation extent of a descriptor, or why it is impossible.

@@ -166,78 +166,98 @@ impl Node {
     ) -> Result<Node> {
         let damaged =
             |why: String| Error::corrupt(format!("radix node at {addr} is damaged: {why}"));
-        if block.len() < NODE_HEADER_LEN * 8 * ENTRY_BYTES {
-            return Err(damaged(format!(
-                "a node of {} bytes is too small",
-                block.len()
-            )));
-        }
-        let mut header = [0u8; NODE_HEADER_LEN];
-        header_bytes(block, 0, &mut header);
-        if header[HEADER_MAGIC_OFFSET..HEADER_MAGIC_OFFSET + 4] != NODE_MAGIC {
-            return Err(damaged("no node magic".into()));
-        }
-        let stored_crc = get_u32(&header, HEADER_CRC_OFFSET);
-        let actual_crc = node_crc(block);
-        if stored_crc != actual_crc {
-            return Err(damaged(format!(
-                "checksum mismatch (stored {stored_crc:#010x}, computed {actual_crc:#010x})"
-            )));
-        }
-        let kind = match header[HEADER_KIND_OFFSET] {
-            1 => NodeKind::VolumeData,
-            2 => NodeKind::VolumeTable,
-            other => return Err(damaged(format!("unknown node kind {other}"))),
-        };
-        if kind != expected_kind {
-            return Err(damaged(format!(
-                "a {kind:?} node where a {expected_kind:?} node belongs"
-            )));
-        }
-        if header[HEADER_LEVEL_OFFSET + 1..].iter().any(|&b| b != 0) {
-            return Err(damaged("reserved header bytes are not zero".into()));
-        }
-        let level = header[HEADER_LEVEL_OFFSET];
-        if level != expected_level {
-            return Err(damaged(format!(
-                "level {level} where level {expected_level} belongs"
-            )));
-        }
-        let entry_count = block.len() / ENTRY_BYTES;
-        let mut entries = Vec::with_capacity(entry_count);
-        for i in 0..entry_count {
-            let raw = u64::from_le_bytes(
-                block[i * ENTRY_BYTES..(i + 1) * ENTRY_BYTES]
-                    .try_into()
-                    .expect("8 bytes"),
-            );
-            if i >= NODE_HEADER_LEN * 8 && raw & !ENTRY_PAYLOAD_MASK != 0 {
-                return Err(damaged(format!("entry {i} has its stripe bit set")));
-            }
-            let entry = Entry(raw & ENTRY_PAYLOAD_MASK);
-            if !entry.is_empty() && !valid_children.contains(&entry.addr().0) {
-                return Err(damaged(format!(
-                    "entry {i} points at block {}, outside the data area",
-                    entry.addr().0
-                )));
-            }
-            if entry.birth() > birth_max {
-                return Err(damaged(format!(
-                    "entry {i} was born in generation {}, after the pool's generation {birth_max}",
-                    entry.birth()
-                )));
-            }
-            if kind == NodeKind::VolumeTable && entry.birth() != 0 {
-                return Err(damaged(format!("volume-table entry {i} has a birth")));
-            }
-            entries.push(entry);
-        }
+        let (kind, level) = decode_header(block, expected_kind, expected_level).map_err(damaged)?;
+        let entries = decode_entries(block, kind, &valid_children, birth_max).map_err(damaged)?;
         Ok(Node {
             kind,
             level,
             entries: entries.into_boxed_slice(),
         })
     }
+}
+
+/// A node's size, magic, checksum, kind and level, in that order: the
+/// kind and level are only worth reading once the checksum vouches for them.
+fn decode_header(
+    block: &[u8],
+    expected_kind: NodeKind,
+    expected_level: u8,
+) -> std::result::Result<(NodeKind, u8), String> {
+    if block.len() < NODE_HEADER_LEN * 8 * ENTRY_BYTES {
+        return Err(format!("a node of {} bytes is too small", block.len()));
+    }
+    let mut header = [0u8; NODE_HEADER_LEN];
+    header_bytes(block, 0, &mut header);
+    if header[HEADER_MAGIC_OFFSET..HEADER_MAGIC_OFFSET + 4] != NODE_MAGIC {
+        return Err("no node magic".into());
+    }
+    let stored_crc = get_u32(&header, HEADER_CRC_OFFSET);
+    let actual_crc = node_crc(block);
+    if stored_crc != actual_crc {
+        return Err(format!(
+            "checksum mismatch (stored {stored_crc:#010x}, computed {actual_crc:#010x})"
+        ));
+    }
+    let kind = match header[HEADER_KIND_OFFSET] {
+        1 => NodeKind::VolumeData,
+        2 => NodeKind::VolumeTable,
+        other => return Err(format!("unknown node kind {other}")),
+    };
+    if kind != expected_kind {
+        return Err(format!(
+            "a {kind:?} node where a {expected_kind:?} node belongs"
+        ));
+    }
+    if header[HEADER_LEVEL_OFFSET + 1..].iter().any(|&b| b != 0) {
+        return Err("reserved header bytes are not zero".into());
+    }
+    let level = header[HEADER_LEVEL_OFFSET];
+    if level != expected_level {
+        return Err(format!(
+            "level {level} where level {expected_level} belongs"
+        ));
+    }
+    Ok((kind, level))
+}
+
+/// Every entry of a node whose header checked out, each in the data area
+/// and born no later than `birth_max`; the first bad one is named.
+fn decode_entries(
+    block: &[u8],
+    kind: NodeKind,
+    valid_children: &std::ops::Range<u64>,
+    birth_max: u64,
+) -> std::result::Result<Vec<Entry>, String> {
+    let entry_count = block.len() / ENTRY_BYTES;
+    let mut entries = Vec::with_capacity(entry_count);
+    for i in 0..entry_count {
+        let raw = u64::from_le_bytes(
+            block[i * ENTRY_BYTES..(i + 1) * ENTRY_BYTES]
+                .try_into()
+                .expect("8 bytes"),
+        );
+        if i >= NODE_HEADER_LEN * 8 && raw & !ENTRY_PAYLOAD_MASK != 0 {
+            return Err(format!("entry {i} has its stripe bit set"));
+        }
+        let entry = Entry(raw & ENTRY_PAYLOAD_MASK);
+        if !entry.is_empty() && !valid_children.contains(&entry.addr().0) {
+            return Err(format!(
+                "entry {i} points at block {}, outside the data area",
+                entry.addr().0
+            ));
+        }
+        if entry.birth() > birth_max {
+            return Err(format!(
+                "entry {i} was born in generation {}, after the pool's generation {birth_max}",
+                entry.birth()
+            ));
+        }
+        if kind == NodeKind::VolumeTable && entry.birth() != 0 {
+            return Err(format!("volume-table entry {i} has a birth"));
+        }
+        entries.push(entry);
+    }
+    Ok(entries)
 }
 
 /// Header bit `k`: bit k % 8 of header byte k / 8; it is striped into entry k.

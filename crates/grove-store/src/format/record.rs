@@ -208,61 +208,58 @@ impl VolumeRecord {
         if bytes.iter().all(|&b| b == 0) {
             return Ok(None);
         }
-        let damaged = |why: String| {
-            Error::corrupt(format!(
-                "volume table record of volume #{} is damaged: {why}",
-                slot_id.0
-            ))
-        };
-        if bytes[MAGIC_OFFSET..MAGIC_OFFSET + 4] != RECORD_MAGIC {
-            return Err(damaged("no record magic".into()));
-        }
-        let stored_crc = get_u32(bytes, CRC_OFFSET);
-        let actual_crc = crc_with_hole(bytes, CRC_OFFSET);
-        if stored_crc != actual_crc {
-            return Err(damaged(format!(
-                "checksum mismatch (stored {stored_crc:#010x}, computed {actual_crc:#010x})"
-            )));
-        }
-        let id = VolumeId(get_u64(bytes, ID_OFFSET));
-        if id != slot_id {
-            return Err(damaged(format!(
-                "holds id {} in the slot of id {}",
-                id.0, slot_id.0
-            )));
-        }
+        Self::decode_written(bytes, slot_id)
+            .map(Some)
+            .map_err(|why| {
+                Error::corrupt(format!(
+                    "volume table record of volume #{} is damaged: {why}",
+                    slot_id.0
+                ))
+            })
+    }
+
+    /// Decodes a slot that is not all zeros; an error says what is damaged.
+    fn decode_written(
+        bytes: &[u8],
+        slot_id: VolumeId,
+    ) -> std::result::Result<VolumeRecord, String> {
+        check_envelope(bytes, slot_id)?;
         let kind = match bytes[KIND_OFFSET] {
             1 => VolumeKind::Volume,
             2 => VolumeKind::Snapshot,
             3 => VolumeKind::Clone,
-            other => return Err(damaged(format!("unknown kind {other}"))),
+            other => return Err(format!("unknown kind {other}")),
         };
-        let name_len = usize::from(bytes[NAME_LEN_OFFSET]);
-        if name_len == 0 || name_len > VOLUME_NAME_MAX_BYTES {
-            return Err(damaged(format!("name length {name_len}")));
-        }
-        let name = std::str::from_utf8(&bytes[NAME_OFFSET..NAME_OFFSET + name_len])
-            .map_err(|_| damaged("name is not UTF-8".into()))?
-            .to_string();
+        let name = read_name(bytes)?;
         let flags = bytes[FLAGS_OFFSET];
         if flags & !(FLAG_REMOVED | FLAG_RECEIVING | FLAG_CURSOR | FLAG_HOLD) != 0 {
-            return Err(damaged(format!("unknown flags {flags:#04x}")));
+            return Err(format!("unknown flags {flags:#04x}"));
         }
         let reserved = [
             RANK_OFFSET + 1..CREATED_OFFSET,
-            NAME_OFFSET + name_len..GUID_OFFSET,
+            NAME_OFFSET + name.len()..GUID_OFFSET,
             TAIL_OFFSET..RECORD_BYTES,
         ];
         if reserved
             .iter()
             .any(|range| bytes[range.clone()].iter().any(|&b| b != 0))
         {
-            return Err(damaged("reserved bytes are not zero".into()));
+            return Err("reserved bytes are not zero".into());
         }
+        let record = Self::read_fields(bytes, kind, name, flags);
+        if record.receive_progress.is_none() && get_u64(bytes, RECEIVE_PROGRESS_OFFSET) != 0 {
+            return Err("receive progress without the receiving flag".into());
+        }
+        record.check_fields()?;
+        Ok(record)
+    }
+
+    /// The record's fields, once kind, name and flags are known good.
+    fn read_fields(bytes: &[u8], kind: VolumeKind, name: String, flags: u8) -> VolumeRecord {
         let mut guid = [0u8; 16];
         guid.copy_from_slice(&bytes[GUID_OFFSET..GUID_OFFSET + 16]);
-        let record = VolumeRecord {
-            id,
+        VolumeRecord {
+            id: VolumeId(get_u64(bytes, ID_OFFSET)),
             parent: VolumeId(get_u64(bytes, PARENT_OFFSET)),
             size_bytes: get_u64(bytes, SIZE_OFFSET),
             root: BlockAddr(get_u64(bytes, ROOT_OFFSET)),
@@ -282,14 +279,7 @@ impl VolumeRecord {
             rank: bytes[RANK_OFFSET],
             hold: flags & FLAG_HOLD != 0,
             hold_until_unix_secs: get_u64(bytes, HOLD_UNTIL_OFFSET),
-        };
-        if record.receive_progress.is_none() && get_u64(bytes, RECEIVE_PROGRESS_OFFSET) != 0 {
-            return Err(damaged(
-                "receive progress without the receiving flag".into(),
-            ));
         }
-        record.check_fields().map_err(damaged)?;
-        Ok(Some(record))
     }
 
     /// Checks shared by the encoder (as assertions) and the decoder (as
@@ -348,4 +338,35 @@ impl VolumeRecord {
         }
         Ok(())
     }
+}
+
+/// A written record's magic, checksum and id, in that order: the id is
+/// only worth reading once the checksum vouches for it.
+fn check_envelope(bytes: &[u8], slot_id: VolumeId) -> std::result::Result<(), String> {
+    if bytes[MAGIC_OFFSET..MAGIC_OFFSET + 4] != RECORD_MAGIC {
+        return Err("no record magic".into());
+    }
+    let stored_crc = get_u32(bytes, CRC_OFFSET);
+    let actual_crc = crc_with_hole(bytes, CRC_OFFSET);
+    if stored_crc != actual_crc {
+        return Err(format!(
+            "checksum mismatch (stored {stored_crc:#010x}, computed {actual_crc:#010x})"
+        ));
+    }
+    let id = VolumeId(get_u64(bytes, ID_OFFSET));
+    if id != slot_id {
+        return Err(format!("holds id {} in the slot of id {}", id.0, slot_id.0));
+    }
+    Ok(())
+}
+
+/// The record's name: 1 to VOLUME_NAME_MAX_BYTES bytes of UTF-8.
+fn read_name(bytes: &[u8]) -> std::result::Result<String, String> {
+    let name_len = usize::from(bytes[NAME_LEN_OFFSET]);
+    if name_len == 0 || name_len > VOLUME_NAME_MAX_BYTES {
+        return Err(format!("name length {name_len}"));
+    }
+    std::str::from_utf8(&bytes[NAME_OFFSET..NAME_OFFSET + name_len])
+        .map(str::to_string)
+        .map_err(|_| "name is not UTF-8".into())
 }

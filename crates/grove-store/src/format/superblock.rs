@@ -160,31 +160,31 @@ impl Superblock {
     /// Decodes one slot. `bytes` is at least SUPERBLOCK_LEN long.
     pub fn decode(bytes: &[u8]) -> Result<Superblock, SlotProblem> {
         let bytes = &bytes[..SUPERBLOCK_LEN];
-        if bytes[MAGIC_OFFSET..MAGIC_OFFSET + 8] != SUPERBLOCK_MAGIC {
-            return Err(SlotProblem::NoMagic);
+        check_header(bytes)?;
+        let superblock = Superblock::read_fields(bytes);
+        superblock.check_fields().map_err(SlotProblem::Invalid)?;
+        superblock
+            .check_counters_when_read()
+            .map_err(SlotProblem::Invalid)?;
+        let reserved = [
+            BLOCK_SIZE_OFFSET + 4..JOURNAL_START_OFFSET,
+            VOLUME_TABLE_HEIGHT_OFFSET + 1..NEXT_VOLUME_ID_OFFSET,
+            RESERVED_OFFSET..SUPERBLOCK_LEN,
+        ];
+        if reserved
+            .iter()
+            .any(|range| bytes[range.clone()].iter().any(|&b| b != 0))
+        {
+            return Err(SlotProblem::Invalid("reserved bytes are not zero".into()));
         }
-        // The version is checked before the checksum: a newer format may
-        // checksum differently, and "upgrade grove" is the useful answer.
-        let version = get_u32(bytes, VERSION_OFFSET);
-        if version > FORMAT_VERSION {
-            return Err(SlotProblem::NewerVersion(version));
-        }
-        if (1..FORMAT_VERSION).contains(&version) {
-            return Err(SlotProblem::OlderVersion(version));
-        }
-        let stored_crc = get_u32(bytes, CRC_OFFSET);
-        let actual_crc = crc_with_hole(bytes, CRC_OFFSET);
-        if stored_crc != actual_crc {
-            return Err(SlotProblem::Damaged(format!(
-                "checksum mismatch (stored {stored_crc:#010x}, computed {actual_crc:#010x})"
-            )));
-        }
-        if version == 0 {
-            return Err(SlotProblem::Invalid("format_version is 0".into()));
-        }
+        Ok(superblock)
+    }
+
+    /// Every field of a slot whose header `check_header` accepted, unchecked.
+    fn read_fields(bytes: &[u8]) -> Superblock {
         let mut pool_uuid = [0u8; 16];
         pool_uuid.copy_from_slice(&bytes[UUID_OFFSET..UUID_OFFSET + 16]);
-        let superblock = Superblock {
+        Superblock {
             generation: get_u64(bytes, GENERATION_OFFSET),
             block_size_bytes: get_u32(bytes, BLOCK_SIZE_OFFSET),
             journal_start: BlockAddr(get_u64(bytes, JOURNAL_START_OFFSET)),
@@ -201,40 +201,42 @@ impl Superblock {
             created_unix_secs: get_u64(bytes, CREATED_OFFSET),
             pool_uuid,
             birth_generation: get_u64(bytes, BIRTH_GENERATION_OFFSET),
-        };
-        superblock.check_fields().map_err(SlotProblem::Invalid)?;
-        // Checked when read, not when written: a pool that got here by
-        // committing would have run for half a million years.
-        if superblock.next_volume_id.0 > NEXT_VOLUME_ID_MAX {
-            return Err(SlotProblem::Invalid(format!(
+        }
+    }
+
+    /// Counters checked when read, not when written: a pool that got past
+    /// these by committing would have run for half a million years.
+    fn check_counters_when_read(&self) -> Result<(), String> {
+        if self.next_volume_id.0 > NEXT_VOLUME_ID_MAX {
+            return Err(format!(
                 "next_volume_id {} is past {NEXT_VOLUME_ID_MAX}, more ids than the volume table can hold",
-                superblock.next_volume_id.0
-            )));
+                self.next_volume_id.0
+            ));
         }
-        if superblock.journal_sequence > JOURNAL_SEQUENCE_MAX {
-            return Err(SlotProblem::Invalid(format!(
+        if self.journal_sequence > JOURNAL_SEQUENCE_MAX {
+            return Err(format!(
                 "journal_sequence {} is past {JOURNAL_SEQUENCE_MAX}, too close to 2^64 for the journal to number its transactions",
-                superblock.journal_sequence
-            )));
+                self.journal_sequence
+            ));
         }
-        let reserved = [
-            BLOCK_SIZE_OFFSET + 4..JOURNAL_START_OFFSET,
-            VOLUME_TABLE_HEIGHT_OFFSET + 1..NEXT_VOLUME_ID_OFFSET,
-            RESERVED_OFFSET..SUPERBLOCK_LEN,
-        ];
-        if reserved
-            .iter()
-            .any(|range| bytes[range.clone()].iter().any(|&b| b != 0))
-        {
-            return Err(SlotProblem::Invalid("reserved bytes are not zero".into()));
-        }
-        Ok(superblock)
+        Ok(())
     }
 
     /// Structural checks shared by the encoder (as assertions) and the
     /// decoder (as errors): the checksum alone cannot catch a bug that wrote
-    /// a well-checksummed but impossible superblock.
+    /// a well-checksummed but impossible superblock. The steps run in this
+    /// order so that a slot with several bad fields names the same one first.
     fn check_fields(&self) -> Result<(), String> {
+        self.check_region_sizes()?;
+        self.check_counter_limits()?;
+        self.check_journal_place()?;
+        self.check_groups_fit_capacity()?;
+        self.check_volume_table()
+    }
+
+    /// Block size, journal length, group count and capacity within what
+    /// the format can address.
+    fn check_region_sizes(&self) -> Result<(), String> {
         if !is_valid_block_size(self.block_size_bytes) {
             return Err(format!(
                 "block_size_bytes {} is not a power of two from 1 KiB to 64 KiB",
@@ -267,6 +269,12 @@ impl Superblock {
                 super::node::ENTRY_ADDR_MASK
             ));
         }
+        Ok(())
+    }
+
+    /// Tree height, birth generation and journal sequence within the
+    /// values their encodings hold.
+    fn check_counter_limits(&self) -> Result<(), String> {
         if self.volume_table_height >= super::node::NODE_LEVELS_MAX {
             return Err(format!(
                 "volume_table_height {} is not below {}",
@@ -287,6 +295,12 @@ impl Superblock {
                 self.journal_sequence
             ));
         }
+        Ok(())
+    }
+
+    /// The journal right after the superblocks, the data right after the
+    /// journal, and groups as long as the block size makes them.
+    fn check_journal_place(&self) -> Result<(), String> {
         // (A head equal to journal_blocks is where a transaction that ends
         // at the region's end leaves the write position.)
         if self.journal_head > self.journal_blocks {
@@ -315,26 +329,38 @@ impl Superblock {
                 self.group_blocks, self.block_size_bytes
             ));
         }
-        if self.capacity_blocks != 0 {
-            if self.group_count > self.capacity_blocks.div_ceil(self.group_blocks) {
-                return Err(format!(
-                    "group_count {} is past {}, the groups capacity_blocks {} holds",
-                    self.group_count,
-                    self.capacity_blocks.div_ceil(self.group_blocks),
-                    self.capacity_blocks
-                ));
-            }
-            // The last group must hold its own blocks and one more:
-            // a group is only ever added with room for that.
-            let needed =
-                (self.group_count - 1) * self.group_blocks + super::group::GROUP_HEADER_BLOCKS + 1;
-            if self.capacity_blocks < needed {
-                return Err(format!(
-                    "capacity_blocks {} is below {needed}, what its {} groups occupy",
-                    self.capacity_blocks, self.group_count
-                ));
-            }
+        Ok(())
+    }
+
+    /// A set capacity holds every group, and the last group whole.
+    fn check_groups_fit_capacity(&self) -> Result<(), String> {
+        if self.capacity_blocks == 0 {
+            return Ok(());
         }
+        if self.group_count > self.capacity_blocks.div_ceil(self.group_blocks) {
+            return Err(format!(
+                "group_count {} is past {}, the groups capacity_blocks {} holds",
+                self.group_count,
+                self.capacity_blocks.div_ceil(self.group_blocks),
+                self.capacity_blocks
+            ));
+        }
+        // The last group must hold its own blocks and one more:
+        // a group is only ever added with room for that.
+        let needed =
+            (self.group_count - 1) * self.group_blocks + super::group::GROUP_HEADER_BLOCKS + 1;
+        if self.capacity_blocks < needed {
+            return Err(format!(
+                "capacity_blocks {} is below {needed}, what its {} groups occupy",
+                self.capacity_blocks, self.group_count
+            ));
+        }
+        Ok(())
+    }
+
+    /// The next volume id and the volume table's root and height agree,
+    /// and the root lies in the data area.
+    fn check_volume_table(&self) -> Result<(), String> {
         if self.next_volume_id.0 == 0 {
             return Err("next_volume_id is 0".into());
         }
@@ -381,6 +407,33 @@ impl Superblock {
             self.capacity_blocks,
         )
     }
+}
+
+/// Magic, version and checksum of one slot, in that order: the version is
+/// checked before the checksum, because a newer format may checksum
+/// differently and "upgrade grove" is the useful answer.
+fn check_header(bytes: &[u8]) -> Result<(), SlotProblem> {
+    if bytes[MAGIC_OFFSET..MAGIC_OFFSET + 8] != SUPERBLOCK_MAGIC {
+        return Err(SlotProblem::NoMagic);
+    }
+    let version = get_u32(bytes, VERSION_OFFSET);
+    if version > FORMAT_VERSION {
+        return Err(SlotProblem::NewerVersion(version));
+    }
+    if (1..FORMAT_VERSION).contains(&version) {
+        return Err(SlotProblem::OlderVersion(version));
+    }
+    let stored_crc = get_u32(bytes, CRC_OFFSET);
+    let actual_crc = crc_with_hole(bytes, CRC_OFFSET);
+    if stored_crc != actual_crc {
+        return Err(SlotProblem::Damaged(format!(
+            "checksum mismatch (stored {stored_crc:#010x}, computed {actual_crc:#010x})"
+        )));
+    }
+    if version == 0 {
+        return Err(SlotProblem::Invalid("format_version is 0".into()));
+    }
+    Ok(())
 }
 
 /// Picks the newest valid slot, or explains why neither is usable.

@@ -66,7 +66,7 @@ pub struct CursorInfo {
 }
 
 pub fn guid_hex(guid: &[u8; 16]) -> String {
-    guid.iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(guid)
 }
 
 fn identity(record: &VolumeRecord, live: bool) -> SnapshotIdentity {
