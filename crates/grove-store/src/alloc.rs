@@ -133,6 +133,8 @@ impl Group {
             _ => {}
         }
         self.nibbles.set(slot, nibble);
+        debug_assert_eq!(self.nibbles.get(slot), nibble);
+        debug_assert!(self.free_blocks <= self.usable_slots as u64);
     }
 
     fn is_durable_dirty(&self) -> bool {
@@ -508,6 +510,7 @@ impl Allocator {
             let base = self.durable_base(group);
             self.groups[group].durable = Some(base);
         }
+        debug_assert!(self.groups[group].is_durable_dirty());
         self.groups[group].durable.as_mut().expect("just made")
     }
 
