@@ -30,9 +30,12 @@ use grove_store::{
 };
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
-use crate::branches::{BranchAdmin, BranchReport, RebuildSummary, RestripeSummary, ScrubSummary};
+use crate::branch_pool::{
+    BranchAdmin, BranchReport, RebuildSummary, RestripeSummary, ScrubSummary,
+};
 use crate::control_limits;
 use crate::open::OpenedPool;
+pub use crate::reclaimer::GcReport;
 
 /// The control socket's file name inside the pool directory.
 pub const CONTROL_SOCKET_NAME: &str = "grove.control";
@@ -323,14 +326,6 @@ impl Admin for Pool {
     }
 }
 
-/// What `gc` did.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
-pub struct GcReport {
-    pub freed_bytes: u64,
-    /// What is still left to reclaim.
-    pub pending_free_bytes: u64,
-}
-
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "command", rename_all = "snake_case")]
 enum Request {
@@ -419,13 +414,13 @@ enum Request {
     /// Answered with one reply line, then (if ok) the stream, then the
     /// connection closes.
     Send {
-        args: crate::replicate::SendArgs,
+        args: crate::stream::SendArgs,
     },
     Hash {
         name: String,
     },
     StreamFingerprint {
-        args: crate::replicate::SendArgs,
+        args: crate::stream::SendArgs,
     },
     RestartPoint {
         name: String,
@@ -517,7 +512,7 @@ fn execute(opened: &OpenedPool, request: Request, stopping: &AtomicBool) -> Repl
             force,
         } => reply(pool.rollback(&snapshot, volume.as_deref(), force)),
         Request::Diff { a, b } => reply(pool.diff(&a, &b)),
-        Request::Gc { wait } => reply(control_limits::gc_until_stopped(pool, wait, stopping)),
+        Request::Gc { wait } => reply(crate::reclaimer::gc_until_stopped(pool, wait, stopping)),
         Request::Resize {
             name,
             size_bytes,
@@ -566,9 +561,9 @@ fn execute(opened: &OpenedPool, request: Request, stopping: &AtomicBool) -> Repl
         }
         Request::ReplicationState => reply(Admin::replication_state(pool)),
         Request::ReceiveAbort { name } => reply_any(grove_send::abort(pool, &name)),
-        Request::ReceiveStatus { name } => reply_any(crate::replicate::status(pool, &name)),
-        Request::Hash { name } => reply_any(crate::replicate::hash(pool, &name)),
-        Request::StreamFingerprint { args } => reply_any(crate::objects::fingerprint(pool, &args)),
+        Request::ReceiveStatus { name } => reply_any(crate::stream::status(pool, &name)),
+        Request::Hash { name } => reply_any(crate::stream::hash(pool, &name)),
+        Request::StreamFingerprint { args } => reply_any(crate::stream::fingerprint(pool, &args)),
         Request::RestartPoint { name } => reply_any(match pool.partial_receive(&name) {
             None => Ok(None),
             Some(_) => grove_send::restart_point(pool, &name).map(Some),
@@ -581,24 +576,24 @@ fn execute(opened: &OpenedPool, request: Request, stopping: &AtomicBool) -> Repl
         Request::Branches => reply(opened.branch_report()),
         Request::Rebuild { label, to, force } => {
             reply(with_branches(opened, stopping, |branches| {
-                crate::branches::rebuild(branches, &label, &to, force, &mut |_, _| {}, &|| {
+                crate::branch_pool::rebuild(branches, &label, &to, force, &mut |_, _| {}, &|| {
                     stopping.load(Ordering::SeqCst)
                 })
             }))
         }
         Request::Scrub { repair } => reply(with_branches(opened, stopping, |branches| {
-            crate::branches::scrub(branches, repair, &mut |_, _| {}, &|| {
+            crate::branch_pool::scrub(branches, repair, &mut |_, _| {}, &|| {
                 stopping.load(Ordering::SeqCst)
             })
         })),
         Request::FailBranch { label } => reply(with_branches(opened, stopping, |branches| {
-            crate::branches::fail(branches, &label)
+            crate::branch_pool::fail(branches, &label)
         })),
         Request::AddBranches { dirs } => reply(with_branches(opened, stopping, |branches| {
-            crate::branches::add(branches, &dirs)
+            crate::branch_pool::add(branches, &dirs)
         })),
         Request::Restripe => reply(with_branches(opened, stopping, |branches| {
-            crate::branches::restripe(branches, &mut |_, _| {}, &|| {
+            crate::branch_pool::restripe(branches, &mut |_, _| {}, &|| {
                 stopping.load(Ordering::SeqCst)
             })
         })),
@@ -675,7 +670,7 @@ fn serve_stream(
     let _ = writer.set_write_timeout(Some(Duration::from_millis(STREAM_IDLE_TIMEOUT_MS)));
     match request {
         Request::Receive { name } => {
-            let outcome = crate::replicate::receive_into_pool(pool, &name, &mut *reader);
+            let outcome = crate::stream::receive_into_pool(pool, &name, &mut *reader);
             if let Err(e) = &outcome {
                 tracing::warn!(name = %name, "receive through the control socket failed: {e:#}");
             }
@@ -689,10 +684,10 @@ fn serve_stream(
             if started.is_err() {
                 return;
             }
-            match crate::replicate::send_from_pool(pool, &args, &mut out) {
+            match crate::stream::send_from_pool(pool, &args, &mut out) {
                 Ok(summary) => {
                     let _ = out.flush();
-                    tracing::info!("{}", crate::replicate::describe_send(&summary));
+                    tracing::info!("{}", crate::stream::describe_send(&summary));
                 }
                 Err(e) => tracing::warn!("send through the control socket failed: {e:#}"),
             }
@@ -1153,7 +1148,7 @@ impl ControlClient {
     /// Has the daemon send a stream, which `consume` reads.
     pub fn send_stream(
         &self,
-        args: &crate::replicate::SendArgs,
+        args: &crate::stream::SendArgs,
         consume: &mut dyn FnMut(&mut dyn Read) -> Result<()>,
     ) -> Result<()> {
         let mut stream = self.stream_for_request()?;
@@ -1174,7 +1169,7 @@ impl ControlClient {
     }
 
     /// Which stream `grove send` with `args` makes (for resuming uploads).
-    pub fn stream_fingerprint(&self, args: &crate::replicate::SendArgs) -> Result<[u8; 16]> {
+    pub fn stream_fingerprint(&self, args: &crate::stream::SendArgs) -> Result<[u8; 16]> {
         self.exchange::<[u8; 16]>(&Request::StreamFingerprint { args: args.clone() })?
             .map_err(Into::into)
     }

@@ -51,7 +51,7 @@ pub fn run(
         // reach it. The working directory is let go so it holds no mount.
         let _ = rustix::process::setsid();
     }
-    crate::serve::init_logging();
+    crate::daemon::init_logging();
     let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
     let mountpoint = std::path::absolute(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
     if daemon {
@@ -63,7 +63,7 @@ pub fn run(
     // Signals are caught before anything is mounted, so none is lost.
     let signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
         .context("cannot install signal handlers")?;
-    let watcher = crate::branches::start_watcher(&opened)?;
+    let watcher = crate::branch_pool::start_watcher(&opened)?;
     let control = ControlServer::start(opened, grove_nbd::SOCKET_MODE_DEFAULT)?;
     let reclaimer =
         crate::reclaimer::Reclaimer::start(pool.clone()).context("cannot start the reclaimer")?;
@@ -94,7 +94,7 @@ pub fn run(
     };
     announce(&pool, &mountpoint, daemon, log)?;
     // After the announcement: a background mount's log is its file by now.
-    crate::branches::log_if_degraded(&branches);
+    crate::branch_pool::log_if_degraded(&branches);
 
     let detached = serve_until_unmounted(
         &mount,
@@ -216,10 +216,10 @@ fn start_in_background(
 /// Tells the user on the terminal what the background mount's log says:
 /// the pool runs without some of its branches.
 fn warn_if_degraded(dir: &Path) {
-    use crate::branches::BranchAdmin;
+    use crate::branch_pool::BranchAdmin;
     let report = crate::control::ControlClient::connect(dir)
         .and_then(|daemon| daemon.branch_report().ok().flatten());
-    if let Some(line) = report.and_then(|r| crate::branches::degraded_line(dir, &r)) {
+    if let Some(line) = report.and_then(|r| crate::branch_pool::degraded_line(dir, &r)) {
         eprintln!("grove: warning: {line}");
     }
 }
