@@ -455,8 +455,33 @@ pub fn create_pool(
             format_size(block_bytes)
         );
     }
+    check_new_branch_dirs(init.dirs)?;
+    let branch_config =
+        BranchPoolConfig::new(level, stripe_unit_bytes, init.dirs).map_err(branch_error)?;
+    let device = Arc::new(members::create(&branch_config).map_err(branch_error)?);
+    let mut config = PoolConfig::new();
+    config.branches = Some(branch_config.to_table());
+    match Pool::create_on_device(dir, device, options, settings, config) {
+        Ok(pool) => Ok((
+            pool,
+            format!(
+                "{level} over {} branches, stripe unit {}",
+                init.dirs.len(),
+                format_size(stripe_unit_bytes)
+            ),
+        )),
+        Err(e) => {
+            // The branches made for it would only be in the way of a retry.
+            remove_branch_files(&branch_config);
+            Err(e.into())
+        }
+    }
+}
+
+/// Each directory given once, and empty or missing.
+fn check_new_branch_dirs(dirs: &[PathBuf]) -> Result<()> {
     let mut seen = BTreeSet::new();
-    for branch in init.dirs {
+    for branch in dirs {
         let absolute = std::path::absolute(branch).unwrap_or_else(|_| branch.clone());
         if !seen.insert(absolute.clone()) {
             bail!("branch directory {} is given twice", branch.display());
@@ -477,34 +502,20 @@ pub fn create_pool(
             }
         }
     }
-    let branch_config =
-        BranchPoolConfig::new(level, stripe_unit_bytes, init.dirs).map_err(branch_error)?;
-    let device = Arc::new(members::create(&branch_config).map_err(branch_error)?);
-    let mut config = PoolConfig::new();
-    config.branches = Some(branch_config.to_table());
-    match Pool::create_on_device(dir, device, options, settings, config) {
-        Ok(pool) => Ok((
-            pool,
-            format!(
-                "{level} over {} branches, stripe unit {}",
-                init.dirs.len(),
-                format_size(stripe_unit_bytes)
-            ),
-        )),
-        Err(e) => {
-            // The branches made for it would only be in the way of a retry.
-            for member in &branch_config.member {
-                for name in [
-                    IDENTITY_FILE_NAME,
-                    DATA_FILE_NAME,
-                    members::JOURNAL_FILE_NAME,
-                    members::SUMS_FILE_NAME,
-                    members::SHAPE_FILE_NAME,
-                ] {
-                    let _ = std::fs::remove_file(member.dir.join(name));
-                }
-            }
-            Err(e.into())
+    Ok(())
+}
+
+/// The files members::create made in each branch directory.
+fn remove_branch_files(config: &BranchPoolConfig) {
+    for member in &config.member {
+        for name in [
+            IDENTITY_FILE_NAME,
+            DATA_FILE_NAME,
+            members::JOURNAL_FILE_NAME,
+            members::SUMS_FILE_NAME,
+            members::SHAPE_FILE_NAME,
+        ] {
+            let _ = std::fs::remove_file(member.dir.join(name));
         }
     }
 }

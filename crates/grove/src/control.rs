@@ -799,25 +799,10 @@ fn serve_connection(stream: UnixStream, opened: &OpenedPool, stopping: &AtomicBo
             match serde_json::from_str::<Request>(&line) {
                 Ok(request @ (Request::Receive { .. } | Request::Send { .. })) => {
                     tracing::info!(?request, "control request");
-                    let mut writer = writer;
-                    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        serve_stream(pool, request, &mut reader, &mut writer)
-                    }));
-                    if caught.is_err() {
-                        tracing::error!(
-                            "a streaming control request panicked; its connection is closed"
-                        );
-                    }
-                    return;
+                    return serve_stream_caught(pool, request, &mut reader, writer);
                 }
                 Ok(request) => {
-                    // A rebuild's or scrub's progress is polled several
-                    // times a second: not worth a log line each.
-                    if matches!(request, Request::Branches) {
-                        tracing::debug!(?request, "control request");
-                    } else {
-                        tracing::info!(?request, "control request");
-                    }
+                    log_request(&request);
                     match execute_catching_panics(opened, request, stopping) {
                         Ok(reply) => reply,
                         Err(panicked) => {
@@ -844,6 +829,32 @@ fn serve_connection(stream: UnixStream, opened: &OpenedPool, stopping: &AtomicBo
         if too_long {
             return;
         }
+    }
+}
+
+/// A streaming request on its connection, which then closes; a panic in
+/// it is logged.
+fn serve_stream_caught(
+    pool: &Pool,
+    request: Request,
+    reader: &mut BufReader<UnixStream>,
+    mut writer: UnixStream,
+) {
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        serve_stream(pool, request, reader, &mut writer)
+    }));
+    if caught.is_err() {
+        tracing::error!("a streaming control request panicked; its connection is closed");
+    }
+}
+
+fn log_request(request: &Request) {
+    // A rebuild's or scrub's progress is polled several times a second:
+    // not worth a log line each.
+    if matches!(request, Request::Branches) {
+        tracing::debug!(?request, "control request");
+    } else {
+        tracing::info!(?request, "control request");
     }
 }
 

@@ -4,6 +4,7 @@
 //! stderr, with exit code 1, or 2 for a command line that cannot be taken
 //! as written (usage.rs).
 
+mod background;
 mod branch_pool;
 mod branches;
 mod cli;

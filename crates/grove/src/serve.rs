@@ -15,9 +15,9 @@ use grove_nbd::{
 use grove_store::Pool;
 use signal_hook::consts::{SIGINT, SIGTERM};
 
+use crate::background::BackgroundWork;
 use crate::cli::serve::ServeArgs;
 use crate::control::ControlServer;
-use crate::reclaimer::Reclaimer;
 
 /// The NBD socket's file name in the pool directory, when none is given.
 pub const NBD_SOCKET_NAME: &str = "nbd.sock";
@@ -87,15 +87,7 @@ pub fn run(
     limits: ServeArgs,
     mount: Option<PathBuf>,
 ) -> Result<()> {
-    crate::daemon::init_logging();
-    crate::memory::keep_large_buffers_apart();
-    let base_options = limits.server_options()?;
-    if base_options.tls.is_some() && listen.tcp.is_none() {
-        bail!("--tls-cert applies to TCP connections: give --listen too");
-    }
-    if let Some(mountpoint) = &mount {
-        grove_fuse::check_mount_possible(mountpoint)?;
-    }
+    let base_options = prepare(&listen, &limits, mount.as_deref())?;
     let opened = open_for_serving(dir, degraded, &limits, &exports, default_export.as_deref())?;
     let pool = opened.pool.clone();
     let tcp = listen.tcp.as_deref().map(parse_listen_addr).transpose()?;
@@ -108,25 +100,14 @@ pub fn run(
     let watcher = crate::branch_pool::start_watcher(&opened)?;
     let control = ControlServer::start(opened.clone(), base_options.socket_mode)?;
     let shutdown_grace_ms = base_options.shutdown_grace_ms;
-    let reclaimer = Reclaimer::start(pool.clone()).context("cannot start the reclaimer")?;
-    let scheduler =
-        crate::scheduler::Scheduler::start(pool.clone()).context("cannot start the scheduler")?;
-    let space = crate::space_watch::SpaceWatcher::start(pool.clone())
-        .context("cannot start the space watcher")?;
-    let exports_filter = if exports.is_empty() {
-        ExportFilter::All
-    } else {
-        ExportFilter::Only(exports.iter().cloned().collect::<BTreeSet<_>>())
+    let background = BackgroundWork::start(&pool)?;
+    let options = ServerOptions {
+        read_only,
+        default_export: default_export.clone(),
+        exports: export_filter(&exports),
+        ..base_options
     };
-    let server = Server::new(
-        pool.clone(),
-        ServerOptions {
-            read_only,
-            default_export: default_export.clone(),
-            exports: exports_filter,
-            ..base_options
-        },
-    );
+    let server = Server::new(pool.clone(), options);
     if let Some(path) = &socket {
         server.serve_unix(path)?;
     }
@@ -157,17 +138,35 @@ pub fn run(
         crate::mount::unmount_for_shutdown(mounted);
     }
     server.shutdown()?;
-    scheduler.stop();
-    space.stop();
-    reclaimer.stop();
-    control.stop(deadline);
-    if let Some(watcher) = watcher {
-        watcher.stop();
-    }
+    background.stop_with(control, deadline, watcher);
     pool.close()
         .with_context(|| format!("cannot close pool {}", dir.display()))?;
     tracing::info!("pool flushed and closed");
     Ok(())
+}
+
+/// Logging and the allocator set up for a daemon, and the flags checked
+/// before the pool is opened: the server's options from them.
+fn prepare(listen: &Listen, limits: &ServeArgs, mount: Option<&Path>) -> Result<ServerOptions> {
+    crate::daemon::init_logging();
+    crate::memory::keep_large_buffers_apart();
+    let base_options = limits.server_options()?;
+    if base_options.tls.is_some() && listen.tcp.is_none() {
+        bail!("--tls-cert applies to TCP connections: give --listen too");
+    }
+    if let Some(mountpoint) = mount {
+        grove_fuse::check_mount_possible(mountpoint)?;
+    }
+    Ok(base_options)
+}
+
+/// The exports named on the command line, or all of them.
+fn export_filter(exports: &[String]) -> ExportFilter {
+    if exports.is_empty() {
+        ExportFilter::All
+    } else {
+        ExportFilter::Only(exports.iter().cloned().collect::<BTreeSet<_>>())
+    }
 }
 
 /// Opens the pool for `grove serve` (nobody else may hold it), with the
