@@ -7,6 +7,10 @@
 //! `--size -5G` as an unknown flag and print a multi-line usage error,
 //! where parse_size refuses it in one line.
 
+pub mod raif;
+pub mod serve;
+pub mod space;
+
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
@@ -72,7 +76,7 @@ pub enum Command {
     /// RAIF: a file system striped, mirrored or parity-protected over branch directories
     Raif {
         #[command(subcommand)]
-        command: crate::raif::RaifCommand,
+        command: raif::RaifCommand,
     },
     /// Create a pool (an error if one exists)
     ///
@@ -107,7 +111,7 @@ pub enum Command {
         #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
         capacity: Option<String>,
         #[command(flatten)]
-        space: crate::space_cmd::SpaceArgs,
+        space: space::SpaceArgs,
         /// A branch directory (empty or missing) to lay the store over; give
         /// one per disk. Without it the store is one file in the pool directory
         #[arg(long = "branch", value_name = "DIR")]
@@ -174,7 +178,7 @@ pub enum Command {
     /// Space levels and auto-extension: change them, or show where the pool stands
     Space {
         #[command(subcommand)]
-        command: crate::space_cmd::SpaceCommand,
+        command: space::SpaceCommand,
     },
 
     /// Create a new empty thin volume
@@ -544,7 +548,7 @@ pub enum Command {
         default_export: Option<String>,
         /// Limits, timeouts, socket permissions and TLS
         #[command(flatten)]
-        limits: Box<crate::serve::ServeArgs>,
+        limits: Box<serve::ServeArgs>,
         /// Also mount the volumes as files here with FUSE, as `grove mount` does
         #[arg(long, value_name = "MOUNTPOINT")]
         mount: Option<PathBuf>,

@@ -30,9 +30,12 @@ use grove_store::{
 };
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
-use crate::branches::{BranchAdmin, BranchReport, RebuildSummary, RestripeSummary, ScrubSummary};
+use crate::branch_pool::{
+    BranchAdmin, BranchReport, RebuildSummary, RestripeSummary, ScrubSummary,
+};
 use crate::control_limits;
 use crate::open::OpenedPool;
+pub use crate::reclaimer::GcReport;
 
 /// The control socket's file name inside the pool directory.
 pub const CONTROL_SOCKET_NAME: &str = "grove.control";
@@ -323,165 +326,6 @@ impl Admin for Pool {
     }
 }
 
-/// What `gc` did.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
-pub struct GcReport {
-    pub freed_bytes: u64,
-    /// What is still left to reclaim.
-    pub pending_free_bytes: u64,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(tag = "command", rename_all = "snake_case")]
-enum Request {
-    Create {
-        name: String,
-        size_bytes: u64,
-    },
-    Snapshot {
-        source: String,
-        name: String,
-    },
-    Clone {
-        source: String,
-        name: String,
-    },
-    Remove {
-        name: String,
-        recursive: bool,
-        force: bool,
-    },
-    Rollback {
-        snapshot: String,
-        volume: Option<String>,
-        force: bool,
-    },
-    Diff {
-        a: String,
-        b: String,
-    },
-    Gc {
-        wait: bool,
-    },
-    Resize {
-        name: String,
-        size_bytes: u64,
-        /// Shrinking may drop data past the new end (`grove resize --force`).
-        drop_data: bool,
-    },
-    Rename {
-        name: String,
-        new_name: String,
-    },
-    /// `grove read` through the daemon: a piece of at most
-    /// BYTES_PER_REQUEST_MAX bytes, answered in hex.
-    ReadBytes {
-        name: String,
-        offset: u64,
-        length: u64,
-    },
-    /// `grove write` through the daemon: a piece whose hex fits a request
-    /// line (WRITE_BYTES_PER_REQUEST_MAX).
-    WriteBytes {
-        name: String,
-        offset: u64,
-        hex: String,
-    },
-    FlushVolume {
-        name: String,
-    },
-    List,
-    Summaries,
-    FamilySummaries {
-        name: String,
-    },
-    VolumeInfo {
-        name: String,
-    },
-    Info,
-    Check {
-        repair: bool,
-    },
-    /// Which process holds the pool, so that a refused open can name it.
-    Holder,
-    ReplicationState,
-    /// A replication stream follows the request line, up to its end; the
-    /// reply comes once it is received.
-    Receive {
-        name: String,
-    },
-    ReceiveAbort {
-        name: String,
-    },
-    ReceiveStatus {
-        name: String,
-    },
-    /// Answered with one reply line, then (if ok) the stream, then the
-    /// connection closes.
-    Send {
-        args: crate::replicate::SendArgs,
-    },
-    Hash {
-        name: String,
-    },
-    StreamFingerprint {
-        args: crate::replicate::SendArgs,
-    },
-    RestartPoint {
-        name: String,
-    },
-    SnapshotRanked {
-        source: String,
-        name: String,
-        rank: u8,
-        created_unix_secs: u64,
-    },
-    SetRank {
-        snapshot: String,
-        rank: u8,
-    },
-    Hold {
-        snapshot: String,
-        tag: String,
-        until: Option<u64>,
-    },
-    Release {
-        snapshot: String,
-        tag: String,
-    },
-    Holds,
-    RemoveSnapshots {
-        names: Vec<String>,
-    },
-    ReleaseExpiredHolds {
-        now_unix_secs: u64,
-    },
-    SpaceSettings,
-    SetSpace {
-        settings: SpaceSettings,
-        capacity_bytes: Option<u64>,
-    },
-    /// The branches of a pool over branch directories (null for one file).
-    Branches,
-    /// `to` is absolute: the daemon's working directory is not the client's.
-    Rebuild {
-        label: String,
-        to: PathBuf,
-        force: bool,
-    },
-    Scrub {
-        repair: bool,
-    },
-    FailBranch {
-        label: String,
-    },
-    /// `dirs` are absolute, as for Rebuild.
-    AddBranches {
-        dirs: Vec<PathBuf>,
-    },
-    Restripe,
-}
-
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 enum Reply {
@@ -489,138 +333,159 @@ enum Reply {
     Error { kind: ErrorKind, message: String },
 }
 
-/// Runs one request against the pool and turns the result into a reply.
-/// A long request stops at a safe point once `stopping` is set.
-fn execute(opened: &OpenedPool, request: Request, stopping: &AtomicBool) -> Reply {
-    let pool = &opened.pool;
-    fn reply<T: Serialize>(result: grove_store::Result<T>) -> Reply {
-        match result {
-            Ok(value) => Reply::Ok(serde_json::to_value(value).unwrap_or(serde_json::Value::Null)),
-            Err(e) => Reply::Error {
-                kind: e.kind(),
-                message: e.message().to_string(),
-            },
+/// Declares the control socket's operations once: each line gives a
+/// request (its name and fields, as on the wire: `{"command":
+/// "snake_name", field...}`) and what the daemon does for it, and yields
+/// the `Request` enum and `execute`, the one dispatch from a request to
+/// the pool. The client sends the same `Request` values (`call`).
+macro_rules! control_operations {
+    (
+        serve($pool:ident, $opened:ident, $stopping:ident);
+        $(
+            $(#[$doc:meta])*
+            $variant:ident $({ $($field:ident: $ty:ty),* $(,)? })? => $serve:expr;
+        )*
+    ) => {
+        #[derive(Debug, Serialize, Deserialize)]
+        #[serde(tag = "command", rename_all = "snake_case")]
+        enum Request {
+            $(
+                $(#[$doc])*
+                $variant $({ $($field: $ty),* })?,
+            )*
         }
+
+        /// Runs one request against the pool and turns the result into a
+        /// reply. A long request stops at a safe point once `stopping` is set.
+        // A field a request's work does not need (Send's, Receive's here).
+        #[allow(unused_variables)]
+        fn execute($opened: &OpenedPool, request: Request, $stopping: &AtomicBool) -> Reply {
+            let $pool = &$opened.pool;
+            match request {
+                $( Request::$variant $({ $($field),* })? => $serve, )*
+            }
+        }
+    };
+}
+
+control_operations! {
+    serve(pool, opened, stopping);
+    Create { name: String, size_bytes: u64 } => reply(pool.create_volume(&name, size_bytes));
+    Snapshot { source: String, name: String } => reply(pool.snapshot(&source, &name));
+    Clone { source: String, name: String } => reply(pool.clone_volume(&source, &name));
+    Remove { name: String, recursive: bool, force: bool } =>
+        reply(Admin::remove(pool, &name, recursive, force));
+    Rollback { snapshot: String, volume: Option<String>, force: bool } =>
+        reply(pool.rollback(&snapshot, volume.as_deref(), force));
+    Diff { a: String, b: String } => reply(pool.diff(&a, &b));
+    Gc { wait: bool } => reply(crate::reclaimer::gc_until_stopped(pool, wait, stopping));
+    /// drop_data: shrinking may drop data past the new end (`grove resize --force`).
+    Resize { name: String, size_bytes: u64, drop_data: bool } =>
+        reply(pool.resize_volume_with(&name, size_bytes, shrink_for(drop_data)));
+    Rename { name: String, new_name: String } => reply(pool.rename_volume(&name, &new_name));
+    /// `grove read` through the daemon: a piece of at most
+    /// BYTES_PER_REQUEST_MAX bytes, answered in hex.
+    ReadBytes { name: String, offset: u64, length: u64 } =>
+        reply(Admin::read_bytes(pool, &name, offset, length).map(hex::encode));
+    /// `grove write` through the daemon: a piece whose hex fits a request
+    /// line (WRITE_BYTES_PER_REQUEST_MAX).
+    WriteBytes { name: String, offset: u64, hex: String } => reply(
+        unhex(&hex)
+            .map_err(|e| Error::new(ErrorKind::InvalidArgument, format!("{e:#}")))
+            .and_then(|data| Admin::write_bytes(pool, &name, offset, &data)),
+    );
+    FlushVolume { name: String } => reply(Admin::flush_volume(pool, &name));
+    List => reply(pool.volumes());
+    Summaries => reply(Ok(pool.volume_summaries()));
+    FamilySummaries { name: String } => reply(pool.family_summaries(&name));
+    VolumeInfo { name: String } => reply(pool.volume_info(&name));
+    Info => reply(pool.info());
+    Check { repair: bool } => reply(control_limits::check_until_stopped(pool, repair, stopping));
+    /// Which process holds the pool, so that a refused open can name it.
+    Holder => reply(Ok(Holder::this_process()));
+    ReplicationState => reply(Admin::replication_state(pool));
+    /// A replication stream follows the request line, up to its end; the
+    /// reply comes once it is received.
+    Receive { name: String } => refuse_stream_on_shared_connection();
+    ReceiveAbort { name: String } => reply_any(grove_send::abort(pool, &name));
+    ReceiveStatus { name: String } => reply_any(crate::stream::status(pool, &name));
+    /// Answered with one reply line, then (if ok) the stream, then the
+    /// connection closes.
+    Send { args: crate::stream::SendArgs } => refuse_stream_on_shared_connection();
+    Hash { name: String } => reply_any(crate::stream::hash(pool, &name));
+    StreamFingerprint { args: crate::stream::SendArgs } =>
+        reply_any(crate::stream::fingerprint(pool, &args));
+    RestartPoint { name: String } => reply_any(match pool.partial_receive(&name) {
+        None => Ok(None),
+        Some(_) => grove_send::restart_point(pool, &name).map(Some),
+    });
+    SnapshotRanked { source: String, name: String, rank: u8, created_unix_secs: u64 } =>
+        reply(pool.snapshot_ranked(&source, &name, rank, created_unix_secs));
+    SetRank { snapshot: String, rank: u8 } => reply(pool.set_rank(&snapshot, rank));
+    Hold { snapshot: String, tag: String, until: Option<u64> } =>
+        reply(pool.hold(&snapshot, &tag, until));
+    Release { snapshot: String, tag: String } => reply(pool.release(&snapshot, &tag));
+    Holds => reply(Ok(pool.holds()));
+    RemoveSnapshots { names: Vec<String> } =>
+        reply(crate::reclaimer::remove_snapshots_paced(pool, &names, stopping));
+    ReleaseExpiredHolds { now_unix_secs: u64 } => reply(pool.release_expired_holds(now_unix_secs));
+    SpaceSettings => reply(Admin::space_settings(pool));
+    SetSpace { settings: SpaceSettings, capacity_bytes: Option<u64> } =>
+        reply(Admin::set_space(pool, &settings, capacity_bytes));
+    /// The branches of a pool over branch directories (null for one file).
+    Branches => reply(opened.branch_report());
+    /// `to` is absolute: the daemon's working directory is not the client's.
+    Rebuild { label: String, to: PathBuf, force: bool } =>
+        reply(with_branches(opened, stopping, |branches, stopped| {
+            crate::branch_pool::rebuild(branches, &label, &to, force, &mut |_, _| {}, stopped)
+        }));
+    Scrub { repair: bool } => reply(with_branches(opened, stopping, |branches, stopped| {
+        crate::branch_pool::scrub(branches, repair, &mut |_, _| {}, stopped)
+    }));
+    FailBranch { label: String } => reply(with_branches(opened, stopping, |branches, _| {
+        crate::branch_pool::fail(branches, &label)
+    }));
+    /// `dirs` are absolute, as for Rebuild.
+    AddBranches { dirs: Vec<PathBuf> } => reply(with_branches(opened, stopping, |branches, _| {
+        crate::branch_pool::add(branches, &dirs)
+    }));
+    Restripe => reply(with_branches(opened, stopping, |branches, stopped| {
+        crate::branch_pool::restripe(branches, &mut |_, _| {}, stopped)
+    }));
+}
+
+/// A streaming request (send, receive) on a connection that serves
+/// one-line requests: they need a connection of their own.
+fn refuse_stream_on_shared_connection() -> Reply {
+    Reply::Error {
+        kind: ErrorKind::InvalidArgument,
+        message: "send and receive stream on a connection of their own".into(),
     }
-    match request {
-        Request::Create { name, size_bytes } => reply(pool.create_volume(&name, size_bytes)),
-        Request::Snapshot { source, name } => reply(pool.snapshot(&source, &name)),
-        Request::Clone { source, name } => reply(pool.clone_volume(&source, &name)),
-        Request::Remove {
-            name,
-            recursive,
-            force,
-        } => reply(Admin::remove(pool, &name, recursive, force)),
-        Request::Rollback {
-            snapshot,
-            volume,
-            force,
-        } => reply(pool.rollback(&snapshot, volume.as_deref(), force)),
-        Request::Diff { a, b } => reply(pool.diff(&a, &b)),
-        Request::Gc { wait } => reply(control_limits::gc_until_stopped(pool, wait, stopping)),
-        Request::Resize {
-            name,
-            size_bytes,
-            drop_data,
-        } => reply(pool.resize_volume_with(&name, size_bytes, shrink_for(drop_data))),
-        Request::ReadBytes {
-            name,
-            offset,
-            length,
-        } => reply(Admin::read_bytes(pool, &name, offset, length).map(hex::encode)),
-        Request::WriteBytes { name, offset, hex } => reply(
-            unhex(&hex)
-                .map_err(|e| Error::new(ErrorKind::InvalidArgument, format!("{e:#}")))
-                .and_then(|data| Admin::write_bytes(pool, &name, offset, &data)),
-        ),
-        Request::FlushVolume { name } => reply(Admin::flush_volume(pool, &name)),
-        Request::Rename { name, new_name } => reply(pool.rename_volume(&name, &new_name)),
-        Request::List => reply(pool.volumes()),
-        Request::Summaries => reply(Ok(pool.volume_summaries())),
-        Request::FamilySummaries { name } => reply(pool.family_summaries(&name)),
-        Request::VolumeInfo { name } => reply(pool.volume_info(&name)),
-        Request::Info => reply(pool.info()),
-        Request::Check { repair } => {
-            reply(control_limits::check_until_stopped(pool, repair, stopping))
-        }
-        Request::Holder => reply(Ok(Holder::this_process())),
-        Request::SnapshotRanked {
-            source,
-            name,
-            rank,
-            created_unix_secs,
-        } => reply(pool.snapshot_ranked(&source, &name, rank, created_unix_secs)),
-        Request::SetRank { snapshot, rank } => reply(pool.set_rank(&snapshot, rank)),
-        Request::Hold {
-            snapshot,
-            tag,
-            until,
-        } => reply(pool.hold(&snapshot, &tag, until)),
-        Request::Release { snapshot, tag } => reply(pool.release(&snapshot, &tag)),
-        Request::Holds => reply(Ok(pool.holds())),
-        Request::RemoveSnapshots { names } => reply(crate::reclaimer::remove_snapshots_paced(
-            pool, &names, stopping,
-        )),
-        Request::ReleaseExpiredHolds { now_unix_secs } => {
-            reply(pool.release_expired_holds(now_unix_secs))
-        }
-        Request::ReplicationState => reply(Admin::replication_state(pool)),
-        Request::ReceiveAbort { name } => reply_any(grove_send::abort(pool, &name)),
-        Request::ReceiveStatus { name } => reply_any(crate::replicate::status(pool, &name)),
-        Request::Hash { name } => reply_any(crate::replicate::hash(pool, &name)),
-        Request::StreamFingerprint { args } => reply_any(crate::objects::fingerprint(pool, &args)),
-        Request::RestartPoint { name } => reply_any(match pool.partial_receive(&name) {
-            None => Ok(None),
-            Some(_) => grove_send::restart_point(pool, &name).map(Some),
-        }),
-        Request::SpaceSettings => reply(Admin::space_settings(pool)),
-        Request::SetSpace {
-            settings,
-            capacity_bytes,
-        } => reply(Admin::set_space(pool, &settings, capacity_bytes)),
-        Request::Branches => reply(opened.branch_report()),
-        Request::Rebuild { label, to, force } => {
-            reply(with_branches(opened, stopping, |branches| {
-                crate::branches::rebuild(branches, &label, &to, force, &mut |_, _| {}, &|| {
-                    stopping.load(Ordering::SeqCst)
-                })
-            }))
-        }
-        Request::Scrub { repair } => reply(with_branches(opened, stopping, |branches| {
-            crate::branches::scrub(branches, repair, &mut |_, _| {}, &|| {
-                stopping.load(Ordering::SeqCst)
-            })
-        })),
-        Request::FailBranch { label } => reply(with_branches(opened, stopping, |branches| {
-            crate::branches::fail(branches, &label)
-        })),
-        Request::AddBranches { dirs } => reply(with_branches(opened, stopping, |branches| {
-            crate::branches::add(branches, &dirs)
-        })),
-        Request::Restripe => reply(with_branches(opened, stopping, |branches| {
-            crate::branches::restripe(branches, &mut |_, _| {}, &|| {
-                stopping.load(Ordering::SeqCst)
-            })
-        })),
-        Request::Receive { .. } | Request::Send { .. } => Reply::Error {
-            kind: ErrorKind::InvalidArgument,
-            message: "send and receive stream on a connection of their own".into(),
+}
+
+fn reply<T: Serialize>(result: grove_store::Result<T>) -> Reply {
+    match result {
+        Ok(value) => Reply::Ok(serde_json::to_value(value).unwrap_or(serde_json::Value::Null)),
+        Err(e) => Reply::Error {
+            kind: e.kind(),
+            message: e.message().to_string(),
         },
     }
 }
 
-/// Runs `job` on the pool's branches; refused for a pool kept in one file.
+/// Runs `job` on the pool's branches, with the daemon's stop as the job's
+/// "stopped" question; refused for a pool kept in one file.
 /// A job the daemon's shutdown stopped says so.
 fn with_branches<T>(
     opened: &OpenedPool,
     stopping: &AtomicBool,
-    job: impl FnOnce(&crate::open::Branches) -> grove_store::Result<T>,
+    job: impl FnOnce(&crate::open::Branches, &dyn Fn() -> bool) -> grove_store::Result<T>,
 ) -> grove_store::Result<T> {
     let branches = opened
         .branches
         .as_deref()
         .ok_or_else(|| crate::open::not_a_branch_pool(opened.pool.dir()))?;
-    job(branches).map_err(|e| {
+    job(branches, &|| stopping.load(Ordering::SeqCst)).map_err(|e| {
         if stopping.load(Ordering::SeqCst) {
             Error::new(
                 e.kind(),
@@ -675,7 +540,7 @@ fn serve_stream(
     let _ = writer.set_write_timeout(Some(Duration::from_millis(STREAM_IDLE_TIMEOUT_MS)));
     match request {
         Request::Receive { name } => {
-            let outcome = crate::replicate::receive_into_pool(pool, &name, &mut *reader);
+            let outcome = crate::stream::receive_into_pool(pool, &name, &mut *reader);
             if let Err(e) = &outcome {
                 tracing::warn!(name = %name, "receive through the control socket failed: {e:#}");
             }
@@ -689,10 +554,10 @@ fn serve_stream(
             if started.is_err() {
                 return;
             }
-            match crate::replicate::send_from_pool(pool, &args, &mut out) {
+            match crate::stream::send_from_pool(pool, &args, &mut out) {
                 Ok(summary) => {
                     let _ = out.flush();
-                    tracing::info!("{}", crate::replicate::describe_send(&summary));
+                    tracing::info!("{}", crate::stream::describe_send(&summary));
                 }
                 Err(e) => tracing::warn!("send through the control socket failed: {e:#}"),
             }
@@ -934,25 +799,10 @@ fn serve_connection(stream: UnixStream, opened: &OpenedPool, stopping: &AtomicBo
             match serde_json::from_str::<Request>(&line) {
                 Ok(request @ (Request::Receive { .. } | Request::Send { .. })) => {
                     tracing::info!(?request, "control request");
-                    let mut writer = writer;
-                    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        serve_stream(pool, request, &mut reader, &mut writer)
-                    }));
-                    if caught.is_err() {
-                        tracing::error!(
-                            "a streaming control request panicked; its connection is closed"
-                        );
-                    }
-                    return;
+                    return serve_stream_caught(pool, request, &mut reader, writer);
                 }
                 Ok(request) => {
-                    // A rebuild's or scrub's progress is polled several
-                    // times a second: not worth a log line each.
-                    if matches!(request, Request::Branches) {
-                        tracing::debug!(?request, "control request");
-                    } else {
-                        tracing::info!(?request, "control request");
-                    }
+                    log_request(&request);
                     match execute_catching_panics(opened, request, stopping) {
                         Ok(reply) => reply,
                         Err(panicked) => {
@@ -979,6 +829,32 @@ fn serve_connection(stream: UnixStream, opened: &OpenedPool, stopping: &AtomicBo
         if too_long {
             return;
         }
+    }
+}
+
+/// A streaming request on its connection, which then closes; a panic in
+/// it is logged.
+fn serve_stream_caught(
+    pool: &Pool,
+    request: Request,
+    reader: &mut BufReader<UnixStream>,
+    mut writer: UnixStream,
+) {
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        serve_stream(pool, request, reader, &mut writer)
+    }));
+    if caught.is_err() {
+        tracing::error!("a streaming control request panicked; its connection is closed");
+    }
+}
+
+fn log_request(request: &Request) {
+    // A rebuild's or scrub's progress is polled several times a second:
+    // not worth a log line each.
+    if matches!(request, Request::Branches) {
+        tracing::debug!(?request, "control request");
+    } else {
+        tracing::info!(?request, "control request");
     }
 }
 
@@ -1153,7 +1029,7 @@ impl ControlClient {
     /// Has the daemon send a stream, which `consume` reads.
     pub fn send_stream(
         &self,
-        args: &crate::replicate::SendArgs,
+        args: &crate::stream::SendArgs,
         consume: &mut dyn FnMut(&mut dyn Read) -> Result<()>,
     ) -> Result<()> {
         let mut stream = self.stream_for_request()?;
@@ -1174,7 +1050,7 @@ impl ControlClient {
     }
 
     /// Which stream `grove send` with `args` makes (for resuming uploads).
-    pub fn stream_fingerprint(&self, args: &crate::replicate::SendArgs) -> Result<[u8; 16]> {
+    pub fn stream_fingerprint(&self, args: &crate::stream::SendArgs) -> Result<[u8; 16]> {
         self.exchange::<[u8; 16]>(&Request::StreamFingerprint { args: args.clone() })?
             .map_err(Into::into)
     }

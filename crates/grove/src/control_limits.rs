@@ -10,7 +10,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use grove_store::{Error, ErrorKind, Pool};
+use grove_store::{Error, Pool};
 
 /// Control connections served at once for other users.
 pub const CONNECTIONS_MAX: usize = 64;
@@ -31,9 +31,6 @@ pub const REPLY_MIN_RATE_BYTES_PER_S: u64 = 256 * 1024;
 /// Reply bytes written per system call, so each write gets what is left
 /// of the reply's deadline rather than a fresh timeout.
 const REPLY_PIECE_BYTES: usize = 64 * 1024;
-/// Debug builds only: a pause between reclaim batches (the background
-/// reclaimer's and gc's), so tests can catch a gc in the middle.
-const RECLAIM_DELAY_FOR_TESTS_ENV: &str = "GROVE_TEST_RECLAIM_BATCH_DELAY_MS";
 
 /// Who a control client is, as the kernel says (SO_PEERCRED).
 pub fn peer_uid(stream: &UnixStream) -> Option<u32> {
@@ -147,45 +144,6 @@ fn too_slow(what: &str) -> io::Error {
     )
 }
 
-/// `gc` in the daemon: one batch, or (with `wait`) batches until nothing
-/// is left or the daemon stops; a batch is committed whole, so stopping
-/// between two is safe, and the client is told how far it got.
-pub fn gc_until_stopped(
-    pool: &Pool,
-    wait: bool,
-    stopping: &AtomicBool,
-) -> grove_store::Result<crate::control::GcReport> {
-    let mut freed_bytes = 0;
-    // Batches paced like the background reclaimer's, which it takes turns
-    // with: clients keep most of the time (`reclaimer.rs`).
-    let mut pacer = crate::reclaimer::Pacer::new(pool);
-    loop {
-        let (bytes, done) = if wait {
-            pacer.batch_and_pause(pool, stopping)?
-        } else {
-            pool.reclaim_batch()?
-        };
-        freed_bytes += bytes;
-        if done || !wait {
-            break;
-        }
-        if stopping.load(Ordering::SeqCst) {
-            let left = pool.pending_free_bytes()?;
-            return Err(Error::new(
-                ErrorKind::Busy,
-                format!(
-                    "the daemon is shutting down: gc stopped between two batches after freeing {freed_bytes} bytes; {left} bytes are left to reclaim (run grove gc again once it is back)"
-                ),
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(reclaim_delay_for_tests_ms()));
-    }
-    Ok(crate::control::GcReport {
-        freed_bytes,
-        pending_free_bytes: pool.pending_free_bytes()?,
-    })
-}
-
 /// `check` in the daemon: stopped (nothing repaired) when the daemon
 /// stops, and the client told why.
 pub fn check_until_stopped(
@@ -203,18 +161,6 @@ pub fn check_until_stopped(
             e
         }
     })
-}
-
-/// The pause between reclaim batches that tests ask for (0 otherwise, and
-/// always 0 in release builds).
-pub fn reclaim_delay_for_tests_ms() -> u64 {
-    if !cfg!(debug_assertions) {
-        return 0;
-    }
-    std::env::var(RECLAIM_DELAY_FOR_TESTS_ENV)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -109,3 +109,20 @@ pub fn serve_until_unmounted(
     handle.close();
     Ok(detached)
 }
+
+/// Log filter when $GROVE_LOG does not say (tracing's EnvFilter syntax).
+const LOG_FILTER_DEFAULT: &str = "info";
+
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("GROVE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(LOG_FILTER_DEFAULT));
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(filter)
+        // A log line that cannot be written (a full disk, a parent gone
+        // from the other end of a pipe) is dropped: reporting it on the
+        // same stderr would panic the thread that logged, a FUSE request's.
+        .log_internal_errors(false)
+        .try_init();
+}

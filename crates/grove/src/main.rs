@@ -4,12 +4,14 @@
 //! stderr, with exit code 1, or 2 for a command line that cannot be taken
 //! as written (usage.rs).
 
+mod background;
+mod branch_pool;
 mod branches;
 mod cli;
-mod commands;
 mod control;
 mod control_limits;
 mod daemon;
+mod dispatch;
 mod memory;
 mod mount;
 mod objects;
@@ -20,14 +22,17 @@ mod raif;
 mod reclaimer;
 mod replicate;
 mod retention;
+mod retention_cmd;
 mod scheduler;
 mod serve;
 mod size;
 mod space_cmd;
 mod space_hook;
 mod space_watch;
+mod stream;
 mod transfer;
 mod usage;
+mod volumes;
 mod worker;
 
 use std::process::ExitCode;
@@ -42,7 +47,7 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(error) => return clap_exit(&error),
     };
-    match commands::run(cli) {
+    match dispatch::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) if usage::is_usage_error(&error) => {
             let pointer = usage::help_pointer_for_this_command_line();

@@ -7,7 +7,7 @@
 //! SIGTERM end it: the session stops, the pool is flushed and closed.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 
@@ -46,31 +46,16 @@ pub fn run(
     if !foreground && !daemon {
         return start_in_background(dir, degraded, mountpoint, log, &options);
     }
-    if daemon {
-        // A session of its own: the terminal's hang-up and Ctrl-C no longer
-        // reach it. The working directory is let go so it holds no mount.
-        let _ = rustix::process::setsid();
-    }
-    crate::serve::init_logging();
-    let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
-    let mountpoint = std::path::absolute(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
-    if daemon {
-        let _ = std::env::set_current_dir("/");
-    }
+    let (dir, mountpoint) = settle(daemon, dir, mountpoint);
     let opened = open_pool_exclusive(&dir, degraded)?;
     let pool = opened.pool.clone();
     let branches = opened.clone();
     // Signals are caught before anything is mounted, so none is lost.
     let signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
         .context("cannot install signal handlers")?;
-    let watcher = crate::branches::start_watcher(&opened)?;
+    let watcher = crate::branch_pool::start_watcher(&opened)?;
     let control = ControlServer::start(opened, grove_nbd::SOCKET_MODE_DEFAULT)?;
-    let reclaimer =
-        crate::reclaimer::Reclaimer::start(pool.clone()).context("cannot start the reclaimer")?;
-    let scheduler =
-        crate::scheduler::Scheduler::start(pool.clone()).context("cannot start the scheduler")?;
-    let space = crate::space_watch::SpaceWatcher::start(pool.clone())
-        .context("cannot start the space watcher")?;
+    let background = crate::background::BackgroundWork::start(&pool)?;
     let (events, received) = mpsc::channel();
     let ended = events.clone();
     let mount = match grove_fuse::mount(pool.clone(), &mountpoint, &options, move || {
@@ -78,13 +63,7 @@ pub fn run(
     }) {
         Ok(mount) => mount,
         Err(e) => {
-            scheduler.stop();
-            space.stop();
-            reclaimer.stop();
-            control.stop(control_deadline());
-            if let Some(watcher) = watcher {
-                watcher.stop();
-            }
+            background.stop_with(control, control_deadline(), watcher);
             return Err(anyhow!(e).context(format!(
                 "cannot mount pool {} on {}",
                 dir.display(),
@@ -94,7 +73,7 @@ pub fn run(
     };
     announce(&pool, &mountpoint, daemon, log)?;
     // After the announcement: a background mount's log is its file by now.
-    crate::branches::log_if_degraded(&branches);
+    crate::branch_pool::log_if_degraded(&branches);
 
     let detached = serve_until_unmounted(
         &mount,
@@ -109,17 +88,28 @@ pub fn run(
     } else {
         mount.join()?;
     }
-    scheduler.stop();
-    space.stop();
-    reclaimer.stop();
-    control.stop(control_deadline());
-    if let Some(watcher) = watcher {
-        watcher.stop();
-    }
+    background.stop_with(control, control_deadline(), watcher);
     pool.close()
         .with_context(|| format!("cannot close pool {}", dir.display()))?;
     tracing::info!("unmounted; pool flushed and closed");
     Ok(())
+}
+
+/// The copy that serves the mount settles in: as the background copy, a
+/// session of its own (the terminal's hang-up and Ctrl-C no longer reach
+/// it) and the working directory let go so it holds no mount. Returns the
+/// pool directory and the mount point as absolute paths.
+fn settle(daemon: bool, dir: &Path, mountpoint: &Path) -> (PathBuf, PathBuf) {
+    if daemon {
+        let _ = rustix::process::setsid();
+    }
+    crate::daemon::init_logging();
+    let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let mountpoint = std::path::absolute(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
+    if daemon {
+        let _ = std::env::set_current_dir("/");
+    }
+    (dir, mountpoint)
 }
 
 /// Says the mount is ready: on stdout for a user, or to the waiting parent,
@@ -216,10 +206,10 @@ fn start_in_background(
 /// Tells the user on the terminal what the background mount's log says:
 /// the pool runs without some of its branches.
 fn warn_if_degraded(dir: &Path) {
-    use crate::branches::BranchAdmin;
+    use crate::branch_pool::BranchAdmin;
     let report = crate::control::ControlClient::connect(dir)
         .and_then(|daemon| daemon.branch_report().ok().flatten());
-    if let Some(line) = report.and_then(|r| crate::branches::degraded_line(dir, &r)) {
+    if let Some(line) = report.and_then(|r| crate::branch_pool::degraded_line(dir, &r)) {
         eprintln!("grove: warning: {line}");
     }
 }

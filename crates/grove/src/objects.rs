@@ -15,12 +15,12 @@ use anyhow::{bail, Result};
 use grove_objects::{StreamStore, Upload};
 use grove_send::format::{FrameReader, FrameWriter, FRAME_BODY_MAX, FRAME_OVERHEAD_BYTES};
 use grove_send::{
-    Cursor, Position, Positions, ReceiveSummary, RestartPoint, SendRequest, SendSummary, StreamSink,
+    Cursor, Position, Positions, ReceiveSummary, RestartPoint, SendSummary, StreamSink,
 };
 use grove_store::Pool;
 
 use crate::control::ControlClient;
-use crate::replicate::{self, SendArgs};
+use crate::stream::{self, request_fingerprint, SendArgs};
 
 /// Environment variable: part size in bytes (tests use small parts).
 const PART_SIZE_ENV: &str = "GROVE_STREAM_PART_BYTES";
@@ -47,21 +47,6 @@ fn open(url: &str) -> Result<(StreamStore, String)> {
         .max(PART_BYTES_MIN);
     let store = StreamStore::open(parent)?.with_part_size(part_bytes);
     Ok((store, name.to_string()))
-}
-
-/// Which stream an upload of `grove send` with `args` holds.
-pub fn fingerprint(pool: &Pool, args: &SendArgs) -> Result<[u8; 16]> {
-    request_fingerprint(pool, &replicate::request(pool, args)?)
-}
-
-/// Which stream an upload of `request` holds: the snapshots it carries.
-fn request_fingerprint(pool: &Pool, request: &SendRequest) -> Result<[u8; 16]> {
-    let mut identities = pool.identity(&request.target)?.guid.to_vec();
-    if let Some(base) = &request.from {
-        identities.extend_from_slice(&pool.base_identity(base)?.guid);
-    }
-    identities.push(u8::from(request.range));
-    Ok(grove_send::digest::fingerprint(&identities))
 }
 
 /// Cuts the stream into parts at frame boundaries.
@@ -178,12 +163,12 @@ fn destination(url: &str, fingerprint: [u8; 16]) -> Result<Destination> {
 /// rest of it after an interrupted run.
 pub fn send_to_url(pool: &Pool, args: &SendArgs, url: &str) -> Result<SendSummary> {
     refuse_resume(args)?;
-    let mut request = replicate::request(pool, args)?;
+    let mut request = stream::request(pool, args)?;
     let mut destination = destination(url, request_fingerprint(pool, &request)?)?;
     request.continue_at = destination.continue_at;
     let summary = grove_send::send_to_sink(pool, &request, &mut destination.writer, &mut |_| {})?;
     destination.writer.finish()?;
-    replicate::move_cursor(pool, args, &summary)?;
+    stream::move_cursor(pool, args, &summary)?;
     Ok(summary)
 }
 
@@ -275,7 +260,7 @@ pub fn receive_from_url(pool: &Pool, name: &str, url: &str) -> Result<ReceiveSum
         Some(_) => Some(grove_send::restart_point(pool, name)?),
         None => None,
     };
-    replicate::receive_into_pool(pool, name, stored_input(url, restart)?)
+    stream::receive_into_pool(pool, name, stored_input(url, restart)?)
 }
 
 /// The same into a pool a daemon holds.

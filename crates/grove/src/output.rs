@@ -1,10 +1,14 @@
-//! Human output: sizes, the volume table, the family tree and pool info.
+//! Human output: sizes, the volume table, the family tree and pool info,
+//! and the one way a command prints to stdout (say, print_with, print_json).
 //! Everything here renders to a `String` or a writer, so it can be tested
 //! without running a command.
 
-use std::collections::{BTreeMap, HashSet};
-use std::io::{self, Write};
+pub mod space;
 
+use std::collections::{BTreeMap, HashSet};
+use std::io::{self, BufWriter, ErrorKind, Write};
+
+use anyhow::{Context, Result};
 use grove_store::{CheckReport, DiffReport, PoolInfo, VolumeInfo};
 
 /// Binary units, each 1024 times the one before.
@@ -257,12 +261,12 @@ pub fn write_pool_info(out: &mut impl Write, info: &PoolInfo) -> io::Result<()> 
     if let Some(space) = &info.space {
         // "used" is already there, as a size.
         lines.extend(
-            crate::space_cmd::space_lines(space)
+            space::space_lines(space)
                 .into_iter()
                 .filter(|(field, _)| *field != "used"),
         );
     }
-    crate::space_cmd::write_fields(out, &lines)
+    space::write_fields(out, &lines)
 }
 
 /// The report of `grove check`: what was checked and how fast, then every
@@ -314,6 +318,33 @@ pub fn write_check_report(
         (0, warnings) => writeln!(out, "{when}no errors ({warnings} warnings)"),
         (errors, _) => writeln!(out, "{when}{errors} errors"),
     }
+}
+
+/// JSON on one line: what scripts grep and parse (pipe through `jq` to read it).
+pub fn print_json(value: &impl serde::Serialize) -> Result<()> {
+    print_with(|out| {
+        serde_json::to_writer(&mut *out, value).map_err(io::Error::from)?;
+        writeln!(out)
+    })
+}
+
+/// Runs `render` on buffered stdout. A reader that went away early
+/// (`grove list | head`) is not an error.
+pub fn print_with(
+    render: impl FnOnce(&mut BufWriter<io::StdoutLock>) -> io::Result<()>,
+) -> Result<()> {
+    let mut out = BufWriter::new(io::stdout().lock());
+    match render(&mut out).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == ErrorKind::BrokenPipe => Ok(()),
+        result => result.context("cannot write to standard output"),
+    }
+}
+
+/// Prints one line of a command's report on stdout. Unlike println!, a
+/// closed stdout is an error rather than a panic, and a reader that went
+/// away early is not an error (the change itself is already done).
+pub fn say(line: std::fmt::Arguments) -> Result<()> {
+    print_with(|out| writeln!(out, "{line}"))
 }
 
 #[cfg(test)]

@@ -3,6 +3,8 @@
 
 use std::io::IsTerminal;
 
+use anyhow::Result;
+use grove_store::Pool;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 const BAR_TEMPLATE: &str =
@@ -63,4 +65,15 @@ impl Drop for Progress {
     fn drop(&mut self) {
         self.bar.finish_and_clear();
     }
+}
+
+/// Reclaims everything pending in bounded batches, with a progress bar on
+/// a terminal. Returns the bytes freed.
+pub fn reclaim_with_progress(pool: &Pool) -> Result<u64> {
+    let pending = pool.pending_free_bytes()?;
+    if pending == 0 {
+        return Ok(0);
+    }
+    let bar = Progress::bytes("reclaiming", pending);
+    Ok(pool.reclaim_all(|freed| bar.set_position(freed.min(pending)))?)
 }

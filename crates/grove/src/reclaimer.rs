@@ -26,13 +26,20 @@
 //! which each client write waits for (5 to 60 ms a punch under random
 //! writes on ext4 on the test machine).
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use grove_store::{ForegroundLoad, Pool, RemovalSummary, RemoveOptions, SpaceLevel};
+use grove_store::{
+    Error, ErrorKind, ForegroundLoad, Pool, RemovalSummary, RemoveOptions, SpaceLevel,
+};
+use serde::{Deserialize, Serialize};
 
 use crate::worker::{is_stopping, sleep_unless_stopping, Worker};
+
+/// Debug builds only: a pause between reclaim batches (the background
+/// reclaimer's and gc's), so tests can catch a gc in the middle.
+const RECLAIM_DELAY_FOR_TESTS_ENV: &str = "GROVE_TEST_RECLAIM_BATCH_DELAY_MS";
 
 /// Pause between batches while work remains and clients are idle.
 const BATCH_PAUSE_MS: u64 = 2;
@@ -135,7 +142,7 @@ fn run(pool: &Pool, stopping: &AtomicBool) {
     let mut pacer = Pacer::new(pool);
     while !is_stopping(stopping) {
         let pause_ms = match pacer.batch_and_pause(pool, stopping) {
-            Ok((_, false)) => crate::control_limits::reclaim_delay_for_tests_ms(),
+            Ok((_, false)) => reclaim_delay_for_tests_ms(),
             Ok((freed, true)) => {
                 if freed > 0 {
                     tracing::info!("reclaimer: removed volumes' space is all given back");
@@ -330,6 +337,65 @@ pub fn pause_after(took: Duration, busy: bool) -> Duration {
         Duration::from_millis(BUSY_PAUSE_MIN_MS),
         Duration::from_millis(BUSY_PAUSE_MAX_MS),
     )
+}
+
+/// What `gc` did.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct GcReport {
+    pub freed_bytes: u64,
+    /// What is still left to reclaim.
+    pub pending_free_bytes: u64,
+}
+
+/// `gc` in the daemon: one batch, or (with `wait`) batches until nothing
+/// is left or the daemon stops; a batch is committed whole, so stopping
+/// between two is safe, and the client is told how far it got.
+pub fn gc_until_stopped(
+    pool: &Pool,
+    wait: bool,
+    stopping: &AtomicBool,
+) -> grove_store::Result<GcReport> {
+    let mut freed_bytes = 0;
+    // Batches paced like the background reclaimer's, which it takes turns
+    // with: clients keep most of the time (`reclaimer.rs`).
+    let mut pacer = Pacer::new(pool);
+    loop {
+        let (bytes, done) = if wait {
+            pacer.batch_and_pause(pool, stopping)?
+        } else {
+            pool.reclaim_batch()?
+        };
+        freed_bytes += bytes;
+        if done || !wait {
+            break;
+        }
+        if stopping.load(Ordering::SeqCst) {
+            let left = pool.pending_free_bytes()?;
+            return Err(Error::new(
+                ErrorKind::Busy,
+                format!(
+                    "the daemon is shutting down: gc stopped between two batches after freeing {freed_bytes} bytes; {left} bytes are left to reclaim (run grove gc again once it is back)"
+                ),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(reclaim_delay_for_tests_ms()));
+    }
+    Ok(GcReport {
+        freed_bytes,
+        pending_free_bytes: pool.pending_free_bytes()?,
+    })
+}
+
+/// The pause between reclaim batches that tests ask for (0 otherwise, and
+/// always 0 in release builds).
+pub fn reclaim_delay_for_tests_ms() -> u64 {
+    if !cfg!(debug_assertions) {
+        return 0;
+    }
+    std::env::var(RECLAIM_DELAY_FOR_TESTS_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 #[cfg(test)]

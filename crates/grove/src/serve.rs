@@ -10,82 +10,20 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use grove_nbd::{
     parse_listen_addr, ExportFilter, Server, ServerOptions, TlsMode, TlsOptions,
-    CONNECTIONS_MAX_DEFAULT, CONNECTIONS_PER_CLIENT_MAX_DEFAULT, INFLIGHT_LIMIT_MIN_BYTES,
+    INFLIGHT_LIMIT_MIN_BYTES,
 };
 use grove_store::Pool;
 use signal_hook::consts::{SIGINT, SIGTERM};
 
+use crate::background::BackgroundWork;
+use crate::cli::serve::ServeArgs;
 use crate::control::ControlServer;
-use crate::reclaimer::Reclaimer;
 
 /// The NBD socket's file name in the pool directory, when none is given.
 pub const NBD_SOCKET_NAME: &str = "nbd.sock";
-/// Log filter when $GROVE_LOG does not say (tracing's EnvFilter syntax).
-const LOG_FILTER_DEFAULT: &str = "info";
 
 /// Exit code when a second SIGINT or SIGTERM cuts the shutdown short.
 const EXIT_CODE_FORCED: i32 = 130;
-
-/// `grove serve`'s limits, timeouts, socket permissions and TLS.
-#[derive(Debug, clap::Args)]
-pub struct ServeArgs {
-    /// Bytes of request data and replies held at once over all connections;
-    /// past it the server stops reading requests until replies drain
-    #[arg(
-        long,
-        value_name = "SIZE",
-        default_value = "256M",
-        allow_hyphen_values = true
-    )]
-    pub inflight_limit: String,
-    /// Connections served at once; when all are taken, a client still in
-    /// its handshake gives way to a new one, else the new one is closed
-    #[arg(long, value_name = "N", default_value_t = CONNECTIONS_MAX_DEFAULT)]
-    pub max_connections: usize,
-    /// Connections one client may hold at once: a process on the unix socket,
-    /// an address over TCP
-    #[arg(long, value_name = "N", default_value_t = CONNECTIONS_PER_CLIENT_MAX_DEFAULT)]
-    pub max_connections_per_client: usize,
-    /// Seconds a started request's header may take, and the base of its
-    /// data's and its reply's deadlines (0: no deadlines). A client idle
-    /// between requests is not limited
-    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
-    pub request_timeout: u64,
-    /// Bytes per second a client must keep up with: a request's data and
-    /// its reply get the request timeout plus their size at this rate,
-    /// however the client trickles
-    #[arg(long, value_name = "SIZE", default_value = "256K")]
-    pub min_rate: String,
-    /// Permissions of the NBD and control sockets, in octal
-    #[arg(long, value_name = "MODE", default_value = "0660", value_parser = parse_socket_mode)]
-    pub socket_mode: u32,
-    /// TLS certificate chain (PEM) for TCP connections (NBD_OPT_STARTTLS)
-    #[arg(long, value_name = "FILE", requires = "tls_key")]
-    pub tls_cert: Option<PathBuf>,
-    /// The TLS certificate's private key (PEM)
-    #[arg(long, value_name = "FILE", requires = "tls_cert")]
-    pub tls_key: Option<PathBuf>,
-    /// CA certificates (PEM): TCP clients must show a certificate it signed
-    #[arg(long, value_name = "FILE", requires = "tls_cert")]
-    pub tls_ca: Option<PathBuf>,
-    /// With --tls-cert: require TLS of every TCP client, or allow plaintext too
-    #[arg(long, value_name = "MODE", value_parser = ["require", "allow"], default_value = "require")]
-    pub tls: String,
-    /// Memory for decoded metadata (the cache of radix nodes); clean nodes
-    /// past it are evicted [default: cache_size in grove.toml, else 64M]
-    #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
-    pub cache_size: Option<String>,
-}
-
-/// Socket permissions for --socket-mode: octal, at most 0777.
-fn parse_socket_mode(text: &str) -> std::result::Result<u32, String> {
-    let mode = u32::from_str_radix(text.trim_start_matches("0o"), 8)
-        .map_err(|_| format!("{text:?} is not an octal mode such as 0660"))?;
-    if mode > 0o777 {
-        return Err(format!("{text:?} is more than 0777"));
-    }
-    Ok(mode)
-}
 
 impl ServeArgs {
     fn server_options(&self) -> Result<ServerOptions> {
@@ -149,15 +87,7 @@ pub fn run(
     limits: ServeArgs,
     mount: Option<PathBuf>,
 ) -> Result<()> {
-    init_logging();
-    crate::memory::keep_large_buffers_apart();
-    let base_options = limits.server_options()?;
-    if base_options.tls.is_some() && listen.tcp.is_none() {
-        bail!("--tls-cert applies to TCP connections: give --listen too");
-    }
-    if let Some(mountpoint) = &mount {
-        grove_fuse::check_mount_possible(mountpoint)?;
-    }
+    let base_options = prepare(&listen, &limits, mount.as_deref())?;
     let opened = open_for_serving(dir, degraded, &limits, &exports, default_export.as_deref())?;
     let pool = opened.pool.clone();
     let tcp = listen.tcp.as_deref().map(parse_listen_addr).transpose()?;
@@ -166,29 +96,18 @@ pub fn run(
     // Signals are caught before anything listens, so none is lost.
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
         .context("cannot install signal handlers")?;
-    crate::branches::log_if_degraded(&opened);
-    let watcher = crate::branches::start_watcher(&opened)?;
+    crate::branch_pool::log_if_degraded(&opened);
+    let watcher = crate::branch_pool::start_watcher(&opened)?;
     let control = ControlServer::start(opened.clone(), base_options.socket_mode)?;
     let shutdown_grace_ms = base_options.shutdown_grace_ms;
-    let reclaimer = Reclaimer::start(pool.clone()).context("cannot start the reclaimer")?;
-    let scheduler =
-        crate::scheduler::Scheduler::start(pool.clone()).context("cannot start the scheduler")?;
-    let space = crate::space_watch::SpaceWatcher::start(pool.clone())
-        .context("cannot start the space watcher")?;
-    let exports_filter = if exports.is_empty() {
-        ExportFilter::All
-    } else {
-        ExportFilter::Only(exports.iter().cloned().collect::<BTreeSet<_>>())
+    let background = BackgroundWork::start(&pool)?;
+    let options = ServerOptions {
+        read_only,
+        default_export: default_export.clone(),
+        exports: export_filter(&exports),
+        ..base_options
     };
-    let server = Server::new(
-        pool.clone(),
-        ServerOptions {
-            read_only,
-            default_export: default_export.clone(),
-            exports: exports_filter,
-            ..base_options
-        },
-    );
+    let server = Server::new(pool.clone(), options);
     if let Some(path) = &socket {
         server.serve_unix(path)?;
     }
@@ -219,17 +138,35 @@ pub fn run(
         crate::mount::unmount_for_shutdown(mounted);
     }
     server.shutdown()?;
-    scheduler.stop();
-    space.stop();
-    reclaimer.stop();
-    control.stop(deadline);
-    if let Some(watcher) = watcher {
-        watcher.stop();
-    }
+    background.stop_with(control, deadline, watcher);
     pool.close()
         .with_context(|| format!("cannot close pool {}", dir.display()))?;
     tracing::info!("pool flushed and closed");
     Ok(())
+}
+
+/// Logging and the allocator set up for a daemon, and the flags checked
+/// before the pool is opened: the server's options from them.
+fn prepare(listen: &Listen, limits: &ServeArgs, mount: Option<&Path>) -> Result<ServerOptions> {
+    crate::daemon::init_logging();
+    crate::memory::keep_large_buffers_apart();
+    let base_options = limits.server_options()?;
+    if base_options.tls.is_some() && listen.tcp.is_none() {
+        bail!("--tls-cert applies to TCP connections: give --listen too");
+    }
+    if let Some(mountpoint) = mount {
+        grove_fuse::check_mount_possible(mountpoint)?;
+    }
+    Ok(base_options)
+}
+
+/// The exports named on the command line, or all of them.
+fn export_filter(exports: &[String]) -> ExportFilter {
+    if exports.is_empty() {
+        ExportFilter::All
+    } else {
+        ExportFilter::Only(exports.iter().cloned().collect::<BTreeSet<_>>())
+    }
 }
 
 /// Opens the pool for `grove serve` (nobody else may hold it), with the
@@ -283,20 +220,6 @@ fn exit_on_a_second_signal(mut signals: signal_hook::iterator::Signals) -> Resul
         })
         .context("cannot start the signal thread")?;
     Ok(())
-}
-
-pub(crate) fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("GROVE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(LOG_FILTER_DEFAULT));
-    let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(filter)
-        // A log line that cannot be written (a full disk, a parent gone
-        // from the other end of a pipe) is dropped: reporting it on the
-        // same stderr would panic the thread that logged, a FUSE request's.
-        .log_internal_errors(false)
-        .try_init();
 }
 
 /// Exports named in the startup line at most; past them the line counts

@@ -1,0 +1,234 @@
+//! The retention commands: `grove policy`, `grove rank`, `grove hold`,
+//! `release` and `holds`, `grove prune` and `grove snapshot --auto`. What
+//! they do is retention.rs's (the same the daemons' tick runs); here they
+//! are read from the command line and their outcome printed.
+
+use anyhow::{bail, Result};
+use grove_retention::calendar::{display, parse_duration};
+use grove_retention::Level;
+
+use crate::cli::{Command, PolicyCommand};
+use crate::control::Admin;
+use crate::output::say;
+use crate::retention::{
+    load_config, now, parse_rank, prune, set_policy, show, take_due_snapshots, unset_policy,
+    PolicyChange, TickReport,
+};
+
+/// The retention commands (and `grove snapshot --auto`).
+pub fn run(admin: &dyn Admin, command: Command) -> Result<()> {
+    match command {
+        Command::Snapshot {
+            source,
+            name,
+            now: at,
+            ..
+        } => {
+            debug_assert!(name.is_none(), "clap refuses a name with --auto");
+            snapshot_due(admin, source, at.as_deref())
+        }
+        Command::Prune {
+            volumes,
+            dry_run,
+            now: at,
+        } => prune_now(admin, &volumes, dry_run, at.as_deref()),
+        Command::Rank { snapshot, level } => {
+            admin.set_rank(&snapshot, parse_rank(&level)?)?;
+            say(format_args!("ranked {snapshot:?} {level}"))
+        }
+        Command::Hold {
+            snapshot,
+            tag,
+            lease,
+            now: at,
+        } => hold(admin, &snapshot, &tag, lease.as_deref(), at.as_deref()),
+        Command::Release { snapshot, tag } => {
+            admin.release(&snapshot, &tag)?;
+            say(format_args!("released hold {tag:?} on {snapshot:?}"))
+        }
+        Command::Holds { json } => holds(admin, json),
+        Command::Policy { command } => policy(admin, command),
+        _ => unreachable!("not a retention command"),
+    }
+}
+
+/// `grove snapshot --auto`: the snapshots the policies say are due.
+fn snapshot_due(admin: &dyn Admin, source: Option<String>, at: Option<&str>) -> Result<()> {
+    let config = load_config(admin.dir())?;
+    let at = now(at)?;
+    let only: Vec<String> = source.into_iter().collect();
+    let mut report = TickReport::default();
+    take_due_snapshots(admin, &config, at, &only, &mut report)?;
+    for (name, level) in &report.taken {
+        say(format_args!("created snapshot {name:?} ({level})"))?;
+    }
+    if report.taken.is_empty() && report.failed.is_empty() {
+        say(format_args!("no snapshot is due at {}", display(at)))?;
+    }
+    fail_on(&report.failed)
+}
+
+fn prune_now(admin: &dyn Admin, volumes: &[String], dry_run: bool, at: Option<&str>) -> Result<()> {
+    let config = load_config(admin.dir())?;
+    let at = now(at)?;
+    let mut report = TickReport::default();
+    prune(admin, &config, at, volumes, dry_run, &mut report)?;
+    let (released, removed) = if dry_run {
+        ("would release hold", "would remove")
+    } else {
+        ("released hold", "removed")
+    };
+    for hold in &report.released {
+        say(format_args!("{released} {hold} (its lease ended)"))?;
+    }
+    for name in &report.pruned {
+        say(format_args!("{removed} {name}"))?;
+    }
+    if report.pruned.is_empty() {
+        say(format_args!("nothing to prune at {}", display(at)))?;
+    }
+    fail_on(&report.failed)
+}
+
+fn hold(
+    admin: &dyn Admin,
+    snapshot: &str,
+    tag: &str,
+    lease: Option<&str>,
+    at: Option<&str>,
+) -> Result<()> {
+    let until = match lease {
+        Some(lease) => {
+            let secs = parse_duration(lease).map_err(anyhow::Error::msg)?;
+            Some(now(at)?.saturating_add(secs))
+        }
+        None => None,
+    };
+    admin.hold(snapshot, tag, until)?;
+    match until {
+        Some(until) => say(format_args!(
+            "held {snapshot:?} as {tag:?} until {}",
+            display(until)
+        )),
+        None => say(format_args!(
+            "held {snapshot:?} as {tag:?} (until `grove release {snapshot} {tag}`)"
+        )),
+    }
+}
+
+fn holds(admin: &dyn Admin, json: bool) -> Result<()> {
+    let holds = admin.holds()?;
+    if json {
+        return say(format_args!("{}", serde_json::to_string_pretty(&holds)?));
+    }
+    if holds.is_empty() {
+        return say(format_args!("no holds"));
+    }
+    for hold in holds {
+        let until = hold
+            .until_unix_secs
+            .map_or("until released".to_string(), |u| {
+                format!("until {}", display(u))
+            });
+        say(format_args!("{}  {}  {until}", hold.snapshot, hold.tag))?;
+    }
+    Ok(())
+}
+
+/// `grove policy set|unset|show|templates`.
+fn policy(admin: &dyn Admin, command: PolicyCommand) -> Result<()> {
+    match command {
+        PolicyCommand::Set {
+            volume,
+            template,
+            frequent,
+            hourly,
+            daily,
+            weekly,
+            monthly,
+            yearly,
+            frequent_period,
+            minimum,
+        } => {
+            let counts = [frequent, hourly, daily, weekly, monthly, yearly];
+            let change = PolicyChange {
+                template,
+                counts: Level::ALL
+                    .into_iter()
+                    .zip(counts)
+                    .filter_map(|(level, n)| n.map(|n| (level, n)))
+                    .collect(),
+                frequent_period,
+                minimum,
+            };
+            let policy = set_policy(admin, &volume, &change)?;
+            say(format_args!("{volume}: {}", policy.describe()))
+        }
+        PolicyCommand::Unset { volume } => {
+            unset_policy(admin.dir(), &volume)?;
+            say(format_args!(
+                "{volume} has no policy now; its snapshots stay until removed"
+            ))
+        }
+        PolicyCommand::Show {
+            volumes,
+            json,
+            now: at,
+        } => show_policies(admin, &volumes, json, at.as_deref()),
+        PolicyCommand::Templates => {
+            let config = load_config(admin.dir())?;
+            for name in config.template_names() {
+                let policy = config.template(&name).map_err(anyhow::Error::msg)?;
+                say(format_args!("{name}: {}", policy.describe()))?;
+            }
+            Ok(())
+        }
+    }
+}
+
+fn show_policies(
+    admin: &dyn Admin,
+    volumes: &[String],
+    json: bool,
+    at: Option<&str>,
+) -> Result<()> {
+    let config = load_config(admin.dir())?;
+    let at = now(at)?;
+    let shown = show(admin, &config, at, volumes)?;
+    if json {
+        return say(format_args!("{}", serde_json::to_string_pretty(&shown)?));
+    }
+    if shown.is_empty() {
+        return say(format_args!(
+            "no volume has a retention policy (see `grove policy set --help`)"
+        ));
+    }
+    for volume in shown {
+        let due = volume
+            .due_now
+            .map_or("nothing due".to_string(), |l| format!("{l} due now"));
+        say(format_args!("{}: {} ({due})", volume.volume, volume.policy))?;
+        for s in volume.snapshots {
+            let verdict = if s.keep { "keep " } else { "prune" };
+            say(format_args!(
+                "  {verdict} {}  {}  {:<8}  {}",
+                s.name,
+                s.created,
+                s.rank.unwrap_or("-"),
+                s.rule
+            ))?;
+        }
+    }
+    Ok(())
+}
+
+/// Errors for single snapshots are reported together, after the rest ran.
+fn fail_on(failed: &[String]) -> Result<()> {
+    for line in failed {
+        eprintln!("grove: error: {line}");
+    }
+    if !failed.is_empty() {
+        bail!("{} snapshot(s) could not be handled", failed.len());
+    }
+    Ok(())
+}
