@@ -112,23 +112,15 @@ impl SpaceMap {
             assert_eq!(self.shares.extra(addr), extra - 1, "{addr}: count");
             Release::Shared
         } else {
-            let refused = self.alloc.inconsistent_frees();
-            self.alloc.free(addr);
-            // A block freed must have been allocated: one that was not is
-            // damage on disk, refused and counted for `check`.
-            debug_assert!(
-                self.alloc.nibble(addr) == Some(NIBBLE_PENDING_FREE)
-                    || self.alloc.inconsistent_frees() == refused + 1,
-                "{addr}: freed, or refused as damage"
-            );
+            self.free_in_allocator(addr);
             Release::Freed
         }
     }
 
-    /// Frees a block that no entry or record points at: a leak found by
-    /// `check --repair`, or a new block a failed write never mapped.
-    pub(crate) fn free_unreferenced(&mut self, addr: BlockAddr) {
-        debug_assert!(!self.shares.is_shared(addr), "{addr}: others point at it");
+    /// Frees `addr` in the allocator. A block freed must have been
+    /// allocated: one that was not is damage on disk, refused and counted
+    /// for `check`.
+    fn free_in_allocator(&mut self, addr: BlockAddr) {
         let refused = self.alloc.inconsistent_frees();
         self.alloc.free(addr);
         debug_assert!(
@@ -136,6 +128,13 @@ impl SpaceMap {
                 || self.alloc.inconsistent_frees() == refused + 1,
             "{addr}: freed, or refused as damage"
         );
+    }
+
+    /// Frees a block that no entry or record points at: a leak found by
+    /// `check --repair`, or a new block a failed write never mapped.
+    pub(crate) fn free_unreferenced(&mut self, addr: BlockAddr) {
+        debug_assert!(!self.shares.is_shared(addr), "{addr}: others point at it");
+        self.free_in_allocator(addr);
     }
 
     // ----- allocation -----

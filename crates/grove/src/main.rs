@@ -37,7 +37,7 @@ mod worker;
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 
 /// Exit code of a command that failed (clap uses 2 for usage errors).
 const EXIT_FAILURE: u8 = 1;
@@ -50,7 +50,7 @@ fn main() -> ExitCode {
     match dispatch::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) if usage::is_usage_error(&error) => {
-            let pointer = usage::help_pointer_for_this_command_line();
+            let pointer = usage::help_pointer_for_this_command_line(cli::Cli::command());
             eprintln!("grove: error: {} {pointer}", one_line(&error));
             ExitCode::from(usage::EXIT_USAGE)
         }

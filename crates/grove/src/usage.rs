@@ -32,11 +32,11 @@ pub fn is_usage_error(error: &anyhow::Error) -> bool {
 }
 
 /// The pointer a usage error found past parsing ends with: the `--help`
-/// of the command this process was given (`grove policy set`).
-pub fn help_pointer_for_this_command_line() -> String {
-    use clap::CommandFactory;
+/// of the command this process was given (`grove policy set`), as
+/// `command` (grove's whole command line, from main) parses it.
+pub fn help_pointer_for_this_command_line(command: clap::Command) -> String {
     let mut path = vec!["grove".to_string()];
-    if let Ok(matches) = crate::cli::Cli::command().try_get_matches_from(std::env::args_os()) {
+    if let Ok(matches) = command.try_get_matches_from(std::env::args_os()) {
         let mut current = &matches;
         while let Some((name, sub)) = current.subcommand() {
             path.push(name.to_string());
