@@ -32,10 +32,16 @@
 mod backend;
 mod error;
 mod file;
+mod folders;
 mod location;
+mod names;
 mod s3;
 
 pub use error::{Error, ErrorKind, Result};
+pub use folders::{FolderStore, ObjectEntry};
+pub use names::STREAM_NAME_MAX_BYTES;
+
+use names::check_name;
 
 use backend::{Backend, Entry};
 use location::Location;
@@ -54,37 +60,12 @@ const MULTIPART_CHUNKS_IN_FLIGHT: usize = 4;
 const READ_CHUNK_BYTES: u64 = 8 << 20;
 /// The longest cursor a part may carry (it is in the object's name, in hex).
 pub const CURSOR_MAX_BYTES: usize = 128;
-/// The longest stream name.
-pub const STREAM_NAME_MAX_BYTES: usize = 200;
 /// The complete marker's name within a stream.
 const COMPLETE_NAME: &str = "complete";
 const PART_PREFIX: &str = "part-";
 const MULTIPART_PREFIX: &str = "multipart-";
 /// The complete marker's first line.
 const COMPLETE_MAGIC: &str = "grove-objects stream";
-
-/// Why a stream or prefix-segment name is refused, if it is.
-/// Names are ASCII letters, digits and `._-@:+=`, not starting with '.'.
-pub(crate) fn check_name(name: &str) -> std::result::Result<(), String> {
-    if name.is_empty() {
-        return Err("empty name".into());
-    }
-    if name.len() > STREAM_NAME_MAX_BYTES {
-        return Err(format!("longer than {STREAM_NAME_MAX_BYTES} bytes"));
-    }
-    if name.starts_with('.') {
-        return Err("starts with '.'".into());
-    }
-    if let Some(c) = name
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || "._-@:+=".contains(*c)))
-    {
-        return Err(format!(
-            "{c:?} is not allowed (letters, digits and ._-@:+= are)"
-        ));
-    }
-    Ok(())
-}
 
 /// One stored part of a stream.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -43,7 +43,7 @@ pub(crate) fn parse(url: &str) -> Result<Location> {
                 if segment.is_empty() {
                     return Err(bad("empty segment ('//') in the prefix"));
                 }
-                crate::check_name(segment)
+                crate::names::check_name(segment)
                     .map_err(|why| bad(&format!("prefix segment {segment:?}: {why}")))?;
             }
         }

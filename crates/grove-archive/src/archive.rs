@@ -1,0 +1,216 @@
+//! One volume's archive in a store: its folder of objects, and the catalog
+//! loaded and committed. Everything that names or fetches an object lives
+//! here, so the commands above speak of packs, indexes and catalogs.
+
+use crate::error::{ArchiveError, Result};
+use crate::format::catalog::{self, Catalog};
+use crate::format::index::SnapshotIndex;
+use crate::format::pack::{self, PackHeader};
+use grove_objects::{ErrorKind, FolderStore};
+use std::ops::Range;
+
+/// The folder of volume `volume`'s archive ('=' is in no volume name, so
+/// no stream's folder looks like one).
+fn folder_of(volume: &str) -> String {
+    format!("archive={volume}")
+}
+
+pub fn pack_object(id: u64) -> String {
+    format!("pack-{id:016x}")
+}
+
+pub fn index_object(seq: u64, generation: u64) -> String {
+    format!("index-{seq:016x}-{generation:016x}")
+}
+
+/// Catalogs older than this many generations back are deleted.
+const CATALOGS_KEPT: u64 = 2;
+
+/// A volume's archive at a store location.
+#[derive(Debug)]
+pub struct Archive {
+    store: FolderStore,
+    folder: String,
+    volume: String,
+}
+
+impl Archive {
+    /// The archive of `volume` at `url` (`file:///DIR` or `s3://BUCKET/PREFIX`).
+    pub fn open(url: &str, volume: &str) -> Result<Archive> {
+        grove_store::validate_volume_name(volume)?;
+        Ok(Archive {
+            store: FolderStore::open(url)?,
+            folder: folder_of(volume),
+            volume: volume.to_string(),
+        })
+    }
+
+    pub fn volume(&self) -> &str {
+        &self.volume
+    }
+
+    /// For messages: the store and the volume.
+    pub fn describe(&self) -> String {
+        format!("{} (volume {})", self.store.describe(), self.volume)
+    }
+
+    /// The object names of the folder, with their sizes.
+    pub fn list_objects(&self) -> Result<Vec<(String, u64)>> {
+        Ok(self
+            .store
+            .list(&self.folder)?
+            .into_iter()
+            .map(|e| (e.name, e.size_bytes))
+            .collect())
+    }
+
+    pub(crate) fn create_object(&self, name: &str, data: &[u8]) -> Result<()> {
+        Ok(self.store.create(&self.folder, name, data)?)
+    }
+
+    pub(crate) fn get_object(&self, name: &str) -> Result<Vec<u8>> {
+        Ok(self.store.get(&self.folder, name)?)
+    }
+
+    pub(crate) fn get_range(&self, name: &str, range: Range<u64>) -> Result<Vec<u8>> {
+        let len = range.end - range.start;
+        let bytes = self
+            .store
+            .get_range(&self.folder, name, range)
+            .map_err(|e| {
+                if e.kind() == ErrorKind::NotFound {
+                    ArchiveError::Damaged(format!("{name} is missing from {}", self.describe()))
+                } else {
+                    ArchiveError::Store(e)
+                }
+            })?;
+        if bytes.len() as u64 != len {
+            return Err(ArchiveError::Damaged(format!(
+                "{name} in {} is shorter than the catalog says (truncated)",
+                self.describe()
+            )));
+        }
+        Ok(bytes)
+    }
+
+    pub(crate) fn delete_objects(&self, names: &[String]) -> Result<()> {
+        Ok(self.store.delete(&self.folder, names)?)
+    }
+
+    /// The newest catalog, or None for an archive nothing was pushed to.
+    /// A newest catalog that does not decode is damage: nothing builds on it.
+    pub fn load(&self) -> Result<Option<Catalog>> {
+        let newest = self
+            .list_objects()?
+            .into_iter()
+            .filter_map(|(name, _)| catalog::generation_of(&name))
+            .max();
+        let Some(generation) = newest else {
+            return Ok(None);
+        };
+        let bytes = self.get_object(&catalog::object_name(generation))?;
+        let catalog = catalog::decode(&bytes, generation).map_err(|why| {
+            ArchiveError::Damaged(format!(
+                "the catalog of {} ({}) is damaged: {why}",
+                self.describe(),
+                catalog::object_name(generation)
+            ))
+        })?;
+        if catalog.volume != self.volume {
+            return Err(ArchiveError::Damaged(format!(
+                "the catalog in {} is volume {:?}'s (a foreign catalog)",
+                self.describe(),
+                catalog.volume
+            )));
+        }
+        Ok(Some(catalog))
+    }
+
+    /// Commits `catalog` as the next generation. Fails if another writer
+    /// committed that generation first.
+    pub(crate) fn commit(&self, catalog: &mut Catalog) -> Result<()> {
+        catalog.generation += 1;
+        let name = catalog::object_name(catalog.generation);
+        match self.create_object(&name, &catalog::encode(catalog)) {
+            Err(ArchiveError::Store(e)) if e.kind() == ErrorKind::AlreadyExists => {
+                Err(ArchiveError::Busy(format!(
+                    "another writer committed to {} meanwhile; nothing of this command was kept",
+                    self.describe()
+                )))
+            }
+            other => other,
+        }?;
+        if catalog.generation > CATALOGS_KEPT {
+            let old = catalog::object_name(catalog.generation - CATALOGS_KEPT - 1);
+            self.delete_objects(&[old])?;
+        }
+        Ok(())
+    }
+
+    /// Stores a pack. A plain put: an object of that name could only be
+    /// left by a writer that stopped before committing it, unreferenced.
+    pub(crate) fn put_pack(&self, id: u64, bytes: &[u8]) -> Result<()> {
+        Ok(self.store.put(&self.folder, &pack_object(id), bytes)?)
+    }
+
+    /// Pack `id`'s header and block table.
+    pub(crate) fn pack_blocks(
+        &self,
+        id: u64,
+        block_bytes: u32,
+        slots: u32,
+    ) -> Result<(PackHeader, Vec<u64>)> {
+        let name = pack_object(id);
+        let table_end = pack::HEADER_BYTES + 8 * u64::from(slots);
+        let bytes = self.get_range(&name, 0..table_end)?;
+        let damaged =
+            |why: String| ArchiveError::Damaged(format!("{name} in {}: {why}", self.describe()));
+        let header = pack::decode_header(&bytes, id, block_bytes).map_err(damaged)?;
+        if header.slots != slots {
+            return Err(damaged(format!(
+                "{} slots, the catalog says {slots}",
+                header.slots
+            )));
+        }
+        let blocks = pack::decode_blocks(&bytes, &header).map_err(damaged)?;
+        Ok((header, blocks))
+    }
+
+    /// The data of slots `first..first + count` of a pack, checked.
+    pub(crate) fn read_slots(
+        &self,
+        header: &PackHeader,
+        first: u32,
+        count: u32,
+    ) -> Result<Vec<u8>> {
+        let name = pack_object(header.id);
+        let start = header.slot_offset(first);
+        let bytes = self.get_range(&name, start..start + u64::from(count) * header.slot_bytes())?;
+        let mut out = Vec::with_capacity(count as usize * header.block_bytes as usize);
+        for (i, record) in bytes.chunks(header.slot_bytes() as usize).enumerate() {
+            let data = pack::verify_slot(header, first + i as u32, record).map_err(|why| {
+                ArchiveError::Damaged(format!("{name} in {}: {why}", self.describe()))
+            })?;
+            out.extend_from_slice(data);
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn put_index(&self, name: &str, index: &SnapshotIndex) -> Result<u64> {
+        let bytes = index.encode();
+        // A plain put, as for packs: nothing references it before the commit.
+        self.store.put(&self.folder, name, &bytes)?;
+        Ok(bytes.len() as u64)
+    }
+
+    pub(crate) fn index(&self, name: &str, seq: u64, block_bytes: u32) -> Result<SnapshotIndex> {
+        let bytes = self.get_object(name).map_err(|e| match e {
+            ArchiveError::Store(s) if s.kind() == ErrorKind::NotFound => {
+                ArchiveError::Damaged(format!("{name} is missing from {}", self.describe()))
+            }
+            other => other,
+        })?;
+        SnapshotIndex::decode(&bytes, seq, block_bytes)
+            .map_err(|why| ArchiveError::Damaged(format!("{name} in {}: {why}", self.describe())))
+    }
+}

@@ -1,0 +1,228 @@
+//! `grove archive expire`: drops the archived snapshots the archive's
+//! policy no longer keeps, then deletes every pack no kept snapshot
+//! references. A pack whose owner expired while kept snapshots still need
+//! some of its versions (a lazy rank, a longer policy, a version that
+//! outlived the snapshot that wrote it) has those versions copied into a
+//! pack owned by the kept snapshot expected to live longest: the only data
+//! expiry copies, counted in the report.
+
+use crate::archive::{index_object, pack_object, Archive};
+use crate::error::Result;
+use crate::format::catalog::{ArchivedSnapshot, Catalog, PackRecord};
+use crate::format::index::{coalesce, Run, SnapshotIndex};
+use crate::format::pack;
+use crate::ledger;
+use crate::lock::WriterLock;
+use crate::verdicts::{self, Verdicts};
+use grove_retention::Policy;
+use std::collections::btree_map::Entry;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// What expiry did, or with `dry_run` would do.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ExpireReport {
+    pub expired: Vec<String>,
+    pub kept: usize,
+    pub packs_deleted: u64,
+    pub bytes_deleted: u64,
+    /// Packs whose still-needed versions were copied out.
+    pub packs_copied: u64,
+    pub bytes_copied: u64,
+    pub indexes_rewritten: u64,
+    pub dry_run: bool,
+}
+
+/// Expires what `policy` no longer keeps at `now_unix_secs`.
+pub fn expire(
+    archive: &Archive,
+    _claim: Option<&WriterLock<'_>>,
+    policy: &Policy,
+    now_unix_secs: u64,
+    dry_run: bool,
+) -> Result<ExpireReport> {
+    let Some(mut catalog) = archive.load()? else {
+        return Ok(ExpireReport {
+            dry_run,
+            ..ExpireReport::default()
+        });
+    };
+    let verdicts = verdicts::judge(&catalog, policy, now_unix_secs);
+    let expired: Vec<ArchivedSnapshot> = catalog
+        .snapshots
+        .iter()
+        .filter(|s| !verdicts.keeps(s.seq))
+        .cloned()
+        .collect();
+    catalog.snapshots.retain(|s| verdicts.keeps(s.seq));
+    let mut report = ExpireReport {
+        expired: expired.iter().map(|s| s.name.clone()).collect(),
+        kept: catalog.snapshots.len(),
+        dry_run,
+        ..ExpireReport::default()
+    };
+    let (dead, orphaned) = sort_packs(&catalog, &expired);
+    report.packs_deleted = (dead.len() + orphaned.len()) as u64;
+    report.bytes_deleted = dead.iter().chain(&orphaned).map(|p| p.object_bytes).sum();
+    if dry_run {
+        report.packs_copied = orphaned.len() as u64;
+        return Ok(report);
+    }
+    let mut old_indexes: Vec<String> = expired.iter().map(|s| s.index.clone()).collect();
+    let relocated = relocate(archive, &mut catalog, &orphaned, &verdicts, &mut report)?;
+    old_indexes.extend(rewrite_indexes(
+        archive,
+        &mut catalog,
+        &relocated,
+        &mut report,
+    )?);
+    let gone: Vec<u64> = dead.iter().chain(&orphaned).map(|p| p.id).collect();
+    ledger::remove_packs(&mut catalog, &gone);
+    catalog.totals.deleted_bytes += report.bytes_deleted;
+    catalog.totals.copied_bytes += report.bytes_copied;
+    archive.commit(&mut catalog)?;
+    // Only now does nothing reference them.
+    let mut names: Vec<String> = gone.iter().map(|&id| pack_object(id)).collect();
+    names.extend(old_indexes);
+    archive.delete_objects(&names)?;
+    Ok(report)
+}
+
+/// The packs no kept snapshot references (dead), and those still
+/// referenced whose owner is among the expired (orphaned: to copy from).
+fn sort_packs(
+    catalog: &Catalog,
+    expired: &[ArchivedSnapshot],
+) -> (Vec<PackRecord>, Vec<PackRecord>) {
+    let expired_seqs: BTreeSet<u64> = expired.iter().map(|s| s.seq).collect();
+    let mut dead = Vec::new();
+    let mut orphaned = Vec::new();
+    for p in &catalog.packs {
+        if !ledger::is_referenced(catalog, p) {
+            dead.push(p.clone());
+        } else if expired_seqs.contains(&p.owner_seq) {
+            orphaned.push(p.clone());
+        }
+    }
+    (dead, orphaned)
+}
+
+/// Where copied versions went: (old pack, old slot) to (new pack, new slot).
+type Relocations = BTreeMap<(u64, u32), (u64, u32)>;
+
+/// Copies the still-referenced versions of `orphaned` packs into new packs,
+/// one per old pack, owned by the referencer expected to live longest.
+fn relocate(
+    archive: &Archive,
+    catalog: &mut Catalog,
+    orphaned: &[PackRecord],
+    verdicts: &Verdicts,
+    report: &mut ExpireReport,
+) -> Result<Relocations> {
+    let mut moved = Relocations::new();
+    let mut indexes: BTreeMap<u64, SnapshotIndex> = BTreeMap::new();
+    for old in orphaned {
+        let referencers: Vec<ArchivedSnapshot> = catalog
+            .snapshots
+            .iter()
+            .filter(|s| (old.first_seq..=old.last_seq).contains(&s.seq))
+            .cloned()
+            .collect();
+        let mut slots = BTreeSet::new();
+        for s in &referencers {
+            let index = match indexes.entry(s.seq) {
+                Entry::Occupied(e) => e.into_mut(),
+                Entry::Vacant(e) => {
+                    e.insert(archive.index(&s.index, s.seq, catalog.block_bytes)?)
+                }
+            };
+            for run in index.runs.iter().filter(|r| r.pack == old.id) {
+                slots.extend(run.first_slot..run.first_slot + run.blocks);
+            }
+        }
+        let owner = referencers
+            .iter()
+            .max_by_key(|s| (verdicts.kept_until(s.seq), s.seq))
+            .expect("an orphaned pack is referenced");
+        let new = copy_slots(archive, catalog, old, &slots, owner.seq, &referencers)?;
+        for (i, &slot) in slots.iter().enumerate() {
+            moved.insert((old.id, slot), (new.id, i as u32));
+        }
+        report.packs_copied += 1;
+        report.bytes_copied += new.object_bytes;
+        ledger::add_pack(catalog, new);
+    }
+    Ok(moved)
+}
+
+fn copy_slots(
+    archive: &Archive,
+    catalog: &mut Catalog,
+    old: &PackRecord,
+    slots: &BTreeSet<u32>,
+    owner_seq: u64,
+    referencers: &[ArchivedSnapshot],
+) -> Result<PackRecord> {
+    let (header, blocks) = archive.pack_blocks(old.id, catalog.block_bytes, old.slots)?;
+    let mut data = Vec::with_capacity(slots.len() * catalog.block_bytes as usize);
+    let mut new_blocks = Vec::with_capacity(slots.len());
+    for &slot in slots {
+        data.extend_from_slice(&archive.read_slots(&header, slot, 1)?);
+        new_blocks.push(blocks[slot as usize]);
+    }
+    let id = ledger::allocate_pack(catalog);
+    let bytes = pack::encode(id, catalog.block_bytes, &new_blocks, &data);
+    archive.put_pack(id, &bytes)?;
+    Ok(PackRecord {
+        id,
+        owner_seq,
+        first_seq: referencers.first().map_or(owner_seq, |s| s.seq),
+        last_seq: referencers.last().map_or(owner_seq, |s| s.seq),
+        slots: new_blocks.len() as u32,
+        object_bytes: bytes.len() as u64,
+    })
+}
+
+/// Points every kept snapshot that referenced a copied version at the
+/// copy, in a new index object; returns the replaced indexes' names.
+fn rewrite_indexes(
+    archive: &Archive,
+    catalog: &mut Catalog,
+    moved: &Relocations,
+    report: &mut ExpireReport,
+) -> Result<Vec<String>> {
+    let old_packs: BTreeSet<u64> = moved.keys().map(|(p, _)| *p).collect();
+    let mut replaced = Vec::new();
+    let generation = catalog.generation + 1;
+    let block_bytes = catalog.block_bytes;
+    for s in catalog.snapshots.iter_mut() {
+        let index = archive.index(&s.index, s.seq, block_bytes)?;
+        if !index.runs.iter().any(|r| old_packs.contains(&r.pack)) {
+            continue;
+        }
+        let runs = coalesce(index.runs.iter().flat_map(|r| remap(r, moved)));
+        let name = index_object(s.seq, generation);
+        let bytes = archive.put_index(&name, &SnapshotIndex { runs, ..index })?;
+        catalog.totals.index_bytes += bytes;
+        replaced.push(std::mem::replace(&mut s.index, name));
+        report.indexes_rewritten += 1;
+    }
+    Ok(replaced)
+}
+
+/// A run with each block's slot moved where `moved` says.
+fn remap(run: &Run, moved: &Relocations) -> Vec<Run> {
+    (0..run.blocks)
+        .map(|i| {
+            let (pack, slot) = moved
+                .get(&(run.pack, run.first_slot + i))
+                .copied()
+                .unwrap_or((run.pack, run.first_slot + i));
+            Run {
+                first_block: run.first_block + u64::from(i),
+                pack,
+                first_slot: slot,
+                blocks: 1,
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,23 @@
+//! The archive's objects, byte by byte: encoders, and decoders that refuse
+//! anything malformed with a reason and never panic.
+//!
+//! - `pack`: block versions with the same owner, each checksummed.
+//! - `index`: one archived snapshot's map from blocks to pack slots.
+//! - `catalog`: the archive's state, one create-only object per commit.
+
+pub mod catalog;
+pub mod index;
+pub mod pack;
+
+/// Reads a little-endian integer at `at`; the caller checked the length.
+fn le_u64(bytes: &[u8], at: usize) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_le_bytes(b)
+}
+
+fn le_u32(bytes: &[u8], at: usize) -> u32 {
+    let mut b = [0u8; 4];
+    b.copy_from_slice(&bytes[at..at + 4]);
+    u32::from_le_bytes(b)
+}

@@ -1,0 +1,189 @@
+//! The archive against an oracle: a volume written at random for simulated
+//! days, a snapshot a day ranked as the scheduler ranks them, each pushed
+//! and the policy's expiry run; the archive must keep exactly what the
+//! calendar oracle keeps, restore each kept snapshot byte for byte from the
+//! archive alone, check clean, and hold no pack nothing references.
+
+use grove_archive::{check, claim, expire, list, push, restore, Archive, PushRequest};
+use grove_retention::oracle::kept_by_calendar;
+use grove_retention::{due_level, Policy, SnapshotFacts};
+use grove_store::{Pool, PoolOptions};
+use std::collections::BTreeMap;
+
+const BLOCK: u64 = 4096;
+const VOLUME_BLOCKS: u64 = 256;
+const DAY: u64 = 86_400;
+/// 2026-01-01T00:00:00Z plus an hour.
+const START: u64 = 1_767_225_600 + 3600;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn policy() -> Policy {
+    // frequent, hourly, daily, weekly, monthly, yearly
+    Policy {
+        keep: [0, 0, 4, 3, 2, 1],
+        frequent_secs: 900,
+        minimum: 0,
+    }
+}
+
+fn read_all(pool: &Pool, name: &str) -> Vec<u8> {
+    let volume = pool.volume(name).unwrap();
+    let mut buf = vec![0u8; volume.size_bytes().unwrap() as usize];
+    volume.read_at(&mut buf, 0).unwrap();
+    buf
+}
+
+fn scribble(pool: &Pool, rng: &mut Rng, day: u64) {
+    let volume = pool.volume("vm").unwrap();
+    let writes = if day.is_multiple_of(7) { 24 } else { 6 };
+    for _ in 0..writes {
+        let block = rng.below(VOLUME_BLOCKS);
+        let mut data = vec![0u8; BLOCK as usize];
+        if rng.below(10) != 0 {
+            for b in data.iter_mut() {
+                *b = rng.next() as u8;
+            }
+        }
+        volume.write_at(&data, block * BLOCK).unwrap();
+    }
+}
+
+struct World {
+    _dirs: (tempfile::TempDir, tempfile::TempDir),
+    pool: Pool,
+    archive: Archive,
+    taken: Vec<SnapshotFacts>,
+    /// Every snapshot's bytes, by name.
+    contents: BTreeMap<String, Vec<u8>>,
+}
+
+fn world(pack_bytes_note: &str) -> World {
+    let pool_dir = tempfile::tempdir().unwrap();
+    let store_dir = tempfile::tempdir().unwrap();
+    let pool = Pool::create(pool_dir.path(), &PoolOptions::default()).unwrap();
+    pool.create_volume("vm", VOLUME_BLOCKS * BLOCK).unwrap();
+    let url = format!("file://{}", store_dir.path().display());
+    let archive = Archive::open(&url, "vm").unwrap();
+    let _ = pack_bytes_note;
+    World {
+        _dirs: (pool_dir, store_dir),
+        pool,
+        archive,
+        taken: Vec::new(),
+        contents: BTreeMap::new(),
+    }
+}
+
+impl World {
+    /// Takes the day's snapshot as the scheduler would rank it, and pushes it.
+    fn take_and_push(&mut self, day: u64, pack_bytes: u64) -> grove_archive::PushReport {
+        let now = START + day * DAY;
+        let level = due_level(&policy(), &self.taken, now).expect("a level is due each day");
+        let name = format!("vm@day{day:03}");
+        self.pool
+            .snapshot_ranked("vm", &name, level.rank(), now)
+            .unwrap();
+        self.taken.push(SnapshotFacts {
+            name: name.clone(),
+            created_unix_secs: now,
+            rank: Some(level),
+            holds: Vec::new(),
+        });
+        self.contents
+            .insert(name.clone(), read_all(&self.pool, &name));
+        let claim = claim(&self.archive, false).unwrap();
+        let request = PushRequest {
+            snapshot: name,
+            hash: format!("day{day}"),
+            pack_bytes,
+            now_unix_secs: now,
+        };
+        let report = push(&self.archive, &claim, &self.pool, &request, &mut |_, _| {}).unwrap();
+        claim.release().unwrap();
+        report
+    }
+
+    fn restore_and_compare(&self, name: &str, as_name: &str) {
+        restore(&self.archive, &self.pool, name, as_name, &mut |_, _| {}).unwrap();
+        assert!(
+            read_all(&self.pool, as_name) == self.contents[name],
+            "{name} restored differs"
+        );
+        self.pool.remove_volume(as_name).unwrap();
+    }
+}
+
+#[test]
+fn a_simulated_season_keeps_what_the_calendar_keeps_and_restores_it_byte_for_byte() {
+    let mut w = world("small packs");
+    let mut rng = Rng(0x9e3779b97f4a7c15);
+    w.pool
+        .volume("vm")
+        .unwrap()
+        .write_at(&vec![7u8; (VOLUME_BLOCKS * BLOCK) as usize], 0)
+        .unwrap();
+    for day in 0..120 {
+        scribble(&w.pool, &mut rng, day);
+        let report = w.take_and_push(day, 64 * 1024);
+        assert!(report.stored_bytes <= report.changed_bytes, "{report:?}");
+        let now = START + day * DAY;
+        let claim = claim(&w.archive, false).unwrap();
+        expire(&w.archive, Some(&claim), &policy(), now, false).unwrap();
+        claim.release().unwrap();
+        let listing = list(&w.archive, Some(&policy()), now).unwrap();
+        let kept: Vec<u64> = listing
+            .snapshots
+            .iter()
+            .map(|s| s.created_unix_secs)
+            .collect();
+        let taken: Vec<u64> = w.taken.iter().map(|s| s.created_unix_secs).collect();
+        let expected: Vec<u64> = kept_by_calendar(&policy(), &taken).into_iter().collect();
+        assert_eq!(kept, expected, "day {day}");
+        // Old pool snapshots go: the archive must stand alone.
+        if day >= 2 {
+            let old = format!("vm@day{:03}", day - 2);
+            w.pool.remove_volume(&old).unwrap();
+        }
+        if day % 10 == 9 {
+            let pick = &listing.snapshots[rng.below(listing.snapshots.len() as u64) as usize].name;
+            w.restore_and_compare(pick, "restored");
+            let report = check(&w.archive, true).unwrap();
+            assert!(report.is_clean(), "day {day}: {report:?}");
+            assert!(report.unreferenced_objects.is_empty(), "{report:?}");
+        }
+    }
+    let listing = list(&w.archive, Some(&policy()), START + 120 * DAY).unwrap();
+    for s in &listing.snapshots {
+        w.restore_and_compare(&s.name, "restored");
+    }
+    // Expiry deleted what nothing needs: what is stored is at most the
+    // versions the kept snapshots map plus pack headers.
+    let need: u64 = listing
+        .snapshots
+        .iter()
+        .map(|s| s.unique_bytes)
+        .sum::<u64>()
+        + listing
+            .snapshots
+            .iter()
+            .map(|s| s.mapped_bytes)
+            .max()
+            .unwrap();
+    assert!(
+        listing.stored_bytes <= need * 12 / 10 + 64 * 1024,
+        "stored {} need {need}",
+        listing.stored_bytes
+    );
+}
