@@ -45,6 +45,17 @@ impl Archive {
         })
     }
 
+    /// The volumes that have an archive at `url`.
+    pub fn volumes_at(url: &str) -> Result<Vec<String>> {
+        let mut volumes: Vec<String> = FolderStore::open(url)?
+            .folders()?
+            .into_iter()
+            .filter_map(|f| f.strip_prefix("archive=").map(str::to_string))
+            .collect();
+        volumes.sort();
+        Ok(volumes)
+    }
+
     pub fn volume(&self) -> &str {
         &self.volume
     }

@@ -49,7 +49,7 @@ pub fn check(archive: &Archive, deep: bool) -> Result<CheckReport> {
     report.packs = catalog.packs.len();
     let bad_packs = check_packs(archive, &catalog, deep, &mut report)?;
     check_indexes(archive, &catalog, &bad_packs, &mut report)?;
-    report.unreferenced_objects = unreferenced(archive, &catalog)?;
+    report.unreferenced_objects = crate::sweep::unreferenced(archive, &catalog)?;
     Ok(report)
 }
 
@@ -150,16 +150,4 @@ fn check_indexes(
         }
     }
     Ok(())
-}
-
-/// Objects of the folder that no part of the catalog names.
-fn unreferenced(archive: &Archive, catalog: &Catalog) -> Result<Vec<String>> {
-    let mut known: BTreeSet<String> = catalog.packs.iter().map(|p| pack_object(p.id)).collect();
-    known.extend(catalog.snapshots.iter().map(|s| s.index.clone()));
-    Ok(archive
-        .list_objects()?
-        .into_iter()
-        .map(|(name, _)| name)
-        .filter(|n| !known.contains(n) && !n.starts_with("catalog-") && n != "writer")
-        .collect())
 }

@@ -35,7 +35,7 @@ pub struct ExpireReport {
 /// Expires what `policy` no longer keeps at `now_unix_secs`.
 pub fn expire(
     archive: &Archive,
-    _claim: Option<&WriterLock<'_>>,
+    claim: Option<&WriterLock<'_>>,
     policy: &Policy,
     now_unix_secs: u64,
     dry_run: bool,
@@ -46,6 +46,9 @@ pub fn expire(
             ..ExpireReport::default()
         });
     };
+    if let Some(claim) = claim {
+        crate::sweep::sweep(archive, claim, &catalog)?;
+    }
     let verdicts = verdicts::judge(&catalog, policy, now_unix_secs);
     let expired: Vec<ArchivedSnapshot> = catalog
         .snapshots
@@ -63,7 +66,8 @@ pub fn expire(
     let (dead, orphaned) = sort_packs(&catalog, &expired);
     report.packs_deleted = (dead.len() + orphaned.len()) as u64;
     report.bytes_deleted = dead.iter().chain(&orphaned).map(|p| p.object_bytes).sum();
-    if dry_run {
+    if dry_run || claim.is_none() {
+        report.dry_run = true;
         report.packs_copied = orphaned.len() as u64;
         return Ok(report);
     }

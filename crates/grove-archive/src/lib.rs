@@ -37,6 +37,7 @@ mod lock;
 mod push;
 mod reader;
 mod restore;
+mod sweep;
 mod verdicts;
 
 pub use archive::Archive;

@@ -10,7 +10,8 @@ use crate::error::{ArchiveError, Result};
 use grove_objects::ErrorKind;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-const WRITER_OBJECT: &str = "writer";
+/// The claim's object name.
+pub(crate) const WRITER_OBJECT: &str = "writer";
 
 /// The claim on an archive; released when dropped.
 #[derive(Debug)]

@@ -28,6 +28,10 @@ pub struct PushRequest {
     /// The largest pack.
     pub pack_bytes: u64,
     pub now_unix_secs: u64,
+    /// Test hook: after committing this many packs the push stops for good
+    /// (sleeps), having said so on stderr, so that a test can kill it there.
+    #[doc(hidden)]
+    pub stall_after_packs: Option<u64>,
 }
 
 /// What a push did.
@@ -61,15 +65,59 @@ struct Plan {
 /// (bytes done, bytes to do) of the changed data.
 pub fn push(
     archive: &Archive,
-    _claim: &WriterLock<'_>,
+    claim: &WriterLock<'_>,
     pool: &Pool,
     request: &PushRequest,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<PushReport> {
     let identity = pool.identity(&request.snapshot)?;
     check_pushable(archive, pool, request, &identity)?;
+    let mut catalog = load_for_push(archive, pool)?;
+    crate::sweep::sweep(archive, claim, &catalog)?;
+    check_order(archive, &catalog, request, &identity)?;
+    let plan = plan(archive, pool, &catalog, &request.snapshot)?;
+    let guid = hex::encode(identity.guid);
+    let seq = start_partial(archive, &mut catalog, &guid)?;
+    let mut writer = PackWriter::new(archive, &catalog, seq, request.pack_bytes);
+    writer.stall_after_packs = request.stall_after_packs;
+    let resumed = writer.resume(&catalog)?;
+    let volume = pool.volume(&request.snapshot)?;
+    writer.store_changes(&mut catalog, &volume, &plan.with_data, progress)?;
+    writer.finish(&mut catalog)?;
+    let block_bytes = u64::from(catalog.block_bytes);
+    let stored_bytes = writer.stored_blocks * block_bytes;
+    let written = coalesce(std::mem::take(&mut writer.runs));
+    let runs = apply_changes(&plan.base_runs, &plan.changed, &written);
+    let record = ArchivedSnapshot {
+        seq,
+        name: request.snapshot.clone(),
+        guid,
+        created_unix_secs: identity.created_unix_secs,
+        created_generation: identity.created_generation,
+        rank: pool.volume_summary(&request.snapshot)?.rank,
+        size_bytes: identity.size_bytes,
+        hash: request.hash.clone(),
+        index: String::new(),
+        pushed_unix_secs: request.now_unix_secs,
+        stored_bytes,
+    };
+    let index_bytes = publish(archive, &mut catalog, record, runs)?;
+    Ok(PushReport {
+        snapshot: request.snapshot.clone(),
+        seq,
+        base: plan.base.map(|b| b.name),
+        changed_bytes: ranges_blocks(&plan.changed) * block_bytes,
+        stored_bytes,
+        packs_written: writer.packs_written,
+        packs_resumed: resumed,
+        index_bytes,
+    })
+}
+
+/// The archive's catalog, or a new one with the pool's block size.
+fn load_for_push(archive: &Archive, pool: &Pool) -> Result<Catalog> {
     let block_bytes = pool.block_size_bytes();
-    let mut catalog = archive
+    let catalog = archive
         .load()?
         .unwrap_or_else(|| ledger::empty(archive.volume(), block_bytes));
     if catalog.block_bytes != block_bytes {
@@ -79,61 +127,32 @@ pub fn push(
             catalog.block_bytes
         )));
     }
-    let guid = hex::encode(identity.guid);
-    check_order(archive, &catalog, request, &identity)?;
-    let plan = plan(archive, pool, &catalog, &request.snapshot)?;
-    let seq = start_partial(archive, &mut catalog, &guid)?;
-    let mut writer = PackWriter::new(archive, &catalog, seq, request.pack_bytes);
-    let resumed = writer.resume(&catalog)?;
-    let volume = pool.volume(&request.snapshot)?;
-    writer.store_changes(&mut catalog, &volume, &plan.with_data, progress)?;
-    writer.finish(&mut catalog)?;
-    let written = coalesce(std::mem::take(&mut writer.runs));
-    let runs = clip(
-        apply_changes(&plan.base_runs, &plan.changed, &written),
-        &identity,
-        block_bytes,
-    );
+    Ok(catalog)
+}
+
+/// Stores the pushed snapshot's index and commits it: from here the
+/// snapshot is archived. Returns the index's bytes.
+fn publish(
+    archive: &Archive,
+    catalog: &mut Catalog,
+    mut record: ArchivedSnapshot,
+    runs: Vec<Run>,
+) -> Result<u64> {
     let index = SnapshotIndex {
-        seq,
-        block_bytes,
-        size_bytes: identity.size_bytes,
-        runs,
+        seq: record.seq,
+        block_bytes: catalog.block_bytes,
+        size_bytes: record.size_bytes,
+        runs: clip(runs, record.size_bytes, catalog.block_bytes),
     };
     let referenced: BTreeSet<u64> = index.runs.iter().map(|r| r.pack).collect();
-    let index_name = index_object(seq, catalog.generation + 1);
-    let index_bytes = archive.put_index(&index_name, &index)?;
-    ledger::note_references(&mut catalog, seq, &referenced);
-    let stored_bytes = writer.stored_blocks * u64::from(block_bytes);
+    record.index = index_object(record.seq, catalog.generation + 1);
+    let index_bytes = archive.put_index(&record.index, &index)?;
+    ledger::note_references(catalog, record.seq, &referenced);
     catalog.partial = None;
     catalog.totals.index_bytes += index_bytes;
-    ledger::add_snapshot(
-        &mut catalog,
-        ArchivedSnapshot {
-            seq,
-            name: request.snapshot.clone(),
-            guid,
-            created_unix_secs: identity.created_unix_secs,
-            created_generation: identity.created_generation,
-            rank: pool.volume_summary(&request.snapshot)?.rank,
-            size_bytes: identity.size_bytes,
-            hash: request.hash.clone(),
-            index: index_name,
-            pushed_unix_secs: request.now_unix_secs,
-            stored_bytes,
-        },
-    );
-    archive.commit(&mut catalog)?;
-    Ok(PushReport {
-        snapshot: request.snapshot.clone(),
-        seq,
-        base: plan.base.map(|b| b.name),
-        changed_bytes: ranges_blocks(&plan.changed) * u64::from(block_bytes),
-        stored_bytes,
-        packs_written: writer.packs_written,
-        packs_resumed: resumed,
-        index_bytes,
-    })
+    ledger::add_snapshot(catalog, record);
+    archive.commit(catalog)?;
+    Ok(index_bytes)
 }
 
 fn check_pushable(
@@ -246,8 +265,8 @@ fn ranges_blocks(ranges: &[(u64, u64)]) -> u64 {
 }
 
 /// Runs cut to the snapshot's blocks (a volume that shrank).
-fn clip(runs: Vec<Run>, identity: &grove_store::SnapshotIdentity, block_bytes: u32) -> Vec<Run> {
-    let blocks = identity.size_bytes.div_ceil(u64::from(block_bytes));
+fn clip(runs: Vec<Run>, size_bytes: u64, block_bytes: u32) -> Vec<Run> {
+    let blocks = size_bytes.div_ceil(u64::from(block_bytes));
     runs.into_iter()
         .filter(|r| r.first_block < blocks)
         .map(|mut r| {
@@ -298,6 +317,7 @@ struct PackWriter<'a> {
     packs_written: u64,
     /// Changed blocks below this one are already stored (a resumed push).
     resume_at: u64,
+    stall_after_packs: Option<u64>,
 }
 
 impl<'a> PackWriter<'a> {
@@ -314,6 +334,7 @@ impl<'a> PackWriter<'a> {
             stored_blocks: 0,
             packs_written: 0,
             resume_at: 0,
+            stall_after_packs: None,
         }
     }
 
@@ -412,7 +433,17 @@ impl<'a> PackWriter<'a> {
         partial.next_block = next_block;
         self.blocks.clear();
         self.data.clear();
-        self.archive.commit(catalog)
+        self.archive.commit(catalog)?;
+        if self.stall_after_packs == Some(self.packs_written) {
+            eprintln!(
+                "grove-archive: push stalled after {} packs (test hook)",
+                self.packs_written
+            );
+            loop {
+                std::thread::sleep(std::time::Duration::from_secs(1));
+            }
+        }
+        Ok(())
     }
 
     /// Stores the last, partly filled pack.

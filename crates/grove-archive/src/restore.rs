@@ -55,7 +55,21 @@ pub fn restore(
         )?;
     }
     pool.create_volume(&temporary, archived.size_bytes)?;
-    let restored = write_runs(archive, pool, &temporary, &catalog, &index, progress)?;
+    let restored = match write_runs(archive, pool, &temporary, &catalog, &index, progress) {
+        Ok(restored) => restored,
+        Err(e) => {
+            // Best effort: the error says why; a volume left would be
+            // replaced by the next restore anyway.
+            let _ = pool.remove(
+                &temporary,
+                RemoveOptions {
+                    force: true,
+                    ..RemoveOptions::default()
+                },
+            );
+            return Err(e);
+        }
+    };
     pool.snapshot(&temporary, name)?;
     pool.remove_volume(&temporary)?;
     Ok(RestoreReport {

@@ -109,6 +109,7 @@ impl World {
             hash: format!("day{day}"),
             pack_bytes,
             now_unix_secs: now,
+            stall_after_packs: None,
         };
         let report = push(&self.archive, &claim, &self.pool, &request, &mut |_, _| {}).unwrap();
         claim.release().unwrap();

@@ -66,6 +66,11 @@ impl FolderStore {
         self.backend.describe()
     }
 
+    /// The folders that hold at least one object, in any order.
+    pub fn folders(&self) -> Result<Vec<String>> {
+        self.backend.list_streams()
+    }
+
     /// Every object of `folder`, in any order (none if it has none).
     pub fn list(&self, folder: &str) -> Result<Vec<ObjectEntry>> {
         checked_key(folder, "x")?;

@@ -12,6 +12,8 @@
 //! [retention.volumes]
 //! web = "production"            # a template as it is
 //! db = { template = "vm", hourly = 48 }
+//! # what the archive tier keeps (`grove archive`), beside the pool's counts
+//! logs = { template = "production", archive = { daily = 30, weekly = 52, monthly = 24, yearly = 10 } }
 //! ```
 
 use std::collections::BTreeMap;
@@ -31,7 +33,7 @@ pub const KEEP_MAX: u32 = 100_000;
 const TEMPLATE_DEPTH_MAX: usize = 8;
 
 /// Keys a policy table may hold besides the levels' names.
-const OTHER_KEYS: [&str; 3] = ["template", "frequent_period", "minimum"];
+const OTHER_KEYS: [&str; 4] = ["template", "frequent_period", "minimum", "archive"];
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("{0}")]
@@ -183,6 +185,41 @@ impl RetentionConfig {
         }
     }
 
+    /// What the archive tier keeps of `volume`: its policy's `archive`
+    /// counts (from its table or a template it builds on), with the
+    /// pool policy's frequent period. None when it has none.
+    pub fn archive_policy_for(&self, volume: &str) -> Result<Option<Policy>, PolicyError> {
+        let Some(policy) = self.policy_for(volume)? else {
+            return Ok(None);
+        };
+        let mut spec = self.volumes.get(volume);
+        for _ in 0..=TEMPLATE_DEPTH_MAX {
+            let Some(table) = spec.and_then(toml::Value::as_table) else {
+                // A template's name: look inside that template.
+                spec = spec
+                    .and_then(toml::Value::as_str)
+                    .and_then(|name| self.templates.get(name));
+                if spec.is_none() {
+                    return Ok(None);
+                }
+                continue;
+            };
+            if let Some(archive) = table.get("archive") {
+                let keep = archive_counts(archive)?;
+                return Ok(Some(Policy {
+                    keep,
+                    frequent_secs: policy.frequent_secs,
+                    minimum: 0,
+                }));
+            }
+            spec = table
+                .get("template")
+                .and_then(toml::Value::as_str)
+                .and_then(|name| self.templates.get(name));
+        }
+        Ok(None)
+    }
+
     /// Template `name`: the pool's own, else a built-in one.
     pub fn template(&self, name: &str) -> Result<Policy, PolicyError> {
         self.template_at(name, 0)
@@ -247,6 +284,9 @@ impl RetentionConfig {
             }
             match key.as_str() {
                 "template" => {}
+                "archive" => {
+                    archive_counts(value)?;
+                }
                 "minimum" => policy.minimum = count(key, value)?,
                 "frequent_period" => {
                     let text = value.as_str().ok_or_else(|| {
@@ -313,9 +353,62 @@ fn count(key: &str, value: &toml::Value) -> Result<u32, PolicyError> {
         .ok_or_else(|| error(format!("{key} must be a whole number from 0 to {KEEP_MAX}")))
 }
 
+/// The archive's counts: a table of level names to counts.
+fn archive_counts(value: &toml::Value) -> Result<[u32; 6], PolicyError> {
+    let table = value.as_table().ok_or_else(|| {
+        error("archive must be a table of counts, such as { daily = 30, monthly = 24 }")
+    })?;
+    let mut keep = [0; 6];
+    for (key, value) in table {
+        let level = Level::from_name(key).ok_or_else(|| {
+            let names: Vec<&str> = Level::ALL.iter().map(|l| l.name()).collect();
+            error(format!(
+                "unknown key archive.{key} (known: {})",
+                names.join(", ")
+            ))
+        })?;
+        keep[level.index()] = count(&format!("archive.{key}"), value)?;
+    }
+    Ok(keep)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn archive_counts_sit_beside_the_pools_and_come_through_templates() {
+        let c = config(
+            r#"
+            [retention.templates.long]
+            daily = 7
+            archive = { daily = 30, yearly = 10 }
+            [retention.volumes]
+            web = "long"
+            db = { template = "long", hourly = 48 }
+            logs = { daily = 3, archive = { monthly = 24 } }
+            plain = { daily = 3 }
+            "#,
+        )
+        .unwrap();
+        let web = c.archive_policy_for("web").unwrap().unwrap();
+        assert_eq!(web.keep, [0, 0, 30, 0, 0, 10]);
+        assert_eq!(c.archive_policy_for("db").unwrap().unwrap().keep, web.keep);
+        assert_eq!(
+            c.archive_policy_for("logs").unwrap().unwrap().keep,
+            [0, 0, 0, 0, 24, 0]
+        );
+        assert_eq!(c.archive_policy_for("plain").unwrap(), None);
+        assert_eq!(c.archive_policy_for("none").unwrap(), None);
+        assert_eq!(
+            c.policy_for("logs").unwrap().unwrap().keep,
+            [0, 0, 3, 0, 0, 0]
+        );
+        let bad = config("[retention.volumes]\nx = { archive = { dayly = 3 } }").unwrap_err();
+        assert!(bad.0.contains("archive.dayly"), "{bad}");
+        let bad = config("[retention.volumes]\nx = { archive = 3 }").unwrap_err();
+        assert!(bad.0.contains("archive must be a table"), "{bad}");
+    }
 
     fn config(text: &str) -> Result<RetentionConfig, PolicyError> {
         let table: toml::Table = toml::from_str(text).unwrap();

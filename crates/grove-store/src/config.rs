@@ -16,13 +16,14 @@ pub const STORE_FILE_NAME: &str = "grove.store";
 /// Every key grove.toml may hold: the fields of `PoolConfig`. Any other
 /// key is refused by name, so that a misspelt setting (`cache-size`) is
 /// not silently ignored.
-const CONFIG_KEYS: [&str; 6] = [
+const CONFIG_KEYS: [&str; 7] = [
     "format_version",
     "store",
     "cache_size",
     "space",
     "retention",
     "branches",
+    "archive",
 ];
 
 /// Most single-character edits between an unknown key and a known one for
@@ -54,6 +55,11 @@ pub struct PoolConfig {
     /// build that device itself).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub branches: Option<toml::Table>,
+    /// Where the archive tier lives and how much of it reads cache
+    /// (`grove archive`): the binary reads and checks the table; the
+    /// engine only keeps it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub archive: Option<toml::Table>,
 }
 
 impl PoolConfig {
@@ -65,6 +71,7 @@ impl PoolConfig {
             retention: None,
             space: None,
             branches: None,
+            archive: None,
         }
     }
 

@@ -7,6 +7,7 @@
 //! `--size -5G` as an unknown flag and print a multi-line usage error,
 //! where parse_size refuses it in one line.
 
+pub mod archive;
 pub mod raif;
 pub mod serve;
 pub mod space;
@@ -173,6 +174,12 @@ pub enum Command {
     Branch {
         #[command(subcommand)]
         command: BranchCommand,
+    },
+
+    /// The archive tier: snapshots kept for years in object storage, expired by deleting whole packs
+    Archive {
+        #[command(subcommand)]
+        command: archive::ArchiveCommand,
     },
 
     /// Space levels and auto-extension: change them, or show where the pool stands

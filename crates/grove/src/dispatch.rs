@@ -77,6 +77,7 @@ pub fn run(cli: Cli) -> Result<()> {
                 allow_other,
             },
         ),
+        Command::Archive { command } => crate::archive_cmd::run(dir, degraded, command),
         command => on_the_pool(dir, degraded, command),
     }
 }
@@ -174,8 +175,9 @@ fn run_admin(pool: &dyn Admin, branches: &dyn BranchAdmin, command: Command) -> 
         Command::Init { .. }
         | Command::Serve { .. }
         | Command::Mount { .. }
-        | Command::Raif { .. } => {
-            unreachable!("init, serve and mount open the pool themselves")
+        | Command::Raif { .. }
+        | Command::Archive { .. } => {
+            unreachable!("init, serve, mount, raif and archive open the pool themselves")
         }
         Command::Import { .. } | Command::Export { .. } => volumes::refuse_import_export(pool),
         command @ (Command::Write { .. } | Command::Read { .. }) => {

@@ -4,6 +4,8 @@
 //! stderr, with exit code 1, or 2 for a command line that cannot be taken
 //! as written (usage.rs).
 
+mod archive_cmd;
+mod archive_location;
 mod background;
 mod branch_pool;
 mod branches;

@@ -3,6 +3,7 @@
 //! Everything here renders to a `String` or a writer, so it can be tested
 //! without running a command.
 
+pub mod archive;
 pub mod space;
 
 use std::collections::{BTreeMap, HashSet};

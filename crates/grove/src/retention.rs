@@ -16,6 +16,7 @@ use grove_store::config::PoolConfig;
 use grove_store::{VolumeKind, VolumeSummary};
 use serde::Serialize;
 
+use crate::archive_location::{archived_facts, ranking_policy};
 use crate::control::Admin;
 
 /// The time retention works at: `--now` if given (for scripts and tests),
@@ -138,6 +139,28 @@ pub struct TickReport {
     pub failed: Vec<String>,
 }
 
+/// The level due for `under` at `now`, ranked for the pool's policy and its
+/// archive counts, with the snapshots already archived counted too.
+fn due_for(
+    admin: &dyn Admin,
+    config: &RetentionConfig,
+    under: &VolumeUnderPolicy,
+    now: u64,
+) -> Result<Option<Level>> {
+    let archive = config
+        .archive_policy_for(&under.volume)
+        .map_err(anyhow::Error::msg)?;
+    let Some(archive) = archive else {
+        return Ok(due_level(&under.policy, &under.snapshots, now));
+    };
+    let mut facts = archived_facts(admin.dir(), &under.volume)?;
+    facts.retain(|f| !under.snapshots.iter().any(|s| s.name == f.name));
+    facts.extend(under.snapshots.iter().cloned());
+    facts.sort_by_key(|f| f.created_unix_secs);
+    let ranking = ranking_policy(&under.policy, Some(&archive));
+    Ok(due_level(&ranking, &facts, now))
+}
+
 /// `grove snapshot --auto`: a snapshot of each volume (of `only`, if any)
 /// whose policy has a level due at `now`, ranked at the highest such level.
 pub fn take_due_snapshots(
@@ -148,7 +171,7 @@ pub fn take_due_snapshots(
     report: &mut TickReport,
 ) -> Result<()> {
     for under in volumes_under_policy(admin, config, now, only)? {
-        let Some(level) = due_level(&under.policy, &under.snapshots, now) else {
+        let Some(level) = due_for(admin, config, &under, now)? else {
             continue;
         };
         let name = auto_snapshot_name(&under.volume, now);
@@ -386,7 +409,7 @@ pub fn show(
             })
             .collect();
         shown.push(ShownVolume {
-            due_now: due_level(&under.policy, &under.snapshots, now).map(Level::name),
+            due_now: due_for(admin, config, &under, now)?.map(Level::name),
             policy: under.policy.describe(),
             volume: under.volume,
             snapshots,

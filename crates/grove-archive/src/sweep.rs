@@ -1,0 +1,33 @@
+//! Removes the objects no commit references: packs and indexes a writer
+//! stored before it stopped without committing them. Only a writer holding
+//! the claim sweeps, so nothing in flight is taken.
+
+use crate::archive::{pack_object, Archive};
+use crate::error::Result;
+use crate::format::catalog::{self, Catalog};
+use crate::lock::WriterLock;
+use std::collections::BTreeSet;
+
+/// The names of the objects of the archive's folder that `catalog` does
+/// not reference (catalogs and the writer's claim aside).
+pub fn unreferenced(archive: &Archive, catalog: &Catalog) -> Result<Vec<String>> {
+    let mut known: BTreeSet<String> = catalog.packs.iter().map(|p| pack_object(p.id)).collect();
+    known.extend(catalog.snapshots.iter().map(|s| s.index.clone()));
+    Ok(archive
+        .list_objects()?
+        .into_iter()
+        .map(|(name, _)| name)
+        .filter(|n| {
+            !known.contains(n)
+                && catalog::generation_of(n).is_none()
+                && n != crate::lock::WRITER_OBJECT
+        })
+        .collect())
+}
+
+/// Deletes what `unreferenced` finds; returns how many.
+pub fn sweep(archive: &Archive, _claim: &WriterLock<'_>, catalog: &Catalog) -> Result<usize> {
+    let names = unreferenced(archive, catalog)?;
+    archive.delete_objects(&names)?;
+    Ok(names.len())
+}

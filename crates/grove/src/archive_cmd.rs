@@ -1,0 +1,377 @@
+//! `grove archive`: the archive tier's commands. Push and restore need the
+//! pool opened here; list, expire and check need only grove.toml and the
+//! archive.
+
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use grove_archive::{Archive, ArchiveError, PushRequest};
+use grove_retention::{plan, Level, Policy, SnapshotFacts};
+use grove_store::units::parse_size;
+use grove_store::{Pool, VolumeKind};
+
+use crate::cli::archive::{ArchiveCommand, ArchivePlace};
+use crate::open::open_pool;
+use crate::output::archive as show;
+use crate::output::{print_json, print_with};
+use crate::progress::Progress;
+use crate::retention::{load_config, now};
+
+pub fn run(dir: &Path, degraded: bool, command: ArchiveCommand) -> Result<()> {
+    match command {
+        ArchiveCommand::Push {
+            volume,
+            snapshot,
+            place,
+            pack_size,
+            take_over,
+            json,
+        } => {
+            let url = location(dir, &place)?;
+            let pack_bytes = match pack_size {
+                Some(text) => parse_size(&text).map_err(|e| anyhow::anyhow!("--pack-size: {e}"))?,
+                None => grove_archive::DEFAULT_PACK_BYTES,
+            };
+            let options = PushOptions {
+                url,
+                pack_bytes,
+                take_over,
+            };
+            with_pool(dir, degraded, |pool| {
+                push(dir, pool, volume, snapshot, &options, json)
+            })
+        }
+        ArchiveCommand::List {
+            volume,
+            place,
+            json,
+        } => list(dir, &location(dir, &place)?, volume, json),
+        ArchiveCommand::Expire {
+            volume,
+            place,
+            dry_run,
+            now: at,
+            take_over,
+            json,
+        } => {
+            let at = now(at.as_deref())?;
+            expire(
+                dir,
+                &location(dir, &place)?,
+                volume,
+                at,
+                dry_run,
+                take_over,
+                json,
+            )
+        }
+        ArchiveCommand::Restore {
+            snapshot,
+            name,
+            volume,
+            place,
+        } => {
+            let url = location(dir, &place)?;
+            with_pool(dir, degraded, |pool| {
+                restore(pool, &url, &snapshot, &name, volume)
+            })
+        }
+        ArchiveCommand::Check {
+            volume,
+            place,
+            deep,
+            json,
+        } => check(&location(dir, &place)?, volume, deep, json),
+    }
+}
+
+fn location(dir: &Path, place: &ArchivePlace) -> Result<String> {
+    crate::archive_location::location(dir, place.to.as_deref())
+}
+
+/// Opens the pool for a command that moves data between it and the archive.
+fn with_pool(dir: &Path, degraded: bool, f: impl FnOnce(&Pool) -> Result<()>) -> Result<()> {
+    let opened = match open_pool(dir, degraded) {
+        Ok(opened) => opened,
+        Err(e) if e.kind() == grove_store::ErrorKind::Busy => bail!(
+            "{e}; `grove archive push` and `restore` need the pool to themselves for now: stop the daemon first"
+        ),
+        Err(e) => return Err(e.into()),
+    };
+    f(&opened.pool)?;
+    opened
+        .pool
+        .close()
+        .with_context(|| format!("cannot close pool {}", dir.display()))
+}
+
+struct PushOptions {
+    url: String,
+    pack_bytes: u64,
+    take_over: bool,
+}
+
+fn push(
+    dir: &Path,
+    pool: &Pool,
+    volume: Option<String>,
+    snapshot: Option<String>,
+    options: &PushOptions,
+    json: bool,
+) -> Result<()> {
+    let config = load_config(dir)?;
+    let volumes = match volume {
+        Some(v) => vec![v],
+        None => pool
+            .volume_names()
+            .into_iter()
+            .filter(|v| config.archive_policy_for(v).is_ok_and(|p| p.is_some()))
+            .collect(),
+    };
+    let at = now(None)?;
+    let mut reports = Vec::new();
+    for volume in volumes {
+        let archive = Archive::open(&options.url, &volume)?;
+        let due = match &snapshot {
+            Some(name) => vec![name.clone()],
+            None => {
+                let policy = config.archive_policy_for(&volume).map_err(anyhow::Error::msg)?.with_context(|| {
+                    format!(
+                        "volume {volume:?} has no archive counts in its policy; add e.g. archive = {{ daily = 30, monthly = 24 }} to it in grove.toml, or push one snapshot with --snapshot"
+                    )
+                })?;
+                due_snapshots(pool, &archive, &policy, at)?
+            }
+        };
+        let claim = grove_archive::claim(&archive, options.take_over)?;
+        for name in due {
+            let report = push_one(pool, &archive, &claim, &name, options, at)?;
+            if !json {
+                print_with(|out| show::write_push(out, &report))?;
+            }
+            reports.push(report);
+        }
+        claim.release()?;
+    }
+    if json {
+        print_json(&reports)?;
+    }
+    Ok(())
+}
+
+fn push_one(
+    pool: &Pool,
+    archive: &Archive,
+    claim: &grove_archive::WriterLock<'_>,
+    name: &str,
+    options: &PushOptions,
+    at: u64,
+) -> Result<grove_archive::PushReport> {
+    let hash = crate::stream::hash(pool, name)?;
+    let request = PushRequest {
+        snapshot: name.to_string(),
+        hash,
+        pack_bytes: options.pack_bytes,
+        now_unix_secs: at,
+        stall_after_packs: std::env::var("GROVE_TEST_ARCHIVE_STALL_AFTER_PACKS")
+            .ok()
+            .and_then(|n| n.parse().ok()),
+    };
+    let bar = Progress::bytes(&format!("archiving {name}"), 0);
+    let report = grove_archive::push(archive, claim, pool, &request, &mut |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    })
+    .map_err(|e| anyhow::anyhow!("cannot archive {name}: {e}"))?;
+    Ok(report)
+}
+
+/// The ranked snapshots of the archive's volume newer than the newest
+/// archived that the archive's policy keeps, oldest first.
+fn due_snapshots(pool: &Pool, archive: &Archive, policy: &Policy, at: u64) -> Result<Vec<String>> {
+    let catalog = archive.load()?;
+    let archived = catalog.as_ref().map_or(&[][..], |c| &c.snapshots[..]);
+    let newest_generation = archived.last().map_or(0, |s| s.created_generation);
+    let mut facts: Vec<SnapshotFacts> = archived
+        .iter()
+        .map(|s| SnapshotFacts {
+            name: s.name.clone(),
+            created_unix_secs: s.created_unix_secs,
+            rank: Level::from_rank(s.rank),
+            holds: Vec::new(),
+        })
+        .collect();
+    let mut candidates = Vec::new();
+    for summary in pool.family_summaries(archive.volume())? {
+        if summary.kind != VolumeKind::Snapshot
+            || summary.parent.as_deref() != Some(archive.volume())
+            || summary.rank == 0
+        {
+            continue;
+        }
+        let identity = pool.identity(&summary.name)?;
+        if identity.created_generation > newest_generation {
+            candidates.push((identity.created_generation, summary.name.clone()));
+            facts.push(SnapshotFacts {
+                name: summary.name.clone(),
+                created_unix_secs: summary.created_unix_secs,
+                rank: Level::from_rank(summary.rank),
+                holds: Vec::new(),
+            });
+        }
+    }
+    candidates.sort();
+    let kept: std::collections::BTreeSet<String> = plan(policy, &facts, at)
+        .into_iter()
+        .filter(|v| v.keep)
+        .map(|v| v.name)
+        .collect();
+    Ok(candidates
+        .into_iter()
+        .map(|(_, n)| n)
+        .filter(|n| kept.contains(n))
+        .collect())
+}
+
+/// The volumes a read-only command looks at.
+fn archived_volumes(url: &str, volume: Option<String>) -> Result<Vec<String>> {
+    match volume {
+        Some(v) => Ok(vec![v]),
+        None => Ok(Archive::volumes_at(url)?),
+    }
+}
+
+fn list(dir: &Path, url: &str, volume: Option<String>, json: bool) -> Result<()> {
+    let config = load_config(dir)?;
+    let at = now(None)?;
+    let mut listings = Vec::new();
+    for volume in archived_volumes(url, volume)? {
+        let policy = config
+            .archive_policy_for(&volume)
+            .map_err(anyhow::Error::msg)?;
+        let archive = Archive::open(url, &volume)?;
+        listings.push(grove_archive::list(&archive, policy.as_ref(), at)?);
+    }
+    if json {
+        return print_json(&listings);
+    }
+    if listings.is_empty() {
+        return crate::output::say(format_args!("nothing is archived at {url}"));
+    }
+    print_with(|out| {
+        listings
+            .iter()
+            .try_for_each(|l| show::write_listing(out, l))
+    })
+}
+
+fn expire(
+    dir: &Path,
+    url: &str,
+    volume: Option<String>,
+    at: u64,
+    dry_run: bool,
+    take_over: bool,
+    json: bool,
+) -> Result<()> {
+    let config = load_config(dir)?;
+    let mut reports = Vec::new();
+    for volume in archived_volumes(url, volume)? {
+        let Some(policy) = config
+            .archive_policy_for(&volume)
+            .map_err(anyhow::Error::msg)?
+        else {
+            eprintln!("grove: {volume} has no archive counts in its policy: nothing of it expires");
+            continue;
+        };
+        let archive = Archive::open(url, &volume)?;
+        let claim = if dry_run {
+            None
+        } else {
+            Some(grove_archive::claim(&archive, take_over)?)
+        };
+        let report = grove_archive::expire(&archive, claim.as_ref(), &policy, at, dry_run)?;
+        if let Some(claim) = claim {
+            claim.release()?;
+        }
+        if !json {
+            print_with(|out| show::write_expire(out, &volume, &report))?;
+        }
+        reports.push(report);
+    }
+    if json {
+        print_json(&reports)?;
+    }
+    Ok(())
+}
+
+fn restore(
+    pool: &Pool,
+    url: &str,
+    snapshot: &str,
+    name: &str,
+    volume: Option<String>,
+) -> Result<()> {
+    let volume = match volume {
+        Some(v) => v,
+        None => find_volume(url, snapshot)?,
+    };
+    let archive = Archive::open(url, &volume)?;
+    let bar = Progress::bytes(&format!("restoring {snapshot}"), 0);
+    let report = grove_archive::restore(&archive, pool, snapshot, name, &mut |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    })
+    .map_err(|e| anyhow::anyhow!("cannot restore {snapshot}: {e}"))?;
+    drop(bar);
+    let hash = crate::stream::hash(pool, name)?;
+    if hash != report.recorded_hash {
+        pool.remove_volume(name)?;
+        bail!(
+            "cannot restore {snapshot}: the restored data hashes to {hash}, the archive recorded {}; nothing was kept",
+            report.recorded_hash
+        );
+    }
+    print_with(|out| show::write_restore(out, &report))
+}
+
+/// The volume whose archive holds `snapshot`.
+fn find_volume(url: &str, snapshot: &str) -> Result<String> {
+    for volume in Archive::volumes_at(url)? {
+        let catalog = Archive::open(url, &volume)?.load()?;
+        if catalog.is_some_and(|c| c.snapshots.iter().any(|s| s.name == snapshot)) {
+            return Ok(volume);
+        }
+    }
+    bail!("no archive at {url} holds a snapshot named {snapshot:?}")
+}
+
+fn check(url: &str, volume: Option<String>, deep: bool, json: bool) -> Result<()> {
+    let mut reports = Vec::new();
+    for volume in archived_volumes(url, volume)? {
+        let archive = Archive::open(url, &volume)?;
+        let report = match grove_archive::check(&archive, deep) {
+            Ok(report) => report,
+            Err(ArchiveError::Damaged(why)) => grove_archive::CheckReport {
+                problems: vec![why],
+                ..Default::default()
+            },
+            Err(e) => return Err(e.into()),
+        };
+        if !json {
+            print_with(|out| show::write_check(out, &volume, &report))?;
+        }
+        reports.push((volume, report));
+    }
+    if json {
+        let value: Vec<_> = reports
+            .iter()
+            .map(|(v, r)| serde_json::json!({"volume": v, "report": r}))
+            .collect();
+        print_json(&value)?;
+    }
+    if reports.iter().any(|(_, r)| !r.is_clean()) {
+        std::process::exit(1);
+    }
+    Ok(())
+}

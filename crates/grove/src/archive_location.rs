@@ -1,0 +1,66 @@
+//! Where a pool's archive is, and what is archived there, for the commands
+//! that push to it and for the retention that ranks snapshots for it.
+
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use grove_archive::Archive;
+use grove_retention::{Level, Policy, SnapshotFacts};
+
+/// `to` if given, else grove.toml's `archive.location`, else a directory
+/// beside the pool (`file://POOL.archive`).
+pub fn location(dir: &Path, to: Option<&str>) -> Result<String> {
+    if let Some(url) = to {
+        return Ok(url.to_string());
+    }
+    let config = grove_store::config::PoolConfig::load(dir)?;
+    if let Some(table) = &config.archive {
+        if let Some(key) = table.keys().find(|k| k.as_str() != "location") {
+            bail!(
+                "grove.toml: unknown setting \"archive.{key}\" (known settings: archive.location)"
+            );
+        }
+        if let Some(value) = table.get("location") {
+            let url = value
+                .as_str()
+                .context("grove.toml: archive.location must be a URL string")?;
+            return Ok(url.to_string());
+        }
+    }
+    let absolute =
+        std::path::absolute(dir).with_context(|| format!("cannot resolve {}", dir.display()))?;
+    Ok(format!("file://{}.archive", absolute.display()))
+}
+
+/// The snapshots of `volume` already archived at the pool's default
+/// location, as retention facts: the rank tree counts them when it decides
+/// which level is due, so a weekly the pool has pruned since it was
+/// archived still counts for its week.
+pub fn archived_facts(dir: &Path, volume: &str) -> Result<Vec<SnapshotFacts>> {
+    let archive = Archive::open(&location(dir, None)?, volume)?;
+    let Some(catalog) = archive.load()? else {
+        return Ok(Vec::new());
+    };
+    Ok(catalog
+        .snapshots
+        .iter()
+        .map(|s| SnapshotFacts {
+            name: s.name.clone(),
+            created_unix_secs: s.created_unix_secs,
+            rank: Level::from_rank(s.rank),
+            holds: Vec::new(),
+        })
+        .collect())
+}
+
+/// The policy snapshots are ranked by: every level the pool or the archive
+/// keeps.
+pub fn ranking_policy(pool: &Policy, archive: Option<&Policy>) -> Policy {
+    let mut ranking = pool.clone();
+    if let Some(archive) = archive {
+        for (keep, archived) in ranking.keep.iter_mut().zip(archive.keep) {
+            *keep = (*keep).max(archived);
+        }
+    }
+    ranking
+}

@@ -1,0 +1,354 @@
+//! The archive tier end to end with the real binary, on `file://` (always)
+//! and on the S3 gateway of scripts/ceph.sh (when $GROVE_TEST_S3_BUCKET and
+//! AWS_* are set; required under scripts/test.sh): days of ranked snapshots
+//! pushed and expired, the archive keeping what the calendar oracle keeps;
+//! every kept snapshot restored with the hash recorded at push; a push
+//! killed with SIGKILL part way, checked consistent and resumed sending no
+//! pack twice; a second writer refused and taken over; damaged packs and
+//! catalogs found by `check`, and a restore over damage refused.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use grove_retention::oracle::kept_by_calendar;
+use grove_retention::Policy;
+use serde_json::Value;
+use tempfile::TempDir;
+
+mod support;
+use support::GroveOnPool;
+
+const DAY: u64 = 86_400;
+/// 2026-11-02 00:00:00 UTC, a Monday.
+const MONDAY: u64 = 1_793_577_600;
+
+struct Pool {
+    dir: TempDir,
+    path: PathBuf,
+    archive: String,
+}
+
+impl GroveOnPool for Pool {
+    fn pool_path(&self) -> PathBuf {
+        self.path.clone()
+    }
+}
+
+fn at(t: u64) -> String {
+    format!("@{t}")
+}
+
+fn tools_required() -> bool {
+    std::env::var_os("GROVE_REQUIRE_TOOLS").is_some_and(|v| v != "0")
+}
+
+/// A fresh prefix of the test bucket, or None after a visible SKIP.
+fn s3_archive(test: &str) -> Option<String> {
+    match std::env::var("GROVE_TEST_S3_BUCKET") {
+        Ok(bucket) if !bucket.is_empty() => {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos();
+            Some(format!(
+                "s3://{bucket}/archive-{test}-{}-{nanos}",
+                std::process::id()
+            ))
+        }
+        _ => {
+            let why = "no S3 gateway: GROVE_TEST_S3_BUCKET is not set (scripts/ceph.sh start)";
+            assert!(!tools_required(), "{why}, and GROVE_REQUIRE_TOOLS is set");
+            eprintln!("SKIP: {why}");
+            None
+        }
+    }
+}
+
+/// What the tests' policy keeps in the archive: daily 4, weekly 2; the pool
+/// itself keeps 2 dailies.
+fn archive_policy() -> Policy {
+    Policy {
+        keep: [0, 0, 4, 2, 0, 0],
+        frequent_secs: 900,
+        minimum: 0,
+    }
+}
+
+impl Pool {
+    /// A pool with volume vm (8 MiB, 3 MiB written) whose policy archives
+    /// to `archive` (None: the default beside the pool).
+    fn new(archive: Option<String>) -> Pool {
+        let dir = TempDir::new().unwrap();
+        let path = dir.path().join("pool");
+        let archive_url = archive
+            .clone()
+            .unwrap_or_else(|| format!("file://{}.archive", path.display()));
+        let pool = Pool {
+            dir,
+            path,
+            archive: archive_url,
+        };
+        pool.ok(&["init"]);
+        pool.ok(&["create", "vm", "--size", "8M"]);
+        pool.write_random(0, 3 << 20, 1);
+        let mut toml = std::fs::read_to_string(pool.path.join("grove.toml")).unwrap();
+        toml.push_str(
+            "\n[retention.volumes]\nvm = { daily = 2, archive = { daily = 4, weekly = 2 } }\n",
+        );
+        if let Some(url) = archive {
+            toml.push_str(&format!("\n[archive]\nlocation = \"{url}\"\n"));
+        }
+        std::fs::write(pool.path.join("grove.toml"), toml).unwrap();
+        pool
+    }
+
+    fn write_random(&self, offset: u64, len: usize, seed: u64) {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let data: Vec<u8> = (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        let file = self.dir.path().join("data");
+        std::fs::write(&file, data).unwrap();
+        self.ok(&[
+            "write",
+            "vm",
+            file.to_str().unwrap(),
+            "--offset",
+            &offset.to_string(),
+        ]);
+    }
+
+    /// One day: a few writes, the due snapshot, a push, an expiry, a prune.
+    fn day(&self, day: u64) {
+        let now = MONDAY + day * DAY + 3600;
+        for i in 0..3 {
+            let offset = ((day * 7 + i * 13) % 1900) * 4096;
+            self.write_random(offset, 4096 * (1 + (i as usize)), day * 10 + i);
+        }
+        self.ok(&["snapshot", "--auto", "vm", "--now", &at(now)]);
+        self.ok(&["archive", "push"]);
+        self.ok(&["archive", "expire", "--now", &at(now)]);
+        self.ok(&["prune", "--now", &at(now)]);
+    }
+
+    fn listing(&self) -> Vec<Value> {
+        let out = self.ok(&["archive", "list", "--json"]);
+        let listings: Vec<Value> = serde_json::from_str(&out).unwrap();
+        assert_eq!(listings.len(), 1, "{out}");
+        listings[0]["snapshots"].as_array().unwrap().clone()
+    }
+
+    fn hash(&self, name: &str) -> String {
+        self.ok(&["hash", name])
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string()
+    }
+
+    fn folder(&self) -> Option<PathBuf> {
+        self.archive
+            .strip_prefix("file://")
+            .map(|dir| Path::new(dir).join("archive=vm"))
+    }
+}
+
+fn season_is_kept_as_the_calendar_says_and_restores(archive: Option<String>) {
+    let pool = Pool::new(archive);
+    let mut taken = Vec::new();
+    for day in 0..16 {
+        pool.day(day);
+        taken.push(MONDAY + day * DAY + 3600);
+    }
+    let listed = pool.listing();
+    let kept: Vec<u64> = listed
+        .iter()
+        .map(|s| s["created_unix_secs"].as_u64().unwrap())
+        .collect();
+    let expected: Vec<u64> = kept_by_calendar(&archive_policy(), &taken)
+        .into_iter()
+        .collect();
+    assert_eq!(kept, expected);
+    // The pool kept only its last two; the archive restores the rest.
+    for (i, s) in listed.iter().enumerate() {
+        let name = s["name"].as_str().unwrap();
+        let restored = format!("back{i}");
+        pool.ok(&["archive", "restore", name, &restored]);
+        assert_eq!(pool.hash(&restored), s["hash"].as_str().unwrap(), "{name}");
+    }
+    let check = pool.ok(&["archive", "check", "--deep"]);
+    assert!(check.contains("consistent"), "{check}");
+}
+
+#[test]
+fn a_season_on_file_keeps_what_the_calendar_keeps_and_restores_each_snapshot() {
+    season_is_kept_as_the_calendar_says_and_restores(None);
+}
+
+#[test]
+fn a_season_on_the_gateway_keeps_what_the_calendar_keeps_and_restores_each_snapshot() {
+    if let Some(url) = s3_archive("season") {
+        season_is_kept_as_the_calendar_says_and_restores(Some(url));
+    }
+}
+
+fn killed_push_resumes(archive: Option<String>) {
+    let pool = Pool::new(archive);
+    pool.ok(&["snapshot", "vm", "vm@one"]);
+    let mut child = pool
+        .command(&[
+            "archive",
+            "push",
+            "vm",
+            "--snapshot",
+            "vm@one",
+            "--pack-size",
+            "256K",
+        ])
+        .env("GROVE_TEST_ARCHIVE_STALL_AFTER_PACKS", "5")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stderr.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("stalled after 5 packs"), "{line}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Killed: the archive is consistent, and the claim is still held.
+    let check = pool.ok(&["archive", "check"]);
+    assert!(check.contains("consistent"), "{check}");
+    let busy = pool.run(&["archive", "push", "vm", "--snapshot", "vm@one"]);
+    let stderr = String::from_utf8_lossy(&busy.stderr);
+    assert!(
+        !busy.status.success() && stderr.contains("is in use by") && stderr.contains("--take-over"),
+        "{stderr}"
+    );
+    let out = pool.ok(&[
+        "archive",
+        "push",
+        "vm",
+        "--snapshot",
+        "vm@one",
+        "--pack-size",
+        "256K",
+        "--take-over",
+        "--json",
+    ]);
+    let reports: Vec<Value> = serde_json::from_str(&out).unwrap();
+    assert_eq!(reports[0]["packs_resumed"], 5, "{out}");
+    // 3 MiB in 256 KiB packs: 13 in all, none sent twice.
+    let written = reports[0]["packs_written"].as_u64().unwrap();
+    assert_eq!(written + 5, 13, "{out}");
+    pool.ok(&["archive", "restore", "vm@one", "back"]);
+    assert_eq!(pool.hash("back"), pool.hash("vm@one"));
+}
+
+#[test]
+fn a_push_killed_part_way_is_consistent_and_resumes_on_file() {
+    killed_push_resumes(None);
+}
+
+#[test]
+fn a_push_killed_part_way_is_consistent_and_resumes_on_the_gateway() {
+    if let Some(url) = s3_archive("killed") {
+        killed_push_resumes(Some(url));
+    }
+}
+
+/// Flips a byte `at` from the end of `object` in the archive's folder.
+fn flip(folder: &Path, prefix: &str, from_end: u64) -> String {
+    let mut names: Vec<_> = std::fs::read_dir(folder)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with(prefix))
+        .collect();
+    names.sort();
+    let name = names.last().unwrap().clone();
+    let path = folder.join(&name);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let at = bytes.len() - from_end as usize;
+    bytes[at] ^= 0x40;
+    std::fs::write(&path, bytes).unwrap();
+    name
+}
+
+#[test]
+fn damage_is_named_by_the_snapshots_it_affects_and_never_restored() {
+    let pool = Pool::new(None);
+    for day in 0..3 {
+        pool.day(day);
+    }
+    let folder = pool.folder().unwrap();
+    assert!(pool
+        .ok(&["archive", "check", "--deep"])
+        .contains("consistent"));
+    // A flipped byte in the newest pack's last block: only a deep check sees it.
+    flip(&folder, "pack-", 10);
+    assert!(pool.ok(&["archive", "check"]).contains("consistent"));
+    let deep = pool.run(&["archive", "check", "--deep", "--json"]);
+    assert_eq!(deep.status.code(), Some(1));
+    let reports: Vec<Value> = serde_json::from_slice(&deep.stdout).unwrap();
+    let damaged = reports[0]["report"]["damaged_snapshots"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert!(!damaged.is_empty(), "{reports:?}");
+    let name = damaged[0].as_str().unwrap();
+    let refused = pool.run(&["archive", "restore", name, "back"]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains("checksum does not match"),
+        "{stderr}"
+    );
+    assert!(
+        !pool.ok(&["list"]).contains("back"),
+        "nothing of a refused restore is kept"
+    );
+    // A damaged catalog: every snapshot affected; push refuses to build on it.
+    flip(&folder, "catalog-", 3);
+    let check = pool.run(&["archive", "check"]);
+    assert_eq!(check.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&check.stdout).contains("catalog"),
+        "{check:?}"
+    );
+    pool.ok(&["snapshot", "vm", "vm@more"]);
+    let push = pool.run(&["archive", "push", "vm", "--snapshot", "vm@more"]);
+    assert!(!push.status.success());
+    assert!(
+        String::from_utf8_lossy(&push.stderr).contains("damaged"),
+        "{push:?}"
+    );
+}
+
+#[test]
+fn bad_requests_get_one_line_each() {
+    let pool = Pool::new(None);
+    let cases: [(&[&str], &str); 4] = [
+        (&["archive", "restore", "vm@nothing", "x"], "no archive at"),
+        (
+            &["archive", "push", "vm", "--snapshot", "vm"],
+            "is not a snapshot of volume",
+        ),
+        (&["archive", "list", "--to", "ftp://x"], "ftp"),
+        (
+            &["archive", "push", "vm", "--snapshot", "vm@none"],
+            "vm@none",
+        ),
+    ];
+    for (args, says) in cases {
+        let out = pool.run(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+}
