@@ -100,6 +100,7 @@ pub fn push(
         index: String::new(),
         pushed_unix_secs: request.now_unix_secs,
         stored_bytes,
+        released: false,
     };
     let index_bytes = publish(archive, &mut catalog, record, runs)?;
     Ok(PushReport {

@@ -40,6 +40,12 @@ pub fn judge(catalog: &Catalog, policy: &Policy, now_unix_secs: u64) -> Verdicts
         })
         .collect();
     let verdicts = plan(policy, &facts, now_unix_secs);
+    let released: Vec<u64> = catalog
+        .snapshots
+        .iter()
+        .filter(|s| s.released)
+        .map(|s| s.seq)
+        .collect();
     let by_name: BTreeMap<&str, u64> = catalog
         .snapshots
         .iter()
@@ -55,7 +61,14 @@ pub fn judge(catalog: &Catalog, policy: &Policy, now_unix_secs: u64) -> Verdicts
                 Reason::Held { .. } | Reason::Unranked => u64::MAX,
                 Reason::Expired => 0,
             };
-            Some((*by_name.get(v.name.as_str())?, (v.keep, until, v.explain())))
+            let seq = *by_name.get(v.name.as_str())?;
+            if released.contains(&seq) {
+                return Some((
+                    seq,
+                    (false, 0, "pushed by hand, since released".to_string()),
+                ));
+            }
+            Some((seq, (v.keep, until, v.explain())))
         })
         .collect();
     Verdicts { by_seq }

@@ -188,3 +188,108 @@ fn a_simulated_season_keeps_what_the_calendar_keeps_and_restores_it_byte_for_byt
         listing.stored_bytes
     );
 }
+
+/// The kept snapshots' names, as the policy judges the facts (ranks as
+/// they are now, lazy ones included) at `now`.
+fn kept_by_plan(facts: &[SnapshotFacts], now: u64, released: &[String]) -> Vec<String> {
+    let mut facts = facts.to_vec();
+    facts.retain(|f| !released.contains(&f.name));
+    grove_retention::plan(&policy(), &facts, now)
+        .into_iter()
+        .filter(|v| v.keep)
+        .map(|v| v.name)
+        .collect()
+}
+
+#[test]
+fn lazy_ranks_and_snapshots_pushed_by_hand_are_kept_as_asked_and_stay_whole() {
+    let mut w = world("lazy ranks");
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let mut released = Vec::new();
+    let mut copied = 0;
+    for day in 0..70 {
+        scribble(&w.pool, &mut rng, day);
+        w.take_and_push(day, 64 * 1024);
+        let now = START + day * DAY;
+        if day == 20 {
+            // By hand: unranked, kept until released.
+            w.pool
+                .snapshot_ranked("vm", "vm@hand", 0, now + 60)
+                .unwrap();
+            w.contents
+                .insert("vm@hand".into(), read_all(&w.pool, "vm@hand"));
+            w.taken.push(SnapshotFacts {
+                name: "vm@hand".into(),
+                created_unix_secs: now + 60,
+                rank: None,
+                holds: Vec::new(),
+            });
+            let claim = claim(&w.archive, false).unwrap();
+            let request = PushRequest {
+                snapshot: "vm@hand".into(),
+                hash: "h".into(),
+                pack_bytes: 64 * 1024,
+                now_unix_secs: now,
+                stall_after_packs: None,
+            };
+            push(&w.archive, &claim, &w.pool, &request, &mut |_, _| {}).unwrap();
+            claim.release().unwrap();
+        }
+        if day == 30 {
+            // A lazy rank: the newest daily becomes the year's.
+            let name = format!("vm@day{day:03}");
+            let claim = claim(&w.archive, false).unwrap();
+            grove_archive::set_rank(
+                &w.archive,
+                &claim,
+                &name,
+                grove_retention::Level::Yearly.rank(),
+            )
+            .unwrap();
+            assert!(
+                grove_archive::release(&w.archive, &claim, &name).is_err(),
+                "a ranked snapshot is the policy's"
+            );
+            claim.release().unwrap();
+            w.taken.iter_mut().find(|f| f.name == name).unwrap().rank =
+                Some(grove_retention::Level::Yearly);
+        }
+        if day == 50 {
+            let claim = claim(&w.archive, false).unwrap();
+            grove_archive::release(&w.archive, &claim, "vm@hand").unwrap();
+            claim.release().unwrap();
+            released.push("vm@hand".to_string());
+        }
+        let claim = claim(&w.archive, false).unwrap();
+        copied += expire(&w.archive, Some(&claim), &policy(), now, false)
+            .unwrap()
+            .bytes_copied;
+        claim.release().unwrap();
+        let listing = list(&w.archive, Some(&policy()), now).unwrap();
+        let kept: Vec<String> = listing.snapshots.iter().map(|s| s.name.clone()).collect();
+        let mut expected = kept_by_plan(&w.taken, now, &released);
+        expected.sort_by_key(|n| w.taken.iter().position(|f| &f.name == n));
+        assert_eq!(kept, expected, "day {day}");
+        assert_eq!(
+            kept.contains(&"vm@hand".to_string()),
+            (20..50).contains(&day),
+            "day {day}"
+        );
+        if day >= 2 {
+            let _ = w.pool.remove_volume(&format!("vm@day{:03}", day - 2));
+        }
+    }
+    assert!(
+        copied > 0,
+        "versions that outlived their packs' owners were copied"
+    );
+    let listing = list(&w.archive, Some(&policy()), START + 70 * DAY).unwrap();
+    assert!(listing
+        .snapshots
+        .iter()
+        .any(|s| s.name == "vm@day030" && s.rank == "yearly"));
+    for s in &listing.snapshots {
+        w.restore_and_compare(&s.name, "restored");
+    }
+    assert!(check(&w.archive, true).unwrap().is_clean());
+}

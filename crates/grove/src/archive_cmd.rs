@@ -76,6 +76,12 @@ pub fn run(dir: &Path, degraded: bool, command: ArchiveCommand) -> Result<()> {
                 restore(pool, &url, &snapshot, &name, volume)
             })
         }
+        ArchiveCommand::Release {
+            snapshot,
+            volume,
+            place,
+            take_over,
+        } => release(&location(dir, &place)?, &snapshot, volume, take_over),
         ArchiveCommand::Check {
             volume,
             place,
@@ -335,7 +341,7 @@ fn restore(
     print_with(|out| show::write_restore(out, &report))
 }
 
-/// The volume whose archive holds `snapshot`.
+/// The volume whose archive at `url` holds `snapshot`.
 fn find_volume(url: &str, snapshot: &str) -> Result<String> {
     for volume in Archive::volumes_at(url)? {
         let catalog = Archive::open(url, &volume)?.load()?;
@@ -344,6 +350,20 @@ fn find_volume(url: &str, snapshot: &str) -> Result<String> {
         }
     }
     bail!("no archive at {url} holds a snapshot named {snapshot:?}")
+}
+
+fn release(url: &str, snapshot: &str, volume: Option<String>, take_over: bool) -> Result<()> {
+    let volume = match volume {
+        Some(v) => v,
+        None => find_volume(url, snapshot)?,
+    };
+    let archive = Archive::open(url, &volume)?;
+    let claim = grove_archive::claim(&archive, take_over)?;
+    grove_archive::release(&archive, &claim, snapshot)?;
+    claim.release()?;
+    crate::output::say(format_args!(
+        "released {snapshot:?}: the next `grove archive expire` drops it"
+    ))
 }
 
 fn check(url: &str, volume: Option<String>, deep: bool, json: bool) -> Result<()> {

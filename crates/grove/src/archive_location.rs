@@ -64,3 +64,16 @@ pub fn ranking_policy(pool: &Policy, archive: Option<&Policy>) -> Policy {
     }
     ranking
 }
+
+/// The pool's archive location and the volume whose archive there holds
+/// `snapshot`, if one does.
+pub fn find_archived(dir: &Path, snapshot: &str) -> Result<Option<(String, String)>> {
+    let url = location(dir, None)?;
+    for volume in Archive::volumes_at(&url)? {
+        let catalog = Archive::open(&url, &volume)?.load()?;
+        if catalog.is_some_and(|c| c.snapshots.iter().any(|s| s.name == snapshot)) {
+            return Ok(Some((url, volume)));
+        }
+    }
+    Ok(None)
+}

@@ -32,10 +32,7 @@ pub fn run(admin: &dyn Admin, command: Command) -> Result<()> {
             dry_run,
             now: at,
         } => prune_now(admin, &volumes, dry_run, at.as_deref()),
-        Command::Rank { snapshot, level } => {
-            admin.set_rank(&snapshot, parse_rank(&level)?)?;
-            say(format_args!("ranked {snapshot:?} {level}"))
-        }
+        Command::Rank { snapshot, level } => rank(admin, &snapshot, &level),
         Command::Hold {
             snapshot,
             tag,
@@ -49,6 +46,30 @@ pub fn run(admin: &dyn Admin, command: Command) -> Result<()> {
         Command::Holds { json } => holds(admin, json),
         Command::Policy { command } => policy(admin, command),
         _ => unreachable!("not a retention command"),
+    }
+}
+
+/// `grove rank`: a snapshot in the pool, or else one in the pool's archive
+/// (a lazy rank: the archive's next expiry keeps what the rank keeps).
+fn rank(admin: &dyn Admin, snapshot: &str, level: &str) -> Result<()> {
+    let rank = parse_rank(level)?;
+    match admin.set_rank(snapshot, rank) {
+        Err(e) if e.kind() == grove_store::ErrorKind::NotFound => {
+            let Some((url, volume)) =
+                crate::archive_location::find_archived(admin.dir(), snapshot)?
+            else {
+                return Err(e.into());
+            };
+            let archive = grove_archive::Archive::open(&url, &volume)?;
+            let claim = grove_archive::claim(&archive, false)?;
+            grove_archive::set_rank(&archive, &claim, snapshot, rank)?;
+            claim.release()?;
+            say(format_args!(
+                "ranked {snapshot:?} {level} in the archive at {url}"
+            ))
+        }
+        Err(e) => Err(e.into()),
+        Ok(()) => say(format_args!("ranked {snapshot:?} {level}")),
     }
 }
 

@@ -352,3 +352,27 @@ fn bad_requests_get_one_line_each() {
         assert!(stderr.contains(says), "{args:?}: {stderr}");
     }
 }
+
+#[test]
+fn grove_rank_reaches_a_snapshot_the_pool_no_longer_has_and_release_lets_one_pushed_by_hand_go() {
+    let pool = Pool::new(None);
+    for day in 0..4 {
+        pool.day(day);
+    }
+    let listed = pool.listing();
+    let first = listed[0]["name"].as_str().unwrap().to_string();
+    assert!(!pool.ok(&["list"]).contains(&first), "the pool pruned it");
+    let out = pool.ok(&["rank", &first, "weekly"]);
+    assert!(out.contains("in the archive"), "{out}");
+    let listed = pool.listing();
+    assert_eq!(listed[0]["rank"], "weekly");
+    // By hand: kept whatever the policy says, until released.
+    pool.ok(&["snapshot", "vm", "vm@mine"]);
+    pool.ok(&["archive", "push", "vm", "--snapshot", "vm@mine"]);
+    let later = at(MONDAY + 40 * DAY);
+    pool.ok(&["archive", "expire", "--now", &later]);
+    assert!(pool.listing().iter().any(|s| s["name"] == "vm@mine"));
+    pool.ok(&["archive", "release", "vm@mine"]);
+    pool.ok(&["archive", "expire", "--now", &later]);
+    assert!(!pool.listing().iter().any(|s| s["name"] == "vm@mine"));
+}

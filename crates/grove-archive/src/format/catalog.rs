@@ -37,6 +37,9 @@ pub struct ArchivedSnapshot {
     pub pushed_unix_secs: u64,
     /// Bytes of new versions this push stored.
     pub stored_bytes: u64,
+    /// Pushed by hand (rank 0) and since released: the next expiry drops it.
+    #[serde(default)]
+    pub released: bool,
 }
 
 /// One pack in the archive.

@@ -84,6 +84,19 @@ pub enum ArchiveCommand {
         #[command(flatten)]
         place: ArchivePlace,
     },
+    /// Let the next expiry drop a snapshot pushed by hand (kept until released)
+    Release {
+        /// The archived snapshot
+        snapshot: String,
+        /// The volume it was archived from [default: found by the snapshot's name]
+        #[arg(long, value_name = "VOLUME")]
+        volume: Option<String>,
+        #[command(flatten)]
+        place: ArchivePlace,
+        /// Take over the claim of a writer that is gone
+        #[arg(long)]
+        take_over: bool,
+    },
     /// Check that every archived snapshot can be read; exit 1 naming the ones damage affects
     Check {
         /// The volume [default: every volume archived there]
