@@ -19,28 +19,7 @@ use crate::retention::{load_config, now};
 
 pub fn run(dir: &Path, degraded: bool, command: ArchiveCommand) -> Result<()> {
     match command {
-        ArchiveCommand::Push {
-            volume,
-            snapshot,
-            place,
-            pack_size,
-            take_over,
-            json,
-        } => {
-            let url = location(dir, &place)?;
-            let pack_bytes = match pack_size {
-                Some(text) => parse_size(&text).map_err(|e| anyhow::anyhow!("--pack-size: {e}"))?,
-                None => grove_archive::DEFAULT_PACK_BYTES,
-            };
-            let options = PushOptions {
-                url,
-                pack_bytes,
-                take_over,
-            };
-            with_pool(dir, degraded, |pool| {
-                push(dir, pool, volume, snapshot, &options, json)
-            })
-        }
+        command @ ArchiveCommand::Push { .. } => push_command(dir, degraded, command),
         ArchiveCommand::List {
             volume,
             place,
@@ -89,6 +68,33 @@ pub fn run(dir: &Path, degraded: bool, command: ArchiveCommand) -> Result<()> {
             json,
         } => check(&location(dir, &place)?, volume, deep, json),
     }
+}
+
+/// `grove archive push`: its flags read, then the pool opened.
+fn push_command(dir: &Path, degraded: bool, command: ArchiveCommand) -> Result<()> {
+    let ArchiveCommand::Push {
+        volume,
+        snapshot,
+        place,
+        pack_size,
+        take_over,
+        json,
+    } = command
+    else {
+        unreachable!("a push")
+    };
+    let pack_bytes = match pack_size {
+        Some(text) => parse_size(&text).map_err(|e| anyhow::anyhow!("--pack-size: {e}"))?,
+        None => grove_archive::DEFAULT_PACK_BYTES,
+    };
+    let options = PushOptions {
+        url: location(dir, &place)?,
+        pack_bytes,
+        take_over,
+    };
+    with_pool(dir, degraded, |pool| {
+        push(dir, pool, volume, snapshot, &options, json)
+    })
 }
 
 fn location(dir: &Path, place: &ArchivePlace) -> Result<String> {
