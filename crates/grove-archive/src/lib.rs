@@ -27,6 +27,7 @@
 //! (rules over a catalog), `lock`, `archive` (objects by name), `format`.
 
 mod archive;
+mod block_cache;
 mod check;
 mod error;
 mod expire;
@@ -40,6 +41,7 @@ mod reader;
 mod restore;
 mod sweep;
 mod verdicts;
+mod view;
 
 pub use archive::Archive;
 pub use check::{check, CheckReport};
@@ -50,3 +52,4 @@ pub use lock::{claim, WriterLock};
 pub use push::{push, PushReport, PushRequest, DEFAULT_PACK_BYTES};
 pub use rank::{release, set_rank};
 pub use restore::{restore, RestoreReport};
+pub use view::{archived_snapshots, ArchivedVolume};

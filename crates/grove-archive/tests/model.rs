@@ -293,3 +293,46 @@ fn lazy_ranks_and_snapshots_pushed_by_hand_are_kept_as_asked_and_stay_whole() {
     }
     assert!(check(&w.archive, true).unwrap().is_clean());
 }
+
+#[test]
+fn archived_snapshots_read_in_place_match_the_pool_byte_for_byte_within_the_cache() {
+    let mut w = world("reads");
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    for day in 0..12 {
+        scribble(&w.pool, &mut rng, day);
+        w.take_and_push(day, 64 * 1024);
+    }
+    let url = format!("file://{}", w._dirs.1.path().display());
+    let cache_bytes = 16 * BLOCK;
+    for (volume, name) in grove_archive::archived_snapshots(&url).unwrap() {
+        assert_eq!(volume, "vm");
+        let view = grove_archive::ArchivedVolume::open(&url, "vm", &name, cache_bytes).unwrap();
+        let expected = &w.contents[&name];
+        assert_eq!(view.size_bytes(), expected.len() as u64);
+        for _ in 0..200 {
+            let offset = rng.below(expected.len() as u64);
+            let len = (1 + rng.below(3 * BLOCK)).min(expected.len() as u64 - offset) as usize;
+            let mut buf = vec![0xAAu8; len];
+            view.read_at(&mut buf, offset).unwrap();
+            assert!(
+                buf[..] == expected[offset as usize..offset as usize + len],
+                "{name} at {offset}+{len}"
+            );
+            assert!(view.cached_bytes() <= cache_bytes);
+        }
+        // Holes read as zeros, and what is mapped is where the data is.
+        let mapped = view.mapped_extents_in(0, view.size_bytes());
+        let mut covered = vec![false; expected.len()];
+        for (off, len) in &mapped {
+            covered[*off as usize..(off + len) as usize]
+                .iter_mut()
+                .for_each(|c| *c = true);
+        }
+        assert!(
+            expected.iter().zip(&covered).all(|(b, c)| *c || *b == 0),
+            "{name}: data outside the mapped extents"
+        );
+        let mut past = [0u8; 1];
+        assert!(view.read_at(&mut past, view.size_bytes()).is_err());
+    }
+}
