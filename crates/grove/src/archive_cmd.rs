@@ -5,11 +5,11 @@
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use grove_archive::{Archive, ArchiveError, PushRequest};
-use grove_retention::{plan, Level, Policy, SnapshotFacts};
+use grove_archive::{Archive, ArchiveError};
 use grove_store::units::parse_size;
-use grove_store::{Pool, VolumeKind};
+use grove_store::Pool;
 
+use crate::archiving::{due_snapshots, push_snapshot, PushOptions};
 use crate::cli::archive::{ArchiveCommand, ArchivePlace};
 use crate::open::open_pool;
 use crate::output::archive as show;
@@ -117,12 +117,6 @@ fn with_pool(dir: &Path, degraded: bool, f: impl FnOnce(&Pool) -> Result<()>) ->
         .with_context(|| format!("cannot close pool {}", dir.display()))
 }
 
-struct PushOptions {
-    url: String,
-    pack_bytes: u64,
-    take_over: bool,
-}
-
 fn push(
     dir: &Path,
     pool: &Pool,
@@ -157,7 +151,19 @@ fn push(
         };
         let claim = grove_archive::claim(&archive, options.take_over)?;
         for name in due {
-            let report = push_one(pool, &archive, &claim, &name, options, at)?;
+            let bar = Progress::bytes(&format!("archiving {name}"), 0);
+            let report = push_snapshot(
+                pool,
+                &archive,
+                &claim,
+                &name,
+                options.pack_bytes,
+                &mut |done, total| {
+                    bar.set_length(total);
+                    bar.set_position(done);
+                },
+            )?;
+            drop(bar);
             if !json {
                 print_with(|out| show::write_push(out, &report))?;
             }
@@ -169,80 +175,6 @@ fn push(
         print_json(&reports)?;
     }
     Ok(())
-}
-
-fn push_one(
-    pool: &Pool,
-    archive: &Archive,
-    claim: &grove_archive::WriterLock<'_>,
-    name: &str,
-    options: &PushOptions,
-    at: u64,
-) -> Result<grove_archive::PushReport> {
-    let hash = crate::stream::hash(pool, name)?;
-    let request = PushRequest {
-        snapshot: name.to_string(),
-        hash,
-        pack_bytes: options.pack_bytes,
-        now_unix_secs: at,
-        stall_after_packs: std::env::var("GROVE_TEST_ARCHIVE_STALL_AFTER_PACKS")
-            .ok()
-            .and_then(|n| n.parse().ok()),
-    };
-    let bar = Progress::bytes(&format!("archiving {name}"), 0);
-    let report = grove_archive::push(archive, claim, pool, &request, &mut |done, total| {
-        bar.set_length(total);
-        bar.set_position(done);
-    })
-    .map_err(|e| anyhow::anyhow!("cannot archive {name}: {e}"))?;
-    Ok(report)
-}
-
-/// The ranked snapshots of the archive's volume newer than the newest
-/// archived that the archive's policy keeps, oldest first.
-fn due_snapshots(pool: &Pool, archive: &Archive, policy: &Policy, at: u64) -> Result<Vec<String>> {
-    let catalog = archive.load()?;
-    let archived = catalog.as_ref().map_or(&[][..], |c| &c.snapshots[..]);
-    let newest_generation = archived.last().map_or(0, |s| s.created_generation);
-    let mut facts: Vec<SnapshotFacts> = archived
-        .iter()
-        .map(|s| SnapshotFacts {
-            name: s.name.clone(),
-            created_unix_secs: s.created_unix_secs,
-            rank: Level::from_rank(s.rank),
-            holds: Vec::new(),
-        })
-        .collect();
-    let mut candidates = Vec::new();
-    for summary in pool.family_summaries(archive.volume())? {
-        if summary.kind != VolumeKind::Snapshot
-            || summary.parent.as_deref() != Some(archive.volume())
-            || summary.rank == 0
-        {
-            continue;
-        }
-        let identity = pool.identity(&summary.name)?;
-        if identity.created_generation > newest_generation {
-            candidates.push((identity.created_generation, summary.name.clone()));
-            facts.push(SnapshotFacts {
-                name: summary.name.clone(),
-                created_unix_secs: summary.created_unix_secs,
-                rank: Level::from_rank(summary.rank),
-                holds: Vec::new(),
-            });
-        }
-    }
-    candidates.sort();
-    let kept: std::collections::BTreeSet<String> = plan(policy, &facts, at)
-        .into_iter()
-        .filter(|v| v.keep)
-        .map(|v| v.name)
-        .collect();
-    Ok(candidates
-        .into_iter()
-        .map(|(_, n)| n)
-        .filter(|n| kept.contains(n))
-        .collect())
 }
 
 /// The volumes a read-only command looks at.

@@ -6,6 +6,7 @@
 
 mod archive_cmd;
 mod archive_location;
+mod archiving;
 mod background;
 mod branch_pool;
 mod branches;

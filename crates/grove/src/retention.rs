@@ -137,6 +137,12 @@ pub struct TickReport {
     pub released: Vec<String>,
     /// Snapshots that could not be taken or removed, with why.
     pub failed: Vec<String>,
+    /// Snapshots pushed to the archive tier (the daemons' scheduler).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub archived: Vec<String>,
+    /// Archived snapshots its expiry dropped.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub archive_expired: Vec<String>,
 }
 
 /// The level due for `under` at `now`, ranked for the pool's policy and its
@@ -236,12 +242,19 @@ pub fn prune(
     Ok(())
 }
 
-/// One run of the schedule, as the daemons do it: take what is due, then
-/// prune.
-pub fn tick(admin: &dyn Admin, now: u64) -> Result<TickReport> {
+/// One run of the schedule, as the daemons do it: take what is due, run
+/// `between` (the archive tier's push and expiry), then prune.
+pub fn tick(
+    admin: &dyn Admin,
+    now: u64,
+    between: impl FnOnce(&RetentionConfig, &mut TickReport),
+) -> Result<TickReport> {
     let config = load_config(admin.dir())?;
     let mut report = TickReport::default();
     take_due_snapshots(admin, &config, now, &[], &mut report)?;
+    // After the snapshots are taken and before the pool prunes: the
+    // archive tier pushes what it keeps while the pool still has it.
+    between(&config, &mut report);
     prune(admin, &config, now, &[], false, &mut report)?;
     Ok(report)
 }
@@ -485,7 +498,7 @@ mod tests {
             volume
                 .write_at(&hour.to_le_bytes(), (hour % 128) * 4096)
                 .unwrap();
-            let report = tick(&pool, now).unwrap();
+            let report = tick(&pool, now, |_, _| {}).unwrap();
             assert!(report.failed.is_empty(), "{:?}", report.failed);
             assert_eq!(report.taken.len(), 1, "hour {hour}: {report:?}");
             taken.push(now);

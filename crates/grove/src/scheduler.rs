@@ -89,13 +89,23 @@ fn run(pool: &Pool, stopping: &AtomicBool, clock: Clock, tick_ms: u64) {
 }
 
 fn run_once(pool: &Pool, now: u64) {
-    match crate::retention::tick(pool, now) {
+    let archive_round = |config: &grove_retention::RetentionConfig,
+                         report: &mut crate::retention::TickReport| {
+        crate::archiving::scheduled_round(pool, config, now, report)
+    };
+    match crate::retention::tick(pool, now, archive_round) {
         Ok(report) => {
             for (name, level) in &report.taken {
                 tracing::info!("scheduler: took snapshot {name} ({level})");
             }
             for hold in &report.released {
                 tracing::info!("scheduler: released hold {hold} (its lease ended)");
+            }
+            for name in &report.archived {
+                tracing::info!("scheduler: archived snapshot {name}");
+            }
+            for name in &report.archive_expired {
+                tracing::info!("scheduler: expired archived snapshot {name}");
             }
             for name in &report.pruned {
                 tracing::info!("scheduler: pruned snapshot {name}");

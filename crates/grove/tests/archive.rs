@@ -376,3 +376,64 @@ fn grove_rank_reaches_a_snapshot_the_pool_no_longer_has_and_release_lets_one_pus
     pool.ok(&["archive", "expire", "--now", &later]);
     assert!(!pool.listing().iter().any(|s| s["name"] == "vm@mine"));
 }
+
+/// `grove serve`'s scheduler, on a clock the test drives: each day it takes
+/// the snapshot due, pushes what the archive keeps, expires, then prunes
+/// the pool; the archive ends up keeping what the calendar oracle keeps.
+#[test]
+fn the_daemons_scheduler_pushes_and_expires_on_the_policys_clock() {
+    let pool = Pool::new(None);
+    let clock = pool.dir.path().join("clock");
+    std::fs::write(&clock, (MONDAY + 3600).to_string()).unwrap();
+    let mut child = pool
+        .command(&["serve"])
+        .env("GROVE_CLOCK_FILE", &clock)
+        .env("GROVE_SCHEDULER_TICK_MS", "20")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut taken = Vec::new();
+    for day in 0..10 {
+        let now = MONDAY + day * DAY + 3600;
+        std::fs::write(&clock, now.to_string()).unwrap();
+        taken.push(now);
+        // Wait until the day's snapshot is archived and expiry has run.
+        let want = kept_by_calendar(&archive_policy(), &taken).len();
+        let started = std::time::Instant::now();
+        loop {
+            let out = pool.ok(&["archive", "list", "--json"]);
+            let listings: Vec<Value> = serde_json::from_str(&out).unwrap();
+            let listed = listings
+                .first()
+                .map_or(Vec::new(), |l| l["snapshots"].as_array().unwrap().clone());
+            let newest = listed.last().and_then(|s| s["created_unix_secs"].as_u64());
+            if newest == Some(now) && listed.len() == want {
+                break;
+            }
+            assert!(
+                started.elapsed().as_secs() < 30,
+                "day {day}: the scheduler did not archive"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(30));
+        }
+    }
+    // Stop the daemon (SIGTERM) before reading the archive with the CLI.
+    stop_daemon(&mut child);
+    let listed = pool.listing();
+    let kept: Vec<u64> = listed
+        .iter()
+        .map(|s| s["created_unix_secs"].as_u64().unwrap())
+        .collect();
+    let expected: Vec<u64> = kept_by_calendar(&archive_policy(), &taken)
+        .into_iter()
+        .collect();
+    assert_eq!(kept, expected);
+}
+
+fn stop_daemon(child: &mut std::process::Child) {
+    let _ = std::process::Command::new("kill")
+        .arg(child.id().to_string())
+        .status();
+    let _ = child.wait();
+}

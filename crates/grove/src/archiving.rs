@@ -1,0 +1,143 @@
+//! The archive tier's work on an open pool, for `grove archive push` and
+//! the daemons' scheduler: which snapshots are due, a snapshot pushed with
+//! its hash recorded, and one scheduled round of push and expiry.
+
+use anyhow::Result;
+use grove_archive::{Archive, PushRequest};
+use grove_retention::{plan, Level, Policy, RetentionConfig, SnapshotFacts};
+use grove_store::{Pool, VolumeKind};
+
+use crate::retention::TickReport;
+
+/// Pack objects are at most this big, and where a test stalls a push.
+pub struct PushOptions {
+    pub url: String,
+    pub pack_bytes: u64,
+    pub take_over: bool,
+}
+
+/// Pushes snapshot `name`, its `grove hash` recorded for restore to check;
+/// `progress` hears (bytes done, bytes to do).
+pub fn push_snapshot(
+    pool: &Pool,
+    archive: &Archive,
+    claim: &grove_archive::WriterLock<'_>,
+    name: &str,
+    pack_bytes: u64,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<grove_archive::PushReport> {
+    let request = PushRequest {
+        snapshot: name.to_string(),
+        hash: crate::stream::hash(pool, name)?,
+        pack_bytes,
+        now_unix_secs: crate::retention::now(None)?,
+        stall_after_packs: std::env::var("GROVE_TEST_ARCHIVE_STALL_AFTER_PACKS")
+            .ok()
+            .and_then(|n| n.parse().ok()),
+    };
+    grove_archive::push(archive, claim, pool, &request, progress)
+        .map_err(|e| anyhow::anyhow!("cannot archive {name}: {e}"))
+}
+
+/// The ranked snapshots of the archive's volume newer than the newest
+/// archived that the archive's policy keeps, oldest first.
+pub fn due_snapshots(
+    pool: &Pool,
+    archive: &Archive,
+    policy: &Policy,
+    at: u64,
+) -> Result<Vec<String>> {
+    let catalog = archive.load()?;
+    let archived = catalog.as_ref().map_or(&[][..], |c| &c.snapshots[..]);
+    let newest_generation = archived.last().map_or(0, |s| s.created_generation);
+    let mut facts: Vec<SnapshotFacts> = archived
+        .iter()
+        .map(|s| SnapshotFacts {
+            name: s.name.clone(),
+            created_unix_secs: s.created_unix_secs,
+            rank: Level::from_rank(s.rank),
+            holds: Vec::new(),
+        })
+        .collect();
+    let mut candidates = Vec::new();
+    for summary in pool.family_summaries(archive.volume())? {
+        if summary.kind != VolumeKind::Snapshot
+            || summary.parent.as_deref() != Some(archive.volume())
+            || summary.rank == 0
+        {
+            continue;
+        }
+        let identity = pool.identity(&summary.name)?;
+        if identity.created_generation > newest_generation {
+            candidates.push((identity.created_generation, summary.name.clone()));
+            facts.push(SnapshotFacts {
+                name: summary.name.clone(),
+                created_unix_secs: summary.created_unix_secs,
+                rank: Level::from_rank(summary.rank),
+                holds: Vec::new(),
+            });
+        }
+    }
+    candidates.sort();
+    let kept: std::collections::BTreeSet<String> = plan(policy, &facts, at)
+        .into_iter()
+        .filter(|v| v.keep)
+        .map(|v| v.name)
+        .collect();
+    Ok(candidates
+        .into_iter()
+        .map(|(_, n)| n)
+        .filter(|n| kept.contains(n))
+        .collect())
+}
+
+/// One scheduled round for every volume whose policy has archive counts:
+/// push what is due, then expire, each volume on its own (one failing is
+/// reported, the others go on).
+pub fn scheduled_round(pool: &Pool, config: &RetentionConfig, now: u64, report: &mut TickReport) {
+    let url = match crate::archive_location::location(pool.dir(), None) {
+        Ok(url) => url,
+        Err(e) => return report.failed.push(format!("archive: {e:#}")),
+    };
+    for volume in pool.volume_names() {
+        let policy = match config.archive_policy_for(&volume) {
+            Ok(Some(policy)) => policy,
+            Ok(None) => continue,
+            Err(e) => {
+                report.failed.push(format!("archive {volume}: {e}"));
+                continue;
+            }
+        };
+        if let Err(e) = round_for(pool, &url, &volume, &policy, now, report) {
+            report.failed.push(format!("archive {volume}: {e:#}"));
+        }
+    }
+}
+
+fn round_for(
+    pool: &Pool,
+    url: &str,
+    volume: &str,
+    policy: &Policy,
+    now: u64,
+    report: &mut TickReport,
+) -> Result<()> {
+    let archive = Archive::open(url, volume)?;
+    let due = due_snapshots(pool, &archive, policy, now)?;
+    let claim = grove_archive::claim(&archive, false)?;
+    for name in due {
+        push_snapshot(
+            pool,
+            &archive,
+            &claim,
+            &name,
+            grove_archive::DEFAULT_PACK_BYTES,
+            &mut |_, _| {},
+        )?;
+        report.archived.push(name);
+    }
+    let expired = grove_archive::expire(&archive, Some(&claim), policy, now, false)?;
+    report.archive_expired.extend(expired.expired);
+    claim.release()?;
+    Ok(())
+}
