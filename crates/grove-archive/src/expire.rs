@@ -113,8 +113,19 @@ fn sort_packs(
 /// Where copied versions went: (old pack, old slot) to (new pack, new slot).
 type Relocations = BTreeMap<(u64, u32), (u64, u32)>;
 
+/// Who still references one slot of an orphaned pack.
+#[derive(Clone, Copy)]
+struct SlotUse {
+    first_seq: u64,
+    last_seq: u64,
+    /// The referencer expected to live longest: (kept until, seq).
+    owner: (u64, u64),
+}
+
 /// Copies the still-referenced versions of `orphaned` packs into new packs,
-/// one per old pack, owned by the referencer expected to live longest.
+/// each version grouped with those whose longest-lived referencer is the
+/// same: that snapshot owns the new pack and references all of it, so no
+/// version in it is dead while the pack lives.
 fn relocate(
     archive: &Archive,
     catalog: &mut Catalog,
@@ -125,65 +136,99 @@ fn relocate(
     let mut moved = Relocations::new();
     let mut indexes: BTreeMap<u64, SnapshotIndex> = BTreeMap::new();
     for old in orphaned {
-        let referencers: Vec<ArchivedSnapshot> = catalog
-            .snapshots
-            .iter()
-            .filter(|s| (old.first_seq..=old.last_seq).contains(&s.seq))
-            .cloned()
-            .collect();
-        let mut slots = BTreeSet::new();
-        for s in &referencers {
-            let index = match indexes.entry(s.seq) {
-                Entry::Occupied(e) => e.into_mut(),
-                Entry::Vacant(e) => {
-                    e.insert(archive.index(&s.index, s.seq, catalog.block_bytes)?)
-                }
-            };
-            for run in index.runs.iter().filter(|r| r.pack == old.id) {
-                slots.extend(run.first_slot..run.first_slot + run.blocks);
+        let uses = slot_uses(archive, catalog, old, verdicts, &mut indexes)?;
+        let mut by_owner: BTreeMap<u64, Vec<(u32, SlotUse)>> = BTreeMap::new();
+        for (slot, used) in uses {
+            by_owner.entry(used.owner.1).or_default().push((slot, used));
+        }
+        let (header, blocks) = archive.pack_blocks(old.id, catalog.block_bytes, old.slots)?;
+        let all = archive.read_slots(&header, 0, header.slots)?;
+        for (owner_seq, slots) in by_owner {
+            let new = copy_slots(catalog, &all, &blocks, owner_seq, &slots);
+            archive.put_pack(new.0.id, &new.1)?;
+            for (i, (slot, _)) in slots.iter().enumerate() {
+                moved.insert((old.id, *slot), (new.0.id, i as u32));
             }
+            report.packs_copied += 1;
+            report.bytes_copied += new.0.object_bytes;
+            ledger::add_pack(catalog, new.0);
         }
-        let owner = referencers
-            .iter()
-            .max_by_key(|s| (verdicts.kept_until(s.seq), s.seq))
-            .expect("an orphaned pack is referenced");
-        let new = copy_slots(archive, catalog, old, &slots, owner.seq, &referencers)?;
-        for (i, &slot) in slots.iter().enumerate() {
-            moved.insert((old.id, slot), (new.id, i as u32));
-        }
-        report.packs_copied += 1;
-        report.bytes_copied += new.object_bytes;
-        ledger::add_pack(catalog, new);
     }
     Ok(moved)
 }
 
-fn copy_slots(
+/// For each slot of `old` a kept snapshot references, who references it.
+fn slot_uses(
     archive: &Archive,
-    catalog: &mut Catalog,
+    catalog: &Catalog,
     old: &PackRecord,
-    slots: &BTreeSet<u32>,
+    verdicts: &Verdicts,
+    indexes: &mut BTreeMap<u64, SnapshotIndex>,
+) -> Result<BTreeMap<u32, SlotUse>> {
+    let mut uses: BTreeMap<u32, SlotUse> = BTreeMap::new();
+    let referencers = catalog
+        .snapshots
+        .iter()
+        .filter(|s| (old.first_seq..=old.last_seq).contains(&s.seq));
+    for s in referencers {
+        let index = match indexes.entry(s.seq) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => e.insert(archive.index(&s.index, s.seq, catalog.block_bytes)?),
+        };
+        let here = (verdicts.kept_until(s.seq), s.seq);
+        for run in index.runs.iter().filter(|r| r.pack == old.id) {
+            for slot in run.first_slot..run.first_slot + run.blocks {
+                let used = uses.entry(slot).or_insert(SlotUse {
+                    first_seq: s.seq,
+                    last_seq: s.seq,
+                    owner: here,
+                });
+                used.first_seq = used.first_seq.min(s.seq);
+                used.last_seq = used.last_seq.max(s.seq);
+                used.owner = used.owner.max(here);
+            }
+        }
+    }
+    assert!(!uses.is_empty(), "an orphaned pack is referenced");
+    Ok(uses)
+}
+
+/// A new pack of `slots` (taken from `all`, the old pack's slots' data)
+/// owned by `owner_seq`: its record and its bytes.
+fn copy_slots(
+    catalog: &mut Catalog,
+    all: &[u8],
+    blocks: &[u64],
     owner_seq: u64,
-    referencers: &[ArchivedSnapshot],
-) -> Result<PackRecord> {
-    let (header, blocks) = archive.pack_blocks(old.id, catalog.block_bytes, old.slots)?;
-    let mut data = Vec::with_capacity(slots.len() * catalog.block_bytes as usize);
+    slots: &[(u32, SlotUse)],
+) -> (PackRecord, Vec<u8>) {
+    let bs = catalog.block_bytes as usize;
+    let mut data = Vec::with_capacity(slots.len() * bs);
     let mut new_blocks = Vec::with_capacity(slots.len());
-    for &slot in slots {
-        data.extend_from_slice(&archive.read_slots(&header, slot, 1)?);
-        new_blocks.push(blocks[slot as usize]);
+    for (slot, _) in slots {
+        let at = *slot as usize * bs;
+        data.extend_from_slice(&all[at..at + bs]);
+        new_blocks.push(blocks[*slot as usize]);
     }
     let id = ledger::allocate_pack(catalog);
     let bytes = pack::encode(id, catalog.block_bytes, &new_blocks, &data);
-    archive.put_pack(id, &bytes)?;
-    Ok(PackRecord {
+    let record = PackRecord {
         id,
         owner_seq,
-        first_seq: referencers.first().map_or(owner_seq, |s| s.seq),
-        last_seq: referencers.last().map_or(owner_seq, |s| s.seq),
+        first_seq: slots
+            .iter()
+            .map(|(_, u)| u.first_seq)
+            .min()
+            .expect("a group has slots"),
+        last_seq: slots
+            .iter()
+            .map(|(_, u)| u.last_seq)
+            .max()
+            .expect("a group has slots"),
         slots: new_blocks.len() as u32,
         object_bytes: bytes.len() as u64,
-    })
+    };
+    (record, bytes)
 }
 
 /// Points every kept snapshot that referenced a copied version at the

@@ -35,6 +35,10 @@ pub struct ArchiveListing {
     pub snapshots: Vec<ListedSnapshot>,
     pub packs: usize,
     pub stored_bytes: u64,
+    /// Bytes of the distinct block versions the archived snapshots map:
+    /// what they need at the least (the store is this plus pack headers,
+    /// block tables, checksums and indexes, and what expiry has not freed).
+    pub needed_bytes: u64,
     pub totals: crate::format::catalog::Totals,
     /// A push that stopped part way, to be resumed by pushing it again.
     pub partial_push_packs: Option<usize>,
@@ -78,6 +82,7 @@ pub fn list(
             hash: s.hash.clone(),
         });
     }
+    listing.needed_bytes = distinct_versions(&indexes) * u64::from(catalog.block_bytes);
     listing.packs = catalog.packs.len();
     listing.stored_bytes = ledger::stored_bytes(&catalog);
     listing.totals = catalog.totals.clone();
@@ -100,4 +105,17 @@ fn unique_blocks(index: &SnapshotIndex, neighbours: &[Option<&SnapshotIndex>; 2]
         }
     }
     unique
+}
+
+/// The distinct (pack, slot) versions the indexes map.
+fn distinct_versions(indexes: &[SnapshotIndex]) -> u64 {
+    let mut slots: std::collections::BTreeMap<u64, std::collections::BTreeSet<u32>> =
+        std::collections::BTreeMap::new();
+    for run in indexes.iter().flat_map(|i| &i.runs) {
+        slots
+            .entry(run.pack)
+            .or_default()
+            .extend(run.first_slot..run.first_slot + run.blocks);
+    }
+    slots.values().map(|s| s.len() as u64).sum()
 }

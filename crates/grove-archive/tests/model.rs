@@ -169,23 +169,16 @@ fn a_simulated_season_keeps_what_the_calendar_keeps_and_restores_it_byte_for_byt
     for s in &listing.snapshots {
         w.restore_and_compare(&s.name, "restored");
     }
-    // Expiry deleted what nothing needs: what is stored is at most the
-    // versions the kept snapshots map plus pack headers.
-    let need: u64 = listing
-        .snapshots
-        .iter()
-        .map(|s| s.unique_bytes)
-        .sum::<u64>()
-        + listing
-            .snapshots
-            .iter()
-            .map(|s| s.mapped_bytes)
-            .max()
-            .unwrap();
+    // Expiry deleted what nothing needs: what is stored is what the kept
+    // snapshots need, plus each slot's checksum and block number (12 bytes
+    // per 4 KiB) and the pack headers.
+    assert!(listing.needed_bytes > 0);
+    let overhead = listing.needed_bytes * 12 / BLOCK + listing.packs as u64 * 64;
     assert!(
-        listing.stored_bytes <= need * 12 / 10 + 64 * 1024,
-        "stored {} need {need}",
-        listing.stored_bytes
+        listing.stored_bytes <= listing.needed_bytes + overhead,
+        "stored {} need {}",
+        listing.stored_bytes,
+        listing.needed_bytes
     );
 }
 
