@@ -11,6 +11,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use grove_store::{Pool, PoolOptions};
 
+mod archive;
 mod lifecycle;
 mod replication;
 mod retention;
@@ -166,6 +167,9 @@ enum Command {
     /// --step-secs apart from --first-unix-secs, with --writes-between 4 KiB
     /// writes after each; the store's flushes skipped until the end.
     RankedSnapshots(retention::RankedArgs),
+    /// The archive workload's day: random 4 KiB blocks rewritten in a
+    /// pool's volume and identically in a raw image (restic's input)
+    Scribble(archive::ScribbleArgs),
 }
 
 /// xorshift64*: the same offsets in every run and for every peer.
@@ -375,5 +379,6 @@ fn main() -> Result<()> {
             last,
         } => replication::empty_snapshots(&pool, &volume, first, last),
         Command::RankedSnapshots(args) => args.run(),
+        Command::Scribble(args) => args.run(),
     }
 }
