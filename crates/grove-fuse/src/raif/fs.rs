@@ -200,6 +200,16 @@ impl RaifFs {
         self.core.open_file(ino.0).ok_or(Errno::EBADF)
     }
 
+    /// `op` on the open file of `ino`: EBADF if it is not open, and `op`'s
+    /// error as an errno.
+    fn on_file<T>(
+        &self,
+        ino: INodeNo,
+        op: impl FnOnce(&OpenFile) -> io::Result<T>,
+    ) -> Result<T, Errno> {
+        self.file(ino).and_then(|f| op(&f).map_err(errno))
+    }
+
     fn do_setattr(
         &self,
         caller_uid: u32,
@@ -692,9 +702,7 @@ impl fuser::Filesystem for RaifFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let data = self
-            .file(ino)
-            .and_then(|f| self.core.read(&f, offset, u64::from(size)).map_err(errno));
+        let data = self.on_file(ino, |f| self.core.read(f, offset, u64::from(size)));
         answer::data(data, reply)
     }
 
@@ -711,9 +719,9 @@ impl fuser::Filesystem for RaifFs {
         reply: ReplyWrite,
     ) {
         let _gate = self.gate();
-        let written = self.file(ino).and_then(|f| {
-            kill_set_id_bits(&f, req.uid());
-            self.core.write(&f, offset, data).map_err(errno)
+        let written = self.on_file(ino, |f| {
+            kill_set_id_bits(f, req.uid());
+            self.core.write(f, offset, data)
         });
         match written {
             Ok(()) => reply.written(data.len() as u32),
@@ -730,9 +738,7 @@ impl fuser::Filesystem for RaifFs {
         reply: ReplyEmpty,
     ) {
         let _gate = self.gate();
-        let done = self
-            .file(ino)
-            .and_then(|f| self.core.persist(ino.0, &f, false).map_err(errno));
+        let done = self.on_file(ino, |f| self.core.persist(ino.0, f, false));
         match done {
             Ok(()) | Err(Errno::EBADF) => reply.ok(),
             Err(e) => reply.error(e),
@@ -748,10 +754,7 @@ impl fuser::Filesystem for RaifFs {
         reply: ReplyEmpty,
     ) {
         let _gate = self.gate();
-        let done = self
-            .file(ino)
-            .and_then(|f| self.core.fsync(ino.0, &f).map_err(errno));
-        answer::empty(done, reply)
+        answer::empty(self.on_file(ino, |f| self.core.fsync(ino.0, f)), reply)
     }
 
     fn readdir(
