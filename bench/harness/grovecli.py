@@ -4,6 +4,7 @@ import json
 import re
 import statistics
 
+import images
 from procs import Server, run
 
 
@@ -22,6 +23,17 @@ class Grove:
 
     def import_image(self, pool, name, image):
         self.cli(pool, "import", name, image)
+
+    def pool_of_raw_image(self, work, image_bytes, *volumes):
+        """A raw image of `image_bytes` made at work/disk.raw and a pool at
+        work/pool holding it as each of `volumes`: (raw, pool)."""
+        raw = work / "disk.raw"
+        images.make_raw(raw, image_bytes)
+        pool = work / "pool"
+        self.init(pool)
+        for volume in volumes:
+            self.import_image(pool, volume, raw)
+        return raw, pool
 
     def info(self, pool):
         out, _ = self.cli(pool, "info", "--json")

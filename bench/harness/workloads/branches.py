@@ -24,11 +24,11 @@ they are missing, and the grove figures still stand."""
 import os
 import pathlib
 import statistics
-import subprocess
 import time
 
 import fio
 import images
+from loopfs import LoopBtrfs
 from procs import Server
 from procs import run as run_cmd
 from workloads.replication import btrfs_unavailable
@@ -61,49 +61,11 @@ def caches_droppable():
     return os.access("/proc/sys/vm/drop_caches", os.W_OK)
 
 
-class BtrfsRaid:
+def btrfs_raid(work, name, profile, count, device_bytes):
     """btrfs with data and metadata in `profile` over `count` loop devices
-    on image files in `work`; unmounted and detached on exit."""
-
-    def __init__(self, work, name, profile, count, device_bytes):
-        self.work = work
-        self.name = name
-        self.profile = profile
-        self.images = [work / f"{name}-{i}.img" for i in range(count)]
-        self.device_bytes = device_bytes
-        self.loops = []
-        self.mnt = work / f"{name}-mnt"
-        self.mounted = False
-
-    def __enter__(self):
-        try:
-            for img in self.images:
-                with open(img, "wb") as f:
-                    f.truncate(self.device_bytes)
-                out, _ = run_cmd(["losetup", "-f", "--show", img])
-                self.loops.append(out.strip())
-            run_cmd(["mkfs.btrfs", "-q", "-f", "-d", self.profile, "-m", self.profile, *self.loops])
-            self.mnt.mkdir(exist_ok=True)
-            run_cmd(["mount", self.loops[0], self.mnt])
-            self.mounted = True
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def close(self):
-        if self.mounted:
-            if subprocess.run(["umount", str(self.mnt)], capture_output=True).returncode:
-                subprocess.run(["umount", "-l", str(self.mnt)], capture_output=True)
-            self.mounted = False
-        for loop in self.loops:
-            subprocess.run(["losetup", "-d", loop], capture_output=True)
-        self.loops = []
-        for img in self.images:
-            img.unlink(missing_ok=True)
+    on image files in `work`; see LoopBtrfs."""
+    files = [work / f"{name}-{i}.img" for i in range(count)]
+    return LoopBtrfs(files, work / f"{name}-mnt", device_bytes, ["-d", profile, "-m", profile])
 
 
 def grove_pool(ctx, work, target, raw):
@@ -153,7 +115,7 @@ def measure_targets(ctx, work, raw):
             ctx.log(f"branches: round {round_no + 1}/{p.branches_rounds}, {target}")
             # Room for the data in its profile, twice over, and metadata.
             device_bytes = max(size * 3 // max(count - 1, 1), 512 << 20)
-            with BtrfsRaid(work, target, profile, count, device_bytes) as fs:
+            with btrfs_raid(work, target, profile, count, device_bytes) as fs:
                 path = fs.mnt / "disk.raw"
                 images.copy(raw, path)
                 os.sync()

@@ -37,11 +37,7 @@ def failure(error, log, died):
 def run(ctx):
     p = ctx.profile
     work = ctx.dir("depth")
-    raw = work / "disk.raw"
-    images.make_raw(raw, p.depth_image_bytes)
-    pool = work / "pool"
-    ctx.grove.init(pool)
-    ctx.grove.import_image(pool, "d0", raw)
+    raw, pool = ctx.grove.pool_of_raw_image(work, p.depth_image_bytes, "d0")
     max_depth = max(p.depths)
     offsets = work / "offsets.json"
     built = ctx.grove.bench_json("chain", "--pool", pool, "--base", "d0",

@@ -28,12 +28,7 @@ SPARSE_SCALE = 4
 def run(ctx):
     p = dataclasses.replace(ctx.profile, runtime_s=ctx.profile.nsnaps_runtime_s)
     work = ctx.dir("nsnaps")
-    raw = work / "disk.raw"
-    images.make_raw(raw, p.nsnaps_image_bytes)
-    pool = work / "pool"
-    ctx.grove.init(pool)
-    ctx.grove.import_image(pool, "snapped", raw)
-    ctx.grove.import_image(pool, "plain", raw)
+    raw, pool = ctx.grove.pool_of_raw_image(work, p.nsnaps_image_bytes, "snapped", "plain")
     region = p.nsnaps_image_bytes // p.numjobs
     # Each job has its own region, so no two jobs write one block.
     regions = [f"--size={region}", f"--offset_increment={region}"]

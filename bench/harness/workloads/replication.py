@@ -37,6 +37,7 @@ import statistics
 import subprocess
 
 import images
+from loopfs import LoopBtrfs
 from procs import CommandError
 from procs import run as cmd
 
@@ -101,52 +102,10 @@ def btrfs_unavailable():
     return None
 
 
-class Btrfs:
-    """A btrfs file system on a sparse file attached to a loop device,
-    mounted; unmounted, detached and removed on exit, whatever happened."""
-
-    def __init__(self, work, name, size_bytes):
-        self.img = work / f"{name}.img"
-        self.mnt = work / f"{name}.mnt"
-        self.size_bytes = size_bytes
-        self.loop = None
-        self.mounted = False
-
-    def __enter__(self):
-        try:
-            with open(self.img, "wb") as f:
-                f.truncate(self.size_bytes)
-            cmd(["mkfs.btrfs", "-q", "-f", self.img])
-            self.loop = cmd(["losetup", "-f", "--show", self.img])[0].strip()
-            self.mnt.mkdir()
-            cmd(["mount", self.loop, self.mnt])
-            self.mounted = True
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-    def close(self):
-        if self.mounted:
-            if subprocess.run(["umount", str(self.mnt)], capture_output=True).returncode:
-                subprocess.run(["umount", "-l", str(self.mnt)], capture_output=True)
-            self.mounted = False
-        if self.loop:
-            subprocess.run(["losetup", "-d", self.loop], capture_output=True)
-            self.loop = None
-        if self.mnt.exists():
-            try:
-                self.mnt.rmdir()
-            except OSError:
-                pass
-        self.img.unlink(missing_ok=True)
-
-    def path(self, *parts):
-        return self.mnt.joinpath(*parts)
+def btrfs_on_loop(work, name, size_bytes):
+    """A btrfs file system of `size_bytes` on one loop device in `work`,
+    mounted; see LoopBtrfs."""
+    return LoopBtrfs([work / f"{name}.img"], work / f"{name}.mnt", size_bytes)
 
 
 def change_blocks(size_bytes, fraction, work):
@@ -288,7 +247,7 @@ def transfers(ctx, work, with_btrfs):
         return b
 
     def btrfs_round(fa, round_no, digests):
-        with Btrfs(work, f"btrfs-b{round_no}", size * 2 + GIB) as fb:
+        with btrfs_on_loop(work, f"btrfs-b{round_no}", size * 2 + GIB) as fb:
             for kind, snap, base, nbytes in (("full", "v@1", (), size),
                                              ("incremental", "v@2", ("-p", fa.path("v@1")),
                                               changed_bytes)):
@@ -308,7 +267,7 @@ def transfers(ctx, work, with_btrfs):
         fa = None
         digests = {}
         if with_btrfs:
-            fa = stack.enter_context(Btrfs(work, "btrfs-a", size * 3 + GIB))
+            fa = stack.enter_context(btrfs_on_loop(work, "btrfs-a", size * 3 + GIB))
             cmd(["btrfs", "-q", "subvolume", "create", fa.path("v")])
             images.copy(raw, fa.path("v", "data"))
             cmd(["btrfs", "-q", "subvolume", "snapshot", "-r", fa.path("v"), fa.path("v@1")])
@@ -384,7 +343,7 @@ def sparse_volume(ctx, work, with_btrfs):
            "mb_s": mbps(data, timing["durable_s"]), "verified": f"grove hash {digest[:16]}"}
     if with_btrfs:
         # The same content as a sparse file (grove export keeps holes).
-        with Btrfs(work, "btrfs-c", p.repl_big_data_bytes * 2 + GIB) as fc:
+        with btrfs_on_loop(work, "btrfs-c", p.repl_big_data_bytes * 2 + GIB) as fc:
             cmd(["btrfs", "-q", "subvolume", "create", fc.path("big")])
             g.cli(c, "export", "big@1", fc.path("big", "data"), timeout=TIMEOUT_S)
             if os.path.getsize(fc.path("big", "data")) != p.repl_big_volume_bytes:

@@ -19,8 +19,11 @@ use fuser::{
 use grove_store::types::VOLUME_NAME_MAX_BYTES;
 use grove_store::{Pool, Volume, VolumeSummary};
 
+use crate::answer;
 use crate::errno::{data_errno, errno_for};
-use crate::kernel::{open_flags, OnEnd, MAX_BACKGROUND_REQUESTS, MAX_WRITE_BYTES, TTL};
+use crate::kernel::{
+    open_flags, OnEnd, MAX_BACKGROUND_REQUESTS, MAX_WRITE_BYTES, STAT_BLOCK_BYTES, TTL,
+};
 use crate::seek::{fallocate_action, seek_data_hole, Fallocate, SeekError};
 
 /// The first inode number given to a volume (1 is the root directory).
@@ -30,8 +33,6 @@ const FIRST_VOLUME_INO: u64 = 2;
 const MODE_WRITABLE: u16 = 0o644;
 const MODE_READ_ONLY: u16 = 0o444;
 const MODE_ROOT: u16 = 0o755;
-/// stat's st_blocks counts 512-byte units.
-const STAT_BLOCK_BYTES: u64 = 512;
 
 /// Claims of the open files, by file handle.
 #[derive(Default)]
@@ -333,10 +334,7 @@ impl fuser::Filesystem for VolumeFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.attr(ino) {
-            Ok(attr) => reply.attr(&TTL, &attr),
-            Err(errno) => reply.error(errno),
-        }
+        answer::attr(self.attr(ino), reply)
     }
 
     fn setattr(
@@ -430,10 +428,7 @@ impl fuser::Filesystem for VolumeFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.do_read(ino, offset, size) {
-            Ok(data) => reply.data(&data),
-            Err(errno) => reply.error(errno),
-        }
+        answer::data(self.do_read(ino, offset, size), reply)
     }
 
     fn write(
@@ -479,10 +474,7 @@ impl fuser::Filesystem for VolumeFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.do_flush(ino) {
-            Ok(()) => reply.ok(),
-            Err(errno) => reply.error(errno),
-        }
+        answer::empty(self.do_flush(ino), reply)
     }
 
     fn readdir(
@@ -531,10 +523,7 @@ impl fuser::Filesystem for VolumeFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        match self.do_fallocate(ino, offset, length, mode) {
-            Ok(()) => reply.ok(),
-            Err(errno) => reply.error(errno),
-        }
+        answer::empty(self.do_fallocate(ino, offset, length, mode), reply)
     }
 
     fn lseek(

@@ -17,6 +17,10 @@ pub const SESSION_THREADS: usize = 4;
 /// Asynchronous requests (direct I/O, readahead) the kernel keeps queued.
 pub const MAX_BACKGROUND_REQUESTS: u16 = 64;
 
+/// stat's st_blocks counts 512-byte units, whatever the file system's
+/// block size.
+pub(crate) const STAT_BLOCK_BYTES: u64 = 512;
+
 /// Attributes and entries are not cached: a volume resized or removed
 /// through the control socket, or a file changed on a branch, must show at
 /// once.

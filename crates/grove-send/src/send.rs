@@ -363,6 +363,13 @@ struct SectionSender<'a, W: StreamSink> {
     buffer: Vec<u8>,
 }
 
+/// What a section's records add up to as they are sent: the target's
+/// digest and the bytes of each record kind. Every record changes both.
+struct Tally {
+    digest: DigestPlan,
+    counts: Finish,
+}
+
 /// How the target's digest is found while its section is sent.
 enum DigestPlan {
     /// In the pool's digest cache already.
@@ -401,16 +408,21 @@ impl<W: StreamSink> SectionSender<'_, W> {
             }))?;
         }
         let volume = self.pool.volume(&target.name)?;
-        let mut digest = self.digest_plan(&volume)?;
-        let mut counts = Finish {
-            content_digest: [0; 32],
-            data_bytes: 0,
-            zero_bytes: 0,
-            hole_bytes: 0,
+        let mut tally = Tally {
+            digest: self.digest_plan(&volume)?,
+            counts: Finish {
+                content_digest: [0; 32],
+                data_bytes: 0,
+                zero_bytes: 0,
+                hole_bytes: 0,
+            },
         };
         for (start, end) in self.changed_ranges()? {
-            self.send_range(&volume, start, end, &mut digest, &mut counts)?;
+            for (window, window_end) in mapped_windows(start, end) {
+                self.send_window(&volume, window, window_end, &mut tally)?;
+            }
         }
+        let Tally { digest, mut counts } = tally;
         let running = match digest {
             DigestPlan::Cached(d) => d,
             DigestPlan::Computed(d) | DigestPlan::Tracked { running: d, .. } => {
@@ -460,7 +472,7 @@ impl<W: StreamSink> SectionSender<'_, W> {
     fn changed_ranges(&self) -> Result<Vec<(u64, u64)>> {
         let target = &self.section.target;
         let extents: Vec<(u64, u64)> = match &self.section.base {
-            // All of it: send_range lists what is mapped a window at a
+            // All of it: send lists what is mapped a window at a
             // time, so a fragmented volume's extents are never all held.
             None => vec![(0, target.size_bytes)],
             Some((from, _)) => self
@@ -478,59 +490,35 @@ impl<W: StreamSink> SectionSender<'_, W> {
         ))
     }
 
-    /// Sends [start, end): Hole records where the target maps nothing,
-    /// Zero and Data records where it does.
-    fn send_range(
-        &mut self,
-        volume: &Volume,
-        start: u64,
-        end: u64,
-        digest: &mut DigestPlan,
-        counts: &mut Finish,
-    ) -> Result<()> {
-        let mut window = start;
-        while window < end {
-            let window_end = window.saturating_add(MAPPED_WINDOW_BYTES).min(end);
-            self.send_window(volume, window, window_end, digest, counts)?;
-            window = window_end;
-        }
-        Ok(())
-    }
-
-    /// `send_range` over one window, whose mapped extents are listed at once.
+    /// Sends [start, end), a window whose mapped extents are listed at
+    /// once: Hole records where the target maps nothing, Zero and Data
+    /// records where it does.
     fn send_window(
         &mut self,
         volume: &Volume,
         start: u64,
         end: u64,
-        digest: &mut DigestPlan,
-        counts: &mut Finish,
+        tally: &mut Tally,
     ) -> Result<()> {
         let mapped = mapped_units_in(volume, self.section.target.size_bytes, start, end)?;
         let mut at = start;
         let incremental = self.section.base.is_some();
         for (map_start, map_end) in mapped {
             if map_start > at && incremental {
-                self.hole(at, map_start, digest, counts)?;
+                self.hole(at, map_start, tally)?;
             }
-            self.data(volume, map_start, map_end, digest, counts)?;
+            self.data(volume, map_start, map_end, tally)?;
             at = map_end;
         }
         if at < end && incremental {
-            self.hole(at, end, digest, counts)?;
+            self.hole(at, end, tally)?;
         }
         Ok(())
     }
 
-    fn hole(
-        &mut self,
-        start: u64,
-        end: u64,
-        digest: &mut DigestPlan,
-        counts: &mut Finish,
-    ) -> Result<()> {
-        forget_old(digest, start, end)?;
-        counts.hole_bytes += end - start;
+    fn hole(&mut self, start: u64, end: u64, tally: &mut Tally) -> Result<()> {
+        forget_old(&mut tally.digest, start, end)?;
+        tally.counts.hole_bytes += end - start;
         self.write(&Frame::Hole {
             offset: start,
             length: end - start,
@@ -539,14 +527,7 @@ impl<W: StreamSink> SectionSender<'_, W> {
 
     /// Mapped units [start, end), read in chunks: runs of zero units go as
     /// Zero records, the rest as Data.
-    fn data(
-        &mut self,
-        volume: &Volume,
-        start: u64,
-        end: u64,
-        digest: &mut DigestPlan,
-        counts: &mut Finish,
-    ) -> Result<()> {
+    fn data(&mut self, volume: &Volume, start: u64, end: u64, tally: &mut Tally) -> Result<()> {
         let mut buf = std::mem::take(&mut self.buffer);
         buf.resize(DATA_BYTES_MAX, 0);
         let mut at = start;
@@ -557,8 +538,8 @@ impl<W: StreamSink> SectionSender<'_, W> {
             volume
                 .read_at(chunk, at)
                 .with_context(|| format!("cannot read {:?} at {at}", self.section.target.name))?;
-            forget_old(digest, at, at + len as u64)?;
-            if let DigestPlan::Tracked { running, .. } = digest {
+            forget_old(&mut tally.digest, at, at + len as u64)?;
+            if let DigestPlan::Tracked { running, .. } = &mut tally.digest {
                 running.add(at, chunk);
             }
             for (run_start, run_end, zero) in zero_runs(chunk) {
@@ -568,16 +549,16 @@ impl<W: StreamSink> SectionSender<'_, W> {
                     pending_zero = match pending_zero {
                         Some((o, l)) if o + l == offset => Some((o, l + length)),
                         Some((o, l)) => {
-                            self.zero(o, l, counts)?;
+                            self.zero(o, l, &mut tally.counts)?;
                             Some((offset, length))
                         }
                         None => Some((offset, length)),
                     };
                 } else {
                     if let Some((o, l)) = pending_zero.take() {
-                        self.zero(o, l, counts)?;
+                        self.zero(o, l, &mut tally.counts)?;
                     }
-                    counts.data_bytes += length;
+                    tally.counts.data_bytes += length;
                     let frame = Frame::Data {
                         offset,
                         bytes: chunk[run_start..run_end].to_vec(),
@@ -588,7 +569,7 @@ impl<W: StreamSink> SectionSender<'_, W> {
             at += len as u64;
         }
         if let Some((o, l)) = pending_zero {
-            self.zero(o, l, counts)?;
+            self.zero(o, l, &mut tally.counts)?;
         }
         self.buffer = buf;
         Ok(())
@@ -606,6 +587,18 @@ impl<W: StreamSink> SectionSender<'_, W> {
         (self.progress)(self.writer.frames.bytes_written);
         Ok(())
     }
+}
+
+/// [start, end) cut into windows of at most [`MAPPED_WINDOW_BYTES`], so
+/// that a fragmented volume's mapped extents are never all held at once.
+fn mapped_windows(start: u64, end: u64) -> impl Iterator<Item = (u64, u64)> {
+    let mut window = start;
+    std::iter::from_fn(move || {
+        (window < end).then(|| {
+            let window_end = window.saturating_add(MAPPED_WINDOW_BYTES).min(end);
+            (std::mem::replace(&mut window, window_end), window_end)
+        })
+    })
 }
 
 /// Takes the base's old units [start, end) out of a tracked digest.
@@ -647,11 +640,7 @@ fn for_each_mapped_chunk(
 ) -> Result<()> {
     let size = volume.size_bytes()?;
     let end = end.min(size);
-    let mut window = start;
-    while window < end {
-        // The extents are listed a window at a time, so that their list
-        // stays bounded however fragmented a large range is.
-        let window_end = window.saturating_add(MAPPED_WINDOW_BYTES).min(end);
+    for (window, window_end) in mapped_windows(start, end) {
         for (run_start, run_end) in mapped_units_in(volume, size, window, window_end)? {
             let mut at = run_start;
             while at < run_end {
@@ -661,7 +650,6 @@ fn for_each_mapped_chunk(
                 at += len as u64;
             }
         }
-        window = window_end;
     }
     Ok(())
 }

@@ -58,6 +58,15 @@ impl CheckReport {
     }
 }
 
+/// Warns that `blocks` blocks `what` (the rest of the sentence), when there
+/// are any; returns the count for the report's own field.
+fn warn_of_blocks(warnings: &mut Vec<String>, blocks: usize, what: &str) -> u64 {
+    if blocks > 0 {
+        warnings.push(format!("{blocks} blocks {what}"));
+    }
+    blocks as u64
+}
+
 /// Errors listed one by one before the rest are only counted: a badly
 /// damaged pool would otherwise print millions of lines.
 const REPORT_LINES_MAX: usize = 100;
@@ -369,13 +378,11 @@ impl State {
                 "block {addr} is referenced {references} times but counted {counted}: one owner could change what others read"
             ));
         }
-        report.over_counted_blocks = findings.high_counts.len() as u64;
-        if !findings.high_counts.is_empty() {
-            report.warnings.push(format!(
-                "{} blocks are counted with more references than they have (space held back; --repair corrects the counts)",
-                findings.high_counts.len()
-            ));
-        }
+        report.over_counted_blocks = warn_of_blocks(
+            &mut report.warnings,
+            findings.high_counts.len(),
+            "are counted with more references than they have (space held back; --repair corrects the counts)",
+        );
     }
 
     /// The allocation map against reachability, in this pass's window.
@@ -413,19 +420,16 @@ impl State {
                 "block {addr} is in use but the allocation map says it is free"
             ));
         }
-        report.leaked_blocks = findings.leaks.len() as u64;
-        if !findings.leaks.is_empty() {
-            report.warnings.push(format!(
-                "{} blocks are allocated but used by nothing (leaked; --repair frees them)",
-                findings.leaks.len()
-            ));
-        }
-        if !findings.wrong_kind.is_empty() {
-            report.warnings.push(format!(
-                "{} blocks are marked in the allocation map as the wrong kind (data/metadata)",
-                findings.wrong_kind.len()
-            ));
-        }
+        report.leaked_blocks = warn_of_blocks(
+            &mut report.warnings,
+            findings.leaks.len(),
+            "are allocated but used by nothing (leaked; --repair frees them)",
+        );
+        warn_of_blocks(
+            &mut report.warnings,
+            findings.wrong_kind.len(),
+            "are marked in the allocation map as the wrong kind (data/metadata)",
+        );
     }
 
     /// Space accounting in the volume table, and births against the pool's.

@@ -162,25 +162,11 @@ impl State {
         let id = self.next_volume_id();
         let generation = self.superblock().birth_generation;
         self.volume_table_mut().insert(VolumeRecord {
-            id,
-            parent: VolumeId::NONE,
             size_bytes,
             root,
             height,
-            kind: VolumeKind::Volume,
-            name: name.to_string(),
-            removed: false,
-            created_unix_secs: now_unix_secs,
-            referenced_blocks: 0,
             created_generation: generation,
-            share_floor_generation: 0,
-            written_base_generation: 0,
-            guid: crate::pool::random_uuid(),
-            receive_progress: None,
-            cursor: false,
-            rank: 0,
-            hold: false,
-            hold_until_unix_secs: 0,
+            ..fresh_record(id, name, VolumeKind::Volume, now_unix_secs)
         });
         Ok(id)
     }
@@ -222,25 +208,15 @@ impl State {
         });
         let id = self.next_volume_id();
         self.volume_table_mut().insert(VolumeRecord {
-            id,
             parent: source,
             size_bytes: source_record.size_bytes,
             root: new_root,
             height: source_record.height,
-            kind,
-            name: name.to_string(),
-            removed: false,
-            created_unix_secs: now_unix_secs,
             referenced_blocks: source_record.referenced_blocks,
             created_generation: generation,
             share_floor_generation: generation,
             written_base_generation,
-            guid: crate::pool::random_uuid(),
-            receive_progress: None,
-            cursor: false,
-            rank: 0,
-            hold: false,
-            hold_until_unix_secs: 0,
+            ..fresh_record(id, name, kind, now_unix_secs)
         });
         Ok(id)
     }
@@ -338,21 +314,15 @@ impl State {
         let generation = self.take_generation()?;
         let hidden = self.next_volume_id();
         self.volume_table_mut().insert(VolumeRecord {
-            id: hidden,
-            parent: VolumeId::NONE,
-            kind: VolumeKind::Volume,
+            size_bytes: old.size_bytes,
+            root: old.root,
+            height: old.height,
             removed: true,
-            created_unix_secs: now_unix_secs,
+            referenced_blocks: old.referenced_blocks,
             created_generation: generation,
             share_floor_generation: generation,
             written_base_generation: generation,
-            guid: crate::pool::random_uuid(),
-            receive_progress: None,
-            cursor: false,
-            rank: 0,
-            hold: false,
-            hold_until_unix_secs: 0,
-            ..old.clone()
+            ..fresh_record(hidden, &old.name, VolumeKind::Volume, now_unix_secs)
         });
         self.volume_table_mut().update(target, |target_mut| {
             target_mut.root = new_root;
@@ -510,6 +480,34 @@ impl State {
             .removed_records()
             .filter(|r| r.name == name && r.kind == VolumeKind::Snapshot && !r.cursor && !r.hold)
             .max_by_key(|r| r.created_generation)
+    }
+}
+
+/// A new live record named `name`: a fresh guid, no parent, no tree or
+/// blocks yet, generations at 0, and none of the marks (removed, partial
+/// receive, cursor, rank, hold) that later operations put on records. Its
+/// maker fills in what it brings.
+fn fresh_record(id: VolumeId, name: &str, kind: VolumeKind, now_unix_secs: u64) -> VolumeRecord {
+    VolumeRecord {
+        id,
+        parent: VolumeId::NONE,
+        size_bytes: 0,
+        root: BlockAddr::NONE,
+        height: 0,
+        kind,
+        name: name.to_string(),
+        removed: false,
+        created_unix_secs: now_unix_secs,
+        referenced_blocks: 0,
+        created_generation: 0,
+        share_floor_generation: 0,
+        written_base_generation: 0,
+        guid: crate::pool::random_uuid(),
+        receive_progress: None,
+        cursor: false,
+        rank: 0,
+        hold: false,
+        hold_until_unix_secs: 0,
     }
 }
 

@@ -21,14 +21,13 @@ use super::core::{is_reserved, lower_mode, Core, Node, OpenFile};
 use super::lower;
 use super::meta::{self, Meta};
 use super::{plain, report};
-use crate::kernel::{open_flags, OnEnd, MAX_WRITE_BYTES, TTL};
+use crate::answer;
+use crate::kernel::{open_flags, OnEnd, MAX_WRITE_BYTES, STAT_BLOCK_BYTES, TTL};
 
 /// The virtual attribute that holds the mount's status (on the root).
 pub const XATTR_STATUS: &str = "user.grove.raif.status";
 /// The virtual attribute that explains a file's layout.
 pub const XATTR_EXPLAIN: &str = "user.grove.raif.explain";
-/// st_blocks counts 512-byte units.
-const STAT_BLOCK_BYTES: u64 = 512;
 /// statfs's block size, whatever the branches use.
 const STATFS_BLOCK_BYTES: u64 = 4096;
 /// Longest name the mount takes: what ext4, xfs, btrfs and tmpfs take (a
@@ -199,6 +198,16 @@ impl RaifFs {
 
     fn file(&self, ino: INodeNo) -> Result<std::sync::Arc<OpenFile>, Errno> {
         self.core.open_file(ino.0).ok_or(Errno::EBADF)
+    }
+
+    /// `op` on the open file of `ino`: EBADF if it is not open, and `op`'s
+    /// error as an errno.
+    fn on_file<T>(
+        &self,
+        ino: INodeNo,
+        op: impl FnOnce(&OpenFile) -> io::Result<T>,
+    ) -> Result<T, Errno> {
+        self.file(ino).and_then(|f| op(&f).map_err(errno))
     }
 
     fn do_setattr(
@@ -439,10 +448,7 @@ impl fuser::Filesystem for RaifFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.attr_of_ino(ino) {
-            Ok(attr) => reply.attr(&TTL, &attr),
-            Err(e) => reply.error(e),
-        }
+        answer::attr(self.attr_of_ino(ino), reply)
     }
 
     fn setattr(
@@ -471,10 +477,7 @@ impl fuser::Filesystem for RaifFs {
             atime,
             mtime,
         };
-        match self.do_setattr(req.uid(), ino, size, attrs) {
-            Ok(attr) => reply.attr(&TTL, &attr),
-            Err(e) => reply.error(e),
-        }
+        answer::attr(self.do_setattr(req.uid(), ino, size, attrs), reply)
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
@@ -564,10 +567,7 @@ impl fuser::Filesystem for RaifFs {
                         .remove_plain(&rel, |p| lower::remove_file(p))
                         .map_err(errno),
                 });
-        match done {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer::empty(done, reply)
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -579,10 +579,7 @@ impl fuser::Filesystem for RaifFs {
             }
             self.core.remove_empty_dir(&rel).map_err(errno)
         });
-        match done {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer::empty(done, reply)
     }
 
     fn rename(
@@ -600,10 +597,7 @@ impl fuser::Filesystem for RaifFs {
             .child(parent, name)
             .and_then(|from| Ok((from, self.child(newparent, newname)?)))
             .and_then(|(from, to)| self.do_rename(&from, &to, flags));
-        match done {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer::empty(done, reply)
     }
 
     fn link(
@@ -694,10 +688,7 @@ impl fuser::Filesystem for RaifFs {
         reply: ReplyEmpty,
     ) {
         let _gate = self.gate();
-        match self.core.release(ino.0) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        answer::empty(self.core.release(ino.0).map_err(errno), reply)
     }
 
     fn read(
@@ -711,13 +702,8 @@ impl fuser::Filesystem for RaifFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self
-            .file(ino)
-            .and_then(|f| self.core.read(&f, offset, u64::from(size)).map_err(errno))
-        {
-            Ok(data) => reply.data(&data),
-            Err(e) => reply.error(e),
-        }
+        let data = self.on_file(ino, |f| self.core.read(f, offset, u64::from(size)));
+        answer::data(data, reply)
     }
 
     fn write(
@@ -733,9 +719,9 @@ impl fuser::Filesystem for RaifFs {
         reply: ReplyWrite,
     ) {
         let _gate = self.gate();
-        let written = self.file(ino).and_then(|f| {
-            kill_set_id_bits(&f, req.uid());
-            self.core.write(&f, offset, data).map_err(errno)
+        let written = self.on_file(ino, |f| {
+            kill_set_id_bits(f, req.uid());
+            self.core.write(f, offset, data)
         });
         match written {
             Ok(()) => reply.written(data.len() as u32),
@@ -752,9 +738,7 @@ impl fuser::Filesystem for RaifFs {
         reply: ReplyEmpty,
     ) {
         let _gate = self.gate();
-        let done = self
-            .file(ino)
-            .and_then(|f| self.core.persist(ino.0, &f, false).map_err(errno));
+        let done = self.on_file(ino, |f| self.core.persist(ino.0, f, false));
         match done {
             Ok(()) | Err(Errno::EBADF) => reply.ok(),
             Err(e) => reply.error(e),
@@ -770,13 +754,7 @@ impl fuser::Filesystem for RaifFs {
         reply: ReplyEmpty,
     ) {
         let _gate = self.gate();
-        match self
-            .file(ino)
-            .and_then(|f| self.core.fsync(ino.0, &f).map_err(errno))
-        {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer::empty(self.on_file(ino, |f| self.core.fsync(ino.0, f)), reply)
     }
 
     fn readdir(
@@ -851,10 +829,10 @@ impl fuser::Filesystem for RaifFs {
         if ino.0 != super::core::ROOT_INO || name.to_str() != Some(super::job::XATTR_CONTROL) {
             return reply.error(Errno::ENOTSUP);
         }
-        match super::maintain::start(&self.core, value) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        answer::empty(
+            super::maintain::start(&self.core, value).map_err(errno),
+            reply,
+        )
     }
 
     fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
