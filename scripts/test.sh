@@ -29,6 +29,7 @@ declare -A NEEDED=(
   [nbdcopy]=libnbd-bin
   [fio]=fio
   [nbdkit]=nbdkit
+  [restic]=restic
   [mkfs.ext4]=e2fsprogs
   [mkfs.xfs]=xfsprogs
   [openssl]=openssl

@@ -2,7 +2,7 @@
 profile, then writes <date>-<profile>.json, latest.md and PNG plots.
 
   main.py --grove BIN --grove-bench BIN [--quick | --smoke] [--out DIR]
-          [--only servers,depth,nsnaps,memory,snapcount,replication,retention,branches]
+          [--only servers,depth,nsnaps,memory,snapcount,replication,retention,branches,archive]
           [--keep-work] [--grove-before BIN]
 """
 
@@ -29,7 +29,7 @@ import targets  # noqa: E402
 from grovecli import Grove  # noqa: E402
 from profiles import PROFILES  # noqa: E402
 from workloads import (  # noqa: E402
-    branches, depth, memory, nsnaps, replication, retention, servers, snapcount)
+    archive, branches, depth, memory, nsnaps, replication, retention, servers, snapcount)
 
 WORKLOADS = {
     "servers": servers.run,
@@ -40,6 +40,7 @@ WORKLOADS = {
     "replication": replication.run,
     "retention": retention.run,
     "branches": branches.run,
+    "archive": archive.run,
 }
 
 

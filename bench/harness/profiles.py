@@ -79,8 +79,14 @@ class Profile:
     branches_image_bytes: int = GIB
     branches_rounds: int = 2
     branches_rebuild_window_s: float = 20.0
+    # The archive tier: a simulated year of daily snapshots of a volume of
+    # random data, pushed to the archive and backed up by restic beside it.
+    archive_bytes: int = GIB
+    archive_days: int = 365
+    archive_daily_fraction: float = 0.01
+    archive_weekly_fraction: float = 0.05
     workloads: tuple = ("servers", "depth", "nsnaps", "memory", "snapcount", "replication",
-                        "retention", "branches")
+                        "retention", "branches", "archive")
 
     def as_dict(self):
         return asdict(self)
@@ -114,6 +120,8 @@ QUICK = Profile(
     # 10,000 snapshots take about 30 s to prune and reclaim beside fio.
     retention_counts=(1000, 3000),
     retention_rounds=1,
+    # The year of peers-restic-rbd.md: a 256 MiB image.
+    archive_bytes=256 * MIB,
     retention_busy_bytes=256 * MIB,
     retention_window_s=20.0,
     retention_prune_lead_s=5.0,
@@ -170,6 +178,8 @@ SMOKE = Profile(
     branches_image_bytes=16 * MIB,
     branches_rounds=1,
     branches_rebuild_window_s=2.0,
+    archive_bytes=8 * MIB,
+    archive_days=9,
 )
 
 PROFILES = {p.name: p for p in (SMOKE, QUICK, FULL)}

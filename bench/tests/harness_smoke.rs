@@ -7,8 +7,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const TOOLS: [&str; 5] = ["fio", "qemu-img", "qemu-nbd", "qemu-io", "nbdkit"];
-const WORKLOADS: [&str; 7] = [
+const TOOLS: [&str; 6] = ["fio", "qemu-img", "qemu-nbd", "qemu-io", "nbdkit", "restic"];
+const WORKLOADS: [&str; 8] = [
     "servers",
     "depth",
     "nsnaps",
@@ -16,6 +16,7 @@ const WORKLOADS: [&str; 7] = [
     "snapcount",
     "replication",
     "retention",
+    "archive",
 ];
 const TARGET_COUNT: usize = 13;
 
