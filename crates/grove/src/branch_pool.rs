@@ -87,7 +87,9 @@ impl ScrubSummary {
     }
 }
 
-/// What the branch commands ask of a pool, here or in its daemon.
+/// What the branch commands ask of a pool, here or in its daemon. The
+/// daemon's side of each method (its request, its work and the client that
+/// sends it) is one entry of control.rs's `control_operations!`.
 pub trait BranchAdmin {
     /// None for a pool kept in one file.
     fn branch_report(&self) -> grove_store::Result<Option<BranchReport>>;

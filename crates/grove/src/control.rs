@@ -89,80 +89,6 @@ pub fn names_per_request(names: &[String]) -> Vec<&[String]> {
     runs
 }
 
-/// What a command can ask of a pool, whether it holds the pool itself or
-/// reaches it through a daemon.
-pub trait Admin {
-    fn dir(&self) -> &Path;
-    fn create_volume(&self, name: &str, size_bytes: u64) -> grove_store::Result<VolumeInfo>;
-    fn snapshot(&self, source: &str, name: &str) -> grove_store::Result<VolumeInfo>;
-    fn clone_volume(&self, source: &str, name: &str) -> grove_store::Result<VolumeInfo>;
-    /// Removes a volume (and its descendants if `recursive`); returns the
-    /// bytes the reclaimer gives back.
-    fn remove(&self, name: &str, recursive: bool, force: bool) -> grove_store::Result<u64>;
-    /// Resets a volume to a snapshot; one in use needs `force`.
-    fn rollback(
-        &self,
-        snapshot: &str,
-        volume: Option<&str>,
-        force: bool,
-    ) -> grove_store::Result<VolumeInfo>;
-    fn diff(&self, a: &str, b: &str) -> grove_store::Result<DiffReport>;
-    /// Reclaims one batch, or everything with `wait`.
-    fn gc(&self, wait: bool) -> grove_store::Result<GcReport>;
-    /// Resizes a writable volume; a smaller size is refused unless
-    /// `shrink` says its data past the new end may go.
-    fn resize_volume(
-        &self,
-        name: &str,
-        size_bytes: u64,
-        shrink: Shrink,
-    ) -> grove_store::Result<VolumeInfo>;
-    fn rename_volume(&self, name: &str, new_name: &str) -> grove_store::Result<VolumeInfo>;
-    /// `length` bytes of volume `name` from `offset` (`grove read`).
-    fn read_bytes(&self, name: &str, offset: u64, length: u64) -> grove_store::Result<Vec<u8>>;
-    /// Writes `data` into volume `name` at `offset` (`grove write`).
-    fn write_bytes(&self, name: &str, offset: u64, data: &[u8]) -> grove_store::Result<()>;
-    /// Makes the pool's completed writes durable.
-    fn flush_volume(&self, name: &str) -> grove_store::Result<()>;
-    fn volumes(&self) -> grove_store::Result<Vec<VolumeInfo>>;
-    /// Every volume without the accounting (cheap at any pool size).
-    fn summaries(&self) -> grove_store::Result<Vec<VolumeSummary>>;
-    /// `name`'s summary, then those of the volumes shown under it: a
-    /// family's, without listing the whole pool.
-    fn family_summaries(&self, name: &str) -> grove_store::Result<Vec<VolumeSummary>>;
-    fn volume_info(&self, name: &str) -> grove_store::Result<VolumeInfo>;
-    fn info(&self) -> grove_store::Result<PoolInfo>;
-    fn check(&self, repair: bool) -> grove_store::Result<CheckReport>;
-    /// Replication cursors and partial receives, for `grove list`.
-    fn replication_state(&self) -> grove_store::Result<ReplicationState>;
-    /// A snapshot taken with a rank at `created_unix_secs` (retention's).
-    fn snapshot_ranked(
-        &self,
-        source: &str,
-        name: &str,
-        rank: u8,
-        created_unix_secs: u64,
-    ) -> grove_store::Result<VolumeInfo>;
-    fn set_rank(&self, snapshot: &str, rank: u8) -> grove_store::Result<()>;
-    fn hold(&self, snapshot: &str, tag: &str, until: Option<u64>) -> grove_store::Result<()>;
-    fn release(&self, snapshot: &str, tag: &str) -> grove_store::Result<()>;
-    fn holds(&self) -> grove_store::Result<Vec<HoldInfo>>;
-    /// Removes many snapshots in batches (pruning), all or none checked
-    /// first: unforced, one held or in use refuses the lot.
-    fn remove_snapshots(&self, names: &[String]) -> grove_store::Result<RemovalSummary>;
-    /// Releases the holds whose lease ended by `now_unix_secs`.
-    fn release_expired_holds(&self, now_unix_secs: u64) -> grove_store::Result<Vec<HoldInfo>>;
-    /// The space settings (grove.toml's `[space]`).
-    fn space_settings(&self) -> grove_store::Result<SpaceSettings>;
-    /// Applies space settings, then raises the capacity if asked; returns
-    /// where the pool stands after.
-    fn set_space(
-        &self,
-        settings: &SpaceSettings,
-        capacity_bytes: Option<u64>,
-    ) -> grove_store::Result<SpaceStatus>;
-}
-
 /// What `grove list` shows beside the volumes.
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub struct ReplicationState {
@@ -192,6 +118,23 @@ impl Request {
         };
         Duration::from_millis(ms)
     }
+
+    /// What the progress bar of a long branch request says, if it has one
+    /// (the client polls the daemon's branch report for it).
+    fn progress_label(&self) -> Option<String> {
+        match self {
+            Request::Rebuild { label, .. } => Some(format!("rebuilding {label}")),
+            Request::Scrub { .. } => Some("scrubbing".into()),
+            Request::Restripe => Some("restriping".into()),
+            _ => None,
+        }
+    }
+}
+
+/// `path` made absolute for the daemon, whose working directory is not
+/// the client's (as it is if that fails).
+fn absolute_path(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
 impl Admin for Pool {
@@ -333,26 +276,69 @@ enum Reply {
     Error { kind: ErrorKind, message: String },
 }
 
-/// Declares the control socket's operations once: each line gives a
-/// request (its name and fields, as on the wire: `{"command":
-/// "snake_name", field...}`) and what the daemon does for it, and yields
-/// the `Request` enum and `execute`, the one dispatch from a request to
-/// the pool. The client sends the same `Request` values (`call`).
+/// Declares each control-socket operation once, and from that one entry
+/// makes the `Request` variant (its wire form: `{"command":
+/// "snake_name", field...}`), the daemon's dispatch for it (`execute`) and,
+/// for most, the method a command calls, whose client side (on
+/// `ControlClient`) sends the request and returns the daemon's reply.
+///
+/// An operation with a method reads:
+///
+/// ```text
+/// fn rename_volume(&self, name: &str, new_name: &str) -> VolumeInfo  // the method
+///     => Rename { name: String, new_name: String }                    // the request
+///     => reply(pool.rename_volume(&name, &new_name));                 // the daemon's work
+/// ```
+///
+/// The method returns `grove_store::Result` of the type named (`Result`,
+/// anyhow's, in `impl ControlClient`). Each field of the request is made
+/// from the method's argument of the same name by `From` (`&str` to
+/// `String`, `&[String]` to `Vec<String>`, a number to itself), or, where
+/// that does not fit, by the expression after its type: `drop_data: bool =
+/// shrink == Shrink::DropData`. The daemon's work sees the fields by name,
+/// and `pool` (the engine), `opened` (the pool with its branches) and
+/// `stopping` (the daemon's shutdown, for long work).
+///
+/// The sections say where the methods go (`client_methods!`): `trait Admin`
+/// declares that trait (with the methods it has besides, written out in
+/// `by_hand`) and implements it for `ControlClient`; `impl BranchAdmin`
+/// implements branch_pool.rs's trait (declared there, beside the pool's own
+/// implementation); `impl ControlClient` makes replication's methods.
+/// `requests` holds those whose client is written out elsewhere, as they
+/// are not one request for one call: the streams, `grove read` and `grove
+/// write` in pieces, and the holder of a busy pool.
 macro_rules! control_operations {
     (
         serve($pool:ident, $opened:ident, $stopping:ident);
+
+        requests {
+            $(
+                $(#[$request_doc:meta])*
+                $request:ident $({ $($request_field:ident: $request_type:ty),* $(,)? })?
+                    => $request_serve:expr;
+            )*
+        }
+
         $(
-            $(#[$doc:meta])*
-            $variant:ident $({ $($field:ident: $ty:ty),* $(,)? })? => $serve:expr;
+            $(#[$section_doc:meta])*
+            $section_kind:ident $section:ident {
+                $(by_hand { $($by_hand:tt)* })?
+                $(
+                    $(#[$doc:meta])*
+                    fn $method:ident(&self $(, $arg:ident: $arg_type:ty)* $(,)?) -> $return:ty
+                        => $variant:ident $({
+                            $($field:ident: $field_type:ty $(= $value:expr)?),* $(,)?
+                        })?
+                        => $serve:expr;
+                )*
+            }
         )*
     ) => {
         #[derive(Debug, Serialize, Deserialize)]
         #[serde(tag = "command", rename_all = "snake_case")]
         enum Request {
-            $(
-                $(#[$doc])*
-                $variant $({ $($field: $ty),* })?,
-            )*
+            $( $(#[$request_doc])* $request $({ $($request_field: $request_type),* })?, )*
+            $($( $(#[$doc])* $variant $({ $($field: $field_type),* })?, )*)*
         }
 
         /// Runs one request against the pool and turns the result into a
@@ -362,96 +348,311 @@ macro_rules! control_operations {
         fn execute($opened: &OpenedPool, request: Request, $stopping: &AtomicBool) -> Reply {
             let $pool = &$opened.pool;
             match request {
-                $( Request::$variant $({ $($field),* })? => $serve, )*
+                $( Request::$request $({ $($request_field),* })? => $request_serve, )*
+                $($( Request::$variant $({ $($field),* })? => $serve, )*)*
             }
         }
+
+        $(
+            client_methods! {
+                $section_kind $section [$(#[$section_doc])*] [$($($by_hand)*)?]
+                $(
+                    [$(#[$doc])*] $method($($arg: $arg_type),*) -> $return
+                        = Request::$variant $({
+                            $($field: request_field!($field $(= $value)?)),*
+                        })?;
+                )*
+            }
+        )*
+    };
+}
+
+/// Where `control_operations!` puts a section's client methods, each of
+/// which sends its request (`ControlClient::call`).
+macro_rules! client_methods {
+    // The trait is declared here, with the methods written out by hand.
+    (
+        trait $trait:ident [$($trait_doc:tt)*] [
+            $(
+                $(#[$by_hand_doc:meta])*
+                fn $by_hand:ident(&$this:ident $(, $by_hand_arg:ident: $by_hand_type:ty)* $(,)?)
+                    -> $by_hand_return:ty $by_hand_body:block
+            )*
+        ]
+        $([$($doc:tt)*] $method:ident($($arg:ident: $type:ty),*) -> $return:ty = $request:expr;)*
+    ) => {
+        $($trait_doc)*
+        pub trait $trait {
+            $(
+                $(#[$by_hand_doc])*
+                fn $by_hand(&self $(, $by_hand_arg: $by_hand_type)*) -> $by_hand_return;
+            )*
+            $( $($doc)* fn $method(&self, $($arg: $type),*) -> grove_store::Result<$return>; )*
+        }
+
+        impl $trait for ControlClient {
+            $(
+                fn $by_hand(&$this $(, $by_hand_arg: $by_hand_type)*) -> $by_hand_return
+                    $by_hand_body
+            )*
+            $(
+                fn $method(&self, $($arg: $type),*) -> grove_store::Result<$return> {
+                    self.call($request)
+                }
+            )*
+        }
+    };
+    // The client's own methods, for commands whose errors are anyhow's.
+    (
+        impl ControlClient [$($section_doc:tt)*] []
+        $([$($doc:tt)*] $method:ident($($arg:ident: $type:ty),*) -> $return:ty = $request:expr;)*
+    ) => {
+        impl ControlClient {
+            $(
+                $($doc)*
+                pub fn $method(&self, $($arg: $type),*) -> Result<$return> {
+                    self.exchange::<$return>(&$request)?.map_err(Into::into)
+                }
+            )*
+        }
+    };
+    // A trait declared elsewhere, beside the pool's own implementation.
+    (
+        impl $trait:ident [$($section_doc:tt)*] []
+        $([$($doc:tt)*] $method:ident($($arg:ident: $type:ty),*) -> $return:ty = $request:expr;)*
+    ) => {
+        impl $trait for ControlClient {
+            $(
+                $($doc)*
+                fn $method(&self, $($arg: $type),*) -> grove_store::Result<$return> {
+                    self.call($request)
+                }
+            )*
+        }
+    };
+}
+
+/// A request's field in a client method (see `control_operations!`): the
+/// expression given, or else the argument of the field's name by `From`.
+macro_rules! request_field {
+    ($argument:ident = $value:expr) => {
+        $value
+    };
+    ($argument:ident) => {
+        From::from($argument)
     };
 }
 
 control_operations! {
     serve(pool, opened, stopping);
-    Create { name: String, size_bytes: u64 } => reply(pool.create_volume(&name, size_bytes));
-    Snapshot { source: String, name: String } => reply(pool.snapshot(&source, &name));
-    Clone { source: String, name: String } => reply(pool.clone_volume(&source, &name));
-    Remove { name: String, recursive: bool, force: bool } =>
-        reply(Admin::remove(pool, &name, recursive, force));
-    Rollback { snapshot: String, volume: Option<String>, force: bool } =>
-        reply(pool.rollback(&snapshot, volume.as_deref(), force));
-    Diff { a: String, b: String } => reply(pool.diff(&a, &b));
-    Gc { wait: bool } => reply(crate::reclaimer::gc_until_stopped(pool, wait, stopping));
-    /// drop_data: shrinking may drop data past the new end (`grove resize --force`).
-    Resize { name: String, size_bytes: u64, drop_data: bool } =>
-        reply(pool.resize_volume_with(&name, size_bytes, shrink_for(drop_data)));
-    Rename { name: String, new_name: String } => reply(pool.rename_volume(&name, &new_name));
-    /// `grove read` through the daemon: a piece of at most
-    /// BYTES_PER_REQUEST_MAX bytes, answered in hex.
-    ReadBytes { name: String, offset: u64, length: u64 } =>
-        reply(Admin::read_bytes(pool, &name, offset, length).map(hex::encode));
-    /// `grove write` through the daemon: a piece whose hex fits a request
-    /// line (WRITE_BYTES_PER_REQUEST_MAX).
-    WriteBytes { name: String, offset: u64, hex: String } => reply(
-        unhex(&hex)
-            .map_err(|e| Error::new(ErrorKind::InvalidArgument, format!("{e:#}")))
-            .and_then(|data| Admin::write_bytes(pool, &name, offset, &data)),
-    );
-    FlushVolume { name: String } => reply(Admin::flush_volume(pool, &name));
-    List => reply(pool.volumes());
-    Summaries => reply(Ok(pool.volume_summaries()));
-    FamilySummaries { name: String } => reply(pool.family_summaries(&name));
-    VolumeInfo { name: String } => reply(pool.volume_info(&name));
-    Info => reply(pool.info());
-    Check { repair: bool } => reply(control_limits::check_until_stopped(pool, repair, stopping));
-    /// Which process holds the pool, so that a refused open can name it.
-    Holder => reply(Ok(Holder::this_process()));
-    ReplicationState => reply(Admin::replication_state(pool));
-    /// A replication stream follows the request line, up to its end; the
-    /// reply comes once it is received.
-    Receive { name: String } => refuse_stream_on_shared_connection();
-    ReceiveAbort { name: String } => reply_any(grove_send::abort(pool, &name));
-    ReceiveStatus { name: String } => reply_any(crate::stream::status(pool, &name));
-    /// Answered with one reply line, then (if ok) the stream, then the
-    /// connection closes.
-    Send { args: crate::stream::SendArgs } => refuse_stream_on_shared_connection();
-    Hash { name: String } => reply_any(crate::stream::hash(pool, &name));
-    StreamFingerprint { args: crate::stream::SendArgs } =>
-        reply_any(crate::stream::fingerprint(pool, &args));
-    RestartPoint { name: String } => reply_any(match pool.partial_receive(&name) {
-        None => Ok(None),
-        Some(_) => grove_send::restart_point(pool, &name).map(Some),
-    });
-    SnapshotRanked { source: String, name: String, rank: u8, created_unix_secs: u64 } =>
-        reply(pool.snapshot_ranked(&source, &name, rank, created_unix_secs));
-    SetRank { snapshot: String, rank: u8 } => reply(pool.set_rank(&snapshot, rank));
-    Hold { snapshot: String, tag: String, until: Option<u64> } =>
-        reply(pool.hold(&snapshot, &tag, until));
-    Release { snapshot: String, tag: String } => reply(pool.release(&snapshot, &tag));
-    Holds => reply(Ok(pool.holds()));
-    RemoveSnapshots { names: Vec<String> } =>
-        reply(crate::reclaimer::remove_snapshots_paced(pool, &names, stopping));
-    ReleaseExpiredHolds { now_unix_secs: u64 } => reply(pool.release_expired_holds(now_unix_secs));
-    SpaceSettings => reply(Admin::space_settings(pool));
-    SetSpace { settings: SpaceSettings, capacity_bytes: Option<u64> } =>
-        reply(Admin::set_space(pool, &settings, capacity_bytes));
-    /// The branches of a pool over branch directories (null for one file).
-    Branches => reply(opened.branch_report());
-    /// `to` is absolute: the daemon's working directory is not the client's.
-    Rebuild { label: String, to: PathBuf, force: bool } =>
-        reply(with_branches(opened, stopping, |branches, stopped| {
-            crate::branch_pool::rebuild(branches, &label, &to, force, &mut |_, _| {}, stopped)
-        }));
-    Scrub { repair: bool } => reply(with_branches(opened, stopping, |branches, stopped| {
-        crate::branch_pool::scrub(branches, repair, &mut |_, _| {}, stopped)
-    }));
-    FailBranch { label: String } => reply(with_branches(opened, stopping, |branches, _| {
-        crate::branch_pool::fail(branches, &label)
-    }));
-    /// `dirs` are absolute, as for Rebuild.
-    AddBranches { dirs: Vec<PathBuf> } => reply(with_branches(opened, stopping, |branches, _| {
-        crate::branch_pool::add(branches, &dirs)
-    }));
-    Restripe => reply(with_branches(opened, stopping, |branches, stopped| {
-        crate::branch_pool::restripe(branches, &mut |_, _| {}, stopped)
-    }));
+
+    requests {
+        /// Which process holds the pool, so that a refused open can name it.
+        Holder => reply(Ok(Holder::this_process()));
+        /// `grove read` through the daemon: a piece of at most
+        /// BYTES_PER_REQUEST_MAX bytes, answered in hex.
+        ReadBytes { name: String, offset: u64, length: u64 } =>
+            reply(Admin::read_bytes(pool, &name, offset, length).map(hex::encode));
+        /// `grove write` through the daemon: a piece whose hex fits a request
+        /// line (WRITE_BYTES_PER_REQUEST_MAX).
+        WriteBytes { name: String, offset: u64, hex: String } => reply(
+            unhex(&hex)
+                .map_err(|e| Error::new(ErrorKind::InvalidArgument, format!("{e:#}")))
+                .and_then(|data| Admin::write_bytes(pool, &name, offset, &data)),
+        );
+        /// A replication stream follows the request line, up to its end; the
+        /// reply comes once it is received.
+        Receive { name: String } => refuse_stream_on_shared_connection();
+        /// Answered with one reply line, then (if ok) the stream, then the
+        /// connection closes.
+        Send { args: crate::stream::SendArgs } => refuse_stream_on_shared_connection();
+    }
+
+    /// What a command can ask of a pool, whether it holds the pool itself or
+    /// reaches it through a daemon.
+    trait Admin {
+        // Not one request for one call: the client's side is written out.
+        by_hand {
+            fn dir(&self) -> &Path {
+                &self.dir
+            }
+            /// `length` bytes of volume `name` from `offset` (`grove read`).
+            fn read_bytes(&self, name: &str, offset: u64, length: u64)
+                -> grove_store::Result<Vec<u8>>
+            {
+                self.read_piece(name, offset, length)
+            }
+            /// Writes `data` into volume `name` at `offset` (`grove write`).
+            fn write_bytes(&self, name: &str, offset: u64, data: &[u8]) -> grove_store::Result<()> {
+                self.write_in_pieces(name, offset, data)
+            }
+        }
+        fn create_volume(&self, name: &str, size_bytes: u64) -> VolumeInfo
+            => Create { name: String, size_bytes: u64 }
+            => reply(pool.create_volume(&name, size_bytes));
+        fn snapshot(&self, source: &str, name: &str) -> VolumeInfo
+            => Snapshot { source: String, name: String }
+            => reply(pool.snapshot(&source, &name));
+        fn clone_volume(&self, source: &str, name: &str) -> VolumeInfo
+            => Clone { source: String, name: String }
+            => reply(pool.clone_volume(&source, &name));
+        /// Removes a volume (and its descendants if `recursive`); returns the
+        /// bytes the reclaimer gives back.
+        fn remove(&self, name: &str, recursive: bool, force: bool) -> u64
+            => Remove { name: String, recursive: bool, force: bool }
+            => reply(Admin::remove(pool, &name, recursive, force));
+        /// Resets a volume to a snapshot; one in use needs `force`.
+        fn rollback(&self, snapshot: &str, volume: Option<&str>, force: bool) -> VolumeInfo
+            => Rollback {
+                snapshot: String,
+                volume: Option<String> = volume.map(str::to_string),
+                force: bool,
+            }
+            => reply(pool.rollback(&snapshot, volume.as_deref(), force));
+        fn diff(&self, a: &str, b: &str) -> DiffReport
+            => Diff { a: String, b: String }
+            => reply(pool.diff(&a, &b));
+        /// Reclaims one batch, or everything with `wait`.
+        fn gc(&self, wait: bool) -> GcReport
+            => Gc { wait: bool }
+            => reply(crate::reclaimer::gc_until_stopped(pool, wait, stopping));
+        /// Resizes a writable volume; a smaller size is refused unless
+        /// `shrink` says its data past the new end may go (on the wire,
+        /// `drop_data`: `grove resize --force`).
+        fn resize_volume(&self, name: &str, size_bytes: u64, shrink: Shrink) -> VolumeInfo
+            => Resize { name: String, size_bytes: u64, drop_data: bool = shrink == Shrink::DropData }
+            => reply(pool.resize_volume_with(&name, size_bytes, shrink_for(drop_data)));
+        fn rename_volume(&self, name: &str, new_name: &str) -> VolumeInfo
+            => Rename { name: String, new_name: String }
+            => reply(pool.rename_volume(&name, &new_name));
+        /// Makes the pool's completed writes durable.
+        fn flush_volume(&self, name: &str) -> ()
+            => FlushVolume { name: String }
+            => reply(Admin::flush_volume(pool, &name));
+        fn volumes(&self) -> Vec<VolumeInfo>
+            => List
+            => reply(pool.volumes());
+        /// Every volume without the accounting (cheap at any pool size).
+        fn summaries(&self) -> Vec<VolumeSummary>
+            => Summaries
+            => reply(Ok(pool.volume_summaries()));
+        /// `name`'s summary, then those of the volumes shown under it: a
+        /// family's, without listing the whole pool.
+        fn family_summaries(&self, name: &str) -> Vec<VolumeSummary>
+            => FamilySummaries { name: String }
+            => reply(pool.family_summaries(&name));
+        fn volume_info(&self, name: &str) -> VolumeInfo
+            => VolumeInfo { name: String }
+            => reply(pool.volume_info(&name));
+        fn info(&self) -> PoolInfo
+            => Info
+            => reply(pool.info());
+        fn check(&self, repair: bool) -> CheckReport
+            => Check { repair: bool }
+            => reply(control_limits::check_until_stopped(pool, repair, stopping));
+        /// Replication cursors and partial receives, for `grove list`.
+        fn replication_state(&self) -> ReplicationState
+            => ReplicationState
+            => reply(Admin::replication_state(pool));
+        /// A snapshot taken with a rank at `created_unix_secs` (retention's).
+        fn snapshot_ranked(&self, source: &str, name: &str, rank: u8, created_unix_secs: u64)
+            -> VolumeInfo
+            => SnapshotRanked { source: String, name: String, rank: u8, created_unix_secs: u64 }
+            => reply(pool.snapshot_ranked(&source, &name, rank, created_unix_secs));
+        fn set_rank(&self, snapshot: &str, rank: u8) -> ()
+            => SetRank { snapshot: String, rank: u8 }
+            => reply(pool.set_rank(&snapshot, rank));
+        fn hold(&self, snapshot: &str, tag: &str, until: Option<u64>) -> ()
+            => Hold { snapshot: String, tag: String, until: Option<u64> }
+            => reply(pool.hold(&snapshot, &tag, until));
+        fn release(&self, snapshot: &str, tag: &str) -> ()
+            => Release { snapshot: String, tag: String }
+            => reply(pool.release(&snapshot, &tag));
+        fn holds(&self) -> Vec<HoldInfo>
+            => Holds
+            => reply(Ok(pool.holds()));
+        /// Removes many snapshots in batches (pruning), all or none checked
+        /// first: unforced, one held or in use refuses the lot.
+        fn remove_snapshots(&self, names: &[String]) -> RemovalSummary
+            => RemoveSnapshots { names: Vec<String> }
+            => reply(crate::reclaimer::remove_snapshots_paced(pool, &names, stopping));
+        /// Releases the holds whose lease ended by `now_unix_secs`.
+        fn release_expired_holds(&self, now_unix_secs: u64) -> Vec<HoldInfo>
+            => ReleaseExpiredHolds { now_unix_secs: u64 }
+            => reply(pool.release_expired_holds(now_unix_secs));
+        /// The space settings (grove.toml's `[space]`).
+        fn space_settings(&self) -> SpaceSettings
+            => SpaceSettings
+            => reply(Admin::space_settings(pool));
+        /// Applies space settings, then raises the capacity if asked; returns
+        /// where the pool stands after.
+        fn set_space(&self, settings: &SpaceSettings, capacity_bytes: Option<u64>) -> SpaceStatus
+            => SetSpace { settings: SpaceSettings = settings.clone(), capacity_bytes: Option<u64> }
+            => reply(Admin::set_space(pool, &settings, capacity_bytes));
+    }
+
+    // The trait is branch_pool.rs's.
+    impl BranchAdmin {
+        /// The branches of a pool over branch directories (null for one file).
+        fn branch_report(&self) -> Option<BranchReport>
+            => Branches
+            => reply(opened.branch_report());
+        /// `to` is absolute: the daemon's working directory is not the client's.
+        fn rebuild_branch(&self, label: &str, to: &Path, force: bool) -> RebuildSummary
+            => Rebuild { label: String, to: PathBuf = absolute_path(to), force: bool }
+            => reply(with_branches(opened, stopping, |branches, stopped| {
+                crate::branch_pool::rebuild(branches, &label, &to, force, &mut |_, _| {}, stopped)
+            }));
+        fn scrub_branches(&self, repair: bool) -> ScrubSummary
+            => Scrub { repair: bool }
+            => reply(with_branches(opened, stopping, |branches, stopped| {
+                crate::branch_pool::scrub(branches, repair, &mut |_, _| {}, stopped)
+            }));
+        fn fail_branch(&self, label: &str) -> BranchReport
+            => FailBranch { label: String }
+            => reply(with_branches(opened, stopping, |branches, _| {
+                crate::branch_pool::fail(branches, &label)
+            }));
+        /// `dirs` are absolute, as for Rebuild.
+        fn add_branches(&self, dirs: &[PathBuf]) -> BranchReport
+            => AddBranches { dirs: Vec<PathBuf> = dirs.iter().map(|dir| absolute_path(dir)).collect() }
+            => reply(with_branches(opened, stopping, |branches, _| {
+                crate::branch_pool::add(branches, &dirs)
+            }));
+        fn restripe_branches(&self) -> RestripeSummary
+            => Restripe
+            => reply(with_branches(opened, stopping, |branches, stopped| {
+                crate::branch_pool::restripe(branches, &mut |_, _| {}, stopped)
+            }));
+    }
+
+    // Replication's, whose errors are the command's.
+    impl ControlClient {
+        /// `grove receive --abort`: drops partial receive `name`; the bytes the
+        /// reclaimer gives back.
+        fn receive_abort(&self, name: &str) -> u64
+            => ReceiveAbort { name: String }
+            => reply_any(grove_send::abort(pool, &name));
+        /// `grove receive --status`: the token that resumes partial receive `name`.
+        fn receive_status(&self, name: &str) -> String
+            => ReceiveStatus { name: String }
+            => reply_any(crate::stream::status(pool, &name));
+        /// `grove hash`: the content digest of volume `name`, as hex.
+        fn hash(&self, name: &str) -> String
+            => Hash { name: String }
+            => reply_any(crate::stream::hash(pool, &name));
+        /// Which stream `grove send` with `args` makes (for resuming uploads).
+        fn stream_fingerprint(&self, args: &crate::stream::SendArgs) -> [u8; 16]
+            => StreamFingerprint { args: crate::stream::SendArgs = args.clone() }
+            => reply_any(crate::stream::fingerprint(pool, &args));
+        /// Where partial receive `name` restarts, if there is one.
+        fn restart_point(&self, name: &str) -> Option<grove_send::RestartPoint>
+            => RestartPoint { name: String }
+            => reply_any(match pool.partial_receive(&name) {
+                None => Ok(None),
+                Some(_) => grove_send::restart_point(pool, &name).map(Some),
+            });
+    }
 }
 
 /// A streaming request (send, receive) on a connection that serves
@@ -945,7 +1146,16 @@ impl ControlClient {
         Ok(stream)
     }
 
+    /// Sends `request` and returns the daemon's reply; a long branch
+    /// request shows its progress meanwhile.
     fn call<T: DeserializeOwned>(&self, request: Request) -> grove_store::Result<T> {
+        match request.progress_label() {
+            Some(what) => self.call_with_progress(&what, request),
+            None => self.call_once(request),
+        }
+    }
+
+    fn call_once<T: DeserializeOwned>(&self, request: Request) -> grove_store::Result<T> {
         self.exchange(&request).map_err(|e| {
             Error::new(
                 ErrorKind::Io,
@@ -960,6 +1170,44 @@ impl ControlClient {
     /// The process serving the pool.
     pub fn holder(&self) -> grove_store::Result<Holder> {
         self.call(Request::Holder)
+    }
+
+    /// `Admin::read_bytes` through the daemon: one request, of at most
+    /// BYTES_PER_REQUEST_MAX bytes, answered in hex.
+    fn read_piece(&self, name: &str, offset: u64, length: u64) -> grove_store::Result<Vec<u8>> {
+        let text: String = self.call(Request::ReadBytes {
+            name: name.into(),
+            offset,
+            length: length.min(BYTES_PER_REQUEST_MAX as u64),
+        })?;
+        unhex(&text).map_err(|e| {
+            Error::new(
+                ErrorKind::Io,
+                format!("the daemon's reply to a read is not hex: {e:#}"),
+            )
+        })
+    }
+
+    /// `Admin::write_bytes` through the daemon: one request a piece whose
+    /// hex fits a request line.
+    fn write_in_pieces(&self, name: &str, offset: u64, data: &[u8]) -> grove_store::Result<()> {
+        if data.is_empty() {
+            // Still asked: the engine refuses a snapshot or an offset past
+            // the end before any input is read.
+            return self.call(Request::WriteBytes {
+                name: name.into(),
+                offset,
+                hex: String::new(),
+            });
+        }
+        for (index, piece) in data.chunks(WRITE_BYTES_PER_REQUEST_MAX).enumerate() {
+            self.call::<()>(Request::WriteBytes {
+                name: name.into(),
+                offset: offset + (index * WRITE_BYTES_PER_REQUEST_MAX) as u64,
+                hex: hex::encode(piece),
+            })?;
+        }
+        Ok(())
     }
 
     fn exchange<T: DeserializeOwned>(&self, request: &Request) -> Result<grove_store::Result<T>> {
@@ -1048,218 +1296,6 @@ impl ControlClient {
         }
         consume(&mut *stream)
     }
-
-    /// Which stream `grove send` with `args` makes (for resuming uploads).
-    pub fn stream_fingerprint(&self, args: &crate::stream::SendArgs) -> Result<[u8; 16]> {
-        self.exchange::<[u8; 16]>(&Request::StreamFingerprint { args: args.clone() })?
-            .map_err(Into::into)
-    }
-
-    /// Where partial receive `name` restarts, if there is one.
-    pub fn restart_point(&self, name: &str) -> Result<Option<grove_send::RestartPoint>> {
-        self.exchange::<Option<grove_send::RestartPoint>>(&Request::RestartPoint {
-            name: name.into(),
-        })?
-        .map_err(Into::into)
-    }
-
-    pub fn receive_abort(&self, name: &str) -> Result<u64> {
-        self.exchange::<u64>(&Request::ReceiveAbort { name: name.into() })?
-            .map_err(Into::into)
-    }
-
-    pub fn receive_status(&self, name: &str) -> Result<String> {
-        self.exchange::<String>(&Request::ReceiveStatus { name: name.into() })?
-            .map_err(Into::into)
-    }
-
-    pub fn hash(&self, name: &str) -> Result<String> {
-        self.exchange::<String>(&Request::Hash { name: name.into() })?
-            .map_err(Into::into)
-    }
-}
-
-impl Admin for ControlClient {
-    fn dir(&self) -> &Path {
-        &self.dir
-    }
-    fn space_settings(&self) -> grove_store::Result<SpaceSettings> {
-        self.call(Request::SpaceSettings)
-    }
-    fn set_space(
-        &self,
-        settings: &SpaceSettings,
-        capacity_bytes: Option<u64>,
-    ) -> grove_store::Result<SpaceStatus> {
-        self.call(Request::SetSpace {
-            settings: settings.clone(),
-            capacity_bytes,
-        })
-    }
-    fn create_volume(&self, name: &str, size_bytes: u64) -> grove_store::Result<VolumeInfo> {
-        self.call(Request::Create {
-            name: name.into(),
-            size_bytes,
-        })
-    }
-    fn snapshot(&self, source: &str, name: &str) -> grove_store::Result<VolumeInfo> {
-        self.call(Request::Snapshot {
-            source: source.into(),
-            name: name.into(),
-        })
-    }
-    fn clone_volume(&self, source: &str, name: &str) -> grove_store::Result<VolumeInfo> {
-        self.call(Request::Clone {
-            source: source.into(),
-            name: name.into(),
-        })
-    }
-    fn remove(&self, name: &str, recursive: bool, force: bool) -> grove_store::Result<u64> {
-        self.call(Request::Remove {
-            name: name.into(),
-            recursive,
-            force,
-        })
-    }
-    fn rollback(
-        &self,
-        snapshot: &str,
-        volume: Option<&str>,
-        force: bool,
-    ) -> grove_store::Result<VolumeInfo> {
-        self.call(Request::Rollback {
-            snapshot: snapshot.into(),
-            volume: volume.map(str::to_string),
-            force,
-        })
-    }
-    fn diff(&self, a: &str, b: &str) -> grove_store::Result<DiffReport> {
-        self.call(Request::Diff {
-            a: a.into(),
-            b: b.into(),
-        })
-    }
-    fn gc(&self, wait: bool) -> grove_store::Result<GcReport> {
-        self.call(Request::Gc { wait })
-    }
-    fn resize_volume(
-        &self,
-        name: &str,
-        size_bytes: u64,
-        shrink: Shrink,
-    ) -> grove_store::Result<VolumeInfo> {
-        self.call(Request::Resize {
-            name: name.into(),
-            size_bytes,
-            drop_data: shrink == Shrink::DropData,
-        })
-    }
-    fn read_bytes(&self, name: &str, offset: u64, length: u64) -> grove_store::Result<Vec<u8>> {
-        let text: String = self.call(Request::ReadBytes {
-            name: name.into(),
-            offset,
-            length: length.min(BYTES_PER_REQUEST_MAX as u64),
-        })?;
-        unhex(&text).map_err(|e| {
-            Error::new(
-                ErrorKind::Io,
-                format!("the daemon's reply to a read is not hex: {e:#}"),
-            )
-        })
-    }
-    fn write_bytes(&self, name: &str, offset: u64, data: &[u8]) -> grove_store::Result<()> {
-        if data.is_empty() {
-            // Still asked: the engine refuses a snapshot or an offset past
-            // the end before any input is read.
-            return self.call(Request::WriteBytes {
-                name: name.into(),
-                offset,
-                hex: String::new(),
-            });
-        }
-        for (index, piece) in data.chunks(WRITE_BYTES_PER_REQUEST_MAX).enumerate() {
-            self.call::<()>(Request::WriteBytes {
-                name: name.into(),
-                offset: offset + (index * WRITE_BYTES_PER_REQUEST_MAX) as u64,
-                hex: hex::encode(piece),
-            })?;
-        }
-        Ok(())
-    }
-    fn flush_volume(&self, name: &str) -> grove_store::Result<()> {
-        self.call(Request::FlushVolume { name: name.into() })
-    }
-    fn rename_volume(&self, name: &str, new_name: &str) -> grove_store::Result<VolumeInfo> {
-        self.call(Request::Rename {
-            name: name.into(),
-            new_name: new_name.into(),
-        })
-    }
-    fn volumes(&self) -> grove_store::Result<Vec<VolumeInfo>> {
-        self.call(Request::List)
-    }
-    fn summaries(&self) -> grove_store::Result<Vec<VolumeSummary>> {
-        self.call(Request::Summaries)
-    }
-    fn family_summaries(&self, name: &str) -> grove_store::Result<Vec<VolumeSummary>> {
-        self.call(Request::FamilySummaries { name: name.into() })
-    }
-    fn volume_info(&self, name: &str) -> grove_store::Result<VolumeInfo> {
-        self.call(Request::VolumeInfo { name: name.into() })
-    }
-    fn info(&self) -> grove_store::Result<PoolInfo> {
-        self.call(Request::Info)
-    }
-    fn check(&self, repair: bool) -> grove_store::Result<CheckReport> {
-        self.call(Request::Check { repair })
-    }
-    fn replication_state(&self) -> grove_store::Result<ReplicationState> {
-        self.call(Request::ReplicationState)
-    }
-    fn snapshot_ranked(
-        &self,
-        source: &str,
-        name: &str,
-        rank: u8,
-        created_unix_secs: u64,
-    ) -> grove_store::Result<VolumeInfo> {
-        self.call(Request::SnapshotRanked {
-            source: source.into(),
-            name: name.into(),
-            rank,
-            created_unix_secs,
-        })
-    }
-    fn set_rank(&self, snapshot: &str, rank: u8) -> grove_store::Result<()> {
-        self.call(Request::SetRank {
-            snapshot: snapshot.into(),
-            rank,
-        })
-    }
-    fn hold(&self, snapshot: &str, tag: &str, until: Option<u64>) -> grove_store::Result<()> {
-        self.call(Request::Hold {
-            snapshot: snapshot.into(),
-            tag: tag.into(),
-            until,
-        })
-    }
-    fn release(&self, snapshot: &str, tag: &str) -> grove_store::Result<()> {
-        self.call(Request::Release {
-            snapshot: snapshot.into(),
-            tag: tag.into(),
-        })
-    }
-    fn holds(&self) -> grove_store::Result<Vec<HoldInfo>> {
-        self.call(Request::Holds)
-    }
-    fn remove_snapshots(&self, names: &[String]) -> grove_store::Result<RemovalSummary> {
-        self.call(Request::RemoveSnapshots {
-            names: names.to_vec(),
-        })
-    }
-    fn release_expired_holds(&self, now_unix_secs: u64) -> grove_store::Result<Vec<HoldInfo>> {
-        self.call(Request::ReleaseExpiredHolds { now_unix_secs })
-    }
 }
 
 impl ControlClient {
@@ -1272,7 +1308,7 @@ impl ControlClient {
     ) -> grove_store::Result<T> {
         // The bar shows only on a terminal: poll only for one.
         if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-            return self.call(request);
+            return self.call_once(request);
         }
         let done = Arc::new(AtomicBool::new(false));
         let poller = {
@@ -1291,7 +1327,7 @@ impl ControlClient {
                 }
             })
         };
-        let result = self.call(request);
+        let result = self.call_once(request);
         done.store(true, Ordering::Release);
         let _ = poller.join();
         result
@@ -1300,46 +1336,6 @@ impl ControlClient {
 
 /// How often a command polls the daemon for a rebuild's or scrub's progress.
 const PROGRESS_POLL_MS: u64 = 250;
-
-impl BranchAdmin for ControlClient {
-    fn branch_report(&self) -> grove_store::Result<Option<BranchReport>> {
-        self.call(Request::Branches)
-    }
-    fn rebuild_branch(
-        &self,
-        label: &str,
-        to: &Path,
-        force: bool,
-    ) -> grove_store::Result<RebuildSummary> {
-        self.call_with_progress(
-            &format!("rebuilding {label}"),
-            Request::Rebuild {
-                label: label.into(),
-                to: std::path::absolute(to).unwrap_or_else(|_| to.to_path_buf()),
-                force,
-            },
-        )
-    }
-    fn scrub_branches(&self, repair: bool) -> grove_store::Result<ScrubSummary> {
-        self.call_with_progress("scrubbing", Request::Scrub { repair })
-    }
-    fn fail_branch(&self, label: &str) -> grove_store::Result<BranchReport> {
-        self.call(Request::FailBranch {
-            label: label.into(),
-        })
-    }
-    fn add_branches(&self, dirs: &[PathBuf]) -> grove_store::Result<BranchReport> {
-        self.call(Request::AddBranches {
-            dirs: dirs
-                .iter()
-                .map(|dir| std::path::absolute(dir).unwrap_or_else(|_| dir.clone()))
-                .collect(),
-        })
-    }
-    fn restripe_branches(&self) -> grove_store::Result<RestripeSummary> {
-        self.call_with_progress("restriping", Request::Restripe)
-    }
-}
 
 /// A volume of a pool reached through `Admin` (here or the daemon's
 /// control socket), as `grove read` and `grove write` move its bytes.
@@ -1398,6 +1394,58 @@ mod tests {
         }
         let rejoined: Vec<&String> = runs.iter().flat_map(|r| r.iter()).collect();
         assert_eq!(rejoined, names.iter().collect::<Vec<_>>());
+    }
+
+    /// Requests as clients of every version send them: each must still be
+    /// read as the same request (old clients and daemons interoperate).
+    #[test]
+    fn requests_keep_their_wire_form() {
+        let lines = [
+            r#"{"command":"create","name":"v","size_bytes":4096}"#,
+            r#"{"command":"snapshot","source":"v","name":"v@1"}"#,
+            r#"{"command":"clone","source":"v@1","name":"c"}"#,
+            r#"{"command":"remove","name":"v","recursive":true,"force":false}"#,
+            r#"{"command":"rollback","snapshot":"v@1","volume":null,"force":true}"#,
+            r#"{"command":"diff","a":"v@1","b":"v"}"#,
+            r#"{"command":"gc","wait":true}"#,
+            r#"{"command":"resize","name":"v","size_bytes":8192,"drop_data":false}"#,
+            r#"{"command":"rename","name":"v","new_name":"w"}"#,
+            r#"{"command":"read_bytes","name":"v","offset":0,"length":512}"#,
+            r#"{"command":"write_bytes","name":"v","offset":512,"hex":"00ff"}"#,
+            r#"{"command":"flush_volume","name":"v"}"#,
+            r#"{"command":"list"}"#,
+            r#"{"command":"summaries"}"#,
+            r#"{"command":"family_summaries","name":"v"}"#,
+            r#"{"command":"volume_info","name":"v"}"#,
+            r#"{"command":"info"}"#,
+            r#"{"command":"check","repair":false}"#,
+            r#"{"command":"holder"}"#,
+            r#"{"command":"replication_state"}"#,
+            r#"{"command":"receive","name":"v"}"#,
+            r#"{"command":"receive_abort","name":"v"}"#,
+            r#"{"command":"receive_status","name":"v"}"#,
+            r#"{"command":"hash","name":"v"}"#,
+            r#"{"command":"restart_point","name":"v"}"#,
+            r#"{"command":"snapshot_ranked","source":"v","name":"v@2","rank":3,"created_unix_secs":9}"#,
+            r#"{"command":"set_rank","snapshot":"v@2","rank":1}"#,
+            r#"{"command":"hold","snapshot":"v@2","tag":"t","until":100}"#,
+            r#"{"command":"release","snapshot":"v@2","tag":"t"}"#,
+            r#"{"command":"holds"}"#,
+            r#"{"command":"remove_snapshots","names":["v@1","v@2"]}"#,
+            r#"{"command":"release_expired_holds","now_unix_secs":100}"#,
+            r#"{"command":"space_settings"}"#,
+            r#"{"command":"branches"}"#,
+            r#"{"command":"rebuild","label":"b1","to":"/new/b1","force":false}"#,
+            r#"{"command":"scrub","repair":true}"#,
+            r#"{"command":"fail_branch","label":"b1"}"#,
+            r#"{"command":"add_branches","dirs":["/b3","/b4"]}"#,
+            r#"{"command":"restripe"}"#,
+        ];
+        for line in lines {
+            let request: Request = serde_json::from_str(line).expect(line);
+            let sent: serde_json::Value = serde_json::from_str(line).unwrap();
+            assert_eq!(serde_json::to_value(&request).unwrap(), sent, "{line}");
+        }
     }
 
     #[test]
