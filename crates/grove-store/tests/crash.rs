@@ -87,6 +87,97 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
     (0..len).map(|_| (rng.next() >> 32) as u8 | 1).collect()
 }
 
+/// The name every simulated pool is formatted and opened under.
+const CRASH_DIR: &str = "crash-sim";
+
+/// A fresh pool at the simulator's block size, on a device that logs every
+/// write and flush.
+fn format_crash_pool(capacity_bytes: Option<u64>, journal_bytes: u64) -> (Arc<CrashDevice>, Pool) {
+    let device = Arc::new(CrashDevice::new());
+    let options = PoolOptions {
+        block_size_bytes: BLOCK_SIZE_BYTES,
+        capacity_bytes,
+        journal_bytes: Some(journal_bytes),
+    };
+    let pool = Pool::format(device.clone(), &options, Path::new(CRASH_DIR), None).unwrap();
+    (device, pool)
+}
+
+/// A new volume as the model sees it: zeros, writable.
+fn zeroed_volume(size: usize) -> VolumeModel {
+    VolumeModel {
+        data: Arc::new(vec![0; size]),
+        writable: true,
+    }
+}
+
+/// What a write of `data` at `offset` leaves in the model's volume.
+fn model_write(volume: &mut VolumeModel, offset: usize, data: &[u8]) {
+    Arc::make_mut(&mut volume.data)[offset..offset + data.len()].copy_from_slice(data);
+}
+
+/// A scripted workload: the model beside the pool, and the model state
+/// after each step with where the device log stood then.
+struct Script<'a> {
+    device: &'a CrashDevice,
+    model: Model,
+    states: Vec<ModelState>,
+}
+
+impl<'a> Script<'a> {
+    /// Starts with the empty model as the first durable state.
+    fn new(device: &'a CrashDevice) -> Self {
+        let mut script = Script {
+            device,
+            model: Model::new(),
+            states: Vec::new(),
+        };
+        script.record(true);
+        script
+    }
+
+    fn record(&mut self, durable: bool) {
+        self.states.push(ModelState {
+            log_position: self.device.op_count(),
+            durable,
+            model: self.model.clone(),
+        });
+    }
+
+    fn create_volume(&mut self, pool: &Pool, name: &str, size: u64) {
+        pool.create_volume(name, size).unwrap();
+        self.model.insert(name.into(), zeroed_volume(size as usize));
+    }
+
+    fn write(&mut self, pool: &Pool, name: &str, offset: u64, data: &[u8]) {
+        pool.volume(name).unwrap().write_at(data, offset).unwrap();
+        model_write(self.model.get_mut(name).unwrap(), offset as usize, data);
+    }
+
+    /// The model's bytes of a volume, to change beside the pool.
+    fn data(&mut self, name: &str) -> &mut Vec<u8> {
+        Arc::make_mut(&mut self.model.get_mut(name).unwrap().data)
+    }
+}
+
+/// Opens the image a power cut at log position `position` left and checks
+/// it finds no error.
+fn open_clean_image(image: Vec<u8>, position: usize) -> Pool {
+    let device = Arc::new(MemDevice::from_bytes(image));
+    let pool = Pool::open_device(device, Path::new(CRASH_DIR), None)
+        .unwrap_or_else(|e| panic!("op {position}: the pool does not open: {e}"));
+    let report = pool.check(false).unwrap();
+    assert!(report.is_clean(), "op {position}: {:?}", report.errors);
+    pool
+}
+
+/// A volume's whole contents.
+fn read_volume(pool: &Pool, name: &str, size: u64) -> Vec<u8> {
+    let mut buf = vec![0u8; size as usize];
+    pool.volume(name).unwrap().read_at(&mut buf, 0).unwrap();
+    buf
+}
+
 /// A write somewhere in the volume: often block-aligned, often not.
 fn random_range(rng: &mut Rng, size: u64) -> (u64, usize) {
     let max_len = 6000.min(size);
@@ -102,14 +193,8 @@ fn random_range(rng: &mut Rng, size: u64) -> (u64, usize) {
 
 fn run_workload(seed: u64) -> Checked {
     let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
-    let device = Arc::new(CrashDevice::new());
-    let options = PoolOptions {
-        block_size_bytes: BLOCK_SIZE_BYTES,
-        capacity_bytes: None,
-        journal_bytes: Some(JOURNAL_BYTES),
-    };
-    let dir = Path::new("crash-sim");
-    let mut pool = Pool::format(device.clone(), &options, dir, None).unwrap();
+    let (device, mut pool) = format_crash_pool(None, JOURNAL_BYTES);
+    let dir = Path::new(CRASH_DIR);
     if !seed.is_multiple_of(3) {
         pool.create_volume("ballast", BALLAST_BYTES).unwrap();
         pool.volume("ballast")
@@ -150,13 +235,7 @@ fn run_workload(seed: u64) -> Checked {
                 next_name += 1;
                 let size = VOLUME_SIZES[rng.below(VOLUME_SIZES.len() as u64) as usize];
                 pool.create_volume(&name, size).unwrap();
-                model.insert(
-                    name,
-                    VolumeModel {
-                        data: Arc::new(vec![0; size as usize]),
-                        writable: true,
-                    },
-                );
+                model.insert(name, zeroed_volume(size as usize));
                 durable = true;
             }
             8..=44 if !writable.is_empty() => {
@@ -165,8 +244,7 @@ fn run_workload(seed: u64) -> Checked {
                 let (offset, len) = random_range(&mut rng, volume.data.len() as u64);
                 let data = pattern(rng.next(), len);
                 pool.volume(name).unwrap().write_at(&data, offset).unwrap();
-                Arc::make_mut(&mut volume.data)[offset as usize..offset as usize + len]
-                    .copy_from_slice(&data);
+                model_write(volume, offset as usize, &data);
             }
             45..=51 if !writable.is_empty() => {
                 let name = &writable[rng.below(writable.len() as u64) as usize];
@@ -188,8 +266,7 @@ fn run_workload(seed: u64) -> Checked {
                 let offset = rng.below(size - len + 1) / 1024 * 1024;
                 let data = pattern(rng.next(), len as usize);
                 pool.volume(name).unwrap().write_at(&data, offset).unwrap();
-                Arc::make_mut(&mut volume.data)[offset as usize..(offset + len) as usize]
-                    .copy_from_slice(&data);
+                model_write(volume, offset as usize, &data);
             }
             87..=91 if !writable.is_empty() => {
                 // A discard of whole leaf nodes (128 blocks of 1 KiB): frees
@@ -284,10 +361,7 @@ fn run_workload(seed: u64) -> Checked {
                 });
                 for (name, writes) in &plans {
                     for (offset, data) in writes {
-                        let volume = model.get_mut(name).unwrap();
-                        Arc::make_mut(&mut volume.data)
-                            [*offset as usize..*offset as usize + data.len()]
-                            .copy_from_slice(data);
+                        model_write(model.get_mut(name).unwrap(), *offset as usize, data);
                         intermediate.push(model.clone());
                     }
                 }
@@ -325,8 +399,7 @@ fn run_workload(seed: u64) -> Checked {
     }
     // The engine agrees with the model before any crash is simulated.
     for (name, volume) in &model {
-        let mut buf = vec![0u8; volume.data.len()];
-        pool.volume(name).unwrap().read_at(&mut buf, 0).unwrap();
+        let buf = read_volume(&pool, name, volume.data.len() as u64);
         assert!(
             buf == *volume.data,
             "seed {seed}: live volume {name} differs from the model"
@@ -551,50 +624,22 @@ fn check_image(image: Vec<u8>, candidates: &[&Model], context: &str) -> Vec<Stri
 /// grow back must show either size with legitimate contents.
 #[test]
 fn crash_during_shrink_and_grow_shows_old_or_new_volume() {
-    let device = Arc::new(CrashDevice::new());
-    let options = PoolOptions {
-        block_size_bytes: BLOCK_SIZE_BYTES,
-        capacity_bytes: None,
-        journal_bytes: Some(JOURNAL_BYTES),
-    };
-    let pool = Pool::format(device.clone(), &options, Path::new("crash-sim"), None).unwrap();
-    let mut model = Model::new();
-    let mut states = Vec::new();
-    let record = |model: &Model, durable: bool, states: &mut Vec<ModelState>| {
-        states.push(ModelState {
-            log_position: device.op_count(),
-            durable,
-            model: model.clone(),
-        });
-    };
-    record(&model, true, &mut states);
-    pool.create_volume("v", 200 * 1024).unwrap();
-    model.insert(
-        "v".into(),
-        VolumeModel {
-            data: Arc::new(vec![0; 200 * 1024]),
-            writable: true,
-        },
-    );
-    record(&model, true, &mut states);
-    let data = pattern(7, 20 * 1024);
-    pool.volume("v")
-        .unwrap()
-        .write_at(&data, 60 * 1024)
-        .unwrap();
+    let (device, pool) = format_crash_pool(None, JOURNAL_BYTES);
+    let mut script = Script::new(&device);
+    script.create_volume(&pool, "v", 200 * 1024);
+    script.record(true);
+    script.write(&pool, "v", 60 * 1024, &pattern(7, 20 * 1024));
     pool.flush().unwrap();
-    Arc::make_mut(&mut model.get_mut("v").unwrap().data)[60 * 1024..80 * 1024]
-        .copy_from_slice(&data);
-    record(&model, true, &mut states);
+    script.record(true);
     // Shrink to a size that ends in the middle of a block, then grow back.
     for size in [64 * 1024 + 512, 200 * 1024] {
         pool.resize_volume("v", size).unwrap();
-        Arc::make_mut(&mut model.get_mut("v").unwrap().data).resize(size as usize, 0);
-        record(&model, true, &mut states);
+        script.data("v").resize(size as usize, 0);
+        script.record(true);
     }
     let ops = device.ops();
     drop(pool);
-    assert!(check_crash_points(247, ops, &states).states > 20);
+    assert!(check_crash_points(247, ops, &script.states).states > 20);
 }
 
 /// A node's block that is freed and then reused for data, all inside one
@@ -610,47 +655,17 @@ fn freed_node_blocks_reused_for_data_survive_replay() {
     for (flush_between, discard_bytes) in
         [(true, 128 * 1024), (false, 128 * 1024), (false, 32 * 1024)]
     {
-        let device = Arc::new(CrashDevice::new());
-        let options = PoolOptions {
-            block_size_bytes: BLOCK_SIZE_BYTES,
-            capacity_bytes: Some(1920 * 1024),
-            journal_bytes: Some(1024 * 1024),
-        };
-        let pool = Pool::format(device.clone(), &options, Path::new("crash-sim"), None).unwrap();
-        let mut model = Model::new();
-        let mut states = Vec::new();
-        let record = |model: &Model, durable: bool, states: &mut Vec<ModelState>| {
-            states.push(ModelState {
-                log_position: device.op_count(),
-                durable,
-                model: model.clone(),
-            });
-        };
-        let write = |model: &mut Model, name: &str, offset: usize, data: &[u8]| {
-            pool.volume(name)
-                .unwrap()
-                .write_at(data, offset as u64)
-                .unwrap();
-            Arc::make_mut(&mut model.get_mut(name).unwrap().data)[offset..offset + data.len()]
-                .copy_from_slice(data);
-        };
-        record(&model, true, &mut states);
+        let (device, pool) = format_crash_pool(Some(1920 * 1024), 1024 * 1024);
+        let mut script = Script::new(&device);
         for name in ["v", "w"] {
-            pool.create_volume(name, 2 << 20).unwrap();
-            model.insert(
-                name.into(),
-                VolumeModel {
-                    data: Arc::new(vec![0; 2 << 20]),
-                    writable: true,
-                },
-            );
+            script.create_volume(&pool, name, 2 << 20);
         }
-        record(&model, true, &mut states);
+        script.record(true);
         // v gets a whole leaf node of data; w fills most of the group.
-        write(&mut model, "v", 0, &pattern(1, 128 * 1024));
-        write(&mut model, "w", 0, &pattern(2, 1700 * 1024));
+        script.write(&pool, "v", 0, &pattern(1, 128 * 1024));
+        script.write(&pool, "w", 0, &pattern(2, 1700 * 1024));
         pool.flush().unwrap();
-        record(&model, true, &mut states);
+        script.record(true);
         // Free v's leaf node and its data, then make w allocate past the
         // end of the group (about 73 blocks are left there), so next-fit
         // wraps onto the freed blocks before any automatic commit.
@@ -658,20 +673,21 @@ fn freed_node_blocks_reused_for_data_survive_replay() {
             .unwrap()
             .discard(0, discard_bytes as u64)
             .unwrap();
-        Arc::make_mut(&mut model.get_mut("v").unwrap().data)[..discard_bytes].fill(0);
+        script.data("v")[..discard_bytes].fill(0);
         if flush_between {
             pool.flush().unwrap();
         }
-        record(&model, flush_between, &mut states);
-        write(&mut model, "w", 1700 * 1024, &pattern(3, 90 * 1024));
-        record(&model, false, &mut states);
+        script.record(flush_between);
+        script.write(&pool, "w", 1700 * 1024, &pattern(3, 90 * 1024));
+        script.record(false);
         pool.flush().unwrap();
-        record(&model, true, &mut states);
+        script.record(true);
         let ops = device.ops();
         drop(pool);
         // Crash points from the flush after the filler on: the free, the
         // reuse and the flush that follows are what this test is about.
-        assert!(check_crash_points(discard_bytes as u64, ops, &states[2..]).states > 20);
+        let states = &script.states[2..];
+        assert!(check_crash_points(discard_bytes as u64, ops, states).states > 20);
     }
 }
 
@@ -683,13 +699,7 @@ fn freed_node_blocks_reused_for_data_survive_replay() {
 /// acknowledged before the last durable point reads back.
 #[test]
 fn a_crash_anywhere_in_a_capacity_raise_keeps_the_contract() {
-    let device = Arc::new(CrashDevice::new());
-    let options = PoolOptions {
-        block_size_bytes: BLOCK_SIZE_BYTES,
-        capacity_bytes: Some(600 * 1024),
-        journal_bytes: Some(JOURNAL_BYTES),
-    };
-    let pool = Pool::format(device.clone(), &options, Path::new("crash-sim"), None).unwrap();
+    let (device, pool) = format_crash_pool(Some(600 * 1024), JOURNAL_BYTES);
     // The host is unknown in memory: max_capacity alone bounds growth,
     // across the end of the first allocation group.
     pool.set_space_settings(&grove_store::SpaceSettings {
@@ -698,39 +708,19 @@ fn a_crash_anywhere_in_a_capacity_raise_keeps_the_contract() {
         ..Default::default()
     })
     .unwrap();
-    let mut model = Model::new();
-    let mut states = Vec::new();
-    let record = |model: &Model, durable: bool, states: &mut Vec<ModelState>| {
-        states.push(ModelState {
-            log_position: device.op_count(),
-            durable,
-            model: model.clone(),
-        });
-    };
-    record(&model, true, &mut states);
-    pool.create_volume("v", 4 << 20).unwrap();
-    model.insert(
-        "v".into(),
-        VolumeModel {
-            data: Arc::new(vec![0; 4 << 20]),
-            writable: true,
-        },
-    );
-    record(&model, true, &mut states);
+    let mut script = Script::new(&device);
+    script.create_volume(&pool, "v", 4 << 20);
+    script.record(true);
     let capacity = || pool.info().unwrap().capacity_bytes.unwrap();
     // Writes that fill the capacity several times over: each raise
     // happens inside a write, between flushes.
     for (i, offset) in (0..2600 * 1024).step_by(100 * 1024).enumerate() {
-        let data = pattern(i as u64 + 11, 100 * 1024);
-        pool.volume("v").unwrap().write_at(&data, offset).unwrap();
-        Arc::make_mut(&mut model.get_mut("v").unwrap().data)
-            [offset as usize..offset as usize + data.len()]
-            .copy_from_slice(&data);
+        script.write(&pool, "v", offset, &pattern(i as u64 + 11, 100 * 1024));
         let durable = i % 3 == 2;
         if durable {
             pool.flush().unwrap();
         }
-        record(&model, durable, &mut states);
+        script.record(durable);
     }
     let extended = capacity();
     assert!(
@@ -739,10 +729,10 @@ fn a_crash_anywhere_in_a_capacity_raise_keeps_the_contract() {
     );
     // An explicit raise is durable when it returns.
     pool.raise_capacity(extended + 512 * 1024).unwrap();
-    record(&model, true, &mut states);
+    script.record(true);
     let ops = device.ops();
     drop(pool);
-    assert!(check_crash_points(600, ops, &states).states > 100);
+    assert!(check_crash_points(600, ops, &script.states).states > 100);
 }
 
 #[test]
@@ -798,16 +788,10 @@ fn every_crash_state_keeps_the_consistency_contract() {
 /// the next checkpoint writes a good map again.
 #[test]
 fn a_map_block_torn_during_a_checkpoint_is_rebuilt_from_the_trees() {
-    let device = Arc::new(CrashDevice::new());
-    let options = PoolOptions {
-        block_size_bytes: BLOCK_SIZE_BYTES,
-        capacity_bytes: None,
-        // Large enough that no checkpoint comes before the close: the map
-        // it writes then differs from format's in both of its sectors.
-        journal_bytes: Some(1024 * 1024),
-    };
-    let dir = Path::new("crash-sim");
-    let pool = Pool::format(device.clone(), &options, dir, None).unwrap();
+    // A journal large enough that no checkpoint comes before the close:
+    // the map it writes then differs from format's in both of its sectors.
+    let (device, pool) = format_crash_pool(None, 1024 * 1024);
+    let dir = Path::new(CRASH_DIR);
     // The ballast fills the blocks the map's first sector describes, so
     // that v's blocks are described by the second sector.
     pool.create_volume("ballast", BALLAST_BYTES).unwrap();
@@ -908,15 +892,8 @@ fn a_map_block_torn_during_a_checkpoint_is_rebuilt_from_the_trees() {
 fn a_crash_anywhere_in_a_removal_committed_in_parts_leaves_a_consistent_pool() {
     /// Enough records that the smallest journal needs several parts.
     const FAMILY: usize = 400;
-    let device = Arc::new(CrashDevice::new());
-    let options = PoolOptions {
-        block_size_bytes: BLOCK_SIZE_BYTES,
-        capacity_bytes: None,
-        // The smallest journal: a transaction holds 16 blocks.
-        journal_bytes: Some(32 * 1024),
-    };
-    let dir = Path::new("crash-sim");
-    let pool = Pool::format(device.clone(), &options, dir, None).unwrap();
+    // The smallest journal: a transaction holds 16 blocks.
+    let (device, pool) = format_crash_pool(None, 32 * 1024);
     let size = 64 * 1024;
     pool.create_volume("bystander", size).unwrap();
     let bystander = pattern(7, size as usize);
@@ -1002,18 +979,10 @@ fn a_crash_anywhere_in_a_removal_committed_in_parts_leaves_a_consistent_pool() {
         for fate in fates {
             let image = images.image(position, fate);
             states += 1;
-            let device = Arc::new(MemDevice::from_bytes(image));
-            let pool = Pool::open_device(device, dir, None)
-                .unwrap_or_else(|e| panic!("op {position}: the pool does not open: {e}"));
-            let report = pool.check(false).unwrap();
-            assert!(report.is_clean(), "op {position}: {:?}", report.errors);
+            let pool = open_clean_image(image, position);
             let names = pool.volume_names();
             assert!(names.contains(&"bystander".to_string()), "op {position}");
-            let mut buf = vec![0u8; size as usize];
-            pool.volume("bystander")
-                .unwrap()
-                .read_at(&mut buf, 0)
-                .unwrap();
+            let buf = read_volume(&pool, "bystander", size);
             assert!(buf == bystander, "op {position}: bystander changed");
             let left = names.iter().filter(|n| model.contains_key(*n)).count();
             if left > 0 && left < model.len() {
@@ -1023,7 +992,7 @@ fn a_crash_anywhere_in_a_removal_committed_in_parts_leaves_a_consistent_pool() {
                 let expected = model
                     .get(name)
                     .unwrap_or_else(|| panic!("op {position}: {name}?"));
-                pool.volume(name).unwrap().read_at(&mut buf, 0).unwrap();
+                let buf = read_volume(&pool, name, size);
                 assert!(buf == *expected.data, "op {position}: {name} differs");
             }
             pool.reclaim_all(|_| {}).unwrap();
@@ -1054,14 +1023,7 @@ fn a_crash_anywhere_in_a_removal_committed_in_parts_leaves_a_consistent_pool() {
 /// snapshot is whole.
 #[test]
 fn a_crash_anywhere_in_a_receive_never_shows_a_partial_snapshot() {
-    let device = Arc::new(CrashDevice::new());
-    let options = PoolOptions {
-        block_size_bytes: BLOCK_SIZE_BYTES,
-        capacity_bytes: None,
-        journal_bytes: Some(JOURNAL_BYTES),
-    };
-    let dir = Path::new("crash-sim");
-    let pool = Pool::format(device.clone(), &options, dir, None).unwrap();
+    let (device, pool) = format_crash_pool(None, JOURNAL_BYTES);
     let size: u64 = 96 * 1024;
     pool.create_volume("v", size).unwrap();
     let old = pattern(3, size as usize);
@@ -1103,11 +1065,7 @@ fn a_crash_anywhere_in_a_receive_never_shows_a_partial_snapshot() {
     for position in 1..=ops.len() {
         for fate in [WriteFate::Lost, WriteFate::Landed] {
             let image = images.image(position, |_| fate);
-            let pool = Pool::open_device(Arc::new(MemDevice::from_bytes(image)), dir, None)
-                .unwrap_or_else(|e| panic!("op {position}: the pool does not open: {e}"));
-            let report = pool.check(false).unwrap();
-            assert!(report.is_clean(), "op {position}: {:?}", report.errors);
-            let mut buf = vec![0u8; size as usize];
+            let pool = open_clean_image(image, position);
             match (
                 pool.partial_receive("r@1"),
                 pool.snapshot_by_guid(&target_guid),
@@ -1120,6 +1078,7 @@ fn a_crash_anywhere_in_a_receive_never_shows_a_partial_snapshot() {
                         "op {position}: a partial receive is listed"
                     );
                     let progress = partial.progress_bytes as usize;
+                    let mut buf = vec![0u8; size as usize];
                     pool.receive_volume("r@1")
                         .unwrap()
                         .read_at(&mut buf, 0)
@@ -1131,10 +1090,7 @@ fn a_crash_anywhere_in_a_receive_never_shows_a_partial_snapshot() {
                 }
                 (None, Some(snapshot)) => {
                     finished_states += 1;
-                    pool.volume(&snapshot.name)
-                        .unwrap()
-                        .read_at(&mut buf, 0)
-                        .unwrap();
+                    let buf = read_volume(&pool, &snapshot.name, size);
                     assert!(
                         buf == new,
                         "op {position}: the received snapshot is not whole"
@@ -1151,8 +1107,7 @@ fn a_crash_anywhere_in_a_receive_never_shows_a_partial_snapshot() {
                     }
                 }
             }
-            let mut buf = vec![0u8; size as usize];
-            pool.volume("v@1").unwrap().read_at(&mut buf, 0).unwrap();
+            let buf = read_volume(&pool, "v@1", size);
             assert!(buf == old, "op {position}: the base changed");
         }
     }
@@ -1168,14 +1123,7 @@ fn a_crash_anywhere_in_a_receive_never_shows_a_partial_snapshot() {
 /// with its own lease: nothing half-written shows.
 #[test]
 fn a_crash_anywhere_in_ranking_and_holding_shows_each_change_whole_or_not_at_all() {
-    let device = Arc::new(CrashDevice::new());
-    let options = PoolOptions {
-        block_size_bytes: BLOCK_SIZE_BYTES,
-        capacity_bytes: None,
-        journal_bytes: Some(JOURNAL_BYTES),
-    };
-    let dir = Path::new("crash-sim");
-    let pool = Pool::format(device.clone(), &options, dir, None).unwrap();
+    let (device, pool) = format_crash_pool(None, JOURNAL_BYTES);
     let size: u64 = 64 * 1024;
     pool.create_volume("v", size).unwrap();
     let data = pattern(5, size as usize);
@@ -1202,10 +1150,7 @@ fn a_crash_anywhere_in_ranking_and_holding_shows_each_change_whole_or_not_at_all
     for position in 1..=ops.len() {
         for fate in [WriteFate::Lost, WriteFate::Landed] {
             let image = images.image(position, |_| fate);
-            let pool = Pool::open_device(Arc::new(MemDevice::from_bytes(image)), dir, None)
-                .unwrap_or_else(|e| panic!("op {position}: the pool does not open: {e}"));
-            let report = pool.check(false).unwrap();
-            assert!(report.is_clean(), "op {position}: {:?}", report.errors);
+            let pool = open_clean_image(image, position);
             let holds = pool.holds();
             match pool.volume_summary("v@auto") {
                 Ok(summary) => {
@@ -1216,8 +1161,7 @@ fn a_crash_anywhere_in_ranking_and_holding_shows_each_change_whole_or_not_at_all
                         summary.rank
                     );
                     assert_eq!(summary.created_unix_secs, 1_800_000_000);
-                    let mut buf = vec![0u8; size as usize];
-                    pool.volume("v@auto").unwrap().read_at(&mut buf, 0).unwrap();
+                    let buf = read_volume(&pool, "v@auto", size);
                     assert!(buf == data, "op {position}: the snapshot is not whole");
                     for hold in &holds {
                         assert_eq!(hold.snapshot, "v@auto", "op {position}");

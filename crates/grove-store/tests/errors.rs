@@ -74,6 +74,27 @@ fn observe_closed(path: &Path) -> Observed {
     observed
 }
 
+/// `build_pool`'s pool, open, and everything it shows.
+fn open_built_pool(dir: &Path) -> (Pool, Observed) {
+    let pool = Pool::open(&build_pool(dir)).unwrap();
+    let before = observe(&pool);
+    (pool, before)
+}
+
+/// `build_pool`'s pool, closed, and everything it shows.
+fn build_closed_pool(dir: &Path) -> (PathBuf, Observed) {
+    let path = build_pool(dir);
+    let before = observe_closed(&path);
+    (path, before)
+}
+
+/// The pool's grove.toml: where it is and what it holds.
+fn read_config(path: &Path) -> (PathBuf, String) {
+    let config_path = path.join("grove.toml");
+    let config = std::fs::read_to_string(&config_path).unwrap();
+    (config_path, config)
+}
+
 #[track_caller]
 fn assert_kind<T: std::fmt::Debug>(result: grove_store::Result<T>, kind: ErrorKind) {
     match result {
@@ -88,8 +109,7 @@ fn assert_kind<T: std::fmt::Debug>(result: grove_store::Result<T>, kind: ErrorKi
 #[test]
 fn unknown_volumes_are_not_found() {
     let dir = tempfile::tempdir().unwrap();
-    let pool = Pool::open(&build_pool(dir.path())).unwrap();
-    let before = observe(&pool);
+    let (pool, before) = open_built_pool(dir.path());
     assert_kind(pool.volume("nope").map(|_| ()), ErrorKind::NotFound);
     assert_kind(pool.volume_info("nope"), ErrorKind::NotFound);
     assert_kind(pool.remove_volume("nope"), ErrorKind::NotFound);
@@ -130,8 +150,7 @@ fn unknown_volumes_are_not_found() {
 #[test]
 fn taken_names_already_exist() {
     let dir = tempfile::tempdir().unwrap();
-    let pool = Pool::open(&build_pool(dir.path())).unwrap();
-    let before = observe(&pool);
+    let (pool, before) = open_built_pool(dir.path());
     assert_kind(
         pool.create_volume("disk", 1 << 20),
         ErrorKind::AlreadyExists,
@@ -157,8 +176,7 @@ fn taken_names_already_exist() {
 #[test]
 fn snapshots_are_read_only() {
     let dir = tempfile::tempdir().unwrap();
-    let pool = Pool::open(&build_pool(dir.path())).unwrap();
-    let before = observe(&pool);
+    let (pool, before) = open_built_pool(dir.path());
     let snap = pool.volume("snap").unwrap();
     assert!(snap.is_read_only().unwrap());
     assert_kind(snap.write_at(b"x", 0), ErrorKind::ReadOnly);
@@ -346,8 +364,7 @@ fn rollback_with_a_removed_origin_changes_nothing() {
 #[test]
 fn io_outside_a_volume_is_out_of_range() {
     let dir = tempfile::tempdir().unwrap();
-    let pool = Pool::open(&build_pool(dir.path())).unwrap();
-    let before = observe(&pool);
+    let (pool, before) = open_built_pool(dir.path());
     let disk = pool.volume("disk").unwrap();
     let size = DISK_BYTES;
     // (offset, len): one byte past the end, entirely past the end, empty
@@ -385,8 +402,7 @@ fn io_outside_a_volume_is_out_of_range() {
 #[test]
 fn bad_sizes_names_and_block_sizes_are_invalid_arguments() {
     let dir = tempfile::tempdir().unwrap();
-    let pool = Pool::open(&build_pool(dir.path())).unwrap();
-    let before = observe(&pool);
+    let (pool, before) = open_built_pool(dir.path());
     for size in [
         0,
         1,
@@ -517,12 +533,10 @@ fn what_is_not_a_pool_does_not_open() {
 #[test]
 fn a_pool_from_a_newer_grove_is_refused_and_left_alone() {
     let dir = tempfile::tempdir().unwrap();
-    let path = build_pool(dir.path());
-    let before = observe_closed(&path);
+    let (path, before) = build_closed_pool(dir.path());
 
     // Newer in grove.toml.
-    let config_path = path.join("grove.toml");
-    let config = std::fs::read_to_string(&config_path).unwrap();
+    let (config_path, config) = read_config(&path);
     assert!(config.contains("format_version = 2"), "{config}");
     let newer = config.replace("format_version = 2", "format_version = 3");
     std::fs::write(&config_path, &newer).unwrap();
@@ -538,32 +552,42 @@ fn a_pool_from_a_newer_grove_is_refused_and_left_alone() {
     std::fs::write(&config_path, &config).unwrap();
     assert_eq!(observe_closed(&path), before);
 
-    // Newer in both superblock slots; slot 1 is one block in.
+    // Newer in both superblock slots.
+    assert_superblock_version_refused(&path, 3, &before);
+}
+
+/// With both superblock slots (slot 1 is one block in) patched from
+/// version 2 to `version`, the open is refused as an unsupported version
+/// that it names, and writes nothing; with the store put back, the pool is
+/// as `before`.
+#[track_caller]
+fn assert_superblock_version_refused(path: &Path, version: u32, before: &Observed) {
     let store_path = path.join("grove.store");
     let pristine = std::fs::read(&store_path).unwrap();
     let mut patched = pristine.clone();
     for slot in 0..2u64 {
         let at = (slot * u64::from(BLOCK_SIZE_BYTES) + SUPERBLOCK_VERSION_OFFSET) as usize;
         assert_eq!(&patched[at..at + 4], &2u32.to_le_bytes(), "slot {slot}");
-        patched[at..at + 4].copy_from_slice(&3u32.to_le_bytes());
+        patched[at..at + 4].copy_from_slice(&version.to_le_bytes());
     }
     std::fs::write(&store_path, &patched).unwrap();
-    let err = Pool::open(&path).map(|_| ()).unwrap_err();
+    let err = Pool::open(path).map(|_| ()).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::UnsupportedVersion, "{err}");
-    assert!(err.message().contains("version 3"), "{err}");
+    assert!(
+        err.message().contains(&format!("version {version}")),
+        "{err}"
+    );
     // Refusing wrote nothing.
     assert!(std::fs::read(&store_path).unwrap() == patched);
     std::fs::write(&store_path, &pristine).unwrap();
-    assert_eq!(observe_closed(&path), before);
+    assert_eq!(&observe_closed(path), before);
 }
 
 #[test]
 fn a_version_1_pool_is_refused_with_what_to_do() {
     let dir = tempfile::tempdir().unwrap();
-    let path = build_pool(dir.path());
-    let before = observe_closed(&path);
-    let config_path = path.join("grove.toml");
-    let config = std::fs::read_to_string(&config_path).unwrap();
+    let (path, before) = build_closed_pool(dir.path());
+    let (config_path, config) = read_config(&path);
     std::fs::write(
         &config_path,
         config.replace("format_version = 2", "format_version = 1"),
@@ -577,27 +601,13 @@ fn a_version_1_pool_is_refused_with_what_to_do() {
     std::fs::write(&config_path, &config).unwrap();
 
     // A version-1 superblock in both slots (grove.toml says 2).
-    let store_path = path.join("grove.store");
-    let pristine = std::fs::read(&store_path).unwrap();
-    let mut patched = pristine.clone();
-    for slot in 0..2u64 {
-        let at = (slot * u64::from(BLOCK_SIZE_BYTES) + SUPERBLOCK_VERSION_OFFSET) as usize;
-        patched[at..at + 4].copy_from_slice(&1u32.to_le_bytes());
-    }
-    std::fs::write(&store_path, &patched).unwrap();
-    let err = Pool::open(&path).map(|_| ()).unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::UnsupportedVersion, "{err}");
-    assert!(err.message().contains("version 1"), "{err}");
-    assert!(std::fs::read(&store_path).unwrap() == patched);
-    std::fs::write(&store_path, &pristine).unwrap();
-    assert_eq!(observe_closed(&path), before);
+    assert_superblock_version_refused(&path, 1, &before);
 }
 
 #[test]
 fn a_truncated_store_is_corrupt() {
     let dir = tempfile::tempdir().unwrap();
-    let path = build_pool(dir.path());
-    let before = observe_closed(&path);
+    let (path, before) = build_closed_pool(dir.path());
     let store_path = path.join("grove.store");
     let pristine = std::fs::read(&store_path).unwrap();
     let block = u64::from(BLOCK_SIZE_BYTES);

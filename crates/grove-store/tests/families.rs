@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use common::Rng;
+use common::{assert_clean, Rng};
 use grove_store::{MemDevice, Pool, PoolOptions, RemoveOptions};
 
 const BLOCK: u64 = 1024;
@@ -30,19 +30,6 @@ fn memory_pool(journal_bytes: u64) -> Pool {
         None,
     )
     .unwrap()
-}
-
-fn assert_clean(pool: &Pool, context: &str) {
-    let report = pool.check(false).unwrap();
-    assert!(report.is_clean(), "{context}: {:?}", report.errors);
-    assert!(
-        !report
-            .warnings
-            .iter()
-            .any(|w| w.contains("leaked") || w.contains("more references")),
-        "{context}: {:?}",
-        report.warnings
-    );
 }
 
 #[test]

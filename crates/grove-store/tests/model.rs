@@ -593,6 +593,24 @@ impl Model {
             .map(|(&id, _)| id)
     }
 
+    /// Drops removed volumes: their blocks die, their children move up to
+    /// their parent. Returns how many children moved.
+    fn forget_removed(&mut self, removed_ids: &[u64]) -> usize {
+        let mut children = 0;
+        for &gone in removed_ids {
+            let removed = self.volumes.remove(&gone).expect("exists");
+            self.dying
+                .extend(removed.blocks.values().map(|b| b.identity));
+            for volume in self.volumes.values_mut() {
+                if volume.parent == Some(gone) {
+                    volume.parent = removed.parent;
+                    children += 1;
+                }
+            }
+        }
+        children
+    }
+
     fn by_name(&self, name: &str) -> Option<&ModelVolume> {
         self.id_of(name).map(|id| &self.volumes[&id])
     }
@@ -782,6 +800,12 @@ fn resolve(range: &Range, size_bytes: u64) -> (u64, u64) {
     (offset.min(size_bytes - len), len)
 }
 
+/// Whether `len` bytes at `offset` run past the end of `size_bytes` (or
+/// past the end of the offsets).
+fn past_end(offset: u64, len: u64, size_bytes: u64) -> bool {
+    offset.checked_add(len).is_none_or(|end| end > size_bytes)
+}
+
 fn expect_kind<T: std::fmt::Debug>(
     result: grove_store::Result<T>,
     kind: ErrorKind,
@@ -855,17 +879,7 @@ impl Harness {
             Op::Cursor { snapshot, target } => {
                 // A named volume if it is a snapshot, else the newest
                 // snapshot (rolling lines make many, then remove them).
-                let named = NAMES[*snapshot];
-                let name = match self.model.by_name(named) {
-                    Some(v) if v.kind == VolumeKind::Snapshot => named.to_string(),
-                    _ => self
-                        .model
-                        .volumes
-                        .values()
-                        .rev()
-                        .find(|v| v.kind == VolumeKind::Snapshot)
-                        .map_or(named.to_string(), |v| v.name.clone()),
-                };
+                let name = self.snapshot_named_or_newest(*snapshot, |_| true);
                 self.cursor(&name, CURSOR_TARGETS[*target])
             }
             Op::Hold {
@@ -969,15 +983,30 @@ impl Harness {
         Ok(())
     }
 
-    fn write(&mut self, name: &str, range: &Range) -> Result<(), TestCaseError> {
+    /// The model's volume of that name and the byte range `range` resolves
+    /// to in it; None when the model has no such volume and the pool, as it
+    /// must, finds none either.
+    fn resolve_in(
+        &self,
+        name: &str,
+        range: &Range,
+    ) -> Result<Option<(&ModelVolume, u64, u64)>, TestCaseError> {
         let Some(volume) = self.model.by_name(name) else {
-            return expect_kind(
+            expect_kind(
                 self.pool().volume(name).map(|_| ()),
                 ErrorKind::NotFound,
                 "volume",
-            );
+            )?;
+            return Ok(None);
         };
         let (offset, len) = resolve(range, volume.size_bytes);
+        Ok(Some((volume, offset, len)))
+    }
+
+    fn write(&mut self, name: &str, range: &Range) -> Result<(), TestCaseError> {
+        let Some((_, offset, len)) = self.resolve_in(name, range)? else {
+            return Ok(());
+        };
         self.write_at(name, offset, len)
     }
 
@@ -991,10 +1020,7 @@ impl Harness {
             READ_ONLY_REFUSALS.fetch_add(1, Ordering::Relaxed);
             return expect_kind(result, ErrorKind::ReadOnly, "write to a snapshot");
         }
-        if offset
-            .checked_add(len)
-            .is_none_or(|end| end > volume.size_bytes)
-        {
+        if past_end(offset, len, volume.size_bytes) {
             return expect_kind(result, ErrorKind::OutOfRange, "write past the end");
         }
         result.map_err(fail("write"))?;
@@ -1007,21 +1033,13 @@ impl Harness {
     }
 
     fn read(&mut self, name: &str, range: &Range) -> Result<(), TestCaseError> {
-        let Some(volume) = self.model.by_name(name) else {
-            return expect_kind(
-                self.pool().volume(name).map(|_| ()),
-                ErrorKind::NotFound,
-                "volume",
-            );
+        let Some((volume, offset, len)) = self.resolve_in(name, range)? else {
+            return Ok(());
         };
-        let (offset, len) = resolve(range, volume.size_bytes);
         let handle = self.pool().volume(name).map_err(fail("volume"))?;
         let mut buf = vec![0xeeu8; len as usize];
         let result = handle.read_at(&mut buf, offset);
-        if offset
-            .checked_add(len)
-            .is_none_or(|end| end > volume.size_bytes)
-        {
+        if past_end(offset, len, volume.size_bytes) {
             return expect_kind(result, ErrorKind::OutOfRange, "read past the end");
         }
         result.map_err(fail("read"))?;
@@ -1035,23 +1053,15 @@ impl Harness {
     }
 
     fn discard(&mut self, name: &str, range: &Range) -> Result<(), TestCaseError> {
-        let Some(volume) = self.model.by_name(name) else {
-            return expect_kind(
-                self.pool().volume(name).map(|_| ()),
-                ErrorKind::NotFound,
-                "volume",
-            );
+        let Some((volume, offset, len)) = self.resolve_in(name, range)? else {
+            return Ok(());
         };
-        let (offset, len) = resolve(range, volume.size_bytes);
         let handle = self.pool().volume(name).map_err(fail("volume"))?;
         let result = handle.discard(offset, len);
         if volume.kind == VolumeKind::Snapshot {
             return expect_kind(result, ErrorKind::ReadOnly, "discard on a snapshot");
         }
-        if offset
-            .checked_add(len)
-            .is_none_or(|end| end > volume.size_bytes)
-        {
+        if past_end(offset, len, volume.size_bytes) {
             return expect_kind(result, ErrorKind::OutOfRange, "discard past the end");
         }
         result.map_err(fail("discard"))?;
@@ -1229,6 +1239,12 @@ impl Harness {
     /// `NAMES[index]` if it is a snapshot, else the newest snapshot named
     /// from NAMES (rolling lines' snapshots are left alone), else the name.
     fn named_snapshot(&self, index: usize) -> String {
+        self.snapshot_named_or_newest(index, |name| NAMES.contains(&name))
+    }
+
+    /// `NAMES[index]` if it is a snapshot, else the newest snapshot whose
+    /// name `eligible` accepts, else the name.
+    fn snapshot_named_or_newest(&self, index: usize, eligible: impl Fn(&str) -> bool) -> String {
         let named = NAMES[index];
         match self.model.by_name(named) {
             Some(v) if v.kind == VolumeKind::Snapshot => named.to_string(),
@@ -1237,7 +1253,7 @@ impl Harness {
                 .volumes
                 .values()
                 .rev()
-                .find(|v| v.kind == VolumeKind::Snapshot && NAMES.contains(&v.name.as_str()))
+                .find(|v| v.kind == VolumeKind::Snapshot && eligible(&v.name))
                 .map_or(named.to_string(), |v| v.name.clone()),
         }
     }
@@ -1266,13 +1282,7 @@ impl Harness {
                 result.map_err(fail("hold"))?;
                 self.holds.entry(id).or_default().insert(tag.to_string());
                 // Held, it stays whatever a removal asks (unforced).
-                let refused = self.pool().remove(snapshot, RemoveOptions::default());
-                REMOVALS_REFUSED_BY_HOLDS.fetch_add(1, Ordering::Relaxed);
-                expect_kind(
-                    refused,
-                    ErrorKind::InvalidState,
-                    "remove of a held snapshot",
-                )?;
+                self.expect_removal_refused_by_holds(snapshot, false)?;
             }
             None => prop_assert!(result.is_err(), "a hold on {} was accepted", snapshot),
         }
@@ -1297,6 +1307,28 @@ impl Harness {
 
     /// Whether snapshot `id` is held: by a tag, or by a replication cursor
     /// that marks it.
+    /// An unforced removal of `name` (and its family if `recursive`) that
+    /// would take a held snapshot must be refused.
+    fn expect_removal_refused_by_holds(
+        &self,
+        name: &str,
+        recursive: bool,
+    ) -> Result<(), TestCaseError> {
+        let refused = self.pool().remove(
+            name,
+            RemoveOptions {
+                recursive,
+                force: false,
+            },
+        );
+        REMOVALS_REFUSED_BY_HOLDS.fetch_add(1, Ordering::Relaxed);
+        expect_kind(
+            refused,
+            ErrorKind::InvalidState,
+            "remove of a held snapshot",
+        )
+    }
+
     fn is_held(&self, id: u64) -> bool {
         self.holds.get(&id).is_some_and(|tags| !tags.is_empty())
             || self.cursor_snapshots.values().any(|&marked| marked == id)
@@ -1508,19 +1540,7 @@ impl Harness {
                 doomed.extend(self.model.descendants(id));
             }
             if doomed.iter().any(|d| self.is_held(*d)) {
-                let refused = self.pool().remove(
-                    name,
-                    RemoveOptions {
-                        recursive,
-                        force: false,
-                    },
-                );
-                REMOVALS_REFUSED_BY_HOLDS.fetch_add(1, Ordering::Relaxed);
-                expect_kind(
-                    refused,
-                    ErrorKind::InvalidState,
-                    "remove of a held snapshot",
-                )?;
+                self.expect_removal_refused_by_holds(name, recursive)?;
                 // Held by tags: left alone. Held by replication cursors
                 // only: removed with --force, as a user moving on would,
                 // and the cursors stay as bookmarks.
@@ -1556,19 +1576,7 @@ impl Harness {
         if recursive && doomed.len() > 1 {
             REMOVED_RECURSIVE.fetch_add(1, Ordering::Relaxed);
         }
-        let mut children = 0;
-        for &gone in &doomed {
-            let removed = self.model.volumes.remove(&gone).expect("exists");
-            self.model
-                .dying
-                .extend(removed.blocks.values().map(|b| b.identity));
-            for volume in self.model.volumes.values_mut() {
-                if volume.parent == Some(gone) {
-                    volume.parent = removed.parent;
-                    children += 1;
-                }
-            }
-        }
+        let children = self.model.forget_removed(&doomed);
         // What removal gives back: the data that only removed trees hold
         // now and did not before; with nothing else pending, that is what
         // the volume said it alone held. This stays exact with reclaim half
@@ -1694,17 +1702,7 @@ impl Harness {
         if recursive && doomed.iter().any(|id| !ids.contains(id)) {
             REMOVED_RECURSIVE.fetch_add(1, Ordering::Relaxed);
         }
-        for &gone in &doomed {
-            let removed = self.model.volumes.remove(&gone).expect("exists");
-            self.model
-                .dying
-                .extend(removed.blocks.values().map(|b| b.identity));
-            for volume in self.model.volumes.values_mut() {
-                if volume.parent == Some(gone) {
-                    volume.parent = removed.parent;
-                }
-            }
-        }
+        self.model.forget_removed(&doomed);
         Ok(())
     }
 
@@ -2175,51 +2173,44 @@ pub fn run_model() {
     }
 }
 
+/// The case each counter counts: the cases the model test exists for.
+static COVERAGE: [(&str, &AtomicU64); 21] = [
+    ("removed leaf volumes", &REMOVED_LEAVES),
+    ("several snapshots removed at once", &REMOVED_SEVERAL),
+    ("recursive removals", &REMOVED_RECURSIVE),
+    ("rollbacks", &ROLLBACKS),
+    ("diffs that found changes", &DIFFS_WITH_CHANGES),
+    ("reclaims that freed space", &RECLAIMED),
+    ("removed interior volumes", &REMOVED_INTERIOR),
+    ("writes refused by snapshots", &READ_ONLY_REFUSALS),
+    (
+        "grows after a shrink that cut a mapped block",
+        &SHRINK_THEN_GROW_TAILS,
+    ),
+    ("reopens", &REOPENS),
+    ("writes past the first two levels", &THREE_LEVEL_SHARING),
+    ("reclaims left unfinished", &RECLAIMS_UNFINISHED),
+    ("reopens with reclaim unfinished", &REOPENS_HALF_RECLAIMED),
+    ("rolling lines past the bookmarks kept", &LONG_LINES),
+    ("bookmarks that rolled off", &BOOKMARKS_ROLLED_OFF),
+    (
+        "receives finished after a reopen",
+        &RECEIVES_FINISHED_AFTER_A_REOPEN,
+    ),
+    ("receives dropped", &RECEIVES_DROPPED),
+    (
+        "cursors outliving their snapshot",
+        &CURSORS_OUTLIVING_THEIR_SNAPSHOT,
+    ),
+    ("removals refused by holds", &REMOVALS_REFUSED_BY_HOLDS),
+    ("snapshots ranked", &SNAPSHOTS_RANKED),
+    ("pools past two allocation groups", &POOLS_PAST_TWO_GROUPS),
+];
+
 /// How often each case the model test exists for has come up so far.
 fn coverage_so_far() -> Vec<(&'static str, u64)> {
-    let seen = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-    vec![
-        ("removed leaf volumes", seen(&REMOVED_LEAVES)),
-        ("several snapshots removed at once", seen(&REMOVED_SEVERAL)),
-        ("recursive removals", seen(&REMOVED_RECURSIVE)),
-        ("rollbacks", seen(&ROLLBACKS)),
-        ("diffs that found changes", seen(&DIFFS_WITH_CHANGES)),
-        ("reclaims that freed space", seen(&RECLAIMED)),
-        ("removed interior volumes", seen(&REMOVED_INTERIOR)),
-        ("writes refused by snapshots", seen(&READ_ONLY_REFUSALS)),
-        (
-            "grows after a shrink that cut a mapped block",
-            seen(&SHRINK_THEN_GROW_TAILS),
-        ),
-        ("reopens", seen(&REOPENS)),
-        (
-            "writes past the first two levels",
-            seen(&THREE_LEVEL_SHARING),
-        ),
-        ("reclaims left unfinished", seen(&RECLAIMS_UNFINISHED)),
-        (
-            "reopens with reclaim unfinished",
-            seen(&REOPENS_HALF_RECLAIMED),
-        ),
-        ("rolling lines past the bookmarks kept", seen(&LONG_LINES)),
-        ("bookmarks that rolled off", seen(&BOOKMARKS_ROLLED_OFF)),
-        (
-            "receives finished after a reopen",
-            seen(&RECEIVES_FINISHED_AFTER_A_REOPEN),
-        ),
-        ("receives dropped", seen(&RECEIVES_DROPPED)),
-        (
-            "cursors outliving their snapshot",
-            seen(&CURSORS_OUTLIVING_THEIR_SNAPSHOT),
-        ),
-        (
-            "removals refused by holds",
-            seen(&REMOVALS_REFUSED_BY_HOLDS),
-        ),
-        ("snapshots ranked", seen(&SNAPSHOTS_RANKED)),
-        (
-            "pools past two allocation groups",
-            seen(&POOLS_PAST_TWO_GROUPS),
-        ),
-    ]
+    COVERAGE
+        .iter()
+        .map(|&(what, counter)| (what, counter.load(Ordering::Relaxed)))
+        .collect()
 }

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::assert_clean;
 use grove_store::format::superblock::SUPERBLOCK_SLOTS;
 use grove_store::{
     BlockDevice, ErrorKind, MemDevice, Pool, PoolOptions, RemoveOptions, BOOKMARKS_PER_PARENT_MAX,
@@ -96,19 +97,6 @@ fn pool_with_snapshots(count: usize) -> (Pool, Arc<CountingDevice>) {
     }
     volume.flush().unwrap();
     (pool, device)
-}
-
-fn assert_clean(pool: &Pool, context: &str) {
-    let report = pool.check(false).unwrap();
-    assert!(report.is_clean(), "{context}: {:?}", report.errors);
-    assert!(
-        !report
-            .warnings
-            .iter()
-            .any(|w| w.contains("leaked") || w.contains("more references")),
-        "{context}: {:?}",
-        report.warnings
-    );
 }
 
 /// Reads of `v` made while `work` ran: (start, end) of each, and the work's.

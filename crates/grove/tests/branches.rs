@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use support::{have, Reaped, GROVE};
+use support::{assert_qemu_io_ok, have, Reaped, GROVE};
 
 /// The layouts the tests run over: level and branch count.
 const LAYOUTS: [(&str, usize); 5] = [
@@ -995,17 +995,6 @@ fn qemu_io(setup: &Setup, commands: &[String]) -> Command {
     }
     command.arg(nbd_uri(setup));
     command
-}
-
-fn assert_qemu_io_ok(output: &Output, what: &str) {
-    let text = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success()
-            && !text.contains("failed")
-            && !text.contains("Pattern verification"),
-        "{what}: {text}{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
 }
 
 /// Every slot read back through NBD with the pattern the model says.

@@ -2,7 +2,7 @@
 //! temporary directory and runs the real binary against it with --pool.
 
 mod support;
-use support::GroveOnPool;
+use support::{GroveOnPool, TempPool as Pool};
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -21,43 +21,7 @@ const BLOCK_BYTES: u64 = 4 * KIB;
 /// Stored size of one file block, in `st_blocks` units.
 const STAT_BLOCK_BYTES: u64 = 512;
 
-struct Pool {
-    /// Holds the pool and any files a test makes; removed on drop.
-    dir: TempDir,
-    path: PathBuf,
-}
-
-impl GroveOnPool for Pool {
-    fn pool_path(&self) -> PathBuf {
-        self.path.clone()
-    }
-
-    fn working_dir(&self) -> Option<&Path> {
-        Some(self.dir.path())
-    }
-}
-
 impl Pool {
-    /// A temp directory with a pool made by `grove init` plus `init_args`.
-    fn new(init_args: &[&str]) -> Pool {
-        let pool = Pool::uninitialized();
-        let mut args = vec!["init"];
-        args.extend_from_slice(init_args);
-        pool.ok(&args);
-        pool
-    }
-
-    /// A temp directory where the pool would go, with nothing in it yet.
-    fn uninitialized() -> Pool {
-        let dir = TempDir::new().unwrap();
-        let path = dir.path().join("pool");
-        Pool { dir, path }
-    }
-
-    fn file(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
     fn run_with_stdin(&self, args: &[&str], input: &[u8]) -> Output {
         let mut child = self
             .command(args)
@@ -87,15 +51,6 @@ impl Pool {
 
     fn ok_text(&self, args: &[&str]) -> String {
         String::from_utf8(self.ok(args)).unwrap()
-    }
-
-    fn list(&self) -> Vec<Value> {
-        let out = self.ok(&["list", "--json"]);
-        serde_json::from_slice::<Value>(&out)
-            .unwrap()
-            .as_array()
-            .unwrap()
-            .clone()
     }
 
     fn volume(&self, name: &str) -> Value {
@@ -266,7 +221,7 @@ fn init_with_each_block_size() {
             16 * KIB,
         ),
     ] {
-        let pool = Pool::new(args);
+        let pool = Pool::init(args);
         let info = pool.info();
         assert_eq!(u64_of(&info, "block_size_bytes"), block_bytes, "{args:?}");
         assert_eq!(u64_of(&info, "format_version"), 2);
@@ -283,13 +238,13 @@ fn init_with_each_block_size() {
 
 #[test]
 fn capacity_is_reported() {
-    let pool = Pool::new(&["--capacity", "1G"]);
+    let pool = Pool::init(&["--capacity", "1G"]);
     assert_eq!(u64_of(&pool.info(), "capacity_bytes"), GIB);
     // Without --capacity a pool starts at 1 GiB, which auto-extension grows.
-    assert_eq!(u64_of(&Pool::new(&[]).info(), "capacity_bytes"), GIB);
+    assert_eq!(u64_of(&Pool::init(&[]).info(), "capacity_bytes"), GIB);
     // The capacity is exact to the block, even far below one allocation
     // group (8 GiB at 64K blocks)...
-    let pool = Pool::new(&["--block-size", "64K", "--capacity", "1M"]);
+    let pool = Pool::init(&["--block-size", "64K", "--capacity", "1M"]);
     assert_eq!(u64_of(&pool.info(), "capacity_bytes"), MIB);
     // ...and one that is not a whole number of blocks is rounded down, and
     // init says so.
@@ -303,7 +258,7 @@ fn capacity_is_reported() {
 
 #[test]
 fn write_from_file_and_stdin_then_read_back() {
-    let pool = Pool::new(&[]);
+    let pool = Pool::init(&[]);
     pool.ok(&["create", "disk", "--size", "4M"]);
     let first = pattern(3 * MIB as usize / 2, 1);
     write_file(&pool.file("first"), &first);
@@ -340,7 +295,7 @@ fn write_from_file_and_stdin_then_read_back() {
 
 #[test]
 fn snapshot_clone_list_and_tree() {
-    let pool = Pool::new(&[]);
+    let pool = Pool::init(&[]);
     pool.ok(&["create", "base", "--size", "1G"]);
     let original = pattern(MIB as usize, 4);
     write_file(&pool.file("original"), &original);
@@ -435,7 +390,7 @@ fn snapshot_clone_list_and_tree() {
 
 #[test]
 fn tree_draws_siblings() {
-    let pool = Pool::new(&[]);
+    let pool = Pool::init(&[]);
     pool.ok(&["create", "a", "--size", "1M"]);
     pool.ok(&["snapshot", "a", "a@1"]);
     pool.ok(&["clone", "a@1", "c1"]);
@@ -450,7 +405,7 @@ fn tree_draws_siblings() {
 
 #[test]
 fn rm_rename_and_resize() {
-    let pool = Pool::new(&[]);
+    let pool = Pool::init(&[]);
     pool.ok(&["create", "disk", "--size", "1M"]);
     let data = pattern(MIB as usize, 6);
     write_file(&pool.file("data"), &data);
@@ -518,7 +473,7 @@ fn rm_rename_and_resize() {
 /// snapshot, keep writing. Space must come back every cycle.
 #[test]
 fn rolling_snapshots_give_their_space_back() {
-    let pool = Pool::new(&[]);
+    let pool = Pool::init(&[]);
     pool.ok(&["create", "v", "--size", "128M"]);
     let data = pattern(64 * MIB as usize, 11);
     write_file(&pool.file("data"), &data);
@@ -544,7 +499,7 @@ fn rolling_snapshots_give_their_space_back() {
 
 #[test]
 fn rm_recursive_rollback_diff_and_gc() {
-    let pool = Pool::new(&[]);
+    let pool = Pool::init(&[]);
     pool.ok(&["create", "disk", "--size", "16M"]);
     let first = pattern(MIB as usize, 21);
     write_file(&pool.file("first"), &first);
@@ -643,7 +598,7 @@ fn every_volume(pool: &Pool) -> Vec<(String, Vec<u8>)> {
 /// is taken; everything else needs both names.
 #[test]
 fn rollback_named_alone_takes_only_a_snapshot() {
-    let pool = Pool::new(&[]);
+    let pool = Pool::init(&[]);
     pool.ok(&["create", "disk", "--size", "1M"]);
     write_file(&pool.file("first"), &pattern(MIB as usize, 81));
     pool.ok(&["write", "disk", "first"]);
@@ -703,7 +658,7 @@ fn rollback_named_alone_takes_only_a_snapshot() {
 
 #[test]
 fn info_reports_the_pool() {
-    let pool = Pool::new(&["--block-size", "8K"]);
+    let pool = Pool::init(&["--block-size", "8K"]);
     pool.ok(&["create", "v", "--size", "1G"]);
     let info = pool.info();
     assert_eq!(info["path"].as_str().unwrap(), pool.path.to_str().unwrap());
@@ -739,7 +694,7 @@ fn info_reports_the_pool() {
 #[test]
 fn info_shows_the_store_allocated_on_the_host_and_rm_gives_it_back() {
     const UNIQUE_BYTES: u64 = 32 * MIB;
-    let pool = Pool::new(&[]);
+    let pool = Pool::init(&[]);
     pool.ok(&["create", "disk", "--size", "64M"]);
     write_file(&pool.file("old"), &pattern(UNIQUE_BYTES as usize, 21));
     write_file(&pool.file("new"), &pattern(UNIQUE_BYTES as usize, 22));
@@ -821,7 +776,7 @@ fn import_export_sparse_image_with_64k_blocks() {
 }
 
 fn import_export_sparse_image_with(block_size: &str, block_bytes: u64) {
-    let pool = Pool::new(&["--block-size", block_size]);
+    let pool = Pool::init(&["--block-size", block_size]);
     let image_bytes = 64 * MIB;
     let image = pool.file("image.raw");
     let file = File::create(&image).unwrap();
@@ -882,7 +837,7 @@ fn import_export_sparse_image_with(block_size: &str, block_bytes: u64) {
 /// /dev/stdout still works without it, with every byte in order.
 #[test]
 fn export_refuses_to_overwrite_without_force() {
-    let pool = Pool::new(&[]);
+    let pool = Pool::init(&[]);
     pool.ok(&["create", "v", "--size", "64K"]);
     let data = pattern(8 * KIB as usize, 91);
     write_file(&pool.file("data"), &data);
@@ -930,7 +885,7 @@ fn export_refuses_to_overwrite_without_force() {
 
 #[test]
 fn import_rounds_up_to_a_sector() {
-    let pool = Pool::new(&["--block-size", "1K"]);
+    let pool = Pool::init(&["--block-size", "1K"]);
     let data = pattern(1000, 20);
     write_file(&pool.file("odd"), &data);
     pool.ok(&["import", "odd", "odd"]);
@@ -944,7 +899,7 @@ fn import_rounds_up_to_a_sector() {
 
 #[test]
 fn failed_import_leaves_no_volume() {
-    let pool = Pool::new(&[]);
+    let pool = Pool::init(&[]);
     // A directory opens, but reading it fails once the volume exists: the
     // half-made volume must go again.
     let directory = pool.file("a-directory");
@@ -967,7 +922,7 @@ fn failed_import_leaves_no_volume() {
 
 #[test]
 fn snapshot_of_a_big_volume_takes_no_space() {
-    let pool = Pool::new(&[]);
+    let pool = Pool::init(&[]);
     pool.ok(&["create", "big", "--size", "10G"]);
     let data = pattern(32 * MIB as usize, 30);
     write_file(&pool.file("data"), &data);
@@ -993,7 +948,7 @@ fn snapshot_of_a_big_volume_takes_no_space() {
 
 #[test]
 fn unknown_volume_is_refused() {
-    let pool = Pool::new(&[]);
+    let pool = Pool::init(&[]);
     pool.ok(&["create", "v", "--size", "1M"]);
     write_file(&pool.file("data"), b"data");
     for args in [
@@ -1015,7 +970,7 @@ fn unknown_volume_is_refused() {
 
 #[test]
 fn duplicate_name_is_refused() {
-    let pool = Pool::new(&[]);
+    let pool = Pool::init(&[]);
     pool.ok(&["create", "v", "--size", "1M"]);
     pool.ok(&["create", "w", "--size", "1M"]);
     write_file(&pool.file("image"), &pattern(4096, 40));
@@ -1033,7 +988,7 @@ fn duplicate_name_is_refused() {
 
 #[test]
 fn read_only_snapshot_is_refused() {
-    let pool = Pool::new(&[]);
+    let pool = Pool::init(&[]);
     pool.ok(&["create", "v", "--size", "1M"]);
     pool.ok(&["snapshot", "v", "v@1"]);
     write_file(&pool.file("data"), &pattern(4096, 50));
@@ -1047,7 +1002,7 @@ fn read_only_snapshot_is_refused() {
 
 #[test]
 fn io_past_the_end_is_refused() {
-    let pool = Pool::new(&[]);
+    let pool = Pool::init(&[]);
     pool.ok(&["create", "v", "--size", "1M"]);
     write_file(&pool.file("4k"), &pattern(4096, 60));
     write_file(&pool.file("2m"), &pattern(2 * MIB as usize, 61));
@@ -1081,7 +1036,7 @@ fn io_past_the_end_is_refused() {
 
 #[test]
 fn bad_volume_sizes_are_refused() {
-    let pool = Pool::new(&[]);
+    let pool = Pool::init(&[]);
     pool.ok(&["create", "v", "--size", "1M"]);
     for (args, reason) in [
         (&["create", "x", "--size", "0"][..], "invalid volume size 0"),
@@ -1100,7 +1055,7 @@ fn bad_volume_sizes_are_refused() {
 
 #[test]
 fn bad_size_strings_are_refused() {
-    let pool = Pool::new(&[]);
+    let pool = Pool::init(&[]);
     pool.ok(&["create", "v", "--size", "1M"]);
     write_file(&pool.file("data"), b"data");
     for text in [
@@ -1134,7 +1089,7 @@ fn bad_size_strings_are_refused() {
 /// gets grove's one line, naming the argument and the value.
 #[test]
 fn negative_sizes_and_offsets_get_one_line() {
-    let pool = Pool::new(&[]);
+    let pool = Pool::init(&[]);
     pool.ok(&["create", "v", "--size", "1M"]);
     write_file(&pool.file("data"), b"data");
     for (args, what) in [
@@ -1190,7 +1145,7 @@ fn bad_block_size_is_refused() {
 
 #[test]
 fn init_over_a_pool_is_refused() {
-    let pool = Pool::new(&[]);
+    let pool = Pool::init(&[]);
     pool.ok(&["create", "v", "--size", "1M"]);
     let store = fs::read(pool.store_path()).unwrap();
     let config = fs::read(pool.path.join("grove.toml")).unwrap();
@@ -1233,7 +1188,7 @@ fn directory_that_is_not_a_pool_is_refused() {
 
 #[test]
 fn newer_format_version_is_refused() {
-    let pool = Pool::new(&[]);
+    let pool = Pool::init(&[]);
     pool.ok(&["create", "v", "--size", "1M"]);
     let config_path = pool.path.join("grove.toml");
     let config = fs::read_to_string(&config_path).unwrap();
@@ -1254,7 +1209,7 @@ fn newer_format_version_is_refused() {
 /// names the key, the file, and the near-miss it probably meant.
 #[test]
 fn unknown_config_keys_are_refused() {
-    let pool = Pool::new(&[]);
+    let pool = Pool::init(&[]);
     pool.ok(&["create", "v", "--size", "1M"]);
     let config_path = pool.path.join("grove.toml");
     let config = fs::read_to_string(&config_path).unwrap();
@@ -1295,7 +1250,7 @@ fn crafted_superblock_fields_are_refused() {
     const CRC_OFFSET: usize = 12;
     const CAPACITY_OFFSET: usize = 72;
     const JOURNAL_SEQUENCE_OFFSET: usize = 104;
-    let pool = Pool::new(&[]);
+    let pool = Pool::init(&[]);
     pool.ok(&["create", "v", "--size", "1M"]);
     let pristine = fs::read(pool.store_path()).unwrap();
     let slot0 = Superblock::decode(&pristine[..SUPERBLOCK_LEN]).unwrap();
@@ -1343,7 +1298,7 @@ fn crafted_superblock_fields_are_refused() {
 
 #[test]
 fn truncated_store_is_refused() {
-    let pool = Pool::new(&[]);
+    let pool = Pool::init(&[]);
     pool.ok(&["create", "v", "--size", "1M"]);
     let store_path = pool.store_path();
     let store_bytes = fs::metadata(&store_path).unwrap().len();
@@ -1367,7 +1322,7 @@ fn truncated_store_is_refused() {
 
 #[test]
 fn usage_errors_exit_2() {
-    let pool = Pool::new(&[]);
+    let pool = Pool::init(&[]);
     for args in [
         &["frobnicate"][..],
         &["create", "v"],
@@ -1426,7 +1381,7 @@ fn first_data_block(pool: &Pool) -> u64 {
 
 #[test]
 fn check_reports_a_clean_pool() {
-    let pool = Pool::new(&[]);
+    let pool = Pool::init(&[]);
     pool.ok(&["create", "v", "--size", "64M"]);
     pool.run_with_stdin(&["write", "v"], &[0xab; 100_000]);
     pool.ok(&["snapshot", "v", "s"]);
@@ -1447,7 +1402,7 @@ fn check_reports_a_clean_pool() {
 
 #[test]
 fn check_warns_of_a_leak_and_repair_frees_it() {
-    let pool = Pool::new(&[]);
+    let pool = Pool::init(&[]);
     pool.ok(&["create", "v", "--size", "64M"]);
     pool.run_with_stdin(&["write", "v"], &[0xab; 100_000]);
     let used = u64_of(&pool.info(), "used_bytes");
@@ -1529,7 +1484,7 @@ fn tear_share_count_block(pool: &Pool) {
 /// A pool with data shared by a snapshot, so that it has a share-count
 /// block.
 fn pool_with_shares() -> Pool {
-    let pool = Pool::new(&[]);
+    let pool = Pool::init(&[]);
     pool.ok(&["create", "v", "--size", "64M"]);
     pool.run_with_stdin(&["write", "v"], &[0xab; 100_000]);
     pool.ok(&["snapshot", "v", "s"]);
@@ -1636,7 +1591,7 @@ fn any_command_tells_what_its_open_rebuilt() {
 
 #[test]
 fn check_fails_on_a_block_in_use_marked_free_and_repair_fixes_it() {
-    let pool = Pool::new(&[]);
+    let pool = Pool::init(&[]);
     pool.ok(&["create", "v", "--size", "64M"]);
     pool.run_with_stdin(&["write", "v"], &[0xab; 100_000]);
     let block = first_data_block(&pool);
@@ -1661,7 +1616,7 @@ fn check_fails_on_a_block_in_use_marked_free_and_repair_fixes_it() {
 
 #[test]
 fn init_space_flags_go_into_grove_toml_and_info_shows_the_levels() {
-    let pool = Pool::new(&[
+    let pool = Pool::init(&[
         "--capacity",
         "2G",
         "--max-capacity",
@@ -1719,7 +1674,7 @@ fn init_space_flags_go_into_grove_toml_and_info_shows_the_levels() {
 
 #[test]
 fn space_set_changes_the_settings_and_raises_the_capacity() {
-    let pool = Pool::new(&["--capacity", "1G", "--hook", "true"]);
+    let pool = Pool::init(&["--capacity", "1G", "--hook", "true"]);
     let out = pool.ok_text(&["space", "set", "--capacity", "3G", "--warn", "60%"]);
     assert!(out.contains("capacity      3.0 GiB"), "{out}");
     assert_eq!(u64_of(&pool.info(), "capacity_bytes"), 3 * GIB);
@@ -1743,7 +1698,7 @@ fn space_set_changes_the_settings_and_raises_the_capacity() {
 
 #[test]
 fn bad_space_settings_get_one_line_and_change_nothing() {
-    let pool = Pool::new(&["--capacity", "2G", "--max-capacity", "10G"]);
+    let pool = Pool::init(&["--capacity", "2G", "--max-capacity", "10G"]);
     let config_path = pool.path.join("grove.toml");
     let config = fs::read_to_string(&config_path).unwrap();
     for (args, says) in [
@@ -1805,7 +1760,7 @@ fn bad_space_settings_get_one_line_and_change_nothing() {
 
 #[test]
 fn a_bad_space_table_in_grove_toml_is_refused_by_key() {
-    let pool = Pool::new(&[]);
+    let pool = Pool::init(&[]);
     let config_path = pool.path.join("grove.toml");
     let config = fs::read_to_string(&config_path).unwrap();
     for (table, says) in [

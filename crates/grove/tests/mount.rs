@@ -899,14 +899,7 @@ fn mount_errors_are_one_line() {
         .unwrap();
     file.write_all_at(b"data", 0).unwrap();
     // An open file claims its volume: removing it needs --force.
-    let output = pool.grove(&["rm", "gone"]);
-    assert_eq!(output.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        stderr.contains("in use") && stderr.contains("--force"),
-        "{stderr}"
-    );
-    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    support::assert_refused_in_use(pool.grove(&["rm", "gone"]));
     pool.ok(&["rm", "--force", "gone"]);
     let mut buf = [0u8; 4];
     let error = file.read_exact_at(&mut buf, 0).unwrap_err();

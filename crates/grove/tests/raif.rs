@@ -268,6 +268,27 @@ fn pattern(len: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
+/// `count` pseudo-random words from `pattern`'s bytes for `seed`.
+fn random_words(count: usize, seed: u64) -> std::vec::IntoIter<u64> {
+    pattern(count * 8, seed)
+        .chunks(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect::<Vec<_>>()
+        .into_iter()
+}
+
+/// Opens `path` for writing (and reading, if `read`), creating it if it
+/// is missing and keeping what it holds.
+fn open_or_create(path: &Path, read: bool) -> std::fs::File {
+    OpenOptions::new()
+        .read(read)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .unwrap()
+}
+
 #[test]
 fn posix_operations_behave() {
     require_fuse!();
@@ -373,11 +394,7 @@ fn random_operations_match_an_oracle_on_raif5() {
     require_fuse!();
     let r = Raif::new("raif5", 4, "4K");
     let mut oracle: BTreeMap<String, Vec<u8>> = BTreeMap::new();
-    let mut rng = pattern(FSX_OPERATIONS * 8, 42)
-        .chunks(8)
-        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-        .collect::<Vec<_>>()
-        .into_iter();
+    let mut rng = random_words(FSX_OPERATIONS, 42);
     for step in 0..FSX_OPERATIONS {
         let x = rng.next().unwrap();
         let name = format!("f{}", x % 4);
@@ -388,12 +405,7 @@ fn random_operations_match_an_oracle_on_raif5() {
         match (x >> 4) % 8 {
             0..=3 => {
                 let data = pattern(len, x);
-                let f = OpenOptions::new()
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .open(&path)
-                    .unwrap();
+                let f = open_or_create(&path, false);
                 f.write_all_at(&data, offset).unwrap();
                 let end = offset as usize + len;
                 if file.len() < end {
@@ -403,13 +415,7 @@ fn random_operations_match_an_oracle_on_raif5() {
             }
             4 | 5 => {
                 let mut buf = vec![0u8; len];
-                let f = OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .open(&path)
-                    .unwrap();
+                let f = open_or_create(&path, true);
                 let n = f.read_at(&mut buf, offset).unwrap();
                 let expected = file
                     .get(offset as usize..(offset as usize + len).min(file.len()))
@@ -418,22 +424,12 @@ fn random_operations_match_an_oracle_on_raif5() {
             }
             6 => {
                 let size = offset / 2;
-                let f = OpenOptions::new()
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .open(&path)
-                    .unwrap();
+                let f = open_or_create(&path, false);
                 f.set_len(size).unwrap();
                 file.resize(size as usize, 0);
             }
             _ => {
-                let f = OpenOptions::new()
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .open(&path)
-                    .unwrap();
+                let f = open_or_create(&path, false);
                 f.sync_all().unwrap();
                 assert_eq!(
                     f.metadata().unwrap().len(),
@@ -1685,11 +1681,7 @@ fn random_link_operations_match_a_model() {
     let mut model = LinkModel::default();
     // Links made, and renames onto another name of the same file.
     let (mut linked, mut same_file_renames) = (0, 0);
-    let mut rng = pattern(LINK_OPERATIONS * 8, 77)
-        .chunks(8)
-        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-        .collect::<Vec<_>>()
-        .into_iter();
+    let mut rng = random_words(LINK_OPERATIONS, 77);
     for step in 0..LINK_OPERATIONS {
         let x = rng.next().unwrap();
         let pick = |shift: u32| LINK_CHECK_NAMES[((x >> shift) % 6) as usize];
@@ -1700,12 +1692,7 @@ fn random_link_operations_match_a_model() {
             0..=2 => {
                 let offset = (x >> 24) % 60_000;
                 let data = pattern(((x >> 40) % 9_000) as usize + 1, x);
-                let f = OpenOptions::new()
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .open(r.p(name))
-                    .unwrap();
+                let f = open_or_create(&r.p(name), false);
                 f.write_all_at(&data, offset).unwrap();
                 let file = *model.names.entry(name).or_insert_with(|| {
                     model.files.push(Vec::new());

@@ -63,6 +63,37 @@ fn q(path: &Path) -> String {
     format!("'{}'", path.display())
 }
 
+/// chmod(2), its error said as a check's.
+fn chmod(path: impl AsRef<Path>, mode: u32) -> Result<(), String> {
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(e("chmod"))
+}
+
+/// mkfifo(3) with `mode`, its error said as a check's.
+fn mkfifo(path: &Path, mode: u32) -> Result<(), String> {
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        path,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(mode),
+        0,
+    )
+    .map_err(e("mkfifo"))
+}
+
+/// Access and modification times for utimensat.
+fn timestamps(atime_secs: i64, mtime_secs: i64, mtime_nanos: i64) -> rustix::fs::Timestamps {
+    rustix::fs::Timestamps {
+        last_access: rustix::fs::Timespec {
+            tv_sec: atime_secs,
+            tv_nsec: 0,
+        },
+        last_modification: rustix::fs::Timespec {
+            tv_sec: mtime_secs,
+            tv_nsec: mtime_nanos,
+        },
+    }
+}
+
 fn errno_of(err: &std::io::Error) -> i32 {
     err.raw_os_error().unwrap_or(0)
 }
@@ -73,7 +104,7 @@ fn errno_of(err: &std::io::Error) -> i32 {
 fn other_user_follows_file_modes(d: &Path) -> Result<(), String> {
     let f = d.join("f");
     fs::write(&f, b"data").map_err(e("write"))?;
-    fs::set_permissions(&f, fs::Permissions::from_mode(0o644)).map_err(e("chmod"))?;
+    chmod(&f, 0o644)?;
     ensure!(
         as_other(&format!("cat {}", q(&f))),
         "0644 not readable by others"
@@ -82,7 +113,7 @@ fn other_user_follows_file_modes(d: &Path) -> Result<(), String> {
         !as_other(&format!("echo x >> {}", q(&f))),
         "0644 writable by others"
     );
-    fs::set_permissions(&f, fs::Permissions::from_mode(0o600)).map_err(e("chmod"))?;
+    chmod(&f, 0o600)?;
     ensure!(
         !as_other(&format!("cat {}", q(&f))),
         "0600 readable by others"
@@ -97,7 +128,7 @@ fn other_user_creates_per_directory_mode(d: &Path) -> Result<(), String> {
     let closed = d.join("closed");
     for (dir, mode) in [(&open, 0o777), (&closed, 0o755)] {
         fs::create_dir(dir).map_err(e("mkdir"))?;
-        fs::set_permissions(dir, fs::Permissions::from_mode(mode)).map_err(e("chmod"))?;
+        chmod(dir, mode)?;
     }
     ensure!(
         as_other(&format!("echo hi > {}/f && mkdir {}/s", q(&open), q(&open))),
@@ -123,7 +154,7 @@ fn other_user_creates_per_directory_mode(d: &Path) -> Result<(), String> {
 fn sticky_directory_protects_entries(d: &Path) -> Result<(), String> {
     let t = d.join("t");
     fs::create_dir(&t).map_err(e("mkdir"))?;
-    fs::set_permissions(&t, fs::Permissions::from_mode(0o1777)).map_err(e("chmod"))?;
+    chmod(&t, 0o1777)?;
     fs::write(t.join("mine"), b"x").map_err(e("write"))?;
     ensure!(
         !as_other(&format!("rm -f {}/mine", q(&t))),
@@ -162,14 +193,7 @@ fn chown_and_chmod_permissions(d: &Path) -> Result<(), String> {
 /// mkfifo: a FIFO with its mode, that carries bytes between two opens.
 fn fifo_works(d: &Path) -> Result<(), String> {
     let p = d.join("p");
-    rustix::fs::mknodat(
-        rustix::fs::CWD,
-        &p,
-        rustix::fs::FileType::Fifo,
-        rustix::fs::Mode::from_raw_mode(0o640),
-        0,
-    )
-    .map_err(e("mkfifo"))?;
+    mkfifo(&p, 0o640)?;
     let m = fs::symlink_metadata(&p).map_err(e("stat"))?;
     ensure!(m.mode() & 0o170000 == 0o010000, "type {:o}", m.mode());
     let reader_path = p.clone();
@@ -429,14 +453,7 @@ fn hard_links_of_symlinks_and_fifos(d: &Path) -> Result<(), String> {
     let l = d.join("l");
     std::os::unix::fs::symlink("somewhere", &l).map_err(e("symlink"))?;
     let p = d.join("p");
-    rustix::fs::mknodat(
-        rustix::fs::CWD,
-        &p,
-        rustix::fs::FileType::Fifo,
-        rustix::fs::Mode::from_raw_mode(0o600),
-        0,
-    )
-    .map_err(e("mkfifo"))?;
+    mkfifo(&p, 0o600)?;
     for (from, to) in [(&l, d.join("l2")), (&p, d.join("p2"))] {
         // link(2) itself: std's hard_link follows no symlink either.
         fs::hard_link(from, &to).map_err(e("link"))?;
@@ -484,7 +501,7 @@ fn attributes_through_every_name(d: &Path) -> Result<(), String> {
     std::thread::sleep(Duration::from_millis(20));
     fs::hard_link(&a, &b).map_err(e("link"))?;
     ensure!(ctime(&b)? > before, "link changed no ctime");
-    fs::set_permissions(&a, fs::Permissions::from_mode(0o640)).map_err(e("chmod"))?;
+    chmod(&a, 0o640)?;
     std::os::unix::fs::chown(&a, Some(OTHER_ID), Some(OTHER_ID)).map_err(e("chown"))?;
     let when = UNIX_EPOCH + Duration::from_secs(4_000_000);
     fs::File::options()
@@ -573,16 +590,7 @@ fn utimensat_on_a_symlink(d: &Path) -> Result<(), String> {
     let l = d.join("link");
     std::os::unix::fs::symlink("target", &l).map_err(e("symlink"))?;
     let target_mtime = fs::metadata(&t).map_err(e("stat"))?.mtime();
-    let times = rustix::fs::Timestamps {
-        last_access: rustix::fs::Timespec {
-            tv_sec: 1_000_000,
-            tv_nsec: 0,
-        },
-        last_modification: rustix::fs::Timespec {
-            tv_sec: 2_000_000,
-            tv_nsec: 5,
-        },
-    };
+    let times = timestamps(1_000_000, 2_000_000, 5);
     rustix::fs::utimensat(
         rustix::fs::CWD,
         &l,
@@ -660,7 +668,7 @@ fn paths_up_to_path_max(d: &Path) -> Result<(), String> {
     let file = path_of_length(d, PATH_MAX_BYTES, 'f')?;
     fs::write(&file, b"deep").map_err(e("create"))?;
     ensure!(fs::read(&file).map_err(e("read"))? == b"deep", "content");
-    fs::set_permissions(&file, fs::Permissions::from_mode(0o640)).map_err(e("chmod"))?;
+    chmod(&file, 0o640)?;
     std::os::unix::fs::chown(&file, Some(OTHER_ID), Some(OTHER_ID)).map_err(e("chown"))?;
     let m = fs::metadata(&file).map_err(e("stat"))?;
     ensure!(m.mode() & 0o7777 == 0o640, "mode {:o}", m.mode());
@@ -753,7 +761,7 @@ fn setgid_directory_passes_its_group(d: &Path) -> Result<(), String> {
     let g = d.join("g");
     fs::create_dir(&g).map_err(e("mkdir"))?;
     std::os::unix::fs::chown(&g, None, Some(1234)).map_err(e("chgrp"))?;
-    fs::set_permissions(&g, fs::Permissions::from_mode(0o2775)).map_err(e("chmod"))?;
+    chmod(&g, 0o2775)?;
     fs::write(g.join("f"), b"x").map_err(e("write"))?;
     fs::create_dir(g.join("s")).map_err(e("mkdir"))?;
     let (f, s) = (
@@ -814,25 +822,9 @@ fn utimens_on_every_kind(d: &Path) -> Result<(), String> {
     let sub = d.join("sub");
     fs::create_dir(&sub).map_err(e("mkdir"))?;
     let p = d.join("p");
-    rustix::fs::mknodat(
-        rustix::fs::CWD,
-        &p,
-        rustix::fs::FileType::Fifo,
-        rustix::fs::Mode::from_raw_mode(0o600),
-        0,
-    )
-    .map_err(e("mkfifo"))?;
+    mkfifo(&p, 0o600)?;
     for path in [&f, &sub, &p] {
-        let times = rustix::fs::Timestamps {
-            last_access: rustix::fs::Timespec {
-                tv_sec: 3_000_000,
-                tv_nsec: 0,
-            },
-            last_modification: rustix::fs::Timespec {
-                tv_sec: 3_000_000,
-                tv_nsec: 0,
-            },
-        };
+        let times = timestamps(3_000_000, 3_000_000, 0);
         rustix::fs::utimensat(rustix::fs::CWD, path, &times, rustix::fs::AtFlags::empty())
             .map_err(e("utimensat"))?;
         let m = fs::symlink_metadata(path).map_err(e("stat"))?;
@@ -912,7 +904,7 @@ fn run_suite(root: &Path) -> Vec<String> {
     for (name, check) in CHECKS {
         let dir = root.join(name);
         fs::create_dir(&dir).unwrap();
-        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+        chmod(&dir, 0o755).unwrap();
         if let Err(why) = check(&dir) {
             failed.push(format!("{name}: {why}"));
         }
@@ -941,7 +933,7 @@ impl Mounted {
     /// can reach; `mount` mounts them there.
     fn new(branches: usize, mount: impl FnOnce(&Path, &[PathBuf], &Path) -> Command) -> Mounted {
         let dir = tempfile::tempdir().unwrap();
-        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        chmod(dir.path(), 0o755).unwrap();
         let branches: Vec<PathBuf> = (0..branches)
             .map(|i| dir.path().join(format!("b{i}")))
             .collect();
@@ -962,7 +954,7 @@ impl Mounted {
             std::thread::sleep(Duration::from_millis(20));
         }
         assert!(is_mounted(&mounted.mnt), "not mounted");
-        fs::set_permissions(&mounted.mnt, fs::Permissions::from_mode(0o755)).unwrap();
+        chmod(&mounted.mnt, 0o755).unwrap();
         mounted
     }
 
@@ -1045,7 +1037,7 @@ const RAIF_TARGETS: &[(&str, usize)] = &[
 /// the test machines): the checks that fail there.
 fn on_ext4() -> Vec<String> {
     let ext4 = tempfile::tempdir().unwrap();
-    fs::set_permissions(ext4.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    chmod(ext4.path(), 0o755).unwrap();
     run_suite(ext4.path())
 }
 

@@ -9,10 +9,10 @@
 //! scripts/test.sh ($GROVE_REQUIRE_TOOLS) fails instead.
 
 mod support;
-use support::{have, GroveOnPool};
+use support::{have, GroveOnPool, Reaped, TempPool as Pool};
 
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -73,43 +73,7 @@ fn skip(what: &str) {
     println!("SKIP: {what}");
 }
 
-struct Pool {
-    dir: TempDir,
-    path: PathBuf,
-}
-
-impl GroveOnPool for Pool {
-    fn pool_path(&self) -> PathBuf {
-        self.path.clone()
-    }
-
-    fn working_dir(&self) -> Option<&Path> {
-        Some(self.dir.path())
-    }
-}
-
 impl Pool {
-    fn new() -> Pool {
-        let dir = TempDir::new().unwrap();
-        let path = dir.path().join("pool");
-        let pool = Pool { dir, path };
-        pool.ok(&["init"]);
-        pool
-    }
-
-    fn file(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn list(&self) -> Vec<Value> {
-        let out = self.ok(&["list", "--json"]);
-        serde_json::from_str::<Value>(&out)
-            .unwrap()
-            .as_array()
-            .unwrap()
-            .clone()
-    }
-
     fn has_volume(&self, name: &str) -> bool {
         self.list().iter().any(|v| v["name"] == name)
     }
@@ -159,7 +123,7 @@ fn token_in(text: &str) -> Option<String> {
 /// A pool with volume `v` of `size` MiB holding random data, and snapshot
 /// v@1 of it; returns the pool and the full stream of v@1.
 fn source(size_mib: usize, runs: &[(usize, usize)], seed: u64) -> (Pool, Vec<u8>) {
-    let pool = Pool::new();
+    let pool = Pool::init(&[]);
     pool.ok(&["create", "v", "--size", &format!("{size_mib}M")]);
     let mut rng = Rng(seed);
     for &(offset, length) in runs {
@@ -237,7 +201,7 @@ fn damaged_streams_are_refused_and_leave_nothing_visible() {
         damaged.push((format!("Data frames {i} and {j} swapped"), copy));
     }
 
-    let b = Pool::new();
+    let b = Pool::init(&[]);
     let (mut tried, mut refused, mut partials) = (0, 0, 0);
     for (what, stream) in &damaged {
         tried += 1;
@@ -307,7 +271,7 @@ fn damaged_streams_are_refused_and_leave_nothing_visible() {
 #[test]
 fn abort_drops_a_partial_receive() {
     let (_a, full) = source(16, &[(0, 3 * MIB)], 7);
-    let b = Pool::new();
+    let b = Pool::init(&[]);
     let truncated = b.file("truncated.stream");
     std::fs::write(&truncated, &full[..full.len() / 2]).unwrap();
     let output = b.run(&["receive", "r@1", truncated.to_str().unwrap()]);
@@ -331,7 +295,7 @@ fn spawn_receive(pool: &Pool, name: &str) -> Child {
 /// Pool `a` with a 64 MiB volume of random data and snapshot v@1: its
 /// full stream and its content digest.
 fn killed_source(rng: &mut Rng) -> (Pool, Vec<u8>, String) {
-    let a = Pool::new();
+    let a = Pool::init(&[]);
     a.ok(&["create", "v", "--size", "64M"]);
     a.write("v", 0, &rng.bytes(64 * MIB));
     a.ok(&["snapshot", "v", "v@1"]);
@@ -394,7 +358,7 @@ fn a_receive_killed_anywhere_resumes_to_a_verified_snapshot() {
 
     let mut largest_resent: i64 = 0;
     for round in 0..8 {
-        let b = Pool::new();
+        let b = Pool::init(&[]);
         // Half the kills early, where a receive has not yet committed
         // once (and a resume sends the whole stream again).
         let fed = if round % 2 == 0 {
@@ -422,7 +386,7 @@ fn a_receive_killed_anywhere_resumes_to_a_verified_snapshot() {
 
     // The sender killed mid-stream: the receiver sees a truncated stream
     // and names the token; the resumed send completes it.
-    let b = Pool::new();
+    let b = Pool::init(&[]);
     let mut sender = a
         .command(&["send", "v@1"])
         .stdout(Stdio::piped())
@@ -484,7 +448,7 @@ fn a_receive_with_slow_commits_killed_resends_a_bounded_amount() {
     let full = std::sync::Arc::new(full);
     let mut largest_resent: i64 = 0;
     for round in 0..4 {
-        let b = Pool::new();
+        let b = Pool::init(&[]);
         let mut child = b
             .command(&["receive", "r@1", "-"])
             .env(COMMIT_DELAY_ENV, "300")
@@ -531,33 +495,9 @@ fn a_receive_with_slow_commits_killed_resends_a_bounded_amount() {
 }
 
 /// `grove serve` on a pool, killed on drop.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn serve(pool: &Pool) -> Server {
-    let child = pool
-        .command(&["serve"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let server = Server(child);
-    let started = Instant::now();
-    let accepts = |path: PathBuf| std::os::unix::net::UnixStream::connect(path).is_ok();
-    while !(accepts(pool.path.join("nbd.sock")) && accepts(pool.path.join("grove.control"))) {
-        assert!(
-            started.elapsed() < STARTUP_TIMEOUT,
-            "grove serve did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    server
+fn serve(pool: &Pool) -> Reaped {
+    let sockets = ["nbd.sock", "grove.control"];
+    pool.spawn_serving(pool.command(&["serve"]), &sockets, STARTUP_TIMEOUT)
 }
 
 #[test]
@@ -570,7 +510,7 @@ fn receive_into_a_served_pool_while_clients_write() {
     let stream_path = a.path.join("full.stream");
     a.ok(&["send", "v@1", "-o", stream_path.to_str().unwrap()]);
     let stream = std::fs::read(&stream_path).unwrap();
-    let b = Pool::new();
+    let b = Pool::init(&[]);
     b.ok(&["create", "disk", "--size", "64M"]);
     let _server = serve(&b);
     let uri = format!(
@@ -683,7 +623,7 @@ const TEST_PART_BYTES_MAX: u64 = 2 * ((1 << 20) + 8 + 9);
 fn killed_receive_from_url_resumes(a: &Pool, url: &str, seed: u64) {
     let expected = a.hash("v@1");
     let started = Instant::now();
-    let uncut = Pool::new();
+    let uncut = Pool::init(&[]);
     let summary = uncut.ok(&["receive", "r@1", "--from", url]);
     let uncut_time = started.elapsed();
     assert_eq!(uncut.hash("r@1"), expected);
@@ -695,7 +635,7 @@ fn killed_receive_from_url_resumes(a: &Pool, url: &str, seed: u64) {
         if cut == 3 {
             break;
         }
-        let b = Pool::new();
+        let b = Pool::init(&[]);
         let mut child = b
             .command(&["receive", "r@1", "--from", url])
             .stdout(Stdio::null())
@@ -893,7 +833,7 @@ fn interrupted_upload_round_trip(a: &Pool, url: &str) {
         complete && parts_after > parts_before,
         "{url}: {parts_after} parts, complete: {complete}"
     );
-    let b = Pool::new();
+    let b = Pool::init(&[]);
     b.ok(&["receive", "r@1", "--from", url]);
     assert_eq!(b.hash("r@1"), a.hash("v@1"));
 }
@@ -927,7 +867,7 @@ fn cursors_ranges_and_a_missing_base_name_what_to_send() {
         a.write("v", i * MIB, &rng.bytes(MIB / 2));
         a.ok(&["snapshot", "v", &format!("v@{i}")]);
     }
-    let b = Pool::new();
+    let b = Pool::init(&[]);
     // A full send starts the cursor; the next one goes from it.
     let out = pipe(&a, &["send", "v@1", "--cursor", "b"], &b, "v@1");
     assert!(
@@ -984,7 +924,7 @@ fn cursors_ranges_and_a_missing_base_name_what_to_send() {
 
     // A range (`--from BASE..`) makes every snapshot between, named under
     // the receiver's prefix.
-    let c = Pool::new();
+    let c = Pool::init(&[]);
     assert!(pipe(&a, &["send", "v@1"], &c, "c@1").status.success());
     let out = pipe(&a, &["send", "v@4", "--from", "v@1.."], &c, "c@4");
     assert!(
@@ -997,7 +937,7 @@ fn cursors_ranges_and_a_missing_base_name_what_to_send() {
     assert_eq!(c.hash("c@4"), a.hash("v@4"));
 
     // Missing base: one line naming it and an earlier snapshot both hold.
-    let d = Pool::new();
+    let d = Pool::init(&[]);
     assert!(pipe(&a, &["send", "v@1"], &d, "d@1").status.success());
     let out = pipe(&a, &["send", "v@4", "--from", "v@2"], &d, "x@4");
     assert!(!out.status.success());
@@ -1023,7 +963,7 @@ fn an_edited_resume_token_sends_nothing() {
         .as_str()
         .unwrap()
         .to_string();
-    let b = Pool::new();
+    let b = Pool::init(&[]);
     let truncated = b.file("truncated.stream");
     std::fs::write(&truncated, &full[..full.len() * 3 / 4]).unwrap();
     assert!(!b
@@ -1062,7 +1002,7 @@ fn an_edited_resume_token_sends_nothing() {
     );
 
     // Another pool does not accept it either.
-    let c = Pool::new();
+    let c = Pool::init(&[]);
     let output = c.run(&["send", "--resume", &token, "-o", "/dev/null"]);
     assert!(!output.status.success());
 
@@ -1244,7 +1184,7 @@ fn send_piped_through_ssh_into_a_remote_receive() {
     };
     let runs = [(0, 5 * MIB), (9 * MIB + 4096, 3 * MIB)];
     let (a, _) = source(16, &runs, 0x55d0_0000_0000_0001);
-    let b = Pool::new();
+    let b = Pool::init(&[]);
 
     // Full.
     let (sent, received) = send_over_ssh(&sshd, &a, &["send", "v@1"], &b, "r@1");
@@ -1284,7 +1224,7 @@ fn send_piped_through_ssh_into_a_remote_receive() {
 
     // A base the far pool lacks: its one-line error comes back over ssh
     // on stderr, and ssh exits with the remote failure.
-    let c = Pool::new();
+    let c = Pool::init(&[]);
     let (sent, received) = send_over_ssh(&sshd, &a, &["send", "v@2", "--from", "v@1"], &c, "x@2");
     assert!(
         !received.status.success(),
@@ -1358,7 +1298,7 @@ fn run_measuring_peak_rss(pool: &Pool, args: &[&str], stdin: Option<&PathBuf>) -
 fn zero_and_hole_records_over_large_ranges_take_bounded_memory() {
     const ZEROED: usize = 512 * MIB;
     let (a, full) = source(1024, &[(0, MIB), (100 * MIB, MIB), (700 * MIB, MIB)], 35);
-    let b = Pool::new();
+    let b = Pool::init(&[]);
     let full_path = b.file("full.stream");
     std::fs::write(&full_path, &full).unwrap();
     b.ok(&["receive", "r@1", full_path.to_str().unwrap()]);
@@ -1426,7 +1366,7 @@ type BeginEdit = fn(&mut grove_send::format::Begin);
 /// leave nothing.
 #[test]
 fn forged_begin_fields_are_refused_naming_the_field() {
-    let b = Pool::new();
+    let b = Pool::init(&[]);
     let path = b.file("forged.stream");
     let cases: [(&str, BeginEdit); 6] = [
         ("block size is 0 bytes", |b| b.block_size_bytes = 0),
@@ -1543,7 +1483,7 @@ fn a_stream_damaged_in_its_trailer_leaves_nothing() {
     repeated.extend_from_slice(&full[finish_start..end_start]);
     repeated.extend_from_slice(&full[end_start..]);
     cases.push(("a Finish repeated", repeated));
-    let b = Pool::new();
+    let b = Pool::init(&[]);
     let path = b.file("trailer.stream");
     for (what, stream) in &cases {
         std::fs::write(&path, stream).unwrap();

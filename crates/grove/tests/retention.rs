@@ -6,15 +6,14 @@
 //! a clock the test drives, while the pool is served.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tempfile::TempDir;
 
 mod support;
-use support::GroveOnPool;
+use support::{GroveOnPool, Reaped, TempPool as Pool};
 
 const HOUR: u64 = 3600;
 /// 2026-11-23 00:00:00 UTC, a Monday.
@@ -22,27 +21,10 @@ const MONDAY: u64 = 1_795_392_000;
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
 const SCHEDULER_TIMEOUT: Duration = Duration::from_secs(20);
 
-struct Pool {
-    dir: TempDir,
-    path: PathBuf,
-}
-
-impl GroveOnPool for Pool {
-    fn pool_path(&self) -> PathBuf {
-        self.path.clone()
-    }
-
-    fn working_dir(&self) -> Option<&Path> {
-        Some(self.dir.path())
-    }
-}
-
 impl Pool {
-    fn new() -> Pool {
-        let dir = TempDir::new().unwrap();
-        let path = dir.path().join("pool");
-        let pool = Pool { dir, path };
-        pool.ok(&["init"]);
+    /// A pool with a 16 MiB volume "vm".
+    fn with_vm() -> Pool {
+        let pool = Pool::init(&[]);
         pool.ok(&["create", "vm", "--size", "16M"]);
         pool
     }
@@ -57,11 +39,7 @@ impl Pool {
     }
 
     fn snapshots(&self) -> BTreeSet<String> {
-        let out = self.ok(&["list", "--json"]);
-        serde_json::from_str::<Value>(&out)
-            .unwrap()
-            .as_array()
-            .unwrap()
+        self.list()
             .iter()
             .filter(|v| v["kind"] == "snapshot")
             .map(|v| v["name"].as_str().unwrap().to_string())
@@ -75,7 +53,7 @@ fn at(t: u64) -> String {
 
 #[test]
 fn policies_are_set_explained_and_refused_when_wrong() {
-    let pool = Pool::new();
+    let pool = Pool::with_vm();
     let out = pool.ok(&[
         "policy",
         "set",
@@ -154,7 +132,7 @@ fn policies_are_set_explained_and_refused_when_wrong() {
 /// `policy show --json` says which rule keeps each.
 #[test]
 fn cron_style_auto_snapshots_and_prunes_keep_what_the_policy_says() {
-    let pool = Pool::new();
+    let pool = Pool::with_vm();
     pool.ok(&["policy", "set", "vm", "--hourly", "3", "--daily", "2"]);
     for hour in 0..72 {
         let now = MONDAY + hour * HOUR;
@@ -216,7 +194,7 @@ fn newest_auto(pool: &Pool) -> String {
 
 #[test]
 fn holds_stop_rm_and_prune_until_released_or_their_lease_ends() {
-    let pool = Pool::new();
+    let pool = Pool::with_vm();
     pool.ok(&["policy", "set", "vm", "--hourly", "1"]);
     pool.ok(&["snapshot", "--auto", "vm", "--now", &at(MONDAY)]);
     let first = newest_auto(&pool);
@@ -272,7 +250,7 @@ fn holds_stop_rm_and_prune_until_released_or_their_lease_ends() {
 /// prune keeps it while the cursor is there.
 #[test]
 fn a_replication_cursor_holds_its_snapshot() {
-    let pool = Pool::new();
+    let pool = Pool::with_vm();
     pool.ok(&["policy", "set", "vm", "--hourly", "1"]);
     pool.ok(&["snapshot", "--auto", "vm", "--now", &at(MONDAY)]);
     let sent = newest_auto(&pool);
@@ -297,7 +275,7 @@ fn a_replication_cursor_holds_its_snapshot() {
 /// the policy says, while the pool is served.
 #[test]
 fn the_served_pool_s_scheduler_takes_and_prunes_on_its_clock() {
-    let pool = Pool::new();
+    let pool = Pool::with_vm();
     pool.ok(&["policy", "set", "vm", "--hourly", "2", "--daily", "1"]);
     let clock = pool.dir.path().join("clock");
     std::fs::write(&clock, MONDAY.to_string()).unwrap();
@@ -352,7 +330,7 @@ fn the_scheduler_s_snapshots_hold_every_write_acknowledged_before_them() {
     if !support::have("qemu-io") {
         return;
     }
-    let pool = Pool::new();
+    let pool = Pool::with_vm();
     pool.ok(&["policy", "set", "vm", "--hourly", "3"]);
     let clock = pool.dir.path().join("clock");
     std::fs::write(&clock, (MONDAY - HOUR).to_string()).unwrap();
@@ -424,35 +402,14 @@ fn qemu_io(uri: &str, commands: &[&str]) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr)
 }
 
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn serve(pool: &Pool, clock: &Path) -> Server {
-    let child = pool
-        .command(&["serve"])
+/// `grove serve` on a pool with its clock read from `clock`, killed on
+/// drop.
+fn serve(pool: &Pool, clock: &Path) -> Reaped {
+    let mut command = pool.command(&["serve"]);
+    command
         .env("GROVE_CLOCK_FILE", clock)
-        .env("GROVE_SCHEDULER_TICK_MS", "20")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let server = Server(child);
-    let started = Instant::now();
-    let accepts = |path: PathBuf| std::os::unix::net::UnixStream::connect(path).is_ok();
-    while !accepts(pool.path.join("grove.control")) {
-        assert!(
-            started.elapsed() < STARTUP_TIMEOUT,
-            "grove serve did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    server
+        .env("GROVE_SCHEDULER_TICK_MS", "20");
+    pool.spawn_serving(command, &["grove.control"], STARTUP_TIMEOUT)
 }
 
 fn wait_until(pool: &Pool, mut done: impl FnMut() -> bool) {
@@ -472,7 +429,7 @@ fn wait_until(pool: &Pool, mut done: impl FnMut() -> bool) {
 /// 64 KiB request line) removes them all, in several requests.
 #[test]
 fn a_served_prune_of_more_names_than_one_request_holds_removes_them_all() {
-    let pool = Pool::new();
+    let pool = Pool::with_vm();
     let count = 600;
     let name = |i: u64| format!("vm@{i:0>117}");
     {
@@ -532,7 +489,7 @@ fn kept_by_rank(
 /// with some old and new ones ranked (again, or back to none) at random.
 #[test]
 fn snapshots_ranked_later_are_kept_and_pruned_as_their_rank_against_an_oracle() {
-    let pool = Pool::new();
+    let pool = Pool::with_vm();
     pool.ok(&[
         "policy", "set", "vm", "--hourly", "3", "--daily", "2", "--weekly", "1",
     ]);

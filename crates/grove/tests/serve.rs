@@ -8,7 +8,7 @@
 //! instead.
 
 mod support;
-use support::{have, GroveOnPool};
+use support::{assert_qemu_io_ok, assert_refused_in_use, have, GroveOnPool};
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
@@ -124,17 +124,6 @@ fn qemu_io(uri: &str, read_only: bool, commands: &[&str]) -> Output {
         command.args(["-c", c]);
     }
     command.arg(uri).output().unwrap()
-}
-
-fn assert_qemu_io_ok(output: &Output, what: &str) {
-    let text = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success()
-            && !text.contains("failed")
-            && !text.contains("Pattern verification"),
-        "{what}: {text}{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
 }
 
 #[test]
@@ -335,14 +324,7 @@ fn a_volume_with_a_connected_client_is_not_removed_unless_forced() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let output = served.run(&["rm", "disk"]);
-    assert_eq!(output.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        stderr.contains("in use") && stderr.contains("--force"),
-        "{stderr}"
-    );
-    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert_refused_in_use(served.run(&["rm", "disk"]));
     // A volume nobody has open goes, and so does a busy one with --force.
     served.ok(&["rm", "scratch"]);
     served.ok(&["rm", "--force", "disk"]);

@@ -177,21 +177,33 @@ fn trickle(mut sockets: Vec<TcpStream>, stop: std::sync::mpsc::Receiver<()>) {
     }
 }
 
+/// Runs `probe` while a thread trickles the TLS handshakes `flood` began.
+fn while_trickling<T>(flood: Vec<TcpStream>, probe: impl FnOnce() -> T) -> T {
+    let (stop, stopped) = std::sync::mpsc::channel();
+    let trickler = std::thread::spawn(move || trickle(flood, stopped));
+    let result = probe();
+    stop.send(()).unwrap();
+    trickler.join().unwrap();
+    result
+}
+
+/// The export "disk" over TLS at `addr`, with the client certificates in
+/// `client`.
+fn nbds_uri(addr: std::net::SocketAddr, client: &std::path::Path) -> String {
+    format!(
+        "nbds://127.0.0.1:{}/disk?tls-certificates={}",
+        addr.port(),
+        client.display()
+    )
+}
+
+/// A 64 MiB daemon on TCP that asks for client certificates, with `extra`
+/// arguments.
 fn tls_daemon(certs: &std::path::Path, extra: &[&str]) -> Daemon {
-    let path = |name: &str| certs.join(name).to_str().unwrap().to_string();
-    let mut args = vec![
-        "--listen".to_string(),
-        "127.0.0.1:0".into(),
-        "--tls-cert".into(),
-        path("server-cert.pem"),
-        "--tls-key".into(),
-        path("server-key.pem"),
-        "--tls-ca".into(),
-        path("ca-cert.pem"),
-    ];
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    Daemon::start("64M", &args)
+    let ca = certs.join("ca-cert.pem");
+    let mut more = vec!["--tls-ca", ca.to_str().unwrap()];
+    more.extend_from_slice(extra);
+    start_tls_daemon("64M", certs, &more)
 }
 
 #[test]
@@ -211,16 +223,10 @@ fn a_tls_slow_loris_does_not_lock_out_a_certificate_holder() {
         flood.len()
     );
     assert!(!flood.is_empty(), "the flood's first clients got in");
-    let (stop, stopped) = std::sync::mpsc::channel();
-    let trickler = std::thread::spawn(move || trickle(flood, stopped));
-    let uri = format!(
-        "nbds://127.0.0.1:{}/disk?tls-certificates={}",
-        addr.port(),
-        client.display()
-    );
-    let (worst, failures) = probe_for_window(|| timed(Command::new("nbdinfo").arg(&uri)));
-    stop.send(()).unwrap();
-    trickler.join().unwrap();
+    let uri = nbds_uri(addr, &client);
+    let (worst, failures) = while_trickling(flood, || {
+        probe_for_window(|| timed(Command::new("nbdinfo").arg(&uri)))
+    });
     assert_served("TLS slow-loris", worst, &failures);
 }
 
@@ -246,16 +252,8 @@ fn unfinished_tls_handshakes_give_way_to_a_new_client_when_slots_run_out() {
         .filter_map(|_| start_tls(tcp_from(HOSTILE_ADDR, addr).ok()?))
         .collect();
     assert_eq!(flood.len(), 8, "the flood takes every slot");
-    let (stop, stopped) = std::sync::mpsc::channel();
-    let trickler = std::thread::spawn(move || trickle(flood, stopped));
-    let uri = format!(
-        "nbds://127.0.0.1:{}/disk?tls-certificates={}",
-        addr.port(),
-        client.display()
-    );
-    let (ok, took, text) = timed(Command::new("nbdinfo").arg(&uri));
-    stop.send(()).unwrap();
-    trickler.join().unwrap();
+    let uri = nbds_uri(addr, &client);
+    let (ok, took, text) = while_trickling(flood, || timed(Command::new("nbdinfo").arg(&uri)));
     assert!(ok, "the certificate holder is served: {text}");
     assert!(
         took < Duration::from_millis(LEGITIMATE_LATENCY_MAX_MS),

@@ -203,20 +203,8 @@ fn tls_with_client_certificates_serves_libnbd_and_qemu_and_refuses_plaintext() {
     }
     let certs = tempfile::tempdir().unwrap();
     let (server, client, anonymous) = make_certificates(certs.path());
-    let path = |name: &str| server.join(name).to_str().unwrap().to_string();
-    let daemon = Daemon::start(
-        "64M",
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--tls-cert",
-            &path("server-cert.pem"),
-            "--tls-key",
-            &path("server-key.pem"),
-            "--tls-ca",
-            &path("ca-cert.pem"),
-        ],
-    );
+    let ca = server.join("ca-cert.pem");
+    let daemon = start_tls_daemon("64M", &server, &["--tls-ca", ca.to_str().unwrap()]);
     let addr = daemon.tcp.expect("the TCP address is printed");
 
     // libnbd over TLS with a client certificate.
@@ -304,20 +292,7 @@ fn tls_allow_serves_plaintext_and_tls_clients() {
     }
     let certs = tempfile::tempdir().unwrap();
     let (server, client, _) = make_certificates(certs.path());
-    let path = |name: &str| server.join(name).to_str().unwrap().to_string();
-    let daemon = Daemon::start(
-        "8M",
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--tls-cert",
-            &path("server-cert.pem"),
-            "--tls-key",
-            &path("server-key.pem"),
-            "--tls",
-            "allow",
-        ],
-    );
+    let daemon = start_tls_daemon("8M", &server, &["--tls", "allow"]);
     let port = daemon.tcp.unwrap().port();
     let tls = run(Command::new("nbdinfo").arg(format!(
         "nbds://127.0.0.1:{port}/disk?tls-certificates={}",

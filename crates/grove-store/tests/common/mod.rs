@@ -36,6 +36,21 @@ pub fn contents(pool: &Pool) -> BTreeMap<String, Vec<u8>> {
         .collect()
 }
 
+/// `check` finds no error, nothing leaked and no count held back.
+#[track_caller]
+pub fn assert_clean(pool: &Pool, context: &str) {
+    let report = pool.check(false).unwrap();
+    assert!(report.is_clean(), "{context}: {:?}", report.errors);
+    assert!(
+        !report
+            .warnings
+            .iter()
+            .any(|w| w.contains("leaked") || w.contains("more references")),
+        "{context}: {:?}",
+        report.warnings
+    );
+}
+
 /// What a test runs before a write or a flush reaches the device.
 pub type Hook = Box<dyn Fn(&grove_store::MemDevice) + Send + Sync>;
 

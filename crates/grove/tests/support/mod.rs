@@ -9,6 +9,7 @@ use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant};
 
 use grove_nbd::codec::{Command as NbdCommand, *};
+use tempfile::TempDir;
 
 pub const GROVE: &str = env!("CARGO_BIN_EXE_grove");
 
@@ -66,6 +67,102 @@ pub trait GroveOnPool {
         );
         String::from_utf8(output.stdout).unwrap()
     }
+}
+
+/// A pool in a temporary directory of its own, which also holds the files
+/// a test makes; removed on drop.
+pub struct TempPool {
+    pub dir: TempDir,
+    pub path: PathBuf,
+}
+
+impl GroveOnPool for TempPool {
+    fn pool_path(&self) -> PathBuf {
+        self.path.clone()
+    }
+
+    fn working_dir(&self) -> Option<&Path> {
+        Some(self.dir.path())
+    }
+}
+
+impl TempPool {
+    /// A temp directory with a pool made by `grove init` plus `init_args`.
+    pub fn init(init_args: &[&str]) -> TempPool {
+        let pool = TempPool::uninitialized();
+        let mut args = vec!["init"];
+        args.extend_from_slice(init_args);
+        pool.ok(&args);
+        pool
+    }
+
+    /// A temp directory where the pool would go, with nothing in it yet.
+    pub fn uninitialized() -> TempPool {
+        let dir = TempDir::new().unwrap();
+        let path = dir.path().join("pool");
+        TempPool { dir, path }
+    }
+
+    /// A path beside the pool, in its temp directory.
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Starts `serve` (a `grove serve` on this pool) with its output
+    /// dropped; returns once each of `sockets`, named in the pool's
+    /// directory, accepts a connection, which must be within `timeout`.
+    pub fn spawn_serving(&self, mut serve: Command, sockets: &[&str], timeout: Duration) -> Reaped {
+        let child = serve
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let server = Reaped(child);
+        let started = Instant::now();
+        let accepts = |name: &&str| UnixStream::connect(self.path.join(name)).is_ok();
+        while !sockets.iter().all(accepts) {
+            assert!(started.elapsed() < timeout, "grove serve did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        server
+    }
+
+    /// `grove list --json`: every volume's object. (The trait's `ok` by
+    /// name: a test may give its pool an `ok` of its own.)
+    pub fn list(&self) -> Vec<serde_json::Value> {
+        let out = GroveOnPool::ok(self, &["list", "--json"]);
+        serde_json::from_str::<serde_json::Value>(&out)
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .clone()
+    }
+}
+
+/// qemu-io ran clean: it succeeded, and no read or pattern check failed.
+#[track_caller]
+pub fn assert_qemu_io_ok(output: &Output, what: &str) {
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success()
+            && !text.contains("failed")
+            && !text.contains("Pattern verification"),
+        "{what}: {text}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// A command refused because the volume is in use: exit code 1 and one
+/// line that says so and names --force.
+#[track_caller]
+pub fn assert_refused_in_use(output: Output) {
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("in use") && stderr.contains("--force"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
 }
 
 /// Whether `tool` is on the PATH, without a word either way.
@@ -358,6 +455,23 @@ pub fn closed(s: &mut impl Read) -> bool {
             std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
         ),
     }
+}
+
+/// A daemon on a TCP port of its own with the server certificate and key
+/// in `server` (as `make_certificates` lays it out), and `more` arguments.
+pub fn start_tls_daemon(disk_size: &str, server: &Path, more: &[&str]) -> Daemon {
+    let cert = server.join("server-cert.pem");
+    let key = server.join("server-key.pem");
+    let mut args = vec![
+        "--listen",
+        "127.0.0.1:0",
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+    ];
+    args.extend_from_slice(more);
+    Daemon::start(disk_size, &args)
 }
 
 /// Makes a CA, a server certificate for 127.0.0.1 and localhost, and a
