@@ -25,6 +25,9 @@ pub struct ListedSnapshot {
     /// Bytes of versions no other archived snapshot references.
     pub unique_bytes: u64,
     pub hash: String,
+    /// Why its index cannot be read, if it cannot (`archive check` says more).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub damaged: Option<String>,
 }
 
 /// The archive as a whole.
@@ -59,11 +62,28 @@ pub fn list(
         return Ok(listing);
     };
     let verdicts = policy.map(|p| verdicts::judge(&catalog, p, now_unix_secs));
-    let indexes = catalog
-        .snapshots
-        .iter()
-        .map(|s| archive.index(&s.index, s.seq, catalog.block_bytes))
-        .collect::<Result<Vec<_>>>()?;
+    // A damaged index still lists its snapshot, marked, with what the
+    // index would have said left empty.
+    let mut damaged = Vec::new();
+    let mut indexes = Vec::new();
+    for s in &catalog.snapshots {
+        match archive.index(&s.index, s.seq, catalog.block_bytes) {
+            Ok(index) => {
+                damaged.push(None);
+                indexes.push(index);
+            }
+            Err(crate::error::ArchiveError::Damaged(why)) => {
+                damaged.push(Some(why));
+                indexes.push(SnapshotIndex {
+                    seq: s.seq,
+                    block_bytes: catalog.block_bytes,
+                    size_bytes: s.size_bytes,
+                    runs: Vec::new(),
+                });
+            }
+            Err(e) => return Err(e),
+        }
+    }
     for (i, s) in catalog.snapshots.iter().enumerate() {
         let neighbours = [i.checked_sub(1).map(|j| &indexes[j]), indexes.get(i + 1)];
         let until = verdicts.as_ref().map(|v| v.kept_until(s.seq));
@@ -80,6 +100,7 @@ pub fn list(
             mapped_bytes: indexes[i].mapped_bytes(),
             unique_bytes: unique_blocks(&indexes[i], &neighbours) * u64::from(catalog.block_bytes),
             hash: s.hash.clone(),
+            damaged: damaged[i].take(),
         });
     }
     listing.needed_bytes = distinct_versions(&indexes) * u64::from(catalog.block_bytes);

@@ -437,3 +437,56 @@ fn stop_daemon(child: &mut std::process::Child) {
         .status();
     let _ = child.wait();
 }
+
+/// The kinds of damage `archive check` must name by snapshot, each on a
+/// fresh archive: a missing pack, a truncated index, another snapshot's
+/// index in place of one (foreign).
+#[test]
+fn missing_truncated_and_foreign_objects_are_named_by_snapshot() {
+    type Damage = fn(&Path);
+    let kinds: [(&str, Damage); 3] = [
+        ("missing pack", |folder| {
+            let pack = newest(folder, "pack-");
+            std::fs::remove_file(folder.join(pack)).unwrap();
+        }),
+        ("truncated index", |folder| {
+            let index = folder.join(newest(folder, "index-"));
+            let bytes = std::fs::read(&index).unwrap();
+            std::fs::write(&index, &bytes[..bytes.len() - 5]).unwrap();
+        }),
+        ("foreign index", |folder| {
+            let mut names = names(folder, "index-");
+            names.sort();
+            std::fs::copy(folder.join(&names[0]), folder.join(names.last().unwrap())).unwrap();
+        }),
+    ];
+    for (kind, damage) in kinds {
+        let pool = Pool::new(None);
+        for day in 0..3 {
+            pool.day(day);
+        }
+        damage(&pool.folder().unwrap());
+        let check = pool.run(&["archive", "check", "--json"]);
+        assert_eq!(check.status.code(), Some(1), "{kind}");
+        let reports: Vec<Value> = serde_json::from_slice(&check.stdout).unwrap();
+        let damaged = reports[0]["report"]["damaged_snapshots"]
+            .as_array()
+            .unwrap();
+        let newest = pool.listing().last().unwrap()["name"].clone();
+        assert!(damaged.contains(&newest), "{kind}: {reports:?}");
+    }
+}
+
+fn names(folder: &Path, prefix: &str) -> Vec<String> {
+    std::fs::read_dir(folder)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with(prefix))
+        .collect()
+}
+
+fn newest(folder: &Path, prefix: &str) -> String {
+    let mut names = names(folder, prefix);
+    names.sort();
+    names.pop().unwrap()
+}

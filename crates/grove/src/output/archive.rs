@@ -37,9 +37,10 @@ pub fn write_listing(out: &mut impl Write, listing: &ArchiveListing) -> io::Resu
         "SNAPSHOT", "RANK", "EXPIRES", "SIZE", "ALONE"
     )?;
     for s in &listing.snapshots {
-        let expires = s
-            .expires_unix_secs
-            .map_or("when released".to_string(), calendar::display);
+        let expires = match (&s.damaged, s.expires_unix_secs) {
+            (Some(_), _) => "DAMAGED (check)".to_string(),
+            (None, until) => until.map_or("when released".to_string(), calendar::display),
+        };
         writeln!(
             out,
             "  {:<32} {:<8} {:<20} {:>10} {:>10}",
