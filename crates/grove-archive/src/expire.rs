@@ -83,7 +83,9 @@ pub fn expire(
     ledger::remove_packs(&mut catalog, &gone);
     catalog.totals.deleted_bytes += report.bytes_deleted;
     catalog.totals.copied_bytes += report.bytes_copied;
+    crate::hooks::stall_if_set("expire-before-commit");
     archive.commit(&mut catalog)?;
+    crate::hooks::stall_if_set("expire-before-delete");
     // Only now does nothing reference them.
     let mut names: Vec<String> = gone.iter().map(|&id| pack_object(id)).collect();
     names.extend(old_indexes);

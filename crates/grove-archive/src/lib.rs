@@ -32,6 +32,8 @@ mod check;
 mod error;
 mod expire;
 pub mod format;
+#[doc(hidden)]
+pub mod hooks;
 mod ledger;
 mod listing;
 mod lock;

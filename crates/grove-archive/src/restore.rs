@@ -109,6 +109,9 @@ fn write_runs(
             at += count;
             done += u64::from(count) * bs;
             progress(done, total);
+            if done * 2 >= total {
+                crate::hooks::stall_if_set("restore-midway");
+            }
         }
     }
     volume.flush()?;

@@ -137,6 +137,36 @@ impl Pool {
         self.ok(&["prune", "--now", &at(now)]);
     }
 
+    /// A day whose push is not followed by an expiry: expiries pile up.
+    fn day_without_expiry(&self, day: u64) {
+        let now = MONDAY + day * DAY + 3600;
+        self.write_random(((day * 7) % 1900) * 4096, 8192, day + 100);
+        self.ok(&["snapshot", "--auto", "vm", "--now", &at(now)]);
+        self.ok(&["archive", "push"]);
+        self.ok(&["prune", "--now", &at(now)]);
+    }
+
+    /// Runs `args` with the archive's test hook stalling at `point`, waits
+    /// until it says it stalled, and kills it with SIGKILL.
+    fn kill_at(&self, point: &str, args: &[&str]) {
+        let mut child = self
+            .command(args)
+            .env("GROVE_TEST_ARCHIVE_STALL_AT", point)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stderr.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(
+            line.contains(&format!("stalled at {point}")),
+            "{point}: {line}"
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
     fn listing(&self) -> Vec<Value> {
         let out = self.ok(&["archive", "list", "--json"]);
         let listings: Vec<Value> = serde_json::from_str(&out).unwrap();
@@ -489,4 +519,76 @@ fn newest(folder: &Path, prefix: &str) -> String {
     let mut names = names(folder, prefix);
     names.sort();
     names.pop().unwrap()
+}
+
+/// SIGKILL in expiry, before its commit and after it, and in the middle of
+/// a restore: the archive checks consistent, the command runs again (the
+/// dead writer's claim taken over) and ends as an uninterrupted run would,
+/// with nothing left over.
+#[test]
+fn expire_and_restore_killed_part_way_leave_a_consistent_archive_and_run_again() {
+    for point in ["expire-before-commit", "expire-before-delete"] {
+        let pool = Pool::new(None);
+        let mut taken = Vec::new();
+        for day in 0..10 {
+            pool.day_without_expiry(day);
+            taken.push(MONDAY + day * DAY + 3600);
+        }
+        let now = at(*taken.last().unwrap());
+        pool.kill_at(point, &["archive", "expire", "--now", &now]);
+        assert!(
+            pool.ok(&["archive", "check"]).contains("consistent"),
+            "{point}"
+        );
+        pool.ok(&["archive", "expire", "--now", &now, "--take-over"]);
+        let kept: Vec<u64> = pool
+            .listing()
+            .iter()
+            .map(|s| s["created_unix_secs"].as_u64().unwrap())
+            .collect();
+        let expected: Vec<u64> = kept_by_calendar(&archive_policy(), &taken)
+            .into_iter()
+            .collect();
+        assert_eq!(kept, expected, "{point}");
+        let out = pool.ok(&["archive", "check", "--deep", "--json"]);
+        let reports: Vec<Value> = serde_json::from_str(&out).unwrap();
+        assert!(
+            reports[0]["report"]["problems"]
+                .as_array()
+                .unwrap()
+                .is_empty(),
+            "{out}"
+        );
+        assert!(
+            reports[0]["report"]["unreferenced_objects"]
+                .as_array()
+                .unwrap()
+                .is_empty(),
+            "{point}: {out}"
+        );
+        for s in pool.listing() {
+            let name = s["name"].as_str().unwrap();
+            pool.ok(&["archive", "restore", name, "back"]);
+            assert_eq!(
+                pool.hash("back"),
+                s["hash"].as_str().unwrap(),
+                "{point}: {name}"
+            );
+            pool.ok(&["rm", "back"]);
+        }
+    }
+    let pool = Pool::new(None);
+    pool.day(0);
+    let name = pool.listing()[0]["name"].as_str().unwrap().to_string();
+    pool.kill_at("restore-midway", &["archive", "restore", &name, "back"]);
+    assert!(pool.ok(&["archive", "check"]).contains("consistent"));
+    pool.ok(&["archive", "restore", &name, "back"]);
+    assert_eq!(
+        pool.hash("back"),
+        pool.listing()[0]["hash"].as_str().unwrap()
+    );
+    assert!(
+        !pool.ok(&["list"]).contains("back.restoring"),
+        "the half restore is gone"
+    );
 }
