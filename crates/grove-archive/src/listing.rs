@@ -62,30 +62,22 @@ pub fn list(
         return Ok(listing);
     };
     let verdicts = policy.map(|p| verdicts::judge(&catalog, p, now_unix_secs));
-    // A damaged index still lists its snapshot, marked, with what the
-    // index would have said left empty.
-    let mut damaged = Vec::new();
-    let mut indexes = Vec::new();
-    for s in &catalog.snapshots {
-        match archive.index(&s.index, s.seq, catalog.block_bytes) {
-            Ok(index) => {
-                damaged.push(None);
-                indexes.push(index);
-            }
-            Err(crate::error::ArchiveError::Damaged(why)) => {
-                damaged.push(Some(why));
-                indexes.push(SnapshotIndex {
-                    seq: s.seq,
-                    block_bytes: catalog.block_bytes,
-                    size_bytes: s.size_bytes,
-                    runs: Vec::new(),
-                });
-            }
-            Err(e) => return Err(e),
-        }
-    }
+    // Three indexes at a time (a snapshot and its neighbours), whatever
+    // the number of snapshots: a version is referenced by a run of
+    // consecutive snapshots, so only neighbours can share one.
+    let count = catalog.snapshots.len();
+    let mut previous: Option<SnapshotIndex> = None;
+    let mut current = (count > 0)
+        .then(|| load_index(archive, &catalog, 0))
+        .transpose()?;
+    let mut needed_blocks = 0;
     for (i, s) in catalog.snapshots.iter().enumerate() {
-        let neighbours = [i.checked_sub(1).map(|j| &indexes[j]), indexes.get(i + 1)];
+        let (index, damaged) = current.take().expect("one index a snapshot");
+        let next = (i + 1 < count)
+            .then(|| load_index(archive, &catalog, i + 1))
+            .transpose()?;
+        let neighbours = [previous.as_ref(), next.as_ref().map(|(n, _)| n)];
+        needed_blocks += blocks_not_in(&index, previous.as_ref());
         let until = verdicts.as_ref().map(|v| v.kept_until(s.seq));
         listing.snapshots.push(ListedSnapshot {
             name: s.name.clone(),
@@ -97,13 +89,15 @@ pub fn list(
                 .as_ref()
                 .map_or("no archive policy".into(), |v| v.explain(s.seq).to_string()),
             size_bytes: s.size_bytes,
-            mapped_bytes: indexes[i].mapped_bytes(),
-            unique_bytes: unique_blocks(&indexes[i], &neighbours) * u64::from(catalog.block_bytes),
+            mapped_bytes: index.mapped_bytes(),
+            unique_bytes: unique_blocks(&index, &neighbours) * u64::from(catalog.block_bytes),
             hash: s.hash.clone(),
-            damaged: damaged[i].take(),
+            damaged,
         });
+        previous = Some(index);
+        current = next;
     }
-    listing.needed_bytes = distinct_versions(&indexes) * u64::from(catalog.block_bytes);
+    listing.needed_bytes = needed_blocks * u64::from(catalog.block_bytes);
     listing.packs = catalog.packs.len();
     listing.stored_bytes = ledger::stored_bytes(&catalog);
     listing.totals = catalog.totals.clone();
@@ -128,15 +122,33 @@ fn unique_blocks(index: &SnapshotIndex, neighbours: &[Option<&SnapshotIndex>; 2]
     unique
 }
 
-/// The distinct (pack, slot) versions the indexes map.
-fn distinct_versions(indexes: &[SnapshotIndex]) -> u64 {
-    let mut slots: std::collections::BTreeMap<u64, std::collections::BTreeSet<u32>> =
-        std::collections::BTreeMap::new();
-    for run in indexes.iter().flat_map(|i| &i.runs) {
-        slots
-            .entry(run.pack)
-            .or_default()
-            .extend(run.first_slot..run.first_slot + run.blocks);
+/// Snapshot `i`'s index; a damaged one reads as empty, with why.
+fn load_index(
+    archive: &Archive,
+    catalog: &crate::format::catalog::Catalog,
+    i: usize,
+) -> Result<(SnapshotIndex, Option<String>)> {
+    let s = &catalog.snapshots[i];
+    match archive.index(&s.index, s.seq, catalog.block_bytes) {
+        Ok(index) => Ok((index, None)),
+        Err(crate::error::ArchiveError::Damaged(why)) => Ok((
+            SnapshotIndex {
+                seq: s.seq,
+                block_bytes: catalog.block_bytes,
+                size_bytes: s.size_bytes,
+                runs: Vec::new(),
+            },
+            Some(why),
+        )),
+        Err(e) => Err(e),
     }
-    slots.values().map(|s| s.len() as u64).sum()
+}
+
+/// Blocks whose version in `index` the previous snapshot does not hold:
+/// summed over the snapshots in order, each distinct version once.
+fn blocks_not_in(index: &SnapshotIndex, previous: Option<&SnapshotIndex>) -> u64 {
+    let Some(previous) = previous else {
+        return index.runs.iter().map(|r| u64::from(r.blocks)).sum();
+    };
+    unique_blocks(index, &[Some(previous), None])
 }
