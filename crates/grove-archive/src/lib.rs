@@ -54,4 +54,5 @@ pub use lock::{claim, WriterLock};
 pub use push::{push, PushReport, PushRequest, DEFAULT_PACK_BYTES};
 pub use rank::{release, set_rank};
 pub use restore::{restore, RestoreReport};
+pub use verdicts::facts as retention_facts;
 pub use view::{archived_snapshots, ArchivedVolume};

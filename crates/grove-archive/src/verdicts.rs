@@ -28,8 +28,11 @@ impl Verdicts {
     }
 }
 
-pub fn judge(catalog: &Catalog, policy: &Policy, now_unix_secs: u64) -> Verdicts {
-    let facts: Vec<SnapshotFacts> = catalog
+/// The archived snapshots as the retention planner sees them: name, time
+/// and rank (the archive has no holds: a snapshot pushed by hand is
+/// unranked, and so kept until released).
+pub fn facts(catalog: &Catalog) -> Vec<SnapshotFacts> {
+    catalog
         .snapshots
         .iter()
         .map(|s| SnapshotFacts {
@@ -38,7 +41,11 @@ pub fn judge(catalog: &Catalog, policy: &Policy, now_unix_secs: u64) -> Verdicts
             rank: Level::from_rank(s.rank),
             holds: Vec::new(),
         })
-        .collect();
+        .collect()
+}
+
+pub fn judge(catalog: &Catalog, policy: &Policy, now_unix_secs: u64) -> Verdicts {
+    let facts = facts(catalog);
     let verdicts = plan(policy, &facts, now_unix_secs);
     let released: Vec<u64> = catalog
         .snapshots

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use grove_archive::Archive;
-use grove_retention::{Level, Policy, SnapshotFacts};
+use grove_retention::{Policy, SnapshotFacts};
 
 /// `to` if given, else grove.toml's `archive.location`, else a directory
 /// beside the pool (`file://POOL.archive`).
@@ -41,16 +41,7 @@ pub fn archived_facts(dir: &Path, volume: &str) -> Result<Vec<SnapshotFacts>> {
     let Some(catalog) = archive.load()? else {
         return Ok(Vec::new());
     };
-    Ok(catalog
-        .snapshots
-        .iter()
-        .map(|s| SnapshotFacts {
-            name: s.name.clone(),
-            created_unix_secs: s.created_unix_secs,
-            rank: Level::from_rank(s.rank),
-            holds: Vec::new(),
-        })
-        .collect())
+    Ok(grove_archive::retention_facts(&catalog))
 }
 
 /// The policy snapshots are ranked by: every level the pool or the archive

@@ -50,15 +50,9 @@ pub fn due_snapshots(
     let catalog = archive.load()?;
     let archived = catalog.as_ref().map_or(&[][..], |c| &c.snapshots[..]);
     let newest_generation = archived.last().map_or(0, |s| s.created_generation);
-    let mut facts: Vec<SnapshotFacts> = archived
-        .iter()
-        .map(|s| SnapshotFacts {
-            name: s.name.clone(),
-            created_unix_secs: s.created_unix_secs,
-            rank: Level::from_rank(s.rank),
-            holds: Vec::new(),
-        })
-        .collect();
+    let mut facts: Vec<SnapshotFacts> = catalog
+        .as_ref()
+        .map_or(Vec::new(), grove_archive::retention_facts);
     let mut candidates = Vec::new();
     for summary in pool.family_summaries(archive.volume())? {
         if summary.kind != VolumeKind::Snapshot

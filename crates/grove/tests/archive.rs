@@ -197,14 +197,7 @@ fn season_is_kept_as_the_calendar_says_and_restores(archive: Option<String>) {
         taken.push(MONDAY + day * DAY + 3600);
     }
     let listed = pool.listing();
-    let kept: Vec<u64> = listed
-        .iter()
-        .map(|s| s["created_unix_secs"].as_u64().unwrap())
-        .collect();
-    let expected: Vec<u64> = kept_by_calendar(&archive_policy(), &taken)
-        .into_iter()
-        .collect();
-    assert_eq!(kept, expected);
+    assert_kept_as_the_calendar_says(&listed, &taken);
     // The pool kept only its last two; the archive restores the rest.
     for (i, s) in listed.iter().enumerate() {
         let name = s["name"].as_str().unwrap();
@@ -451,11 +444,17 @@ fn the_daemons_scheduler_pushes_and_expires_on_the_policys_clock() {
     // Stop the daemon (SIGTERM) before reading the archive with the CLI.
     stop_daemon(&mut child);
     let listed = pool.listing();
+    assert_kept_as_the_calendar_says(&listed, &taken);
+}
+
+/// The archived snapshots listed are those the calendar oracle keeps of
+/// the snapshots taken at `taken`.
+fn assert_kept_as_the_calendar_says(listed: &[Value], taken: &[u64]) {
     let kept: Vec<u64> = listed
         .iter()
         .map(|s| s["created_unix_secs"].as_u64().unwrap())
         .collect();
-    let expected: Vec<u64> = kept_by_calendar(&archive_policy(), &taken)
+    let expected: Vec<u64> = kept_by_calendar(&archive_policy(), taken)
         .into_iter()
         .collect();
     assert_eq!(kept, expected);
@@ -541,15 +540,7 @@ fn expire_and_restore_killed_part_way_leave_a_consistent_archive_and_run_again()
             "{point}"
         );
         pool.ok(&["archive", "expire", "--now", &now, "--take-over"]);
-        let kept: Vec<u64> = pool
-            .listing()
-            .iter()
-            .map(|s| s["created_unix_secs"].as_u64().unwrap())
-            .collect();
-        let expected: Vec<u64> = kept_by_calendar(&archive_policy(), &taken)
-            .into_iter()
-            .collect();
-        assert_eq!(kept, expected, "{point}");
+        assert_kept_as_the_calendar_says(&pool.listing(), &taken);
         let out = pool.ok(&["archive", "check", "--deep", "--json"]);
         let reports: Vec<Value> = serde_json::from_str(&out).unwrap();
         assert!(
