@@ -15,6 +15,12 @@ fn folder_of(volume: &str) -> String {
     format!("archive={volume}")
 }
 
+/// The folder of its catalogs, apart from the packs and indexes: finding
+/// the newest catalog lists a few objects, not every pack.
+fn catalog_folder_of(volume: &str) -> String {
+    format!("archive-catalog={volume}")
+}
+
 pub fn pack_object(id: u64) -> String {
     format!("pack-{id:016x}")
 }
@@ -31,6 +37,7 @@ const CATALOGS_KEPT: u64 = 2;
 pub struct Archive {
     store: FolderStore,
     folder: String,
+    catalog_folder: String,
     volume: String,
 }
 
@@ -41,6 +48,7 @@ impl Archive {
         Ok(Archive {
             store: FolderStore::open(url)?,
             folder: folder_of(volume),
+            catalog_folder: catalog_folder_of(volume),
             volume: volume.to_string(),
         })
     }
@@ -112,19 +120,26 @@ impl Archive {
     /// A newest catalog that does not decode is damage: nothing builds on it.
     pub fn load(&self) -> Result<Option<Catalog>> {
         let newest = self
-            .list_objects()?
+            .store
+            .list(&self.catalog_folder)?
             .into_iter()
-            .filter_map(|(name, _)| catalog::generation_of(&name))
+            .filter_map(|entry| catalog::generation_of(&entry.name))
             .max();
         let Some(generation) = newest else {
             return Ok(None);
         };
-        let bytes = self.get_object(&catalog::object_name(generation))?;
+        let name = catalog::object_name(generation);
+        let bytes = self.store.get(&self.catalog_folder, &name).map_err(|e| {
+            if e.kind() == ErrorKind::NotFound {
+                ArchiveError::Damaged(format!("{name} of {} vanished", self.describe()))
+            } else {
+                ArchiveError::Store(e)
+            }
+        })?;
         let catalog = catalog::decode(&bytes, generation).map_err(|why| {
             ArchiveError::Damaged(format!(
-                "the catalog of {} ({}) is damaged: {why}",
-                self.describe(),
-                catalog::object_name(generation)
+                "the catalog of {} ({name}) is damaged: {why}",
+                self.describe()
             ))
         })?;
         if catalog.volume != self.volume {
@@ -142,24 +157,23 @@ impl Archive {
     pub(crate) fn commit(&self, catalog: &mut Catalog) -> Result<()> {
         catalog.generation += 1;
         let name = catalog::object_name(catalog.generation);
-        match self.create_object(&name, &catalog::encode(catalog)) {
-            Err(ArchiveError::Store(e)) if e.kind() == ErrorKind::AlreadyExists => {
-                Err(ArchiveError::Busy(format!(
-                    "another writer committed to {} meanwhile; nothing of this command was kept",
-                    self.describe()
-                )))
-            }
-            other => other,
+        let created = self
+            .store
+            .create(&self.catalog_folder, &name, &catalog::encode(catalog));
+        match created {
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => Err(ArchiveError::Busy(format!(
+                "another writer committed to {} meanwhile; nothing of this command was kept",
+                self.describe()
+            ))),
+            other => Ok(other?),
         }?;
         if catalog.generation > CATALOGS_KEPT {
             let old = catalog::object_name(catalog.generation - CATALOGS_KEPT - 1);
-            self.delete_objects(&[old])?;
+            self.store.delete(&self.catalog_folder, &[old])?;
         }
         Ok(())
     }
 
-    /// Stores a pack. A plain put: an object of that name could only be
-    /// left by a writer that stopped before committing it, unreferenced.
     pub(crate) fn put_pack(&self, id: u64, bytes: &[u8]) -> Result<()> {
         Ok(self.store.put(&self.folder, &pack_object(id), bytes)?)
     }

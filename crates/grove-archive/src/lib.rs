@@ -3,7 +3,9 @@
 //! `s3://BUCKET/PREFIX`), stored so that expiring them deletes whole
 //! objects.
 //!
-//! Each volume's archive is a folder of objects:
+//! Each volume's archive is a folder of objects, `archive=VOLUME`, with its
+//! catalogs in a folder of their own, `archive-catalog=VOLUME` (finding the
+//! newest lists a few objects, not every pack):
 //!
 //! ```text
 //! catalog-<generation>   the archive's state (snapshots, packs), one create-only object per commit

@@ -336,7 +336,7 @@ fn damage_is_named_by_the_snapshots_it_affects_and_never_restored() {
         "nothing of a refused restore is kept"
     );
     // A damaged catalog: every snapshot affected; push refuses to build on it.
-    flip(&folder, "catalog-", 3);
+    flip(&folder.with_file_name("archive-catalog=vm"), "catalog-", 3);
     let check = pool.run(&["archive", "check"]);
     assert_eq!(check.status.code(), Some(1));
     assert!(
