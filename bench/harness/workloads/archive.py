@@ -89,7 +89,10 @@ def grove_day(ctx, pool, day, now, urls):
             "expire_s": expire["s"], "expire_peak_rss_bytes": expire["peak_rss_bytes"],
             "expire_copied_bytes": sum(r["bytes_copied"] for r in reports),
             "expired": sum(len(r["expired"]) for r in reports),
-            "stored_bytes": listing["stored_bytes"], "needed_bytes": listing["needed_bytes"],
+            # The store: packs and indexes (catalogs add a few KiB).
+            "stored_bytes": listing["stored_bytes"] + listing["index_bytes"],
+            "pack_bytes": listing["stored_bytes"], "index_bytes": listing["index_bytes"],
+            "needed_bytes": listing["needed_bytes"],
             "kept": len(listing["snapshots"]), "totals": listing["totals"],
         }
     g.cli(pool, "prune", "--now", f"@{now}")

@@ -42,6 +42,9 @@ pub struct ArchiveListing {
     /// what they need at the least (the store is this plus pack headers,
     /// block tables, checksums and indexes, and what expiry has not freed).
     pub needed_bytes: u64,
+    /// Bytes of the archived snapshots' index objects: with `stored_bytes`,
+    /// the store's size (the catalogs add a few KiB).
+    pub index_bytes: u64,
     pub totals: crate::format::catalog::Totals,
     /// A push that stopped part way, to be resumed by pushing it again.
     pub partial_push_packs: Option<usize>,
@@ -98,6 +101,12 @@ pub fn list(
         current = next;
     }
     listing.needed_bytes = needed_blocks * u64::from(catalog.block_bytes);
+    listing.index_bytes = archive
+        .list_objects()?
+        .into_iter()
+        .filter(|(name, _)| catalog.snapshots.iter().any(|s| &s.index == name))
+        .map(|(_, size)| size)
+        .sum();
     listing.packs = catalog.packs.len();
     listing.stored_bytes = ledger::stored_bytes(&catalog);
     listing.totals = catalog.totals.clone();
