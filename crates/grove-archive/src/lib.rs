@@ -53,7 +53,7 @@ pub use error::{ArchiveError, Result};
 pub use expire::{expire, ExpireReport};
 pub use listing::{list, ArchiveListing, ListedSnapshot};
 pub use lock::{claim, WriterLock};
-pub use push::{push, PushReport, PushRequest, DEFAULT_PACK_BYTES};
+pub use push::{is_newer, push, PushReport, PushRequest, DEFAULT_PACK_BYTES};
 pub use rank::{release, set_rank};
 pub use restore::{restore, RestoreReport};
 pub use verdicts::facts as retention_facts;

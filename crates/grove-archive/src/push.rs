@@ -188,7 +188,7 @@ fn check_order(
         )));
     }
     if let Some(newest) = ledger::newest(catalog) {
-        if newest.created_generation >= identity.created_generation {
+        if !is_newer(identity, newest) {
             return Err(ArchiveError::Invalid(format!(
                 "{:?} is older than {:?}, the newest snapshot in {}: snapshots are archived oldest first",
                 request.snapshot,
@@ -198,6 +198,15 @@ fn check_order(
         }
     }
     Ok(())
+}
+
+/// Whether the pool's snapshot was taken after the archived one: by time,
+/// and within one second by the pool's birth generation. Time first: a
+/// pool rebuilt after a loss (restored from this archive) starts its
+/// generations again, and its snapshots must still follow the archived.
+pub fn is_newer(snapshot: &grove_store::SnapshotIdentity, archived: &ArchivedSnapshot) -> bool {
+    (snapshot.created_unix_secs, snapshot.created_generation)
+        > (archived.created_unix_secs, archived.created_generation)
 }
 
 /// What differs from the newest archived snapshot, read from the pool's

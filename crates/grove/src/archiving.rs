@@ -49,7 +49,7 @@ pub fn due_snapshots(
 ) -> Result<Vec<String>> {
     let catalog = archive.load()?;
     let archived = catalog.as_ref().map_or(&[][..], |c| &c.snapshots[..]);
-    let newest_generation = archived.last().map_or(0, |s| s.created_generation);
+    let newest = archived.last();
     let mut facts: Vec<SnapshotFacts> = catalog
         .as_ref()
         .map_or(Vec::new(), grove_archive::retention_facts);
@@ -62,8 +62,9 @@ pub fn due_snapshots(
             continue;
         }
         let identity = pool.identity(&summary.name)?;
-        if identity.created_generation > newest_generation {
-            candidates.push((identity.created_generation, summary.name.clone()));
+        if newest.is_none_or(|n| grove_archive::is_newer(&identity, n)) {
+            let order = (identity.created_unix_secs, identity.created_generation);
+            candidates.push((order, summary.name.clone()));
             facts.push(SnapshotFacts {
                 name: summary.name.clone(),
                 created_unix_secs: summary.created_unix_secs,

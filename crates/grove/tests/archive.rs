@@ -583,3 +583,40 @@ fn expire_and_restore_killed_part_way_leave_a_consistent_archive_and_run_again()
         "the half restore is gone"
     );
 }
+
+/// A pool lost: a new pool restores the newest archived snapshot from the
+/// archive alone, makes the volume again from it, and goes on archiving
+/// into the same archive (its generations start again; times still order
+/// its snapshots after the archived ones).
+#[test]
+fn a_new_pool_restores_from_the_archive_and_goes_on_archiving_into_it() {
+    let store = TempDir::new().unwrap();
+    let url = format!("file://{}/archive", store.path().display());
+    let first = Pool::new(Some(url.clone()));
+    for day in 0..3 {
+        first.day(day);
+    }
+    let newest = first.listing().last().unwrap().clone();
+    drop(first);
+    let second = Pool::new(Some(url));
+    second.ok(&["rm", "vm"]);
+    let name = newest["name"].as_str().unwrap();
+    second.ok(&["archive", "restore", name, "vm@restored"]);
+    assert_eq!(second.hash("vm@restored"), newest["hash"].as_str().unwrap());
+    second.ok(&["clone", "vm@restored", "vm"]);
+    second.day(3);
+    let listed = second.listing();
+    let last = listed.last().unwrap();
+    assert_eq!(last["created_unix_secs"], MONDAY + 3 * DAY + 3600);
+    let restored = "again";
+    second.ok(&[
+        "archive",
+        "restore",
+        last["name"].as_str().unwrap(),
+        restored,
+    ]);
+    assert_eq!(second.hash(restored), last["hash"].as_str().unwrap());
+    assert!(second
+        .ok(&["archive", "check", "--deep"])
+        .contains("consistent"));
+}
