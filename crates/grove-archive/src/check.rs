@@ -32,6 +32,15 @@ impl CheckReport {
 
 /// Checks the archive; `deep` reads every slot too.
 pub fn check(archive: &Archive, deep: bool) -> Result<CheckReport> {
+    check_with_progress(archive, deep, &mut |_, _| {})
+}
+
+/// `check`, telling `progress` (pack bytes checked, pack bytes in all).
+pub fn check_with_progress(
+    archive: &Archive,
+    deep: bool,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<CheckReport> {
     let mut report = CheckReport::default();
     let catalog = match archive.load() {
         Ok(Some(catalog)) => catalog,
@@ -47,7 +56,7 @@ pub fn check(archive: &Archive, deep: bool) -> Result<CheckReport> {
     };
     report.snapshots = catalog.snapshots.len();
     report.packs = catalog.packs.len();
-    let bad_packs = check_packs(archive, &catalog, deep, &mut report)?;
+    let bad_packs = check_packs(archive, &catalog, deep, &mut report, progress)?;
     check_indexes(archive, &catalog, &bad_packs, &mut report)?;
     report.unreferenced_objects = crate::sweep::unreferenced(archive, &catalog)?;
     Ok(report)
@@ -60,9 +69,14 @@ fn check_packs(
     catalog: &Catalog,
     deep: bool,
     report: &mut CheckReport,
+    progress: &mut dyn FnMut(u64, u64),
 ) -> Result<BTreeMap<u64, Option<BTreeSet<u32>>>> {
     let mut bad = BTreeMap::new();
+    let total = crate::ledger::stored_bytes(catalog);
+    let mut done = 0;
     for record in &catalog.packs {
+        done += record.object_bytes;
+        progress(done, total);
         let header = match archive.pack_blocks(record.id, catalog.block_bytes, record.slots) {
             Ok((header, _)) => header,
             Err(ArchiveError::Damaged(why)) => {

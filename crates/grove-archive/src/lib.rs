@@ -48,7 +48,7 @@ mod verdicts;
 mod view;
 
 pub use archive::Archive;
-pub use check::{check, CheckReport};
+pub use check::{check, check_with_progress, CheckReport};
 pub use error::{ArchiveError, Result};
 pub use expire::{expire, ExpireReport};
 pub use listing::{list, ArchiveListing, ListedSnapshot};

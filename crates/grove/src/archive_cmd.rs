@@ -309,7 +309,13 @@ fn check(url: &str, volume: Option<String>, deep: bool, json: bool) -> Result<()
     let mut reports = Vec::new();
     for volume in archived_volumes(url, volume)? {
         let archive = Archive::open(url, &volume)?;
-        let report = match grove_archive::check(&archive, deep) {
+        let bar = Progress::bytes(&format!("checking {volume}"), 0);
+        let checked = grove_archive::check_with_progress(&archive, deep, &mut |done, total| {
+            bar.set_length(total);
+            bar.set_position(done);
+        });
+        drop(bar);
+        let report = match checked {
             Ok(report) => report,
             Err(ArchiveError::Damaged(why)) => grove_archive::CheckReport {
                 problems: vec![why],
