@@ -35,7 +35,7 @@ pub struct PushRequest {
 }
 
 /// What a push did.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PushReport {
     pub snapshot: String,
     pub seq: u64,

@@ -5,12 +5,13 @@
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use grove_archive::{Archive, ArchiveError};
+use grove_archive::{Archive, ArchiveError, PushReport};
 use grove_store::units::parse_size;
 use grove_store::Pool;
 
-use crate::archiving::{due_snapshots, push_snapshot, PushOptions};
+use crate::archiving::{push_volumes, PushRequest};
 use crate::cli::archive::{ArchiveCommand, ArchivePlace};
+use crate::control::ControlClient;
 use crate::open::open_pool;
 use crate::output::archive as show;
 use crate::output::{print_json, print_with};
@@ -88,14 +89,14 @@ fn push_command(dir: &Path, degraded: bool, command: ArchiveCommand) -> Result<(
         Some(text) => parse_size(&text).map_err(|e| anyhow::anyhow!("--pack-size: {e}"))?,
         None => grove_archive::DEFAULT_PACK_BYTES,
     };
-    let options = PushOptions {
+    let request = PushRequest {
+        volume,
+        snapshot,
         url: location(dir, &place)?,
         pack_bytes,
         take_over,
     };
-    with_pool(dir, degraded, |pool| {
-        push(dir, pool, volume, snapshot, &options, json)
-    })
+    push(dir, degraded, &request, json)
 }
 
 fn location(dir: &Path, place: &ArchivePlace) -> Result<String> {
@@ -107,7 +108,7 @@ fn with_pool(dir: &Path, degraded: bool, f: impl FnOnce(&Pool) -> Result<()>) ->
     let opened = match open_pool(dir, degraded) {
         Ok(opened) => opened,
         Err(e) if e.kind() == grove_store::ErrorKind::Busy => bail!(
-            "{e}; `grove archive push` and `restore` need the pool to themselves for now: stop the daemon first"
+            "{e}; `grove archive restore` needs the pool to itself for now: stop the daemon first"
         ),
         Err(e) => return Err(e.into()),
     };
@@ -118,64 +119,56 @@ fn with_pool(dir: &Path, degraded: bool, f: impl FnOnce(&Pool) -> Result<()>) ->
         .with_context(|| format!("cannot close pool {}", dir.display()))
 }
 
-fn push(
-    dir: &Path,
-    pool: &Pool,
-    volume: Option<String>,
-    snapshot: Option<String>,
-    options: &PushOptions,
-    json: bool,
-) -> Result<()> {
-    let config = load_config(dir)?;
-    let volumes = match volume {
-        Some(v) => vec![v],
-        None => pool
-            .volume_names()
-            .into_iter()
-            .filter(|v| config.archive_policy_for(v).is_ok_and(|p| p.is_some()))
-            .collect(),
-    };
-    let at = now(None)?;
-    let mut reports = Vec::new();
-    for volume in volumes {
-        let archive = Archive::open(&options.url, &volume)?;
-        let due = match &snapshot {
-            Some(name) => vec![name.clone()],
-            None => {
-                let policy = config.archive_policy_for(&volume).map_err(anyhow::Error::msg)?.with_context(|| {
-                    format!(
-                        "volume {volume:?} has no archive counts in its policy; add e.g. archive = {{ daily = 30, monthly = 24 }} to it in grove.toml, or push one snapshot with --snapshot"
-                    )
-                })?;
-                due_snapshots(pool, &archive, &policy, at)?
-            }
-        };
-        let claim = grove_archive::claim(&archive, options.take_over)?;
-        for name in due {
-            let bar = Progress::bytes(&format!("archiving {name}"), 0);
-            let report = push_snapshot(
-                pool,
-                &archive,
-                &claim,
-                &name,
-                options.pack_bytes,
-                &mut |done, total| {
-                    bar.set_length(total);
-                    bar.set_position(done);
-                },
-            )?;
-            drop(bar);
-            if !json {
-                print_with(|out| show::write_push(out, &report))?;
-            }
-            reports.push(report);
+/// Pushes with the pool opened here, or through the daemon that holds it.
+fn push(dir: &Path, degraded: bool, request: &PushRequest, json: bool) -> Result<()> {
+    let reports = match open_pool(dir, degraded) {
+        Ok(opened) => {
+            let reports = push_here(&opened.pool, request, json)?;
+            opened
+                .pool
+                .close()
+                .with_context(|| format!("cannot close pool {}", dir.display()))?;
+            reports
         }
-        claim.release()?;
-    }
+        Err(e) if e.kind() == grove_store::ErrorKind::Busy => {
+            let daemon = ControlClient::connect(dir).ok_or(e)?;
+            let reports = daemon.archive_push(request)?;
+            if !json {
+                print_with(|out| reports.iter().try_for_each(|r| show::write_push(out, r)))?;
+            }
+            reports
+        }
+        Err(e) => return Err(e.into()),
+    };
     if json {
         print_json(&reports)?;
     }
     Ok(())
+}
+
+/// Pushes where the pool is open, each push with a progress bar and its
+/// line as it ends.
+fn push_here(pool: &Pool, request: &PushRequest, json: bool) -> Result<Vec<PushReport>> {
+    // The bar of the push under way; its line printed once it ends.
+    let bar = std::cell::RefCell::new(None::<Progress>);
+    push_volumes(
+        pool,
+        request,
+        &mut |name, done, total| {
+            let mut bar = bar.borrow_mut();
+            let bar = bar.get_or_insert_with(|| Progress::bytes(&format!("archiving {name}"), 0));
+            bar.set_length(total);
+            bar.set_position(done);
+        },
+        &mut |report| {
+            bar.borrow_mut().take();
+            if json {
+                Ok(())
+            } else {
+                print_with(|out| show::write_push(out, report))
+            }
+        },
+    )
 }
 
 /// The volumes a read-only command looks at.

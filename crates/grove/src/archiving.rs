@@ -3,17 +3,78 @@
 //! its hash recorded, and one scheduled round of push and expiry.
 
 use anyhow::Result;
-use grove_archive::{Archive, PushRequest};
+use grove_archive::Archive;
 use grove_retention::{plan, Level, Policy, RetentionConfig, SnapshotFacts};
 use grove_store::{Pool, VolumeKind};
 
 use crate::retention::TickReport;
 
-/// Pack objects are at most this big, and where a test stalls a push.
-pub struct PushOptions {
+/// What `grove archive push` asks, here or of the daemon holding the pool.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct PushRequest {
+    /// None: every volume whose policy has archive counts.
+    pub volume: Option<String>,
+    /// None: the snapshots due; else this one (taken by hand, say).
+    pub snapshot: Option<String>,
     pub url: String,
     pub pack_bytes: u64,
     pub take_over: bool,
+}
+
+/// Pushes what `request` asks: for each volume, the snapshots due (or the
+/// one named), oldest first, under one claim of its archive. `progress`
+/// hears (snapshot, bytes done, bytes to do); `pushed` each report as its
+/// push ends.
+pub fn push_volumes(
+    pool: &Pool,
+    request: &PushRequest,
+    progress: &mut dyn FnMut(&str, u64, u64),
+    pushed: &mut dyn FnMut(&grove_archive::PushReport) -> Result<()>,
+) -> Result<Vec<grove_archive::PushReport>> {
+    let config = crate::retention::load_config(pool.dir())?;
+    let volumes = match &request.volume {
+        Some(v) => vec![v.clone()],
+        None => pool
+            .volume_names()
+            .into_iter()
+            .filter(|v| config.archive_policy_for(v).is_ok_and(|p| p.is_some()))
+            .collect(),
+    };
+    let at = crate::retention::now(None)?;
+    let mut reports = Vec::new();
+    for volume in volumes {
+        let archive = Archive::open(&request.url, &volume)?;
+        let due = match &request.snapshot {
+            Some(name) => vec![name.clone()],
+            None => due_snapshots(pool, &archive, &archive_policy(&config, &volume)?, at)?,
+        };
+        let claim = grove_archive::claim(&archive, request.take_over)?;
+        for name in due {
+            let report = push_snapshot(
+                pool,
+                &archive,
+                &claim,
+                &name,
+                request.pack_bytes,
+                &mut |d, t| progress(&name, d, t),
+            )?;
+            pushed(&report)?;
+            reports.push(report);
+        }
+        claim.release()?;
+    }
+    Ok(reports)
+}
+
+fn archive_policy(config: &RetentionConfig, volume: &str) -> Result<Policy> {
+    config
+        .archive_policy_for(volume)
+        .map_err(anyhow::Error::msg)?
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "volume {volume:?} has no archive counts in its policy; add e.g. archive = {{ daily = 30, monthly = 24 }} to it in grove.toml, or push one snapshot with --snapshot"
+            )
+        })
 }
 
 /// Pushes snapshot `name`, its `grove hash` recorded for restore to check;
@@ -26,7 +87,7 @@ pub fn push_snapshot(
     pack_bytes: u64,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<grove_archive::PushReport> {
-    let request = PushRequest {
+    let request = grove_archive::PushRequest {
         snapshot: name.to_string(),
         hash: crate::stream::hash(pool, name)?,
         pack_bytes,

@@ -111,6 +111,7 @@ impl Request {
             Request::Check { .. }
             | Request::Gc { wait: true }
             | Request::Hash { .. }
+            | Request::ArchivePush { .. }
             | Request::Rebuild { .. }
             | Request::Scrub { .. }
             | Request::Restripe => LONG_REPLY_TIMEOUT_MS,
@@ -645,6 +646,10 @@ control_operations! {
         fn stream_fingerprint(&self, args: &crate::stream::SendArgs) -> [u8; 16]
             => StreamFingerprint { args: crate::stream::SendArgs = args.clone() }
             => reply_any(crate::stream::fingerprint(pool, &args));
+        /// `grove archive push` while the daemon holds the pool: it pushes.
+        fn archive_push(&self, request: &crate::archiving::PushRequest) -> Vec<grove_archive::PushReport>
+            => ArchivePush { request: crate::archiving::PushRequest = request.clone() }
+            => reply_any(crate::archiving::push_volumes(pool, &request, &mut |_, _, _| {}, &mut |_| Ok(())));
         /// Where partial receive `name` restarts, if there is one.
         fn restart_point(&self, name: &str) -> Option<grove_send::RestartPoint>
             => RestartPoint { name: String }

@@ -620,3 +620,37 @@ fn a_new_pool_restores_from_the_archive_and_goes_on_archiving_into_it() {
         .ok(&["archive", "check", "--deep"])
         .contains("consistent"));
 }
+
+/// `grove archive push` while `grove serve` holds the pool: the daemon
+/// pushes, and the command prints what it did.
+#[test]
+fn a_push_goes_through_the_daemon_that_holds_the_pool() {
+    let pool = Pool::new(None);
+    // A clock the scheduler cannot read: it leaves the pool alone.
+    let clock = pool.dir.path().join("clock");
+    std::fs::write(&clock, "not a time").unwrap();
+    let mut child = pool
+        .command(&["serve"])
+        .env("GROVE_CLOCK_FILE", &clock)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while std::os::unix::net::UnixStream::connect(pool.path.join("grove.control")).is_err() {
+        assert!(
+            started.elapsed().as_secs() < 20,
+            "grove serve did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    pool.ok(&["snapshot", "vm", "vm@hand"]);
+    let out = pool.ok(&["archive", "push", "vm", "--snapshot", "vm@hand", "--json"]);
+    let reports: Vec<Value> = serde_json::from_str(&out).unwrap();
+    assert_eq!(reports[0]["snapshot"], "vm@hand", "{out}");
+    let hash = pool.ok(&["hash", "vm@hand"]);
+    stop_daemon(&mut child);
+    let listed = pool.listing();
+    assert_eq!(listed[0]["name"], "vm@hand");
+    assert!(hash.starts_with(listed[0]["hash"].as_str().unwrap()));
+}
