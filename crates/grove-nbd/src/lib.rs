@@ -54,6 +54,7 @@ mod export;
 mod handshake;
 mod peers;
 mod server;
+mod source;
 mod stream;
 mod tls;
 mod transmission;
@@ -68,6 +69,7 @@ pub use export::{
 };
 pub use handshake::{BLOCK_SIZE_MINIMUM_BYTES, CHANGED_CONTEXTS_MAX, OPTION_DATA_MAX_BYTES};
 pub use server::{bind_unix_socket, parse_listen_addr, Server, ShutdownHandle, DEFAULT_TCP_PORT};
+pub use source::{ReadOnlySource, ReadOnlySources};
 pub use tls::{TlsMode, TlsOptions};
 pub use transmission::{
     connection_share_bytes, peer_share_bytes, CONNECTION_SHARE_DIVISOR, INFLIGHT_LIMIT_MIN_BYTES,

@@ -105,6 +105,8 @@ pub fn run(
         read_only,
         default_export: default_export.clone(),
         exports: export_filter(&exports),
+        extra_exports: crate::archive_exports::ArchivedSnapshots::for_pool(dir)
+            .map(|archived| archived as std::sync::Arc<dyn grove_nbd::ReadOnlySources>),
         ..base_options
     };
     let server = Server::new(pool.clone(), options);
