@@ -44,6 +44,16 @@ impl ArchivedSnapshots {
         }
     }
 
+    /// These snapshots as exports of `grove serve`.
+    pub fn as_exports(self: Arc<Self>) -> Arc<dyn grove_nbd::ReadOnlySources> {
+        self
+    }
+
+    /// These snapshots as the files of a mount's `archive/`.
+    pub fn as_files(self: Arc<Self>) -> Arc<dyn grove_fuse::ReadOnlyFiles> {
+        self
+    }
+
     /// Every archived snapshot as (name, description); the first of a name
     /// wins, should two volumes' archives share one.
     pub fn list(&self) -> Vec<(String, String)> {
@@ -92,6 +102,17 @@ impl ArchivedSnapshots {
     }
 }
 
+/// `options` with the pool's archived snapshots as the files of `archive/`.
+pub fn with_archived_files(
+    options: grove_fuse::MountOptions,
+    dir: &Path,
+) -> grove_fuse::MountOptions {
+    grove_fuse::MountOptions {
+        archived: ArchivedSnapshots::for_pool(dir).map(ArchivedSnapshots::as_files),
+        ..options
+    }
+}
+
 fn describe(volume: &str) -> String {
     format!("grove archived snapshot of {volume}, read-only")
 }
@@ -109,10 +130,16 @@ pub fn engine_error(error: &ArchiveError) -> Error {
     Error::new(kind, error.to_string())
 }
 
-/// An archived snapshot as an NBD export.
-struct NbdSource(Arc<ArchivedVolume>);
+/// An archived snapshot as an NBD export or a mounted file.
+struct Reader(Arc<ArchivedVolume>);
 
-impl grove_nbd::ReadOnlySource for NbdSource {
+impl Reader {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> grove_store::Result<()> {
+        self.0.read_at(buf, offset).map_err(|e| engine_error(&e))
+    }
+}
+
+impl grove_nbd::ReadOnlySource for Reader {
     fn size_bytes(&self) -> u64 {
         self.0.size_bytes()
     }
@@ -122,7 +149,7 @@ impl grove_nbd::ReadOnlySource for NbdSource {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> grove_store::Result<()> {
-        self.0.read_at(buf, offset).map_err(|e| engine_error(&e))
+        Reader::read_at(self, buf, offset)
     }
 
     fn mapped_extents_in(&self, offset: u64, len: u64) -> grove_store::Result<Vec<(u64, u64)>> {
@@ -142,9 +169,41 @@ impl grove_nbd::ReadOnlySources for ArchivedSnapshots {
         let opened = ArchivedSnapshots::open(self, name)?;
         Some(opened.map(|(volume, description)| {
             (
-                Arc::new(NbdSource(volume)) as Arc<dyn grove_nbd::ReadOnlySource>,
+                Arc::new(Reader(volume)) as Arc<dyn grove_nbd::ReadOnlySource>,
                 description,
             )
         }))
+    }
+}
+
+impl grove_fuse::ReadOnlyFile for Reader {
+    fn size_bytes(&self) -> u64 {
+        self.0.size_bytes()
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> grove_store::Result<()> {
+        Reader::read_at(self, buf, offset)
+    }
+
+    fn mapped_extents_in(&self, offset: u64, len: u64) -> grove_store::Result<Vec<(u64, u64)>> {
+        Ok(self.0.mapped_extents_in(offset, len))
+    }
+}
+
+/// `archive/` of a mount lists every archived snapshot: the pool's own
+/// files sit beside it, so no name needs to give way.
+impl grove_fuse::ReadOnlyFiles for ArchivedSnapshots {
+    fn list(&self) -> Vec<String> {
+        ArchivedSnapshots::list(self)
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect()
+    }
+
+    fn open(&self, name: &str) -> Option<grove_store::Result<Arc<dyn grove_fuse::ReadOnlyFile>>> {
+        let opened = ArchivedSnapshots::open(self, name)?;
+        Some(
+            opened.map(|(volume, _)| Arc::new(Reader(volume)) as Arc<dyn grove_fuse::ReadOnlyFile>),
+        )
     }
 }

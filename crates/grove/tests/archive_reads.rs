@@ -3,8 +3,11 @@
 //! archive. qemu-img copies it byte for byte as it was; nbdinfo lists it
 //! and maps its holes; a write is refused with EPERM; a snapshot still in
 //! the pool is served from the pool; a flipped byte in a pack is a read
-//! error, never data.
+//! error, never data. Likewise as the file `archive/NAME` of `grove mount`
+//! (with the real kernel: root and /dev/fuse, else a visible skip): its
+//! bytes, SEEK_HOLE, EROFS for writers and EIO on damage.
 
+#[macro_use]
 mod support;
 use support::{have, unix_client, GroveOnPool};
 
@@ -189,8 +192,22 @@ fn a_damaged_pack_is_a_read_error_never_data() {
         return;
     }
     let mut served = pool_with_an_archived_only_snapshot();
-    let folder = Path::new(&format!("{}.archive", served.pool_path().display())).join("archive=vm");
-    for entry in std::fs::read_dir(&folder).unwrap() {
+    damage_every_pack(&served);
+    served.spawn();
+    let output = served.copy_out("vm@old", &served.file("copied.img"));
+    assert!(
+        !output.status.success(),
+        "a damaged archive was read as data: {output:?}"
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("Input/output error"), "{stderr}");
+}
+
+/// Flips a byte near the end of every pack of vm's archive: in the last
+/// block each holds.
+fn damage_every_pack(served: &Served) {
+    let archive = format!("{}.archive", served.pool_path().display());
+    for entry in std::fs::read_dir(Path::new(&archive).join("archive=vm")).unwrap() {
         let path = entry.unwrap().path();
         if path
             .file_name()
@@ -205,12 +222,67 @@ fn a_damaged_pack_is_a_read_error_never_data() {
             std::fs::write(&path, bytes).unwrap();
         }
     }
-    served.spawn();
-    let output = served.copy_out("vm@old", &served.file("copied.img"));
+}
+
+/// `grove mount --foreground` of the pool on `mountpoint`, until it shows
+/// its archive directory.
+fn mount(served: &mut Served, mountpoint: &Path) {
+    std::fs::create_dir_all(mountpoint).unwrap();
+    let child = Command::new(GROVE)
+        .args(["--pool", served.pool_path().to_str().unwrap(), "mount"])
+        .arg(mountpoint)
+        .arg("--foreground")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    served.child = Some(child);
+    let started = Instant::now();
+    while !mountpoint.join("archive").is_dir() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "grove mount did not show archive/"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn unmount(served: &mut Served, mountpoint: &Path) {
+    let status = Command::new("umount").arg(mountpoint).status().unwrap();
+    assert!(status.success());
+    let status = served.child.take().unwrap().wait().unwrap();
+    assert!(status.success(), "grove mount exited with {status}");
+}
+
+#[test]
+fn an_archived_only_snapshot_is_a_read_only_file_of_the_mount() {
+    require_fuse!("timeout");
+    let mut served = pool_with_an_archived_only_snapshot();
+    let mountpoint = served.file("mnt");
+    mount(&mut served, &mountpoint);
+    let file = mountpoint.join("archive").join("vm@old");
+    let read = std::fs::read(&file);
+    let names: Vec<String> = std::fs::read_dir(mountpoint.join("archive"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    let writer = std::fs::OpenOptions::new().write(true).open(&file);
+    let hole = {
+        let opened = std::fs::File::open(&file).unwrap();
+        rustix::fs::seek(&opened, rustix::fs::SeekFrom::Hole(0))
+    };
+    unmount(&mut served, &mountpoint);
+    assert!(names.contains(&"vm@old".to_string()), "{names:?}");
     assert!(
-        !output.status.success(),
-        "a damaged archive was read as data: {output:?}"
+        read.unwrap() == std::fs::read(served.file("old.img")).unwrap(),
+        "archive/vm@old differs from what vm@old held"
     );
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("Input/output error"), "{stderr}");
+    assert_eq!(writer.err().and_then(|e| e.raw_os_error()), Some(30)); // EROFS
+    assert_eq!(hole.ok(), Some(MIB));
+
+    damage_every_pack(&served);
+    mount(&mut served, &mountpoint);
+    let damaged = std::fs::read(&file);
+    unmount(&mut served, &mountpoint);
+    assert_eq!(damaged.err().and_then(|e| e.raw_os_error()), Some(5)); // EIO
 }
