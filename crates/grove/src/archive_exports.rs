@@ -102,13 +102,16 @@ impl ArchivedSnapshots {
     }
 }
 
-/// `options` with the pool's archived snapshots as the files of `archive/`.
+/// `options` with the pool's archived snapshots as the files of `archive/`,
+/// if anything is archived when the pool is mounted: a pool that archives
+/// nothing shows no empty directory among its volumes.
 pub fn with_archived_files(
     options: grove_fuse::MountOptions,
     dir: &Path,
 ) -> grove_fuse::MountOptions {
+    let archived = ArchivedSnapshots::for_pool(dir).filter(|a| !a.list().is_empty());
     grove_fuse::MountOptions {
-        archived: ArchivedSnapshots::for_pool(dir).map(ArchivedSnapshots::as_files),
+        archived: archived.map(ArchivedSnapshots::as_files),
         ..options
     }
 }

@@ -243,7 +243,9 @@ pub fn mount_for_serve(
     let options = MountOptions {
         read_only,
         allow_other: false,
-        archived: archived.map(ArchivedSnapshots::as_files),
+        archived: archived
+            .filter(|a| !a.list().is_empty())
+            .map(ArchivedSnapshots::as_files),
     };
     let shown = mountpoint.display().to_string();
     let mount = grove_fuse::mount(pool.clone(), mountpoint, &options, move || {
