@@ -116,7 +116,7 @@ fn allocation_map(served: &Served, export: &str) -> Vec<(u64, u64, u32)> {
     map
 }
 
-/// A pool whose vm had snapshot vm@old (1 MiB at 0 and at 4 MiB, holes
+/// A pool (whose archive reads cache 256 KiB) whose vm had snapshot vm@old (1 MiB at 0 and at 4 MiB, holes
 /// elsewhere), archived and then removed from the pool, and vm@new,
 /// archived and still in the pool. `old.img` is vm@old as exported
 /// before its removal.
@@ -126,6 +126,11 @@ fn pool_with_an_archived_only_snapshot() -> Served {
         child: None,
     };
     served.ok(&["init"]);
+    // A cache smaller than the snapshot's data: reads go on past evictions.
+    let toml = served.pool_path().join("grove.toml");
+    let mut config = std::fs::read_to_string(&toml).unwrap();
+    config.push_str("\n[archive]\ncache_size = \"256K\"\n");
+    std::fs::write(&toml, config).unwrap();
     served.ok(&["create", "vm", "--size", "8M"]);
     served.write(0, MIB as usize, 1);
     served.write(4 * MIB, MIB as usize, 2);
