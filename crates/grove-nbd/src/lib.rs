@@ -2,6 +2,9 @@
 //!
 //! Every volume of a pool is an export under its own name; snapshots (and
 //! everything, with [`ServerOptions::read_only`]) are read-only exports.
+//! [`ServerOptions::extra_exports`] adds read-only exports that are not
+//! volumes ([`ReadOnlySources`]: the binary's archived snapshots) under
+//! names the pool does not use.
 //! The server speaks fixed newstyle negotiation with NBD_OPT_GO, INFO, LIST,
 //! EXPORT_NAME, ABORT, STRUCTURED_REPLY and two metadata contexts,
 //! `base:allocation` and `grove:changed:BASE` (where the export differs
