@@ -354,15 +354,15 @@ impl fuser::Filesystem for VolumeFs {
                 Err(errno) => reply.error(errno),
             };
         }
+        if parent != INodeNo::ROOT {
+            return reply.error(Errno::ENOTDIR);
+        }
         if name == ARCHIVE_DIR_NAME && self.shows_archive_dir() {
             let attr = self.attr(INodeNo(ARCHIVE_DIR_INO));
             return match attr {
                 Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
                 Err(errno) => reply.error(errno),
             };
-        }
-        if parent != INodeNo::ROOT {
-            return reply.error(Errno::ENOTDIR);
         }
         let Some(name) = name.to_str() else {
             return reply.error(Errno::ENOENT);
