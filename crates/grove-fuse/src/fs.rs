@@ -20,6 +20,7 @@ use grove_store::types::VOLUME_NAME_MAX_BYTES;
 use grove_store::{Pool, Volume, VolumeSummary};
 
 use crate::answer;
+use crate::archived::{ArchivedFiles, ARCHIVE_DIR_INO, ARCHIVE_DIR_NAME};
 use crate::errno::{data_errno, errno_for};
 use crate::kernel::{
     open_flags, OnEnd, MAX_BACKGROUND_REQUESTS, MAX_WRITE_BYTES, STAT_BLOCK_BYTES, TTL,
@@ -66,6 +67,8 @@ pub(crate) struct VolumeFs {
     /// Called once, when the session ends (unmounted, or the connection
     /// aborted), after the pool is flushed.
     on_end: OnEnd,
+    /// Read-only files under `archive/` (archived snapshots), if any.
+    archived: Option<ArchivedFiles>,
 }
 
 impl VolumeFs {
@@ -84,7 +87,27 @@ impl VolumeFs {
                 ..Inodes::default()
             }),
             on_end: OnEnd::new(on_end),
+            archived: None,
         }
+    }
+
+    /// Adds the read-only files of `archive/`.
+    pub(crate) fn with_archived(
+        mut self,
+        files: Option<std::sync::Arc<dyn crate::ReadOnlyFiles>>,
+    ) -> VolumeFs {
+        self.archived = files.map(ArchivedFiles::new);
+        self
+    }
+
+    /// The files of `archive/`, or ENOENT when the mount has none.
+    fn archived(&self) -> Result<&ArchivedFiles, Errno> {
+        self.archived.as_ref().ok_or(Errno::ENOENT)
+    }
+
+    /// Whether the root shows `archive/`: a pool volume of that name wins.
+    fn shows_archive_dir(&self) -> bool {
+        self.archived.is_some() && self.pool.volume_summary(ARCHIVE_DIR_NAME).is_err()
     }
 
     fn inodes(&self) -> std::sync::MutexGuard<'_, Inodes> {
@@ -175,6 +198,9 @@ impl VolumeFs {
         if ino == INodeNo::ROOT {
             return Ok(self.root_attr());
         }
+        if ArchivedFiles::owns(ino) {
+            return self.archived()?.attr(ino, &self.root_attr());
+        }
         let info = self
             .volume(ino)?
             .summary()
@@ -230,7 +256,7 @@ impl VolumeFs {
     }
 
     fn do_flush(&self, ino: INodeNo) -> Result<(), Errno> {
-        if self.read_only {
+        if self.read_only || ArchivedFiles::owns(ino) {
             return Ok(());
         }
         self.volume(ino)?
@@ -276,6 +302,10 @@ impl VolumeFs {
                 entries.push((INodeNo(ino), FileType::RegularFile, info.name));
             }
         }
+        if self.shows_archive_dir() {
+            let dir = (INodeNo(ARCHIVE_DIR_INO), FileType::Directory);
+            entries.push((dir.0, dir.1, ARCHIVE_DIR_NAME.to_string()));
+        }
         for (index, (ino, kind, name)) in entries.into_iter().enumerate().skip(offset as usize) {
             if reply.add(ino, index as u64 + 1, kind, name) {
                 break;
@@ -316,8 +346,24 @@ impl fuser::Filesystem for VolumeFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        if parent.0 == ARCHIVE_DIR_INO {
+            let found = self.archived().and_then(|archived| {
+                archived.lookup(name.to_str().ok_or(Errno::ENOENT)?, &self.root_attr())
+            });
+            return match found {
+                Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
+                Err(errno) => reply.error(errno),
+            };
+        }
         if parent != INodeNo::ROOT {
             return reply.error(Errno::ENOTDIR);
+        }
+        if name == ARCHIVE_DIR_NAME && self.shows_archive_dir() {
+            let attr = self.attr(INodeNo(ARCHIVE_DIR_INO));
+            return match attr {
+                Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
+                Err(errno) => reply.error(errno),
+            };
         }
         let Some(name) = name.to_str() else {
             return reply.error(Errno::ENOENT);
@@ -377,6 +423,13 @@ impl fuser::Filesystem for VolumeFs {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if ArchivedFiles::owns(ino) {
+            let read_only = flags.acc_mode() == OpenAccMode::O_RDONLY;
+            return match self.archived().and_then(|a| a.open(ino, read_only)) {
+                Ok(fh) => reply.opened(FileHandle(fh), self.open_flags),
+                Err(errno) => reply.error(errno),
+            };
+        }
         let opened = if flags.acc_mode() == OpenAccMode::O_RDONLY {
             self.attr(ino).map(|_| ())
         } else {
@@ -405,13 +458,17 @@ impl fuser::Filesystem for VolumeFs {
     fn release(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        if let (true, Ok(archived)) = (ArchivedFiles::owns(ino), self.archived()) {
+            archived.release(fh.0);
+            return reply.ok();
+        }
         let mut open_files = self.open_files.lock().unwrap_or_else(|e| e.into_inner());
         open_files.claims.remove(&fh.0);
         reply.ok()
@@ -421,14 +478,19 @@ impl fuser::Filesystem for VolumeFs {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         size: u32,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        answer::data(self.do_read(ino, offset, size), reply)
+        let data = if ArchivedFiles::owns(ino) {
+            self.archived().and_then(|a| a.read(fh.0, offset, size))
+        } else {
+            self.do_read(ino, offset, size)
+        };
+        answer::data(data, reply)
     }
 
     fn write(
@@ -485,6 +547,15 @@ impl fuser::Filesystem for VolumeFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        if ino.0 == ARCHIVE_DIR_INO {
+            return match self.archived() {
+                Ok(archived) => {
+                    archived.readdir(offset, &mut reply);
+                    reply.ok()
+                }
+                Err(errno) => reply.error(errno),
+            };
+        }
         if ino != INodeNo::ROOT {
             return reply.error(Errno::ENOTDIR);
         }
@@ -530,12 +601,17 @@ impl fuser::Filesystem for VolumeFs {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: i64,
         whence: i32,
         reply: ReplyLseek,
     ) {
-        match self.do_lseek(ino, offset, whence) {
+        let position = if ArchivedFiles::owns(ino) {
+            self.archived().and_then(|a| a.lseek(fh.0, offset, whence))
+        } else {
+            self.do_lseek(ino, offset, whence)
+        };
+        match position {
             Ok(position) => reply.offset(position as i64),
             Err(errno) => reply.error(errno),
         }

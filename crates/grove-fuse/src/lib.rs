@@ -15,6 +15,10 @@
 //! close flush the engine; FALLOC_FL_PUNCH_HOLE and FALLOC_FL_ZERO_RANGE
 //! unmap; SEEK_DATA and SEEK_HOLE come from the radix tree.
 //!
+//! With [`MountOptions::archived`], `MOUNTPOINT/archive/` holds read-only
+//! files the binary provides that are not volumes (archived snapshots),
+//! through [`ReadOnlyFiles`]; damage reads as EIO.
+//!
 //! Limits, each a named constant: [`MAX_WRITE_BYTES`] (largest read or write
 //! request the kernel sends), [`SESSION_THREADS`] (requests served at once)
 //! and [`MAX_BACKGROUND_REQUESTS`] (asynchronous requests the kernel queues).
@@ -29,6 +33,7 @@
 //! ```
 
 mod answer;
+mod archived;
 mod errno;
 mod fs;
 mod kernel;
@@ -36,6 +41,7 @@ mod mount;
 pub mod raif;
 pub mod seek;
 
+pub use archived::{ReadOnlyFile, ReadOnlyFiles, ARCHIVE_DIR_NAME};
 pub use errno::{data_errno, errno_for};
 pub use kernel::{MAX_BACKGROUND_REQUESTS, MAX_WRITE_BYTES, SESSION_THREADS};
 pub use mount::{check_mount_possible, mount, Mount, MountError, MountOptions, FUSE_DEVICE_PATH};

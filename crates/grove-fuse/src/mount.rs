@@ -25,6 +25,9 @@ pub struct MountOptions {
     /// Let other users than the one mounting reach the files (their mode
     /// bits are still checked by the kernel).
     pub allow_other: bool,
+    /// Read-only files beside the volumes, under `archive/` (archived
+    /// snapshots).
+    pub archived: Option<std::sync::Arc<dyn crate::ReadOnlyFiles>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -157,7 +160,8 @@ pub fn mount(
         MountOption::RW
     });
     let config = session_config(FS_NAME, options_of_volumes, options.allow_other);
-    let fs = VolumeFs::new(pool, options.read_only, Box::new(on_end));
+    let fs = VolumeFs::new(pool, options.read_only, Box::new(on_end))
+        .with_archived(options.archived.clone());
     let mount = spawn(fs, mountpoint, &config)?;
     tracing::info!(mountpoint = %mount.mountpoint.display(), "FUSE mount ready");
     Ok(mount)

@@ -3,9 +3,10 @@
 
 use std::collections::BTreeSet;
 
-use grove_store::{ErrorKind, Pool, Volume, VolumeKind, VolumeSummary};
+use grove_store::{ErrorKind, Pool, VolumeKind, VolumeSummary};
 
 use crate::codec::*;
+use crate::source::{ReadOnlySources, Source};
 
 /// Requests one connection runs at once, by default.
 pub const WORKERS_PER_CONNECTION_DEFAULT: usize = 4;
@@ -108,6 +109,9 @@ pub struct ServerOptions {
     /// back to the system (malloc_trim), which this crate cannot do
     /// without unsafe code.
     pub on_idle: Option<fn()>,
+    /// Read-only exports beside the pool's volumes (archived snapshots),
+    /// under names the pool does not use.
+    pub extra_exports: Option<std::sync::Arc<dyn ReadOnlySources>>,
 }
 
 impl Default for ServerOptions {
@@ -127,18 +131,17 @@ impl Default for ServerOptions {
             socket_mode: SOCKET_MODE_DEFAULT,
             tls: None,
             on_idle: None,
+            extra_exports: None,
         }
     }
 }
 
-/// A resolved export: a volume handle and what the client is told about it.
+/// A resolved export: what it reads from and what the client is told
+/// about it.
 #[derive(Clone)]
 pub(crate) struct Export {
     pub name: String,
-    pub volume: Volume,
-    /// The connection's claim on the volume: removing it is refused while
-    /// a client is connected, unless forced. Held, never read.
-    pub _claim: std::sync::Arc<grove_store::VolumeClaim>,
+    pub source: Source,
     pub size_bytes: u64,
     pub read_only: bool,
     pub description: String,
@@ -195,9 +198,7 @@ pub(crate) fn resolve(
     });
     let (volume, info) = match lookup {
         Ok(found) => found,
-        Err(e) if e.kind() == ErrorKind::NotFound => {
-            return Err(unknown(format!("no export named {name:?}")))
-        }
+        Err(e) if e.kind() == ErrorKind::NotFound => return resolve_extra(options, name),
         Err(e) => {
             tracing::warn!(export = name, error = %e, "cannot open export");
             return Err(Refusal {
@@ -212,22 +213,63 @@ pub(crate) fn resolve(
         description: describe(&info, read_only),
         size_bytes: info.size_bytes,
         read_only,
-        _claim: std::sync::Arc::new(volume.claim()),
-        volume,
+        source: Source::Pool {
+            _claim: std::sync::Arc::new(volume.claim()),
+            volume,
+        },
         block_size_bytes: pool.block_size_bytes(),
     })
 }
 
+/// Resolves a name the pool does not have among the extra exports.
+fn resolve_extra(options: &ServerOptions, name: &str) -> Result<Export, Refusal> {
+    let refusal = |message: String| Refusal {
+        reply_type: REP_ERR_UNKNOWN,
+        message,
+    };
+    let opened = options
+        .extra_exports
+        .as_ref()
+        .and_then(|extra| extra.open(name));
+    match opened {
+        None => Err(refusal(format!("no export named {name:?}"))),
+        Some(Err(e)) => {
+            tracing::warn!(export = name, error = %e, "cannot open export");
+            Err(refusal(format!("export {name:?} cannot be opened: {e}")))
+        }
+        Some(Ok((source, description))) => Ok(Export {
+            name: name.to_string(),
+            description,
+            size_bytes: source.size_bytes(),
+            read_only: true,
+            block_size_bytes: source.block_bytes(),
+            source: Source::ReadOnly(source),
+        }),
+    }
+}
+
 /// The exports NBD_OPT_LIST shows, as (name, description).
+/// Extra exports follow the pool's, less any whose name a pool volume has.
 pub(crate) fn list(pool: &Pool, options: &ServerOptions) -> Vec<(String, String)> {
-    pool.volume_summaries()
+    let mut listed: Vec<(String, String)> = pool
+        .volume_summaries()
         .into_iter()
         .filter(|info| options.exports.allows(&info.name))
         .map(|info| {
             let read_only = options.read_only || info.read_only;
             (info.name.clone(), describe(&info, read_only))
         })
-        .collect()
+        .collect();
+    if let Some(extra) = &options.extra_exports {
+        let taken: BTreeSet<String> = pool.volume_names().into_iter().collect();
+        listed.extend(
+            extra
+                .list()
+                .into_iter()
+                .filter(|(name, _)| options.exports.allows(name) && !taken.contains(name)),
+        );
+    }
+    listed
 }
 
 /// The transmission flags of an export. Read-only exports leave out the

@@ -669,7 +669,7 @@ fn changed_base_usable(export: &Export, base: &str) -> Result<(), String> {
     grove_store::validate_volume_name(base)
         .map_err(|_| "it is not a valid volume name".to_string())?;
     export
-        .volume
+        .source
         .diff_in(base, 0, 0)
         .map(|_| ())
         .map_err(|e| e.to_string())

@@ -2,6 +2,9 @@
 //!
 //! Every volume of a pool is an export under its own name; snapshots (and
 //! everything, with [`ServerOptions::read_only`]) are read-only exports.
+//! [`ServerOptions::extra_exports`] adds read-only exports that are not
+//! volumes ([`ReadOnlySources`]: the binary's archived snapshots) under
+//! names the pool does not use.
 //! The server speaks fixed newstyle negotiation with NBD_OPT_GO, INFO, LIST,
 //! EXPORT_NAME, ABORT, STRUCTURED_REPLY and two metadata contexts,
 //! `base:allocation` and `grove:changed:BASE` (where the export differs
@@ -54,6 +57,7 @@ mod export;
 mod handshake;
 mod peers;
 mod server;
+mod source;
 mod stream;
 mod tls;
 mod transmission;
@@ -68,6 +72,7 @@ pub use export::{
 };
 pub use handshake::{BLOCK_SIZE_MINIMUM_BYTES, CHANGED_CONTEXTS_MAX, OPTION_DATA_MAX_BYTES};
 pub use server::{bind_unix_socket, parse_listen_addr, Server, ShutdownHandle, DEFAULT_TCP_PORT};
+pub use source::{ReadOnlySource, ReadOnlySources};
 pub use tls::{TlsMode, TlsOptions};
 pub use transmission::{
     connection_share_bytes, peer_share_bytes, CONNECTION_SHARE_DIVISOR, INFLIGHT_LIMIT_MIN_BYTES,

@@ -18,6 +18,7 @@ use crate::codec::*;
 use crate::deadline::{transfer_allowance, Deadlines, Slot};
 use crate::error::nbd_error_for;
 use crate::handshake::{Session, BASE_ALLOCATION_CONTEXT_ID};
+use crate::source::Source;
 use crate::stream::{discard, is_timeout, Stream};
 use crate::validate::{validate_request, Negotiated, Rejection, PAYLOAD_MAX_BYTES};
 
@@ -321,7 +322,7 @@ pub(crate) fn serve(
     if connection.wrote.load(Ordering::SeqCst) {
         // Not required by the protocol, but a client that leaves without a
         // flush should not lose its writes to a crash soon after.
-        if let Err(e) = export.volume.flush() {
+        if let Err(e) = export.source.flush() {
             tracing::warn!(connection = label, error = %e, "flush at disconnect failed");
         }
     }
@@ -530,7 +531,7 @@ fn run(connection: &Connection<'_>, job: Job) -> u64 {
         send_error(connection, &request, rejection.error, &rejection.message);
         return 0;
     }
-    let volume = &connection.session.export.volume;
+    let volume = &connection.session.export.source;
     let fua = request.flags & CMD_FLAG_FUA != 0;
     let result = match request.command {
         Command::Read => {
@@ -590,7 +591,7 @@ fn run(connection: &Connection<'_>, job: Job) -> u64 {
 /// NBD_CMD_CACHE: reads the mapped parts of a range ahead of use, so that
 /// the engine's metadata and the host's page cache hold them. Holes read
 /// as zeros without I/O and are skipped.
-fn cache(volume: &grove_store::Volume, offset: u64, len: u64) -> grove_store::Result<()> {
+fn cache(volume: &Source, offset: u64, len: u64) -> grove_store::Result<()> {
     let mut scratch = vec![0u8; CACHE_CHUNK_BYTES];
     for (start, extent_len) in volume.mapped_extents_in(offset, len)? {
         let from = start.max(offset);
@@ -605,7 +606,7 @@ fn cache(volume: &grove_store::Volume, offset: u64, len: u64) -> grove_store::Re
     Ok(())
 }
 
-fn write_zeros(volume: &grove_store::Volume, offset: u64, len: u64) -> grove_store::Result<()> {
+fn write_zeros(volume: &Source, offset: u64, len: u64) -> grove_store::Result<()> {
     let mut done = 0u64;
     while done < len {
         let chunk = (len - done).min(ZERO_CHUNK_BYTES as u64) as usize;
@@ -620,7 +621,7 @@ fn read(connection: &Connection<'_>, request: &Request) {
     let prefix = read_reply_prefix_bytes(structured);
     // Header and data in one buffer, so the reply is one write.
     let mut buf = connection.buffers.take(prefix + request.length as usize);
-    let volume = &connection.session.export.volume;
+    let volume = &connection.session.export.source;
     match volume.read_at(&mut buf.as_mut_slice()[prefix..], request.offset) {
         Ok(()) => {
             encode_read_reply_prefix(
@@ -689,7 +690,7 @@ fn allocation(
     connection: &Connection<'_>,
     request: &Request,
 ) -> grove_store::Result<Vec<Descriptor>> {
-    let volume = &connection.session.export.volume;
+    let volume = &connection.session.export.source;
     // Only the queried window: the cost follows the request, not the volume.
     let extents = volume.mapped_extents_in(request.offset, u64::from(request.length))?;
     Ok(allocation_descriptors(
@@ -710,7 +711,7 @@ fn changes(
     request: &Request,
     base: &str,
 ) -> grove_store::Result<Vec<Descriptor>> {
-    let volume = &connection.session.export.volume;
+    let volume = &connection.session.export.source;
     let changes: Vec<(u64, u64)> = volume
         .diff_in(base, request.offset, u64::from(request.length))?
         .into_iter()

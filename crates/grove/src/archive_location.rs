@@ -13,23 +13,52 @@ pub fn location(dir: &Path, to: Option<&str>) -> Result<String> {
     if let Some(url) = to {
         return Ok(url.to_string());
     }
-    let config = grove_store::config::PoolConfig::load(dir)?;
-    if let Some(table) = &config.archive {
-        if let Some(key) = table.keys().find(|k| k.as_str() != "location") {
-            bail!(
-                "grove.toml: unknown setting \"archive.{key}\" (known settings: archive.location)"
-            );
-        }
-        if let Some(value) = table.get("location") {
-            let url = value
-                .as_str()
-                .context("grove.toml: archive.location must be a URL string")?;
-            return Ok(url.to_string());
-        }
+    if let Some(url) = archive_setting(dir, "location", "a URL string")? {
+        return Ok(url);
     }
     let absolute =
         std::path::absolute(dir).with_context(|| format!("cannot resolve {}", dir.display()))?;
     Ok(format!("file://{}.archive", absolute.display()))
+}
+
+/// Bytes of archived blocks a back-in-time read keeps cached per open
+/// snapshot, when grove.toml does not say.
+pub const READ_CACHE_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
+
+/// grove.toml's `archive.cache_size`: the bound of the local cache that
+/// reads of an archived snapshot go through.
+pub fn read_cache_bytes(dir: &Path) -> Result<u64> {
+    match archive_setting(dir, "cache_size", "a size string such as \"256M\"")? {
+        None => Ok(READ_CACHE_BYTES_DEFAULT),
+        Some(text) => grove_store::units::parse_size(&text)
+            .map_err(|e| anyhow::anyhow!("grove.toml: archive.cache_size {text:?}: {e}")),
+    }
+}
+
+/// grove.toml's string setting `archive.KEY`, if set; every key of the
+/// `[archive]` table is checked, so a misspelt one is an error.
+fn archive_setting(dir: &Path, key: &str, what: &str) -> Result<Option<String>> {
+    let config = grove_store::config::PoolConfig::load(dir)?;
+    let Some(table) = &config.archive else {
+        return Ok(None);
+    };
+    if let Some(unknown) = table
+        .keys()
+        .find(|k| !matches!(k.as_str(), "location" | "cache_size"))
+    {
+        bail!(
+            "grove.toml: unknown setting \"archive.{unknown}\" (known settings: archive.location, archive.cache_size)"
+        );
+    }
+    table
+        .get(key)
+        .map(|value| {
+            value
+                .as_str()
+                .map(str::to_string)
+                .with_context(|| format!("grove.toml: archive.{key} must be {what}"))
+        })
+        .transpose()
 }
 
 /// The snapshots of `volume` already archived at the pool's default

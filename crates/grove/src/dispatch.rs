@@ -75,6 +75,7 @@ pub fn run(cli: Cli) -> Result<()> {
             grove_fuse::MountOptions {
                 read_only,
                 allow_other,
+                archived: None,
             },
         ),
         Command::Archive { command } => crate::archive_cmd::run(dir, degraded, command),

@@ -5,6 +5,7 @@
 //! as written (usage.rs).
 
 mod archive_cmd;
+mod archive_exports;
 mod archive_location;
 mod archiving;
 mod background;

@@ -9,13 +9,14 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 
 use anyhow::{anyhow, bail, Context, Result};
 use grove_fuse::MountOptions;
 use grove_store::Pool;
 use signal_hook::consts::{SIGINT, SIGTERM};
 
+use crate::archive_exports::ArchivedSnapshots;
 use crate::control::{open_pool_exclusive, ControlServer};
 use crate::daemon::{serve_until_unmounted, MountEvent, WhenBusy};
 
@@ -48,6 +49,7 @@ pub fn run(
     }
     let (dir, mountpoint) = settle(daemon, dir, mountpoint);
     let opened = open_pool_exclusive(&dir, degraded)?;
+    let options = crate::archive_exports::with_archived_files(options, &dir);
     let pool = opened.pool.clone();
     let branches = opened.clone();
     // Signals are caught before anything is mounted, so none is lost.
@@ -236,10 +238,14 @@ pub fn mount_for_serve(
     pool: &Pool,
     mountpoint: &Path,
     read_only: bool,
+    archived: Option<Arc<ArchivedSnapshots>>,
 ) -> Result<grove_fuse::Mount> {
     let options = MountOptions {
         read_only,
         allow_other: false,
+        archived: archived
+            .filter(|a| !a.list().is_empty())
+            .map(ArchivedSnapshots::as_files),
     };
     let shown = mountpoint.display().to_string();
     let mount = grove_fuse::mount(pool.clone(), mountpoint, &options, move || {

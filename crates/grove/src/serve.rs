@@ -15,6 +15,7 @@ use grove_nbd::{
 use grove_store::Pool;
 use signal_hook::consts::{SIGINT, SIGTERM};
 
+use crate::archive_exports::ArchivedSnapshots;
 use crate::background::BackgroundWork;
 use crate::cli::serve::ServeArgs;
 use crate::control::ControlServer;
@@ -101,10 +102,12 @@ pub fn run(
     let control = ControlServer::start(opened.clone(), base_options.socket_mode)?;
     let shutdown_grace_ms = base_options.shutdown_grace_ms;
     let background = BackgroundWork::start(&pool)?;
+    let archived = ArchivedSnapshots::for_pool(dir);
     let options = ServerOptions {
         read_only,
         default_export: default_export.clone(),
         exports: export_filter(&exports),
+        extra_exports: archived.clone().map(ArchivedSnapshots::as_exports),
         ..base_options
     };
     let server = Server::new(pool.clone(), options);
@@ -122,7 +125,7 @@ pub fn run(
 
     // FUSE files next to NBD, over the same pool (grove serve --mount).
     let mounted = mount
-        .map(|mountpoint| crate::mount::mount_for_serve(&pool, &mountpoint, read_only))
+        .map(|mountpoint| crate::mount::mount_for_serve(&pool, &mountpoint, read_only, archived))
         .transpose()?;
 
     let signal = signals.forever().next();
