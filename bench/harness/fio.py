@@ -152,7 +152,10 @@ def span_figures(log_prefix, numjobs, start_ms, end_ms):
     """IOPS (all jobs) and worst completion latency (ms) over [start_ms,
     end_ms] of a logged run, from the rows that end within it or one
     window after (a row covers the time since the job's previous row, or
-    one window for its first). Times are ms since mark_origin(log_prefix)."""
+    one window for its first), and at least the first row that ends after
+    start_ms: on a loaded machine fio's rows come late, and a span shorter
+    than a window may see none in time. Times are ms since
+    mark_origin(log_prefix)."""
     origin_ms = float(origin_path(log_prefix).read_text())
     iops = 0.0
     worst_ns = 0
@@ -162,7 +165,7 @@ def span_figures(log_prefix, numjobs, start_ms, end_ms):
         for t, count, worst in read_hist_log(f"{log_prefix}_clat_hist.{n}.log", origin_ms):
             if previous is None:
                 previous = t - LOG_WINDOW_MS
-            if start_ms <= t < end_ms + LOG_WINDOW_MS:
+            if start_ms <= t and (t < end_ms + LOG_WINDOW_MS or covered_ms == 0):
                 ios += count
                 covered_ms += t - previous
                 worst_ns = max(worst_ns, worst)

@@ -306,7 +306,7 @@ mod tests {
         let unknown = check_keys("format_version = 2\ncompression = true\n").unwrap_err();
         assert!(
             unknown.contains(
-                "\"compression\" (known settings: format_version, store, cache_size, space, retention, branches)"
+                "\"compression\" (known settings: format_version, store, cache_size, space, retention, branches, archive)"
             ),
             "{unknown}"
         );
