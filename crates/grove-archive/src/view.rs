@@ -110,6 +110,7 @@ impl ArchivedVolume {
             )));
         }
         let bs = u64::from(self.catalog.block_bytes);
+        let last_block = (offset + buf.len() as u64).div_ceil(bs);
         let mut done = 0usize;
         while done < buf.len() {
             let at = offset + done as u64;
@@ -119,30 +120,40 @@ impl ArchivedVolume {
             let out = &mut buf[done..done + take];
             match self.index.lookup(block) {
                 None => out.fill(0),
-                Some(place) => {
-                    let data = self.block(place, block, (at + take as u64).div_ceil(bs) - block)?;
-                    out.copy_from_slice(&data[within..within + take]);
-                }
+                Some(place) => self.copy_block(place, block, last_block - block, within, out)?,
             }
             done += take;
         }
         Ok(())
     }
 
-    /// The data of the version at `place`; on a miss, it and up to
-    /// `ahead - 1` following slots that the snapshot's run continues into
-    /// are fetched in one ranged read.
-    fn block(&self, place: (u64, u32), block: u64, ahead: u64) -> Result<Vec<u8>> {
+    /// Copies bytes `within..` of the version at `place` into `out`; on a
+    /// miss, it and up to `ahead - 1` following slots that the snapshot's
+    /// run continues into (the rest of the read) are fetched in one ranged
+    /// read and cached.
+    fn copy_block(
+        &self,
+        place: (u64, u32),
+        block: u64,
+        ahead: u64,
+        within: usize,
+        out: &mut [u8],
+    ) -> Result<()> {
         if let Some(data) = self.cache.lock().expect("cache lock").get(place) {
-            return Ok(data.to_vec());
+            out.copy_from_slice(&data[within..within + out.len()]);
+            return Ok(());
         }
+        let data = self.fetch(place, block, ahead)?;
+        out.copy_from_slice(&data[within..within + out.len()]);
+        Ok(())
+    }
+
+    /// Reads the version at `place` and up to `ahead - 1` after it in its
+    /// run from the pack, caches them all, and returns the first.
+    fn fetch(&self, place: (u64, u32), block: u64, ahead: u64) -> Result<Vec<u8>> {
         let header = self.header(place.0)?;
-        let run_left = self
-            .index
-            .runs
-            .iter()
-            .find(|r| r.first_block <= block && block < r.end_block())
-            .map_or(1, |r| r.end_block() - block);
+        let at = self.index.runs.partition_point(|r| r.end_block() <= block);
+        let run_left = self.index.runs.get(at).map_or(1, |r| r.end_block() - block);
         let count = ahead
             .clamp(1, run_left)
             .min(u64::from(header.slots - place.1)) as u32;
