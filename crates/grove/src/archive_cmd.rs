@@ -16,7 +16,7 @@ use crate::open::open_pool;
 use crate::output::archive as show;
 use crate::output::{print_json, print_with};
 use crate::progress::Progress;
-use crate::retention::{load_config, now};
+use crate::retention_settings::{load_config, now};
 
 pub fn run(dir: &Path, degraded: bool, command: ArchiveCommand) -> Result<()> {
     grove_archive::hooks::set_stall_point(std::env::var("GROVE_TEST_ARCHIVE_STALL_AT").ok());

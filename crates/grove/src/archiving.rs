@@ -7,8 +7,6 @@ use grove_archive::Archive;
 use grove_retention::{plan, Level, Policy, RetentionConfig, SnapshotFacts};
 use grove_store::{Pool, VolumeKind};
 
-use crate::retention::TickReport;
-
 /// What `grove archive push` asks, here or of the daemon holding the pool.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct PushRequest {
@@ -31,7 +29,7 @@ pub fn push_volumes(
     progress: &mut dyn FnMut(&str, u64, u64),
     pushed: &mut dyn FnMut(&grove_archive::PushReport) -> Result<()>,
 ) -> Result<Vec<grove_archive::PushReport>> {
-    let config = crate::retention::load_config(pool.dir())?;
+    let config = crate::retention_settings::load_config(pool.dir())?;
     let volumes = match &request.volume {
         Some(v) => vec![v.clone()],
         None => pool
@@ -40,7 +38,7 @@ pub fn push_volumes(
             .filter(|v| config.archive_policy_for(v).is_ok_and(|p| p.is_some()))
             .collect(),
     };
-    let at = crate::retention::now(None)?;
+    let at = crate::retention_settings::now(None)?;
     let mut reports = Vec::new();
     for volume in volumes {
         let archive = Archive::open(&request.url, &volume)?;
@@ -91,7 +89,7 @@ pub fn push_snapshot(
         snapshot: name.to_string(),
         hash: crate::stream::hash(pool, name)?,
         pack_bytes,
-        now_unix_secs: crate::retention::now(None)?,
+        now_unix_secs: crate::retention_settings::now(None)?,
         stall_after_packs: std::env::var("GROVE_TEST_ARCHIVE_STALL_AFTER_PACKS")
             .ok()
             .and_then(|n| n.parse().ok()),
@@ -147,27 +145,41 @@ pub fn due_snapshots(
         .collect())
 }
 
+/// What one scheduled round did: snapshots pushed, archived snapshots
+/// expiry dropped, and what failed, with why.
+#[derive(Debug, Default)]
+pub struct ArchiveRound {
+    pub archived: Vec<String>,
+    pub expired: Vec<String>,
+    pub failed: Vec<String>,
+}
+
 /// One scheduled round for every volume whose policy has archive counts:
 /// push what is due, then expire, each volume on its own (one failing is
 /// reported, the others go on).
-pub fn scheduled_round(pool: &Pool, config: &RetentionConfig, now: u64, report: &mut TickReport) {
+pub fn scheduled_round(pool: &Pool, config: &RetentionConfig, now: u64) -> ArchiveRound {
+    let mut round = ArchiveRound::default();
     let url = match crate::archive_location::location(pool.dir(), None) {
         Ok(url) => url,
-        Err(e) => return report.failed.push(format!("archive: {e:#}")),
+        Err(e) => {
+            round.failed.push(format!("archive: {e:#}"));
+            return round;
+        }
     };
     for volume in pool.volume_names() {
         let policy = match config.archive_policy_for(&volume) {
             Ok(Some(policy)) => policy,
             Ok(None) => continue,
             Err(e) => {
-                report.failed.push(format!("archive {volume}: {e}"));
+                round.failed.push(format!("archive {volume}: {e}"));
                 continue;
             }
         };
-        if let Err(e) = round_for(pool, &url, &volume, &policy, now, report) {
-            report.failed.push(format!("archive {volume}: {e:#}"));
+        if let Err(e) = round_for(pool, &url, &volume, &policy, now, &mut round) {
+            round.failed.push(format!("archive {volume}: {e:#}"));
         }
     }
+    round
 }
 
 fn round_for(
@@ -176,7 +188,7 @@ fn round_for(
     volume: &str,
     policy: &Policy,
     now: u64,
-    report: &mut TickReport,
+    round: &mut ArchiveRound,
 ) -> Result<()> {
     let archive = Archive::open(url, volume)?;
     let due = due_snapshots(pool, &archive, policy, now)?;
@@ -190,10 +202,10 @@ fn round_for(
             grove_archive::DEFAULT_PACK_BYTES,
             &mut |_, _| {},
         )?;
-        report.archived.push(name);
+        round.archived.push(name);
     }
     let expired = grove_archive::expire(&archive, Some(&claim), policy, now, false)?;
-    report.archive_expired.extend(expired.expired);
+    round.expired.extend(expired.expired);
     claim.release()?;
     Ok(())
 }

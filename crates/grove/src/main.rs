@@ -27,6 +27,7 @@ mod reclaimer;
 mod replicate;
 mod retention;
 mod retention_cmd;
+mod retention_settings;
 mod scheduler;
 mod serve;
 mod size;

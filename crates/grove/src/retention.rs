@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use grove_retention::calendar::{display, parse_duration, parse_time};
+use grove_retention::calendar::{display, parse_duration};
 use grove_retention::{
     auto_snapshot_name, due_level, plan, space_order, Level, Policy, RetentionConfig, SnapshotFacts,
 };
@@ -19,24 +19,7 @@ use serde::Serialize;
 use crate::archive_location::{archived_facts, ranking_policy};
 use crate::control::Admin;
 
-/// The time retention works at: `--now` if given (for scripts and tests),
-/// else the system clock.
-pub fn now(given: Option<&str>) -> Result<u64> {
-    match given {
-        Some(text) => parse_time(text).map_err(anyhow::Error::msg),
-        None => Ok(std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0)),
-    }
-}
-
-/// The pool's retention settings, read from grove.toml each time (the
-/// daemons pick up `grove policy set` at their next tick).
-pub fn load_config(dir: &Path) -> Result<RetentionConfig> {
-    let config = PoolConfig::load(dir)?;
-    RetentionConfig::from_table(config.retention.as_ref()).map_err(anyhow::Error::msg)
-}
+pub use crate::retention_settings::{load_config, now};
 
 /// One volume under a policy, with the facts about its snapshots.
 pub struct VolumeUnderPolicy {

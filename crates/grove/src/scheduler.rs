@@ -40,7 +40,7 @@ impl Clock {
 
     fn now(&self) -> anyhow::Result<u64> {
         match self {
-            Clock::System => crate::retention::now(None),
+            Clock::System => crate::retention_settings::now(None),
             Clock::File(path) => {
                 let text = std::fs::read_to_string(path)?;
                 text.trim().parse().map_err(|_| {
@@ -91,7 +91,10 @@ fn run(pool: &Pool, stopping: &AtomicBool, clock: Clock, tick_ms: u64) {
 fn run_once(pool: &Pool, now: u64) {
     let archive_round = |config: &grove_retention::RetentionConfig,
                          report: &mut crate::retention::TickReport| {
-        crate::archiving::scheduled_round(pool, config, now, report)
+        let round = crate::archiving::scheduled_round(pool, config, now);
+        report.archived.extend(round.archived);
+        report.archive_expired.extend(round.expired);
+        report.failed.extend(round.failed);
     };
     match crate::retention::tick(pool, now, archive_round) {
         Ok(report) => {
