@@ -7,7 +7,7 @@ use crate::archive::Archive;
 use crate::error::{ArchiveError, Result};
 use crate::format::index::SnapshotIndex;
 use crate::ledger;
-use crate::reader::SnapshotReader;
+use crate::reader::PackReader;
 use grove_store::{Pool, RemoveOptions};
 
 /// What a restore did.
@@ -94,7 +94,7 @@ fn write_runs(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<u64> {
     let volume = pool.volume(volume)?;
-    let reader = SnapshotReader::new(archive, catalog);
+    let reader = PackReader::default();
     let bs = u64::from(catalog.block_bytes);
     let total = index.mapped_bytes();
     let mut done = 0;
@@ -102,7 +102,7 @@ fn write_runs(
         let mut at = 0;
         while at < run.blocks {
             let count = SLOTS_PER_READ.min(run.blocks - at);
-            let data = reader.read_slots(run.pack, run.first_slot + at, count)?;
+            let data = reader.read_slots(archive, catalog, run.pack, run.first_slot + at, count)?;
             let offset = (run.first_block + u64::from(at)) * bs;
             let len = (data.len() as u64).min(index.size_bytes - offset) as usize;
             volume.write_at(&data[..len], offset)?;

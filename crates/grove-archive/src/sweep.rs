@@ -4,12 +4,12 @@
 
 use crate::archive::{pack_object, Archive};
 use crate::error::Result;
-use crate::format::catalog::{self, Catalog};
+use crate::format::catalog::Catalog;
 use crate::lock::WriterLock;
 use std::collections::BTreeSet;
 
 /// The names of the objects of the archive's folder that `catalog` does
-/// not reference (catalogs and the writer's claim aside).
+/// not reference (the writer's claim aside; catalogs live in their own folder).
 pub fn unreferenced(archive: &Archive, catalog: &Catalog) -> Result<Vec<String>> {
     let mut known: BTreeSet<String> = catalog.packs.iter().map(|p| pack_object(p.id)).collect();
     known.extend(catalog.snapshots.iter().map(|s| s.index.clone()));
@@ -17,11 +17,7 @@ pub fn unreferenced(archive: &Archive, catalog: &Catalog) -> Result<Vec<String>>
         .list_objects()?
         .into_iter()
         .map(|(name, _)| name)
-        .filter(|n| {
-            !known.contains(n)
-                && catalog::generation_of(n).is_none()
-                && n != crate::lock::WRITER_OBJECT
-        })
+        .filter(|n| !known.contains(n) && n != crate::lock::WRITER_OBJECT)
         .collect())
 }
 

@@ -10,9 +10,8 @@ use crate::block_cache::BlockCache;
 use crate::error::{ArchiveError, Result};
 use crate::format::catalog::Catalog;
 use crate::format::index::SnapshotIndex;
-use crate::format::pack::PackHeader;
 use crate::ledger;
-use std::collections::BTreeMap;
+use crate::reader::PackReader;
 use std::sync::Mutex;
 
 /// An archived snapshot, open for reading.
@@ -22,7 +21,7 @@ pub struct ArchivedVolume {
     catalog: Catalog,
     name: String,
     index: SnapshotIndex,
-    headers: Mutex<BTreeMap<u64, PackHeader>>,
+    packs: PackReader,
     cache: Mutex<BlockCache>,
 }
 
@@ -48,7 +47,7 @@ impl ArchivedVolume {
             catalog,
             name: snapshot.to_string(),
             index,
-            headers: Mutex::new(BTreeMap::new()),
+            packs: PackReader::default(),
             cache: Mutex::new(BlockCache::new(cache_bytes)),
         })
     }
@@ -151,12 +150,18 @@ impl ArchivedVolume {
     /// Reads the version at `place` and up to `ahead - 1` after it in its
     /// run from the pack, caches them all, and returns the first.
     fn fetch(&self, place: (u64, u32), block: u64, ahead: u64) -> Result<Vec<u8>> {
-        let header = self.header(place.0)?;
+        let header = self.packs.header(&self.archive, &self.catalog, place.0)?;
         let at = self.index.runs.partition_point(|r| r.end_block() <= block);
         let run_left = self.index.runs.get(at).map_or(1, |r| r.end_block() - block);
-        let count = ahead
-            .clamp(1, run_left)
-            .min(u64::from(header.slots - place.1)) as u32;
+        // An index that names a slot past its pack is damage, not a panic.
+        let slots_left = header.slots.saturating_sub(place.1);
+        if slots_left == 0 {
+            return Err(ArchiveError::Damaged(format!(
+                "the index of {} names slots past the end of pack {:016x}",
+                self.name, place.0
+            )));
+        }
+        let count = ahead.clamp(1, run_left).min(u64::from(slots_left)) as u32;
         let data = self.archive.read_slots(&header, place.1, count)?;
         let bs = self.catalog.block_bytes as usize;
         let mut cache = self.cache.lock().expect("cache lock");
@@ -164,29 +169,6 @@ impl ArchivedVolume {
             cache.put((place.0, place.1 + i as u32), chunk.to_vec());
         }
         Ok(data[..bs].to_vec())
-    }
-
-    fn header(&self, pack: u64) -> Result<PackHeader> {
-        if let Some(h) = self.headers.lock().expect("headers lock").get(&pack) {
-            return Ok(*h);
-        }
-        let record = ledger::pack(&self.catalog, pack).ok_or_else(|| {
-            ArchiveError::Damaged(format!(
-                "the index of {} names pack {pack:016x}, which the catalog does not list",
-                self.name
-            ))
-        })?;
-        if record.slots == 0 {
-            return Err(ArchiveError::Damaged(format!("pack {pack:016x} is empty")));
-        }
-        let (header, _) = self
-            .archive
-            .pack_blocks(pack, self.catalog.block_bytes, record.slots)?;
-        self.headers
-            .lock()
-            .expect("headers lock")
-            .insert(pack, header);
-        Ok(header)
     }
 }
 

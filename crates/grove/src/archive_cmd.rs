@@ -275,13 +275,8 @@ fn restore(
 
 /// The volume whose archive at `url` holds `snapshot`.
 fn find_volume(url: &str, snapshot: &str) -> Result<String> {
-    for volume in Archive::volumes_at(url)? {
-        let catalog = Archive::open(url, &volume)?.load()?;
-        if catalog.is_some_and(|c| c.snapshots.iter().any(|s| s.name == snapshot)) {
-            return Ok(volume);
-        }
-    }
-    bail!("no archive at {url} holds a snapshot named {snapshot:?}")
+    crate::archive_location::volume_holding(url, snapshot)?
+        .with_context(|| format!("no archive at {url} holds a snapshot named {snapshot:?}"))
 }
 
 fn release(url: &str, snapshot: &str, volume: Option<String>, take_over: bool) -> Result<()> {

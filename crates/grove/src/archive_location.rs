@@ -89,10 +89,15 @@ pub fn ranking_policy(pool: &Policy, archive: Option<&Policy>) -> Policy {
 /// `snapshot`, if one does.
 pub fn find_archived(dir: &Path, snapshot: &str) -> Result<Option<(String, String)>> {
     let url = location(dir, None)?;
-    for volume in Archive::volumes_at(&url)? {
-        let catalog = Archive::open(&url, &volume)?.load()?;
+    Ok(volume_holding(&url, snapshot)?.map(|volume| (url, volume)))
+}
+
+/// The volume whose archive at `url` holds `snapshot`, if one does.
+pub fn volume_holding(url: &str, snapshot: &str) -> Result<Option<String>> {
+    for volume in Archive::volumes_at(url)? {
+        let catalog = Archive::open(url, &volume)?.load()?;
         if catalog.is_some_and(|c| c.snapshots.iter().any(|s| s.name == snapshot)) {
-            return Ok(Some((url, volume)));
+            return Ok(Some(volume));
         }
     }
     Ok(None)
