@@ -149,22 +149,23 @@ impl Pool {
     /// Runs `args` with the archive's test hook stalling at `point`, waits
     /// until it says it stalled, and kills it with SIGKILL.
     fn kill_at(&self, point: &str, args: &[&str]) {
-        let mut child = self
-            .command(args)
-            .env("GROVE_TEST_ARCHIVE_STALL_AT", point)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = Reaped(
+            self.command(args)
+                .env("GROVE_TEST_ARCHIVE_STALL_AT", point)
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
         let mut line = String::new();
-        BufReader::new(child.stderr.take().unwrap())
+        BufReader::new(child.0.stderr.take().unwrap())
             .read_line(&mut line)
             .unwrap();
         assert!(
             line.contains(&format!("stalled at {point}")),
             "{point}: {line}"
         );
-        child.kill().unwrap();
-        child.wait().unwrap();
+        child.0.kill().unwrap();
+        child.0.wait().unwrap();
     }
 
     fn listing(&self) -> Vec<Value> {
@@ -224,8 +225,8 @@ fn a_season_on_the_gateway_keeps_what_the_calendar_keeps_and_restores_each_snaps
 fn killed_push_resumes(archive: Option<String>) {
     let pool = Pool::new(archive);
     pool.ok(&["snapshot", "vm", "vm@one"]);
-    let mut child = pool
-        .command(&[
+    let mut child = Reaped(
+        pool.command(&[
             "archive",
             "push",
             "vm",
@@ -237,14 +238,15 @@ fn killed_push_resumes(archive: Option<String>) {
         .env("GROVE_TEST_ARCHIVE_STALL_AFTER_PACKS", "5")
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap();
+        .unwrap(),
+    );
     let mut line = String::new();
-    BufReader::new(child.stderr.take().unwrap())
+    BufReader::new(child.0.stderr.take().unwrap())
         .read_line(&mut line)
         .unwrap();
     assert!(line.contains("stalled after 5 packs"), "{line}");
-    child.kill().unwrap();
-    child.wait().unwrap();
+    child.0.kill().unwrap();
+    child.0.wait().unwrap();
     // Killed: the archive is consistent, and the claim is still held.
     let check = pool.ok(&["archive", "check"]);
     assert!(check.contains("consistent"), "{check}");
@@ -408,14 +410,15 @@ fn the_daemons_scheduler_pushes_and_expires_on_the_policys_clock() {
     let pool = Pool::new(None);
     let clock = pool.dir.path().join("clock");
     std::fs::write(&clock, (MONDAY + 3600).to_string()).unwrap();
-    let mut child = pool
-        .command(&["serve"])
-        .env("GROVE_CLOCK_FILE", &clock)
-        .env("GROVE_SCHEDULER_TICK_MS", "20")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = Reaped(
+        pool.command(&["serve"])
+            .env("GROVE_CLOCK_FILE", &clock)
+            .env("GROVE_SCHEDULER_TICK_MS", "20")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let mut taken = Vec::new();
     for day in 0..10 {
         let now = MONDAY + day * DAY + 3600;
@@ -460,11 +463,23 @@ fn assert_kept_as_the_calendar_says(listed: &[Value], taken: &[u64]) {
     assert_eq!(kept, expected);
 }
 
-fn stop_daemon(child: &mut std::process::Child) {
+/// A child process killed when the test ends, passed or failed, so that
+/// no daemon or stalled command outlives it.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Stops a daemon as its users do (SIGTERM) and waits for it.
+fn stop_daemon(child: &mut Reaped) {
     let _ = std::process::Command::new("kill")
-        .arg(child.id().to_string())
+        .arg(child.0.id().to_string())
         .status();
-    let _ = child.wait();
+    let _ = child.0.wait();
 }
 
 /// The kinds of damage `archive check` must name by snapshot, each on a
@@ -629,13 +644,14 @@ fn a_push_goes_through_the_daemon_that_holds_the_pool() {
     // A clock the scheduler cannot read: it leaves the pool alone.
     let clock = pool.dir.path().join("clock");
     std::fs::write(&clock, "not a time").unwrap();
-    let mut child = pool
-        .command(&["serve"])
-        .env("GROVE_CLOCK_FILE", &clock)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = Reaped(
+        pool.command(&["serve"])
+            .env("GROVE_CLOCK_FILE", &clock)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let started = std::time::Instant::now();
     while std::os::unix::net::UnixStream::connect(pool.path.join("grove.control")).is_err() {
         assert!(
