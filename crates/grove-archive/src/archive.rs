@@ -3,9 +3,13 @@
 //! here, so the commands above speak of packs, indexes and catalogs.
 
 use crate::error::{ArchiveError, Result};
+use crate::format::catalog::ForwardRecord;
 use crate::format::catalog::{self, Catalog};
-use crate::format::index::SnapshotIndex;
-use crate::format::pack::{self, PackHeader};
+use crate::format::forward::ForwardTable;
+use crate::format::index::{PageRef, SnapshotRoot};
+use crate::format::pack::{self, PackHeader, SlotEntry};
+use crate::format::page;
+use crate::format::runs::Run;
 use grove_objects::{ErrorKind, FolderStore};
 use std::ops::Range;
 
@@ -25,8 +29,17 @@ pub fn pack_object(id: u64) -> String {
     format!("pack-{id:016x}")
 }
 
-pub fn index_object(seq: u64, generation: u64) -> String {
-    format!("index-{seq:016x}-{generation:016x}")
+pub fn index_object(seq: u64) -> String {
+    format!("index-{seq:016x}")
+}
+
+pub fn pages_object(id: u64) -> String {
+    format!("pages-{id:016x}")
+}
+
+/// Deleted pack `origin`'s forward table, the `id`th object written.
+pub fn forward_object(origin: u64, id: u64) -> String {
+    format!("forward-{origin:016x}-{id:016x}")
 }
 
 /// Catalogs older than this many generations back are deleted.
@@ -64,6 +77,13 @@ impl Archive {
         Ok(volumes)
     }
 
+    /// The store, for one request: a test can make requests fail from
+    /// some point on, as a lost connection would (hooks.rs).
+    fn store(&self) -> Result<&FolderStore> {
+        crate::hooks::before_request()?;
+        Ok(&self.store)
+    }
+
     pub fn volume(&self) -> &str {
         &self.volume
     }
@@ -76,7 +96,7 @@ impl Archive {
     /// The object names of the folder, with their sizes.
     pub fn list_objects(&self) -> Result<Vec<(String, u64)>> {
         Ok(self
-            .store
+            .store()?
             .list(&self.folder)?
             .into_iter()
             .map(|e| (e.name, e.size_bytes))
@@ -84,17 +104,17 @@ impl Archive {
     }
 
     pub(crate) fn create_object(&self, name: &str, data: &[u8]) -> Result<()> {
-        Ok(self.store.create(&self.folder, name, data)?)
+        Ok(self.store()?.create(&self.folder, name, data)?)
     }
 
     pub(crate) fn get_object(&self, name: &str) -> Result<Vec<u8>> {
-        Ok(self.store.get(&self.folder, name)?)
+        Ok(self.store()?.get(&self.folder, name)?)
     }
 
     pub(crate) fn get_range(&self, name: &str, range: Range<u64>) -> Result<Vec<u8>> {
         let len = range.end - range.start;
         let bytes = self
-            .store
+            .store()?
             .get_range(&self.folder, name, range)
             .map_err(|e| {
                 if e.kind() == ErrorKind::NotFound {
@@ -113,14 +133,14 @@ impl Archive {
     }
 
     pub(crate) fn delete_objects(&self, names: &[String]) -> Result<()> {
-        Ok(self.store.delete(&self.folder, names)?)
+        Ok(self.store()?.delete(&self.folder, names)?)
     }
 
     /// The newest catalog, or None for an archive nothing was pushed to.
     /// A newest catalog that does not decode is damage: nothing builds on it.
     pub fn load(&self) -> Result<Option<Catalog>> {
         let newest = self
-            .store
+            .store()?
             .list(&self.catalog_folder)?
             .into_iter()
             .filter_map(|entry| catalog::generation_of(&entry.name))
@@ -129,13 +149,16 @@ impl Archive {
             return Ok(None);
         };
         let name = catalog::object_name(generation);
-        let bytes = self.store.get(&self.catalog_folder, &name).map_err(|e| {
-            if e.kind() == ErrorKind::NotFound {
-                ArchiveError::Damaged(format!("{name} of {} vanished", self.describe()))
-            } else {
-                ArchiveError::Store(e)
-            }
-        })?;
+        let bytes = self
+            .store()?
+            .get(&self.catalog_folder, &name)
+            .map_err(|e| {
+                if e.kind() == ErrorKind::NotFound {
+                    ArchiveError::Damaged(format!("{name} of {} vanished", self.describe()))
+                } else {
+                    ArchiveError::Store(e)
+                }
+            })?;
         let catalog = catalog::decode(&bytes, generation).map_err(|why| {
             ArchiveError::Damaged(format!(
                 "the catalog of {} ({name}) is damaged: {why}",
@@ -158,7 +181,7 @@ impl Archive {
         catalog.generation += 1;
         let name = catalog::object_name(catalog.generation);
         let created = self
-            .store
+            .store()?
             .create(&self.catalog_folder, &name, &catalog::encode(catalog));
         match created {
             Err(e) if e.kind() == ErrorKind::AlreadyExists => Err(ArchiveError::Busy(format!(
@@ -169,25 +192,24 @@ impl Archive {
         }?;
         if catalog.generation > CATALOGS_KEPT {
             let old = catalog::object_name(catalog.generation - CATALOGS_KEPT - 1);
-            self.store.delete(&self.catalog_folder, &[old])?;
+            self.store()?.delete(&self.catalog_folder, &[old])?;
         }
         Ok(())
     }
 
     pub(crate) fn put_pack(&self, id: u64, bytes: &[u8]) -> Result<()> {
-        Ok(self.store.put(&self.folder, &pack_object(id), bytes)?)
+        Ok(self.store()?.put(&self.folder, &pack_object(id), bytes)?)
     }
 
-    /// Pack `id`'s header and block table.
-    pub(crate) fn pack_blocks(
+    /// Pack `id`'s header and slot table.
+    pub(crate) fn pack_table(
         &self,
         id: u64,
         block_bytes: u32,
         slots: u32,
-    ) -> Result<(PackHeader, Vec<u64>)> {
+    ) -> Result<(PackHeader, Vec<SlotEntry>)> {
         let name = pack_object(id);
-        let table_end = pack::HEADER_BYTES + 8 * u64::from(slots);
-        let bytes = self.get_range(&name, 0..table_end)?;
+        let bytes = self.get_range(&name, 0..pack::table_end(slots))?;
         let damaged =
             |why: String| ArchiveError::Damaged(format!("{name} in {}: {why}", self.describe()));
         let header = pack::decode_header(&bytes, id, block_bytes).map_err(damaged)?;
@@ -197,8 +219,8 @@ impl Archive {
                 header.slots
             )));
         }
-        let blocks = pack::decode_blocks(&bytes, &header).map_err(damaged)?;
-        Ok((header, blocks))
+        let table = pack::decode_table(&bytes, &header).map_err(damaged)?;
+        Ok((header, table))
     }
 
     /// The data of slots `first..first + count` of a pack, checked.
@@ -221,21 +243,59 @@ impl Archive {
         Ok(out)
     }
 
-    pub(crate) fn put_index(&self, name: &str, index: &SnapshotIndex) -> Result<u64> {
-        let bytes = index.encode();
+    /// Stores a snapshot's index root; returns its bytes.
+    pub(crate) fn put_root(&self, name: &str, root: &SnapshotRoot) -> Result<u64> {
+        let bytes = root.encode();
         // A plain put, as for packs: nothing references it before the commit.
-        self.store.put(&self.folder, name, &bytes)?;
+        self.store()?.put(&self.folder, name, &bytes)?;
         Ok(bytes.len() as u64)
     }
 
-    pub(crate) fn index(&self, name: &str, seq: u64, block_bytes: u32) -> Result<SnapshotIndex> {
-        let bytes = self.get_object(name).map_err(|e| match e {
+    /// The whole of an object the catalog references; missing is damage.
+    fn get_referenced(&self, name: &str) -> Result<Vec<u8>> {
+        self.get_object(name).map_err(|e| match e {
             ArchiveError::Store(s) if s.kind() == ErrorKind::NotFound => {
                 ArchiveError::Damaged(format!("{name} is missing from {}", self.describe()))
             }
             other => other,
-        })?;
-        SnapshotIndex::decode(&bytes, seq, block_bytes)
+        })
+    }
+
+    pub(crate) fn root(&self, name: &str, seq: u64, block_bytes: u32) -> Result<SnapshotRoot> {
+        let bytes = self.get_referenced(name)?;
+        SnapshotRoot::decode(&bytes, seq, block_bytes)
             .map_err(|why| ArchiveError::Damaged(format!("{name} in {}: {why}", self.describe())))
+    }
+
+    pub(crate) fn put_pages(&self, id: u64, bytes: &[u8]) -> Result<()> {
+        Ok(self.store()?.put(&self.folder, &pages_object(id), bytes)?)
+    }
+
+    /// The runs of `root`'s segment `segment`, from its page at `at`.
+    pub(crate) fn page(&self, root: &SnapshotRoot, segment: u64, at: PageRef) -> Result<Vec<Run>> {
+        let name = pages_object(at.object);
+        let start = u64::from(at.offset);
+        let bytes = self.get_range(&name, start..start + u64::from(at.len))?;
+        page::decode(&bytes, segment, root.segment_range(segment)).map_err(|why| {
+            ArchiveError::Damaged(format!(
+                "{name} in {}, the page of segment {segment} of index {:016x}: {why}",
+                self.describe(),
+                root.seq
+            ))
+        })
+    }
+
+    /// Stores a forward table; returns its bytes.
+    pub(crate) fn put_forward(&self, name: &str, table: &ForwardTable) -> Result<u64> {
+        let bytes = table.encode();
+        self.store()?.put(&self.folder, name, &bytes)?;
+        Ok(bytes.len() as u64)
+    }
+
+    pub(crate) fn forward(&self, record: &ForwardRecord) -> Result<ForwardTable> {
+        let bytes = self.get_referenced(&record.object)?;
+        ForwardTable::decode(&bytes, record.origin).map_err(|why| {
+            ArchiveError::Damaged(format!("{} in {}: {why}", record.object, self.describe()))
+        })
     }
 }

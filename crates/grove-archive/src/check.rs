@@ -1,14 +1,21 @@
 //! `grove archive check`: whether every archived snapshot can be read and
-//! restored. The quick check reads the catalog, every index and every pack
-//! header and block table; `--deep` also reads every slot of every
-//! referenced pack and checks its checksum. Damage is reported by the
-//! archived snapshots it affects.
+//! restored. The quick check reads the catalog, every pack's header and
+//! slot table, every forward table, and every snapshot's root and pages,
+//! following each address to the pack that holds its version now;
+//! `--deep` also reads every slot of every pack and checks its checksum.
+//! Damage is reported by the archived snapshots it affects. Memory is the
+//! bad slots found plus the reader's bounded caches.
 
 use crate::archive::{pack_object, Archive};
 use crate::error::{ArchiveError, Result};
-use crate::format::catalog::Catalog;
+use crate::format::catalog::{ArchivedSnapshot, Catalog};
 use crate::format::pack::PackHeader;
+use crate::format::runs::Run;
+use crate::reader::PackReader;
 use std::collections::{BTreeMap, BTreeSet};
+
+/// Damaged packs, with the slots that are bad (None: the whole pack).
+type BadPacks = BTreeMap<u64, Option<BTreeSet<u32>>>;
 
 /// What a check found.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -57,7 +64,20 @@ pub fn check_with_progress(
     report.snapshots = catalog.snapshots.len();
     report.packs = catalog.packs.len();
     let bad_packs = check_packs(archive, &catalog, deep, &mut report, progress)?;
-    check_indexes(archive, &catalog, &bad_packs, &mut report)?;
+    check_forwards(archive, &catalog, &mut report)?;
+    let reader = PackReader::default();
+    for s in &catalog.snapshots {
+        match check_snapshot(archive, &catalog, &reader, s, &bad_packs) {
+            Ok(None) => {}
+            Ok(Some(why)) | Err(ArchiveError::Damaged(why)) => {
+                if !report.problems.contains(&why) {
+                    report.problems.push(why);
+                }
+                report.damaged_snapshots.push(s.name.clone());
+            }
+            Err(e) => return Err(e),
+        }
+    }
     report.unreferenced_objects = crate::sweep::unreferenced(archive, &catalog)?;
     Ok(report)
 }
@@ -70,14 +90,14 @@ fn check_packs(
     deep: bool,
     report: &mut CheckReport,
     progress: &mut dyn FnMut(u64, u64),
-) -> Result<BTreeMap<u64, Option<BTreeSet<u32>>>> {
+) -> Result<BadPacks> {
     let mut bad = BTreeMap::new();
     let total = crate::ledger::stored_bytes(catalog);
     let mut done = 0;
     for record in &catalog.packs {
         done += record.object_bytes;
         progress(done, total);
-        let header = match archive.pack_blocks(record.id, catalog.block_bytes, record.slots) {
+        let header = match archive.pack_table(record.id, catalog.block_bytes, record.slots) {
             Ok((header, _)) => header,
             Err(ArchiveError::Damaged(why)) => {
                 report.problems.push(why);
@@ -125,43 +145,87 @@ fn check_slots(
     Ok(bad)
 }
 
-fn check_indexes(
-    archive: &Archive,
-    catalog: &Catalog,
-    bad_packs: &BTreeMap<u64, Option<BTreeSet<u32>>>,
-    report: &mut CheckReport,
-) -> Result<()> {
-    for s in &catalog.snapshots {
-        let index = match archive.index(&s.index, s.seq, catalog.block_bytes) {
-            Ok(index) => index,
-            Err(ArchiveError::Damaged(why)) => {
-                report.problems.push(why);
-                report.damaged_snapshots.push(s.name.clone());
-                continue;
-            }
+/// Every forward table decodes (a damaged one is named by the snapshots
+/// whose reads go through it, when their addresses are followed).
+fn check_forwards(archive: &Archive, catalog: &Catalog, report: &mut CheckReport) -> Result<()> {
+    for record in &catalog.forwards {
+        match archive.forward(record) {
+            Ok(_) => {}
+            Err(ArchiveError::Damaged(why)) => report.problems.push(why),
             Err(e) => return Err(e),
-        };
-        let touches_damage = index.runs.iter().any(|r| match bad_packs.get(&r.pack) {
-            Some(None) => true,
-            Some(Some(slots)) => slots
-                .range(r.first_slot..r.first_slot + r.blocks)
-                .next()
-                .is_some(),
-            None => false,
-        });
-        let unknown_pack = index.runs.iter().find(|r| {
-            crate::ledger::pack(catalog, r.pack).is_none_or(|p| r.first_slot + r.blocks > p.slots)
-        });
-        if let Some(run) = unknown_pack {
-            report.problems.push(format!(
-                "{} names {} slots it does not hold",
-                s.index,
-                pack_object(run.pack)
-            ));
-        }
-        if touches_damage || unknown_pack.is_some() {
-            report.damaged_snapshots.push(s.name.clone());
         }
     }
     Ok(())
+}
+
+/// Why snapshot `s` cannot be read whole, or None if it can: its root and
+/// pages decode and every address leads to a sound slot of a listed pack.
+fn check_snapshot(
+    archive: &Archive,
+    catalog: &Catalog,
+    reader: &PackReader,
+    s: &ArchivedSnapshot,
+    bad_packs: &BadPacks,
+) -> Result<Option<String>> {
+    let root = archive.root(&s.index, s.seq, catalog.block_bytes)?;
+    for segment in 0..root.segments.len() as u64 {
+        for run in reader.runs(archive, &root, segment)?.iter() {
+            if let Some(why) = check_run(archive, catalog, reader, run, bad_packs)? {
+                return Ok(Some(format!("{}: {why}", s.index)));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Why a run's versions cannot be read, if they cannot.
+fn check_run(
+    archive: &Archive,
+    catalog: &Catalog,
+    reader: &PackReader,
+    run: &Run,
+    bad_packs: &BadPacks,
+) -> Result<Option<String>> {
+    let slots = run.first_slot..run.first_slot + run.blocks;
+    if crate::ledger::pack(catalog, run.pack).is_some() {
+        return Ok(sound(catalog, run.pack, slots, bad_packs));
+    }
+    for slot in slots {
+        let (pack, to) = reader.resolve(archive, catalog, (run.pack, slot))?;
+        if let Some(why) = sound(catalog, pack, to..to + 1, bad_packs) {
+            return Ok(Some(format!(
+                "{why} (forwarded from {})",
+                pack_object(run.pack)
+            )));
+        }
+    }
+    Ok(None)
+}
+
+/// Why slots `slots` of live pack `pack` cannot be read, if they cannot.
+fn sound(
+    catalog: &Catalog,
+    pack: u64,
+    slots: std::ops::Range<u32>,
+    bad_packs: &BadPacks,
+) -> Option<String> {
+    let Some(record) = crate::ledger::pack(catalog, pack) else {
+        return Some(format!(
+            "leads to {}, which the catalog does not list",
+            pack_object(pack)
+        ));
+    };
+    if slots.end > record.slots {
+        return Some(format!(
+            "names {} slots it does not hold",
+            pack_object(pack)
+        ));
+    }
+    match bad_packs.get(&pack) {
+        Some(None) => Some(format!("uses {}, which is damaged", pack_object(pack))),
+        Some(Some(bad)) if bad.range(slots).next().is_some() => {
+            Some(format!("uses damaged slots of {}", pack_object(pack)))
+        }
+        _ => None,
+    }
 }

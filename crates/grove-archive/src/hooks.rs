@@ -2,6 +2,8 @@
 //! stderr, so that a test can kill it there with SIGKILL. Off unless a
 //! point is set (the binary sets it from GROVE_TEST_ARCHIVE_STALL_AT).
 
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 
 static STALL_AT: Mutex<Option<String>> = Mutex::new(None);
@@ -22,4 +24,45 @@ pub(crate) fn stall_if_set(point: &str) {
             std::thread::sleep(std::time::Duration::from_secs(1));
         }
     }
+}
+
+static SEGMENT_BLOCKS: AtomicU32 = AtomicU32::new(crate::format::index::SEGMENT_BLOCKS);
+
+/// Test hook: the blocks per index segment of archives created from now on
+/// in this process (each archive keeps the size it was made with), so that
+/// tests of small volumes have many segments, some shared and some not.
+#[doc(hidden)]
+pub fn set_segment_blocks(blocks: u32) {
+    assert!(blocks > 0, "a segment has blocks");
+    SEGMENT_BLOCKS.store(blocks, Ordering::Relaxed);
+}
+
+pub(crate) fn segment_blocks() -> u32 {
+    SEGMENT_BLOCKS.load(Ordering::Relaxed)
+}
+
+thread_local! {
+    /// Requests this thread may still make before the connection "drops".
+    static REQUESTS_LEFT: Cell<Option<u64>> = const { Cell::new(None) };
+}
+
+/// Test hook: on this thread, object-store requests after the next
+/// `requests` fail, as if the connection were lost (None: never).
+#[doc(hidden)]
+pub fn fail_after_requests(requests: Option<u64>) {
+    REQUESTS_LEFT.with(|left| left.set(requests));
+}
+
+/// Called before each object-store request.
+pub(crate) fn before_request() -> crate::error::Result<()> {
+    REQUESTS_LEFT.with(|left| match left.get() {
+        None => Ok(()),
+        Some(0) => Err(crate::error::ArchiveError::Invalid(
+            "the connection to the object store was lost (test hook)".into(),
+        )),
+        Some(n) => {
+            left.set(Some(n - 1));
+            Ok(())
+        }
+    })
 }

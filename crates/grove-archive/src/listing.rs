@@ -3,11 +3,15 @@
 //! alone would free).
 
 use crate::archive::Archive;
-use crate::error::Result;
-use crate::format::index::SnapshotIndex;
+use crate::error::{ArchiveError, Result};
+use crate::format::catalog::Catalog;
+use crate::format::index::SnapshotRoot;
+use crate::format::runs::{lookup, mapped_blocks, Run};
 use crate::ledger;
+use crate::reader::PackReader;
 use crate::verdicts;
 use grove_retention::{Level, Policy};
+use std::sync::Arc;
 
 /// One archived snapshot, as listed.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -42,8 +46,8 @@ pub struct ArchiveListing {
     /// what they need at the least (the store is this plus pack headers,
     /// block tables, checksums and indexes, and what expiry has not freed).
     pub needed_bytes: u64,
-    /// Bytes of the archived snapshots' index objects: with `stored_bytes`,
-    /// the store's size (the catalogs add a few KiB).
+    /// Bytes of the index: roots, page objects and forward tables. With
+    /// `stored_bytes`, the store's size (the catalogs add a few KiB).
     pub index_bytes: u64,
     pub totals: crate::format::catalog::Totals,
     /// A push that stopped part way, to be resumed by pushing it again.
@@ -65,22 +69,32 @@ pub fn list(
         return Ok(listing);
     };
     let verdicts = policy.map(|p| verdicts::judge(&catalog, p, now_unix_secs));
-    // Three indexes at a time (a snapshot and its neighbours), whatever
-    // the number of snapshots: a version is referenced by a run of
-    // consecutive snapshots, so only neighbours can share one.
+    // Three roots at a time (a snapshot and its neighbours), whatever the
+    // number of snapshots: a version is referenced by a run of consecutive
+    // snapshots, so only neighbours can share one. Pages go through the
+    // reader's bounded cache.
+    let reader = PackReader::default();
     let count = catalog.snapshots.len();
-    let mut previous: Option<SnapshotIndex> = None;
+    let mut previous: Option<SnapshotRoot> = None;
     let mut current = (count > 0)
-        .then(|| load_index(archive, &catalog, 0))
+        .then(|| load_root(archive, &catalog, 0))
         .transpose()?;
     let mut needed_blocks = 0;
     for (i, s) in catalog.snapshots.iter().enumerate() {
-        let (index, damaged) = current.take().expect("one index a snapshot");
+        let (root, mut damaged) = current.take().expect("one root a snapshot");
         let next = (i + 1 < count)
-            .then(|| load_index(archive, &catalog, i + 1))
+            .then(|| load_root(archive, &catalog, i + 1))
             .transpose()?;
-        let neighbours = [previous.as_ref(), next.as_ref().map(|(n, _)| n)];
-        needed_blocks += blocks_not_in(&index, previous.as_ref());
+        let neighbours = [
+            previous.as_ref(),
+            next.as_ref().and_then(|(n, _)| n.as_ref()),
+        ];
+        let counts = match &root {
+            Some(root) => compare(archive, &reader, root, &neighbours)?,
+            None => Counts::default(),
+        };
+        damaged = damaged.or(counts.damaged);
+        needed_blocks += counts.not_in_previous;
         let until = verdicts.as_ref().map(|v| v.kept_until(s.seq));
         listing.snapshots.push(ListedSnapshot {
             name: s.name.clone(),
@@ -92,21 +106,16 @@ pub fn list(
                 .as_ref()
                 .map_or("no archive policy".into(), |v| v.explain(s.seq).to_string()),
             size_bytes: s.size_bytes,
-            mapped_bytes: index.mapped_bytes(),
-            unique_bytes: unique_blocks(&index, &neighbours) * u64::from(catalog.block_bytes),
+            mapped_bytes: counts.mapped * u64::from(catalog.block_bytes),
+            unique_bytes: counts.unique * u64::from(catalog.block_bytes),
             hash: s.hash.clone(),
             damaged,
         });
-        previous = Some(index);
+        previous = root;
         current = next;
     }
     listing.needed_bytes = needed_blocks * u64::from(catalog.block_bytes);
-    listing.index_bytes = archive
-        .list_objects()?
-        .into_iter()
-        .filter(|(name, _)| catalog.snapshots.iter().any(|s| &s.index == name))
-        .map(|(_, size)| size)
-        .sum();
+    listing.index_bytes = ledger::index_bytes(&catalog);
     listing.packs = catalog.packs.len();
     listing.stored_bytes = ledger::stored_bytes(&catalog);
     listing.totals = catalog.totals.clone();
@@ -114,50 +123,88 @@ pub fn list(
     Ok(listing)
 }
 
-/// Blocks whose version in `index` neither neighbour holds. A version is
-/// referenced by a contiguous range of snapshots, so the neighbours are
-/// the only ones that could share it.
-fn unique_blocks(index: &SnapshotIndex, neighbours: &[Option<&SnapshotIndex>; 2]) -> u64 {
-    let mut unique = 0;
-    for run in &index.runs {
-        for i in 0..run.blocks {
-            let block = run.first_block + u64::from(i);
-            let mine = Some((run.pack, run.first_slot + i));
-            if neighbours.iter().flatten().all(|n| n.lookup(block) != mine) {
-                unique += 1;
+/// One snapshot's blocks, counted against its neighbours.
+#[derive(Default)]
+struct Counts {
+    mapped: u64,
+    /// Versions neither neighbour holds.
+    unique: u64,
+    /// Versions the previous snapshot does not hold.
+    not_in_previous: u64,
+    damaged: Option<String>,
+}
+
+/// Counts `root`'s versions against its neighbours `[previous, next]`,
+/// a segment at a time; a segment whose page a neighbour shares holds
+/// nothing of its own, unread.
+fn compare(
+    archive: &Archive,
+    reader: &PackReader,
+    root: &SnapshotRoot,
+    neighbours: &[Option<&SnapshotRoot>; 2],
+) -> Result<Counts> {
+    let mut counts = Counts::default();
+    for segment in 0..root.segments.len() as u64 {
+        let runs = match reader.runs(archive, root, segment) {
+            Ok(runs) => runs,
+            Err(ArchiveError::Damaged(why)) => {
+                counts.damaged.get_or_insert(why);
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        counts.mapped += mapped_blocks(&runs);
+        let page = root.segments[segment as usize].page;
+        let shares = |n: &SnapshotRoot| {
+            page.is_some()
+                && n.segments
+                    .get(segment as usize)
+                    .is_some_and(|s| s.page == page)
+        };
+        let [previous, next] =
+            neighbours.map(|n| n.map(|n| (shares(n), neighbour_runs(archive, reader, n, segment))));
+        let previous = previous.map(|(shared, runs)| (shared, runs.unwrap_or_default()));
+        let next = next.map(|(shared, runs)| (shared, runs.unwrap_or_default()));
+        let held_by = |n: &Option<(bool, Arc<Vec<Run>>)>, block: u64, mine| {
+            n.as_ref()
+                .is_some_and(|(shared, runs)| *shared || lookup(runs, block) == Some(mine))
+        };
+        for run in runs.iter() {
+            for i in 0..run.blocks {
+                let block = run.first_block + u64::from(i);
+                let mine = (run.pack, run.first_slot + i);
+                let in_previous = held_by(&previous, block, mine);
+                counts.not_in_previous += u64::from(!in_previous);
+                counts.unique += u64::from(!in_previous && !held_by(&next, block, mine));
             }
         }
     }
-    unique
+    Ok(counts)
 }
 
-/// Snapshot `i`'s index; a damaged one reads as empty, with why.
-fn load_index(
+/// A neighbour's runs of `segment`; a damaged page counts as holding nothing.
+fn neighbour_runs(
     archive: &Archive,
-    catalog: &crate::format::catalog::Catalog,
+    reader: &PackReader,
+    root: &SnapshotRoot,
+    segment: u64,
+) -> Option<Arc<Vec<Run>>> {
+    if segment >= root.segments.len() as u64 {
+        return Some(Arc::default());
+    }
+    reader.runs(archive, root, segment).ok()
+}
+
+/// Snapshot `i`'s root; a damaged one is None, with why.
+fn load_root(
+    archive: &Archive,
+    catalog: &Catalog,
     i: usize,
-) -> Result<(SnapshotIndex, Option<String>)> {
+) -> Result<(Option<SnapshotRoot>, Option<String>)> {
     let s = &catalog.snapshots[i];
-    match archive.index(&s.index, s.seq, catalog.block_bytes) {
-        Ok(index) => Ok((index, None)),
-        Err(crate::error::ArchiveError::Damaged(why)) => Ok((
-            SnapshotIndex {
-                seq: s.seq,
-                block_bytes: catalog.block_bytes,
-                size_bytes: s.size_bytes,
-                runs: Vec::new(),
-            },
-            Some(why),
-        )),
+    match archive.root(&s.index, s.seq, catalog.block_bytes) {
+        Ok(root) => Ok((Some(root), None)),
+        Err(ArchiveError::Damaged(why)) => Ok((None, Some(why))),
         Err(e) => Err(e),
     }
-}
-
-/// Blocks whose version in `index` the previous snapshot does not hold:
-/// summed over the snapshots in order, each distinct version once.
-fn blocks_not_in(index: &SnapshotIndex, previous: Option<&SnapshotIndex>) -> u64 {
-    let Some(previous) = previous else {
-        return index.runs.iter().map(|r| u64::from(r.blocks)).sum();
-    };
-    unique_blocks(index, &[Some(previous), None])
 }

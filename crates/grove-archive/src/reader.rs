@@ -1,22 +1,69 @@
-//! Reads block versions out of packs, with each pack's header read once
-//! and kept: after that a run of slots costs one ranged read. Restores and
-//! back-in-time reads (view.rs) both go through it.
+//! Reads what an archive holds for one command or one open snapshot: index
+//! pages and forward tables through bounded caches, and block versions by
+//! address (a version whose pack was deleted is found through the pack's
+//! forward table). Each pack's header is read once and kept, so a run of
+//! slots costs one ranged read. Restores, checks, expiry and back-in-time
+//! reads all go through it, so its memory is bounded whatever the archive's
+//! size.
 
 use crate::archive::Archive;
 use crate::error::{ArchiveError, Result};
 use crate::format::catalog::Catalog;
-use crate::format::pack::PackHeader;
+use crate::format::forward::ForwardTable;
+use crate::format::index::{PageRef, SnapshotRoot};
+use crate::format::pack::{Address, PackHeader};
+use crate::format::runs::Run;
 use crate::ledger;
+use crate::lru::Lru;
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-/// The headers of the packs read so far (a few dozen bytes each).
-#[derive(Debug, Default)]
+/// Decoded index pages kept: a page holds at most 384 KiB of runs.
+const PAGE_CACHE_BYTES: u64 = 8 << 20;
+/// Decoded forward tables kept (about 40 bytes a moved version).
+const FORWARD_CACHE_BYTES: u64 = 8 << 20;
+
+#[derive(Debug)]
 pub struct PackReader {
+    /// The headers of the packs read so far (a few dozen bytes each).
     headers: Mutex<BTreeMap<u64, PackHeader>>,
+    pages: Mutex<Lru<PageRef, Arc<Vec<Run>>>>,
+    forwards: Mutex<Lru<u64, Arc<ForwardTable>>>,
+}
+
+impl Default for PackReader {
+    fn default() -> Self {
+        PackReader {
+            headers: Mutex::default(),
+            pages: Mutex::new(Lru::new(PAGE_CACHE_BYTES)),
+            forwards: Mutex::new(Lru::new(FORWARD_CACHE_BYTES)),
+        }
+    }
 }
 
 impl PackReader {
+    /// The runs of `root`'s segment `segment` (none for a segment of holes).
+    pub fn runs(
+        &self,
+        archive: &Archive,
+        root: &SnapshotRoot,
+        segment: u64,
+    ) -> Result<Arc<Vec<Run>>> {
+        let Some(at) = root.segments.get(segment as usize).and_then(|s| s.page) else {
+            return Ok(Arc::new(Vec::new()));
+        };
+        if let Some(runs) = self.pages.lock().expect("pages lock").get(&at) {
+            return Ok(runs.clone());
+        }
+        let runs = Arc::new(archive.page(root, segment, at)?);
+        let weight = (runs.len() * std::mem::size_of::<Run>()) as u64 + 64;
+        self.pages
+            .lock()
+            .expect("pages lock")
+            .put(at, runs.clone(), weight);
+        Ok(runs)
+    }
+
     /// Pack `pack`'s header, read once.
     pub fn header(&self, archive: &Archive, catalog: &Catalog, pack: u64) -> Result<PackHeader> {
         if let Some(h) = self.headers.lock().expect("headers lock").get(&pack) {
@@ -24,13 +71,8 @@ impl PackReader {
         }
         let record = ledger::pack(catalog, pack)
             .filter(|record| record.slots > 0)
-            .ok_or_else(|| {
-                ArchiveError::Damaged(format!(
-                    "an index of {} names pack {pack:016x}, which the catalog does not list",
-                    archive.describe()
-                ))
-            })?;
-        let (header, _) = archive.pack_blocks(pack, catalog.block_bytes, record.slots)?;
+            .ok_or_else(|| unknown_pack(archive, pack))?;
+        let (header, _) = archive.pack_table(pack, catalog.block_bytes, record.slots)?;
         self.headers
             .lock()
             .expect("headers lock")
@@ -38,7 +80,47 @@ impl PackReader {
         Ok(header)
     }
 
-    /// The data of slots `first..first + count` of `pack`, checked.
+    /// Where the version at `address` is now: the address itself while its
+    /// pack lives, else where its pack's forward table says it went.
+    pub fn resolve(
+        &self,
+        archive: &Archive,
+        catalog: &Catalog,
+        address: Address,
+    ) -> Result<Address> {
+        if ledger::pack(catalog, address.0).is_some() {
+            return Ok(address);
+        }
+        let Some(record) = ledger::forward(catalog, address.0) else {
+            return Err(unknown_pack(archive, address.0));
+        };
+        let cached = self
+            .forwards
+            .lock()
+            .expect("forwards lock")
+            .get(&address.0)
+            .cloned();
+        let table = match cached {
+            Some(table) => table,
+            None => {
+                let table = Arc::new(archive.forward(record)?);
+                let weight = table.moved.len() as u64 * 40 + 64;
+                self.forwards
+                    .lock()
+                    .expect("forwards lock")
+                    .put(address.0, table.clone(), weight);
+                table
+            }
+        };
+        table.moved.get(&address.1).copied().ok_or_else(|| {
+            ArchiveError::Damaged(format!(
+                "{} says nothing of slot {} of deleted pack {:016x}, which an index names",
+                record.object, address.1, address.0
+            ))
+        })
+    }
+
+    /// The data of slots `first..first + count` of live pack `pack`, checked.
     pub fn read_slots(
         &self,
         archive: &Archive,
@@ -56,4 +138,42 @@ impl PackReader {
         }
         archive.read_slots(&header, first, count)
     }
+
+    /// The versions at addresses `(pack, first)..(pack, first + count)`,
+    /// back to back: one ranged read while the pack lives, else one for
+    /// each stretch that was copied to consecutive slots.
+    pub fn read_versions(
+        &self,
+        archive: &Archive,
+        catalog: &Catalog,
+        pack: u64,
+        first: u32,
+        count: u32,
+    ) -> Result<Vec<u8>> {
+        if ledger::pack(catalog, pack).is_some() {
+            return self.read_slots(archive, catalog, pack, first, count);
+        }
+        let mut out = Vec::with_capacity(count as usize * catalog.block_bytes as usize);
+        let mut i = 0;
+        while i < count {
+            let start = self.resolve(archive, catalog, (pack, first + i))?;
+            let mut len = 1;
+            while i + len < count
+                && self.resolve(archive, catalog, (pack, first + i + len))?
+                    == (start.0, start.1 + len)
+            {
+                len += 1;
+            }
+            out.extend(self.read_slots(archive, catalog, start.0, start.1, len)?);
+            i += len;
+        }
+        Ok(out)
+    }
+}
+
+fn unknown_pack(archive: &Archive, pack: u64) -> ArchiveError {
+    ArchiveError::Damaged(format!(
+        "an index of {} names pack {pack:016x}, which the catalog does not list",
+        archive.describe()
+    ))
 }

@@ -5,7 +5,7 @@
 
 use crate::archive::Archive;
 use crate::error::{ArchiveError, Result};
-use crate::format::index::SnapshotIndex;
+use crate::format::index::SnapshotRoot;
 use crate::ledger;
 use crate::reader::PackReader;
 use grove_store::{Pool, RemoveOptions};
@@ -43,7 +43,7 @@ pub fn restore(
             "volume {name:?} already exists in the pool"
         )));
     }
-    let index = archive.index(&archived.index, archived.seq, catalog.block_bytes)?;
+    let root = archive.root(&archived.index, archived.seq, catalog.block_bytes)?;
     let temporary = format!("{name}.restoring");
     if pool.volume_summary(&temporary).is_ok() {
         pool.remove(
@@ -55,7 +55,7 @@ pub fn restore(
         )?;
     }
     pool.create_volume(&temporary, archived.size_bytes)?;
-    let restored = match write_runs(archive, pool, &temporary, &catalog, &index, progress) {
+    let restored = match write_runs(archive, pool, &temporary, &catalog, &root, progress) {
         Ok(restored) => restored,
         Err(e) => {
             // Best effort: the error says why; a volume left would be
@@ -90,28 +90,34 @@ fn write_runs(
     pool: &Pool,
     volume: &str,
     catalog: &crate::format::catalog::Catalog,
-    index: &SnapshotIndex,
+    root: &SnapshotRoot,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<u64> {
     let volume = pool.volume(volume)?;
     let reader = PackReader::default();
     let bs = u64::from(catalog.block_bytes);
-    let total = index.mapped_bytes();
+    // Progress counts every block of the snapshot: the mapped total would
+    // cost a pass over every page first.
+    let total = root.blocks() * bs;
     let mut done = 0;
-    for run in &index.runs {
-        let mut at = 0;
-        while at < run.blocks {
-            let count = SLOTS_PER_READ.min(run.blocks - at);
-            let data = reader.read_slots(archive, catalog, run.pack, run.first_slot + at, count)?;
-            let offset = (run.first_block + u64::from(at)) * bs;
-            let len = (data.len() as u64).min(index.size_bytes - offset) as usize;
-            volume.write_at(&data[..len], offset)?;
-            at += count;
-            done += u64::from(count) * bs;
-            progress(done, total);
-            if done * 2 >= total {
-                crate::hooks::stall_if_set("restore-midway");
+    for segment in 0..root.segments.len() as u64 {
+        for run in reader.runs(archive, root, segment)?.iter() {
+            let mut at = 0;
+            while at < run.blocks {
+                let count = SLOTS_PER_READ.min(run.blocks - at);
+                let data =
+                    reader.read_versions(archive, catalog, run.pack, run.first_slot + at, count)?;
+                let offset = (run.first_block + u64::from(at)) * bs;
+                let len = (data.len() as u64).min(root.size_bytes - offset) as usize;
+                volume.write_at(&data[..len], offset)?;
+                at += count;
+                done += u64::from(count) * bs;
             }
+        }
+        let reached = root.segment_range(segment).end * bs;
+        progress(reached, total);
+        if reached * 2 >= total {
+            crate::hooks::stall_if_set("restore-midway");
         }
     }
     volume.flush()?;

@@ -1,8 +1,9 @@
-//! Removes the objects no commit references: packs and indexes a writer
-//! stored before it stopped without committing them. Only a writer holding
-//! the claim sweeps, so nothing in flight is taken.
+//! Removes the objects no commit references: packs, page objects, roots
+//! and forward tables a writer stored before it stopped without committing
+//! them. Only a writer holding the claim sweeps, so nothing in flight is
+//! taken.
 
-use crate::archive::{pack_object, Archive};
+use crate::archive::{pack_object, pages_object, Archive};
 use crate::error::Result;
 use crate::format::catalog::Catalog;
 use crate::lock::WriterLock;
@@ -12,7 +13,9 @@ use std::collections::BTreeSet;
 /// not reference (the writer's claim aside; catalogs live in their own folder).
 pub fn unreferenced(archive: &Archive, catalog: &Catalog) -> Result<Vec<String>> {
     let mut known: BTreeSet<String> = catalog.packs.iter().map(|p| pack_object(p.id)).collect();
+    known.extend(catalog.pages.iter().map(|p| pages_object(p.id)));
     known.extend(catalog.snapshots.iter().map(|s| s.index.clone()));
+    known.extend(catalog.forwards.iter().map(|f| f.object.clone()));
     Ok(archive
         .list_objects()?
         .into_iter()

@@ -1,16 +1,19 @@
 //! Back-in-time reads: an archived snapshot read where it lies, block by
-//! block, through a bounded cache. Its index is read once when opened; after
-//! that a block not cached costs one ranged read of one pack (a read that
-//! spans consecutive slots of a pack fetches them in that one read). Damage
-//! is an error, never other data: every slot is checked against its
+//! block, through a bounded cache. Its index root is read when opened and
+//! its pages as reads reach them (kept in the reader's bounded page cache);
+//! after that a block not cached costs one ranged read of one pack (a read
+//! that spans consecutive slots of a pack fetches them in that one read).
+//! Damage is an error, never other data: every slot is checked against its
 //! checksum, which covers its pack and place.
 
 use crate::archive::Archive;
-use crate::block_cache::BlockCache;
 use crate::error::{ArchiveError, Result};
 use crate::format::catalog::Catalog;
-use crate::format::index::SnapshotIndex;
+use crate::format::index::SnapshotRoot;
+use crate::format::pack::Address;
+use crate::format::runs::Run;
 use crate::ledger;
+use crate::lru::Lru;
 use crate::reader::PackReader;
 use std::sync::Mutex;
 
@@ -20,9 +23,10 @@ pub struct ArchivedVolume {
     archive: Archive,
     catalog: Catalog,
     name: String,
-    index: SnapshotIndex,
-    packs: PackReader,
-    cache: Mutex<BlockCache>,
+    root: SnapshotRoot,
+    reader: PackReader,
+    /// Versions by address.
+    cache: Mutex<Lru<Address, Vec<u8>>>,
 }
 
 impl ArchivedVolume {
@@ -41,14 +45,14 @@ impl ArchivedVolume {
         let record = ledger::snapshot(&catalog, snapshot)
             .ok_or_else(missing)?
             .clone();
-        let index = archive.index(&record.index, record.seq, catalog.block_bytes)?;
+        let root = archive.root(&record.index, record.seq, catalog.block_bytes)?;
         Ok(ArchivedVolume {
             archive,
             catalog,
             name: snapshot.to_string(),
-            index,
-            packs: PackReader::default(),
-            cache: Mutex::new(BlockCache::new(cache_bytes)),
+            root,
+            reader: PackReader::default(),
+            cache: Mutex::new(Lru::new(cache_bytes)),
         })
     }
 
@@ -57,7 +61,7 @@ impl ArchivedVolume {
     }
 
     pub fn size_bytes(&self) -> u64 {
-        self.index.size_bytes
+        self.root.size_bytes
     }
 
     /// Bytes the block cache holds now (never more than its capacity).
@@ -71,28 +75,26 @@ impl ArchivedVolume {
 
     /// The byte ranges within `offset..offset + len` that hold data; the
     /// rest reads as zeros (holes).
-    pub fn mapped_extents_in(&self, offset: u64, len: u64) -> Vec<(u64, u64)> {
+    pub fn mapped_extents_in(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64)>> {
         let bs = u64::from(self.catalog.block_bytes);
         let end = offset.saturating_add(len).min(self.size_bytes());
         let mut out: Vec<(u64, u64)> = Vec::new();
-        let first = self
-            .index
-            .runs
-            .partition_point(|r| r.end_block() * bs <= offset);
-        for run in &self.index.runs[first..] {
-            let start = (run.first_block * bs).max(offset);
-            let stop = (run.end_block() * bs).min(end);
-            if start >= end {
-                break;
-            }
-            if start < stop {
-                match out.last_mut() {
-                    Some(last) if last.0 + last.1 == start => last.1 += stop - start,
-                    _ => out.push((start, stop - start)),
+        if offset >= end {
+            return Ok(out);
+        }
+        for segment in self.root.segment_of(offset / bs)..=self.root.segment_of((end - 1) / bs) {
+            for run in self.reader.runs(&self.archive, &self.root, segment)?.iter() {
+                let start = (run.first_block * bs).max(offset);
+                let stop = (run.end_block() * bs).min(end);
+                if start < stop {
+                    match out.last_mut() {
+                        Some(last) if last.0 + last.1 == start => last.1 += stop - start,
+                        _ => out.push((start, stop - start)),
+                    }
                 }
             }
         }
-        out
+        Ok(out)
     }
 
     /// Fills `buf` from byte `offset`; past the end is an error.
@@ -111,65 +113,65 @@ impl ArchivedVolume {
         let bs = u64::from(self.catalog.block_bytes);
         let last_block = (offset + buf.len() as u64).div_ceil(bs);
         let mut done = 0usize;
+        // The page of the segment being read, fetched once per segment.
+        let mut page: Option<(u64, std::sync::Arc<Vec<Run>>)> = None;
         while done < buf.len() {
             let at = offset + done as u64;
             let block = at / bs;
             let within = (at % bs) as usize;
             let take = (bs as usize - within).min(buf.len() - done);
             let out = &mut buf[done..done + take];
-            match self.index.lookup(block) {
+            let segment = self.root.segment_of(block);
+            if page.as_ref().is_none_or(|(s, _)| *s != segment) {
+                page = Some((
+                    segment,
+                    self.reader.runs(&self.archive, &self.root, segment)?,
+                ));
+            }
+            let runs = &page.as_ref().expect("fetched above").1;
+            match run_holding(runs, block) {
                 None => out.fill(0),
-                Some(place) => self.copy_block(place, block, last_block - block, within, out)?,
+                Some(run) => self.copy_block(run, block, last_block - block, within, out)?,
             }
             done += take;
         }
         Ok(())
     }
 
-    /// Copies bytes `within..` of the version at `place` into `out`; on a
-    /// miss, it and up to `ahead - 1` following slots that the snapshot's
-    /// run continues into (the rest of the read) are fetched in one ranged
-    /// read and cached.
+    /// Copies bytes `within..` of `block`'s version (in `run`) into `out`;
+    /// on a miss, it and up to `ahead - 1` following versions of the run
+    /// (the rest of the read) are fetched together and cached.
     fn copy_block(
         &self,
-        place: (u64, u32),
+        run: Run,
         block: u64,
         ahead: u64,
         within: usize,
         out: &mut [u8],
     ) -> Result<()> {
-        if let Some(data) = self.cache.lock().expect("cache lock").get(place) {
+        let address = (run.pack, run.first_slot + (block - run.first_block) as u32);
+        if let Some(data) = self.cache.lock().expect("cache lock").get(&address) {
             out.copy_from_slice(&data[within..within + out.len()]);
             return Ok(());
         }
-        let data = self.fetch(place, block, ahead)?;
+        let count = ahead.clamp(1, run.end_block() - block) as u32;
+        let data =
+            self.reader
+                .read_versions(&self.archive, &self.catalog, address.0, address.1, count)?;
         out.copy_from_slice(&data[within..within + out.len()]);
-        Ok(())
-    }
-
-    /// Reads the version at `place` and up to `ahead - 1` after it in its
-    /// run from the pack, caches them all, and returns the first.
-    fn fetch(&self, place: (u64, u32), block: u64, ahead: u64) -> Result<Vec<u8>> {
-        let header = self.packs.header(&self.archive, &self.catalog, place.0)?;
-        let at = self.index.runs.partition_point(|r| r.end_block() <= block);
-        let run_left = self.index.runs.get(at).map_or(1, |r| r.end_block() - block);
-        // An index that names a slot past its pack is damage, not a panic.
-        let slots_left = header.slots.saturating_sub(place.1);
-        if slots_left == 0 {
-            return Err(ArchiveError::Damaged(format!(
-                "the index of {} names slots past the end of pack {:016x}",
-                self.name, place.0
-            )));
-        }
-        let count = ahead.clamp(1, run_left).min(u64::from(slots_left)) as u32;
-        let data = self.archive.read_slots(&header, place.1, count)?;
         let bs = self.catalog.block_bytes as usize;
         let mut cache = self.cache.lock().expect("cache lock");
         for (i, chunk) in data.chunks(bs).enumerate() {
-            cache.put((place.0, place.1 + i as u32), chunk.to_vec());
+            cache.put((address.0, address.1 + i as u32), chunk.to_vec(), bs as u64);
         }
-        Ok(data[..bs].to_vec())
+        Ok(())
     }
+}
+
+/// The run holding `block`, if any (runs sorted by block).
+fn run_holding(runs: &[Run], block: u64) -> Option<Run> {
+    let i = runs.partition_point(|r| r.end_block() <= block);
+    runs.get(i).filter(|r| r.first_block <= block).copied()
 }
 
 /// Every archived snapshot at `url`: (volume, snapshot name), oldest first

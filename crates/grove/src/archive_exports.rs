@@ -156,7 +156,9 @@ impl grove_nbd::ReadOnlySource for Reader {
     }
 
     fn mapped_extents_in(&self, offset: u64, len: u64) -> grove_store::Result<Vec<(u64, u64)>> {
-        Ok(self.0.mapped_extents_in(offset, len))
+        self.0
+            .mapped_extents_in(offset, len)
+            .map_err(|e| engine_error(&e))
     }
 }
 
@@ -189,7 +191,9 @@ impl grove_fuse::ReadOnlyFile for Reader {
     }
 
     fn mapped_extents_in(&self, offset: u64, len: u64) -> grove_store::Result<Vec<(u64, u64)>> {
-        Ok(self.0.mapped_extents_in(offset, len))
+        self.0
+            .mapped_extents_in(offset, len)
+            .map_err(|e| engine_error(&e))
     }
 }
 

@@ -12,7 +12,7 @@
 use serde::{Deserialize, Serialize};
 
 pub const MAGIC: &str = "grove-archive catalog";
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// The longest first line a decoder reads.
 const HEADER_LINE_MAX_BYTES: usize = 100;
 
@@ -32,8 +32,10 @@ pub struct ArchivedSnapshot {
     pub size_bytes: u64,
     /// `grove hash` of the snapshot when pushed.
     pub hash: String,
-    /// Its index object.
+    /// Its index root object.
     pub index: String,
+    /// The root object's bytes.
+    pub index_bytes: u64,
     pub pushed_unix_secs: u64,
     /// Bytes of new versions this push stored.
     pub stored_bytes: u64,
@@ -57,6 +59,41 @@ pub struct PackRecord {
     pub object_bytes: u64,
 }
 
+/// An object of index pages (pages-<id>), deleted whole once no kept
+/// snapshot lies in its reference range; pages are never copied.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PagesRecord {
+    pub id: u64,
+    pub first_seq: u64,
+    pub last_seq: u64,
+    pub object_bytes: u64,
+}
+
+/// A deleted pack whose addresses kept snapshots still use: its forward
+/// table says where their versions went.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForwardRecord {
+    /// The deleted pack's id: the addresses' pack.
+    pub origin: u64,
+    /// The deleted pack's reference range: once no kept snapshot lies in
+    /// it, nothing uses these addresses.
+    pub first_seq: u64,
+    pub last_seq: u64,
+    /// The table's object (forward-<origin>-<n>).
+    pub object: String,
+    pub object_bytes: u64,
+    /// The packs its entries point into (their ranges grow with it).
+    pub targets: Vec<u64>,
+}
+
+/// A segment a stopped push completed: its page and the packs it addresses.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DoneSegment {
+    /// None: all holes.
+    pub page: Option<(u64, u32, u32)>,
+    pub packs: Vec<u64>,
+}
+
 /// A push that stopped part way: the packs it stored are listed (and
 /// referenced) here, so that the next push of the same snapshot goes on
 /// after them and sends again at most the pack it was writing.
@@ -68,6 +105,12 @@ pub struct PartialPush {
     pub packs: Vec<u64>,
     /// Changed blocks below this one are stored.
     pub next_block: u64,
+    /// The page objects stored so far.
+    #[serde(default)]
+    pub pages: Vec<u64>,
+    /// The root's first segments, those completed so far.
+    #[serde(default)]
+    pub segments: Vec<DoneSegment>,
 }
 
 /// What the archive has moved, since it was made.
@@ -77,7 +120,7 @@ pub struct Totals {
     pub pushed_bytes: u64,
     /// Pack bytes written by expiry, copying what must now live longer.
     pub copied_bytes: u64,
-    /// Index bytes written (pushes and expiry).
+    /// Index bytes written: roots, pages and forward tables.
     pub index_bytes: u64,
     /// Pack bytes deleted.
     pub deleted_bytes: u64,
@@ -89,12 +132,18 @@ pub struct Catalog {
     pub volume: String,
     pub generation: u64,
     pub block_bytes: u32,
+    /// Blocks per index segment, fixed when the archive is made.
+    pub segment_blocks: u32,
     pub next_pack: u64,
     pub next_seq: u64,
     /// In push order.
     pub snapshots: Vec<ArchivedSnapshot>,
     /// By id.
     pub packs: Vec<PackRecord>,
+    /// Page objects, by id (ids come from the packs' counter).
+    pub pages: Vec<PagesRecord>,
+    /// Deleted packs' forward tables, by origin.
+    pub forwards: Vec<ForwardRecord>,
     pub partial: Option<PartialPush>,
     pub totals: Totals,
 }
@@ -174,6 +223,7 @@ mod tests {
             volume: "vm".into(),
             generation: 4,
             block_bytes: 4096,
+            segment_blocks: 16384,
             next_pack: 2,
             next_seq: 3,
             snapshots: Vec::new(),
@@ -185,6 +235,8 @@ mod tests {
                 slots: 9,
                 object_bytes: 100,
             }],
+            pages: Vec::new(),
+            forwards: Vec::new(),
             partial: None,
             totals: Totals::default(),
         };

@@ -2,12 +2,18 @@
 //! anything malformed with a reason and never panic.
 //!
 //! - `pack`: block versions with the same owner, each checksummed.
-//! - `index`: one archived snapshot's map from blocks to pack slots.
+//! - `index`: one archived snapshot's root: a page per segment of blocks.
+//! - `page`: the runs of one segment, shared by the snapshots it maps.
+//! - `runs`: runs of blocks and the addresses of their versions.
+//! - `forward`: where the versions of a deleted pack were copied.
 //! - `catalog`: the archive's state, one create-only object per commit.
 
 pub mod catalog;
+pub mod forward;
 pub mod index;
 pub mod pack;
+pub mod page;
+pub mod runs;
 
 /// Reads a little-endian integer at `at`; the caller checked the length.
 fn le_u64(bytes: &[u8], at: usize) -> u64 {

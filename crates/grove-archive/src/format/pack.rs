@@ -5,14 +5,21 @@
 //! ```text
 //! offset  size        field
 //! 0       8           magic "GRVAPACK"
-//! 8       4           format version (1)
+//! 8       4           format version (2)
 //! 12      4           block size in bytes
 //! 16      8           pack id
 //! 24      4           slots
 //! 28      4           crc32c of bytes 0..28
-//! 32      8 x slots   the volume block each slot holds a version of
+//! 32      20 x slots  per slot: the volume block (u64) it holds a version
+//!                     of, and the version's address (origin pack u64,
+//!                     origin slot u32)
+//! then    4           crc32c of the slot table
 //! then    slots x (4 + block size): crc32c(pack id, slot, data), data
 //! ```
+//!
+//! A version's address is where a push first stored it; indexes name
+//! versions by address, and a version copied by expiry keeps its address
+//! (a forward table says where it went), so no index is rewritten.
 //!
 //! A slot's checksum covers the pack id and slot number, so a slot read
 //! from the wrong pack or place fails its check: a read returns the data
@@ -21,10 +28,24 @@
 use super::{le_u32, le_u64};
 
 pub const MAGIC: &[u8; 8] = b"GRVAPACK";
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 pub const HEADER_BYTES: u64 = 32;
 /// Bytes of a slot's checksum, before its data.
 pub const SLOT_CHECKSUM_BYTES: u64 = 4;
+/// Bytes of one slot's entry in the slot table.
+pub const TABLE_ENTRY_BYTES: u64 = 20;
+/// Bytes of the slot table's checksum.
+const TABLE_CHECKSUM_BYTES: u64 = 4;
+
+/// A version's address: the pack a push first stored it in, and the slot.
+pub type Address = (u64, u32);
+
+/// What one slot holds: a version of `block`, addressed as `origin`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotEntry {
+    pub block: u64,
+    pub origin: Address,
+}
 
 /// What a pack's header says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,9 +56,9 @@ pub struct PackHeader {
 }
 
 impl PackHeader {
-    /// Where the block table ends and slot 0 starts.
+    /// Where the slot table and its checksum end and slot 0 starts.
     pub fn slots_start(&self) -> u64 {
-        HEADER_BYTES + 8 * u64::from(self.slots)
+        table_end(self.slots)
     }
 
     /// Bytes of one slot: its checksum and its data.
@@ -56,6 +77,12 @@ impl PackHeader {
     }
 }
 
+/// Where the slot table of a pack of `slots` slots ends, its checksum
+/// included.
+pub fn table_end(slots: u32) -> u64 {
+    HEADER_BYTES + TABLE_ENTRY_BYTES * u64::from(slots) + TABLE_CHECKSUM_BYTES
+}
+
 fn slot_checksum(id: u64, slot: u32, data: &[u8]) -> u32 {
     let mut seed = [0u8; 12];
     seed[..8].copy_from_slice(&id.to_le_bytes());
@@ -63,15 +90,15 @@ fn slot_checksum(id: u64, slot: u32, data: &[u8]) -> u32 {
     crc32c::crc32c_append(crc32c::crc32c(&seed), data)
 }
 
-/// A pack holding `blocks[i]`'s version in slot i; `data` is the slots'
+/// A pack holding `entries[i]`'s version in slot i; `data` is the slots'
 /// data back to back, one block each.
-pub fn encode(id: u64, block_bytes: u32, blocks: &[u64], data: &[u8]) -> Vec<u8> {
+pub fn encode(id: u64, block_bytes: u32, entries: &[SlotEntry], data: &[u8]) -> Vec<u8> {
     let bs = block_bytes as usize;
-    assert_eq!(data.len(), blocks.len() * bs, "one block of data per slot");
+    assert_eq!(data.len(), entries.len() * bs, "one block of data per slot");
     let header = PackHeader {
         id,
         block_bytes,
-        slots: u32::try_from(blocks.len()).expect("a pack's slots fit a u32"),
+        slots: u32::try_from(entries.len()).expect("a pack's slots fit a u32"),
     };
     let mut out = Vec::with_capacity(header.object_bytes() as usize);
     out.extend_from_slice(MAGIC);
@@ -81,9 +108,14 @@ pub fn encode(id: u64, block_bytes: u32, blocks: &[u64], data: &[u8]) -> Vec<u8>
     out.extend_from_slice(&header.slots.to_le_bytes());
     let crc = crc32c::crc32c(&out);
     out.extend_from_slice(&crc.to_le_bytes());
-    for block in blocks {
-        out.extend_from_slice(&block.to_le_bytes());
+    let table_start = out.len();
+    for entry in entries {
+        out.extend_from_slice(&entry.block.to_le_bytes());
+        out.extend_from_slice(&entry.origin.0.to_le_bytes());
+        out.extend_from_slice(&entry.origin.1.to_le_bytes());
     }
+    let table_crc = crc32c::crc32c(&out[table_start..]);
+    out.extend_from_slice(&table_crc.to_le_bytes());
     for (slot, chunk) in data.chunks(bs).enumerate() {
         out.extend_from_slice(&slot_checksum(id, slot as u32, chunk).to_le_bytes());
         out.extend_from_slice(chunk);
@@ -127,18 +159,27 @@ pub fn decode_header(bytes: &[u8], id: u64, block_bytes: u32) -> Result<PackHead
     Ok(header)
 }
 
-/// The block table: which volume block each slot holds a version of.
-/// `bytes` starts at the pack's start and holds at least the table.
-pub fn decode_blocks(bytes: &[u8], header: &PackHeader) -> Result<Vec<u64>, String> {
+/// The slot table: which volume block each slot holds a version of, and
+/// the version's address. `bytes` starts at the pack's start and holds at
+/// least the table.
+pub fn decode_table(bytes: &[u8], header: &PackHeader) -> Result<Vec<SlotEntry>, String> {
     let end = header.slots_start() as usize;
     if bytes.len() < end {
         return Err(format!(
-            "{} bytes, shorter than its block table",
+            "{} bytes, shorter than its slot table",
             bytes.len()
         ));
     }
-    Ok((0..header.slots as usize)
-        .map(|i| le_u64(bytes, HEADER_BYTES as usize + 8 * i))
+    let table = &bytes[HEADER_BYTES as usize..end - TABLE_CHECKSUM_BYTES as usize];
+    if le_u32(bytes, end - TABLE_CHECKSUM_BYTES as usize) != crc32c::crc32c(table) {
+        return Err("the slot table's checksum does not match".into());
+    }
+    Ok(table
+        .chunks(TABLE_ENTRY_BYTES as usize)
+        .map(|e| SlotEntry {
+            block: le_u64(e, 0),
+            origin: (le_u64(e, 8), le_u32(e, 16)),
+        })
         .collect())
 }
 
@@ -172,11 +213,24 @@ mod tests {
     #[test]
     fn round_trips_and_refuses_damage() {
         let data: Vec<u8> = (0..3 * 512).map(|i| (i % 251) as u8).collect();
-        let bytes = encode(7, 512, &[10, 11, 40], &data);
+        let entries: Vec<SlotEntry> = [(10, (7, 0)), (11, (3, 9)), (40, (7, 2))]
+            .into_iter()
+            .map(|(block, origin)| SlotEntry { block, origin })
+            .collect();
+        let bytes = encode(7, 512, &entries, &data);
         let header = decode_header(&bytes, 7, 512).unwrap();
         assert_eq!(header.slots, 3);
         assert_eq!(header.object_bytes(), bytes.len() as u64);
-        assert_eq!(decode_blocks(&bytes, &header).unwrap(), vec![10, 11, 40]);
+        assert_eq!(decode_table(&bytes, &header).unwrap(), entries);
+        for at in HEADER_BYTES as usize..header.slots_start() as usize {
+            let mut bad = bytes.clone();
+            bad[at] ^= 4;
+            assert!(decode_table(&bad, &header).is_err(), "table flip at {at}");
+        }
+        let table = &bytes[..header.slots_start() as usize];
+        for len in 0..table.len() {
+            assert!(decode_table(&table[..len], &header).is_err());
+        }
         let at = header.slot_offset(2) as usize;
         let slot = &bytes[at..at + header.slot_bytes() as usize];
         assert_eq!(verify_slot(&header, 2, slot).unwrap(), &data[1024..]);

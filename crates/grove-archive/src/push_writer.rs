@@ -1,0 +1,415 @@
+//! Writes one push into the archive, a segment of the volume's blocks at a
+//! time, so that its memory is one pack being filled, one segment's runs
+//! and a few MiB of pages, whatever the volume's size:
+//!
+//! - a segment nothing changed in keeps the base's page, unread;
+//! - a changed segment's new versions go into packs owned by the pushed
+//!   snapshot, and its page is the base's page with the changes put in.
+//!
+//! After each pack a commit records the packs, the page objects and the
+//! segments done so far, so a push that stops goes on from there, sending
+//! again at most the pack it was filling.
+
+use crate::archive::Archive;
+use crate::error::Result;
+use crate::format::catalog::{Catalog, DoneSegment, PackRecord, PagesRecord, PartialPush};
+use crate::format::index::{PageRef, Segment, SnapshotRoot};
+use crate::format::pack::{self, SlotEntry};
+use crate::format::page;
+use crate::format::runs::{apply_changes, coalesce, Run};
+use crate::ledger;
+use crate::push_plan::{ranges_blocks, Plan};
+use grove_store::Volume;
+
+/// A page object is stored once it holds this many bytes of pages.
+const PAGES_OBJECT_BYTES: usize = 4 << 20;
+
+/// What a finished push wrote.
+pub(crate) struct Written {
+    pub root: SnapshotRoot,
+    pub stored_blocks: u64,
+    pub packs_written: u64,
+    pub page_bytes: u64,
+}
+
+pub(crate) struct PushWriter<'a> {
+    archive: &'a Archive,
+    seq: u64,
+    block_bytes: u32,
+    segment_blocks: u32,
+    size_bytes: u64,
+    slots_per_pack: usize,
+    /// The pack being filled: its id once it has a slot, its slots, their data.
+    pack_id: Option<u64>,
+    slots: Vec<SlotEntry>,
+    data: Vec<u8>,
+    pages: PageFiller,
+    /// The segments done, in order.
+    done: Vec<Segment>,
+    /// Where the current segment's stored versions are.
+    current: Vec<Run>,
+    stored_blocks: u64,
+    packs_written: u64,
+    /// Changed blocks below this one are already stored (a resumed push).
+    resume_at: u64,
+    pub stall_after_packs: Option<u64>,
+}
+
+impl<'a> PushWriter<'a> {
+    pub fn new(
+        archive: &'a Archive,
+        catalog: &Catalog,
+        seq: u64,
+        pack_bytes: u64,
+        size_bytes: u64,
+    ) -> Self {
+        let slot =
+            pack::SLOT_CHECKSUM_BYTES + pack::TABLE_ENTRY_BYTES + u64::from(catalog.block_bytes);
+        PushWriter {
+            archive,
+            seq,
+            block_bytes: catalog.block_bytes,
+            segment_blocks: catalog.segment_blocks,
+            size_bytes,
+            slots_per_pack: (pack_bytes.saturating_sub(pack::HEADER_BYTES) / slot).max(1) as usize,
+            pack_id: None,
+            slots: Vec::new(),
+            data: Vec::new(),
+            pages: PageFiller::default(),
+            done: Vec::new(),
+            current: Vec::new(),
+            stored_blocks: 0,
+            packs_written: 0,
+            resume_at: 0,
+            stall_after_packs: None,
+        }
+    }
+
+    /// Takes up where an interrupted push of this snapshot stopped: its
+    /// segments done, and the versions it stored of the segment it was in
+    /// (from the slot tables of its last packs). Returns its packs.
+    pub fn resume(&mut self, catalog: &Catalog) -> Result<u64> {
+        let partial = catalog
+            .partial
+            .as_ref()
+            .expect("a push has its partial record");
+        self.done = partial.segments.iter().map(from_done).collect();
+        self.resume_at = partial.next_block;
+        let segment_start = self.done.len() as u64 * u64::from(self.segment_blocks);
+        // Packs are filled in block order: only the last few hold blocks of
+        // the segment the push was in; the rest are in pages already.
+        let mut older_are_done = false;
+        for &id in partial.packs.iter().rev() {
+            let record = ledger::pack(catalog, id).expect("a partial push's packs are recorded");
+            self.stored_blocks += u64::from(record.slots);
+            if older_are_done {
+                continue;
+            }
+            let (_, table) = self
+                .archive
+                .pack_table(id, self.block_bytes, record.slots)?;
+            for (slot, entry) in table.iter().enumerate().rev() {
+                if entry.block >= segment_start {
+                    self.current.push(Run {
+                        first_block: entry.block,
+                        pack: id,
+                        first_slot: slot as u32,
+                        blocks: 1,
+                    });
+                }
+            }
+            older_are_done = table.first().is_some_and(|e| e.block < segment_start);
+        }
+        self.current.reverse();
+        Ok(partial.packs.len() as u64)
+    }
+
+    /// Stores what `plan` says changed, segment by segment.
+    pub fn store(
+        &mut self,
+        catalog: &mut Catalog,
+        volume: &Volume,
+        plan: &Plan,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<()> {
+        let bs = u64::from(self.block_bytes);
+        let blocks = self.size_bytes.div_ceil(bs);
+        let total = ranges_blocks(&plan.with_data) * bs;
+        let mut done_bytes = ranges_blocks(&clip(&plan.with_data, 0..self.resume_at)) * bs;
+        for segment in
+            self.done.len() as u64..SnapshotRoot::segments_for(blocks, self.segment_blocks)
+        {
+            let start = segment * u64::from(self.segment_blocks);
+            let range = start..(start + u64::from(self.segment_blocks)).min(blocks);
+            let changed = clip(&plan.changed, range.clone());
+            if let Some(kept) = unchanged_segment(plan, segment, &range, &changed) {
+                self.done.push(kept);
+                continue;
+            }
+            for (a, b) in clip(&plan.with_data, range.clone()) {
+                self.store_blocks(catalog, volume, a, b)?;
+                done_bytes += (b - a) * bs;
+                progress(done_bytes.min(total), total);
+            }
+            let base = self.base_runs(plan, segment, &range)?;
+            let runs = apply_changes(
+                &base,
+                &changed,
+                &coalesce(std::mem::take(&mut self.current)),
+            );
+            let entry = self.pages.add(catalog, segment, &runs);
+            self.done.push(entry);
+            if self.pages.bytes.len() >= PAGES_OBJECT_BYTES {
+                self.pages.flush(self.archive, catalog, self.seq)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The base's runs in `range` of segment `segment` (none without a base).
+    fn base_runs(
+        &self,
+        plan: &Plan,
+        segment: u64,
+        range: &std::ops::Range<u64>,
+    ) -> Result<Vec<Run>> {
+        let Some(root) = &plan.base_root else {
+            return Ok(Vec::new());
+        };
+        let Some(at) = root.segments.get(segment as usize).and_then(|s| s.page) else {
+            return Ok(Vec::new());
+        };
+        let runs = self.archive.page(root, segment, at)?;
+        Ok(clip_runs(runs, range))
+    }
+
+    fn store_blocks(
+        &mut self,
+        catalog: &mut Catalog,
+        volume: &Volume,
+        a: u64,
+        b: u64,
+    ) -> Result<()> {
+        let bs = u64::from(self.block_bytes);
+        let mut buf = vec![0u8; self.block_bytes as usize];
+        for block in a.max(self.resume_at)..b {
+            let len = bs.min(self.size_bytes.saturating_sub(block * bs)) as usize;
+            buf.fill(0);
+            volume.read_at(&mut buf[..len], block * bs)?;
+            if buf.iter().all(|&x| x == 0) {
+                continue; // Zeros are stored as a hole.
+            }
+            let id = *self
+                .pack_id
+                .get_or_insert_with(|| ledger::allocate_pack(catalog));
+            let slot = self.slots.len() as u32;
+            self.slots.push(SlotEntry {
+                block,
+                origin: (id, slot),
+            });
+            self.data.extend_from_slice(&buf);
+            self.current.push(Run {
+                first_block: block,
+                pack: id,
+                first_slot: slot,
+                blocks: 1,
+            });
+            if self.slots.len() == self.slots_per_pack {
+                self.flush_pack(catalog, block + 1)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Stores the pack being filled and commits it with the segments done,
+    /// so that a push that stops after this goes on from `next_block`.
+    fn flush_pack(&mut self, catalog: &mut Catalog, next_block: u64) -> Result<()> {
+        let Some(id) = self.pack_id.take() else {
+            return Ok(());
+        };
+        let bytes = pack::encode(id, self.block_bytes, &self.slots, &self.data);
+        self.archive.put_pack(id, &bytes)?;
+        let slots = self.slots.len() as u32;
+        ledger::add_pack(
+            catalog,
+            PackRecord {
+                id,
+                owner_seq: self.seq,
+                first_seq: self.seq,
+                last_seq: self.seq,
+                slots,
+                object_bytes: bytes.len() as u64,
+            },
+        );
+        self.stored_blocks += u64::from(slots);
+        self.packs_written += 1;
+        catalog.totals.pushed_bytes += bytes.len() as u64;
+        self.slots.clear();
+        self.data.clear();
+        // The segments recorded below must name stored pages only.
+        self.pages.flush(self.archive, catalog, self.seq)?;
+        let partial = partial_of(catalog);
+        partial.packs.push(id);
+        partial.next_block = next_block;
+        partial.segments = self.done.iter().map(to_done).collect();
+        self.archive.commit(catalog)?;
+        self.stall_if_asked();
+        Ok(())
+    }
+
+    fn stall_if_asked(&self) {
+        if self.stall_after_packs == Some(self.packs_written) {
+            eprintln!(
+                "grove-archive: push stalled after {} packs (test hook)",
+                self.packs_written
+            );
+            loop {
+                std::thread::sleep(std::time::Duration::from_secs(1));
+            }
+        }
+    }
+
+    /// Stores the last, partly filled pack and the last pages.
+    pub fn finish(mut self, catalog: &mut Catalog) -> Result<Written> {
+        let next = self.slots.last().map_or(self.resume_at, |s| s.block + 1);
+        self.flush_pack(catalog, next)?;
+        self.pages.flush(self.archive, catalog, self.seq)?;
+        Ok(Written {
+            root: SnapshotRoot {
+                seq: self.seq,
+                block_bytes: self.block_bytes,
+                size_bytes: self.size_bytes,
+                segment_blocks: self.segment_blocks,
+                segments: self.done,
+            },
+            stored_blocks: self.stored_blocks,
+            packs_written: self.packs_written,
+            page_bytes: self.pages.written_bytes,
+        })
+    }
+}
+
+/// The base's segment, kept as it is, when nothing in it changed and it
+/// covers the same blocks (a volume that grew or shrank changes its last).
+fn unchanged_segment(
+    plan: &Plan,
+    segment: u64,
+    range: &std::ops::Range<u64>,
+    changed: &[(u64, u64)],
+) -> Option<Segment> {
+    if !changed.is_empty() {
+        return None;
+    }
+    let Some(root) = &plan.base_root else {
+        return Some(Segment::default());
+    };
+    if segment >= root.segments.len() as u64 {
+        return Some(Segment::default());
+    }
+    (root.segment_range(segment) == *range).then(|| root.segments[segment as usize].clone())
+}
+
+/// Pages being gathered into one page object.
+#[derive(Default)]
+struct PageFiller {
+    id: Option<u64>,
+    bytes: Vec<u8>,
+    written_bytes: u64,
+}
+
+impl PageFiller {
+    /// The segment entry of `runs`: a new page in the object being filled,
+    /// or none for a segment of holes.
+    fn add(&mut self, catalog: &mut Catalog, segment: u64, runs: &[Run]) -> Segment {
+        if runs.is_empty() {
+            return Segment::default();
+        }
+        let id = *self
+            .id
+            .get_or_insert_with(|| ledger::allocate_pack(catalog));
+        let encoded = page::encode(segment, runs);
+        let page = PageRef {
+            object: id,
+            offset: self.bytes.len() as u32,
+            len: encoded.len() as u32,
+        };
+        self.bytes.extend_from_slice(&encoded);
+        let mut packs: Vec<u64> = runs.iter().map(|r| r.pack).collect();
+        packs.sort_unstable();
+        packs.dedup();
+        Segment {
+            page: Some(page),
+            packs,
+        }
+    }
+
+    /// Stores the page object being filled, recorded as the push's.
+    fn flush(&mut self, archive: &Archive, catalog: &mut Catalog, seq: u64) -> Result<()> {
+        let Some(id) = self.id.take() else {
+            return Ok(());
+        };
+        archive.put_pages(id, &self.bytes)?;
+        let object_bytes = self.bytes.len() as u64;
+        ledger::add_pages(
+            catalog,
+            PagesRecord {
+                id,
+                first_seq: seq,
+                last_seq: seq,
+                object_bytes,
+            },
+        );
+        partial_of(catalog).pages.push(id);
+        catalog.totals.index_bytes += object_bytes;
+        self.written_bytes += object_bytes;
+        self.bytes.clear();
+        Ok(())
+    }
+}
+
+fn partial_of(catalog: &mut Catalog) -> &mut PartialPush {
+    catalog
+        .partial
+        .as_mut()
+        .expect("a push has its partial record")
+}
+
+fn to_done(segment: &Segment) -> DoneSegment {
+    DoneSegment {
+        page: segment.page.map(|p| (p.object, p.offset, p.len)),
+        packs: segment.packs.clone(),
+    }
+}
+
+fn from_done(done: &DoneSegment) -> Segment {
+    Segment {
+        page: done.page.map(|(object, offset, len)| PageRef {
+            object,
+            offset,
+            len,
+        }),
+        packs: done.packs.clone(),
+    }
+}
+
+/// The parts of sorted, disjoint block ranges inside `range`.
+fn clip(ranges: &[(u64, u64)], range: std::ops::Range<u64>) -> Vec<(u64, u64)> {
+    let first = ranges.partition_point(|&(_, b)| b <= range.start);
+    ranges[first..]
+        .iter()
+        .take_while(|&&(a, _)| a < range.end)
+        .map(|&(a, b)| (a.max(range.start), b.min(range.end)))
+        .filter(|(a, b)| a < b)
+        .collect()
+}
+
+/// Runs cut to `range` (a volume that shrank).
+fn clip_runs(runs: Vec<Run>, range: &std::ops::Range<u64>) -> Vec<Run> {
+    runs.into_iter()
+        .filter(|r| r.first_block < range.end)
+        .map(|mut r| {
+            r.blocks = r.blocks.min((range.end - r.first_block) as u32);
+            r
+        })
+        .collect()
+}

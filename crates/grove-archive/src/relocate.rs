@@ -1,0 +1,296 @@
+//! Expiry's one copy: the versions of orphaned packs (their owner expired)
+//! that kept snapshots still use move into new packs, each grouped with the
+//! versions whose longest-lived user is the same snapshot, which owns the
+//! new pack. A copy keeps its address (the pack a push first stored it in,
+//! and the slot), and the address's pack's forward table is rewritten to
+//! say where it is now, so no index changes.
+//!
+//! Orphans are handled in batches of at most `BATCH_SLOTS` slots: a batch
+//! costs one pass over the kept snapshots' pages that address its packs,
+//! and memory for its slots only, whatever the archive's size.
+
+use crate::archive::{forward_object, Archive};
+use crate::error::Result;
+use crate::format::catalog::{Catalog, ForwardRecord, PackRecord};
+use crate::format::forward::ForwardTable;
+use crate::format::pack::{self, Address, SlotEntry};
+use crate::ledger;
+use crate::reader::PackReader;
+use crate::verdicts::Verdicts;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// The most orphaned slots one batch handles (about 48 bytes each).
+const BATCH_SLOTS: u64 = 1 << 18;
+/// Slots copied in one ranged read at most.
+const SLOTS_PER_READ: u32 = 256;
+
+/// What relocation did.
+#[derive(Debug, Default)]
+pub struct Relocation {
+    pub packs_copied: u64,
+    pub bytes_copied: u64,
+    pub tables_written: u64,
+    /// Forward tables replaced by new ones, to delete after the commit.
+    pub replaced_tables: Vec<String>,
+}
+
+/// Who uses one orphaned slot.
+#[derive(Clone, Copy)]
+struct SlotUse {
+    first_seq: u64,
+    last_seq: u64,
+    /// The user expected to live longest: (kept until, seq).
+    owner: (u64, u64),
+}
+
+/// One orphaned pack's slot table and who uses each slot.
+struct Orphan {
+    record: PackRecord,
+    table: Vec<SlotEntry>,
+    uses: BTreeMap<u32, SlotUse>,
+}
+
+/// Copies out the used versions of `orphaned`; the packs themselves, and
+/// the others in `going` (which forward tables stop pointing into), are
+/// left for the caller to forget.
+pub fn relocate(
+    archive: &Archive,
+    catalog: &mut Catalog,
+    orphaned: &[PackRecord],
+    going: &BTreeSet<u64>,
+    verdicts: &Verdicts,
+) -> Result<Relocation> {
+    let mut done = Relocation::default();
+    let doomed = going;
+    let mut start = 0;
+    while start < orphaned.len() {
+        let mut end = start;
+        let mut slots = 0;
+        while end < orphaned.len()
+            && (end == start || slots + u64::from(orphaned[end].slots) <= BATCH_SLOTS)
+        {
+            slots += u64::from(orphaned[end].slots);
+            end += 1;
+        }
+        relocate_batch(
+            archive,
+            catalog,
+            &orphaned[start..end],
+            verdicts,
+            doomed,
+            &mut done,
+        )?;
+        start = end;
+    }
+    Ok(done)
+}
+
+fn relocate_batch(
+    archive: &Archive,
+    catalog: &mut Catalog,
+    batch: &[PackRecord],
+    verdicts: &Verdicts,
+    doomed: &BTreeSet<u64>,
+    done: &mut Relocation,
+) -> Result<()> {
+    let mut orphans = Vec::with_capacity(batch.len());
+    for record in batch {
+        let (_, table) = archive.pack_table(record.id, catalog.block_bytes, record.slots)?;
+        orphans.push(Orphan {
+            record: record.clone(),
+            table,
+            uses: BTreeMap::new(),
+        });
+    }
+    find_uses(archive, catalog, &mut orphans, verdicts)?;
+    // origin pack → origin slot → where the version is now.
+    let mut moves: BTreeMap<u64, Vec<(u32, Address)>> = BTreeMap::new();
+    let mut ranges: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+    for orphan in &orphans {
+        // A new forward table covers its pack's reference range.
+        for entry in &orphan.table {
+            ranges
+                .entry(entry.origin.0)
+                .or_insert((orphan.record.first_seq, orphan.record.last_seq));
+        }
+        copy_used(archive, catalog, orphan, &mut moves, done)?;
+    }
+    for (origin, moved) in moves {
+        let range = ranges[&origin];
+        rewrite_forward(archive, catalog, origin, range, moved, doomed, done)?;
+    }
+    Ok(())
+}
+
+/// Fills each orphan's `uses`: one pass over the kept snapshots in the
+/// batch's reference ranges, reading only the segments whose pages
+/// address the batch's origin packs.
+fn find_uses(
+    archive: &Archive,
+    catalog: &Catalog,
+    orphans: &mut [Orphan],
+    verdicts: &Verdicts,
+) -> Result<()> {
+    let mut wanted: HashMap<Address, (usize, u32)> = HashMap::new();
+    for (i, orphan) in orphans.iter().enumerate() {
+        for (slot, entry) in orphan.table.iter().enumerate() {
+            wanted.insert(entry.origin, (i, slot as u32));
+        }
+    }
+    let origins: BTreeSet<u64> = wanted.keys().map(|a| a.0).collect();
+    let first = orphans
+        .iter()
+        .map(|o| o.record.first_seq)
+        .min()
+        .unwrap_or(0);
+    let last = orphans.iter().map(|o| o.record.last_seq).max().unwrap_or(0);
+    let reader = PackReader::default();
+    for s in catalog
+        .snapshots
+        .iter()
+        .filter(|s| (first..=last).contains(&s.seq))
+    {
+        let root = archive.root(&s.index, s.seq, catalog.block_bytes)?;
+        let here = (verdicts.kept_until(s.seq), s.seq);
+        for (segment, entry) in root.segments.iter().enumerate() {
+            if !entry.packs.iter().any(|p| origins.contains(p)) {
+                continue;
+            }
+            for run in reader
+                .runs(archive, &root, segment as u64)?
+                .iter()
+                .filter(|r| origins.contains(&r.pack))
+            {
+                for slot in run.first_slot..run.first_slot + run.blocks {
+                    if let Some(&(i, at)) = wanted.get(&(run.pack, slot)) {
+                        note_use(&mut orphans[i].uses, at, s.seq, here);
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn note_use(uses: &mut BTreeMap<u32, SlotUse>, slot: u32, seq: u64, here: (u64, u64)) {
+    let used = uses.entry(slot).or_insert(SlotUse {
+        first_seq: seq,
+        last_seq: seq,
+        owner: here,
+    });
+    used.first_seq = used.first_seq.min(seq);
+    used.last_seq = used.last_seq.max(seq);
+    used.owner = used.owner.max(here);
+}
+
+/// Copies an orphan's used slots into one new pack per owner; notes where
+/// each version went under its origin pack.
+fn copy_used(
+    archive: &Archive,
+    catalog: &mut Catalog,
+    orphan: &Orphan,
+    moves: &mut BTreeMap<u64, Vec<(u32, Address)>>,
+    done: &mut Relocation,
+) -> Result<()> {
+    let mut by_owner: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
+    for (&slot, used) in &orphan.uses {
+        by_owner.entry(used.owner.1).or_default().push(slot);
+    }
+    let (header, _) =
+        archive.pack_table(orphan.record.id, catalog.block_bytes, orphan.record.slots)?;
+    for (owner_seq, slots) in by_owner {
+        let data = read_slots(archive, &header, &slots)?;
+        let id = ledger::allocate_pack(catalog);
+        let entries: Vec<SlotEntry> = slots.iter().map(|&s| orphan.table[s as usize]).collect();
+        let bytes = pack::encode(id, catalog.block_bytes, &entries, &data);
+        archive.put_pack(id, &bytes)?;
+        let uses = slots.iter().map(|s| orphan.uses[s]);
+        ledger::add_pack(
+            catalog,
+            PackRecord {
+                id,
+                owner_seq,
+                first_seq: uses
+                    .clone()
+                    .map(|u| u.first_seq)
+                    .min()
+                    .expect("a group has slots"),
+                last_seq: uses.map(|u| u.last_seq).max().expect("a group has slots"),
+                slots: entries.len() as u32,
+                object_bytes: bytes.len() as u64,
+            },
+        );
+        for (new_slot, entry) in entries.iter().enumerate() {
+            moves
+                .entry(entry.origin.0)
+                .or_default()
+                .push((entry.origin.1, (id, new_slot as u32)));
+        }
+        done.packs_copied += 1;
+        done.bytes_copied += bytes.len() as u64;
+    }
+    Ok(())
+}
+
+/// The data of `slots` (ascending) of a pack, read in stretches of
+/// consecutive slots.
+fn read_slots(archive: &Archive, header: &pack::PackHeader, slots: &[u32]) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(slots.len() * header.block_bytes as usize);
+    let mut i = 0;
+    while i < slots.len() {
+        let mut len = 1;
+        while i + len < slots.len()
+            && len < SLOTS_PER_READ as usize
+            && slots[i + len] == slots[i] + len as u32
+        {
+            len += 1;
+        }
+        out.extend(archive.read_slots(header, slots[i], len as u32)?);
+        i += len;
+    }
+    Ok(out)
+}
+
+/// Writes origin pack `origin`'s forward table anew with `moved` put in,
+/// and without entries into packs that are gone or going.
+fn rewrite_forward(
+    archive: &Archive,
+    catalog: &mut Catalog,
+    origin: u64,
+    range: (u64, u64),
+    moved: Vec<(u32, Address)>,
+    doomed: &BTreeSet<u64>,
+    done: &mut Relocation,
+) -> Result<()> {
+    let existing = ledger::forward(catalog, origin).cloned();
+    let mut table = match &existing {
+        Some(record) => archive.forward(record)?,
+        None => ForwardTable {
+            origin,
+            moved: BTreeMap::new(),
+        },
+    };
+    table.moved.extend(moved);
+    table
+        .moved
+        .retain(|_, (pack, _)| !doomed.contains(pack) && ledger::pack(catalog, *pack).is_some());
+    let object = forward_object(origin, ledger::allocate_pack(catalog));
+    let object_bytes = archive.put_forward(&object, &table)?;
+    catalog.totals.index_bytes += object_bytes;
+    let (first_seq, last_seq) = existing
+        .as_ref()
+        .map_or(range, |r| (r.first_seq, r.last_seq));
+    let targets: BTreeSet<u64> = table.moved.values().map(|&(pack, _)| pack).collect();
+    let record = ForwardRecord {
+        origin,
+        first_seq,
+        last_seq,
+        object,
+        object_bytes,
+        targets: targets.into_iter().collect(),
+    };
+    done.replaced_tables
+        .extend(ledger::set_forward(catalog, record));
+    done.tables_written += 1;
+    Ok(())
+}
