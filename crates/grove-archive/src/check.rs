@@ -6,9 +6,10 @@
 //! Damage is reported by the archived snapshots it affects. Memory is the
 //! bad slots found plus the reader's bounded caches.
 
-use crate::archive::{pack_object, Archive};
+use crate::archive::{pack_object, pages_object, Archive};
 use crate::error::{ArchiveError, Result};
 use crate::format::catalog::{ArchivedSnapshot, Catalog};
+use crate::format::index::SnapshotRoot;
 use crate::format::pack::PackHeader;
 use crate::format::runs::Run;
 use crate::reader::PackReader;
@@ -168,31 +169,61 @@ fn check_snapshot(
     bad_packs: &BadPacks,
 ) -> Result<Option<String>> {
     let root = archive.root(&s.index, s.seq, catalog.block_bytes)?;
-    for segment in 0..root.segments.len() as u64 {
-        for run in reader.runs(archive, &root, segment)?.iter() {
-            if let Some(why) = check_run(archive, catalog, reader, run, bad_packs)? {
+    let mut counts: BTreeMap<u64, u32> = BTreeMap::new();
+    for segment in 0..root.segments() {
+        let runs = reader.runs(archive, &root, segment)?;
+        for run in runs.iter() {
+            if let Some(why) = check_run(archive, catalog, reader, (run, s.seq), bad_packs)? {
                 return Ok(Some(format!("{}: {why}", s.index)));
             }
         }
+        let packs: BTreeSet<u64> = runs.iter().map(|r| r.pack).collect();
+        for pack in packs {
+            *counts.entry(pack).or_default() += 1;
+        }
     }
-    Ok(None)
+    if counts.into_iter().collect::<Vec<_>>() != root.packs {
+        return Ok(Some(format!(
+            "{}: its pack table does not match its pages",
+            s.index
+        )));
+    }
+    Ok(out_of_range(catalog, s.seq, &root).map(|why| format!("{}: {why}", s.index)))
 }
 
-/// Why a run's versions cannot be read, if they cannot.
+/// Why the catalog could delete a page object snapshot `seq` uses, if it
+/// could: each must be listed with `seq` in its reference range.
+fn out_of_range(catalog: &Catalog, seq: u64, root: &SnapshotRoot) -> Option<String> {
+    root.pages.iter().flatten().find_map(|page| {
+        crate::ledger::pages(catalog, page.object)
+            .is_none_or(|p| !(p.first_seq..=p.last_seq).contains(&seq))
+            .then(|| format!("{} is not listed for it", pages_object(page.object)))
+    })
+}
+
+/// Why a run of snapshot `seq` cannot be read, if it cannot: each version
+/// must be in a sound slot of a listed pack whose reference range holds
+/// `seq` (or the pack's forward table's range must, and the copy's), else
+/// an expiry could delete what the snapshot uses.
 fn check_run(
     archive: &Archive,
     catalog: &Catalog,
     reader: &PackReader,
-    run: &Run,
+    (run, seq): (&Run, u64),
     bad_packs: &BadPacks,
 ) -> Result<Option<String>> {
     let slots = run.first_slot..run.first_slot + run.blocks;
     if crate::ledger::pack(catalog, run.pack).is_some() {
-        return Ok(sound(catalog, run.pack, slots, bad_packs));
+        return Ok(sound(catalog, (run.pack, seq), slots, bad_packs));
+    }
+    if let Some(f) = crate::ledger::forward(catalog, run.pack) {
+        if !(f.first_seq..=f.last_seq).contains(&seq) {
+            return Ok(Some(format!("{}'s reference range misses it", f.object)));
+        }
     }
     for slot in slots {
         let (pack, to) = reader.resolve(archive, catalog, (run.pack, slot))?;
-        if let Some(why) = sound(catalog, pack, to..to + 1, bad_packs) {
+        if let Some(why) = sound(catalog, (pack, seq), to..to + 1, bad_packs) {
             return Ok(Some(format!(
                 "{why} (forwarded from {})",
                 pack_object(run.pack)
@@ -202,10 +233,11 @@ fn check_run(
     Ok(None)
 }
 
-/// Why slots `slots` of live pack `pack` cannot be read, if they cannot.
+/// Why slots `slots` of live pack `pack` cannot be read by snapshot `seq`,
+/// if they cannot.
 fn sound(
     catalog: &Catalog,
-    pack: u64,
+    (pack, seq): (u64, u64),
     slots: std::ops::Range<u32>,
     bad_packs: &BadPacks,
 ) -> Option<String> {
@@ -215,6 +247,9 @@ fn sound(
             pack_object(pack)
         ));
     };
+    if !(record.first_seq..=record.last_seq).contains(&seq) {
+        return Some(format!("{}'s reference range misses it", pack_object(pack)));
+    }
     if slots.end > record.slots {
         return Some(format!(
             "names {} slots it does not hold",

@@ -144,7 +144,7 @@ fn compare(
     neighbours: &[Option<&SnapshotRoot>; 2],
 ) -> Result<Counts> {
     let mut counts = Counts::default();
-    for segment in 0..root.segments.len() as u64 {
+    for segment in 0..root.segments() {
         let runs = match reader.runs(archive, root, segment) {
             Ok(runs) => runs,
             Err(ArchiveError::Damaged(why)) => {
@@ -154,13 +154,8 @@ fn compare(
             Err(e) => return Err(e),
         };
         counts.mapped += mapped_blocks(&runs);
-        let page = root.segments[segment as usize].page;
-        let shares = |n: &SnapshotRoot| {
-            page.is_some()
-                && n.segments
-                    .get(segment as usize)
-                    .is_some_and(|s| s.page == page)
-        };
+        let page = root.page(segment);
+        let shares = |n: &SnapshotRoot| page.is_some() && n.page(segment) == page;
         let [previous, next] =
             neighbours.map(|n| n.map(|n| (shares(n), neighbour_runs(archive, reader, n, segment))));
         let previous = previous.map(|(shared, runs)| (shared, runs.unwrap_or_default()));
@@ -189,7 +184,7 @@ fn neighbour_runs(
     root: &SnapshotRoot,
     segment: u64,
 ) -> Option<Arc<Vec<Run>>> {
-    if segment >= root.segments.len() as u64 {
+    if segment >= root.segments() {
         return Some(Arc::default());
     }
     reader.runs(archive, root, segment).ok()

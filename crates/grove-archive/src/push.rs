@@ -75,12 +75,13 @@ pub fn push(
         seq,
         request.pack_bytes,
         identity.size_bytes,
+        plan.base_root.as_ref(),
     );
     writer.stall_after_packs = request.stall_after_packs;
     let resumed = writer.resume(&catalog)?;
     let volume = pool.volume(&request.snapshot)?;
     writer.store(&mut catalog, &volume, &plan, progress)?;
-    let written = writer.finish(&mut catalog)?;
+    let written = writer.finish(&mut catalog, &plan)?;
     let block_bytes = u64::from(catalog.block_bytes);
     let record = ArchivedSnapshot {
         seq,
@@ -134,14 +135,10 @@ fn publish(
     mut record: ArchivedSnapshot,
     root: &SnapshotRoot,
 ) -> Result<u64> {
-    let page_objects = root
-        .segments
-        .iter()
-        .filter_map(|s| s.page.map(|p| p.object))
-        .collect();
+    let page_objects = root.pages.iter().flatten().map(|p| p.object).collect();
     let index_bytes = archive.put_root(&record.index, root)?;
     record.index_bytes = index_bytes;
-    ledger::note_references(catalog, record.seq, &root.packs(), &page_objects);
+    ledger::note_references(catalog, record.seq, &root.pack_ids(), &page_objects);
     catalog.partial = None;
     catalog.totals.index_bytes += index_bytes;
     ledger::add_snapshot(catalog, record);
@@ -234,7 +231,8 @@ fn start_partial(archive: &Archive, catalog: &mut Catalog, guid: &str) -> Result
         packs: Vec::new(),
         next_block: 0,
         pages: Vec::new(),
-        segments: Vec::new(),
+        pages_done: Vec::new(),
+        pack_counts: Vec::new(),
     });
     Ok(seq)
 }

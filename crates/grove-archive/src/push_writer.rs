@@ -12,14 +12,15 @@
 
 use crate::archive::Archive;
 use crate::error::Result;
-use crate::format::catalog::{Catalog, DoneSegment, PackRecord, PagesRecord, PartialPush};
-use crate::format::index::{PageRef, Segment, SnapshotRoot};
+use crate::format::catalog::{Catalog, PackRecord, PagesRecord, PartialPush};
+use crate::format::index::{PageRef, SnapshotRoot};
 use crate::format::pack::{self, SlotEntry};
 use crate::format::page;
 use crate::format::runs::{apply_changes, coalesce, Run};
 use crate::ledger;
 use crate::push_plan::{ranges_blocks, Plan};
 use grove_store::Volume;
+use std::collections::BTreeMap;
 
 /// A page object is stored once it holds this many bytes of pages.
 const PAGES_OBJECT_BYTES: usize = 4 << 20;
@@ -44,8 +45,11 @@ pub(crate) struct PushWriter<'a> {
     slots: Vec<SlotEntry>,
     data: Vec<u8>,
     pages: PageFiller,
-    /// The segments done, in order.
-    done: Vec<Segment>,
+    /// The pages of the segments done, in order.
+    done: Vec<Option<PageRef>>,
+    /// How many pages of the snapshot (those done, and the base's for the
+    /// segments to come) address each pack.
+    pack_counts: BTreeMap<u64, u32>,
     /// Where the current segment's stored versions are.
     current: Vec<Run>,
     stored_blocks: u64,
@@ -62,6 +66,7 @@ impl<'a> PushWriter<'a> {
         seq: u64,
         pack_bytes: u64,
         size_bytes: u64,
+        base: Option<&SnapshotRoot>,
     ) -> Self {
         let slot =
             pack::SLOT_CHECKSUM_BYTES + pack::TABLE_ENTRY_BYTES + u64::from(catalog.block_bytes);
@@ -77,6 +82,9 @@ impl<'a> PushWriter<'a> {
             data: Vec::new(),
             pages: PageFiller::default(),
             done: Vec::new(),
+            pack_counts: base
+                .map(|b| b.packs.iter().copied().collect())
+                .unwrap_or_default(),
             current: Vec::new(),
             stored_blocks: 0,
             packs_written: 0,
@@ -93,7 +101,10 @@ impl<'a> PushWriter<'a> {
             .partial
             .as_ref()
             .expect("a push has its partial record");
-        self.done = partial.segments.iter().map(from_done).collect();
+        if !partial.packs.is_empty() {
+            self.done = partial.pages_done.iter().map(|p| p.map(page_ref)).collect();
+            self.pack_counts = partial.pack_counts.iter().copied().collect();
+        }
         self.resume_at = partial.next_block;
         let segment_start = self.done.len() as u64 * u64::from(self.segment_blocks);
         // Packs are filled in block order: only the last few hold blocks of
@@ -142,7 +153,7 @@ impl<'a> PushWriter<'a> {
             let start = segment * u64::from(self.segment_blocks);
             let range = start..(start + u64::from(self.segment_blocks)).min(blocks);
             let changed = clip(&plan.changed, range.clone());
-            if let Some(kept) = unchanged_segment(plan, segment, &range, &changed) {
+            if let Some(kept) = unchanged_page(plan, segment, &range, &changed) {
                 self.done.push(kept);
                 continue;
             }
@@ -151,14 +162,17 @@ impl<'a> PushWriter<'a> {
                 done_bytes += (b - a) * bs;
                 progress(done_bytes.min(total), total);
             }
-            let base = self.base_runs(plan, segment, &range)?;
+            let base = self.base_runs(plan, segment)?;
+            count_packs(&mut self.pack_counts, &base, false);
+            let base = clip_runs(base, &range);
             let runs = apply_changes(
                 &base,
                 &changed,
                 &coalesce(std::mem::take(&mut self.current)),
             );
-            let entry = self.pages.add(catalog, segment, &runs);
-            self.done.push(entry);
+            count_packs(&mut self.pack_counts, &runs, true);
+            let page = self.pages.add(catalog, segment, &runs);
+            self.done.push(page);
             if self.pages.bytes.len() >= PAGES_OBJECT_BYTES {
                 self.pages.flush(self.archive, catalog, self.seq)?;
             }
@@ -166,21 +180,15 @@ impl<'a> PushWriter<'a> {
         Ok(())
     }
 
-    /// The base's runs in `range` of segment `segment` (none without a base).
-    fn base_runs(
-        &self,
-        plan: &Plan,
-        segment: u64,
-        range: &std::ops::Range<u64>,
-    ) -> Result<Vec<Run>> {
+    /// The base's runs of segment `segment` (none without a base).
+    fn base_runs(&self, plan: &Plan, segment: u64) -> Result<Vec<Run>> {
         let Some(root) = &plan.base_root else {
             return Ok(Vec::new());
         };
-        let Some(at) = root.segments.get(segment as usize).and_then(|s| s.page) else {
+        let Some(at) = root.page(segment) else {
             return Ok(Vec::new());
         };
-        let runs = self.archive.page(root, segment, at)?;
-        Ok(clip_runs(runs, range))
+        self.archive.page(root, segment, at)
     }
 
     fn store_blocks(
@@ -251,7 +259,12 @@ impl<'a> PushWriter<'a> {
         let partial = partial_of(catalog);
         partial.packs.push(id);
         partial.next_block = next_block;
-        partial.segments = self.done.iter().map(to_done).collect();
+        partial.pages_done = self
+            .done
+            .iter()
+            .map(|p| p.map(|p| (p.object, p.offset, p.len)))
+            .collect();
+        partial.pack_counts = self.pack_counts.iter().map(|(&id, &n)| (id, n)).collect();
         self.archive.commit(catalog)?;
         self.stall_if_asked();
         Ok(())
@@ -270,17 +283,24 @@ impl<'a> PushWriter<'a> {
     }
 
     /// Stores the last, partly filled pack and the last pages.
-    pub fn finish(mut self, catalog: &mut Catalog) -> Result<Written> {
+    pub fn finish(mut self, catalog: &mut Catalog, plan: &Plan) -> Result<Written> {
         let next = self.slots.last().map_or(self.resume_at, |s| s.block + 1);
         self.flush_pack(catalog, next)?;
         self.pages.flush(self.archive, catalog, self.seq)?;
+        // The base's segments past a volume that shrank are dropped (here,
+        // not in the counts a resumed push starts from).
+        let mut counts = self.pack_counts.clone();
+        for segment in self.done.len() as u64..plan.base_root.as_ref().map_or(0, |b| b.segments()) {
+            count_packs(&mut counts, &self.base_runs(plan, segment)?, false);
+        }
         Ok(Written {
             root: SnapshotRoot {
                 seq: self.seq,
                 block_bytes: self.block_bytes,
                 size_bytes: self.size_bytes,
                 segment_blocks: self.segment_blocks,
-                segments: self.done,
+                pages: self.done,
+                packs: counts.into_iter().collect(),
             },
             stored_blocks: self.stored_blocks,
             packs_written: self.packs_written,
@@ -289,24 +309,47 @@ impl<'a> PushWriter<'a> {
     }
 }
 
-/// The base's segment, kept as it is, when nothing in it changed and it
-/// covers the same blocks (a volume that grew or shrank changes its last).
-fn unchanged_segment(
+/// The base's page of `segment`, kept as it is (Some(None): all holes),
+/// when nothing in it changed and it covers the same blocks (a volume that
+/// grew or shrank changes its last).
+fn unchanged_page(
     plan: &Plan,
     segment: u64,
     range: &std::ops::Range<u64>,
     changed: &[(u64, u64)],
-) -> Option<Segment> {
+) -> Option<Option<PageRef>> {
     if !changed.is_empty() {
         return None;
     }
     let Some(root) = &plan.base_root else {
-        return Some(Segment::default());
+        return Some(None);
     };
-    if segment >= root.segments.len() as u64 {
-        return Some(Segment::default());
+    if segment >= root.segments() {
+        return Some(None);
     }
-    (root.segment_range(segment) == *range).then(|| root.segments[segment as usize].clone())
+    (root.segment_range(segment) == *range).then(|| root.page(segment))
+}
+
+/// Counts each pack `runs` address once more (`add`) or once less.
+fn count_packs(counts: &mut BTreeMap<u64, u32>, runs: &[Run], add: bool) {
+    let mut packs: Vec<u64> = runs.iter().map(|r| r.pack).collect();
+    packs.sort_unstable();
+    packs.dedup();
+    for pack in packs {
+        let count = counts.entry(pack).or_insert(0);
+        if add {
+            *count += 1;
+        } else {
+            assert!(
+                *count > 0,
+                "pack {pack} is counted for the page that addresses it"
+            );
+            *count -= 1;
+            if *count == 0 {
+                counts.remove(&pack);
+            }
+        }
+    }
 }
 
 /// Pages being gathered into one page object.
@@ -318,11 +361,11 @@ struct PageFiller {
 }
 
 impl PageFiller {
-    /// The segment entry of `runs`: a new page in the object being filled,
-    /// or none for a segment of holes.
-    fn add(&mut self, catalog: &mut Catalog, segment: u64, runs: &[Run]) -> Segment {
+    /// The page of `runs`: a new page in the object being filled, or none
+    /// for a segment of holes.
+    fn add(&mut self, catalog: &mut Catalog, segment: u64, runs: &[Run]) -> Option<PageRef> {
         if runs.is_empty() {
-            return Segment::default();
+            return None;
         }
         let id = *self
             .id
@@ -334,13 +377,7 @@ impl PageFiller {
             len: encoded.len() as u32,
         };
         self.bytes.extend_from_slice(&encoded);
-        let mut packs: Vec<u64> = runs.iter().map(|r| r.pack).collect();
-        packs.sort_unstable();
-        packs.dedup();
-        Segment {
-            page: Some(page),
-            packs,
-        }
+        Some(page)
     }
 
     /// Stores the page object being filled, recorded as the push's.
@@ -374,21 +411,11 @@ fn partial_of(catalog: &mut Catalog) -> &mut PartialPush {
         .expect("a push has its partial record")
 }
 
-fn to_done(segment: &Segment) -> DoneSegment {
-    DoneSegment {
-        page: segment.page.map(|p| (p.object, p.offset, p.len)),
-        packs: segment.packs.clone(),
-    }
-}
-
-fn from_done(done: &DoneSegment) -> Segment {
-    Segment {
-        page: done.page.map(|(object, offset, len)| PageRef {
-            object,
-            offset,
-            len,
-        }),
-        packs: done.packs.clone(),
+fn page_ref((object, offset, len): (u64, u32, u32)) -> PageRef {
+    PageRef {
+        object,
+        offset,
+        len,
     }
 }
 

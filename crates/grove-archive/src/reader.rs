@@ -49,7 +49,7 @@ impl PackReader {
         root: &SnapshotRoot,
         segment: u64,
     ) -> Result<Arc<Vec<Run>>> {
-        let Some(at) = root.segments.get(segment as usize).and_then(|s| s.page) else {
+        let Some(at) = root.page(segment) else {
             return Ok(Arc::new(Vec::new()));
         };
         if let Some(runs) = self.pages.lock().expect("pages lock").get(&at) {

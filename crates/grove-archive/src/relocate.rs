@@ -122,9 +122,9 @@ fn relocate_batch(
     Ok(())
 }
 
-/// Fills each orphan's `uses`: one pass over the kept snapshots in the
-/// batch's reference ranges, reading only the segments whose pages
-/// address the batch's origin packs.
+/// Fills each orphan's `uses`: one pass over the pages of the kept
+/// snapshots in the batch's reference ranges that address the batch's
+/// origin packs.
 fn find_uses(
     archive: &Archive,
     catalog: &Catalog,
@@ -152,15 +152,12 @@ fn find_uses(
     {
         let root = archive.root(&s.index, s.seq, catalog.block_bytes)?;
         let here = (verdicts.kept_until(s.seq), s.seq);
-        for (segment, entry) in root.segments.iter().enumerate() {
-            if !entry.packs.iter().any(|p| origins.contains(p)) {
-                continue;
-            }
-            for run in reader
-                .runs(archive, &root, segment as u64)?
-                .iter()
-                .filter(|r| origins.contains(&r.pack))
-            {
+        if !origins.iter().any(|&p| root.addresses(p)) {
+            continue;
+        }
+        for segment in 0..root.segments() {
+            let runs = reader.runs(archive, &root, segment)?;
+            for run in runs.iter().filter(|r| origins.contains(&r.pack)) {
                 for slot in run.first_slot..run.first_slot + run.blocks {
                     if let Some(&(i, at)) = wanted.get(&(run.pack, slot)) {
                         note_use(&mut orphans[i].uses, at, s.seq, here);

@@ -100,7 +100,7 @@ fn write_runs(
     // cost a pass over every page first.
     let total = root.blocks() * bs;
     let mut done = 0;
-    for segment in 0..root.segments.len() as u64 {
+    for segment in 0..root.segments() {
         for run in reader.runs(archive, root, segment)?.iter() {
             let mut at = 0;
             while at < run.blocks {

@@ -86,14 +86,6 @@ pub struct ForwardRecord {
     pub targets: Vec<u64>,
 }
 
-/// A segment a stopped push completed: its page and the packs it addresses.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DoneSegment {
-    /// None: all holes.
-    pub page: Option<(u64, u32, u32)>,
-    pub packs: Vec<u64>,
-}
-
 /// A push that stopped part way: the packs it stored are listed (and
 /// referenced) here, so that the next push of the same snapshot goes on
 /// after them and sends again at most the pack it was writing.
@@ -108,9 +100,14 @@ pub struct PartialPush {
     /// The page objects stored so far.
     #[serde(default)]
     pub pages: Vec<u64>,
-    /// The root's first segments, those completed so far.
+    /// The pages of the root's first segments, those completed so far
+    /// (page object, offset, length; None: all holes).
     #[serde(default)]
-    pub segments: Vec<DoneSegment>,
+    pub pages_done: Vec<Option<(u64, u32, u32)>>,
+    /// How many of those pages, and of the base's kept for the rest,
+    /// address each pack.
+    #[serde(default)]
+    pub pack_counts: Vec<(u64, u32)>,
 }
 
 /// What the archive has moved, since it was made.

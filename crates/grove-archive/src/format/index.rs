@@ -1,9 +1,11 @@
 //! One archived snapshot's index root: for each segment of the volume's
 //! blocks, the index page that maps it (page.rs), or none when every block
-//! of the segment is a hole. Pages are shared between snapshots, so a push
-//! writes pages only for the segments that changed, and a reader holds the
-//! root and the pages it is using, not a whole map. Written once per
-//! snapshot, never changed.
+//! of the segment is a hole; and every pack the pages address, with how
+//! many pages address it. Pages are shared between snapshots, so a push
+//! writes pages only for the segments that changed and learns the packs
+//! the snapshot references from its base's root and the pages it changed,
+//! pages it shares unread. A reader holds the root and the pages it is
+//! using, not a whole map. Written once per snapshot, never changed.
 //!
 //! ```text
 //! offset  size           field
@@ -14,26 +16,23 @@
 //! 24      8              the snapshot's size in bytes
 //! 32      4              blocks per segment
 //! 36      4              segments
-//! 40      4              crc32c of the entries
-//! 44      4              crc32c of bytes 0..44
-//! 48      segments x     page object id u64 (0: all holes), offset u32,
-//!                        length u32, packs u32, then packs x pack id u64
+//! 40      4              packs
+//! 44      4              crc32c of the entries
+//! 48      4              crc32c of bytes 0..48
+//! 52      16 x segments  page object id u64 (0: all holes), offset u32, length u32
+//! then    12 x packs     pack id u64, pages that address it u32; by pack id
 //! ```
-//!
-//! Each segment names the packs its page's runs address (an address's
-//! pack, copied or not): a push learns every pack the snapshot references
-//! from the root alone, pages it shares unread, and expiry skips the
-//! segments that address none of the packs it is looking for.
 
 use super::{le_u32, le_u64};
+use std::collections::BTreeSet;
 
 pub const MAGIC: &[u8; 8] = b"GRVAINDX";
 pub const VERSION: u32 = 2;
-pub const HEADER_BYTES: usize = 48;
-/// Bytes of a segment's entry before its pack ids.
-pub const ENTRY_BYTES: usize = 20;
+pub const HEADER_BYTES: usize = 52;
+pub const PAGE_ENTRY_BYTES: usize = 16;
+pub const PACK_ENTRY_BYTES: usize = 12;
 /// Blocks a page maps: 64 MiB of 4 KiB blocks, so that a page holds at
-/// most 384 KiB of runs and a 64 GiB volume's root is 16 KiB.
+/// most 384 KiB of runs and a 64 GiB volume's pages take 16 KiB of root.
 pub const SEGMENT_BLOCKS: u32 = 1 << 14;
 
 /// Where one page is: bytes `offset..offset + len` of page object `object`.
@@ -44,14 +43,6 @@ pub struct PageRef {
     pub len: u32,
 }
 
-/// One segment of a root: its page, and the packs the page's runs address
-/// (sorted, distinct).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Segment {
-    pub page: Option<PageRef>,
-    pub packs: Vec<u64>,
-}
-
 /// A decoded index root.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SnapshotRoot {
@@ -59,8 +50,11 @@ pub struct SnapshotRoot {
     pub block_bytes: u32,
     pub size_bytes: u64,
     pub segment_blocks: u32,
-    /// One entry a segment; a page of None: every block of it is a hole.
-    pub segments: Vec<Segment>,
+    /// One entry a segment; None: every block of it is a hole.
+    pub pages: Vec<Option<PageRef>>,
+    /// Every pack the pages' runs address, with how many pages address
+    /// it; sorted by pack.
+    pub packs: Vec<(u64, u32)>,
 }
 
 impl SnapshotRoot {
@@ -74,6 +68,10 @@ impl SnapshotRoot {
         blocks.div_ceil(u64::from(segment_blocks))
     }
 
+    pub fn segments(&self) -> u64 {
+        self.pages.len() as u64
+    }
+
     /// The blocks of segment `segment` that lie inside the snapshot.
     pub fn segment_range(&self, segment: u64) -> std::ops::Range<u64> {
         let start = segment * u64::from(self.segment_blocks);
@@ -84,25 +82,29 @@ impl SnapshotRoot {
         block / u64::from(self.segment_blocks)
     }
 
-    /// The page of `block`'s segment.
-    pub fn page_of(&self, block: u64) -> Option<PageRef> {
-        self.segments
-            .get(self.segment_of(block) as usize)
-            .and_then(|s| s.page)
+    /// The page of segment `segment`, if it has one.
+    pub fn page(&self, segment: u64) -> Option<PageRef> {
+        self.pages.get(segment as usize).copied().flatten()
     }
 
-    /// Every pack the snapshot's pages address, once each.
-    pub fn packs(&self) -> std::collections::BTreeSet<u64> {
-        self.segments
-            .iter()
-            .flat_map(|s| s.packs.iter().copied())
-            .collect()
+    /// Every pack the snapshot's pages address.
+    pub fn pack_ids(&self) -> BTreeSet<u64> {
+        self.packs.iter().map(|&(id, _)| id).collect()
+    }
+
+    /// Whether any page addresses pack `pack`.
+    pub fn addresses(&self, pack: u64) -> bool {
+        self.packs
+            .binary_search_by_key(&pack, |&(id, _)| id)
+            .is_ok()
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        let mut body = Vec::with_capacity(self.segments.len() * ENTRY_BYTES);
-        for segment in &self.segments {
-            let p = segment.page.unwrap_or(PageRef {
+        let mut body = Vec::with_capacity(
+            self.pages.len() * PAGE_ENTRY_BYTES + self.packs.len() * PACK_ENTRY_BYTES,
+        );
+        for page in &self.pages {
+            let p = page.unwrap_or(PageRef {
                 object: 0,
                 offset: 0,
                 len: 0,
@@ -110,11 +112,10 @@ impl SnapshotRoot {
             body.extend_from_slice(&p.object.to_le_bytes());
             body.extend_from_slice(&p.offset.to_le_bytes());
             body.extend_from_slice(&p.len.to_le_bytes());
-            let packs = u32::try_from(segment.packs.len()).expect("a segment's packs fit a u32");
-            body.extend_from_slice(&packs.to_le_bytes());
-            for pack in &segment.packs {
-                body.extend_from_slice(&pack.to_le_bytes());
-            }
+        }
+        for (pack, pages) in &self.packs {
+            body.extend_from_slice(&pack.to_le_bytes());
+            body.extend_from_slice(&pages.to_le_bytes());
         }
         let mut out = Vec::with_capacity(HEADER_BYTES + body.len());
         out.extend_from_slice(MAGIC);
@@ -123,8 +124,9 @@ impl SnapshotRoot {
         out.extend_from_slice(&self.seq.to_le_bytes());
         out.extend_from_slice(&self.size_bytes.to_le_bytes());
         out.extend_from_slice(&self.segment_blocks.to_le_bytes());
-        let segments = u32::try_from(self.segments.len()).expect("segments fit a u32");
-        out.extend_from_slice(&segments.to_le_bytes());
+        let count = |n: usize| u32::try_from(n).expect("a root's entries fit a u32");
+        out.extend_from_slice(&count(self.pages.len()).to_le_bytes());
+        out.extend_from_slice(&count(self.packs.len()).to_le_bytes());
         out.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
         let crc = crc32c::crc32c(&out);
         out.extend_from_slice(&crc.to_le_bytes());
@@ -144,7 +146,7 @@ impl SnapshotRoot {
         if &bytes[..8] != MAGIC {
             return Err("not a grove archive index (bad magic)".into());
         }
-        if le_u32(bytes, 44) != crc32c::crc32c(&bytes[..44]) {
+        if le_u32(bytes, 48) != crc32c::crc32c(&bytes[..48]) {
             return Err("the index header's checksum does not match".into());
         }
         let version = le_u32(bytes, 8);
@@ -158,7 +160,8 @@ impl SnapshotRoot {
             seq: le_u64(bytes, 16),
             size_bytes: le_u64(bytes, 24),
             segment_blocks: le_u32(bytes, 32),
-            segments: Vec::new(),
+            pages: Vec::new(),
+            packs: Vec::new(),
         };
         if root.seq != seq || root.block_bytes != block_bytes {
             return Err(format!(
@@ -176,49 +179,37 @@ impl SnapshotRoot {
                 root.size_bytes
             ));
         }
+        let packs = le_u32(bytes, 40) as usize;
         let body = &bytes[HEADER_BYTES..];
-        if le_u32(bytes, 40) != crc32c::crc32c(body) {
-            return Err(
-                "the index's entries fail their checksum (a damaged or truncated index)".into(),
-            );
+        if segments * PAGE_ENTRY_BYTES + packs * PACK_ENTRY_BYTES != body.len() {
+            return Err(format!(
+                "{segments} segments and {packs} packs in {} bytes (a truncated index)",
+                body.len()
+            ));
         }
-        root.segments = decode_segments(body, segments)?;
+        if le_u32(bytes, 44) != crc32c::crc32c(body) {
+            return Err("the index's entries fail their checksum".into());
+        }
+        let (pages, packs_bytes) = body.split_at(segments * PAGE_ENTRY_BYTES);
+        root.pages = pages.chunks(PAGE_ENTRY_BYTES).map(page_entry).collect();
+        root.packs = packs_bytes
+            .chunks(PACK_ENTRY_BYTES)
+            .map(|e| (le_u64(e, 0), le_u32(e, 8)))
+            .collect();
+        if root.packs.windows(2).any(|w| w[0].0 >= w[1].0) || root.packs.iter().any(|p| p.1 == 0) {
+            return Err("the index's packs are out of order or counted zero times".into());
+        }
         Ok(root)
     }
 }
 
-fn decode_segments(body: &[u8], segments: usize) -> Result<Vec<Segment>, String> {
-    let truncated = || {
-        format!(
-            "{segments} segments in {} bytes (a truncated index)",
-            body.len()
-        )
-    };
-    let mut out = Vec::with_capacity(segments.min(body.len() / ENTRY_BYTES));
-    let mut at = 0usize;
-    for _ in 0..segments {
-        let e = body.get(at..at + ENTRY_BYTES).ok_or_else(truncated)?;
-        let object = le_u64(e, 0);
-        let page = (object != 0).then(|| PageRef {
-            object,
-            offset: le_u32(e, 8),
-            len: le_u32(e, 12),
-        });
-        let count = le_u32(e, 16) as usize;
-        at += ENTRY_BYTES;
-        let ids_len = count.checked_mul(8).ok_or_else(truncated)?;
-        let ids = body.get(at..at + ids_len).ok_or_else(truncated)?;
-        let packs: Vec<u64> = ids.chunks(8).map(|c| le_u64(c, 0)).collect();
-        if packs.windows(2).any(|w| w[0] >= w[1]) || (page.is_none() && !packs.is_empty()) {
-            return Err("a segment's packs are out of order, or name packs for holes".into());
-        }
-        at += ids_len;
-        out.push(Segment { page, packs });
-    }
-    if at != body.len() {
-        return Err(format!("{} bytes after the last segment", body.len() - at));
-    }
-    Ok(out)
+fn page_entry(e: &[u8]) -> Option<PageRef> {
+    let object = le_u64(e, 0);
+    (object != 0).then(|| PageRef {
+        object,
+        offset: le_u32(e, 8),
+        len: le_u32(e, 12),
+    })
 }
 
 #[cfg(test)]
@@ -232,26 +223,22 @@ mod tests {
             block_bytes: 4096,
             size_bytes: 100 * 4096,
             segment_blocks: 16,
-            segments: (0..7)
-                .map(|s| Segment {
-                    page: (s % 3 != 0).then_some(PageRef {
+            pages: (0..7)
+                .map(|s| {
+                    (s % 3 != 0).then_some(PageRef {
                         object: 9,
                         offset: s * 100,
                         len: 80,
-                    }),
-                    packs: if s % 3 != 0 {
-                        vec![1, 2 + u64::from(s)]
-                    } else {
-                        Vec::new()
-                    },
+                    })
                 })
                 .collect(),
+            packs: vec![(1, 4), (3, 1), (7, 2)],
         };
         let bytes = root.encode();
         assert_eq!(SnapshotRoot::decode(&bytes, 3, 4096).unwrap(), root);
         assert_eq!(root.segment_range(6), 96..100);
-        assert_eq!(root.page_of(17), root.segments[1].page);
-        assert!(root.packs().contains(&7) && !root.packs().contains(&5));
+        assert_eq!(root.page(1), root.pages[1]);
+        assert!(root.addresses(7) && !root.addresses(5));
         assert!(
             SnapshotRoot::decode(&bytes, 4, 4096).is_err(),
             "another snapshot's"
