@@ -271,16 +271,17 @@ impl Archive {
         Ok(self.store()?.put(&self.folder, &pages_object(id), bytes)?)
     }
 
-    /// The runs of `root`'s segment `segment`, from its page at `at`.
-    pub(crate) fn page(&self, root: &SnapshotRoot, segment: u64, at: PageRef) -> Result<Vec<Run>> {
+    /// The runs of segment `segment` (blocks `blocks` of the snapshots
+    /// that share it), from its page at `at`.
+    pub(crate) fn page(&self, at: PageRef, segment: u64, blocks: Range<u64>) -> Result<Vec<Run>> {
         let name = pages_object(at.object);
         let start = u64::from(at.offset);
         let bytes = self.get_range(&name, start..start + u64::from(at.len))?;
-        page::decode(&bytes, segment, root.segment_range(segment)).map_err(|why| {
+        page::decode(&bytes, segment, blocks).map_err(|why| {
             ArchiveError::Damaged(format!(
-                "{name} in {}, the page of segment {segment} of index {:016x}: {why}",
+                "{name} in {}, the page of segment {segment} at {}: {why}",
                 self.describe(),
-                root.seq
+                at.offset
             ))
         })
     }

@@ -9,11 +9,18 @@
 use crate::archive::{pack_object, pages_object, Archive};
 use crate::error::{ArchiveError, Result};
 use crate::format::catalog::{ArchivedSnapshot, Catalog};
-use crate::format::index::SnapshotRoot;
+use crate::format::index::{PageRef, SnapshotRoot};
 use crate::format::pack::PackHeader;
 use crate::format::runs::Run;
+use crate::lru::Lru;
 use crate::reader::PackReader;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+/// Pages already followed to their versions, with the packs they address,
+/// kept within this many bytes: a page shared by many snapshots is read
+/// and followed once (a page dropped from it is only followed again).
+const VERIFIED_PAGES_BYTES: u64 = 16 << 20;
 
 /// Damaged packs, with the slots that are bad (None: the whole pack).
 type BadPacks = BTreeMap<u64, Option<BTreeSet<u32>>>;
@@ -67,8 +74,10 @@ pub fn check_with_progress(
     let bad_packs = check_packs(archive, &catalog, deep, &mut report, progress)?;
     check_forwards(archive, &catalog, &mut report)?;
     let reader = PackReader::default();
+    let mut verified = Lru::new(VERIFIED_PAGES_BYTES);
     for s in &catalog.snapshots {
-        match check_snapshot(archive, &catalog, &reader, s, &bad_packs) {
+        let checker = (&reader, &mut verified);
+        match check_snapshot(archive, &catalog, checker, s, &bad_packs) {
             Ok(None) => {}
             Ok(Some(why)) | Err(ArchiveError::Damaged(why)) => {
                 if !report.problems.contains(&why) {
@@ -164,21 +173,33 @@ fn check_forwards(archive: &Archive, catalog: &Catalog, report: &mut CheckReport
 fn check_snapshot(
     archive: &Archive,
     catalog: &Catalog,
-    reader: &PackReader,
+    (reader, verified): (&PackReader, &mut Lru<PageRef, Arc<Vec<u64>>>),
     s: &ArchivedSnapshot,
     bad_packs: &BadPacks,
 ) -> Result<Option<String>> {
     let root = archive.root(&s.index, s.seq, catalog.block_bytes)?;
     let mut counts: BTreeMap<u64, u32> = BTreeMap::new();
     for segment in 0..root.segments() {
-        let runs = reader.runs(archive, &root, segment)?;
-        for run in runs.iter() {
-            if let Some(why) = check_run(archive, catalog, reader, (run, s.seq), bad_packs)? {
-                return Ok(Some(format!("{}: {why}", s.index)));
+        let Some(at) = root.page(segment) else {
+            continue;
+        };
+        let packs = match verified.get(&at) {
+            Some(packs) => packs.clone(),
+            None => {
+                let runs = reader.runs(archive, &root, segment)?;
+                for run in runs.iter() {
+                    if let Some(why) = check_run(archive, catalog, reader, (run, s.seq), bad_packs)?
+                    {
+                        return Ok(Some(format!("{}: {why}", s.index)));
+                    }
+                }
+                let packs: BTreeSet<u64> = runs.iter().map(|r| r.pack).collect();
+                let packs = Arc::new(packs.into_iter().collect::<Vec<u64>>());
+                verified.put(at, packs.clone(), packs.len() as u64 * 8 + 64);
+                packs
             }
-        }
-        let packs: BTreeSet<u64> = runs.iter().map(|r| r.pack).collect();
-        for pack in packs {
+        };
+        for &pack in packs.iter() {
             *counts.entry(pack).or_default() += 1;
         }
     }
@@ -191,9 +212,31 @@ fn check_snapshot(
     Ok(out_of_range(catalog, s.seq, &root).map(|why| format!("{}: {why}", s.index)))
 }
 
-/// Why the catalog could delete a page object snapshot `seq` uses, if it
-/// could: each must be listed with `seq` in its reference range.
+/// Why the catalog could delete something snapshot `seq` uses, if it
+/// could: every pack its pages address (or that pack's forward table) and
+/// every page object must have `seq` in its reference range. (The packs a
+/// forward table points into are checked per version, for the first
+/// snapshot that reads each page.)
 fn out_of_range(catalog: &Catalog, seq: u64, root: &SnapshotRoot) -> Option<String> {
+    let covers = |first: u64, last: u64| (first..=last).contains(&seq);
+    for &(pack, _) in &root.packs {
+        let range = match (
+            crate::ledger::pack(catalog, pack),
+            crate::ledger::forward(catalog, pack),
+        ) {
+            (Some(p), _) => (p.first_seq, p.last_seq, pack_object(pack)),
+            (None, Some(f)) => (f.first_seq, f.last_seq, f.object.clone()),
+            (None, None) => {
+                return Some(format!(
+                    "names {}, which the catalog does not list",
+                    pack_object(pack)
+                ))
+            }
+        };
+        if !covers(range.0, range.1) {
+            return Some(format!("{}'s reference range misses it", range.2));
+        }
+    }
     root.pages.iter().flatten().find_map(|page| {
         crate::ledger::pages(catalog, page.object)
             .is_none_or(|p| !(p.first_seq..=p.last_seq).contains(&seq))

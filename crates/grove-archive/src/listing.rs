@@ -5,13 +5,17 @@
 use crate::archive::Archive;
 use crate::error::{ArchiveError, Result};
 use crate::format::catalog::Catalog;
-use crate::format::index::SnapshotRoot;
+use crate::format::index::{PageRef, SnapshotRoot};
 use crate::format::runs::{lookup, mapped_blocks, Run};
 use crate::ledger;
+use crate::lru::Lru;
 use crate::reader::PackReader;
 use crate::verdicts;
 use grove_retention::{Level, Policy};
 use std::sync::Arc;
+
+/// The mapped blocks of pages counted, remembered within this many bytes.
+const MAPPED_MEMO_BYTES: u64 = 4 << 20;
 
 /// One archived snapshot, as listed.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -74,6 +78,7 @@ pub fn list(
     // snapshots, so only neighbours can share one. Pages go through the
     // reader's bounded cache.
     let reader = PackReader::default();
+    let mut mapped = Lru::new(MAPPED_MEMO_BYTES);
     let count = catalog.snapshots.len();
     let mut previous: Option<SnapshotRoot> = None;
     let mut current = (count > 0)
@@ -90,7 +95,7 @@ pub fn list(
             next.as_ref().and_then(|(n, _)| n.as_ref()),
         ];
         let counts = match &root {
-            Some(root) => compare(archive, &reader, root, &neighbours)?,
+            Some(root) => compare(archive, (&reader, &mut mapped), root, neighbours)?,
             None => Counts::default(),
         };
         damaged = damaged.or(counts.damaged);
@@ -134,35 +139,44 @@ struct Counts {
     damaged: Option<String>,
 }
 
-/// Counts `root`'s versions against its neighbours `[previous, next]`,
-/// a segment at a time; a segment whose page a neighbour shares holds
-/// nothing of its own, unread.
+/// Counts `root`'s versions against its neighbours `[previous, next]`, a
+/// segment at a time. A page the previous snapshot shares holds nothing
+/// new and nothing of its own, and is not read again (its mapped blocks
+/// are remembered in `mapped`).
 fn compare(
     archive: &Archive,
-    reader: &PackReader,
+    (reader, mapped): (&PackReader, &mut Lru<PageRef, u64>),
     root: &SnapshotRoot,
-    neighbours: &[Option<&SnapshotRoot>; 2],
+    [previous, next]: [Option<&SnapshotRoot>; 2],
 ) -> Result<Counts> {
     let mut counts = Counts::default();
     for segment in 0..root.segments() {
-        let runs = match reader.runs(archive, root, segment) {
-            Ok(runs) => runs,
-            Err(ArchiveError::Damaged(why)) => {
-                counts.damaged.get_or_insert(why);
+        let Some(page) = root.page(segment) else {
+            continue;
+        };
+        let runs = match mapped.get(&page) {
+            Some(&blocks) if previous.is_some_and(|p| p.page(segment) == Some(page)) => {
+                counts.mapped += blocks;
                 continue;
             }
-            Err(e) => return Err(e),
+            _ => match reader.runs(archive, root, segment) {
+                Ok(runs) => runs,
+                Err(ArchiveError::Damaged(why)) => {
+                    counts.damaged.get_or_insert(why);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            },
         };
-        counts.mapped += mapped_blocks(&runs);
-        let page = root.page(segment);
-        let shares = |n: &SnapshotRoot| page.is_some() && n.page(segment) == page;
+        let blocks = mapped_blocks(&runs);
+        counts.mapped += blocks;
+        mapped.put(page, blocks, 48);
         let [previous, next] =
-            neighbours.map(|n| n.map(|n| (shares(n), neighbour_runs(archive, reader, n, segment))));
-        let previous = previous.map(|(shared, runs)| (shared, runs.unwrap_or_default()));
-        let next = next.map(|(shared, runs)| (shared, runs.unwrap_or_default()));
-        let held_by = |n: &Option<(bool, Arc<Vec<Run>>)>, block: u64, mine| {
-            n.as_ref()
-                .is_some_and(|(shared, runs)| *shared || lookup(runs, block) == Some(mine))
+            [previous, next].map(|n| n.map(|n| neighbour(archive, reader, n, segment, page)));
+        let held_by = |n: &Option<Neighbour>, block: u64, mine| match n {
+            Some(Neighbour::Shares) => true,
+            Some(Neighbour::Runs(runs)) => lookup(runs, block) == Some(mine),
+            None => false,
         };
         for run in runs.iter() {
             for i in 0..run.blocks {
@@ -175,6 +189,25 @@ fn compare(
         }
     }
     Ok(counts)
+}
+
+/// What a neighbour holds of a segment: the same page, or its own runs.
+enum Neighbour {
+    Shares,
+    Runs(Arc<Vec<Run>>),
+}
+
+fn neighbour(
+    archive: &Archive,
+    reader: &PackReader,
+    n: &SnapshotRoot,
+    segment: u64,
+    page: PageRef,
+) -> Neighbour {
+    if n.page(segment) == Some(page) {
+        return Neighbour::Shares;
+    }
+    Neighbour::Runs(neighbour_runs(archive, reader, n, segment).unwrap_or_default())
 }
 
 /// A neighbour's runs of `segment`; a damaged page counts as holding nothing.

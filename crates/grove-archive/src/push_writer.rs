@@ -188,7 +188,7 @@ impl<'a> PushWriter<'a> {
         let Some(at) = root.page(segment) else {
             return Ok(Vec::new());
         };
-        self.archive.page(root, segment, at)
+        self.archive.page(at, segment, root.segment_range(segment))
     }
 
     fn store_blocks(

@@ -49,13 +49,24 @@ impl PackReader {
         root: &SnapshotRoot,
         segment: u64,
     ) -> Result<Arc<Vec<Run>>> {
-        let Some(at) = root.page(segment) else {
-            return Ok(Arc::new(Vec::new()));
-        };
+        match root.page(segment) {
+            None => Ok(Arc::new(Vec::new())),
+            Some(at) => self.runs_at(archive, at, segment, root.segment_range(segment)),
+        }
+    }
+
+    /// The runs of the page at `at`, of segment `segment` (blocks `blocks`).
+    pub fn runs_at(
+        &self,
+        archive: &Archive,
+        at: PageRef,
+        segment: u64,
+        blocks: std::ops::Range<u64>,
+    ) -> Result<Arc<Vec<Run>>> {
         if let Some(runs) = self.pages.lock().expect("pages lock").get(&at) {
             return Ok(runs.clone());
         }
-        let runs = Arc::new(archive.page(root, segment, at)?);
+        let runs = Arc::new(archive.page(at, segment, blocks)?);
         let weight = (runs.len() * std::mem::size_of::<Run>()) as u64 + 64;
         self.pages
             .lock()

@@ -13,6 +13,7 @@ use crate::archive::{forward_object, Archive};
 use crate::error::Result;
 use crate::format::catalog::{Catalog, ForwardRecord, PackRecord};
 use crate::format::forward::ForwardTable;
+use crate::format::index::PageRef;
 use crate::format::pack::{self, Address, SlotEntry};
 use crate::ledger;
 use crate::reader::PackReader;
@@ -122,9 +123,22 @@ fn relocate_batch(
     Ok(())
 }
 
-/// Fills each orphan's `uses`: one pass over the pages of the kept
-/// snapshots in the batch's reference ranges that address the batch's
-/// origin packs.
+/// A page, and the run of kept snapshots that share it (a page is used
+/// by consecutive snapshots only: once its segment changes, it is never
+/// named again).
+struct SharedPage {
+    at: PageRef,
+    segment: u64,
+    blocks: std::ops::Range<u64>,
+    first_seq: u64,
+    last_seq: u64,
+    /// Its user expected to live longest: (kept until, seq).
+    owner: (u64, u64),
+}
+
+/// Fills each orphan's `uses`: one pass over the kept snapshots in the
+/// batch's reference ranges that address its origin packs, reading each
+/// distinct page once with the run of snapshots that share it.
 fn find_uses(
     archive: &Archive,
     catalog: &Catalog,
@@ -145,39 +159,64 @@ fn find_uses(
         .unwrap_or(0);
     let last = orphans.iter().map(|o| o.record.last_seq).max().unwrap_or(0);
     let reader = PackReader::default();
+    let mut open: Vec<Option<SharedPage>> = Vec::new();
+    let mut finish = |page: SharedPage| -> Result<()> {
+        let runs = reader.runs_at(archive, page.at, page.segment, page.blocks.clone())?;
+        for run in runs.iter().filter(|r| origins.contains(&r.pack)) {
+            for slot in run.first_slot..run.first_slot + run.blocks {
+                if let Some(&(i, at)) = wanted.get(&(run.pack, slot)) {
+                    note_use(&mut orphans[i].uses, at, &page);
+                }
+            }
+        }
+        Ok(())
+    };
     for s in catalog
         .snapshots
         .iter()
         .filter(|s| (first..=last).contains(&s.seq))
     {
         let root = archive.root(&s.index, s.seq, catalog.block_bytes)?;
-        let here = (verdicts.kept_until(s.seq), s.seq);
         if !origins.iter().any(|&p| root.addresses(p)) {
             continue;
         }
+        let here = (verdicts.kept_until(s.seq), s.seq);
+        open.resize_with(open.len().max(root.pages.len()), || None);
         for segment in 0..root.segments() {
-            let runs = reader.runs(archive, &root, segment)?;
-            for run in runs.iter().filter(|r| origins.contains(&r.pack)) {
-                for slot in run.first_slot..run.first_slot + run.blocks {
-                    if let Some(&(i, at)) = wanted.get(&(run.pack, slot)) {
-                        note_use(&mut orphans[i].uses, at, s.seq, here);
+            let slot = &mut open[segment as usize];
+            match (slot.as_mut(), root.page(segment)) {
+                (Some(shared), Some(at)) if shared.at == at => {
+                    shared.last_seq = s.seq;
+                    shared.owner = shared.owner.max(here);
+                }
+                (_, page) => {
+                    if let Some(done) = slot.take() {
+                        finish(done)?;
                     }
+                    *slot = page.map(|at| SharedPage {
+                        at,
+                        segment,
+                        blocks: root.segment_range(segment),
+                        first_seq: s.seq,
+                        last_seq: s.seq,
+                        owner: here,
+                    });
                 }
             }
         }
     }
-    Ok(())
+    open.into_iter().flatten().try_for_each(finish)
 }
 
-fn note_use(uses: &mut BTreeMap<u32, SlotUse>, slot: u32, seq: u64, here: (u64, u64)) {
+fn note_use(uses: &mut BTreeMap<u32, SlotUse>, slot: u32, page: &SharedPage) {
     let used = uses.entry(slot).or_insert(SlotUse {
-        first_seq: seq,
-        last_seq: seq,
-        owner: here,
+        first_seq: page.first_seq,
+        last_seq: page.last_seq,
+        owner: page.owner,
     });
-    used.first_seq = used.first_seq.min(seq);
-    used.last_seq = used.last_seq.max(seq);
-    used.owner = used.owner.max(here);
+    used.first_seq = used.first_seq.min(page.first_seq);
+    used.last_seq = used.last_seq.max(page.last_seq);
+    used.owner = used.owner.max(page.owner);
 }
 
 /// Copies an orphan's used slots into one new pack per owner; notes where
