@@ -19,7 +19,6 @@ use crate::progress::Progress;
 use crate::retention_settings::{load_config, now};
 
 pub fn run(dir: &Path, degraded: bool, command: ArchiveCommand) -> Result<()> {
-    grove_archive::hooks::set_stall_point(std::env::var("GROVE_TEST_ARCHIVE_STALL_AT").ok());
     match command {
         command @ ArchiveCommand::Push { .. } => push_command(dir, degraded, command),
         ArchiveCommand::List {

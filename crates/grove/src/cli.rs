@@ -645,6 +645,10 @@ pub enum Command {
         snapshot: String,
         /// frequent, hourly, daily, weekly, monthly, yearly or none
         level: String,
+        /// For a snapshot only the archive has: take over the claim of an
+        /// archive writer that is gone
+        #[arg(long)]
+        take_over: bool,
     },
 
     /// Hold a snapshot: never pruned, nor removed without --force

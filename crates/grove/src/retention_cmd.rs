@@ -32,7 +32,11 @@ pub fn run(admin: &dyn Admin, command: Command) -> Result<()> {
             dry_run,
             now: at,
         } => prune_now(admin, &volumes, dry_run, at.as_deref()),
-        Command::Rank { snapshot, level } => rank(admin, &snapshot, &level),
+        Command::Rank {
+            snapshot,
+            level,
+            take_over,
+        } => rank(admin, &snapshot, &level, take_over),
         Command::Hold {
             snapshot,
             tag,
@@ -50,8 +54,9 @@ pub fn run(admin: &dyn Admin, command: Command) -> Result<()> {
 }
 
 /// `grove rank`: a snapshot in the pool, or else one in the pool's archive
-/// (a lazy rank: the archive's next expiry keeps what the rank keeps).
-fn rank(admin: &dyn Admin, snapshot: &str, level: &str) -> Result<()> {
+/// (a lazy rank: the archive's next expiry keeps what the rank keeps);
+/// `take_over` takes over the archive claim of a writer that is gone.
+fn rank(admin: &dyn Admin, snapshot: &str, level: &str, take_over: bool) -> Result<()> {
     let rank = parse_rank(level)?;
     match admin.set_rank(snapshot, rank) {
         Err(e) if e.kind() == grove_store::ErrorKind::NotFound => {
@@ -61,7 +66,7 @@ fn rank(admin: &dyn Admin, snapshot: &str, level: &str) -> Result<()> {
                 return Err(e.into());
             };
             let archive = grove_archive::Archive::open(&url, &volume)?;
-            let claim = grove_archive::claim(&archive, false)?;
+            let claim = grove_archive::claim(&archive, take_over)?;
             grove_archive::set_rank(&archive, &claim, snapshot, rank)?;
             claim.release()?;
             say(format_args!(

@@ -670,3 +670,75 @@ fn a_push_goes_through_the_daemon_that_holds_the_pool() {
     assert_eq!(listed[0]["name"], "vm@hand");
     assert!(hash.starts_with(listed[0]["hash"].as_str().unwrap()));
 }
+
+/// SIGKILL in a lazy rank (`grove rank` on a snapshot only the archive
+/// has), before its commit and after it: the archive checks consistent,
+/// the rank runs again over the dead writer's claim (`--take-over`), and
+/// the archive ends, after an expiry, as it does on a pool whose rank was
+/// never interrupted.
+#[test]
+fn a_lazy_rank_killed_part_way_leaves_a_consistent_archive_and_runs_again() {
+    let ranked_and_expired = |pool: &Pool, first: &str, take_over: bool| {
+        let mut args = vec!["rank", first, "none"];
+        if take_over {
+            args.push("--take-over");
+        }
+        let out = pool.ok(&args);
+        assert!(out.contains("in the archive"), "{out}");
+        pool.ok(&["archive", "expire", "--now", &at(MONDAY + 9 * DAY)]);
+        pool.listing()
+            .iter()
+            .map(|s| (s["name"].clone(), s["rank"].clone(), s["hash"].clone()))
+            .collect::<Vec<_>>()
+    };
+    let uninterrupted = Pool::new(None);
+    for day in 0..4 {
+        uninterrupted.day(day);
+    }
+    let first = uninterrupted.listing()[0]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let before = uninterrupted.listing()[0]["rank"].clone();
+    let expected = ranked_and_expired(&uninterrupted, &first, false);
+    assert!(
+        expected
+            .iter()
+            .any(|(n, r, _)| n == first.as_str() && r != &before),
+        "{expected:?}"
+    );
+    for point in ["rank-before-commit", "rank-after-commit"] {
+        let pool = Pool::new(None);
+        for day in 0..4 {
+            pool.day(day);
+        }
+        assert!(!pool.ok(&["list"]).contains(&first), "the pool pruned it");
+        let before = pool.listing()[0]["rank"].clone();
+        pool.kill_at(point, &["rank", &first, "none"]);
+        let check = pool.ok(&["archive", "check"]);
+        assert!(check.contains("consistent"), "{point}: {check}");
+        let rank = pool.listing()[0]["rank"].clone();
+        let committed = point == "rank-after-commit";
+        assert_eq!(rank != before, committed, "{point}: {rank}");
+        let busy = pool.run(&["rank", &first, "none"]);
+        let stderr = String::from_utf8_lossy(&busy.stderr);
+        assert!(
+            !busy.status.success()
+                && stderr.contains("is in use by")
+                && stderr.contains("--take-over"),
+            "{point}: {stderr}"
+        );
+        assert_eq!(ranked_and_expired(&pool, &first, true), expected, "{point}");
+        let out = pool.ok(&["archive", "check", "--deep", "--json"]);
+        let reports: Vec<Value> = serde_json::from_str(&out).unwrap();
+        let report = &reports[0]["report"];
+        assert!(report["problems"].as_array().unwrap().is_empty(), "{out}");
+        assert!(
+            report["unreferenced_objects"]
+                .as_array()
+                .unwrap()
+                .is_empty(),
+            "{point}: {out}"
+        );
+    }
+}
