@@ -1,6 +1,8 @@
 //! The archive tier's work on an open pool, for `grove archive push` and
-//! the daemons' scheduler: which snapshots are due, a snapshot pushed with
-//! its hash recorded, and one scheduled round of push and expiry.
+//! `restore` (here or in the daemon holding the pool) and the daemons'
+//! scheduler: which snapshots are due, a snapshot pushed with its hash
+//! recorded, a snapshot restored and its hash checked, and one scheduled
+//! round of push and expiry.
 
 use anyhow::Result;
 use grove_archive::Archive;
@@ -62,6 +64,86 @@ pub fn push_volumes(
         claim.release()?;
     }
     Ok(reports)
+}
+
+/// What `grove archive restore` asks, here or of the daemon holding the
+/// pool.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct RestoreRequest {
+    pub snapshot: String,
+    /// The pool snapshot it becomes.
+    pub name: String,
+    /// None: the volume whose archive holds `snapshot`.
+    pub volume: Option<String>,
+    pub url: String,
+}
+
+/// What a restore did, once its data hashed as the push recorded:
+/// grove-archive's report in a form that crosses the control socket.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Restored {
+    snapshot: String,
+    name: String,
+    size_bytes: u64,
+    restored_bytes: u64,
+    hash: String,
+}
+
+impl Restored {
+    pub fn report(self) -> grove_archive::RestoreReport {
+        grove_archive::RestoreReport {
+            snapshot: self.snapshot,
+            name: self.name,
+            size_bytes: self.size_bytes,
+            restored_bytes: self.restored_bytes,
+            recorded_hash: self.hash,
+        }
+    }
+}
+
+/// Restores what `request` asks into `pool`, keeping the snapshot only if
+/// its `grove hash` is the one recorded at push; `progress` hears (bytes
+/// done, bytes to do).
+pub fn restore_snapshot(
+    pool: &Pool,
+    request: &RestoreRequest,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Restored> {
+    let RestoreRequest {
+        snapshot,
+        name,
+        url,
+        ..
+    } = request;
+    let volume = match &request.volume {
+        Some(v) => v.clone(),
+        None => volume_holding(url, snapshot)?,
+    };
+    let archive = Archive::open(url, &volume)?;
+    let report = grove_archive::restore(&archive, pool, snapshot, name, progress)
+        .map_err(|e| anyhow::anyhow!("cannot restore {snapshot}: {e}"))?;
+    let hash = crate::stream::hash(pool, name)?;
+    if hash != report.recorded_hash {
+        pool.remove_volume(name)?;
+        anyhow::bail!(
+            "cannot restore {snapshot}: the restored data hashes to {hash}, the archive recorded {}; nothing was kept",
+            report.recorded_hash
+        );
+    }
+    Ok(Restored {
+        snapshot: report.snapshot,
+        name: report.name,
+        size_bytes: report.size_bytes,
+        restored_bytes: report.restored_bytes,
+        hash,
+    })
+}
+
+/// The volume whose archive at `url` holds `snapshot`.
+pub fn volume_holding(url: &str, snapshot: &str) -> Result<String> {
+    use anyhow::Context;
+    crate::archive_location::volume_holding(url, snapshot)?
+        .with_context(|| format!("no archive at {url} holds a snapshot named {snapshot:?}"))
 }
 
 fn archive_policy(config: &RetentionConfig, volume: &str) -> Result<Policy> {

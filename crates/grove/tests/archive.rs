@@ -168,6 +168,31 @@ impl Pool {
         child.0.wait().unwrap();
     }
 
+    /// `grove serve` holding the pool, its scheduler given a clock it
+    /// cannot read so that it leaves the pool alone; returned once its
+    /// control socket answers.
+    fn serve_without_scheduler(&self) -> Reaped {
+        let clock = self.dir.path().join("clock");
+        std::fs::write(&clock, "not a time").unwrap();
+        let child = Reaped(
+            self.command(&["serve"])
+                .env("GROVE_CLOCK_FILE", &clock)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let started = std::time::Instant::now();
+        while std::os::unix::net::UnixStream::connect(self.path.join("grove.control")).is_err() {
+            assert!(
+                started.elapsed().as_secs() < 20,
+                "grove serve did not start"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        child
+    }
+
     fn listing(&self) -> Vec<Value> {
         let out = self.ok(&["archive", "list", "--json"]);
         let listings: Vec<Value> = serde_json::from_str(&out).unwrap();
@@ -641,25 +666,7 @@ fn a_new_pool_restores_from_the_archive_and_goes_on_archiving_into_it() {
 #[test]
 fn a_push_goes_through_the_daemon_that_holds_the_pool() {
     let pool = Pool::new(None);
-    // A clock the scheduler cannot read: it leaves the pool alone.
-    let clock = pool.dir.path().join("clock");
-    std::fs::write(&clock, "not a time").unwrap();
-    let mut child = Reaped(
-        pool.command(&["serve"])
-            .env("GROVE_CLOCK_FILE", &clock)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let started = std::time::Instant::now();
-    while std::os::unix::net::UnixStream::connect(pool.path.join("grove.control")).is_err() {
-        assert!(
-            started.elapsed().as_secs() < 20,
-            "grove serve did not start"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    let mut child = pool.serve_without_scheduler();
     pool.ok(&["snapshot", "vm", "vm@hand"]);
     let out = pool.ok(&["archive", "push", "vm", "--snapshot", "vm@hand", "--json"]);
     let reports: Vec<Value> = serde_json::from_str(&out).unwrap();
@@ -741,4 +748,30 @@ fn a_lazy_rank_killed_part_way_leaves_a_consistent_archive_and_runs_again() {
             "{point}: {out}"
         );
     }
+}
+
+/// `grove archive restore` while `grove serve` holds the pool: the daemon
+/// restores, and the restored snapshot hashes (through the daemon) as
+/// recorded at push; a restore whose name is taken is refused in one line.
+#[test]
+fn a_restore_goes_through_the_daemon_that_holds_the_pool() {
+    let pool = Pool::new(None);
+    for day in 0..4 {
+        pool.day(day);
+    }
+    let first = pool.listing()[0].clone();
+    let name = first["name"].as_str().unwrap();
+    assert!(!pool.ok(&["list"]).contains(name), "the pool pruned it");
+    let mut child = pool.serve_without_scheduler();
+    let out = pool.ok(&["archive", "restore", name, "back"]);
+    assert!(out.contains("restored"), "{out}");
+    assert_eq!(pool.hash("back"), first["hash"].as_str().unwrap());
+    let again = pool.run(&["archive", "restore", name, "back"]);
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        !again.status.success() && stderr.lines().count() == 1 && stderr.contains("already exists"),
+        "{stderr}"
+    );
+    stop_daemon(&mut child);
+    assert_eq!(pool.hash("back"), first["hash"].as_str().unwrap());
 }
