@@ -696,6 +696,10 @@ pub enum Command {
         /// The time to judge at, as YYYY-MM-DDTHH:MM[:SS] (UTC) or @UNIXSECONDS
         #[arg(long, value_name = "TIME")]
         now: Option<String>,
+        /// Also remove snapshots the archive's policy wants and the archive
+        /// has not got yet (by default prune keeps them for `grove archive push`)
+        #[arg(long)]
+        ignore_archive: bool,
     },
 }
 

@@ -12,7 +12,7 @@ use crate::control::Admin;
 use crate::output::say;
 use crate::retention::{
     load_config, now, parse_rank, prune, set_policy, show, take_due_snapshots, unset_policy,
-    PolicyChange, TickReport,
+    PolicyChange, PruneMode, TickReport,
 };
 
 /// The retention commands (and `grove snapshot --auto`).
@@ -31,7 +31,14 @@ pub fn run(admin: &dyn Admin, command: Command) -> Result<()> {
             volumes,
             dry_run,
             now: at,
-        } => prune_now(admin, &volumes, dry_run, at.as_deref()),
+            ignore_archive,
+        } => {
+            let mode = PruneMode {
+                dry_run,
+                ignore_archive,
+            };
+            prune_now(admin, &volumes, mode, at.as_deref())
+        }
         Command::Rank {
             snapshot,
             level,
@@ -94,12 +101,17 @@ fn snapshot_due(admin: &dyn Admin, source: Option<String>, at: Option<&str>) -> 
     fail_on(&report.failed)
 }
 
-fn prune_now(admin: &dyn Admin, volumes: &[String], dry_run: bool, at: Option<&str>) -> Result<()> {
+fn prune_now(
+    admin: &dyn Admin,
+    volumes: &[String],
+    mode: PruneMode,
+    at: Option<&str>,
+) -> Result<()> {
     let config = load_config(admin.dir())?;
     let at = now(at)?;
     let mut report = TickReport::default();
-    prune(admin, &config, at, volumes, dry_run, &mut report)?;
-    let (released, removed) = if dry_run {
+    prune(admin, &config, at, volumes, mode, &mut report)?;
+    let (released, removed) = if mode.dry_run {
         ("would release hold", "would remove")
     } else {
         ("released hold", "removed")
@@ -110,7 +122,12 @@ fn prune_now(admin: &dyn Admin, volumes: &[String], dry_run: bool, at: Option<&s
     for name in &report.pruned {
         say(format_args!("{removed} {name}"))?;
     }
-    if report.pruned.is_empty() {
+    for name in &report.kept_for_archive {
+        say(format_args!(
+            "kept {name}: the archive's policy wants it and it is not pushed yet (`grove archive push`; --ignore-archive prunes it anyway)"
+        ))?;
+    }
+    if report.pruned.is_empty() && report.kept_for_archive.is_empty() {
         say(format_args!("nothing to prune at {}", display(at)))?;
     }
     fail_on(&report.failed)

@@ -775,3 +775,63 @@ fn a_restore_goes_through_the_daemon_that_holds_the_pool() {
     stop_daemon(&mut child);
     assert_eq!(pool.hash("back"), first["hash"].as_str().unwrap());
 }
+
+/// `grove prune` by hand between a snapshot and its push keeps what the
+/// archive's policy wants and has not got, and says so; once pushed, the
+/// same snapshots are pruned; `--ignore-archive` prunes them unpushed.
+#[test]
+fn prune_keeps_snapshots_the_archive_wants_until_they_are_pushed() {
+    let pool = Pool::new(None);
+    let snapshot_on = |day: u64| {
+        pool.write_random(((day * 7) % 1900) * 4096, 8192, day + 200);
+        let now = at(MONDAY + day * DAY + 3600);
+        pool.ok(&["snapshot", "--auto", "vm", "--now", &now]);
+    };
+    let named = |out: &str, verb: &str| -> Vec<String> {
+        out.lines()
+            .filter_map(|l| l.strip_prefix(verb))
+            .map(|rest| rest.split([':', ' ']).next().unwrap().to_string())
+            .collect()
+    };
+    for day in 0..4 {
+        snapshot_on(day);
+    }
+    let day3 = at(MONDAY + 3 * DAY + 3600);
+    let out = pool.ok(&["prune", "--now", &day3]);
+    let kept = named(&out, "kept ");
+    assert!(
+        !kept.is_empty() && named(&out, "removed ").is_empty(),
+        "{out}"
+    );
+    assert!(out.contains("not pushed yet"), "{out}");
+    let listed = pool.ok(&["list"]);
+    assert!(kept.iter().all(|k| listed.contains(k.as_str())), "{listed}");
+    let dry = pool.ok(&["prune", "--now", &day3, "--dry-run", "--ignore-archive"]);
+    assert_eq!(named(&dry, "would remove "), kept, "{dry}");
+    pool.ok(&["archive", "push"]);
+    let out = pool.ok(&["prune", "--now", &day3]);
+    assert_eq!(named(&out, "removed "), kept, "{out}");
+    assert!(named(&out, "kept ").is_empty(), "{out}");
+    let archived: Vec<Value> = pool.listing().iter().map(|s| s["name"].clone()).collect();
+    assert!(kept
+        .iter()
+        .all(|k| archived.contains(&Value::from(k.as_str()))));
+    // Three more days unpushed: --ignore-archive prunes one the archive lacks.
+    for day in 4..7 {
+        snapshot_on(day);
+    }
+    let day6 = at(MONDAY + 6 * DAY + 3600);
+    let out = pool.ok(&["prune", "--now", &day6, "--ignore-archive"]);
+    let removed = named(&out, "removed ");
+    assert!(named(&out, "kept ").is_empty(), "{out}");
+    let unpushed: Vec<&String> = removed
+        .iter()
+        .filter(|r| !archived.contains(&Value::from(r.as_str())))
+        .collect();
+    assert!(!unpushed.is_empty(), "{out}");
+    let listed = pool.ok(&["list"]);
+    assert!(
+        unpushed.iter().all(|r| !listed.contains(r.as_str())),
+        "{listed}"
+    );
+}
