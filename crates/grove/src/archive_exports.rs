@@ -92,6 +92,11 @@ impl ArchivedSnapshots {
         Some(opened.map(|shared| (shared, description)))
     }
 
+    /// Whether the archive holds snapshot `name`.
+    pub fn holds(&self, name: &str) -> bool {
+        self.volume_of(name).is_some()
+    }
+
     /// The volume whose archive holds snapshot `name` (the first, as listed).
     fn volume_of(&self, name: &str) -> Option<String> {
         grove_archive::archived_snapshots(&self.url)

@@ -33,8 +33,14 @@ impl GroveOnPool for Served {
 
 impl Served {
     fn spawn(&mut self) {
+        self.spawn_with(&[]);
+    }
+
+    /// `grove serve` with `args`, once its socket answers.
+    fn spawn_with(&mut self, args: &[&str]) {
         let child = Command::new(GROVE)
             .args(["--pool", self.pool_path().to_str().unwrap(), "serve"])
+            .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -189,6 +195,49 @@ fn an_archived_only_snapshot_is_served_read_only_from_the_archive() {
     std::io::Write::write_all(&mut client.s, &[9u8; 512]).unwrap();
     let (error, cookie) = decode_simple_reply(&client.recv(SIMPLE_REPLY_BYTES)).unwrap();
     assert_eq!((error, cookie), (NBD_EPERM, 7));
+}
+
+/// `grove serve --export NAME` takes an archived-only snapshot's name as
+/// it takes a volume's (and as the default export): only it is offered,
+/// read-only, its bytes as they were; a name neither has is refused.
+#[test]
+fn serve_exports_an_archived_only_snapshot_by_name() {
+    if !have("qemu-img") || !have("nbdinfo") {
+        return;
+    }
+    let mut served = pool_with_an_archived_only_snapshot();
+    let refused = served.run(&["serve", "--export", "vm@nothing"]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains("cannot export \"vm@nothing\""),
+        "{stderr}"
+    );
+    served.spawn_with(&["--export", "vm@old", "--default-export", "vm@old"]);
+    let list = Command::new("nbdinfo")
+        .args(["--list", &served.uri("")])
+        .output()
+        .unwrap();
+    let list = String::from_utf8_lossy(&list.stdout).into_owned();
+    assert!(list.contains("vm@old"), "{list}");
+    assert!(
+        !list.contains("vm@new") && !list.contains("export=\"vm\""),
+        "{list}"
+    );
+    for export in ["vm@old", ""] {
+        let copied = served.file("copied.img");
+        let output = served.copy_out(export, &copied);
+        assert!(output.status.success(), "{export:?}: {output:?}");
+        assert!(
+            std::fs::read(&copied).unwrap() == std::fs::read(served.file("old.img")).unwrap(),
+            "{export:?}: vm@old read from the archive differs from what it held"
+        );
+    }
+    let info = Command::new("nbdinfo")
+        .arg(served.uri("vm@old"))
+        .output()
+        .unwrap();
+    let info = String::from_utf8_lossy(&info.stdout).into_owned();
+    assert!(info.contains("is_read_only: true"), "{info}");
 }
 
 #[test]
