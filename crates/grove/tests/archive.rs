@@ -683,8 +683,7 @@ fn a_push_goes_through_the_daemon_that_holds_the_pool() {
 /// the rank runs again over the dead writer's claim (`--take-over`), and
 /// the archive ends, after an expiry, as it does on a pool whose rank was
 /// never interrupted.
-#[test]
-fn a_lazy_rank_killed_part_way_leaves_a_consistent_archive_and_runs_again() {
+fn killed_lazy_rank_runs_again(archive: &dyn Fn() -> Option<String>) {
     let ranked_and_expired = |pool: &Pool, first: &str, take_over: bool| {
         let mut args = vec!["rank", first, "none"];
         if take_over {
@@ -698,7 +697,7 @@ fn a_lazy_rank_killed_part_way_leaves_a_consistent_archive_and_runs_again() {
             .map(|s| (s["name"].clone(), s["rank"].clone(), s["hash"].clone()))
             .collect::<Vec<_>>()
     };
-    let uninterrupted = Pool::new(None);
+    let uninterrupted = Pool::new(archive());
     for day in 0..4 {
         uninterrupted.day(day);
     }
@@ -715,7 +714,7 @@ fn a_lazy_rank_killed_part_way_leaves_a_consistent_archive_and_runs_again() {
         "{expected:?}"
     );
     for point in ["rank-before-commit", "rank-after-commit"] {
-        let pool = Pool::new(None);
+        let pool = Pool::new(archive());
         for day in 0..4 {
             pool.day(day);
         }
@@ -747,6 +746,18 @@ fn a_lazy_rank_killed_part_way_leaves_a_consistent_archive_and_runs_again() {
                 .is_empty(),
             "{point}: {out}"
         );
+    }
+}
+
+#[test]
+fn a_lazy_rank_killed_part_way_leaves_a_consistent_archive_and_runs_again_on_file() {
+    killed_lazy_rank_runs_again(&|| None);
+}
+
+#[test]
+fn a_lazy_rank_killed_part_way_leaves_a_consistent_archive_and_runs_again_on_the_gateway() {
+    if s3_archive("rank").is_some() {
+        killed_lazy_rank_runs_again(&|| s3_archive("rank"));
     }
 }
 
