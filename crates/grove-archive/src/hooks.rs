@@ -10,7 +10,10 @@ static STALL_AT: Mutex<Option<String>> = Mutex::new(None);
 
 /// The points: "expire-before-commit" (copies stored, nothing committed),
 /// "expire-before-delete" (committed, dead objects not yet deleted),
-/// "restore-midway" (half of the data written into the pool).
+/// "restore-midway" (half of the data written into the pool),
+/// "rank-before-commit" and "rank-after-commit" (a lazy rank or a release
+/// about to commit its new catalog, and committed with the claim still
+/// held).
 #[doc(hidden)]
 pub fn set_stall_point(point: Option<String>) {
     *STALL_AT.lock().expect("hook lock") = point;

@@ -56,6 +56,8 @@ fn change<T>(
         .find(|s| s.name == snapshot)
         .ok_or_else(not_there)?;
     let out = edit(record);
+    crate::hooks::stall_if_set("rank-before-commit");
     archive.commit(&mut catalog)?;
+    crate::hooks::stall_if_set("rank-after-commit");
     Ok(out)
 }

@@ -1,15 +1,17 @@
 //! `grove archive`: the archive tier's commands. Push and restore need the
-//! pool opened here; list, expire and check need only grove.toml and the
-//! archive.
+//! pool, opened here or through the daemon that holds it; list, expire and
+//! check need only grove.toml and the archive.
 
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use grove_archive::{Archive, ArchiveError, PushReport};
 use grove_store::units::parse_size;
 use grove_store::Pool;
 
-use crate::archiving::{push_volumes, PushRequest};
+use crate::archiving::{
+    push_volumes, restore_snapshot, volume_holding, PushRequest, RestoreRequest,
+};
 use crate::cli::archive::{ArchiveCommand, ArchivePlace};
 use crate::control::ControlClient;
 use crate::open::open_pool;
@@ -19,7 +21,6 @@ use crate::progress::Progress;
 use crate::retention_settings::{load_config, now};
 
 pub fn run(dir: &Path, degraded: bool, command: ArchiveCommand) -> Result<()> {
-    grove_archive::hooks::set_stall_point(std::env::var("GROVE_TEST_ARCHIVE_STALL_AT").ok());
     match command {
         command @ ArchiveCommand::Push { .. } => push_command(dir, degraded, command),
         ArchiveCommand::List {
@@ -52,10 +53,13 @@ pub fn run(dir: &Path, degraded: bool, command: ArchiveCommand) -> Result<()> {
             volume,
             place,
         } => {
-            let url = location(dir, &place)?;
-            with_pool(dir, degraded, |pool| {
-                restore(pool, &url, &snapshot, &name, volume)
-            })
+            let request = RestoreRequest {
+                snapshot,
+                name,
+                volume,
+                url: location(dir, &place)?,
+            };
+            restore(dir, degraded, &request)
         }
         ArchiveCommand::Release {
             snapshot,
@@ -103,20 +107,30 @@ fn location(dir: &Path, place: &ArchivePlace) -> Result<String> {
     crate::archive_location::location(dir, place.to.as_deref())
 }
 
-/// Opens the pool for a command that moves data between it and the archive.
-fn with_pool(dir: &Path, degraded: bool, f: impl FnOnce(&Pool) -> Result<()>) -> Result<()> {
-    let opened = match open_pool(dir, degraded) {
-        Ok(opened) => opened,
-        Err(e) if e.kind() == grove_store::ErrorKind::Busy => bail!(
-            "{e}; `grove archive restore` needs the pool to itself for now: stop the daemon first"
-        ),
+/// Restores with the pool opened here (with a progress bar), or through
+/// the daemon that holds it.
+fn restore(dir: &Path, degraded: bool, request: &RestoreRequest) -> Result<()> {
+    let restored = match open_pool(dir, degraded) {
+        Ok(opened) => {
+            let bar = Progress::bytes(&format!("restoring {}", request.snapshot), 0);
+            let restored = restore_snapshot(&opened.pool, request, &mut |done, total| {
+                bar.set_length(total);
+                bar.set_position(done);
+            })?;
+            drop(bar);
+            opened
+                .pool
+                .close()
+                .with_context(|| format!("cannot close pool {}", dir.display()))?;
+            restored
+        }
+        Err(e) if e.kind() == grove_store::ErrorKind::Busy => {
+            let daemon = ControlClient::connect(dir).ok_or(e)?;
+            daemon.archive_restore(request)?
+        }
         Err(e) => return Err(e.into()),
     };
-    f(&opened.pool)?;
-    opened
-        .pool
-        .close()
-        .with_context(|| format!("cannot close pool {}", dir.display()))
+    print_with(|out| show::write_restore(out, &restored.report()))
 }
 
 /// Pushes with the pool opened here, or through the daemon that holds it.
@@ -243,46 +257,10 @@ fn expire(
     Ok(())
 }
 
-fn restore(
-    pool: &Pool,
-    url: &str,
-    snapshot: &str,
-    name: &str,
-    volume: Option<String>,
-) -> Result<()> {
-    let volume = match volume {
-        Some(v) => v,
-        None => find_volume(url, snapshot)?,
-    };
-    let archive = Archive::open(url, &volume)?;
-    let bar = Progress::bytes(&format!("restoring {snapshot}"), 0);
-    let report = grove_archive::restore(&archive, pool, snapshot, name, &mut |done, total| {
-        bar.set_length(total);
-        bar.set_position(done);
-    })
-    .map_err(|e| anyhow::anyhow!("cannot restore {snapshot}: {e}"))?;
-    drop(bar);
-    let hash = crate::stream::hash(pool, name)?;
-    if hash != report.recorded_hash {
-        pool.remove_volume(name)?;
-        bail!(
-            "cannot restore {snapshot}: the restored data hashes to {hash}, the archive recorded {}; nothing was kept",
-            report.recorded_hash
-        );
-    }
-    print_with(|out| show::write_restore(out, &report))
-}
-
-/// The volume whose archive at `url` holds `snapshot`.
-fn find_volume(url: &str, snapshot: &str) -> Result<String> {
-    crate::archive_location::volume_holding(url, snapshot)?
-        .with_context(|| format!("no archive at {url} holds a snapshot named {snapshot:?}"))
-}
-
 fn release(url: &str, snapshot: &str, volume: Option<String>, take_over: bool) -> Result<()> {
     let volume = match volume {
         Some(v) => v,
-        None => find_volume(url, snapshot)?,
+        None => volume_holding(url, snapshot)?,
     };
     let archive = Archive::open(url, &volume)?;
     let claim = grove_archive::claim(&archive, take_over)?;

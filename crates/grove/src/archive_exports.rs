@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, Weak};
 
 use grove_archive::{ArchiveError, ArchivedVolume};
-use grove_store::{Error, ErrorKind};
+use grove_store::{Error, ErrorKind, Pool};
 
 /// The archived snapshots at one archive location, opened on demand.
 #[derive(Debug)]
@@ -46,11 +46,6 @@ impl ArchivedSnapshots {
 
     /// These snapshots as exports of `grove serve`.
     pub fn as_exports(self: Arc<Self>) -> Arc<dyn grove_nbd::ReadOnlySources> {
-        self
-    }
-
-    /// These snapshots as the files of a mount's `archive/`.
-    pub fn as_files(self: Arc<Self>) -> Arc<dyn grove_fuse::ReadOnlyFiles> {
         self
     }
 
@@ -92,6 +87,11 @@ impl ArchivedSnapshots {
         Some(opened.map(|shared| (shared, description)))
     }
 
+    /// Whether the archive holds snapshot `name`.
+    pub fn holds(&self, name: &str) -> bool {
+        self.volume_of(name).is_some()
+    }
+
     /// The volume whose archive holds snapshot `name` (the first, as listed).
     fn volume_of(&self, name: &str) -> Option<String> {
         grove_archive::archived_snapshots(&self.url)
@@ -102,18 +102,41 @@ impl ArchivedSnapshots {
     }
 }
 
-/// `options` with the pool's archived snapshots as the files of `archive/`,
-/// if anything is archived when the pool is mounted: a pool that archives
-/// nothing shows no empty directory among its volumes.
+/// `options` with the files of `archive/` for `grove mount` of `pool`.
 pub fn with_archived_files(
     options: grove_fuse::MountOptions,
-    dir: &Path,
+    pool: &Pool,
 ) -> grove_fuse::MountOptions {
-    let archived = ArchivedSnapshots::for_pool(dir).filter(|a| !a.list().is_empty());
     grove_fuse::MountOptions {
-        archived: archived.map(ArchivedSnapshots::as_files),
+        archived: archived_files(pool, ArchivedSnapshots::for_pool(pool.dir())),
         ..options
     }
+}
+
+/// The files of a mount's `archive/`: the archived snapshots the pool no
+/// longer has. The directory is there for the whole mount when the pool
+/// uses an archive: grove.toml has an `[archive]` table or a volume's
+/// policy has archive counts, or something is archived at the pool's
+/// location when the mount starts (a push by hand). Otherwise a pool shows
+/// only its volumes. An archive that cannot be listed shows no directory.
+pub fn archived_files(
+    pool: &Pool,
+    archived: Option<Arc<ArchivedSnapshots>>,
+) -> Option<Arc<dyn grove_fuse::ReadOnlyFiles>> {
+    let archived = archived?;
+    let uses_archive = match crate::archive_location::archive_configured(pool) {
+        Ok(configured) => configured || !archived.list().is_empty(),
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), "archive/ is not shown: cannot read grove.toml");
+            false
+        }
+    };
+    uses_archive.then(|| {
+        Arc::new(ArchivedOnlyFiles {
+            pool: pool.clone(),
+            archived,
+        }) as Arc<dyn grove_fuse::ReadOnlyFiles>
+    })
 }
 
 fn describe(volume: &str) -> String {
@@ -197,18 +220,41 @@ impl grove_fuse::ReadOnlyFile for Reader {
     }
 }
 
-/// `archive/` of a mount lists every archived snapshot: the pool's own
-/// files sit beside it, so no name needs to give way.
-impl grove_fuse::ReadOnlyFiles for ArchivedSnapshots {
+/// `archive/` of a mount: the archived snapshots the pool no longer has,
+/// as `grove serve` offers them. One the pool still has is read from the
+/// pool, through its own file at the root.
+struct ArchivedOnlyFiles {
+    pool: Pool,
+    archived: Arc<ArchivedSnapshots>,
+}
+
+/// grove-fuse asks for Debug; the pool's is its directory.
+impl std::fmt::Debug for ArchivedOnlyFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ArchivedOnlyFiles")
+            .field("pool", &self.pool.dir())
+            .field("archived", &self.archived)
+            .finish()
+    }
+}
+
+impl grove_fuse::ReadOnlyFiles for ArchivedOnlyFiles {
     fn list(&self) -> Vec<String> {
-        ArchivedSnapshots::list(self)
+        let in_pool: std::collections::BTreeSet<String> =
+            self.pool.volume_names().into_iter().collect();
+        self.archived
+            .list()
             .into_iter()
             .map(|(name, _)| name)
+            .filter(|name| !in_pool.contains(name))
             .collect()
     }
 
     fn open(&self, name: &str) -> Option<grove_store::Result<Arc<dyn grove_fuse::ReadOnlyFile>>> {
-        let opened = ArchivedSnapshots::open(self, name)?;
+        if self.pool.volume_summary(name).is_ok() {
+            return None;
+        }
+        let opened = self.archived.open(name)?;
         Some(
             opened.map(|(volume, _)| Arc::new(Reader(volume)) as Arc<dyn grove_fuse::ReadOnlyFile>),
         )

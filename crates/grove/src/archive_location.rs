@@ -35,6 +35,22 @@ pub fn read_cache_bytes(dir: &Path) -> Result<u64> {
     }
 }
 
+/// Whether the pool at `pool` is set up to archive: grove.toml has an
+/// `[archive]` table, or a volume's policy has archive counts.
+pub fn archive_configured(pool: &grove_store::Pool) -> Result<bool> {
+    if grove_store::config::PoolConfig::load(pool.dir())?
+        .archive
+        .is_some()
+    {
+        return Ok(true);
+    }
+    let config = crate::retention_settings::load_config(pool.dir())?;
+    Ok(pool
+        .volume_names()
+        .iter()
+        .any(|v| config.archive_policy_for(v).is_ok_and(|p| p.is_some())))
+}
+
 /// grove.toml's string setting `archive.KEY`, if set; every key of the
 /// `[archive]` table is checked, so a misspelt one is an error.
 fn archive_setting(dir: &Path, key: &str, what: &str) -> Result<Option<String>> {

@@ -1,6 +1,8 @@
 //! The archive tier's work on an open pool, for `grove archive push` and
-//! the daemons' scheduler: which snapshots are due, a snapshot pushed with
-//! its hash recorded, and one scheduled round of push and expiry.
+//! `restore` (here or in the daemon holding the pool) and the daemons'
+//! scheduler: which snapshots are due, a snapshot pushed with its hash
+//! recorded, a snapshot restored and its hash checked, and one scheduled
+//! round of push and expiry.
 
 use anyhow::Result;
 use grove_archive::Archive;
@@ -64,6 +66,86 @@ pub fn push_volumes(
     Ok(reports)
 }
 
+/// What `grove archive restore` asks, here or of the daemon holding the
+/// pool.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct RestoreRequest {
+    pub snapshot: String,
+    /// The pool snapshot it becomes.
+    pub name: String,
+    /// None: the volume whose archive holds `snapshot`.
+    pub volume: Option<String>,
+    pub url: String,
+}
+
+/// What a restore did, once its data hashed as the push recorded:
+/// grove-archive's report in a form that crosses the control socket.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Restored {
+    snapshot: String,
+    name: String,
+    size_bytes: u64,
+    restored_bytes: u64,
+    hash: String,
+}
+
+impl Restored {
+    pub fn report(self) -> grove_archive::RestoreReport {
+        grove_archive::RestoreReport {
+            snapshot: self.snapshot,
+            name: self.name,
+            size_bytes: self.size_bytes,
+            restored_bytes: self.restored_bytes,
+            recorded_hash: self.hash,
+        }
+    }
+}
+
+/// Restores what `request` asks into `pool`, keeping the snapshot only if
+/// its `grove hash` is the one recorded at push; `progress` hears (bytes
+/// done, bytes to do).
+pub fn restore_snapshot(
+    pool: &Pool,
+    request: &RestoreRequest,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Restored> {
+    let RestoreRequest {
+        snapshot,
+        name,
+        url,
+        ..
+    } = request;
+    let volume = match &request.volume {
+        Some(v) => v.clone(),
+        None => volume_holding(url, snapshot)?,
+    };
+    let archive = Archive::open(url, &volume)?;
+    let report = grove_archive::restore(&archive, pool, snapshot, name, progress)
+        .map_err(|e| anyhow::anyhow!("cannot restore {snapshot}: {e}"))?;
+    let hash = crate::stream::hash(pool, name)?;
+    if hash != report.recorded_hash {
+        pool.remove_volume(name)?;
+        anyhow::bail!(
+            "cannot restore {snapshot}: the restored data hashes to {hash}, the archive recorded {}; nothing was kept",
+            report.recorded_hash
+        );
+    }
+    Ok(Restored {
+        snapshot: report.snapshot,
+        name: report.name,
+        size_bytes: report.size_bytes,
+        restored_bytes: report.restored_bytes,
+        hash,
+    })
+}
+
+/// The volume whose archive at `url` holds `snapshot`.
+pub fn volume_holding(url: &str, snapshot: &str) -> Result<String> {
+    use anyhow::Context;
+    crate::archive_location::volume_holding(url, snapshot)?
+        .with_context(|| format!("no archive at {url} holds a snapshot named {snapshot:?}"))
+}
+
 fn archive_policy(config: &RetentionConfig, volume: &str) -> Result<Policy> {
     config
         .archive_policy_for(volume)
@@ -107,11 +189,7 @@ pub fn due_snapshots(
     at: u64,
 ) -> Result<Vec<String>> {
     let catalog = archive.load()?;
-    let archived = catalog.as_ref().map_or(&[][..], |c| &c.snapshots[..]);
-    let newest = archived.last();
-    let mut facts: Vec<SnapshotFacts> = catalog
-        .as_ref()
-        .map_or(Vec::new(), grove_archive::retention_facts);
+    let newest = catalog.as_ref().and_then(|c| c.snapshots.last());
     let mut candidates = Vec::new();
     for summary in pool.family_summaries(archive.volume())? {
         if summary.kind != VolumeKind::Snapshot
@@ -123,26 +201,73 @@ pub fn due_snapshots(
         let identity = pool.identity(&summary.name)?;
         if newest.is_none_or(|n| grove_archive::is_newer(&identity, n)) {
             let order = (identity.created_unix_secs, identity.created_generation);
-            candidates.push((order, summary.name.clone()));
-            facts.push(SnapshotFacts {
+            let facts = SnapshotFacts {
                 name: summary.name.clone(),
                 created_unix_secs: summary.created_unix_secs,
                 rank: Level::from_rank(summary.rank),
                 holds: Vec::new(),
-            });
+            };
+            candidates.push((order, facts));
         }
     }
-    candidates.sort();
+    candidates.sort_by_key(|c| c.0);
+    let candidates: Vec<SnapshotFacts> = candidates.into_iter().map(|(_, f)| f).collect();
+    let archived = catalog
+        .as_ref()
+        .map_or(Vec::new(), grove_archive::retention_facts);
+    Ok(kept_by_archive(archived, policy, candidates, at))
+}
+
+/// Of the pool's snapshots `in_pool` of the archive's volume, those its
+/// policy wants pushed at `at` and not archived yet, oldest first: what
+/// `grove prune` keeps. The pool's summaries carry no generation, so a
+/// snapshot taken in the same second as the newest archived one counts as
+/// newer (kept, to be safe).
+pub fn awaiting_push(
+    archive: &Archive,
+    policy: &Policy,
+    in_pool: &[SnapshotFacts],
+    at: u64,
+) -> Result<Vec<String>> {
+    let catalog = archive.load()?;
+    let archived = |name: &str| {
+        catalog
+            .as_ref()
+            .is_some_and(|c| c.snapshots.iter().any(|s| s.name == name))
+    };
+    let newest = catalog
+        .as_ref()
+        .and_then(|c| c.snapshots.last())
+        .map_or(0, |n| n.created_unix_secs);
+    let mut candidates: Vec<SnapshotFacts> = in_pool
+        .iter()
+        .filter(|s| s.rank.is_some() && s.created_unix_secs >= newest && !archived(&s.name))
+        .cloned()
+        .collect();
+    candidates.sort_by_key(|s| s.created_unix_secs);
+    let archived = catalog
+        .as_ref()
+        .map_or(Vec::new(), grove_archive::retention_facts);
+    Ok(kept_by_archive(archived, policy, candidates, at))
+}
+
+/// The names of `candidates` (pool snapshots newer than every archived
+/// one, oldest first) that `policy` keeps at `at`, judged together with
+/// `facts`, the snapshots already archived.
+fn kept_by_archive(
+    mut facts: Vec<SnapshotFacts>,
+    policy: &Policy,
+    candidates: Vec<SnapshotFacts>,
+    at: u64,
+) -> Vec<String> {
+    let names: Vec<String> = candidates.iter().map(|c| c.name.clone()).collect();
+    facts.extend(candidates);
     let kept: std::collections::BTreeSet<String> = plan(policy, &facts, at)
         .into_iter()
         .filter(|v| v.keep)
         .map(|v| v.name)
         .collect();
-    Ok(candidates
-        .into_iter()
-        .map(|(_, n)| n)
-        .filter(|n| kept.contains(n))
-        .collect())
+    names.into_iter().filter(|n| kept.contains(n)).collect()
 }
 
 /// What one scheduled round did: snapshots pushed, archived snapshots

@@ -645,6 +645,10 @@ pub enum Command {
         snapshot: String,
         /// frequent, hourly, daily, weekly, monthly, yearly or none
         level: String,
+        /// For a snapshot only the archive has: take over the claim of an
+        /// archive writer that is gone
+        #[arg(long)]
+        take_over: bool,
     },
 
     /// Hold a snapshot: never pruned, nor removed without --force
@@ -692,6 +696,10 @@ pub enum Command {
         /// The time to judge at, as YYYY-MM-DDTHH:MM[:SS] (UTC) or @UNIXSECONDS
         #[arg(long, value_name = "TIME")]
         now: Option<String>,
+        /// Also remove snapshots the archive's policy wants and the archive
+        /// has not got yet (by default prune keeps them for `grove archive push`)
+        #[arg(long)]
+        ignore_archive: bool,
     },
 }
 

@@ -112,6 +112,7 @@ impl Request {
             | Request::Gc { wait: true }
             | Request::Hash { .. }
             | Request::ArchivePush { .. }
+            | Request::ArchiveRestore { .. }
             | Request::Rebuild { .. }
             | Request::Scrub { .. }
             | Request::Restripe => LONG_REPLY_TIMEOUT_MS,
@@ -650,6 +651,11 @@ control_operations! {
         fn archive_push(&self, request: &crate::archiving::PushRequest) -> Vec<grove_archive::PushReport>
             => ArchivePush { request: crate::archiving::PushRequest = request.clone() }
             => reply_any(crate::archiving::push_volumes(pool, &request, &mut |_, _, _| {}, &mut |_| Ok(())));
+        /// `grove archive restore` while the daemon holds the pool: it
+        /// restores, and keeps the snapshot only if it hashes as recorded.
+        fn archive_restore(&self, request: &crate::archiving::RestoreRequest) -> crate::archiving::Restored
+            => ArchiveRestore { request: crate::archiving::RestoreRequest = request.clone() }
+            => reply_any(crate::archiving::restore_snapshot(pool, &request, &mut |_, _| {}));
         /// Where partial receive `name` restarts, if there is one.
         fn restart_point(&self, name: &str) -> Option<grove_send::RestartPoint>
             => RestartPoint { name: String }

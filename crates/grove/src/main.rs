@@ -52,6 +52,9 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(error) => return clap_exit(&error),
     };
+    // A test hook: archive commands stall at this point for a test to kill
+    // them there (off unless the variable is set).
+    grove_archive::hooks::set_stall_point(std::env::var("GROVE_TEST_ARCHIVE_STALL_AT").ok());
     match dispatch::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) if usage::is_usage_error(&error) => {

@@ -49,7 +49,7 @@ pub fn run(
     }
     let (dir, mountpoint) = settle(daemon, dir, mountpoint);
     let opened = open_pool_exclusive(&dir, degraded)?;
-    let options = crate::archive_exports::with_archived_files(options, &dir);
+    let options = crate::archive_exports::with_archived_files(options, &opened.pool);
     let pool = opened.pool.clone();
     let branches = opened.clone();
     // Signals are caught before anything is mounted, so none is lost.
@@ -243,9 +243,7 @@ pub fn mount_for_serve(
     let options = MountOptions {
         read_only,
         allow_other: false,
-        archived: archived
-            .filter(|a| !a.list().is_empty())
-            .map(ArchivedSnapshots::as_files),
+        archived: crate::archive_exports::archived_files(pool, archived),
     };
     let shown = mountpoint.display().to_string();
     let mount = grove_fuse::mount(pool.clone(), mountpoint, &options, move || {

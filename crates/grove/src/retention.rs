@@ -126,6 +126,10 @@ pub struct TickReport {
     /// Archived snapshots its expiry dropped.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub archive_expired: Vec<String>,
+    /// Snapshots the pool's policy no longer keeps but prune kept: the
+    /// archive's policy wants them pushed, and they are not yet.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub kept_for_archive: Vec<String>,
 }
 
 /// The level due for `under` at `now`, ranked for the pool's policy and its
@@ -172,17 +176,32 @@ pub fn take_due_snapshots(
     Ok(())
 }
 
+/// How `grove prune` runs.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PruneMode {
+    /// Change nothing; report what a real prune would do.
+    pub dry_run: bool,
+    /// Remove even snapshots the archive's policy wants and has not got.
+    pub ignore_archive: bool,
+}
+
 /// `grove prune`: releases holds whose lease ended, then removes every
-/// snapshot the policies no longer keep. A dry run changes nothing and
-/// reports what a real one would do.
+/// snapshot the policies no longer keep, except those the archive's policy
+/// wants pushed and the archive has not got yet (unless told to ignore the
+/// archive). A dry run changes nothing and reports what a real one would
+/// do.
 pub fn prune(
     admin: &dyn Admin,
     config: &RetentionConfig,
     now: u64,
     only: &[String],
-    dry_run: bool,
+    mode: PruneMode,
     report: &mut TickReport,
 ) -> Result<()> {
+    let PruneMode {
+        dry_run,
+        ignore_archive,
+    } = mode;
     let expired = if dry_run {
         admin
             .holds()?
@@ -197,11 +216,7 @@ pub fn prune(
             .into_iter()
             .map(|h| format!("{} {}", h.snapshot, h.tag)),
     );
-    let mut expired = Vec::new();
-    for under in volumes_under_policy(admin, config, now, only)? {
-        let verdicts = plan(&under.policy, &under.snapshots, now);
-        expired.extend(verdicts.into_iter().filter(|v| !v.keep).map(|v| v.name));
-    }
+    let expired = expired_snapshots(admin, config, now, only, ignore_archive, report)?;
     if dry_run || expired.is_empty() {
         report.pruned.extend(expired);
         return Ok(());
@@ -225,6 +240,65 @@ pub fn prune(
     Ok(())
 }
 
+/// The snapshots the pools' policies no longer keep, less those kept for
+/// the archive (unless `ignore_archive`), which `report` names; a volume
+/// whose archive cannot be read keeps all its snapshots, reported failed.
+fn expired_snapshots(
+    admin: &dyn Admin,
+    config: &RetentionConfig,
+    now: u64,
+    only: &[String],
+    ignore_archive: bool,
+    report: &mut TickReport,
+) -> Result<Vec<String>> {
+    let mut expired = Vec::new();
+    for under in volumes_under_policy(admin, config, now, only)? {
+        let verdicts = plan(&under.policy, &under.snapshots, now);
+        let dropped: Vec<String> = verdicts
+            .into_iter()
+            .filter(|v| !v.keep)
+            .map(|v| v.name)
+            .collect();
+        if ignore_archive || dropped.is_empty() {
+            expired.extend(dropped);
+            continue;
+        }
+        match awaiting_push(admin, config, &under, now) {
+            Ok(awaiting) => {
+                let (kept, gone): (Vec<_>, Vec<_>) =
+                    dropped.into_iter().partition(|n| awaiting.contains(n));
+                report.kept_for_archive.extend(kept);
+                expired.extend(gone);
+            }
+            Err(e) => report.failed.push(format!(
+                "prune {}: {e:#}; nothing of it pruned (--ignore-archive prunes it without the archive)",
+                under.volume
+            )),
+        }
+    }
+    Ok(expired)
+}
+
+/// The snapshots of `under` its archive's policy wants pushed and the
+/// archive (at the pool's location) has not got; none for a volume whose
+/// policy has no archive counts.
+fn awaiting_push(
+    admin: &dyn Admin,
+    config: &RetentionConfig,
+    under: &VolumeUnderPolicy,
+    now: u64,
+) -> Result<Vec<String>> {
+    let Some(policy) = config
+        .archive_policy_for(&under.volume)
+        .map_err(anyhow::Error::msg)?
+    else {
+        return Ok(Vec::new());
+    };
+    let url = crate::archive_location::location(admin.dir(), None)?;
+    let archive = grove_archive::Archive::open(&url, &under.volume)?;
+    crate::archiving::awaiting_push(&archive, &policy, &under.snapshots, now)
+}
+
 /// One run of the schedule, as the daemons do it: take what is due, run
 /// `between` (the archive tier's push and expiry), then prune.
 pub fn tick(
@@ -238,7 +312,7 @@ pub fn tick(
     // After the snapshots are taken and before the pool prunes: the
     // archive tier pushes what it keeps while the pool still has it.
     between(&config, &mut report);
-    prune(admin, &config, now, &[], false, &mut report)?;
+    prune(admin, &config, now, &[], PruneMode::default(), &mut report)?;
     Ok(report)
 }
 

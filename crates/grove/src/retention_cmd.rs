@@ -12,7 +12,7 @@ use crate::control::Admin;
 use crate::output::say;
 use crate::retention::{
     load_config, now, parse_rank, prune, set_policy, show, take_due_snapshots, unset_policy,
-    PolicyChange, TickReport,
+    PolicyChange, PruneMode, TickReport,
 };
 
 /// The retention commands (and `grove snapshot --auto`).
@@ -31,8 +31,19 @@ pub fn run(admin: &dyn Admin, command: Command) -> Result<()> {
             volumes,
             dry_run,
             now: at,
-        } => prune_now(admin, &volumes, dry_run, at.as_deref()),
-        Command::Rank { snapshot, level } => rank(admin, &snapshot, &level),
+            ignore_archive,
+        } => {
+            let mode = PruneMode {
+                dry_run,
+                ignore_archive,
+            };
+            prune_now(admin, &volumes, mode, at.as_deref())
+        }
+        Command::Rank {
+            snapshot,
+            level,
+            take_over,
+        } => rank(admin, &snapshot, &level, take_over),
         Command::Hold {
             snapshot,
             tag,
@@ -50,8 +61,9 @@ pub fn run(admin: &dyn Admin, command: Command) -> Result<()> {
 }
 
 /// `grove rank`: a snapshot in the pool, or else one in the pool's archive
-/// (a lazy rank: the archive's next expiry keeps what the rank keeps).
-fn rank(admin: &dyn Admin, snapshot: &str, level: &str) -> Result<()> {
+/// (a lazy rank: the archive's next expiry keeps what the rank keeps);
+/// `take_over` takes over the archive claim of a writer that is gone.
+fn rank(admin: &dyn Admin, snapshot: &str, level: &str, take_over: bool) -> Result<()> {
     let rank = parse_rank(level)?;
     match admin.set_rank(snapshot, rank) {
         Err(e) if e.kind() == grove_store::ErrorKind::NotFound => {
@@ -61,7 +73,7 @@ fn rank(admin: &dyn Admin, snapshot: &str, level: &str) -> Result<()> {
                 return Err(e.into());
             };
             let archive = grove_archive::Archive::open(&url, &volume)?;
-            let claim = grove_archive::claim(&archive, false)?;
+            let claim = grove_archive::claim(&archive, take_over)?;
             grove_archive::set_rank(&archive, &claim, snapshot, rank)?;
             claim.release()?;
             say(format_args!(
@@ -89,12 +101,17 @@ fn snapshot_due(admin: &dyn Admin, source: Option<String>, at: Option<&str>) -> 
     fail_on(&report.failed)
 }
 
-fn prune_now(admin: &dyn Admin, volumes: &[String], dry_run: bool, at: Option<&str>) -> Result<()> {
+fn prune_now(
+    admin: &dyn Admin,
+    volumes: &[String],
+    mode: PruneMode,
+    at: Option<&str>,
+) -> Result<()> {
     let config = load_config(admin.dir())?;
     let at = now(at)?;
     let mut report = TickReport::default();
-    prune(admin, &config, at, volumes, dry_run, &mut report)?;
-    let (released, removed) = if dry_run {
+    prune(admin, &config, at, volumes, mode, &mut report)?;
+    let (released, removed) = if mode.dry_run {
         ("would release hold", "would remove")
     } else {
         ("released hold", "removed")
@@ -105,7 +122,12 @@ fn prune_now(admin: &dyn Admin, volumes: &[String], dry_run: bool, at: Option<&s
     for name in &report.pruned {
         say(format_args!("{removed} {name}"))?;
     }
-    if report.pruned.is_empty() {
+    for name in &report.kept_for_archive {
+        say(format_args!(
+            "kept {name}: the archive's policy wants it and it is not pushed yet (`grove archive push`; --ignore-archive prunes it anyway)"
+        ))?;
+    }
+    if report.pruned.is_empty() && report.kept_for_archive.is_empty() {
         say(format_args!("nothing to prune at {}", display(at)))?;
     }
     fail_on(&report.failed)

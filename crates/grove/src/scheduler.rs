@@ -113,6 +113,11 @@ fn run_once(pool: &Pool, now: u64) {
             for name in &report.pruned {
                 tracing::info!("scheduler: pruned snapshot {name}");
             }
+            for name in &report.kept_for_archive {
+                tracing::info!(
+                    "scheduler: kept snapshot {name}: the archive's policy wants it, and it is not pushed yet"
+                );
+            }
             for failure in &report.failed {
                 tracing::warn!("scheduler: {failure}");
             }

@@ -89,7 +89,8 @@ pub fn run(
     mount: Option<PathBuf>,
 ) -> Result<()> {
     let base_options = prepare(&listen, &limits, mount.as_deref())?;
-    let opened = open_for_serving(dir, degraded, &limits, &exports, default_export.as_deref())?;
+    let (opened, archived) =
+        open_for_serving(dir, degraded, &limits, &exports, default_export.as_deref())?;
     let pool = opened.pool.clone();
     let tcp = listen.tcp.as_deref().map(parse_listen_addr).transpose()?;
     let socket = unix_socket_path(dir, listen.socket, tcp.is_some());
@@ -102,7 +103,6 @@ pub fn run(
     let control = ControlServer::start(opened.clone(), base_options.socket_mode)?;
     let shutdown_grace_ms = base_options.shutdown_grace_ms;
     let background = BackgroundWork::start(&pool)?;
-    let archived = ArchivedSnapshots::for_pool(dir);
     let options = ServerOptions {
         read_only,
         default_export: default_export.clone(),
@@ -173,14 +173,19 @@ fn export_filter(exports: &[String]) -> ExportFilter {
 }
 
 /// Opens the pool for `grove serve` (nobody else may hold it), with the
-/// cache size asked for, and checks that every export named exists.
+/// cache size asked for, and its archived snapshots (if the archive can be
+/// listed); checks that every export named exists: a volume of the pool
+/// or, failing that, an archived snapshot (exported read-only).
 fn open_for_serving(
     dir: &Path,
     degraded: bool,
     limits: &ServeArgs,
     exports: &[String],
     default_export: Option<&str>,
-) -> Result<crate::open::OpenedPool> {
+) -> Result<(
+    crate::open::OpenedPool,
+    Option<std::sync::Arc<ArchivedSnapshots>>,
+)> {
     let cache_size = limits
         .cache_size
         .as_deref()
@@ -191,11 +196,18 @@ fn open_for_serving(
     if let Some(bytes) = cache_size {
         pool.set_cache_size(bytes);
     }
+    let archived = ArchivedSnapshots::for_pool(dir);
     for name in exports.iter().map(String::as_str).chain(default_export) {
-        pool.volume_info(name)
-            .with_context(|| format!("cannot export {name:?}"))?;
+        match pool.volume_info(name) {
+            Err(e)
+                if e.kind() == grove_store::ErrorKind::NotFound
+                    && archived.as_ref().is_some_and(|a| a.holds(name)) => {}
+            found => {
+                found.with_context(|| format!("cannot export {name:?}"))?;
+            }
+        }
     }
-    Ok(opened)
+    Ok((opened, archived))
 }
 
 /// The unix socket to listen on: the one given, else POOL/grove.sock

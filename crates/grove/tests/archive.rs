@@ -168,6 +168,31 @@ impl Pool {
         child.0.wait().unwrap();
     }
 
+    /// `grove serve` holding the pool, its scheduler given a clock it
+    /// cannot read so that it leaves the pool alone; returned once its
+    /// control socket answers.
+    fn serve_without_scheduler(&self) -> Reaped {
+        let clock = self.dir.path().join("clock");
+        std::fs::write(&clock, "not a time").unwrap();
+        let child = Reaped(
+            self.command(&["serve"])
+                .env("GROVE_CLOCK_FILE", &clock)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let started = std::time::Instant::now();
+        while std::os::unix::net::UnixStream::connect(self.path.join("grove.control")).is_err() {
+            assert!(
+                started.elapsed().as_secs() < 20,
+                "grove serve did not start"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        child
+    }
+
     fn listing(&self) -> Vec<Value> {
         let out = self.ok(&["archive", "list", "--json"]);
         let listings: Vec<Value> = serde_json::from_str(&out).unwrap();
@@ -641,25 +666,7 @@ fn a_new_pool_restores_from_the_archive_and_goes_on_archiving_into_it() {
 #[test]
 fn a_push_goes_through_the_daemon_that_holds_the_pool() {
     let pool = Pool::new(None);
-    // A clock the scheduler cannot read: it leaves the pool alone.
-    let clock = pool.dir.path().join("clock");
-    std::fs::write(&clock, "not a time").unwrap();
-    let mut child = Reaped(
-        pool.command(&["serve"])
-            .env("GROVE_CLOCK_FILE", &clock)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let started = std::time::Instant::now();
-    while std::os::unix::net::UnixStream::connect(pool.path.join("grove.control")).is_err() {
-        assert!(
-            started.elapsed().as_secs() < 20,
-            "grove serve did not start"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    let mut child = pool.serve_without_scheduler();
     pool.ok(&["snapshot", "vm", "vm@hand"]);
     let out = pool.ok(&["archive", "push", "vm", "--snapshot", "vm@hand", "--json"]);
     let reports: Vec<Value> = serde_json::from_str(&out).unwrap();
@@ -669,4 +676,173 @@ fn a_push_goes_through_the_daemon_that_holds_the_pool() {
     let listed = pool.listing();
     assert_eq!(listed[0]["name"], "vm@hand");
     assert!(hash.starts_with(listed[0]["hash"].as_str().unwrap()));
+}
+
+/// SIGKILL in a lazy rank (`grove rank` on a snapshot only the archive
+/// has), before its commit and after it: the archive checks consistent,
+/// the rank runs again over the dead writer's claim (`--take-over`), and
+/// the archive ends, after an expiry, as it does on a pool whose rank was
+/// never interrupted.
+fn killed_lazy_rank_runs_again(archive: &dyn Fn() -> Option<String>) {
+    let ranked_and_expired = |pool: &Pool, first: &str, take_over: bool| {
+        let mut args = vec!["rank", first, "none"];
+        if take_over {
+            args.push("--take-over");
+        }
+        let out = pool.ok(&args);
+        assert!(out.contains("in the archive"), "{out}");
+        pool.ok(&["archive", "expire", "--now", &at(MONDAY + 9 * DAY)]);
+        pool.listing()
+            .iter()
+            .map(|s| (s["name"].clone(), s["rank"].clone(), s["hash"].clone()))
+            .collect::<Vec<_>>()
+    };
+    let uninterrupted = Pool::new(archive());
+    for day in 0..4 {
+        uninterrupted.day(day);
+    }
+    let first = uninterrupted.listing()[0]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let before = uninterrupted.listing()[0]["rank"].clone();
+    let expected = ranked_and_expired(&uninterrupted, &first, false);
+    assert!(
+        expected
+            .iter()
+            .any(|(n, r, _)| n == first.as_str() && r != &before),
+        "{expected:?}"
+    );
+    for point in ["rank-before-commit", "rank-after-commit"] {
+        let pool = Pool::new(archive());
+        for day in 0..4 {
+            pool.day(day);
+        }
+        assert!(!pool.ok(&["list"]).contains(&first), "the pool pruned it");
+        let before = pool.listing()[0]["rank"].clone();
+        pool.kill_at(point, &["rank", &first, "none"]);
+        let check = pool.ok(&["archive", "check"]);
+        assert!(check.contains("consistent"), "{point}: {check}");
+        let rank = pool.listing()[0]["rank"].clone();
+        let committed = point == "rank-after-commit";
+        assert_eq!(rank != before, committed, "{point}: {rank}");
+        let busy = pool.run(&["rank", &first, "none"]);
+        let stderr = String::from_utf8_lossy(&busy.stderr);
+        assert!(
+            !busy.status.success()
+                && stderr.contains("is in use by")
+                && stderr.contains("--take-over"),
+            "{point}: {stderr}"
+        );
+        assert_eq!(ranked_and_expired(&pool, &first, true), expected, "{point}");
+        let out = pool.ok(&["archive", "check", "--deep", "--json"]);
+        let reports: Vec<Value> = serde_json::from_str(&out).unwrap();
+        let report = &reports[0]["report"];
+        assert!(report["problems"].as_array().unwrap().is_empty(), "{out}");
+        assert!(
+            report["unreferenced_objects"]
+                .as_array()
+                .unwrap()
+                .is_empty(),
+            "{point}: {out}"
+        );
+    }
+}
+
+#[test]
+fn a_lazy_rank_killed_part_way_leaves_a_consistent_archive_and_runs_again_on_file() {
+    killed_lazy_rank_runs_again(&|| None);
+}
+
+#[test]
+fn a_lazy_rank_killed_part_way_leaves_a_consistent_archive_and_runs_again_on_the_gateway() {
+    if s3_archive("rank").is_some() {
+        killed_lazy_rank_runs_again(&|| s3_archive("rank"));
+    }
+}
+
+/// `grove archive restore` while `grove serve` holds the pool: the daemon
+/// restores, and the restored snapshot hashes (through the daemon) as
+/// recorded at push; a restore whose name is taken is refused in one line.
+#[test]
+fn a_restore_goes_through_the_daemon_that_holds_the_pool() {
+    let pool = Pool::new(None);
+    for day in 0..4 {
+        pool.day(day);
+    }
+    let first = pool.listing()[0].clone();
+    let name = first["name"].as_str().unwrap();
+    assert!(!pool.ok(&["list"]).contains(name), "the pool pruned it");
+    let mut child = pool.serve_without_scheduler();
+    let out = pool.ok(&["archive", "restore", name, "back"]);
+    assert!(out.contains("restored"), "{out}");
+    assert_eq!(pool.hash("back"), first["hash"].as_str().unwrap());
+    let again = pool.run(&["archive", "restore", name, "back"]);
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        !again.status.success() && stderr.lines().count() == 1 && stderr.contains("already exists"),
+        "{stderr}"
+    );
+    stop_daemon(&mut child);
+    assert_eq!(pool.hash("back"), first["hash"].as_str().unwrap());
+}
+
+/// `grove prune` by hand between a snapshot and its push keeps what the
+/// archive's policy wants and has not got, and says so; once pushed, the
+/// same snapshots are pruned; `--ignore-archive` prunes them unpushed.
+#[test]
+fn prune_keeps_snapshots_the_archive_wants_until_they_are_pushed() {
+    let pool = Pool::new(None);
+    let snapshot_on = |day: u64| {
+        pool.write_random(((day * 7) % 1900) * 4096, 8192, day + 200);
+        let now = at(MONDAY + day * DAY + 3600);
+        pool.ok(&["snapshot", "--auto", "vm", "--now", &now]);
+    };
+    let named = |out: &str, verb: &str| -> Vec<String> {
+        out.lines()
+            .filter_map(|l| l.strip_prefix(verb))
+            .map(|rest| rest.split([':', ' ']).next().unwrap().to_string())
+            .collect()
+    };
+    for day in 0..4 {
+        snapshot_on(day);
+    }
+    let day3 = at(MONDAY + 3 * DAY + 3600);
+    let out = pool.ok(&["prune", "--now", &day3]);
+    let kept = named(&out, "kept ");
+    assert!(
+        !kept.is_empty() && named(&out, "removed ").is_empty(),
+        "{out}"
+    );
+    assert!(out.contains("not pushed yet"), "{out}");
+    let listed = pool.ok(&["list"]);
+    assert!(kept.iter().all(|k| listed.contains(k.as_str())), "{listed}");
+    let dry = pool.ok(&["prune", "--now", &day3, "--dry-run", "--ignore-archive"]);
+    assert_eq!(named(&dry, "would remove "), kept, "{dry}");
+    pool.ok(&["archive", "push"]);
+    let out = pool.ok(&["prune", "--now", &day3]);
+    assert_eq!(named(&out, "removed "), kept, "{out}");
+    assert!(named(&out, "kept ").is_empty(), "{out}");
+    let archived: Vec<Value> = pool.listing().iter().map(|s| s["name"].clone()).collect();
+    assert!(kept
+        .iter()
+        .all(|k| archived.contains(&Value::from(k.as_str()))));
+    // Three more days unpushed: --ignore-archive prunes one the archive lacks.
+    for day in 4..7 {
+        snapshot_on(day);
+    }
+    let day6 = at(MONDAY + 6 * DAY + 3600);
+    let out = pool.ok(&["prune", "--now", &day6, "--ignore-archive"]);
+    let removed = named(&out, "removed ");
+    assert!(named(&out, "kept ").is_empty(), "{out}");
+    let unpushed: Vec<&String> = removed
+        .iter()
+        .filter(|r| !archived.contains(&Value::from(r.as_str())))
+        .collect();
+    assert!(!unpushed.is_empty(), "{out}");
+    let listed = pool.ok(&["list"]);
+    assert!(
+        unpushed.iter().all(|r| !listed.contains(r.as_str())),
+        "{listed}"
+    );
 }

@@ -5,7 +5,10 @@
 //! the pool is served from the pool; a flipped byte in a pack is a read
 //! error, never data. Likewise as the file `archive/NAME` of `grove mount`
 //! (with the real kernel: root and /dev/fuse, else a visible skip): its
-//! bytes, SEEK_HOLE, EROFS for writers and EIO on damage.
+//! bytes, SEEK_HOLE, EROFS for writers and EIO on damage; `archive/` lists
+//! only what the pool no longer has, and is there from the start of the
+//! mount of a pool set up to archive. `grove serve --export NAME` takes an
+//! archived snapshot's name.
 
 #[macro_use]
 mod support;
@@ -33,8 +36,14 @@ impl GroveOnPool for Served {
 
 impl Served {
     fn spawn(&mut self) {
+        self.spawn_with(&[]);
+    }
+
+    /// `grove serve` with `args`, once its socket answers.
+    fn spawn_with(&mut self, args: &[&str]) {
         let child = Command::new(GROVE)
             .args(["--pool", self.pool_path().to_str().unwrap(), "serve"])
+            .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -191,6 +200,49 @@ fn an_archived_only_snapshot_is_served_read_only_from_the_archive() {
     assert_eq!((error, cookie), (NBD_EPERM, 7));
 }
 
+/// `grove serve --export NAME` takes an archived-only snapshot's name as
+/// it takes a volume's (and as the default export): only it is offered,
+/// read-only, its bytes as they were; a name neither has is refused.
+#[test]
+fn serve_exports_an_archived_only_snapshot_by_name() {
+    if !have("qemu-img") || !have("nbdinfo") {
+        return;
+    }
+    let mut served = pool_with_an_archived_only_snapshot();
+    let refused = served.run(&["serve", "--export", "vm@nothing"]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains("cannot export \"vm@nothing\""),
+        "{stderr}"
+    );
+    served.spawn_with(&["--export", "vm@old", "--default-export", "vm@old"]);
+    let list = Command::new("nbdinfo")
+        .args(["--list", &served.uri("")])
+        .output()
+        .unwrap();
+    let list = String::from_utf8_lossy(&list.stdout).into_owned();
+    assert!(list.contains("vm@old"), "{list}");
+    assert!(
+        !list.contains("vm@new") && !list.contains("export=\"vm\""),
+        "{list}"
+    );
+    for export in ["vm@old", ""] {
+        let copied = served.file("copied.img");
+        let output = served.copy_out(export, &copied);
+        assert!(output.status.success(), "{export:?}: {output:?}");
+        assert!(
+            std::fs::read(&copied).unwrap() == std::fs::read(served.file("old.img")).unwrap(),
+            "{export:?}: vm@old read from the archive differs from what it held"
+        );
+    }
+    let info = Command::new("nbdinfo")
+        .arg(served.uri("vm@old"))
+        .output()
+        .unwrap();
+    let info = String::from_utf8_lossy(&info.stdout).into_owned();
+    assert!(info.contains("is_read_only: true"), "{info}");
+}
+
 #[test]
 fn a_damaged_pack_is_a_read_error_never_data() {
     if !have("qemu-img") {
@@ -276,8 +328,11 @@ fn an_archived_only_snapshot_is_a_read_only_file_of_the_mount() {
         let opened = std::fs::File::open(&file).unwrap();
         rustix::fs::seek(&opened, rustix::fs::SeekFrom::Hole(0))
     };
+    let in_pool = std::fs::metadata(mountpoint.join("archive").join("vm@new"));
     unmount(&mut served, &mountpoint);
-    assert!(names.contains(&"vm@old".to_string()), "{names:?}");
+    // Only what the pool no longer has; vm@new is the pool's own file.
+    assert_eq!(names, ["vm@old"]);
+    assert_eq!(in_pool.err().and_then(|e| e.raw_os_error()), Some(2)); // ENOENT
     assert!(
         read.unwrap() == std::fs::read(served.file("old.img")).unwrap(),
         "archive/vm@old differs from what vm@old held"
@@ -290,4 +345,50 @@ fn an_archived_only_snapshot_is_a_read_only_file_of_the_mount() {
     let damaged = std::fs::read(&file);
     unmount(&mut served, &mountpoint);
     assert_eq!(damaged.err().and_then(|e| e.raw_os_error()), Some(5)); // EIO
+}
+
+/// A pool set up to archive (grove.toml's `[archive]`) shows `archive/`
+/// from the start of the mount, empty while nothing is archived; it then
+/// follows the archive: a snapshot pushed (through the mount's daemon)
+/// appears there once the pool no longer has it, with its bytes.
+#[test]
+fn the_mounts_archive_dir_is_there_when_the_pool_archives_and_follows_the_archive() {
+    require_fuse!("timeout");
+    let mut served = Served {
+        dir: tempfile::tempdir().unwrap(),
+        child: None,
+    };
+    served.ok(&["init"]);
+    let toml = served.pool_path().join("grove.toml");
+    let mut config = std::fs::read_to_string(&toml).unwrap();
+    config.push_str("\n[archive]\ncache_size = \"1M\"\n");
+    std::fs::write(&toml, config).unwrap();
+    served.ok(&["create", "vm", "--size", "4M"]);
+    served.write(MIB, MIB as usize, 5);
+    served.ok(&["snapshot", "vm", "vm@a"]);
+    let image = served.file("a.img");
+    served.ok(&["export", "vm@a", image.to_str().unwrap()]);
+    let mountpoint = served.file("mnt");
+    mount(&mut served, &mountpoint);
+    let dir = mountpoint.join("archive");
+    let names = || -> Vec<String> {
+        std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect()
+    };
+    let empty = names();
+    served.ok(&["archive", "push", "vm", "--snapshot", "vm@a"]);
+    let pushed_still_in_pool = names();
+    served.ok(&["rm", "vm@a"]);
+    let archived_only = names();
+    let read = std::fs::read(dir.join("vm@a"));
+    unmount(&mut served, &mountpoint);
+    assert!(empty.is_empty(), "{empty:?}");
+    assert!(pushed_still_in_pool.is_empty(), "{pushed_still_in_pool:?}");
+    assert_eq!(archived_only, ["vm@a"]);
+    assert!(
+        read.unwrap() == std::fs::read(&image).unwrap(),
+        "archive/vm@a differs from what vm@a held"
+    );
 }
