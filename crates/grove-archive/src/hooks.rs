@@ -1,6 +1,7 @@
 //! Test hooks: a command stops for good at a named point, having said so on
-//! stderr, so that a test can kill it there with SIGKILL. Off unless a
-//! point is set (the binary sets it from GROVE_TEST_ARCHIVE_STALL_AT).
+//! stderr, so that a test can kill it there with SIGKILL (off unless a
+//! point is set: the binary sets it from GROVE_TEST_ARCHIVE_STALL_AT); the
+//! object store's connection lost after some requests; small index segments.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, Ordering};
