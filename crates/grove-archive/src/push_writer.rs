@@ -14,7 +14,7 @@ use crate::archive::Archive;
 use crate::error::Result;
 use crate::format::catalog::{Catalog, PackRecord, PagesRecord, PartialPush};
 use crate::format::index::{PageRef, SnapshotRoot};
-use crate::format::pack::{self, SlotEntry};
+use crate::format::pack::{self, PackBuilder, SlotEntry};
 use crate::format::page;
 use crate::format::runs::{apply_changes, coalesce, Run};
 use crate::ledger;
@@ -40,10 +40,8 @@ pub(crate) struct PushWriter<'a> {
     segment_blocks: u32,
     size_bytes: u64,
     slots_per_pack: usize,
-    /// The pack being filled: its id once it has a slot, its slots, their data.
-    pack_id: Option<u64>,
-    slots: Vec<SlotEntry>,
-    data: Vec<u8>,
+    /// The pack being filled, once it has a slot, and its last block.
+    pack: Option<(PackBuilder, u64)>,
     pages: PageFiller,
     /// The pages of the segments done, in order.
     done: Vec<Option<PageRef>>,
@@ -77,9 +75,7 @@ impl<'a> PushWriter<'a> {
             segment_blocks: catalog.segment_blocks,
             size_bytes,
             slots_per_pack: (pack_bytes.saturating_sub(pack::HEADER_BYTES) / slot).max(1) as usize,
-            pack_id: None,
-            slots: Vec::new(),
-            data: Vec::new(),
+            pack: None,
             pages: PageFiller::default(),
             done: Vec::new(),
             pack_counts: base
@@ -207,22 +203,27 @@ impl<'a> PushWriter<'a> {
             if buf.iter().all(|&x| x == 0) {
                 continue; // Zeros are stored as a hole.
             }
-            let id = *self
-                .pack_id
-                .get_or_insert_with(|| ledger::allocate_pack(catalog));
-            let slot = self.slots.len() as u32;
-            self.slots.push(SlotEntry {
-                block,
-                origin: (id, slot),
+            let capacity = self.slots_per_pack as u32;
+            let (pack, last) = self.pack.get_or_insert_with(|| {
+                let id = ledger::allocate_pack(catalog);
+                (PackBuilder::new(id, self.block_bytes, capacity), block)
             });
-            self.data.extend_from_slice(&buf);
+            let (id, slot) = (pack.id(), pack.slots());
+            pack.push(
+                SlotEntry {
+                    block,
+                    origin: (id, slot),
+                },
+                &buf,
+            );
+            *last = block;
             self.current.push(Run {
                 first_block: block,
                 pack: id,
                 first_slot: slot,
                 blocks: 1,
             });
-            if self.slots.len() == self.slots_per_pack {
+            if pack.is_full() {
                 self.flush_pack(catalog, block + 1)?;
             }
         }
@@ -232,12 +233,12 @@ impl<'a> PushWriter<'a> {
     /// Stores the pack being filled and commits it with the segments done,
     /// so that a push that stops after this goes on from `next_block`.
     fn flush_pack(&mut self, catalog: &mut Catalog, next_block: u64) -> Result<()> {
-        let Some(id) = self.pack_id.take() else {
+        let Some((pack, _)) = self.pack.take() else {
             return Ok(());
         };
-        let bytes = pack::encode(id, self.block_bytes, &self.slots, &self.data);
+        let (id, slots) = (pack.id(), pack.slots());
+        let bytes = pack.finish();
         self.archive.put_pack(id, &bytes)?;
-        let slots = self.slots.len() as u32;
         ledger::add_pack(
             catalog,
             PackRecord {
@@ -252,8 +253,7 @@ impl<'a> PushWriter<'a> {
         self.stored_blocks += u64::from(slots);
         self.packs_written += 1;
         catalog.totals.pushed_bytes += bytes.len() as u64;
-        self.slots.clear();
-        self.data.clear();
+        drop(bytes);
         // The segments recorded below must name stored pages only.
         self.pages.flush(self.archive, catalog, self.seq)?;
         let partial = partial_of(catalog);
@@ -284,7 +284,10 @@ impl<'a> PushWriter<'a> {
 
     /// Stores the last, partly filled pack and the last pages.
     pub fn finish(mut self, catalog: &mut Catalog, plan: &Plan) -> Result<Written> {
-        let next = self.slots.last().map_or(self.resume_at, |s| s.block + 1);
+        let next = self
+            .pack
+            .as_ref()
+            .map_or(self.resume_at, |(_, last)| last + 1);
         self.flush_pack(catalog, next)?;
         self.pages.flush(self.archive, catalog, self.seq)?;
         // The base's segments past a volume that shrank are dropped (here,

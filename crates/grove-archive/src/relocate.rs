@@ -14,7 +14,7 @@ use crate::error::Result;
 use crate::format::catalog::{Catalog, ForwardRecord, PackRecord};
 use crate::format::forward::ForwardTable;
 use crate::format::index::PageRef;
-use crate::format::pack::{self, Address, SlotEntry};
+use crate::format::pack::{self, Address, PackBuilder, SlotEntry};
 use crate::ledger;
 use crate::reader::PackReader;
 use crate::verdicts::Verdicts;
@@ -235,11 +235,12 @@ fn copy_used(
     let (header, _) =
         archive.pack_table(orphan.record.id, catalog.block_bytes, orphan.record.slots)?;
     for (owner_seq, slots) in by_owner {
-        let data = read_slots(archive, &header, &slots)?;
         let id = ledger::allocate_pack(catalog);
-        let entries: Vec<SlotEntry> = slots.iter().map(|&s| orphan.table[s as usize]).collect();
-        let bytes = pack::encode(id, catalog.block_bytes, &entries, &data);
+        let mut builder = PackBuilder::new(id, catalog.block_bytes, slots.len() as u32);
+        copy_slots(archive, &header, orphan, &slots, &mut builder)?;
+        let bytes = builder.finish();
         archive.put_pack(id, &bytes)?;
+        let entries: Vec<SlotEntry> = slots.iter().map(|&s| orphan.table[s as usize]).collect();
         let uses = slots.iter().map(|s| orphan.uses[s]);
         ledger::add_pack(
             catalog,
@@ -268,10 +269,16 @@ fn copy_used(
     Ok(())
 }
 
-/// The data of `slots` (ascending) of a pack, read in stretches of
-/// consecutive slots.
-fn read_slots(archive: &Archive, header: &pack::PackHeader, slots: &[u32]) -> Result<Vec<u8>> {
-    let mut out = Vec::with_capacity(slots.len() * header.block_bytes as usize);
+/// Copies `slots` (ascending) of the orphan into `builder`, read in
+/// stretches of consecutive slots (at most `SLOTS_PER_READ` at a time).
+fn copy_slots(
+    archive: &Archive,
+    header: &pack::PackHeader,
+    orphan: &Orphan,
+    slots: &[u32],
+    builder: &mut PackBuilder,
+) -> Result<()> {
+    let bs = header.block_bytes as usize;
     let mut i = 0;
     while i < slots.len() {
         let mut len = 1;
@@ -281,10 +288,13 @@ fn read_slots(archive: &Archive, header: &pack::PackHeader, slots: &[u32]) -> Re
         {
             len += 1;
         }
-        out.extend(archive.read_slots(header, slots[i], len as u32)?);
+        let data = archive.read_slots(header, slots[i], len as u32)?;
+        for (k, block) in data.chunks(bs).enumerate() {
+            builder.push(orphan.table[slots[i + k] as usize], block);
+        }
         i += len;
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Writes origin pack `origin`'s forward table anew with `moved` put in,

@@ -95,33 +95,101 @@ fn slot_checksum(id: u64, slot: u32, data: &[u8]) -> u32 {
 pub fn encode(id: u64, block_bytes: u32, entries: &[SlotEntry], data: &[u8]) -> Vec<u8> {
     let bs = block_bytes as usize;
     assert_eq!(data.len(), entries.len() * bs, "one block of data per slot");
-    let header = PackHeader {
-        id,
-        block_bytes,
-        slots: u32::try_from(entries.len()).expect("a pack's slots fit a u32"),
-    };
-    let mut out = Vec::with_capacity(header.object_bytes() as usize);
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&VERSION.to_le_bytes());
-    out.extend_from_slice(&block_bytes.to_le_bytes());
-    out.extend_from_slice(&id.to_le_bytes());
-    out.extend_from_slice(&header.slots.to_le_bytes());
-    let crc = crc32c::crc32c(&out);
-    out.extend_from_slice(&crc.to_le_bytes());
-    let table_start = out.len();
-    for entry in entries {
-        out.extend_from_slice(&entry.block.to_le_bytes());
-        out.extend_from_slice(&entry.origin.0.to_le_bytes());
-        out.extend_from_slice(&entry.origin.1.to_le_bytes());
+    let mut builder = PackBuilder::new(id, block_bytes, entries.len() as u32);
+    for (entry, chunk) in entries.iter().zip(data.chunks(bs)) {
+        builder.push(*entry, chunk);
     }
-    let table_crc = crc32c::crc32c(&out[table_start..]);
-    out.extend_from_slice(&table_crc.to_le_bytes());
-    for (slot, chunk) in data.chunks(bs).enumerate() {
-        out.extend_from_slice(&slot_checksum(id, slot as u32, chunk).to_le_bytes());
-        out.extend_from_slice(chunk);
+    builder.finish()
+}
+
+/// A pack filled slot by slot in the one buffer it is stored from: the
+/// slot table's room is kept for `capacity` slots, and closed up when the
+/// pack ends with fewer, so filling a pack holds its bytes once.
+#[derive(Debug)]
+pub struct PackBuilder {
+    id: u64,
+    block_bytes: u32,
+    capacity: u32,
+    slots: u32,
+    bytes: Vec<u8>,
+}
+
+impl PackBuilder {
+    pub fn new(id: u64, block_bytes: u32, capacity: u32) -> PackBuilder {
+        let full = PackHeader {
+            id,
+            block_bytes,
+            slots: capacity,
+        };
+        let mut bytes = Vec::with_capacity(full.object_bytes() as usize);
+        bytes.resize(full.slots_start() as usize, 0);
+        PackBuilder {
+            id,
+            block_bytes,
+            capacity,
+            slots: 0,
+            bytes,
+        }
     }
-    debug_assert_eq!(out.len() as u64, header.object_bytes());
-    out
+
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub fn slots(&self) -> u32 {
+        self.slots
+    }
+
+    pub fn is_full(&self) -> bool {
+        self.slots == self.capacity
+    }
+
+    /// Adds `entry`'s version, `data` (one block), as the next slot.
+    pub fn push(&mut self, entry: SlotEntry, data: &[u8]) {
+        assert!(
+            self.slots < self.capacity,
+            "a pack takes no slot past its capacity"
+        );
+        assert_eq!(
+            data.len(),
+            self.block_bytes as usize,
+            "one block of data per slot"
+        );
+        let at = (HEADER_BYTES + TABLE_ENTRY_BYTES * u64::from(self.slots)) as usize;
+        self.bytes[at..at + 8].copy_from_slice(&entry.block.to_le_bytes());
+        self.bytes[at + 8..at + 16].copy_from_slice(&entry.origin.0.to_le_bytes());
+        self.bytes[at + 16..at + 20].copy_from_slice(&entry.origin.1.to_le_bytes());
+        let crc = slot_checksum(self.id, self.slots, data);
+        self.bytes.extend_from_slice(&crc.to_le_bytes());
+        self.bytes.extend_from_slice(data);
+        self.slots += 1;
+    }
+
+    /// The pack's bytes: header, table and its checksum, slots.
+    pub fn finish(mut self) -> Vec<u8> {
+        let header = PackHeader {
+            id: self.id,
+            block_bytes: self.block_bytes,
+            slots: self.slots,
+        };
+        let room = table_end(self.capacity) as usize;
+        let start = header.slots_start() as usize;
+        // Close up the table's room for slots never filled.
+        self.bytes.copy_within(room.., start);
+        self.bytes.truncate(self.bytes.len() - (room - start));
+        self.bytes[..8].copy_from_slice(MAGIC);
+        self.bytes[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        self.bytes[12..16].copy_from_slice(&self.block_bytes.to_le_bytes());
+        self.bytes[16..24].copy_from_slice(&self.id.to_le_bytes());
+        self.bytes[24..28].copy_from_slice(&self.slots.to_le_bytes());
+        let crc = crc32c::crc32c(&self.bytes[..28]);
+        self.bytes[28..32].copy_from_slice(&crc.to_le_bytes());
+        let table_crc_at = start - TABLE_CHECKSUM_BYTES as usize;
+        let table_crc = crc32c::crc32c(&self.bytes[HEADER_BYTES as usize..table_crc_at]);
+        self.bytes[table_crc_at..start].copy_from_slice(&table_crc.to_le_bytes());
+        debug_assert_eq!(self.bytes.len() as u64, header.object_bytes());
+        self.bytes
+    }
 }
 
 /// The header at the start of a pack, checked against the id and block
@@ -250,5 +318,11 @@ mod tests {
         let mut bad = bytes.clone();
         bad[13] ^= 1;
         assert!(decode_header(&bad, 7, 512).is_err());
+        // A pack filled short of its capacity is the same pack.
+        let mut builder = PackBuilder::new(7, 512, 10);
+        for (entry, chunk) in entries.iter().zip(data.chunks(512)) {
+            builder.push(*entry, chunk);
+        }
+        assert_eq!(builder.finish(), bytes);
     }
 }
