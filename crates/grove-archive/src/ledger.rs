@@ -11,6 +11,7 @@ use std::collections::BTreeSet;
 pub fn empty(volume: &str, block_bytes: u32) -> Catalog {
     Catalog {
         volume: volume.to_string(),
+        archive_id: random_id(),
         generation: 0,
         block_bytes,
         segment_blocks: crate::hooks::segment_blocks(),
@@ -23,6 +24,21 @@ pub fn empty(volume: &str, block_bytes: u32) -> Catalog {
         partial: None,
         totals: Totals::default(),
     }
+}
+
+/// 128 random bits as hex, from the kernel; the clock and the process if
+/// /dev/urandom cannot be read.
+fn random_id() -> String {
+    let mut bytes = [0u8; 16];
+    let read = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes));
+    if read.is_err() {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        bytes.copy_from_slice(&(nanos ^ (u128::from(std::process::id()) << 96)).to_le_bytes());
+    }
+    hex::encode(bytes)
 }
 
 pub fn snapshot<'a>(catalog: &'a Catalog, name: &str) -> Option<&'a ArchivedSnapshot> {

@@ -37,10 +37,12 @@
 //! `push_writer`, `expire` with `relocate`, `restore`, `check`, `listing`,
 //! `rank`), then `view` (back-in-time reads), `verdicts` (the policy's
 //! word), `reader` (pages, forwards and versions through `lru` caches),
+//! `block_cache` (the blocks every open snapshot reads through),
 //! `ledger` (rules over a catalog), `sweep`, `lock`, `archive` (objects by
 //! name), `format`.
 
 mod archive;
+mod block_cache;
 mod check;
 mod error;
 mod expire;
@@ -63,6 +65,7 @@ mod verdicts;
 mod view;
 
 pub use archive::Archive;
+pub use block_cache::BlockCache;
 pub use check::{check, check_with_progress, CheckReport};
 pub use error::{ArchiveError, Result};
 pub use expire::{expire, ExpireReport};

@@ -7,15 +7,14 @@
 //! checksum, which covers its pack and place.
 
 use crate::archive::Archive;
+use crate::block_cache::BlockCache;
 use crate::error::{ArchiveError, Result};
 use crate::format::catalog::Catalog;
 use crate::format::index::SnapshotRoot;
-use crate::format::pack::Address;
 use crate::format::runs::Run;
 use crate::ledger;
-use crate::lru::Lru;
 use crate::reader::PackReader;
-use std::sync::Mutex;
+use std::sync::Arc;
 
 /// An archived snapshot, open for reading.
 #[derive(Debug)]
@@ -25,18 +24,30 @@ pub struct ArchivedVolume {
     name: String,
     root: SnapshotRoot,
     reader: PackReader,
-    /// Versions by address.
-    cache: Mutex<Lru<Address, Vec<u8>>>,
+    /// Versions read, shared with the process's other archived snapshots.
+    cache: Arc<BlockCache>,
+    /// This archive's number in the cache's keys.
+    cache_number: u32,
 }
 
 impl ArchivedVolume {
     /// Opens archived snapshot `snapshot` of `volume`'s archive at `url`,
-    /// with a cache of `cache_bytes` of blocks.
+    /// with a cache of its own of `cache_bytes` of blocks.
     pub fn open(
         url: &str,
         volume: &str,
         snapshot: &str,
         cache_bytes: u64,
+    ) -> Result<ArchivedVolume> {
+        Self::open_shared(url, volume, snapshot, BlockCache::new(cache_bytes))
+    }
+
+    /// Opens it reading through `cache`, shared with other snapshots.
+    pub fn open_shared(
+        url: &str,
+        volume: &str,
+        snapshot: &str,
+        cache: Arc<BlockCache>,
     ) -> Result<ArchivedVolume> {
         let archive = Archive::open(url, volume)?;
         let missing =
@@ -46,13 +57,16 @@ impl ArchivedVolume {
             .ok_or_else(missing)?
             .clone();
         let root = archive.root(&record.index, record.seq, catalog.block_bytes)?;
+        let cache_number =
+            cache.archive_number(&format!("{} {}", archive.describe(), catalog.archive_id));
         Ok(ArchivedVolume {
             archive,
             catalog,
             name: snapshot.to_string(),
             root,
             reader: PackReader::default(),
-            cache: Mutex::new(Lru::new(cache_bytes)),
+            cache,
+            cache_number,
         })
     }
 
@@ -66,7 +80,7 @@ impl ArchivedVolume {
 
     /// Bytes the block cache holds now (never more than its capacity).
     pub fn cached_bytes(&self) -> u64 {
-        self.cache.lock().expect("cache lock").held_bytes()
+        self.cache.held_bytes()
     }
 
     pub fn block_bytes(&self) -> u32 {
@@ -150,8 +164,7 @@ impl ArchivedVolume {
         out: &mut [u8],
     ) -> Result<()> {
         let address = (run.pack, run.first_slot + (block - run.first_block) as u32);
-        if let Some(data) = self.cache.lock().expect("cache lock").get(&address) {
-            out.copy_from_slice(&data[within..within + out.len()]);
+        if self.cache.copy_out(self.cache_number, address, within, out) {
             return Ok(());
         }
         let count = ahead.clamp(1, run.end_block() - block) as u32;
@@ -160,9 +173,9 @@ impl ArchivedVolume {
                 .read_versions(&self.archive, &self.catalog, address.0, address.1, count)?;
         out.copy_from_slice(&data[within..within + out.len()]);
         let bs = self.catalog.block_bytes as usize;
-        let mut cache = self.cache.lock().expect("cache lock");
         for (i, chunk) in data.chunks(bs).enumerate() {
-            cache.put((address.0, address.1 + i as u32), chunk.to_vec(), bs as u64);
+            let at = (address.0, address.1 + i as u32);
+            self.cache.put(self.cache_number, at, chunk.to_vec());
         }
         Ok(())
     }

@@ -462,3 +462,56 @@ fn random_commands_with_lost_connections_and_reopens_match_the_oracle() {
         w.restore_and_compare(name, "restored");
     }
 }
+
+#[test]
+fn one_cache_serves_every_open_snapshot_within_its_bound_and_outlives_them() {
+    let mut w = world("a shared cache");
+    let mut rng = Rng(0x0000_ddb1_a5e5);
+    for day in 0..3 {
+        scribble(&w.pool, &mut rng, day);
+        w.take_and_push(day, 64 * 1024);
+    }
+    let url = format!("file://{}", w._dirs.1.path().display());
+    let names = ["vm@day000", "vm@day001", "vm@day002"];
+    // Small: the three snapshots together do not fit.
+    let small = grove_archive::BlockCache::new(40 * BLOCK);
+    let mut buf = vec![0u8; (VOLUME_BLOCKS * BLOCK) as usize];
+    for name in names {
+        let view =
+            grove_archive::ArchivedVolume::open_shared(&url, "vm", name, small.clone()).unwrap();
+        view.read_at(&mut buf, 0).unwrap();
+        assert!(buf == w.contents[name], "{name}");
+        assert!(
+            small.held_bytes() <= 40 * BLOCK,
+            "the bound holds over every snapshot"
+        );
+    }
+    // Big enough for one: a snapshot opened again reads what the cache
+    // kept, even with its packs gone (proof that nothing was fetched).
+    let big = grove_archive::BlockCache::new(2 * VOLUME_BLOCKS * BLOCK);
+    let view =
+        grove_archive::ArchivedVolume::open_shared(&url, "vm", names[2], big.clone()).unwrap();
+    view.read_at(&mut buf, 0).unwrap();
+    drop(view);
+    let folder = w._dirs.1.path().join("archive=vm");
+    for entry in std::fs::read_dir(&folder).unwrap() {
+        let path = entry.unwrap().path();
+        if path
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("pack-")
+        {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+    let again = grove_archive::ArchivedVolume::open_shared(&url, "vm", names[2], big).unwrap();
+    let mut second = vec![0u8; buf.len()];
+    again.read_at(&mut second, 0).unwrap();
+    assert!(second == w.contents[names[2]]);
+    let fresh = grove_archive::ArchivedVolume::open(&url, "vm", names[2], 1 << 20).unwrap();
+    assert!(
+        fresh.read_at(&mut second, 0).is_err(),
+        "a cold cache must fetch, and the packs are gone"
+    );
+}

@@ -8,16 +8,19 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, Weak};
 
-use grove_archive::{ArchiveError, ArchivedVolume};
+use grove_archive::{ArchiveError, ArchivedVolume, BlockCache};
 use grove_store::{Error, ErrorKind, Pool};
 
 /// The archived snapshots at one archive location, opened on demand.
 #[derive(Debug)]
 pub struct ArchivedSnapshots {
     url: String,
-    cache_bytes: u64,
+    /// The blocks read, shared by every archived snapshot open, so that
+    /// `archive.cache_size` bounds them all together and a snapshot
+    /// opened again (a new connection) finds what was read before.
+    cache: Arc<BlockCache>,
     /// Snapshots open now, shared by every connection or file handle that
-    /// reads one, so the cache bound holds per snapshot, not per reader.
+    /// reads one (one root and page cache each).
     open: Mutex<BTreeMap<String, Weak<ArchivedVolume>>>,
 }
 
@@ -34,7 +37,7 @@ impl ArchivedSnapshots {
         match found {
             Ok((url, cache_bytes)) => Some(Arc::new(ArchivedSnapshots {
                 url,
-                cache_bytes,
+                cache: BlockCache::new(cache_bytes),
                 open: Mutex::new(BTreeMap::new()),
             })),
             Err(e) => {
@@ -78,7 +81,7 @@ impl ArchivedSnapshots {
         if let Some(shared) = open.get(name).and_then(Weak::upgrade) {
             return Some(Ok((shared, description)));
         }
-        let opened = ArchivedVolume::open(&self.url, &owner, name, self.cache_bytes)
+        let opened = ArchivedVolume::open_shared(&self.url, &owner, name, self.cache.clone())
             .map(Arc::new)
             .map_err(|e| engine_error(&e));
         if let Ok(shared) = &opened {

@@ -127,6 +127,11 @@ pub struct Totals {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Catalog {
     pub volume: String,
+    /// Random, fixed when the archive is made: an archive deleted and made
+    /// again at the same place is another archive (readers' caches key
+    /// versions by it, as their addresses start over).
+    #[serde(default)]
+    pub archive_id: String,
     pub generation: u64,
     pub block_bytes: u32,
     /// Blocks per index segment, fixed when the archive is made.
@@ -218,6 +223,7 @@ mod tests {
     fn round_trips_and_refuses_damage() {
         let catalog = Catalog {
             volume: "vm".into(),
+            archive_id: "00112233445566778899aabbccddeeff".into(),
             generation: 4,
             block_bytes: 4096,
             segment_blocks: 16384,
