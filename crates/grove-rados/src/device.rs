@@ -89,7 +89,7 @@ impl Shared {
 
     /// The error for a failed call on `object`; a refusal because this
     /// client is blocklisted trips the fence.
-    fn failed(&self, what: &str, object: &str, error: &RadosError) -> io::Error {
+    pub(crate) fn failed(&self, what: &str, object: &str, error: &RadosError) -> io::Error {
         if errno(error) == Some(EBLOCKLISTED) {
             return self.fence.trip();
         }

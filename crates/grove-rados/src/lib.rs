@@ -16,9 +16,11 @@ mod layout;
 mod lock_info;
 mod open;
 mod ownership;
+mod settings;
 mod target;
 
 pub use device::RadosDevice;
 pub use layout::OBJECT_SIZE_DEFAULT;
 pub use open::Claim;
+pub use settings::read_settings;
 pub use target::{RadosTarget, SCHEME};

@@ -130,13 +130,17 @@ pub(crate) fn unlock(ioctx: &IoCtx, header: &str, cookie: &str) -> io::Result<()
 /// holder's client is blocklisted, this client waits for the OSD map that
 /// says so, and only then are the locks broken. Returns who was fenced.
 pub(crate) fn fence_holders(rados: &Rados, ioctx: &IoCtx, header: &str) -> io::Result<Vec<String>> {
+    let started = std::time::Instant::now();
     let holders = lockers(ioctx, header)?;
+    tracing::debug!("lockers read after {:?}", started.elapsed());
     for holder in &holders {
         blocklist(rados, &holder.addr)?;
     }
+    tracing::debug!("blocklisted after {:?}", started.elapsed());
     if !holders.is_empty() {
         wait_for_latest_osd_map(rados);
     }
+    tracing::debug!("osd map after {:?}", started.elapsed());
     let mut fenced = Vec::new();
     for holder in &holders {
         match ioctx.rados_object_break_lock(header, LOCK_NAME, &holder.client, &holder.cookie) {
@@ -152,6 +156,7 @@ pub(crate) fn fence_holders(rados: &Rados, ioctx: &IoCtx, header: &str) -> io::R
         }
         fenced.push(holder_text(holder));
     }
+    tracing::debug!("locks broken after {:?}", started.elapsed());
     debug_assert!(lockers(ioctx, header).map_or(true, |l| l.iter().all(|h| !holders.contains(h))));
     Ok(fenced)
 }
