@@ -39,6 +39,8 @@ pub(crate) struct Shared {
     pub(crate) fence: Fence,
     /// The exclusive lock's cookie, given back on drop.
     pub(crate) cookie: String,
+    /// The pool's room, asked of the monitor at most every few seconds.
+    pub(crate) space: crate::space::SpaceCache,
 }
 
 impl RadosDevice {
@@ -271,6 +273,11 @@ impl BlockDevice for RadosDevice {
 
     fn describe(&self) -> String {
         self.shared.target.location()
+    }
+
+    /// The RADOS pool's room, not the local file system's.
+    fn host_space(&self) -> Option<grove_store::HostSpace> {
+        self.pool_space()
     }
 
     fn punch(&self, offset: u64, len_bytes: u64) -> io::Result<()> {

@@ -17,6 +17,7 @@ mod lock_info;
 mod open;
 mod ownership;
 mod settings;
+mod space;
 mod target;
 
 pub use device::RadosDevice;

@@ -51,6 +51,7 @@ impl RadosDevice {
                 len_bytes: Mutex::new(header.len_bytes),
                 fence: Fence::new(target.location()),
                 cookie,
+                space: Default::default(),
             }),
             Err(e) => {
                 let _ = ownership::unlock(&ioctx, &header_name, &cookie);

@@ -185,3 +185,31 @@ fn a_second_opener_is_refused_with_the_holder_named() {
     );
     assert!(exists.is_err());
 }
+
+/// The room the engine sees is the RADOS pool's (`ceph df`), not the local
+/// file system's.
+#[test]
+fn the_room_to_grow_is_the_rados_pools() {
+    let Some(target) = fresh_target("space") else {
+        return;
+    };
+    let device = RadosDevice::open_exclusive(
+        &target,
+        Claim::Create {
+            object_size: 1 << 20,
+        },
+    )
+    .unwrap();
+    let space = device.host_space().expect("the monitor answered ceph df");
+    assert!(
+        space.available_bytes > 0 && space.total_bytes >= space.available_bytes,
+        "{space:?}"
+    );
+    // scripts/ceph.sh's OSD is a 10 GiB file: the pool cannot offer more.
+    assert!(space.available_bytes <= 10 << 30, "{space:?}");
+    assert_eq!(
+        device.host_space(),
+        Some(space),
+        "a second ask within seconds is the cached answer"
+    );
+}
