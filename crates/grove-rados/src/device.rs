@@ -136,9 +136,9 @@ impl Shared {
     }
 
     /// Gives back the space of one piece: a whole object is removed, a tail
-    /// truncated, and a middle zeroed (the binding wraps no
-    /// rados_write_op_zero, which would punch it). Nothing is created: a
-    /// missing object, or a range past its end, is left alone.
+    /// up to the object's end truncated, and anything else zeroed (the
+    /// binding wraps no rados_write_op_zero, which would punch it). Nothing
+    /// is created: a missing object, or a range past its end, is left alone.
     pub(crate) fn punch_piece(&self, piece: Piece) -> io::Result<()> {
         self.fence.check()?;
         let name = self.object_name(piece.index);
@@ -157,13 +157,16 @@ impl Shared {
         if start >= end {
             return Ok(());
         }
-        if end == size || piece.reaches_object_end(self.object_size) {
-            let result = if start == 0 {
-                self.ioctx.rados_object_remove(&name)
-            } else {
-                self.ioctx.rados_object_trunc(&name, start)
-            };
-            return result.map_err(|e| self.failed("cannot truncate", &name, &e));
+        // Truncating is safe only when the piece runs to the object's end:
+        // then nothing after it in the object is in use. A piece that only
+        // reaches the object's current size is zeroed instead, since a
+        // block past it may be being written right now.
+        if piece.reaches_object_end(self.object_size) {
+            // Never from 0: a piece from 0 to the end is whole, removed above.
+            return self
+                .ioctx
+                .rados_object_trunc(&name, start)
+                .map_err(|e| self.failed("cannot truncate", &name, &e));
         }
         let zeros = vec![0u8; (end - start) as usize];
         self.ioctx
@@ -282,10 +285,17 @@ impl BlockDevice for RadosDevice {
 
     fn punch(&self, offset: u64, len_bytes: u64) -> io::Result<()> {
         self.shared.fence.check()?;
-        // Nothing past the length exists, so nothing there to give back.
-        let end = offset
-            .saturating_add(len_bytes)
-            .min(self.shared.current_len());
+        // Nothing past the last object of the length exists, so nothing
+        // there to give back. (Not cut at the length itself: a punch that
+        // runs to an object's end may truncate it, one that stops short
+        // must not.)
+        let size = self.shared.object_size;
+        let last_object_end = self
+            .shared
+            .current_len()
+            .div_ceil(size)
+            .saturating_mul(size);
+        let end = offset.saturating_add(len_bytes).min(last_object_end);
         if offset >= end {
             return Ok(());
         }

@@ -130,6 +130,14 @@ fn objects_exist_only_where_written_and_punches_give_them_back() {
     let mut back = vec![1u8; 3 * 4096];
     device.read_at(&mut back, 10 * size).unwrap();
     assert!(back.iter().all(|&b| b == 0));
+    // A punch that ends at the object's current size but not at the
+    // object's end is zeroed, not truncated: a block after it may be being
+    // written at that moment, and a truncation would cut it off.
+    device.write_at(&[5; 4096], 5 * size).unwrap();
+    device.write_at(&[6; 4096], 5 * size + 8192).unwrap();
+    device.punch(5 * size + 8192, 4096).unwrap();
+    sizes[5] = Some(8192 + 4096);
+    assert_eq!(object_sizes(&target, 12), sizes);
     // The length never changes on a punch.
     assert_eq!(device.len_bytes().unwrap(), 10 * size + 8192 + 4096);
 }
