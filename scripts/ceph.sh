@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A single-node Ceph cluster with radosgw, for grove's object-store tests:
 # one monitor, one manager, one BlueStore OSD on a sparse file, radosgw on
-# 127.0.0.1 with one S3 user and one test bucket. Everything (configuration,
+# 127.0.0.1 with one S3 user and one test bucket, and one RADOS pool for
+# librados clients (grove-rados's tests), reached as client.admin. Everything (configuration,
 # keys, data, logs, pid files) lives under one runtime directory,
 # $GROVE_CEPH_DIR (default /var/tmp/grove-ceph); nothing goes to /etc/ceph or
 # /var/lib/ceph, and every address is on the loopback.
@@ -15,8 +16,9 @@
 #   scripts/ceph.sh stop    stops the daemons and removes the runtime directory.
 #
 # env.sh exports AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
-# AWS_REGION, GROVE_TEST_S3_BUCKET, and CEPH_CONF (so `ceph`, `rados` and
-# `radosgw-admin` reach this cluster).
+# AWS_REGION, GROVE_TEST_S3_BUCKET, CEPH_CONF (so `ceph`, `rados`,
+# `radosgw-admin` and librados clients reach this cluster as client.admin:
+# the conf names the keyring) and GROVE_TEST_RADOS_POOL.
 #
 # Two settings keep it fast: `paxos propose interval = 0.1` (each monitor
 # change otherwise waits about 1 s; radosgw makes about ten at its first
@@ -144,7 +146,7 @@ start() {
   fi
   [ -e "$DIR" ] && { log "cleaning up a stopped or broken cluster under $DIR"; stop; }
 
-  local mon_port rgw_port fsid osd_uuid access secret bucket=grove-test endpoint
+  local mon_port rgw_port fsid osd_uuid access secret bucket=grove-test endpoint rados_pool=grove-test
   mon_port=$(free_port 3300 50) || die "no free port for the monitor in 3300-3349"
   rgw_port=$(free_port 7480 50) || die "no free port for radosgw in 7480-7529"
   fsid=$(uuidgen); osd_uuid=$(uuidgen)
@@ -229,6 +231,12 @@ EOF
   timeout 60 ceph osd new "$osd_uuid" 0 >/dev/null || die "the monitor did not register the OSD (logs in $DIR/log)"
   ceph-osd -c "$CONF" -i 0 --keyring "$DIR/osd/ceph-0/keyring" 2>>"$DIR/log/daemons.err"
   radosgw -c "$CONF" -n client.rgw.gw --keyring "$DIR/rgw/ceph-gw/keyring" 2>>"$DIR/log/daemons.err"
+  # The RADOS pool is made while radosgw starts, so it costs no start time.
+  # Eight PGs (the conf's default) are plenty for one OSD.
+  timeout 60 ceph osd pool create "$rados_pool" 8 8 >/dev/null 2>&1 ||
+    die "creating the RADOS pool $rados_pool failed (logs in $DIR/log)"
+  timeout 60 ceph osd pool application enable "$rados_pool" rados >/dev/null 2>&1 ||
+    die "tagging the RADOS pool $rados_pool failed (logs in $DIR/log)"
 
   wait_for "radosgw to answer on $endpoint" rgw_answers "$endpoint"
   radosgw-admin -c "$CONF" user create --uid=grove --display-name=grove \
@@ -248,6 +256,7 @@ export AWS_SECRET_ACCESS_KEY=$secret
 export AWS_REGION=us-east-1
 export GROVE_TEST_S3_BUCKET=$bucket
 export CEPH_CONF=$CONF
+export GROVE_TEST_RADOS_POOL=$rados_pool
 EOF
   log "ready: . $ENV_FILE"
   print_env

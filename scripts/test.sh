@@ -7,8 +7,9 @@
 # bindfs (the peers the RAIF POSIX suite is compared with), openssh's
 # server and client (the replication test runs its own sshd on 127.0.0.1
 # and pipes `grove send` through ssh), and Ceph with radosgw
-# (scripts/ceph.sh) for the S3 tests. Building needs
-# none of them: fuser mounts in pure Rust. Safe to run again: it installs only
+# (scripts/ceph.sh) for the S3 and RADOS tests. Building needs none of them
+# (fuser mounts in pure Rust) but one: grove-rados links librados, whose
+# headers and link library come in librados-dev. Safe to run again: it installs only
 # what is missing, and stops with an error when it cannot.
 #
 # It sets GROVE_REQUIRE_TOOLS=1, so a test whose tool is missing fails with
@@ -45,11 +46,18 @@ declare -A NEEDED=(
   [ssh]=openssh-client
   [ssh-keygen]=openssh-client
 )
+# Libraries the build links, and a file that shows each is there.
+declare -A NEEDED_LIBS=(
+  [/usr/include/rados/librados.h]=librados-dev
+)
 
 missing_tools() {
   for tool in "${!NEEDED[@]}"; do
     # sshd is in /usr/sbin, which a user's PATH may lack.
     command -v "$tool" >/dev/null 2>&1 || [ -x "/usr/sbin/$tool" ] || echo "$tool"
+  done
+  for file in "${!NEEDED_LIBS[@]}"; do
+    [ -e "$file" ] || echo "$file"
   done
 }
 
@@ -57,7 +65,7 @@ install_missing() {
   local tools packages
   mapfile -t tools < <(missing_tools | sort)
   [ ${#tools[@]} -eq 0 ] && return 0
-  mapfile -t packages < <(for t in "${tools[@]}"; do echo "${NEEDED[$t]}"; done | sort -u)
+  mapfile -t packages < <(for t in "${tools[@]}"; do echo "${NEEDED[$t]:-${NEEDED_LIBS[$t]}}"; done | sort -u)
   if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
     echo "test.sh: error: the tests need ${tools[*]} (Debian packages: ${packages[*]})," \
       "and installing them needs root and apt-get. Install them, then run again." >&2

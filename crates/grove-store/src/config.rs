@@ -16,7 +16,7 @@ pub const STORE_FILE_NAME: &str = "grove.store";
 /// Every key grove.toml may hold: the fields of `PoolConfig`. Any other
 /// key is refused by name, so that a misspelt setting (`cache-size`) is
 /// not silently ignored.
-const CONFIG_KEYS: [&str; 7] = [
+const CONFIG_KEYS: [&str; 8] = [
     "format_version",
     "store",
     "cache_size",
@@ -24,6 +24,7 @@ const CONFIG_KEYS: [&str; 7] = [
     "retention",
     "branches",
     "archive",
+    "rados",
 ];
 
 /// Most single-character edits between an unknown key and a known one for
@@ -60,6 +61,11 @@ pub struct PoolConfig {
     /// engine only keeps it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub archive: Option<toml::Table>,
+    /// A store in RADOS objects, as `rados://CEPHPOOL/NAME`: the grove
+    /// binary opens it with grove-rados; the engine only keeps it, and
+    /// `Pool::open` refuses a pool that has it, as it does `branches`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rados: Option<String>,
 }
 
 impl PoolConfig {
@@ -72,6 +78,7 @@ impl PoolConfig {
             space: None,
             branches: None,
             archive: None,
+            rados: None,
         }
     }
 
@@ -306,7 +313,7 @@ mod tests {
         let unknown = check_keys("format_version = 2\ncompression = true\n").unwrap_err();
         assert!(
             unknown.contains(
-                "\"compression\" (known settings: format_version, store, cache_size, space, retention, branches, archive)"
+                "\"compression\" (known settings: format_version, store, cache_size, space, retention, branches, archive, rados)"
             ),
             "{unknown}"
         );

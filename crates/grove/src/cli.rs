@@ -43,7 +43,8 @@ Examples:
     after_help = EXAMPLES
 )]
 pub struct Cli {
-    /// Pool directory: holds grove.toml and the store [default: $GROVE_POOL, else ./grove-pool]
+    /// Pool directory: holds grove.toml and the store; or rados://CEPHPOOL/NAME, a pool
+    /// whose store is in RADOS objects [default: $GROVE_POOL, else ./grove-pool]
     #[arg(long, global = true, value_name = "DIR")]
     pub pool: Option<PathBuf>,
 
@@ -559,6 +560,11 @@ pub enum Command {
         /// Also mount the volumes as files here with FUSE, as `grove mount` does
         #[arg(long, value_name = "MOUNTPOINT")]
         mount: Option<PathBuf>,
+        /// A pool in RADOS held by another host that is gone or hung: fence
+        /// that host (blocklist its Ceph client, so the OSDs refuse its
+        /// writes), break its lock, and serve the pool here
+        #[arg(long)]
+        takeover: bool,
     },
 
     /// Mount the pool with FUSE: one regular file per volume and snapshot

@@ -16,8 +16,24 @@ use crate::progress::reclaim_with_progress;
 use crate::replicate::Place;
 use crate::{branches, replicate, retention_cmd, serve, space_cmd, volumes};
 
+/// The pool's directory, and its RADOS target when `--pool` is a
+/// `rados://` location: then the settings come from RADOS if this host has
+/// none (except for `init`, which makes them), and `serve --takeover` arms
+/// the takeover before anything opens the pool.
+fn pool_place(cli: &Cli) -> Result<(std::path::PathBuf, Option<grove_rados::RadosTarget>)> {
+    let (dir, rados) = crate::rados_pool::resolve(cli.pool_dir())?;
+    if let (Some(target), false) = (&rados, matches!(cli.command, Command::Init { .. })) {
+        crate::rados_pool::fetch_settings(&dir, target)?;
+    }
+    if let Command::Serve { takeover: true, .. } = cli.command {
+        crate::rados_pool::take_over_on_open();
+    }
+    Ok((dir, rados))
+}
+
 pub fn run(cli: Cli) -> Result<()> {
-    let dir = &cli.pool_dir();
+    let (dir, rados) = pool_place(&cli)?;
+    let dir = &dir;
     let degraded = cli.degraded;
     match cli.command {
         Command::Raif { command } => crate::raif::run(command),
@@ -38,6 +54,7 @@ pub fn run(cli: Cli) -> Result<()> {
                 level: level.as_deref(),
                 stripe_unit: stripe_unit.as_deref(),
             },
+            rados.as_ref(),
         ),
         Command::Serve {
             socket,
@@ -47,6 +64,8 @@ pub fn run(cli: Cli) -> Result<()> {
             default_export,
             limits,
             mount,
+            // Armed by pool_place, before anything opens the pool.
+            takeover: _,
         } => serve::run(
             dir,
             degraded,

@@ -22,6 +22,7 @@ mod objects;
 mod open;
 mod output;
 mod progress;
+mod rados_pool;
 mod raif;
 mod reclaimer;
 mod replicate;

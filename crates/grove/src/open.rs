@@ -1,7 +1,8 @@
 //! The one place a pool is opened from its directory, whatever its store:
-//! one file (grove.toml without `[branches]`), or a store laid out over
+//! one file (grove.toml without `[branches]`), a store laid out over
 //! branch directories (grove-raif's `BranchDevice`), assembled here from
-//! grove.toml's `[branches]` table. Every command, `grove serve` and
+//! grove.toml's `[branches]` table, or a store in RADOS objects
+//! (grove.toml's `rados`, rados_pool.rs). Every command, `grove serve` and
 //! `grove mount` open pools through [`open_pool`].
 
 use std::fs::File;
@@ -113,6 +114,9 @@ fn lock_ignoring_poison<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// turn to the daemon's control socket.
 pub fn open_pool(dir: &Path, degraded: bool) -> grove_store::Result<OpenedPool> {
     let config = PoolConfig::load(dir)?;
+    if let Some(location) = &config.rados {
+        return crate::rados_pool::open(dir, location, &config);
+    }
     let Some(table) = &config.branches else {
         return Ok(OpenedPool {
             pool: Pool::open(dir)?,

@@ -180,6 +180,7 @@ pub fn init(
     capacity: Option<&str>,
     space: &SpaceArgs,
     branches: &crate::branch_pool::InitBranches,
+    rados: Option<&grove_rados::RadosTarget>,
 ) -> Result<()> {
     let block_size_bytes = parse_size(block_size, "block size")?;
     let block_size_bytes = match u32::try_from(block_size_bytes) {
@@ -193,7 +194,10 @@ pub fn init(
         capacity_bytes,
         ..PoolOptions::default()
     };
-    let (pool, layout) = if branches.dirs.is_empty() {
+    let (pool, layout) = if let Some(target) = rados {
+        let (pool, layout) = crate::rados_pool::create_pool(dir, target, &options, &settings)?;
+        (pool, Some(layout))
+    } else if branches.dirs.is_empty() {
         (Pool::create_with_space(dir, &options, &settings)?, None)
     } else {
         let (pool, layout) = crate::branch_pool::create_pool(dir, branches, &options, &settings)?;
@@ -202,9 +206,9 @@ pub fn init(
     let info = pool.info()?;
     pool.close()
         .with_context(|| format!("cannot close pool {}", dir.display()))?;
+    let name = rados.map_or_else(|| dir.display().to_string(), |t| t.location());
     let mut line = format!(
-        "created pool {} (block size {}",
-        dir.display(),
+        "created pool {name} (block size {}",
         format_size(u64::from(block_size_bytes))
     );
     if let Some(capacity_bytes) = info.capacity_bytes {

@@ -1221,7 +1221,7 @@ fn unknown_config_keys_are_refused() {
         ),
         (
             "compression = true\n",
-            "unknown setting \"compression\" (known settings: format_version, store, cache_size, space, retention, branches, archive)",
+            "unknown setting \"compression\" (known settings: format_version, store, cache_size, space, retention, branches, archive, rados)",
         ),
     ] {
         fs::write(&config_path, format!("{config}{extra}")).unwrap();

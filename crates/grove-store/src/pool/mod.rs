@@ -462,6 +462,15 @@ impl Pool {
     /// Opens the pool in `dir`.
     pub fn open(dir: &Path) -> Result<Pool> {
         let config = PoolConfig::load(dir)?;
+        if let Some(location) = &config.rados {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "pool {} keeps its store in RADOS ({location}): open it with the grove command",
+                    dir.display()
+                ),
+            ));
+        }
         if config.branches.is_some() {
             return Err(Error::new(
                 ErrorKind::InvalidArgument,

@@ -1,0 +1,223 @@
+//! RadosDevice against the real cluster of scripts/ceph.sh: the BlockDevice
+//! contract against the in-memory model, thin objects, punching, and the
+//! exclusive lock's refusal of a second opener.
+
+mod common;
+
+use common::{fresh_target, object_sizes};
+use grove_rados::{Claim, RadosDevice};
+use grove_store::{BlockDevice, MemDevice};
+
+/// A small object size, so that requests cross object boundaries often.
+const SMALL_OBJECTS: u64 = 16 << 10;
+
+/// xorshift64*: deterministic, so a failure replays.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn assert_same(device: &RadosDevice, model: &MemDevice, offset: u64, len: usize, step: usize) {
+    let mut got = vec![0xaa; len];
+    let mut want = vec![0x55; len];
+    device.read_at(&mut got, offset).unwrap();
+    model.read_at(&mut want, offset).unwrap();
+    assert!(
+        got == want,
+        "step {step}: {len} bytes at {offset} differ from the model"
+    );
+}
+
+/// Random writes, reads, punches and length changes, each checked against
+/// MemDevice, then the whole device again after closing and reopening.
+#[test]
+fn random_operations_match_the_in_memory_model() {
+    let Some(target) = fresh_target("model") else {
+        return;
+    };
+    let device = RadosDevice::open_exclusive(
+        &target,
+        Claim::Create {
+            object_size: SMALL_OBJECTS,
+        },
+    )
+    .unwrap();
+    let model = MemDevice::new();
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let span = 12 * SMALL_OBJECTS;
+    for step in 0..400 {
+        let offset = rng.below(span);
+        let len = 1 + rng.below(3 * SMALL_OBJECTS) as usize;
+        match rng.below(10) {
+            0..=3 => {
+                let fill = (step % 251) as u8 + 1;
+                let data: Vec<u8> = (0..len).map(|i| fill.wrapping_add(i as u8)).collect();
+                device.write_at(&data, offset).unwrap();
+                model.write_at(&data, offset).unwrap();
+            }
+            4 => {
+                let data = vec![step as u8; len];
+                device.write_durable_at(&data, offset).unwrap();
+                model.write_durable_at(&data, offset).unwrap();
+            }
+            5 | 6 => {
+                device.punch(offset, len as u64).unwrap();
+                model.punch(offset, len as u64).unwrap();
+            }
+            7 if step % 5 == 0 => {
+                let new_len = rng.below(span);
+                device.set_len_bytes(new_len).unwrap();
+                model.set_len_bytes(new_len).unwrap();
+            }
+            _ => {}
+        }
+        assert_eq!(
+            device.len_bytes().unwrap(),
+            model.len_bytes().unwrap(),
+            "step {step}"
+        );
+        let (read_at, read_len) = (
+            rng.below(span + SMALL_OBJECTS),
+            1 + rng.below(2 * SMALL_OBJECTS) as usize,
+        );
+        assert_same(&device, &model, read_at, read_len, step);
+    }
+    device.flush().unwrap();
+    drop(device);
+    let again = RadosDevice::open_exclusive(&target, Claim::Open).unwrap();
+    assert_eq!(again.object_size(), SMALL_OBJECTS);
+    assert_eq!(again.len_bytes().unwrap(), model.len_bytes().unwrap());
+    assert_same(&again, &model, 0, (span + SMALL_OBJECTS) as usize, 400);
+}
+
+/// Objects exist only where written; punching removes whole objects,
+/// truncates tails and zeroes middles, and never creates one.
+#[test]
+fn objects_exist_only_where_written_and_punches_give_them_back() {
+    let Some(target) = fresh_target("thin") else {
+        return;
+    };
+    let size = 64 << 10;
+    let device = RadosDevice::open_exclusive(&target, Claim::Create { object_size: size }).unwrap();
+    device.write_at(&[7; 4096], 3 * size + 100).unwrap();
+    device.write_at(&[9; 4096], 10 * size).unwrap();
+    device.write_at(&[9; 4096], 10 * size + 8192).unwrap();
+    assert_eq!(device.len_bytes().unwrap(), 10 * size + 8192 + 4096);
+    let mut sizes = vec![None; 12];
+    sizes[3] = Some(100 + 4096);
+    sizes[10] = Some(8192 + 4096);
+    assert_eq!(object_sizes(&target, 12), sizes);
+
+    // A punch over objects that do not exist creates none.
+    device.punch(0, 3 * size).unwrap();
+    // A whole object goes; a tail is truncated; a middle stays, zeroed.
+    device.punch(3 * size, size).unwrap();
+    device.punch(10 * size + 8192, size - 8192).unwrap();
+    device.punch(10 * size, 4096).unwrap();
+    sizes[3] = None;
+    sizes[10] = Some(8192);
+    assert_eq!(object_sizes(&target, 12), sizes);
+    let mut back = vec![1u8; 3 * 4096];
+    device.read_at(&mut back, 10 * size).unwrap();
+    assert!(back.iter().all(|&b| b == 0));
+    // A punch that ends at the object's current size but not at the
+    // object's end is zeroed, not truncated: a block after it may be being
+    // written at that moment, and a truncation would cut it off.
+    device.write_at(&[5; 4096], 5 * size).unwrap();
+    device.write_at(&[6; 4096], 5 * size + 8192).unwrap();
+    device.punch(5 * size + 8192, 4096).unwrap();
+    sizes[5] = Some(8192 + 4096);
+    assert_eq!(object_sizes(&target, 12), sizes);
+    // The length never changes on a punch.
+    assert_eq!(device.len_bytes().unwrap(), 10 * size + 8192 + 4096);
+}
+
+/// A second opener is refused with one line naming the holder; once the
+/// holder closes, it opens.
+#[test]
+fn a_second_opener_is_refused_with_the_holder_named() {
+    let Some(target) = fresh_target("second") else {
+        return;
+    };
+    let first = RadosDevice::open_exclusive(
+        &target,
+        Claim::Create {
+            object_size: 1 << 20,
+        },
+    )
+    .unwrap();
+    first.write_at(b"held", 0).unwrap();
+    let err = match RadosDevice::open_exclusive(&target, Claim::Open) {
+        Ok(_) => panic!("a second opener got the device"),
+        Err(e) => e.to_string(),
+    };
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    for part in [
+        target.location(),
+        format!("host {}", host.trim()),
+        format!("pid {}", std::process::id()),
+        "since 20".to_string(),
+        "client.".to_string(),
+        "--takeover".to_string(),
+    ] {
+        assert!(err.contains(&part), "{part:?} missing from: {err}");
+    }
+    assert!(!err.contains('\n'), "{err}");
+    let again = RadosDevice::open_exclusive(
+        &target,
+        Claim::Create {
+            object_size: 1 << 20,
+        },
+    );
+    assert!(again.is_err(), "a create over a held device succeeded");
+    drop(first);
+    let second = RadosDevice::open_exclusive(&target, Claim::Open).unwrap();
+    let mut back = [0u8; 4];
+    second.read_at(&mut back, 0).unwrap();
+    assert_eq!(&back, b"held");
+    let exists = RadosDevice::open_exclusive(
+        &target,
+        Claim::Create {
+            object_size: 1 << 20,
+        },
+    );
+    assert!(exists.is_err());
+}
+
+/// The room the engine sees is the RADOS pool's (`ceph df`), not the local
+/// file system's.
+#[test]
+fn the_room_to_grow_is_the_rados_pools() {
+    let Some(target) = fresh_target("space") else {
+        return;
+    };
+    let device = RadosDevice::open_exclusive(
+        &target,
+        Claim::Create {
+            object_size: 1 << 20,
+        },
+    )
+    .unwrap();
+    let space = device.host_space().expect("the monitor answered ceph df");
+    assert!(
+        space.available_bytes > 0 && space.total_bytes >= space.available_bytes,
+        "{space:?}"
+    );
+    // scripts/ceph.sh's OSD is a 10 GiB file: the pool cannot offer more.
+    assert!(space.available_bytes <= 10 << 30, "{space:?}");
+    assert_eq!(
+        device.host_space(),
+        Some(space),
+        "a second ask within seconds is the cached answer"
+    );
+}
