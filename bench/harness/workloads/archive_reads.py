@@ -33,7 +33,9 @@ For each archive (file://, and the S3 gateway when there is one):
 On file://, the archive's and the stream's files are dropped from the
 page cache (posix_fadvise DONTNEED, these files only) before each cold
 read, so that cold means read from disk; the gateway's own caches are out
-of reach."""
+of reach. On the gateway a cold random read is one ranged GET per 4 KiB
+block (about 560 a second here, at 256 MiB): the cold pass over a 1 GiB
+snapshot takes some 8 minutes."""
 
 import json
 import os
