@@ -185,6 +185,19 @@ fn smoke_profile_runs_every_workload_and_reports() {
         assert!(command["s"].is_f64(), "{command}");
         assert!(command["stall_ms"].is_f64(), "{command}");
     }
+    // Archive reads after the year: an archived snapshot over NBD, cold and
+    // warm, beside the pool's copy and the other ways back from the store.
+    let reads = &results["workloads"]["archive"]["reads"]["file"];
+    for figure in [
+        &reads["random_4k"]["cold_iops"],
+        &reads["random_4k"]["warm_over_pool"],
+        &reads["sequential_1m"]["archive_cold_mib_s"],
+        &reads["sequential_1m"]["pool_mib_s"],
+        &reads["ways_back"]["receive"]["mib_s"],
+        &reads["ways_back"]["restore"]["mib_s"],
+    ] {
+        assert!(figure.as_f64().is_some_and(|v| v > 0.0), "{reads}");
+    }
     let targets = results["targets"].as_array().expect("targets");
     assert_eq!(targets.len(), TARGET_COUNT, "{text}");
     for target in targets {

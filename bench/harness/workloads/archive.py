@@ -15,7 +15,8 @@ expiry (forget --prune), each measured on its own process (wait4), and
 the bytes each process wrote to storage (its rusage block output). Over
 the year: bytes written, bytes expiry copied, the store's size against
 what the kept snapshots need (grove's exact distinct block versions,
-`needed_bytes`, for both: the same blocks are kept)."""
+`needed_bytes`, for both: the same blocks are kept). After the year,
+archive_reads.py measures reads of an archived snapshot ("reads")."""
 
 import datetime
 import json
@@ -24,6 +25,8 @@ import shutil
 import statistics
 import subprocess
 import time
+
+from . import archive_reads
 
 KEEP = {"daily": 7, "weekly": 4, "monthly": 12, "yearly": 3}
 DAY_S = 86_400
@@ -161,7 +164,9 @@ def run(ctx):
     metadata = g.metadata(pool, "archive")
     shutil.rmtree(repo, ignore_errors=True)
     image.unlink()
-    return result(p, days, urls, metadata)
+    out = result(p, days, urls, metadata)
+    out["reads"] = archive_reads.run(ctx, pool, urls, p.archive_bytes, run_measured)
+    return out
 
 
 def result(p, days, urls, metadata):

@@ -15,11 +15,75 @@ pub(crate) struct Entry {
     pub size_bytes: u64,
 }
 
+/// What a paged listing hands each page to.
+pub(crate) type PageVisitor<'a> = dyn FnMut(&[Entry]) -> Result<()> + 'a;
+
+/// Entries per page when the caller has no reason to choose: S3's own
+/// page (ListObjectsV2 answers at most 1,000 keys).
+pub(crate) const LIST_PAGE_ENTRIES: usize = 1000;
+
+/// Gathers listed entries into pages of at most `limit` and hands each
+/// full page (and the last, partial one) to the visitor; the one buffer is
+/// reused, so a listing holds at most one page.
+pub(crate) struct Pager<'v, 'a> {
+    page: Vec<Entry>,
+    limit: usize,
+    visit: &'v mut PageVisitor<'a>,
+}
+
+impl<'v, 'a> Pager<'v, 'a> {
+    pub(crate) fn new(limit: usize, visit: &'v mut PageVisitor<'a>) -> Pager<'v, 'a> {
+        // A zero limit would never hand a page over; FolderStore refuses it.
+        let limit = limit.max(1);
+        Pager {
+            page: Vec::with_capacity(limit.min(LIST_PAGE_ENTRIES)),
+            limit,
+            visit,
+        }
+    }
+
+    pub(crate) fn push(&mut self, entry: Entry) -> Result<()> {
+        self.page.push(entry);
+        if self.page.len() >= self.limit {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        if !self.page.is_empty() {
+            (self.visit)(&self.page)?;
+            self.page.clear();
+        }
+        debug_assert!(self.page.is_empty());
+        Ok(())
+    }
+
+    /// Hands over the last, partial page.
+    pub(crate) fn finish(mut self) -> Result<()> {
+        self.flush()
+    }
+}
+
 pub(crate) trait Backend: Send + Sync + 'static {
     /// The store, for messages: "s3://bucket/prefix at http://..." or "file:///dir".
     fn describe(&self) -> String;
-    /// The objects of stream `stream` (keys "stream/NAME"), in any order.
-    fn list(&self, stream: &str) -> Result<Vec<Entry>>;
+    /// The objects of stream `stream` (keys "stream/NAME"), in any order,
+    /// handed to `visit` in pages of at most `page_limit` (at least 1)
+    /// entries, so that memory does not grow with the stream: S3 gives key
+    /// order, a directory its own order. Objects created or removed while
+    /// the listing runs may or may not be seen; every other object is seen
+    /// exactly once. The first error of `visit` ends the listing.
+    fn list_pages(&self, stream: &str, page_limit: usize, visit: &mut PageVisitor) -> Result<()>;
+    /// The whole listing at once, for streams and folders known to be small.
+    fn list(&self, stream: &str) -> Result<Vec<Entry>> {
+        let mut entries = Vec::new();
+        self.list_pages(stream, LIST_PAGE_ENTRIES, &mut |page| {
+            entries.extend_from_slice(page);
+            Ok(())
+        })?;
+        Ok(entries)
+    }
     /// The names of the streams that have at least one object.
     fn list_streams(&self) -> Result<Vec<String>>;
     /// Stores `data` at `key` whole: readers see all of it or none.

@@ -6,7 +6,7 @@
 //! renames it into place, aborting deletes it. Listing skips dot files, and
 //! `clean_stream` removes the temporary files an interrupted writer left.
 
-use crate::backend::{Backend, Entry};
+use crate::backend::{Backend, Entry, PageVisitor, Pager};
 use crate::error::{Error, ErrorKind, Result};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -85,6 +85,38 @@ impl FileBackend {
     }
 }
 
+/// The objects in `dir` as the directory gives them (readdir(3): one
+/// entry at a time, in the directory's order, never the whole directory in
+/// memory), skipping temporary files and anything not a regular file. A
+/// missing directory has none.
+fn objects(dir: &Path) -> Result<impl Iterator<Item = Result<Entry>> + '_> {
+    let read = match fs::read_dir(dir) {
+        Ok(read) => Some(read),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(io_error("cannot list", dir, e)),
+    };
+    Ok(read.into_iter().flatten().filter_map(move |entry| {
+        let entry = match entry {
+            Ok(entry) => entry,
+            Err(e) => return Some(Err(io_error("cannot list", dir, e))),
+        };
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with(TEMP_MARK) {
+            return None;
+        }
+        match entry.metadata() {
+            Ok(meta) if meta.is_file() => Some(Ok(Entry {
+                name,
+                size_bytes: meta.len(),
+            })),
+            Ok(_) => None,
+            // Removed between readdir and stat: not an object any more.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => Some(Err(io_error("cannot stat", &entry.path(), e))),
+        }
+    }))
+}
+
 fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)
         .and_then(|d| d.sync_all())
@@ -96,31 +128,12 @@ impl Backend for FileBackend {
         format!("file://{}", self.dir.display())
     }
 
-    fn list(&self, stream: &str) -> Result<Vec<Entry>> {
-        let dir = self.dir.join(stream);
-        let read = match fs::read_dir(&dir) {
-            Ok(read) => read,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(io_error("cannot list", &dir, e)),
-        };
-        let mut entries = Vec::new();
-        for entry in read {
-            let entry = entry.map_err(|e| io_error("cannot list", &dir, e))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with(TEMP_MARK) {
-                continue;
-            }
-            let meta = entry
-                .metadata()
-                .map_err(|e| io_error("cannot stat", &entry.path(), e))?;
-            if meta.is_file() {
-                entries.push(Entry {
-                    name,
-                    size_bytes: meta.len(),
-                });
-            }
+    fn list_pages(&self, stream: &str, page_limit: usize, visit: &mut PageVisitor) -> Result<()> {
+        let mut pager = Pager::new(page_limit, visit);
+        for entry in objects(&self.dir.join(stream))? {
+            pager.push(entry?)?;
         }
-        Ok(entries)
+        pager.finish()
     }
 
     fn list_streams(&self) -> Result<Vec<String>> {
@@ -129,9 +142,10 @@ impl Backend for FileBackend {
         for entry in read {
             let entry = entry.map_err(|e| io_error("cannot list", &self.dir, e))?;
             let name = entry.file_name().to_string_lossy().into_owned();
+            // One object is enough to count: a big stream is not listed whole.
             if !name.starts_with(TEMP_MARK)
                 && entry.file_type().is_ok_and(|t| t.is_dir())
-                && !self.list(&name)?.is_empty()
+                && objects(&entry.path())?.next().transpose()?.is_some()
             {
                 names.push(name);
             }

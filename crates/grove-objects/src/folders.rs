@@ -5,7 +5,7 @@
 //! segment below the store (`DIR/FOLDER/NAME`, `PREFIX/FOLDER/NAME`);
 //! folder and object names follow the stream names' rules.
 
-use crate::backend::Backend;
+use crate::backend::{Backend, LIST_PAGE_ENTRIES};
 use crate::error::{Error, ErrorKind, Result};
 use crate::location::{self, Location};
 use crate::names::check_name;
@@ -71,18 +71,60 @@ impl FolderStore {
         self.backend.list_streams()
     }
 
-    /// Every object of `folder`, in any order (none if it has none).
+    /// Every object of `folder`, in any order (none if it has none), at
+    /// once: for folders known to be small. A folder that may be big is
+    /// listed with [`FolderStore::list_pages`].
     pub fn list(&self, folder: &str) -> Result<Vec<ObjectEntry>> {
+        let mut entries = Vec::new();
+        self.list_pages(folder, LIST_PAGE_ENTRIES, &mut |page| {
+            entries.extend_from_slice(page);
+            Ok::<(), Error>(())
+        })?;
+        Ok(entries)
+    }
+
+    /// The objects of `folder` handed to `visit` in pages of at most
+    /// `page_limit` entries, so that a listing holds one page whatever the
+    /// folder's size. No order is promised across or within pages (S3
+    /// lists in key order, `file://` in the directory's order). Objects
+    /// created or removed while the listing runs may or may not be seen;
+    /// every other object is seen exactly once. The first error `visit`
+    /// returns (the caller's own error type) ends the listing and is
+    /// returned. `visit` may use this store.
+    pub fn list_pages<E: From<Error>>(
+        &self,
+        folder: &str,
+        page_limit: usize,
+        visit: &mut dyn FnMut(&[ObjectEntry]) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), E> {
         checked_key(folder, "x")?;
-        Ok(self
-            .backend
-            .list(folder)?
-            .into_iter()
-            .map(|e| ObjectEntry {
-                name: e.name,
+        if page_limit == 0 {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!("cannot list folder {folder:?} in pages of 0 objects"),
+            )
+            .into());
+        }
+        // The backend's entries become ObjectEntry one page at a time, in
+        // one reused buffer. The backend knows only its own error: the
+        // visitor's is kept here, and the backend is stopped with a stand-in.
+        let mut converted = Vec::new();
+        let mut stopped_by = None;
+        let listed = self.backend.list_pages(folder, page_limit, &mut |page| {
+            converted.clear();
+            converted.extend(page.iter().map(|e| ObjectEntry {
+                name: e.name.clone(),
                 size_bytes: e.size_bytes,
+            }));
+            visit(&converted).map_err(|e| {
+                stopped_by = Some(e);
+                Error::new(ErrorKind::Io, "listing stopped by its caller")
             })
-            .collect())
+        });
+        match (stopped_by, listed) {
+            (Some(caller), _) => Err(caller),
+            (None, listed) => Ok(listed?),
+        }
     }
 
     /// Stores `data` whole: readers see all of it or none.

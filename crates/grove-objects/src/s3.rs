@@ -4,11 +4,11 @@
 //! requests are path-style, and plain http is allowed to a loopback
 //! endpoint.
 
-use crate::backend::{Backend, Entry};
+use crate::backend::{Backend, Entry, PageVisitor, Pager};
 use crate::error::{Error, ErrorKind, Result};
 use crate::location::endpoint_is_loopback;
 use bytes::Bytes;
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::multipart::{MultipartStore, PartId};
 use object_store::path::Path;
@@ -139,27 +139,29 @@ impl Backend for S3Backend {
         )
     }
 
-    fn list(&self, stream: &str) -> Result<Vec<Entry>> {
+    fn list_pages(&self, stream: &str, page_limit: usize, visit: &mut PageVisitor) -> Result<()> {
         let dir = self.path(stream);
-        let listed: Vec<_> = self
-            .runtime
-            .block_on(self.store.list(Some(&dir)).try_collect())
-            .map_err(|e| store_error(format!("cannot list {}", self.url(stream)), e))?;
-        Ok(listed
-            .into_iter()
-            .filter_map(|meta| {
-                let name = meta
-                    .location
-                    .prefix_match(&dir)?
-                    .map(|p| p.as_ref().to_string())
-                    .collect::<Vec<_>>();
-                // Only the stream's own objects: one segment below it.
-                (name.len() == 1).then(|| Entry {
-                    name: name[0].clone(),
+        // object_store's listing is a stream that asks for the next page of
+        // keys (ListObjectsV2, up to 1,000) only when the last is consumed:
+        // it is driven one entry at a time, never collected. The visitor
+        // runs outside the runtime, so it may itself use this store.
+        let mut listed = self.store.list(Some(&dir));
+        let mut pager = Pager::new(page_limit, visit);
+        while let Some(meta) = self.runtime.block_on(listed.next()) {
+            let meta =
+                meta.map_err(|e| store_error(format!("cannot list {}", self.url(stream)), e))?;
+            let Some(mut segments) = meta.location.prefix_match(&dir) else {
+                continue;
+            };
+            // Only the stream's own objects: one segment below it.
+            if let (Some(name), None) = (segments.next(), segments.next()) {
+                pager.push(Entry {
+                    name: name.as_ref().to_string(),
                     size_bytes: meta.size,
-                })
-            })
-            .collect())
+                })?;
+            }
+        }
+        pager.finish()
     }
 
     fn list_streams(&self) -> Result<Vec<String>> {
