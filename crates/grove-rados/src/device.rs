@@ -280,7 +280,7 @@ impl BlockDevice for RadosDevice {
 
     /// The RADOS pool's room, not the local file system's.
     fn host_space(&self) -> Option<grove_store::HostSpace> {
-        self.pool_space()
+        self.shared.space.pool_space(&self.shared.target)
     }
 
     fn punch(&self, offset: u64, len_bytes: u64) -> io::Result<()> {

@@ -5,7 +5,7 @@
 //! and a monitor round trip happens at most once per interval.
 
 use crate::cluster::{self, describe};
-use crate::device::RadosDevice;
+use crate::target::RadosTarget;
 use grove_store::HostSpace;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -19,18 +19,17 @@ pub(crate) struct SpaceCache {
     last: Mutex<Option<(Instant, HostSpace)>>,
 }
 
-impl RadosDevice {
-    /// The pool's room, from the cache or the monitor; None if the monitor
-    /// cannot say (the engine then asks the local file system).
-    pub(crate) fn pool_space(&self) -> Option<HostSpace> {
-        let shared = &self.shared;
-        let mut last = shared.space.last.lock().unwrap_or_else(|e| e.into_inner());
+impl SpaceCache {
+    /// The room of `target`'s pool, from the cache or the monitor; None if
+    /// the monitor cannot say (the engine then asks the local file system).
+    pub(crate) fn pool_space(&self, target: &RadosTarget) -> Option<HostSpace> {
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((at, space)) = *last {
             if at.elapsed() < REFRESH {
                 return Some(space);
             }
         }
-        match ask_monitor(&shared.target) {
+        match ask_monitor(target) {
             Ok(space) => {
                 *last = Some((Instant::now(), space));
                 Some(space)
@@ -45,7 +44,7 @@ impl RadosDevice {
 
 /// `ceph df` for the target's pool: available is its max_avail, total what
 /// it stores plus that.
-fn ask_monitor(target: &crate::RadosTarget) -> Result<HostSpace, String> {
+fn ask_monitor(target: &RadosTarget) -> Result<HostSpace, String> {
     let rados = cluster::connection(target).map_err(|e| e.to_string())?;
     let command = serde_json::json!({"prefix": "df", "format": "json"});
     let (out, _) = rados.ceph_mon_command_without_data(&command).map_err(|e| {

@@ -115,7 +115,10 @@ fn lock_ignoring_poison<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 pub fn open_pool(dir: &Path, degraded: bool) -> grove_store::Result<OpenedPool> {
     let config = PoolConfig::load(dir)?;
     if let Some(location) = &config.rados {
-        return crate::rados_pool::open(dir, location, &config);
+        return Ok(OpenedPool {
+            pool: crate::rados_pool::open(dir, location, &config)?,
+            branches: None,
+        });
     }
     let Some(table) = &config.branches else {
         return Ok(OpenedPool {

@@ -16,8 +16,6 @@ use grove_rados::{Claim, RadosDevice, RadosTarget, OBJECT_SIZE_DEFAULT};
 use grove_store::config::{PoolConfig, CONFIG_FILE_NAME};
 use grove_store::{Error, ErrorKind, Pool, PoolOptions, SpaceSettings};
 
-use crate::open::OpenedPool;
-
 /// Where the host-local directories of RADOS pools live.
 const LOCAL_DIR_ENV: &str = "GROVE_RADOS_DIR";
 const LOCAL_DIR_DEFAULT: &str = "/var/tmp/grove-rados";
@@ -111,7 +109,7 @@ fn device_location(device: &RadosDevice) -> String {
 }
 
 /// Opens the pool in `dir` whose grove.toml (`config`) names `location`.
-pub fn open(dir: &Path, location: &str, config: &PoolConfig) -> grove_store::Result<OpenedPool> {
+pub fn open(dir: &Path, location: &str, config: &PoolConfig) -> grove_store::Result<Pool> {
     let target = RadosTarget::parse(location)
         .map_err(|e| Error::new(ErrorKind::InvalidArgument, e.to_string()))?;
     let claim = if TAKEOVER.load(Ordering::Acquire) {
@@ -121,11 +119,7 @@ pub fn open(dir: &Path, location: &str, config: &PoolConfig) -> grove_store::Res
     };
     let device =
         RadosDevice::open_exclusive(&target, claim).map_err(|e| rados_error(location, e))?;
-    let pool = Pool::open_on_device(dir, Arc::new(device), config)?;
-    Ok(OpenedPool {
-        pool,
-        branches: None,
-    })
+    Pool::open_on_device(dir, Arc::new(device), config)
 }
 
 /// The engine's error for grove-rados's: a device held elsewhere is Busy
