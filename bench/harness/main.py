@@ -2,7 +2,8 @@
 profile, then writes <date>-<profile>.json, latest.md and PNG plots.
 
   main.py --grove BIN --grove-bench BIN [--quick | --smoke] [--out DIR]
-          [--only servers,depth,nsnaps,memory,snapcount,replication,retention,branches,archive]
+          [--only servers,depth,nsnaps,memory,snapcount,replication,retention,branches,archive,
+                  archive_scale]
           [--keep-work] [--grove-before BIN]
 """
 
@@ -29,7 +30,8 @@ import targets  # noqa: E402
 from grovecli import Grove  # noqa: E402
 from profiles import PROFILES  # noqa: E402
 from workloads import (  # noqa: E402
-    archive, branches, depth, memory, nsnaps, replication, retention, servers, snapcount)
+    archive, archive_scale, branches, depth, memory, nsnaps, replication, retention, servers,
+    snapcount)
 
 WORKLOADS = {
     "servers": servers.run,
@@ -41,6 +43,7 @@ WORKLOADS = {
     "retention": retention.run,
     "branches": branches.run,
     "archive": archive.run,
+    "archive_scale": archive_scale.run,
 }
 
 

@@ -85,8 +85,19 @@ class Profile:
     archive_days: int = 365
     archive_daily_fraction: float = 0.01
     archive_weekly_fraction: float = 0.05
+    # The archive at scale (issue 37 point 6): an archive of this many daily
+    # snapshots of a volume this big, each rewriting this many random 4 KiB
+    # blocks, made object by object; each archive command's peak RSS
+    # against the read cache plus 64 MiB.
+    archive_scale_snapshots: int = 10_000
+    archive_scale_volume_bytes: int = 64 * GIB
+    archive_scale_changes: int = 16
+    archive_scale_cache: str = "64M"
+    archive_scale_deep_check: bool = True
+    archive_scale_read_s: float = 20.0
     # The archive's year (an hour at 1 GiB, restic's backups most of it)
-    # runs with --only archive, and in the smoke run.
+    # runs with --only archive, and in the smoke run; the archive at scale
+    # likewise (--only archive_scale).
     workloads: tuple = ("servers", "depth", "nsnaps", "memory", "snapcount", "replication",
                         "retention", "branches")
 
@@ -124,6 +135,9 @@ QUICK = Profile(
     retention_rounds=1,
     # The year of peers-restic-rbd.md: a 256 MiB image.
     archive_bytes=256 * MIB,
+    archive_scale_snapshots=1000,
+    archive_scale_volume_bytes=8 * GIB,
+    archive_scale_read_s=5.0,
     retention_busy_bytes=256 * MIB,
     retention_window_s=20.0,
     retention_prune_lead_s=5.0,
@@ -182,8 +196,11 @@ SMOKE = Profile(
     branches_rebuild_window_s=2.0,
     archive_bytes=8 * MIB,
     archive_days=9,
+    archive_scale_snapshots=12,
+    archive_scale_volume_bytes=256 * MIB,
+    archive_scale_read_s=0.5,
     workloads=("servers", "depth", "nsnaps", "memory", "snapcount", "replication",
-               "retention", "branches", "archive"),
+               "retention", "branches", "archive", "archive_scale"),
 )
 
 PROFILES = {p.name: p for p in (SMOKE, QUICK, FULL)}

@@ -324,6 +324,29 @@ def branches_section(b, p):
     return lines
 
 
+def archive_scale_section(a, p):
+    made = a["made"]
+    rows = [[f"`grove archive {r['command']}`", _f(r["s"], 1),
+             f"{r['peak_rss_bytes'] / MIB:.0f} MiB", "yes" if r["within_bound"] else "NO"]
+            for r in a["commands"]]
+    r = a["reads"]
+    rows.append([f"`grove serve`: random 4K reads ({_n(r['random_4k_iops'])} IOPS), then "
+                 f"nbdcopy of the mapped data ({r['copy_mapped_s']:.1f} s)",
+                 _f(r["random_s"] + r["copy_mapped_s"], 1),
+                 f"{r['peak_hwm_bytes'] / MIB:.0f} MiB", "yes" if r["within_bound"] else "NO"])
+    return ["## Archive at scale", "",
+            f"An archive of {a['snapshots']:,} daily snapshots of a "
+            f"{a['volume_bytes'] / GIB:g} GiB volume, each rewriting {a['changes']} random "
+            f"4 KiB blocks ({made['pack_bytes'] / MIB:.0f} MiB of packs, "
+            f"{made['index_bytes'] / MIB:.0f} MiB of index, a "
+            f"{made['catalog_bytes'] / MIB:.1f} MiB catalog), made object by object by "
+            f"`grove-bench archive-scale` in {a['make_s']:.0f} s. Bound: the read cache "
+            f"({a['cache']}) plus 64 MiB = {a['bound_bytes'] / MIB:.0f} MiB. Expiry dropped "
+            f"{a['expired']:,} snapshots and kept {a['kept']}, copying "
+            f"{a['expire_bytes_copied'] / MIB:.0f} MiB the kept ones still use.", ""
+            ] + _table(["command", "s", "peak RSS", "within bound"], rows)
+
+
 SECTIONS = {
     "servers": servers_section,
     "depth": depth_section,
@@ -333,6 +356,7 @@ SECTIONS = {
     "replication": replication_section,
     "retention": retention_section,
     "branches": branches_section,
+    "archive_scale": archive_scale_section,
 }
 
 

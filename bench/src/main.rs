@@ -12,6 +12,7 @@ use clap::{Parser, Subcommand};
 use grove_store::{Pool, PoolOptions};
 
 mod archive;
+mod archive_scale;
 mod lifecycle;
 mod replication;
 mod retention;
@@ -170,6 +171,9 @@ enum Command {
     /// The archive workload's day: random 4 KiB blocks rewritten in a
     /// pool's volume and identically in a raw image (restic's input)
     Scribble(archive::ScribbleArgs),
+    /// bench/run: an archive of --snapshots snapshots of a --volume-bytes
+    /// volume made directly in a store, laid out as pushes lay it out
+    ArchiveScale(archive_scale::ArchiveScaleArgs),
 }
 
 /// xorshift64*: the same offsets in every run and for every peer.
@@ -380,5 +384,6 @@ fn main() -> Result<()> {
         } => replication::empty_snapshots(&pool, &volume, first, last),
         Command::RankedSnapshots(args) => args.run(),
         Command::Scribble(args) => args.run(),
+        Command::ArchiveScale(args) => args.run(),
     }
 }

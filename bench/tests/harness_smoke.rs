@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const TOOLS: [&str; 6] = ["fio", "qemu-img", "qemu-nbd", "qemu-io", "nbdkit", "restic"];
-const WORKLOADS: [&str; 8] = [
+const WORKLOADS: [&str; 9] = [
     "servers",
     "depth",
     "nsnaps",
@@ -17,6 +17,7 @@ const WORKLOADS: [&str; 8] = [
     "replication",
     "retention",
     "archive",
+    "archive_scale",
 ];
 const TARGET_COUNT: usize = 13;
 
@@ -198,6 +199,13 @@ fn smoke_profile_runs_every_workload_and_reports() {
     ] {
         assert!(figure.as_f64().is_some_and(|v| v > 0.0), "{reads}");
     }
+    // The archive made object by object is one `grove archive check`
+    // finds clean, before and after expiry, and every command ran on it.
+    let scale = &results["workloads"]["archive_scale"];
+    assert!(scale["check_clean"] == true, "{scale}");
+    assert!(scale["check_after_expire_clean"] == true, "{scale}");
+    assert_eq!(scale["listed"], scale["snapshots"], "{scale}");
+    assert!(scale["reads"]["peak_hwm_bytes"].is_u64(), "{scale}");
     let targets = results["targets"].as_array().expect("targets");
     assert_eq!(targets.len(), TARGET_COUNT, "{text}");
     for target in targets {
