@@ -133,6 +133,8 @@ impl Fabricator {
             seed: args.seed,
             catalog: Catalog {
                 volume: args.volume.clone(),
+                // Any id will do: readers only tell archives apart by it.
+                archive_id: format!("{:032x}", args.seed),
                 generation: 0,
                 block_bytes: BLOCK_BYTES as u32,
                 segment_blocks: SEGMENT_BLOCKS,
