@@ -42,6 +42,9 @@ pub fn forward_object(origin: u64, id: u64) -> String {
     format!("forward-{origin:016x}-{id:016x}")
 }
 
+/// Object names listed at a time.
+const OBJECTS_PER_PAGE: usize = 1000;
+
 /// Catalogs older than this many generations back are deleted.
 const CATALOGS_KEPT: u64 = 2;
 
@@ -93,14 +96,20 @@ impl Archive {
         format!("{} (volume {})", self.store.describe(), self.volume)
     }
 
-    /// The object names of the folder, with their sizes.
-    pub fn list_objects(&self) -> Result<Vec<(String, u64)>> {
-        Ok(self
-            .store()?
-            .list(&self.folder)?
-            .into_iter()
-            .map(|e| (e.name, e.size_bytes))
-            .collect())
+    /// Hands the names of the folder's objects to `visit` a page at a
+    /// time (at most `OBJECTS_PER_PAGE`), so that listing holds one page
+    /// whatever the archive's size. `visit` may delete what it is handed.
+    pub(crate) fn visit_objects(
+        &self,
+        visit: &mut dyn FnMut(&[String]) -> Result<()>,
+    ) -> Result<()> {
+        let mut names = Vec::with_capacity(OBJECTS_PER_PAGE);
+        self.store()?
+            .list_pages(&self.folder, OBJECTS_PER_PAGE, &mut |page| {
+                names.clear();
+                names.extend(page.iter().map(|e| e.name.clone()));
+                visit(&names)
+            })
     }
 
     pub(crate) fn create_object(&self, name: &str, data: &[u8]) -> Result<()> {
