@@ -206,8 +206,11 @@ impl Archive {
         Ok(())
     }
 
-    pub(crate) fn put_pack(&self, id: u64, bytes: &[u8]) -> Result<()> {
-        Ok(self.store()?.put(&self.folder, &pack_object(id), bytes)?)
+    /// Stores a pack, taking its bytes (held once on their way out).
+    pub(crate) fn put_pack(&self, id: u64, bytes: Vec<u8>) -> Result<()> {
+        Ok(self
+            .store()?
+            .put_owned(&self.folder, &pack_object(id), bytes)?)
     }
 
     /// Pack `id`'s header and slot table.

@@ -17,7 +17,8 @@ use crate::push_writer::PushWriter;
 use grove_store::{Pool, VolumeKind};
 
 /// Pack objects are at most this big by default.
-pub const DEFAULT_PACK_BYTES: u64 = 32 << 20;
+/// 16 MiB: a full push holds one pack, so this is most of its memory.
+pub const DEFAULT_PACK_BYTES: u64 = 16 << 20;
 
 /// What to push.
 #[derive(Debug, Clone)]

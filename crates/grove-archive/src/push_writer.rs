@@ -238,7 +238,8 @@ impl<'a> PushWriter<'a> {
         };
         let (id, slots) = (pack.id(), pack.slots());
         let bytes = pack.finish();
-        self.archive.put_pack(id, &bytes)?;
+        let object_bytes = bytes.len() as u64;
+        self.archive.put_pack(id, bytes)?;
         ledger::add_pack(
             catalog,
             PackRecord {
@@ -247,13 +248,12 @@ impl<'a> PushWriter<'a> {
                 first_seq: self.seq,
                 last_seq: self.seq,
                 slots,
-                object_bytes: bytes.len() as u64,
+                object_bytes,
             },
         );
         self.stored_blocks += u64::from(slots);
         self.packs_written += 1;
-        catalog.totals.pushed_bytes += bytes.len() as u64;
-        drop(bytes);
+        catalog.totals.pushed_bytes += object_bytes;
         // The segments recorded below must name stored pages only.
         self.pages.flush(self.archive, catalog, self.seq)?;
         let partial = partial_of(catalog);

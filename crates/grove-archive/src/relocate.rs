@@ -239,7 +239,8 @@ fn copy_used(
         let mut builder = PackBuilder::new(id, catalog.block_bytes, slots.len() as u32);
         copy_slots(archive, &header, orphan, &slots, &mut builder)?;
         let bytes = builder.finish();
-        archive.put_pack(id, &bytes)?;
+        let object_bytes = bytes.len() as u64;
+        archive.put_pack(id, bytes)?;
         let entries: Vec<SlotEntry> = slots.iter().map(|&s| orphan.table[s as usize]).collect();
         let uses = slots.iter().map(|s| orphan.uses[s]);
         ledger::add_pack(
@@ -254,7 +255,7 @@ fn copy_used(
                     .expect("a group has slots"),
                 last_seq: uses.map(|u| u.last_seq).max().expect("a group has slots"),
                 slots: entries.len() as u32,
-                object_bytes: bytes.len() as u64,
+                object_bytes,
             },
         );
         for (new_slot, entry) in entries.iter().enumerate() {
@@ -264,7 +265,7 @@ fn copy_used(
                 .push((entry.origin.1, (id, new_slot as u32)));
         }
         done.packs_copied += 1;
-        done.bytes_copied += bytes.len() as u64;
+        done.bytes_copied += object_bytes;
     }
     Ok(())
 }

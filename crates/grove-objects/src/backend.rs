@@ -90,6 +90,11 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// With `create_only`, fails with ErrorKind::AlreadyExists if the key
     /// exists, atomically.
     fn put(&self, key: &str, data: &[u8], create_only: bool) -> Result<()>;
+    /// `put` of data the caller gives up: a backend that sends it whole
+    /// (S3) takes it without a copy, so a big object is held once.
+    fn put_owned(&self, key: &str, data: Vec<u8>, create_only: bool) -> Result<()> {
+        self.put(key, &data, create_only)
+    }
     /// Bytes `range` of the object at `key` (shorter if the object is).
     fn get_range(&self, key: &str, range: Range<u64>) -> Result<Vec<u8>>;
     /// The whole object at `key`.

@@ -132,6 +132,13 @@ impl FolderStore {
         self.backend.put(&checked_key(folder, name)?, data, false)
     }
 
+    /// `put` of data the caller gives up, so that a big object is held
+    /// once on its way to the store.
+    pub fn put_owned(&self, folder: &str, name: &str, data: Vec<u8>) -> Result<()> {
+        self.backend
+            .put_owned(&checked_key(folder, name)?, data, false)
+    }
+
     /// Stores `data` only if nothing is stored under the name, atomically;
     /// otherwise fails with [`ErrorKind::AlreadyExists`].
     pub fn create(&self, folder: &str, name: &str, data: &[u8]) -> Result<()> {

@@ -178,12 +178,16 @@ impl Backend for S3Backend {
     }
 
     fn put(&self, key: &str, data: &[u8], create_only: bool) -> Result<()> {
+        self.put_owned(key, data.to_vec(), create_only)
+    }
+
+    fn put_owned(&self, key: &str, data: Vec<u8>, create_only: bool) -> Result<()> {
         let mode = if create_only {
             PutMode::Create
         } else {
             PutMode::Overwrite
         };
-        let payload = PutPayload::from(Bytes::copy_from_slice(data));
+        let payload = PutPayload::from(Bytes::from(data));
         self.runtime
             .block_on(
                 self.store

@@ -29,7 +29,7 @@ pub enum ArchiveCommand {
         snapshot: Option<String>,
         #[command(flatten)]
         place: ArchivePlace,
-        /// Largest pack object [default: 32M]
+        /// Largest pack object [default: 16M]
         #[arg(long, value_name = "SIZE")]
         pack_size: Option<String>,
         /// Take over the claim of a writer that is gone
