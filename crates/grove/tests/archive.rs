@@ -564,10 +564,12 @@ fn newest(folder: &Path, prefix: &str) -> String {
 /// a restore: the archive checks consistent, the command runs again (the
 /// dead writer's claim taken over) and ends as an uninterrupted run would,
 /// with nothing left over.
-#[test]
-fn expire_and_restore_killed_part_way_leave_a_consistent_archive_and_run_again() {
+/// Expiry killed before and after its commit, and a restore killed half
+/// way, each on a fresh archive from `archive`: the archive checks
+/// consistent and the command runs again to what an uninterrupted run does.
+fn killed_expiry_and_restore_run_again(archive: &dyn Fn() -> Option<String>) {
     for point in ["expire-before-commit", "expire-before-delete"] {
-        let pool = Pool::new(None);
+        let pool = Pool::new(archive());
         let mut taken = Vec::new();
         for day in 0..10 {
             pool.day_without_expiry(day);
@@ -608,7 +610,7 @@ fn expire_and_restore_killed_part_way_leave_a_consistent_archive_and_run_again()
             pool.ok(&["rm", "back"]);
         }
     }
-    let pool = Pool::new(None);
+    let pool = Pool::new(archive());
     pool.day(0);
     let name = pool.listing()[0]["name"].as_str().unwrap().to_string();
     pool.kill_at("restore-midway", &["archive", "restore", &name, "back"]);
@@ -622,6 +624,18 @@ fn expire_and_restore_killed_part_way_leave_a_consistent_archive_and_run_again()
         !pool.ok(&["list"]).contains("back.restoring"),
         "the half restore is gone"
     );
+}
+
+#[test]
+fn expire_and_restore_killed_part_way_leave_a_consistent_archive_and_run_again() {
+    killed_expiry_and_restore_run_again(&|| None);
+}
+
+#[test]
+fn expire_and_restore_killed_part_way_on_the_gateway_leave_it_consistent_and_run_again() {
+    if s3_archive("expire").is_some() {
+        killed_expiry_and_restore_run_again(&|| s3_archive("expire"));
+    }
 }
 
 /// A pool lost: a new pool restores the newest archived snapshot from the
