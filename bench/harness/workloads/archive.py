@@ -98,7 +98,10 @@ def grove_day(ctx, pool, day, now, urls):
             "needed_bytes": listing["needed_bytes"],
             "kept": len(listing["snapshots"]), "totals": listing["totals"],
         }
-    g.cli(pool, "prune", "--now", f"@{now}")
+    # The year pushes to its own locations (--to), not the pool's
+    # configured archive, so the pool's prune must not wait for pushes
+    # there (grove prune keeps what the configured archive has not got).
+    g.cli(pool, "prune", "--now", f"@{now}", "--ignore-archive")
     return row
 
 
