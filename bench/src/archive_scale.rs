@@ -19,9 +19,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use grove_archive::format::catalog::{
-    self, ArchivedSnapshot, Catalog, PackRecord, PagesRecord, Totals,
-};
+use grove_archive::format::catalog::{self, ArchivedSnapshot, Catalog, PackRecord, PagesRecord};
 use grove_archive::format::index::{PageRef, SnapshotRoot, SEGMENT_BLOCKS};
 use grove_archive::format::pack::{self, SlotEntry};
 use grove_archive::format::page;
@@ -131,22 +129,13 @@ impl Fabricator {
             size_bytes: args.volume_bytes,
             changes: args.changes,
             seed: args.seed,
-            catalog: Catalog {
-                volume: args.volume.clone(),
-                // Any id will do: readers only tell archives apart by it.
-                archive_id: format!("{:032x}", args.seed),
-                generation: 0,
-                block_bytes: BLOCK_BYTES as u32,
-                segment_blocks: SEGMENT_BLOCKS,
-                next_pack: 1,
-                next_seq: 1,
-                snapshots: Vec::new(),
-                packs: Vec::new(),
-                pages: Vec::new(),
-                forwards: Vec::new(),
-                partial: None,
-                totals: Totals::default(),
-            },
+            // Any id will do: readers only tell archives apart by it.
+            catalog: Catalog::empty(
+                &args.volume,
+                format!("{:032x}", args.seed),
+                BLOCK_BYTES as u32,
+                SEGMENT_BLOCKS,
+            ),
             runs: vec![Vec::new(); segments],
             pages: vec![None; segments],
             pack_counts: BTreeMap::new(),

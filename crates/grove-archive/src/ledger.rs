@@ -2,28 +2,17 @@
 //! pack is still referenced, and the changes a command makes to it, each
 //! checked before and after.
 
-use crate::format::catalog::{
-    ArchivedSnapshot, Catalog, ForwardRecord, PackRecord, PagesRecord, Totals,
-};
+use crate::format::catalog::{ArchivedSnapshot, Catalog, ForwardRecord, PackRecord, PagesRecord};
 use std::collections::BTreeSet;
 
-/// A new, empty catalog for `volume` (generation 0: the first commit is 1).
+/// A new, empty catalog for `volume`, with a fresh random id.
 pub fn empty(volume: &str, block_bytes: u32) -> Catalog {
-    Catalog {
-        volume: volume.to_string(),
-        archive_id: random_id(),
-        generation: 0,
+    Catalog::empty(
+        volume,
+        random_id(),
         block_bytes,
-        segment_blocks: crate::hooks::segment_blocks(),
-        next_pack: 1,
-        next_seq: 1,
-        snapshots: Vec::new(),
-        packs: Vec::new(),
-        pages: Vec::new(),
-        forwards: Vec::new(),
-        partial: None,
-        totals: Totals::default(),
-    }
+        crate::hooks::segment_blocks(),
+    )
 }
 
 /// 128 random bits as hex, from the kernel; the clock and the process if

@@ -150,6 +150,33 @@ pub struct Catalog {
     pub totals: Totals,
 }
 
+impl Catalog {
+    /// An empty catalog before its first commit (generation 0: the first
+    /// commit is 1), for an archive of `volume` named `archive_id`.
+    pub fn empty(
+        volume: &str,
+        archive_id: String,
+        block_bytes: u32,
+        segment_blocks: u32,
+    ) -> Catalog {
+        Catalog {
+            volume: volume.to_string(),
+            archive_id,
+            generation: 0,
+            block_bytes,
+            segment_blocks,
+            next_pack: 1,
+            next_seq: 1,
+            snapshots: Vec::new(),
+            packs: Vec::new(),
+            pages: Vec::new(),
+            forwards: Vec::new(),
+            partial: None,
+            totals: Totals::default(),
+        }
+    }
+}
+
 /// The object name of generation `generation`.
 pub fn object_name(generation: u64) -> String {
     format!("catalog-{generation:016x}")
