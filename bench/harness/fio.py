@@ -48,10 +48,17 @@ def run_clean(profile, args):
     return parse(out)
 
 
-def run_file(profile, job, path, size_bytes):
-    """A job on a plain file with direct I/O: the limit."""
-    args = common_args(profile, job) + ["--ioengine=libaio", "--direct=1",
-                                         f"--filename={path}", f"--size={size_bytes}"]
+def run_file(profile, job, path, size_bytes, cache="direct"):
+    """A job on a plain file: the limit. Direct: libaio at the profile's
+    depth, past the host's page cache. Buffered: each of the jobs a
+    pread/pwrite loop through the page cache (fio's psync engine), which is
+    what a buffered server does with the requests it has, so a buffered
+    server compares with the limit in its own cache mode."""
+    if cache == "direct":
+        engine = ["--ioengine=libaio", "--direct=1"]
+    else:
+        engine = ["--ioengine=psync", "--direct=0"]
+    args = common_args(profile, job) + engine + [f"--filename={path}", f"--size={size_bytes}"]
     return run_clean(profile, args)
 
 

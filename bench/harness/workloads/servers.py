@@ -1,5 +1,5 @@
-"""The limit and the NBD servers: the same four fio jobs on a plain file
-with direct I/O, on qemu-nbd (buffered and direct), on nbdkit's file plugin
+"""The limits and the NBD servers: the same four fio jobs on a plain file
+(direct I/O with libaio, and buffered pread/pwrite), on qemu-nbd (buffered and direct), on nbdkit's file plugin
 and on `grove serve`, all holding the same random data. Servers take turns
 within each round; rounds repeat the whole set and the medians are kept."""
 
@@ -12,11 +12,14 @@ import peers
 # target -> (what the row says, cache mode)
 TARGETS = {
     "plain-direct": ("plain file, libaio (the limit)", "direct"),
+    "plain-buffered": ("plain file, pread/pwrite (the buffered limit)", "buffered"),
     "qemu-nbd-buffered": ("qemu-nbd raw --cache=writeback", "buffered"),
     "qemu-nbd-direct": ("qemu-nbd raw --cache=none", "direct"),
     "nbdkit-file": ("nbdkit file plugin, raw", "buffered"),
     "grove": ("grove serve", "buffered"),
 }
+# The rows that are a plain file, no server: the limits.
+PLAIN = ("plain-direct", "plain-buffered")
 
 
 def run(ctx):
@@ -25,7 +28,7 @@ def run(ctx):
     raw = work / "disk.raw"
     images.make_raw(raw, p.servers_image_bytes)
     files = {}
-    for target in ("plain-direct", "qemu-nbd-buffered", "qemu-nbd-direct", "nbdkit-file"):
+    for target in PLAIN + ("qemu-nbd-buffered", "qemu-nbd-direct", "nbdkit-file"):
         files[target] = work / f"{target}.raw"
         images.copy(raw, files[target])
     pool = work / "pool"
@@ -38,9 +41,10 @@ def run(ctx):
     for round_no in range(p.servers_rounds):
         for target in TARGETS:
             ctx.log(f"servers: round {round_no + 1}/{p.servers_rounds}, {target}")
-            if target == "plain-direct":
+            if target in PLAIN:
+                cache = TARGETS[target][1]
                 for job in p.servers_jobs:
-                    result = fio.run_file(p, job, files[target], p.servers_image_bytes)
+                    result = fio.run_file(p, job, files[target], p.servers_image_bytes, cache)
                     samples[(target, job)].append(result)
                 continue
             sock = work / f"{target}.sock"
