@@ -11,12 +11,6 @@ use super::Pool;
 pub(super) struct ForegroundCounters {
     started: AtomicU64,
     in_flight: AtomicU64,
-    /// Client requests waiting for the state lock now, and how many have
-    /// taken it since the pool was opened: work done in slices under the
-    /// lock waits between slices until the waiters got in
-    /// (`locking::let_clients_in`).
-    waiting_for_state: AtomicU64,
-    admitted_to_state: AtomicU64,
 }
 
 /// One look at the pool's foreground load.
@@ -56,26 +50,6 @@ impl ForegroundCounters {
     /// Requests running now.
     pub(super) fn in_flight(&self) -> u64 {
         self.in_flight.load(Ordering::Relaxed)
-    }
-
-    /// A client request starts waiting for the state lock.
-    pub(super) fn waits_for_state(&self) {
-        self.waiting_for_state.fetch_add(1, Ordering::SeqCst);
-    }
-
-    /// The request that `waits_for_state` counted has the state lock.
-    pub(super) fn admitted_to_state(&self) {
-        let waiting = self.waiting_for_state.fetch_sub(1, Ordering::SeqCst);
-        assert!(waiting > 0, "only a counted waiter is admitted");
-        self.admitted_to_state.fetch_add(1, Ordering::SeqCst);
-    }
-
-    /// (waiting, admitted so far) for the state lock.
-    pub(super) fn state_waiters(&self) -> (u64, u64) {
-        (
-            self.waiting_for_state.load(Ordering::SeqCst),
-            self.admitted_to_state.load(Ordering::SeqCst),
-        )
     }
 
     fn load(&self) -> ForegroundLoad {

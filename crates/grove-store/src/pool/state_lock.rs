@@ -22,13 +22,3 @@ pub(super) fn lock_state(inner: &Inner) -> MutexGuard<'_, State> {
     state.nodes_mut().begin_operation();
     state
 }
-
-/// `lock_state` for a client's request (a read, write, unmap or flush),
-/// counted as waiting until it has the lock, so that work sliced under the
-/// lock lets it in before taking the next slice (`let_clients_in`).
-pub(super) fn lock_state_for_client(inner: &Inner) -> MutexGuard<'_, State> {
-    inner.foreground.waits_for_state();
-    let state = lock_state(inner);
-    inner.foreground.admitted_to_state();
-    state
-}

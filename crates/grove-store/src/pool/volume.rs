@@ -6,7 +6,7 @@
 use std::sync::MutexGuard;
 
 use super::locking::{commit, commit_if_large, commit_locked};
-use super::state_lock::{lock_state, lock_state_for_client};
+use super::state_lock::lock_state;
 use super::{
     check_range, ensure_changes_allowed, read_only_error, volume_info_off_lock, volume_summary,
     Inner, Volume, VolumeInfo, VolumeSummary,
@@ -44,7 +44,7 @@ impl Volume {
     /// Fills `buf` from byte `offset`. Holes read as zeros.
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         let _request = self.inner.foreground.begin();
-        let state = lock_state_for_client(&self.inner);
+        let state = lock_state(&self.inner);
         let record = self.record(&state)?;
         check_range(&record, "read", offset, buf.len() as u64)?;
         let block_bytes = state.geometry().block_bytes();
@@ -135,7 +135,7 @@ impl Volume {
     /// lock, written with only the I/O gate held, its new blocks mapped
     /// under the lock again. Returns its length.
     fn write_chunk(&self, whole: &[u8], whole_offset: u64, done: usize) -> Result<usize> {
-        let state = lock_state_for_client(&self.inner);
+        let state = lock_state(&self.inner);
         // The whole range first, so no arithmetic below can overflow.
         let record = self.check_writable(&state, whole_offset, whole.len())?;
         let block_bytes = state.geometry().block_bytes();
@@ -183,7 +183,7 @@ impl Volume {
         if plan.allocations.is_empty() {
             return written.map(|()| len);
         }
-        let mut state = lock_state_for_client(&self.inner);
+        let mut state = lock_state(&self.inner);
         if let Err(e) = written.and_then(|()| ensure_changes_allowed(&state)) {
             plan.free_allocations(&mut state);
             return Err(e);
@@ -203,7 +203,7 @@ impl Volume {
     /// zeroed. Afterwards the range reads as zeros.
     pub fn discard(&self, offset: u64, len: u64) -> Result<()> {
         let _request = self.inner.foreground.begin();
-        let mut state = lock_state_for_client(&self.inner);
+        let mut state = lock_state(&self.inner);
         ensure_changes_allowed(&state)?;
         let record = self.record(&state)?;
         if !record.kind.is_writable() {
@@ -355,7 +355,7 @@ fn prefetch_paths<'a>(
         let mut block = vec![0u8; block_bytes as usize];
         let read = device.read_at(&mut block, addr.0 * block_bytes);
         reads += 1;
-        state = lock_state_for_client(inner);
+        state = lock_state(inner);
         let cached = read.is_ok()
             && state.cache_prefetched(addr, NodeKind::VolumeData, level, &block, epoch);
         if !cached {
