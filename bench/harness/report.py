@@ -1,6 +1,8 @@
 """bench/results/latest.md: every figure next to its peer from the same
 run, each row with its cache mode, then the targets met or not."""
 
+from targets import list_cases
+
 MIB = 1 << 20
 GIB = 1 << 30
 
@@ -213,6 +215,39 @@ def replication_section(r, p):
     return lines
 
 
+def list_lines(case):
+    """`grove list`, and the admin commands, on one pool size."""
+    window = case.get("window_s")
+    lines = ["", "`grove list --json` through the control socket of a served pool while "
+             "one fio client reads random 4K blocks (1 job, iodepth 1), against the same "
+             "span of a quiet " + (f"{window:g} s " if window else "") + "window:", ""]
+    lrows = []
+    for which in ("list_before", "list"):
+        x = case.get(which)
+        if not x:
+            continue
+        lrows.append(["before" if which == "list_before" else "this grove",
+                      f"{x['volumes']:,}", _f(x["list_s"], 3),
+                      _f(x["quiet_span"]["lat_max_ms"], 2), _f(x["stall_ms"], 2),
+                      _n(x["quiet_span"]["iops"]), _n(x["during_span"]["iops"]),
+                      "yes" if x["covered"] else "no", f"`{x['grove']}`"])
+    lines += _table(["grove", "volumes", "list s", "worst read ms quiet",
+                     "worst read ms during list", "read IOPS quiet", "read IOPS during",
+                     "window covers", "binary"], lrows)
+    admin = case.get("admin")
+    if admin:
+        lines += ["", f"Admin commands through the control socket of the same pool "
+                  f"({admin['volumes']:,} volumes), one after another in one read window "
+                  "like the list's, against the same spans of a quiet window (the worst "
+                  "read of fio's 100 ms rows covering each command):", ""]
+        arows = [[f"`grove {' '.join(c['args'])}`", _f(c["s"], 3),
+                  _f(c["quiet_span"]["lat_max_ms"], 2), _f(c["stall_ms"], 2),
+                  "yes" if c["covered"] else "no"] for c in admin["commands"]]
+        lines += _table(["command", "s", "worst read ms quiet", "worst read ms during",
+                         "window covers"], arows)
+    return lines
+
+
 def retention_section(r, p):
     rows = []
     for x in r["prune"]:
@@ -264,33 +299,8 @@ def retention_section(r, p):
         f"{x['snapshots']:,} ({x.get('numjobs', p['numjobs'])} x "
         f"{x.get('iodepth', p['iodepth'])}): {phase(x, 'prune')}; {phase(x, 'reclaim')}"
         for x in r["prune"]) + "."]
-    lines += ["", "`grove list --json` through the control socket of a served pool while "
-              "one fio client reads random 4K blocks (1 job, iodepth 1), against the same "
-              f"span of a quiet {r['list_window_s']:g} s window:", ""]
-    lrows = []
-    for which in ("list_before", "list"):
-        x = r.get(which)
-        if not x:
-            continue
-        lrows.append(["before" if which == "list_before" else "this grove",
-                      f"{x['volumes']:,}", _f(x["list_s"], 3),
-                      _f(x["quiet_span"]["lat_max_ms"], 2), _f(x["stall_ms"], 2),
-                      _n(x["quiet_span"]["iops"]), _n(x["during_span"]["iops"]),
-                      "yes" if x["covered"] else "no", f"`{x['grove']}`"])
-    lines += _table(["grove", "volumes", "list s", "worst read ms quiet",
-                     "worst read ms during list", "read IOPS quiet", "read IOPS during",
-                     "window covers", "binary"], lrows)
-    admin = r.get("admin")
-    if admin:
-        lines += ["", f"Admin commands through the control socket of the same pool "
-                  f"({admin['volumes']:,} volumes), one after another in one read window "
-                  "like the list's, against the same spans of a quiet window (the worst "
-                  "read of fio's 100 ms rows covering each command):", ""]
-        arows = [[f"`grove {' '.join(c['args'])}`", _f(c["s"], 3),
-                  _f(c["quiet_span"]["lat_max_ms"], 2), _f(c["stall_ms"], 2),
-                  "yes" if c["covered"] else "no"] for c in admin["commands"]]
-        lines += _table(["command", "s", "worst read ms quiet", "worst read ms during",
-                         "window covers"], arows)
+    for case in list_cases(r):
+        lines += list_lines(case)
     return lines
 
 

@@ -171,20 +171,23 @@ fn smoke_profile_runs_every_workload_and_reports() {
         );
         assert!(round["prune_s"].is_f64(), "{round}");
     }
-    assert!(
-        retention["list"]["stall_ms"]
-            .as_f64()
-            .is_some_and(|v| v > 0.0),
-        "{retention}"
-    );
-    // The admin commands, each timed beside the same reader.
-    let commands = retention["admin"]["commands"]
-        .as_array()
-        .expect("admin commands");
-    assert_eq!(commands.len(), 4, "{retention}");
-    for command in commands {
-        assert!(command["s"].is_f64(), "{command}");
-        assert!(command["stall_ms"].is_f64(), "{command}");
+    // `grove list` and the admin commands, on each pool size of the profile.
+    let cases = retention["list_counts"].as_array().expect("list counts");
+    assert!(!cases.is_empty(), "{retention}");
+    for case in cases {
+        assert!(
+            case["list"]["stall_ms"].as_f64().is_some_and(|v| v > 0.0),
+            "{case}"
+        );
+        // The admin commands, each timed beside the same reader.
+        let commands = case["admin"]["commands"]
+            .as_array()
+            .expect("admin commands");
+        assert_eq!(commands.len(), 4, "{case}");
+        for command in commands {
+            assert!(command["s"].is_f64(), "{command}");
+            assert!(command["stall_ms"].is_f64(), "{command}");
+        }
     }
     // Archive reads after the year: an archived snapshot over NBD, cold and
     // warm, beside the pool's copy and the other ways back from the store.

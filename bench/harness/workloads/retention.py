@@ -25,12 +25,13 @@ listing a pool of 100,000 volumes while clients do I/O, on pools served by
    worst is 4 to 340 ms round to round); the probe leaves a core to
    spare, so what it waits for is the engine. The probe's window is
    sized from the full load's spans of the same count.
-2. List: a pool with one volume and snapshots of it up to
-   `retention_list_volumes` volumes. One fio client reads random 4 KiB
-   blocks (iodepth 1) for a fixed window while `grove list --json` runs
-   through the control socket; the worst request latency during the list
-   against the same span of a quiet window. With --grove-before, the same
-   with an older grove's `serve` and `list` on the same pool.
+2. List: for each (volumes, window) of `retention_list_counts`, a pool
+   with one volume and snapshots of it up to that many volumes. One fio
+   client reads random 4 KiB blocks (iodepth 1) for the window while
+   `grove list --json` runs through the control socket; the worst
+   request latency during the list against the same span of a quiet
+   window. With --grove-before, the same with an older grove's `serve`
+   and `list` on the same pool.
 3. Admin commands (issue 25 point 5): on the same pool and in the same
    kind of read window, `grove info`, `rename`, `resize` and `rm` through
    the control socket one after another, ADMIN_GAP_S apart, each timed;
@@ -84,13 +85,9 @@ def run(ctx):
     p = ctx.profile
     work = ctx.dir("retention")
     result = {"prune": prune_rounds(ctx, work)}
-    result["list"] = list_stall(ctx, work, ctx.grove.grove, "after")
-    if ctx.grove_before:
-        result["list_before"] = list_stall(ctx, work, ctx.grove_before, "before")
-    # Last: its rename and rm change the pool the listings count.
-    result["admin"] = admin_stall(ctx, work)
+    result["list_counts"] = [list_count(ctx, work, volumes, window)
+                             for volumes, window in p.retention_list_counts]
     result["window_s"] = p.retention_window_s
-    result["list_window_s"] = p.retention_list_window_s
     result["metadata"] = ctx.grove.metadata(work / "prune-pool",
                                             "retention (after pruning and reclaim)")
     return result
@@ -310,24 +307,36 @@ def steady_outside(prefix, numjobs, span, window_ms):
     return {"iops": iops, "ms": total_ms}
 
 
-def build_list_pool(ctx, pool):
-    """One volume and snapshots of it, `retention_list_volumes` volumes in all."""
-    p = ctx.profile
+def list_count(ctx, work, volumes, window):
+    """`grove list` (and an older grove's, with --grove-before), then the
+    admin commands, on a pool of `volumes` volumes, in read windows of
+    `window` seconds."""
+    pool = work / f"list-pool-{volumes}"
+    case = {"volumes": volumes, "window_s": window,
+            "list": list_stall(ctx, work, pool, volumes, window, ctx.grove.grove, "after")}
+    if ctx.grove_before:
+        case["list_before"] = list_stall(ctx, work, pool, volumes, window, ctx.grove_before,
+                                         "before")
+    # Last: its rename and rm change the pool the listings count.
+    case["admin"] = admin_stall(ctx, work, pool, volumes, window)
+    return case
+
+
+def build_list_pool(ctx, pool, volumes):
+    """One volume and snapshots of it, `volumes` volumes in all."""
     ctx.grove.init(pool)
-    ctx.log(f"retention: building a pool of {p.retention_list_volumes:,} volumes")
+    ctx.log(f"retention: building a pool of {volumes:,} volumes")
     return ctx.grove.bench_json("ranked-snapshots", "--pool", pool, "--volume", "v",
                                 "--create-size", VOLUME_BYTES, "--prefill-bytes",
-                                PREFILL_BYTES, "--count", p.retention_list_volumes - 1)
+                                PREFILL_BYTES, "--count", volumes - 1)
 
 
-def list_stall(ctx, work, grove_bin, which):
+def list_stall(ctx, work, pool, volumes, window, grove_bin, which):
     """A quiet read window, then the same with `grove list --json` in it."""
     p = ctx.profile
-    pool = work / "list-pool"
-    built = build_list_pool(ctx, pool) if not pool.exists() else None
-    sock = work / f"list-{which}.sock"
-    window = p.retention_list_window_s
-    result = {"grove": str(grove_bin), "volumes": p.retention_list_volumes}
+    built = build_list_pool(ctx, pool, volumes) if not pool.exists() else None
+    sock = work / f"list-{volumes}-{which}.sock"
+    result = {"grove": str(grove_bin), "volumes": volumes}
     if built:
         result["build_ms"] = built["build_ms"]
 
@@ -339,18 +348,19 @@ def list_stall(ctx, work, grove_bin, which):
         t["listed"] = len(json.loads(out))
         return t
 
-    with serve(ctx, grove_bin, pool, sock, f"retention-list-{which}.log"):
-        ctx.log(f"retention: list ({which}): quiet window of {window} s")
-        quiet_prefix = work / f"list-quiet-{which}"
+    with serve(ctx, grove_bin, pool, sock, f"retention-list-{volumes}-{which}.log"):
+        ctx.log(f"retention: list ({volumes:,}, {which}): quiet window of {window} s")
+        quiet_prefix = work / f"list-quiet-{volumes}-{which}"
         quiet, _ = fio_window(ctx, sock, "v", "rand-read", LIST_READ_JOBS, LIST_READ_DEPTH,
                               window, quiet_prefix)
-        ctx.log(f"retention: list ({which}): window of {window} s with `grove list`")
-        busy_prefix = work / f"list-busy-{which}"
+        ctx.log(f"retention: list ({volumes:,}, {which}): window of {window} s "
+                "with `grove list`")
+        busy_prefix = work / f"list-busy-{volumes}-{which}"
         during, t = fio_window(ctx, sock, "v", "rand-read", LIST_READ_JOBS, LIST_READ_DEPTH,
                                window, busy_prefix, listing)
-    if t["listed"] != p.retention_list_volumes:
+    if t["listed"] != volumes:
         raise CommandError(f"grove list ({which}) listed {t['listed']} volumes, "
-                           f"not {p.retention_list_volumes}")
+                           f"not {volumes}")
     span = (t["start_ms"], t["end_ms"])
     quiet_span = fio.span_figures(quiet_prefix, LIST_READ_JOBS, *span)
     busy_span = fio.span_figures(busy_prefix, LIST_READ_JOBS, *span)
@@ -373,16 +383,14 @@ def admin_commands(volumes):
             ("rm", ["rm", f"v@{n // 3}"])]
 
 
-def admin_stall(ctx, work):
+def admin_stall(ctx, work, pool, volumes, window):
     """A quiet read window, then the same with `grove info`, `rename`,
     `resize` and `rm` in it, one after another: per command, its time and
     the worst read during it, and the same spans of the quiet window."""
     p = ctx.profile
     grove_bin = ctx.grove.grove
-    pool = work / "list-pool"
-    sock = work / "admin.sock"
-    window = p.retention_list_window_s
-    commands = admin_commands(p.retention_list_volumes)
+    sock = work / f"admin-{volumes}.sock"
+    commands = admin_commands(volumes)
 
     def admin(started):
         time.sleep(p.retention_lead_s)
@@ -395,14 +403,14 @@ def admin_stall(ctx, work):
             time.sleep(ADMIN_GAP_S)
         return timed
 
-    with serve(ctx, grove_bin, pool, sock, "retention-admin.log"):
-        ctx.log(f"retention: admin commands: quiet window of {window} s")
-        quiet_prefix = work / "admin-quiet"
+    with serve(ctx, grove_bin, pool, sock, f"retention-admin-{volumes}.log"):
+        ctx.log(f"retention: admin commands ({volumes:,}): quiet window of {window} s")
+        quiet_prefix = work / f"admin-quiet-{volumes}"
         fio_window(ctx, sock, "v", "rand-read", LIST_READ_JOBS, LIST_READ_DEPTH, window,
                    quiet_prefix)
-        ctx.log(f"retention: admin commands: window of {window} s with "
+        ctx.log(f"retention: admin commands ({volumes:,}): window of {window} s with "
                 f"{', '.join(label for label, _ in commands)}")
-        busy_prefix = work / "admin-busy"
+        busy_prefix = work / f"admin-busy-{volumes}"
         _, timed = fio_window(ctx, sock, "v", "rand-read", LIST_READ_JOBS, LIST_READ_DEPTH,
                               window, busy_prefix, admin)
     rows = []
@@ -414,5 +422,5 @@ def admin_stall(ctx, work):
                      "span_ms": list(span), "covered": t["end_ms"] <= window * 1000,
                      "quiet_span": quiet_span, "during_span": busy_span,
                      "stall_ms": busy_span["lat_max_ms"]})
-    return {"volumes": p.retention_list_volumes, "commands": rows,
+    return {"volumes": volumes, "commands": rows,
             "stall_ms": max(r["stall_ms"] for r in rows)}
