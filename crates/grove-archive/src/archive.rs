@@ -125,20 +125,27 @@ impl Archive {
         let bytes = self
             .store()?
             .get_range(&self.folder, name, range)
-            .map_err(|e| {
-                if e.kind() == ErrorKind::NotFound {
-                    ArchiveError::Damaged(format!("{name} is missing from {}", self.describe()))
-                } else {
-                    ArchiveError::Store(e)
-                }
-            })?;
+            .map_err(|e| self.missing_is_damage(name, e))?;
         if bytes.len() as u64 != len {
-            return Err(ArchiveError::Damaged(format!(
-                "{name} in {} is shorter than the catalog says (truncated)",
-                self.describe()
-            )));
+            return Err(self.truncated(name));
         }
         Ok(bytes)
+    }
+
+    /// A referenced object not found is damage, not a store error.
+    fn missing_is_damage(&self, name: &str, e: grove_objects::Error) -> ArchiveError {
+        if e.kind() == ErrorKind::NotFound {
+            ArchiveError::Damaged(format!("{name} is missing from {}", self.describe()))
+        } else {
+            ArchiveError::Store(e)
+        }
+    }
+
+    fn truncated(&self, name: &str) -> ArchiveError {
+        ArchiveError::Damaged(format!(
+            "{name} in {} is shorter than the catalog says (truncated)",
+            self.describe()
+        ))
     }
 
     pub(crate) fn delete_objects(&self, names: &[String]) -> Result<()> {
@@ -247,12 +254,53 @@ impl Archive {
         let bytes = self.get_range(&name, start..start + u64::from(count) * header.slot_bytes())?;
         let mut out = Vec::with_capacity(count as usize * header.block_bytes as usize);
         for (i, record) in bytes.chunks(header.slot_bytes() as usize).enumerate() {
-            let data = pack::verify_slot(header, first + i as u32, record).map_err(|why| {
-                ArchiveError::Damaged(format!("{name} in {}: {why}", self.describe()))
-            })?;
-            out.extend_from_slice(data);
+            out.extend_from_slice(self.checked_slot(header, first + i as u32, record)?);
         }
         Ok(out)
+    }
+
+    /// The data of slot `slot` of a pack from its stored `record`
+    /// (checksum and data), checked.
+    pub(crate) fn checked_slot<'r>(
+        &self,
+        header: &PackHeader,
+        slot: u32,
+        record: &'r [u8],
+    ) -> Result<&'r [u8]> {
+        pack::verify_slot(header, slot, record).map_err(|why| {
+            ArchiveError::Damaged(format!(
+                "{} in {}: {why}",
+                pack_object(header.id),
+                self.describe()
+            ))
+        })
+    }
+
+    /// The stored records (checksums and data) of each run of slots in
+    /// `spans` of a pack, unchecked: one ranged read each, a few in flight
+    /// at a time.
+    pub(crate) fn read_spans(
+        &self,
+        header: &PackHeader,
+        spans: &[Range<u32>],
+    ) -> Result<Vec<Vec<u8>>> {
+        let name = pack_object(header.id);
+        let ranges: Vec<Range<u64>> = spans
+            .iter()
+            .map(|span| header.slot_offset(span.start)..header.slot_offset(span.end))
+            .collect();
+        // The test hook counts each ranged read as the request it is.
+        for _ in 1..ranges.len() {
+            crate::hooks::before_request()?;
+        }
+        let read = self.store()?.get_ranges(&self.folder, &name, &ranges);
+        let records = read.map_err(|e| self.missing_is_damage(&name, e))?;
+        for (range, bytes) in ranges.iter().zip(&records) {
+            if bytes.len() as u64 != range.end - range.start {
+                return Err(self.truncated(&name));
+            }
+        }
+        Ok(records)
     }
 
     /// Stores a snapshot's index root; returns its bytes.

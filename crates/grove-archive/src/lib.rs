@@ -60,6 +60,7 @@ mod rank;
 mod reader;
 mod relocate;
 mod restore;
+mod slot_reads;
 mod sweep;
 mod verdicts;
 mod view;

@@ -14,16 +14,15 @@ use crate::error::Result;
 use crate::format::catalog::{Catalog, ForwardRecord, PackRecord};
 use crate::format::forward::ForwardTable;
 use crate::format::index::PageRef;
-use crate::format::pack::{self, Address, PackBuilder, SlotEntry};
+use crate::format::pack::{Address, PackBuilder, PackHeader, SlotEntry};
 use crate::ledger;
 use crate::reader::PackReader;
+use crate::slot_reads;
 use crate::verdicts::Verdicts;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// The most orphaned slots one batch handles (about 48 bytes each).
 const BATCH_SLOTS: u64 = 1 << 18;
-/// Slots copied in one ranged read at most.
-const SLOTS_PER_READ: u32 = 256;
 
 /// What relocation did.
 #[derive(Debug, Default)]
@@ -44,9 +43,10 @@ struct SlotUse {
     owner: (u64, u64),
 }
 
-/// One orphaned pack's slot table and who uses each slot.
+/// One orphaned pack's header, slot table and who uses each slot.
 struct Orphan {
     record: PackRecord,
+    header: PackHeader,
     table: Vec<SlotEntry>,
     uses: BTreeMap<u32, SlotUse>,
 }
@@ -96,9 +96,10 @@ fn relocate_batch(
 ) -> Result<()> {
     let mut orphans = Vec::with_capacity(batch.len());
     for record in batch {
-        let (_, table) = archive.pack_table(record.id, catalog.block_bytes, record.slots)?;
+        let (header, table) = archive.pack_table(record.id, catalog.block_bytes, record.slots)?;
         orphans.push(Orphan {
             record: record.clone(),
+            header,
             table,
             uses: BTreeMap::new(),
         });
@@ -219,8 +220,9 @@ fn note_use(uses: &mut BTreeMap<u32, SlotUse>, slot: u32, page: &SharedPage) {
     used.owner = used.owner.max(page.owner);
 }
 
-/// Copies an orphan's used slots into one new pack per owner; notes where
-/// each version went under its origin pack.
+/// Copies an orphan's used slots into one new pack per owner, reading
+/// the orphan once for all of them; notes where each version went under
+/// its origin pack.
 fn copy_used(
     archive: &Archive,
     catalog: &mut Catalog,
@@ -232,70 +234,73 @@ fn copy_used(
     for (&slot, used) in &orphan.uses {
         by_owner.entry(used.owner.1).or_default().push(slot);
     }
-    let (header, _) =
-        archive.pack_table(orphan.record.id, catalog.block_bytes, orphan.record.slots)?;
-    for (owner_seq, slots) in by_owner {
+    // Ids in owner order; the copies hold no more than the orphan's used
+    // slots, so all of them together stay within the orphan's size.
+    let mut builders: BTreeMap<u64, PackBuilder> = BTreeMap::new();
+    for (&owner_seq, slots) in &by_owner {
         let id = ledger::allocate_pack(catalog);
-        let mut builder = PackBuilder::new(id, catalog.block_bytes, slots.len() as u32);
-        copy_slots(archive, &header, orphan, &slots, &mut builder)?;
-        let bytes = builder.finish();
-        let object_bytes = bytes.len() as u64;
-        archive.put_pack(id, bytes)?;
-        let entries: Vec<SlotEntry> = slots.iter().map(|&s| orphan.table[s as usize]).collect();
-        let uses = slots.iter().map(|s| orphan.uses[s]);
-        ledger::add_pack(
-            catalog,
-            PackRecord {
-                id,
-                owner_seq,
-                first_seq: uses
-                    .clone()
-                    .map(|u| u.first_seq)
-                    .min()
-                    .expect("a group has slots"),
-                last_seq: uses.map(|u| u.last_seq).max().expect("a group has slots"),
-                slots: entries.len() as u32,
-                object_bytes,
-            },
+        let builder = PackBuilder::new(id, catalog.block_bytes, slots.len() as u32);
+        builders.insert(owner_seq, builder);
+    }
+    let used: Vec<u32> = orphan.uses.keys().copied().collect();
+    slot_reads::for_each_slot(archive, &orphan.header, &used, &mut |slot, data| {
+        let owner_seq = orphan.uses[&slot].owner.1;
+        let builder = builders.get_mut(&owner_seq).expect("a builder per owner");
+        builder.push(orphan.table[slot as usize], data);
+        Ok(())
+    })?;
+    for (owner_seq, slots) in by_owner {
+        let builder = builders.remove(&owner_seq).expect("a builder per owner");
+        assert_eq!(
+            builder.slots() as usize,
+            slots.len(),
+            "every used slot copied"
         );
-        for (new_slot, entry) in entries.iter().enumerate() {
-            moves
-                .entry(entry.origin.0)
-                .or_default()
-                .push((entry.origin.1, (id, new_slot as u32)));
-        }
+        let id = builder.id();
+        done.bytes_copied += store_copy(archive, catalog, orphan, owner_seq, &slots, builder)?;
         done.packs_copied += 1;
-        done.bytes_copied += object_bytes;
+        for (new_slot, &slot) in slots.iter().enumerate() {
+            let origin = orphan.table[slot as usize].origin;
+            moves
+                .entry(origin.0)
+                .or_default()
+                .push((origin.1, (id, new_slot as u32)));
+        }
     }
     Ok(())
 }
 
-/// Copies `slots` (ascending) of the orphan into `builder`, read in
-/// stretches of consecutive slots (at most `SLOTS_PER_READ` at a time).
-fn copy_slots(
+/// Stores the copy of `slots` of the orphan that `builder` holds and
+/// records it in the catalog; returns its bytes.
+fn store_copy(
     archive: &Archive,
-    header: &pack::PackHeader,
+    catalog: &mut Catalog,
     orphan: &Orphan,
+    owner_seq: u64,
     slots: &[u32],
-    builder: &mut PackBuilder,
-) -> Result<()> {
-    let bs = header.block_bytes as usize;
-    let mut i = 0;
-    while i < slots.len() {
-        let mut len = 1;
-        while i + len < slots.len()
-            && len < SLOTS_PER_READ as usize
-            && slots[i + len] == slots[i] + len as u32
-        {
-            len += 1;
-        }
-        let data = archive.read_slots(header, slots[i], len as u32)?;
-        for (k, block) in data.chunks(bs).enumerate() {
-            builder.push(orphan.table[slots[i + k] as usize], block);
-        }
-        i += len;
-    }
-    Ok(())
+    builder: PackBuilder,
+) -> Result<u64> {
+    let id = builder.id();
+    let bytes = builder.finish();
+    let object_bytes = bytes.len() as u64;
+    archive.put_pack(id, bytes)?;
+    let uses = slots.iter().map(|s| orphan.uses[s]);
+    ledger::add_pack(
+        catalog,
+        PackRecord {
+            id,
+            owner_seq,
+            first_seq: uses
+                .clone()
+                .map(|u| u.first_seq)
+                .min()
+                .expect("a group has slots"),
+            last_seq: uses.map(|u| u.last_seq).max().expect("a group has slots"),
+            slots: slots.len() as u32,
+            object_bytes,
+        },
+    );
+    Ok(object_bytes)
 }
 
 /// Writes origin pack `origin`'s forward table anew with `moved` put in,

@@ -155,6 +155,18 @@ impl FolderStore {
         self.backend.get_range(&checked_key(folder, name)?, range)
     }
 
+    /// Each of `ranges` of the object, as [`FolderStore::get_range`] gives
+    /// it, in order: on S3 a few requests in flight at a time. Every result
+    /// is held until all are in, so the caller bounds the bytes asked for.
+    pub fn get_ranges(
+        &self,
+        folder: &str,
+        name: &str,
+        ranges: &[Range<u64>],
+    ) -> Result<Vec<Vec<u8>>> {
+        self.backend.get_ranges(&checked_key(folder, name)?, ranges)
+    }
+
     /// Removes the objects; missing ones are not an error.
     pub fn delete(&self, folder: &str, names: &[String]) -> Result<()> {
         let keys = names

@@ -4,11 +4,11 @@
 //! requests are path-style, and plain http is allowed to a loopback
 //! endpoint.
 
-use crate::backend::{Backend, Entry, PageVisitor, Pager};
+use crate::backend::{Backend, Entry, PageVisitor, Pager, RANGES_IN_FLIGHT};
 use crate::error::{Error, ErrorKind, Result};
 use crate::location::endpoint_is_loopback;
 use bytes::Bytes;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::multipart::{MultipartStore, PartId};
 use object_store::path::Path;
@@ -203,6 +203,18 @@ impl Backend for S3Backend {
             .block_on(self.store.get_range(&self.path(key), range))
             .map_err(|e| store_error(format!("cannot read {}", self.url(key)), e))?;
         Ok(bytes.to_vec())
+    }
+
+    fn get_ranges(&self, key: &str, ranges: &[Range<u64>]) -> Result<Vec<Vec<u8>>> {
+        let path = self.path(key);
+        let reads = futures::stream::iter(ranges.iter().cloned())
+            .map(|range| self.store.get_range(&path, range))
+            .buffered(RANGES_IN_FLIGHT)
+            .map_ok(|bytes| bytes.to_vec())
+            .try_collect();
+        self.runtime
+            .block_on(reads)
+            .map_err(|e| store_error(format!("cannot read {}", self.url(key)), e))
     }
 
     fn get(&self, key: &str) -> Result<Vec<u8>> {
