@@ -3,7 +3,7 @@ profile, then writes <date>-<profile>.json, latest.md and PNG plots.
 
   main.py --grove BIN --grove-bench BIN [--quick | --smoke] [--out DIR]
           [--only servers,depth,nsnaps,memory,snapcount,replication,retention,branches,archive,
-                  archive_scale]
+                  archive_scale,rados]
           [--keep-work] [--grove-before BIN]
 """
 
@@ -30,8 +30,8 @@ import targets  # noqa: E402
 from grovecli import Grove  # noqa: E402
 from profiles import PROFILES  # noqa: E402
 from workloads import (  # noqa: E402
-    archive, archive_scale, branches, depth, memory, nsnaps, replication, retention, servers,
-    snapcount)
+    archive, archive_scale, branches, depth, memory, nsnaps, rados, replication, retention,
+    servers, snapcount)
 
 WORKLOADS = {
     "servers": servers.run,
@@ -44,6 +44,7 @@ WORKLOADS = {
     "branches": branches.run,
     "archive": archive.run,
     "archive_scale": archive_scale.run,
+    "rados": rados.run,
 }
 
 

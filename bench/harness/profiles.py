@@ -97,6 +97,13 @@ class Profile:
     archive_scale_cache: str = "64M"
     archive_scale_deep_check: bool = True
     archive_scale_read_s: float = 20.0
+    # grove on RADOS against RBD (--only rados, with a Ceph cluster): the
+    # image of each, fio's seconds a job, the snapshots taken then removed
+    # under writes, and the gap between two of them.
+    rados_image_bytes: int = GIB
+    rados_runtime_s: float = 10.0
+    rados_snapshots: int = 100
+    rados_snapshot_gap_s: float = 0.2
     # The archive's year (an hour at 1 GiB, restic's backups most of it)
     # runs with --only archive, and in the smoke run; the archive at scale
     # likewise (--only archive_scale).
@@ -140,6 +147,9 @@ QUICK = Profile(
     archive_scale_snapshots=1000,
     archive_scale_volume_bytes=8 * GIB,
     archive_scale_read_s=5.0,
+    rados_image_bytes=256 * MIB,
+    rados_runtime_s=5.0,
+    rados_snapshot_gap_s=0.05,
     retention_busy_bytes=256 * MIB,
     retention_window_s=20.0,
     retention_prune_lead_s=5.0,

@@ -1,6 +1,7 @@
 """bench/results/latest.md: every figure next to its peer from the same
 run, each row with its cache mode, then the targets met or not."""
 
+import rados_report
 from targets import list_cases
 
 MIB = 1 << 20
@@ -370,6 +371,7 @@ SECTIONS = {
     "retention": retention_section,
     "branches": branches_section,
     "archive_scale": archive_scale_section,
+    "rados": lambda r, p: rados_report.section(r, p, _table),
 }
 
 

@@ -1,6 +1,8 @@
 """The targets of issues 15 and 25, as ratios from one run, each met or not, with
 what blocks it when it is not met."""
 
+import rados_report
+
 MIB = 1 << 20
 RSS_SLACK_BYTES = 64 * MIB
 METADATA_MAX_RATIO = 0.002
@@ -176,6 +178,8 @@ def evaluate(results):
         checks += replication_targets(w["replication"])
     if "retention" in w:
         checks += retention_targets(w["retention"])
+    if "rados" in w:
+        checks += rados_report.targets(w["rados"], _target)
     return checks
 
 

@@ -17,8 +17,9 @@ use grove_store::BlockDevice;
 use std::io;
 use std::sync::{Arc, Mutex};
 
-/// Threads per device running one request's objects at once.
-const IO_THREADS: usize = 16;
+/// Threads per device running one request's objects, or one batch's
+/// pieces, at once.
+const IO_THREADS: usize = 32;
 /// Operations waiting for a thread, at most.
 const IO_QUEUE: usize = 64;
 
@@ -61,17 +62,22 @@ impl RadosDevice {
         self.shared.fence.is_tripped()
     }
 
-    /// Runs one op per piece: inline when there is one (no thread hop for
-    /// the common small request), else on the pool.
+    /// Runs one op per piece; see `run_ops`.
     fn for_each_piece<T: Send + 'static>(
         &self,
         pieces: &[Piece],
         op: impl Fn(Arc<Shared>, Piece) -> Op<T>,
     ) -> io::Result<Vec<T>> {
-        let mut ops: Vec<Op<T>> = pieces
+        let ops: Vec<Op<T>> = pieces
             .iter()
             .map(|p| op(Arc::clone(&self.shared), *p))
             .collect();
+        self.run_ops(ops)
+    }
+
+    /// Runs the ops at once: inline when there is one (no thread hop for
+    /// the common small request), else on the pool.
+    pub(crate) fn run_ops<T: Send + 'static>(&self, mut ops: Vec<Op<T>>) -> io::Result<Vec<T>> {
         if ops.len() == 1 {
             let only = ops.remove(0);
             return only().map(|t| vec![t]);
@@ -118,7 +124,7 @@ impl Shared {
         Ok(data)
     }
 
-    fn write_piece(&self, piece: Piece, data: &[u8]) -> io::Result<()> {
+    pub(crate) fn write_piece(&self, piece: Piece, data: &[u8]) -> io::Result<()> {
         self.fence.check()?;
         let name = self.object_name(piece.index);
         self.ioctx
@@ -188,7 +194,7 @@ impl Shared {
     }
 
     /// Grows the recorded length to `end` if it is shorter.
-    fn grow_to(&self, end: u64) -> io::Result<()> {
+    pub(crate) fn grow_to(&self, end: u64) -> io::Result<()> {
         let mut len = self.len_bytes.lock().unwrap_or_else(|e| e.into_inner());
         if *len < end {
             self.write_header(end)?;
@@ -203,7 +209,7 @@ impl Shared {
     }
 }
 
-fn overflow(offset: u64, len: usize) -> io::Error {
+pub(crate) fn overflow(offset: u64, len: usize) -> io::Error {
     io::Error::new(
         io::ErrorKind::InvalidInput,
         format!("a request of {len} bytes at {offset} runs past 2^64"),
@@ -240,6 +246,11 @@ impl BlockDevice for RadosDevice {
             })?;
         }
         self.shared.grow_to(end)
+    }
+
+    /// Neighbours merged, and every object's piece at once: batch.rs.
+    fn write_each_at(&self, writes: &[(u64, &[u8])]) -> Vec<io::Result<()>> {
+        self.write_batch(writes)
     }
 
     /// Every completed write is already stored (writes are synchronous);

@@ -7,6 +7,7 @@
 //! The cluster is reached through librados with the `ceph` crate, as the
 //! `rados` tool reaches it: `$CEPH_CONF` and the keyring it names.
 
+mod batch;
 mod cluster;
 mod device;
 mod fence;

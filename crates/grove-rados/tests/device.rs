@@ -38,7 +38,29 @@ fn assert_same(device: &RadosDevice, model: &MemDevice, offset: u64, len: usize,
     );
 }
 
-/// Random writes, reads, punches and length changes, each checked against
+/// Up to 6 writes that do not overlap, from `offset` on: some neighbours
+/// (which the device merges), some with gaps, crossing objects, handed
+/// over out of order.
+fn batch_of_writes(rng: &mut Rng, offset: u64, step: usize) -> Vec<(u64, Vec<u8>)> {
+    let mut at = offset;
+    let mut batch = Vec::new();
+    for i in 0..1 + rng.below(6) {
+        let len = 1 + rng.below(SMALL_OBJECTS) as usize;
+        let fill = (step as u8).wrapping_mul(7).wrapping_add(i as u8);
+        batch.push((at, (0..len).map(|k| fill ^ k as u8).collect()));
+        at += len as u64
+            + if rng.below(2) == 0 {
+                0
+            } else {
+                rng.below(4096)
+            };
+    }
+    batch.reverse();
+    batch
+}
+
+/// Random writes (alone and in batches), reads, punches and length
+/// changes, each checked against
 /// MemDevice, then the whole device again after closing and reopening.
 #[test]
 fn random_operations_match_the_in_memory_model() {
@@ -73,6 +95,17 @@ fn random_operations_match_the_in_memory_model() {
             5 | 6 => {
                 device.punch(offset, len as u64).unwrap();
                 model.punch(offset, len as u64).unwrap();
+            }
+            8 => {
+                let batch = batch_of_writes(&mut rng, offset, step);
+                let writes: Vec<(u64, &[u8])> =
+                    batch.iter().map(|(o, d)| (*o, d.as_slice())).collect();
+                for result in device.write_each_at(&writes) {
+                    result.unwrap();
+                }
+                for result in model.write_each_at(&writes) {
+                    result.unwrap();
+                }
             }
             7 if step % 5 == 0 => {
                 let new_len = rng.below(span);

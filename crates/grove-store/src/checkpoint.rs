@@ -13,7 +13,7 @@ use crate::format::journal::AllocChange;
 use crate::format::node::NodeKind;
 use crate::format::shares::SHARE_BLOCKS_PER_GROUP;
 use crate::format::superblock::SUPERBLOCK_LEN;
-use crate::io::{flush, write_block, InFlightCheckpoint};
+use crate::io::{flush, InFlightCheckpoint};
 use crate::journal::ReplayedTransaction;
 use crate::state::State;
 use crate::types::BlockAddr;
@@ -48,8 +48,19 @@ impl CheckpointIo {
     pub(crate) fn run(&self) -> Result<()> {
         let device = self.device.as_ref();
         for (what, writes) in &self.steps {
-            for (addr, block) in writes {
-                write_block(device, self.block_bytes, *addr, block, what)?;
+            // Within a step the blocks need no order: the flush after it
+            // is what the next step waits for.
+            let at: Vec<(u64, &[u8])> = writes
+                .iter()
+                .map(|(addr, block)| (addr.0 * self.block_bytes, block.as_slice()))
+                .collect();
+            let results = device.write_each_at(&at);
+            if let Some((i, Err(e))) = results.into_iter().enumerate().find(|(_, r)| r.is_err()) {
+                let addr = writes[i].0;
+                return Err(Error::io(
+                    format!("cannot write {what} at {addr} of {}", device.describe()),
+                    e,
+                ));
             }
             flush(device, what)?;
         }

@@ -83,10 +83,19 @@ impl CommitIo {
         }
         // The images follow the descriptor blocks at the end of the bytes.
         let images_at = bytes.len() - self.homes.len() * self.block_bytes;
-        for (i, home) in self.homes.iter().enumerate() {
-            let image = &bytes[images_at + i * self.block_bytes..][..self.block_bytes];
-            let at = home.0 * self.block_bytes as u64;
-            if self.device.write_at(image, at).is_ok() {
+        let writes: Vec<(u64, &[u8])> = self
+            .homes
+            .iter()
+            .enumerate()
+            .map(|(i, home)| {
+                let image = &bytes[images_at + i * self.block_bytes..][..self.block_bytes];
+                (home.0 * self.block_bytes as u64, image)
+            })
+            .collect();
+        // The transaction is durable: the homes may land in any order.
+        let results = self.device.write_each_at(&writes);
+        for (home, result) in self.homes.iter().zip(results) {
+            if result.is_ok() {
                 outcome.homes_written.push(*home);
             }
         }

@@ -31,6 +31,21 @@ pub trait BlockDevice: Send + Sync {
         self.write_at(buf, offset)?;
         self.flush()
     }
+    /// Writes each `(offset, bytes)` of `writes`, which do not overlap, in
+    /// no particular order; returns each write's result, in order. Like
+    /// `write_at`, each is durable after the next `flush`.
+    ///
+    /// The engine hands over at once writes that need no order among
+    /// them (a commit's images going home, a checkpoint step's blocks,
+    /// a request's runs of data), so that a device whose writes each wait
+    /// for a network round trip (RADOS) runs them side by side. The
+    /// default writes them in turn.
+    fn write_each_at(&self, writes: &[(u64, &[u8])]) -> Vec<io::Result<()>> {
+        writes
+            .iter()
+            .map(|(offset, bytes)| self.write_at(bytes, *offset))
+            .collect()
+    }
     /// Current length in bytes.
     fn len_bytes(&self) -> io::Result<u64>;
     /// Sets the length: growing leaves a hole, which reads as zeros.

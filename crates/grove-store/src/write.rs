@@ -182,12 +182,20 @@ pub(crate) fn run(
             .write_at(&merged, allocation.new_block.0 * block_bytes)
             .map_err(write_error)?;
     }
-    for (device_offset, range) in coalesce(&plan.direct) {
-        device
-            .write_at(&buf[range], device_offset)
-            .map_err(write_error)?;
+    // The runs are distinct blocks: they may land in any order.
+    let runs: Vec<(u64, &[u8])> = coalesce(&plan.direct)
+        .into_iter()
+        .map(|(device_offset, range)| (device_offset, &buf[range]))
+        .collect();
+    match runs.as_slice() {
+        [] => Ok(()),
+        [(device_offset, bytes)] => device.write_at(bytes, *device_offset).map_err(write_error),
+        _ => device
+            .write_each_at(&runs)
+            .into_iter()
+            .collect::<std::io::Result<()>>()
+            .map_err(write_error),
     }
-    Ok(())
 }
 
 /// Longest device write a run of neighbouring blocks is merged into. The
