@@ -14,8 +14,9 @@ use crate::error::Result;
 use crate::format::catalog::{Catalog, ForwardRecord, PackRecord};
 use crate::format::forward::ForwardTable;
 use crate::format::index::PageRef;
-use crate::format::pack::{self, Address, PackBuilder, SlotEntry};
+use crate::format::pack::{self, Address, SlotEntry};
 use crate::ledger;
+use crate::pack_writer::PackWriter;
 use crate::reader::PackReader;
 use crate::verdicts::Verdicts;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -236,11 +237,9 @@ fn copy_used(
         archive.pack_table(orphan.record.id, catalog.block_bytes, orphan.record.slots)?;
     for (owner_seq, slots) in by_owner {
         let id = ledger::allocate_pack(catalog);
-        let mut builder = PackBuilder::new(id, catalog.block_bytes, slots.len() as u32);
-        copy_slots(archive, &header, orphan, &slots, &mut builder)?;
-        let bytes = builder.finish();
-        let object_bytes = bytes.len() as u64;
-        archive.put_pack(id, bytes)?;
+        let mut writer = archive.pack_writer(id, catalog.block_bytes, slots.len() as u32)?;
+        copy_slots(archive, &header, orphan, &slots, &mut writer)?;
+        let object_bytes = writer.finish()?;
         let entries: Vec<SlotEntry> = slots.iter().map(|&s| orphan.table[s as usize]).collect();
         let uses = slots.iter().map(|s| orphan.uses[s]);
         ledger::add_pack(
@@ -270,14 +269,14 @@ fn copy_used(
     Ok(())
 }
 
-/// Copies `slots` (ascending) of the orphan into `builder`, read in
+/// Copies `slots` (ascending) of the orphan into `writer`, read in
 /// stretches of consecutive slots (at most `SLOTS_PER_READ` at a time).
 fn copy_slots(
     archive: &Archive,
     header: &pack::PackHeader,
     orphan: &Orphan,
     slots: &[u32],
-    builder: &mut PackBuilder,
+    writer: &mut PackWriter,
 ) -> Result<()> {
     let bs = header.block_bytes as usize;
     let mut i = 0;
@@ -291,7 +290,7 @@ fn copy_slots(
         }
         let data = archive.read_slots(header, slots[i], len as u32)?;
         for (k, block) in data.chunks(bs).enumerate() {
-            builder.push(orphan.table[slots[i + k] as usize], block);
+            writer.push(orphan.table[slots[i + k] as usize], block)?;
         }
         i += len;
     }
