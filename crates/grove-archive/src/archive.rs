@@ -7,9 +7,10 @@ use crate::format::catalog::ForwardRecord;
 use crate::format::catalog::{self, Catalog};
 use crate::format::forward::ForwardTable;
 use crate::format::index::{PageRef, SnapshotRoot};
-use crate::format::pack::{self, PackHeader, SlotEntry};
+use crate::format::pack::{self, PackEncoder, PackHeader, SlotEntry};
 use crate::format::page;
 use crate::format::runs::Run;
+use crate::pack_writer::PackWriter;
 use grove_objects::{ErrorKind, FolderStore};
 use std::ops::Range;
 
@@ -213,14 +214,27 @@ impl Archive {
         Ok(())
     }
 
-    /// Stores a pack, taking its bytes (held once on their way out).
-    pub(crate) fn put_pack(&self, id: u64, bytes: Vec<u8>) -> Result<()> {
-        Ok(self
-            .store()?
-            .put_owned(&self.folder, &pack_object(id), bytes)?)
+    /// Starts storing pack `id` of up to `capacity` slots, streamed to its
+    /// object as it fills.
+    pub(crate) fn pack_writer(
+        &self,
+        id: u64,
+        block_bytes: u32,
+        capacity: u32,
+    ) -> Result<PackWriter<'_>> {
+        let object = self.store()?.put_streamed(&self.folder, &pack_object(id))?;
+        PackWriter::start(PackEncoder::new(id, block_bytes, capacity), object)
     }
 
-    /// Pack `id`'s header and slot table.
+    /// Removes what pushes or expiries killed while storing a pack left
+    /// (temporary files, incomplete uploads); returns how many. Only with
+    /// the writer's claim held.
+    pub(crate) fn clean_interrupted(&self) -> Result<usize> {
+        Ok(self.store()?.clean_interrupted(&self.folder)?)
+    }
+
+    /// Pack `id`'s shape and slot table, from the table and footer at its
+    /// end (one read: the catalog's `slots` say where they are).
     pub(crate) fn pack_table(
         &self,
         id: u64,
@@ -228,18 +242,24 @@ impl Archive {
         slots: u32,
     ) -> Result<(PackHeader, Vec<SlotEntry>)> {
         let name = pack_object(id);
-        let bytes = self.get_range(&name, 0..pack::table_end(slots))?;
+        let header = PackHeader {
+            id,
+            block_bytes,
+            slots,
+        };
+        let start = header.table_offset();
+        let tail = self.get_range(&name, start..start + pack::tail_bytes(slots))?;
         let damaged =
             |why: String| ArchiveError::Damaged(format!("{name} in {}: {why}", self.describe()));
-        let header = pack::decode_header(&bytes, id, block_bytes).map_err(damaged)?;
-        if header.slots != slots {
-            return Err(damaged(format!(
-                "{} slots, the catalog says {slots}",
-                header.slots
-            )));
+        match pack::decode_table(&tail, &header) {
+            Ok(table) => Ok((header, table)),
+            Err(why) => {
+                // The header names an older format or another pack better.
+                let head = self.get_range(&name, 0..pack::HEADER_BYTES)?;
+                pack::decode_header(&head, id, block_bytes).map_err(damaged)?;
+                Err(damaged(why))
+            }
         }
-        let table = pack::decode_table(&bytes, &header).map_err(damaged)?;
-        Ok((header, table))
     }
 
     /// The data of slots `first..first + count` of a pack, checked.

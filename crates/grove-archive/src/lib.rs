@@ -53,6 +53,7 @@ mod ledger;
 mod listing;
 mod lock;
 mod lru;
+mod pack_writer;
 mod push;
 mod push_plan;
 mod push_writer;

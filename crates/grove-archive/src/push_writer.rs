@@ -1,6 +1,7 @@
 //! Writes one push into the archive, a segment of the volume's blocks at a
-//! time, so that its memory is one pack being filled, one segment's runs
-//! and a few MiB of pages, whatever the volume's size:
+//! time, so that its memory is the slot table of the pack being filled
+//! (the pack itself streams to its object), one segment's runs and a few
+//! MiB of pages, whatever the volume's size:
 //!
 //! - a segment nothing changed in keeps the base's page, unread;
 //! - a changed segment's new versions go into packs owned by the pushed
@@ -14,10 +15,11 @@ use crate::archive::Archive;
 use crate::error::Result;
 use crate::format::catalog::{Catalog, PackRecord, PagesRecord, PartialPush};
 use crate::format::index::{PageRef, SnapshotRoot};
-use crate::format::pack::{self, PackBuilder, SlotEntry};
+use crate::format::pack::{self, SlotEntry};
 use crate::format::page;
 use crate::format::runs::{apply_changes, coalesce, Run};
 use crate::ledger;
+use crate::pack_writer::PackWriter;
 use crate::push_plan::{ranges_blocks, Plan};
 use grove_store::Volume;
 use std::collections::BTreeMap;
@@ -40,8 +42,9 @@ pub(crate) struct PushWriter<'a> {
     segment_blocks: u32,
     size_bytes: u64,
     slots_per_pack: usize,
-    /// The pack being filled, once it has a slot, and its last block.
-    pack: Option<(PackBuilder, u64)>,
+    /// The pack being filled (streamed to its object), once it has a
+    /// slot, and its last block.
+    pack: Option<(PackWriter<'a>, u64)>,
     pages: PageFiller,
     /// The pages of the segments done, in order.
     done: Vec<Option<PageRef>>,
@@ -74,7 +77,9 @@ impl<'a> PushWriter<'a> {
             block_bytes: catalog.block_bytes,
             segment_blocks: catalog.segment_blocks,
             size_bytes,
-            slots_per_pack: (pack_bytes.saturating_sub(pack::HEADER_BYTES) / slot).max(1) as usize,
+            slots_per_pack: (pack_bytes.saturating_sub(pack::HEADER_BYTES + pack::FOOTER_BYTES)
+                / slot)
+                .max(1) as usize,
             pack: None,
             pages: PageFiller::default(),
             done: Vec::new(),
@@ -203,11 +208,13 @@ impl<'a> PushWriter<'a> {
             if buf.iter().all(|&x| x == 0) {
                 continue; // Zeros are stored as a hole.
             }
-            let capacity = self.slots_per_pack as u32;
-            let (pack, last) = self.pack.get_or_insert_with(|| {
+            if self.pack.is_none() {
                 let id = ledger::allocate_pack(catalog);
-                (PackBuilder::new(id, self.block_bytes, capacity), block)
-            });
+                let capacity = self.slots_per_pack as u32;
+                let writer = self.archive.pack_writer(id, self.block_bytes, capacity)?;
+                self.pack = Some((writer, block));
+            }
+            let (pack, last) = self.pack.as_mut().expect("a pack is being filled");
             let (id, slot) = (pack.id(), pack.slots());
             pack.push(
                 SlotEntry {
@@ -215,7 +222,7 @@ impl<'a> PushWriter<'a> {
                     origin: (id, slot),
                 },
                 &buf,
-            );
+            )?;
             *last = block;
             self.current.push(Run {
                 first_block: block,
@@ -237,9 +244,7 @@ impl<'a> PushWriter<'a> {
             return Ok(());
         };
         let (id, slots) = (pack.id(), pack.slots());
-        let bytes = pack.finish();
-        let object_bytes = bytes.len() as u64;
-        self.archive.put_pack(id, bytes)?;
+        let object_bytes = pack.finish()?;
         ledger::add_pack(
             catalog,
             PackRecord {

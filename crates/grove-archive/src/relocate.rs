@@ -14,8 +14,9 @@ use crate::error::Result;
 use crate::format::catalog::{Catalog, ForwardRecord, PackRecord};
 use crate::format::forward::ForwardTable;
 use crate::format::index::PageRef;
-use crate::format::pack::{Address, PackBuilder, PackHeader, SlotEntry};
+use crate::format::pack::{Address, PackHeader, SlotEntry};
 use crate::ledger;
+use crate::pack_writer::PackWriter;
 use crate::reader::PackReader;
 use crate::slot_reads;
 use crate::verdicts::Verdicts;
@@ -234,30 +235,29 @@ fn copy_used(
     for (&slot, used) in &orphan.uses {
         by_owner.entry(used.owner.1).or_default().push(slot);
     }
-    // Ids in owner order; the copies hold no more than the orphan's used
-    // slots, so all of them together stay within the orphan's size.
-    let mut builders: BTreeMap<u64, PackBuilder> = BTreeMap::new();
+    // Ids in owner order. Each copy streams into its object as the orphan
+    // is read; together they buffer no more than the orphan's used slots.
+    let mut writers: BTreeMap<u64, PackWriter> = BTreeMap::new();
     for (&owner_seq, slots) in &by_owner {
         let id = ledger::allocate_pack(catalog);
-        let builder = PackBuilder::new(id, catalog.block_bytes, slots.len() as u32);
-        builders.insert(owner_seq, builder);
+        let writer = archive.pack_writer(id, catalog.block_bytes, slots.len() as u32)?;
+        writers.insert(owner_seq, writer);
     }
     let used: Vec<u32> = orphan.uses.keys().copied().collect();
     slot_reads::for_each_slot(archive, &orphan.header, &used, &mut |slot, data| {
         let owner_seq = orphan.uses[&slot].owner.1;
-        let builder = builders.get_mut(&owner_seq).expect("a builder per owner");
-        builder.push(orphan.table[slot as usize], data);
-        Ok(())
+        let writer = writers.get_mut(&owner_seq).expect("a writer per owner");
+        writer.push(orphan.table[slot as usize], data)
     })?;
     for (owner_seq, slots) in by_owner {
-        let builder = builders.remove(&owner_seq).expect("a builder per owner");
+        let writer = writers.remove(&owner_seq).expect("a writer per owner");
         assert_eq!(
-            builder.slots() as usize,
+            writer.slots() as usize,
             slots.len(),
             "every used slot copied"
         );
-        let id = builder.id();
-        done.bytes_copied += store_copy(archive, catalog, orphan, owner_seq, &slots, builder)?;
+        let id = writer.id();
+        done.bytes_copied += store_copy(catalog, orphan, owner_seq, &slots, writer)?;
         done.packs_copied += 1;
         for (new_slot, &slot) in slots.iter().enumerate() {
             let origin = orphan.table[slot as usize].origin;
@@ -270,20 +270,17 @@ fn copy_used(
     Ok(())
 }
 
-/// Stores the copy of `slots` of the orphan that `builder` holds and
+/// Finishes the copy of `slots` of the orphan that `writer` streamed and
 /// records it in the catalog; returns its bytes.
 fn store_copy(
-    archive: &Archive,
     catalog: &mut Catalog,
     orphan: &Orphan,
     owner_seq: u64,
     slots: &[u32],
-    builder: PackBuilder,
+    writer: PackWriter,
 ) -> Result<u64> {
-    let id = builder.id();
-    let bytes = builder.finish();
-    let object_bytes = bytes.len() as u64;
-    archive.put_pack(id, bytes)?;
+    let id = writer.id();
+    let object_bytes = writer.finish()?;
     let uses = slots.iter().map(|s| orphan.uses[s]);
     ledger::add_pack(
         catalog,

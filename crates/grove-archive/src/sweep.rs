@@ -1,6 +1,6 @@
 //! Removes the objects no commit references: packs, page objects, roots
 //! and forward tables a writer stored before it stopped without committing
-//! them. Only a writer holding the claim sweeps, so nothing in flight is
+//! them, and what it left of a pack it was storing. Only a writer holding the claim sweeps, so nothing in flight is
 //! taken. The folder is listed a page at a time and each name looked up in
 //! the catalog, so memory is one page and what is found unreferenced.
 
@@ -52,7 +52,9 @@ pub fn unreferenced(archive: &Archive, catalog: &Catalog) -> Result<Vec<String>>
 
 /// Deletes what `unreferenced` finds, a page at a time; returns how many.
 pub fn sweep(archive: &Archive, _claim: &WriterLock<'_>, catalog: &Catalog) -> Result<usize> {
-    let mut swept = 0;
+    // What a killed writer left of a pack it was storing (temporary
+    // files, incomplete uploads) is no object: the store removes it.
+    let mut swept = archive.clean_interrupted()?;
     archive.visit_objects(&mut |names| {
         let gone: Vec<String> = names
             .iter()

@@ -70,6 +70,16 @@ impl<'v, 'a> Pager<'v, 'a> {
     }
 }
 
+/// An object being stored a piece at a time ([`Backend::put_streamed`]).
+/// Dropped without `finish` (after an error too), it removes what it
+/// stored.
+pub(crate) trait StreamedPut {
+    /// Appends `data` to the object.
+    fn write(&mut self, data: &[u8]) -> Result<()>;
+    /// Places the object whole under its name.
+    fn finish(self: Box<Self>) -> Result<()>;
+}
+
 pub(crate) trait Backend: Send + Sync + 'static {
     /// The store, for messages: "s3://bucket/prefix at http://..." or "file:///dir".
     fn describe(&self) -> String;
@@ -135,6 +145,18 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Aborts the upload: its chunks are freed. An upload that no longer
     /// exists (completed or already aborted) is not an error.
     fn multipart_abort(&self, key: &str, id: &str) -> Result<()>;
+    /// Starts storing the object at `key` a piece at a time, holding a
+    /// bounded part of it: readers see nothing of it until `finish` places
+    /// it whole. A local store never replaces an object of that name (it
+    /// fails with ErrorKind::AlreadyExists); S3 does so only for an object
+    /// of one part (a multipart upload's completion cannot be conditional
+    /// on radosgw 16). A writer killed meanwhile leaves what
+    /// `clean_interrupted` removes.
+    fn put_streamed(&self, key: &str) -> Result<Box<dyn StreamedPut + '_>>;
+    /// Removes what streamed puts into `folder` left when their process
+    /// was killed (temporary files, incomplete multipart uploads); returns
+    /// how many. Only while no streamed put into `folder` is in progress.
+    fn clean_interrupted(&self, folder: &str) -> Result<usize>;
     /// Removes what an interrupted writer of `stream` left that is no
     /// object (a local backend's temporary files); S3 has none.
     fn clean_stream(&self, _stream: &str) -> Result<()> {

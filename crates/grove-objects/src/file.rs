@@ -3,13 +3,15 @@
 //! fsyncs it, renames it into place (or hard-links it, for create-only) and
 //! fsyncs the directory. A multipart upload is a temporary file
 //! `.multipart-ID` that chunks are written into at their offsets; completing
-//! renames it into place, aborting deletes it. Listing skips dot files, and
-//! `clean_stream` removes the temporary files an interrupted writer left.
+//! renames it into place, aborting deletes it. A streamed put is a
+//! temporary file written as the object comes and hard-linked into place.
+//! Listing skips dot files, and `clean_stream` and `clean_interrupted`
+//! remove the temporary files an interrupted writer left.
 
-use crate::backend::{Backend, Entry, PageVisitor, Pager};
+use crate::backend::{Backend, Entry, PageVisitor, Pager, StreamedPut};
 use crate::error::{Error, ErrorKind, Result};
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::io::{self, BufWriter, Read, Seek, SeekFrom, Write};
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -155,7 +157,6 @@ impl Backend for FileBackend {
 
     fn put(&self, key: &str, data: &[u8], create_only: bool) -> Result<()> {
         let dir = self.stream_dir(key)?;
-        let target = self.path(key);
         let temp = dir.join(format!(".put-{}", self.unique()));
         let written = (|| {
             let mut file = OpenOptions::new()
@@ -169,28 +170,43 @@ impl Backend for FileBackend {
             let _ = fs::remove_file(&temp);
             return Err(io_error("cannot write", &temp, e));
         }
-        let placed = if create_only {
-            // link(2) fails if the target exists: create-only, atomically.
-            let linked = fs::hard_link(&temp, &target);
-            let _ = fs::remove_file(&temp);
-            linked
-        } else {
-            fs::rename(&temp, &target)
+        place(&temp, &self.path(key), &dir, create_only)
+    }
+
+    fn put_streamed(&self, key: &str) -> Result<Box<dyn StreamedPut + '_>> {
+        let dir = self.stream_dir(key)?;
+        let temp = dir.join(format!(".put-{}", self.unique()));
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&temp)
+            .map_err(|e| io_error("cannot create", &temp, e))?;
+        Ok(Box::new(FilePut {
+            file: Some(BufWriter::with_capacity(STREAMED_BUFFER_BYTES, file)),
+            temp,
+            target: self.path(key),
+            dir,
+        }))
+    }
+
+    fn clean_interrupted(&self, folder: &str) -> Result<usize> {
+        let dir = self.dir.join(folder);
+        let Ok(read) = fs::read_dir(&dir) else {
+            return Ok(0);
         };
-        match placed {
-            Ok(()) => sync_dir(&dir),
-            Err(e) => {
-                let _ = fs::remove_file(&temp);
-                if e.kind() == io::ErrorKind::AlreadyExists {
-                    Err(Error::new(
-                        ErrorKind::AlreadyExists,
-                        format!("{} already exists", target.display()),
-                    ))
-                } else {
-                    Err(io_error("cannot place", &target, e))
-                }
+        let mut removed = 0;
+        for entry in read.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            // Multipart files of streams are removed by aborting their
+            // recorded upload first; an unrecorded one (killed before its
+            // marker was written) and temporary puts are removed here.
+            if name.starts_with(TEMP_MARK) {
+                fs::remove_file(entry.path())
+                    .map_err(|e| io_error("cannot remove", &entry.path(), e))?;
+                removed += 1;
             }
         }
+        Ok(removed)
     }
 
     fn get_range(&self, key: &str, range: Range<u64>) -> Result<Vec<u8>> {
@@ -308,20 +324,73 @@ impl Backend for FileBackend {
     }
 
     fn clean_stream(&self, stream: &str) -> Result<()> {
-        let dir = self.dir.join(stream);
-        let Ok(read) = fs::read_dir(&dir) else {
-            return Ok(());
-        };
-        for entry in read.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            // Multipart files are removed by aborting their recorded upload;
-            // an unrecorded one (killed before its marker was written) and
-            // temporary puts are removed here.
-            if name.starts_with(TEMP_MARK) {
-                fs::remove_file(entry.path())
-                    .map_err(|e| io_error("cannot remove", &entry.path(), e))?;
+        self.clean_interrupted(stream).map(|_| ())
+    }
+}
+
+/// Moves the written, synced temporary file `temp` to `target` in `dir`:
+/// a rename, or for `create_only` a hard link (link(2) fails if the target
+/// exists: create-only, atomically); then syncs the directory.
+fn place(temp: &Path, target: &Path, dir: &Path, create_only: bool) -> Result<()> {
+    let placed = if create_only {
+        let linked = fs::hard_link(temp, target);
+        let _ = fs::remove_file(temp);
+        linked
+    } else {
+        fs::rename(temp, target)
+    };
+    match placed {
+        Ok(()) => sync_dir(dir),
+        Err(e) => {
+            let _ = fs::remove_file(temp);
+            if e.kind() == io::ErrorKind::AlreadyExists {
+                Err(Error::new(
+                    ErrorKind::AlreadyExists,
+                    format!("{} already exists", target.display()),
+                ))
+            } else {
+                Err(io_error("cannot place", target, e))
             }
         }
-        Ok(())
+    }
+}
+
+/// Bytes a streamed put gathers before each write(2): its callers append a
+/// few KiB at a time.
+const STREAMED_BUFFER_BYTES: usize = 256 << 10;
+
+/// A streamed put: a temporary file written through a small buffer, synced
+/// and hard-linked into place by `finish` (never replacing an object);
+/// removed if dropped unfinished. A process killed meanwhile leaves the
+/// temporary file, which listing skips and `clean_interrupted` removes.
+struct FilePut {
+    /// None once finished.
+    file: Option<BufWriter<File>>,
+    temp: PathBuf,
+    target: PathBuf,
+    dir: PathBuf,
+}
+
+impl StreamedPut for FilePut {
+    fn write(&mut self, data: &[u8]) -> Result<()> {
+        let file = self.file.as_mut().expect("an unfinished put has its file");
+        file.write_all(data)
+            .map_err(|e| io_error("cannot write", &self.temp, e))
+    }
+
+    fn finish(mut self: Box<Self>) -> Result<()> {
+        let file = self.file.take().expect("a put is finished once");
+        file.into_inner()
+            .map_err(|e| e.into_error())
+            .and_then(|f| f.sync_all())
+            .map_err(|e| io_error("cannot write", &self.temp, e))?;
+        place(&self.temp, &self.target, &self.dir, true)
+    }
+}
+
+impl Drop for FilePut {
+    fn drop(&mut self) {
+        // Unfinished, or finishing failed: nothing of it stays.
+        let _ = fs::remove_file(&self.temp);
     }
 }

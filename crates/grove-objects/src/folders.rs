@@ -5,7 +5,7 @@
 //! segment below the store (`DIR/FOLDER/NAME`, `PREFIX/FOLDER/NAME`);
 //! folder and object names follow the stream names' rules.
 
-use crate::backend::{Backend, LIST_PAGE_ENTRIES};
+use crate::backend::{Backend, StreamedPut, LIST_PAGE_ENTRIES};
 use crate::error::{Error, ErrorKind, Result};
 use crate::location::{self, Location};
 use crate::names::check_name;
@@ -33,6 +33,33 @@ impl std::fmt::Debug for FolderStore {
         f.debug_struct("FolderStore")
             .field("store", &self.describe())
             .finish()
+    }
+}
+
+/// An object being stored a piece at a time
+/// ([`FolderStore::put_streamed`]): readers see nothing of it until
+/// [`ObjectWriter::finish`] places it whole. Dropped unfinished (or after
+/// an error), what it stored is removed; a process killed meanwhile leaves
+/// what [`FolderStore::clean_interrupted`] removes, never a whole object.
+pub struct ObjectWriter<'a> {
+    put: Box<dyn StreamedPut + 'a>,
+}
+
+impl std::fmt::Debug for ObjectWriter<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ObjectWriter")
+    }
+}
+
+impl ObjectWriter<'_> {
+    /// Appends `data` to the object.
+    pub fn write(&mut self, data: &[u8]) -> Result<()> {
+        self.put.write(data)
+    }
+
+    /// Places the object whole under its name.
+    pub fn finish(self) -> Result<()> {
+        self.put.finish()
     }
 }
 
@@ -137,6 +164,30 @@ impl FolderStore {
     pub fn put_owned(&self, folder: &str, name: &str, data: Vec<u8>) -> Result<()> {
         self.backend
             .put_owned(&checked_key(folder, name)?, data, false)
+    }
+
+    /// Starts storing an object a piece at a time ([`ObjectWriter`]), in
+    /// bounded memory whatever its size: on `file://` a temporary file
+    /// hard-linked into place by [`ObjectWriter::finish`] (never replacing
+    /// an object: [`ErrorKind::AlreadyExists`]); on S3 one create-only PUT
+    /// for an object of at most 5 MiB, otherwise a multipart upload of
+    /// 5 MiB parts sent one at a time (its completion replaces an object
+    /// of the same name: S3 gateways such as radosgw 16 cannot make it
+    /// conditional, so callers give streamed objects fresh names).
+    pub fn put_streamed(&self, folder: &str, name: &str) -> Result<ObjectWriter<'_>> {
+        Ok(ObjectWriter {
+            put: self.backend.put_streamed(&checked_key(folder, name)?)?,
+        })
+    }
+
+    /// Removes what streamed puts into `folder` left when their process
+    /// was killed: temporary files, and the multipart uploads they recorded
+    /// (aborted); returns how many. Only while no streamed put into
+    /// `folder` is in progress (the caller's own exclusion: the archive's
+    /// writer claim).
+    pub fn clean_interrupted(&self, folder: &str) -> Result<usize> {
+        checked_key(folder, "x")?;
+        self.backend.clean_interrupted(folder)
     }
 
     /// Stores `data` only if nothing is stored under the name, atomically;

@@ -36,9 +36,10 @@ mod folders;
 mod location;
 mod names;
 mod s3;
+mod s3_put;
 
 pub use error::{Error, ErrorKind, Result};
-pub use folders::{FolderStore, ObjectEntry};
+pub use folders::{FolderStore, ObjectEntry, ObjectWriter};
 pub use names::STREAM_NAME_MAX_BYTES;
 
 use names::check_name;

@@ -4,9 +4,10 @@
 //! requests are path-style, and plain http is allowed to a loopback
 //! endpoint.
 
-use crate::backend::{Backend, Entry, PageVisitor, Pager, RANGES_IN_FLIGHT};
+use crate::backend::{Backend, Entry, PageVisitor, Pager, StreamedPut, RANGES_IN_FLIGHT};
 use crate::error::{Error, ErrorKind, Result};
 use crate::location::endpoint_is_loopback;
+use crate::s3_put::S3Put;
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use object_store::aws::{AmazonS3, AmazonS3Builder};
@@ -21,8 +22,8 @@ use std::sync::Arc;
 const RUNTIME_THREADS: usize = 2;
 
 pub(crate) struct S3Backend {
-    runtime: tokio::runtime::Runtime,
-    store: Arc<AmazonS3>,
+    pub(crate) runtime: tokio::runtime::Runtime,
+    pub(crate) store: Arc<AmazonS3>,
     bucket: String,
     /// "" or "a/b"
     prefix: String,
@@ -35,7 +36,7 @@ fn env(name: &str) -> Option<String> {
 
 /// object_store's errors, as ours: the kind for NotFound and the
 /// create-only conflicts, one line naming what was being done.
-fn store_error(what: String, e: object_store::Error) -> Error {
+pub(crate) fn store_error(what: String, e: object_store::Error) -> Error {
     let kind = match e {
         object_store::Error::NotFound { .. } => ErrorKind::NotFound,
         object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. } => {
@@ -117,7 +118,7 @@ impl S3Backend {
         })
     }
 
-    fn path(&self, key: &str) -> Path {
+    pub(crate) fn path(&self, key: &str) -> Path {
         if self.prefix.is_empty() {
             Path::from(key)
         } else {
@@ -125,7 +126,7 @@ impl S3Backend {
         }
     }
 
-    fn url(&self, key: &str) -> String {
+    pub(crate) fn url(&self, key: &str) -> String {
         format!("s3://{}/{}", self.bucket, self.path(key))
     }
 }
@@ -174,6 +175,8 @@ impl Backend for S3Backend {
             .common_prefixes
             .iter()
             .filter_map(|p| p.filename().map(str::to_string))
+            // Names starting with '.' are the store's own (s3_put.rs).
+            .filter(|name| !name.starts_with('.'))
             .collect())
     }
 
@@ -195,6 +198,14 @@ impl Backend for S3Backend {
             )
             .map_err(|e| store_error(format!("cannot store {}", self.url(key)), e))?;
         Ok(())
+    }
+
+    fn put_streamed(&self, key: &str) -> Result<Box<dyn StreamedPut + '_>> {
+        Ok(Box::new(S3Put::new(self, key)))
+    }
+
+    fn clean_interrupted(&self, folder: &str) -> Result<usize> {
+        crate::s3_put::clean_interrupted(self, folder)
     }
 
     fn get_range(&self, key: &str, range: Range<u64>) -> Result<Vec<u8>> {

@@ -313,8 +313,9 @@ fn a_push_killed_part_way_is_consistent_and_resumes_on_the_gateway() {
     }
 }
 
-/// Flips a byte `at` from the end of `object` in the archive's folder.
-fn flip(folder: &Path, prefix: &str, from_end: u64) -> String {
+/// Flips a byte of the newest object named `prefix...` in the archive's
+/// folder, at the offset `at` gives for its length.
+fn flip(folder: &Path, prefix: &str, at: impl Fn(usize) -> usize) -> String {
     let mut names: Vec<_> = std::fs::read_dir(folder)
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -324,7 +325,7 @@ fn flip(folder: &Path, prefix: &str, from_end: u64) -> String {
     let name = names.last().unwrap().clone();
     let path = folder.join(&name);
     let mut bytes = std::fs::read(&path).unwrap();
-    let at = bytes.len() - from_end as usize;
+    let at = at(bytes.len());
     bytes[at] ^= 0x40;
     std::fs::write(&path, bytes).unwrap();
     name
@@ -340,8 +341,9 @@ fn damage_is_named_by_the_snapshots_it_affects_and_never_restored() {
     assert!(pool
         .ok(&["archive", "check", "--deep"])
         .contains("consistent"));
-    // A flipped byte in the newest pack's last block: only a deep check sees it.
-    flip(&folder, "pack-", 10);
+    // A flipped byte in the newest pack's first block (after the 32-byte
+    // header and the slot's checksum): only a deep check sees it.
+    flip(&folder, "pack-", |_| 32 + 4 + 10);
     assert!(pool.ok(&["archive", "check"]).contains("consistent"));
     let deep = pool.run(&["archive", "check", "--deep", "--json"]);
     assert_eq!(deep.status.code(), Some(1));
@@ -363,7 +365,11 @@ fn damage_is_named_by_the_snapshots_it_affects_and_never_restored() {
         "nothing of a refused restore is kept"
     );
     // A damaged catalog: every snapshot affected; push refuses to build on it.
-    flip(&folder.with_file_name("archive-catalog=vm"), "catalog-", 3);
+    flip(
+        &folder.with_file_name("archive-catalog=vm"),
+        "catalog-",
+        |len| len - 3,
+    );
     let check = pool.run(&["archive", "check"]);
     assert_eq!(check.status.code(), Some(1));
     assert!(

@@ -1,41 +1,50 @@
 //! A pack: one object holding block versions that share an owner (the
 //! archived snapshot expected to need them longest), so that they expire
-//! together. Written whole, never changed, deleted whole.
+//! together. Written once, never changed, deleted whole.
 //!
 //! ```text
 //! offset  size        field
 //! 0       8           magic "GRVAPACK"
-//! 8       4           format version (2)
+//! 8       4           format version (3)
 //! 12      4           block size in bytes
 //! 16      8           pack id
-//! 24      4           slots
+//! 24      4           zero
 //! 28      4           crc32c of bytes 0..28
-//! 32      20 x slots  per slot: the volume block (u64) it holds a version
-//!                     of, and the version's address (origin pack u64,
-//!                     origin slot u32)
-//! then    4           crc32c of the slot table
-//! then    slots x (4 + block size): crc32c(pack id, slot, data), data
+//! 32      slots x (4 + block size): crc32c(pack id, slot, data), data
+//! then    20 x slots  the slot table: per slot, the volume block (u64) it
+//!                     holds a version of, and the version's address
+//!                     (origin pack u64, origin slot u32)
+//! then    20          the footer: slots (u32), format version (u32, 3),
+//!                     magic "GRVAPACK", crc32c of the pack id, the block
+//!                     size, the table and the footer before it (u32)
 //! ```
+//!
+//! The table is at the end so that a pack is written front to back as it
+//! fills (streamed to its object, never held whole), and its slots sit at
+//! offsets that do not depend on how many there are. The catalog records
+//! each pack's slots, so a reader finds the table and footer from the end
+//! in one read. Version 2 had the table after the header; it is refused.
 //!
 //! A version's address is where a push first stored it; indexes name
 //! versions by address, and a version copied by expiry keeps its address
 //! (a forward table says where it went), so no index is rewritten.
 //!
-//! A slot's checksum covers the pack id and slot number, so a slot read
-//! from the wrong pack or place fails its check: a read returns the data
-//! it asked for or an error, never other data.
+//! A slot's checksum covers the pack id and slot number, and the table's
+//! covers the pack id, so a slot or table read from the wrong pack or
+//! place fails its check: a read returns the data it asked for or an
+//! error, never other data.
 
 use super::{le_u32, le_u64};
 
 pub const MAGIC: &[u8; 8] = b"GRVAPACK";
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 pub const HEADER_BYTES: u64 = 32;
 /// Bytes of a slot's checksum, before its data.
 pub const SLOT_CHECKSUM_BYTES: u64 = 4;
 /// Bytes of one slot's entry in the slot table.
 pub const TABLE_ENTRY_BYTES: u64 = 20;
-/// Bytes of the slot table's checksum.
-const TABLE_CHECKSUM_BYTES: u64 = 4;
+/// Bytes of the footer after the table.
+pub const FOOTER_BYTES: u64 = 20;
 
 /// A version's address: the pack a push first stored it in, and the slot.
 pub type Address = (u64, u32);
@@ -47,7 +56,7 @@ pub struct SlotEntry {
     pub origin: Address,
 }
 
-/// What a pack's header says.
+/// A pack's shape, as the catalog records it and its footer confirms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PackHeader {
     pub id: u64,
@@ -56,11 +65,6 @@ pub struct PackHeader {
 }
 
 impl PackHeader {
-    /// Where the slot table and its checksum end and slot 0 starts.
-    pub fn slots_start(&self) -> u64 {
-        table_end(self.slots)
-    }
-
     /// Bytes of one slot: its checksum and its data.
     pub fn slot_bytes(&self) -> u64 {
         SLOT_CHECKSUM_BYTES + u64::from(self.block_bytes)
@@ -68,19 +72,23 @@ impl PackHeader {
 
     /// Where slot `slot` starts.
     pub fn slot_offset(&self, slot: u32) -> u64 {
-        self.slots_start() + u64::from(slot) * self.slot_bytes()
+        HEADER_BYTES + u64::from(slot) * self.slot_bytes()
+    }
+
+    /// Where the slot table starts: after the last slot.
+    pub fn table_offset(&self) -> u64 {
+        self.slot_offset(self.slots)
     }
 
     /// The whole object's size.
     pub fn object_bytes(&self) -> u64 {
-        self.slot_offset(self.slots)
+        self.table_offset() + tail_bytes(self.slots)
     }
 }
 
-/// Where the slot table of a pack of `slots` slots ends, its checksum
-/// included.
-pub fn table_end(slots: u32) -> u64 {
-    HEADER_BYTES + TABLE_ENTRY_BYTES * u64::from(slots) + TABLE_CHECKSUM_BYTES
+/// Bytes of the slot table and footer of a pack of `slots` slots.
+pub fn tail_bytes(slots: u32) -> u64 {
+    TABLE_ENTRY_BYTES * u64::from(slots) + FOOTER_BYTES
 }
 
 fn slot_checksum(id: u64, slot: u32, data: &[u8]) -> u32 {
@@ -90,45 +98,49 @@ fn slot_checksum(id: u64, slot: u32, data: &[u8]) -> u32 {
     crc32c::crc32c_append(crc32c::crc32c(&seed), data)
 }
 
+/// The footer's checksum over the table and the footer's first fields.
+fn tail_checksum(id: u64, block_bytes: u32, covered: &[u8]) -> u32 {
+    let mut seed = [0u8; 12];
+    seed[..8].copy_from_slice(&id.to_le_bytes());
+    seed[8..].copy_from_slice(&block_bytes.to_le_bytes());
+    crc32c::crc32c_append(crc32c::crc32c(&seed), covered)
+}
+
 /// A pack holding `entries[i]`'s version in slot i; `data` is the slots'
 /// data back to back, one block each.
 pub fn encode(id: u64, block_bytes: u32, entries: &[SlotEntry], data: &[u8]) -> Vec<u8> {
     let bs = block_bytes as usize;
     assert_eq!(data.len(), entries.len() * bs, "one block of data per slot");
-    let mut builder = PackBuilder::new(id, block_bytes, entries.len() as u32);
+    let mut encoder = PackEncoder::new(id, block_bytes, entries.len() as u32);
+    let mut bytes = encoder.header().to_vec();
     for (entry, chunk) in entries.iter().zip(data.chunks(bs)) {
-        builder.push(*entry, chunk);
+        bytes.extend_from_slice(&encoder.slot(*entry, chunk));
+        bytes.extend_from_slice(chunk);
     }
-    builder.finish()
+    bytes.extend_from_slice(&encoder.finish());
+    bytes
 }
 
-/// A pack filled slot by slot in the one buffer it is stored from: the
-/// slot table's room is kept for `capacity` slots, and closed up when the
-/// pack ends with fewer, so filling a pack holds its bytes once.
+/// A pack encoded front to back for a writer that streams it: the header,
+/// then each slot's checksum (before its data) as it comes, then the table
+/// and footer. It holds only the table.
 #[derive(Debug)]
-pub struct PackBuilder {
+pub struct PackEncoder {
     id: u64,
     block_bytes: u32,
     capacity: u32,
     slots: u32,
-    bytes: Vec<u8>,
+    table: Vec<u8>,
 }
 
-impl PackBuilder {
-    pub fn new(id: u64, block_bytes: u32, capacity: u32) -> PackBuilder {
-        let full = PackHeader {
-            id,
-            block_bytes,
-            slots: capacity,
-        };
-        let mut bytes = Vec::with_capacity(full.object_bytes() as usize);
-        bytes.resize(full.slots_start() as usize, 0);
-        PackBuilder {
+impl PackEncoder {
+    pub fn new(id: u64, block_bytes: u32, capacity: u32) -> PackEncoder {
+        PackEncoder {
             id,
             block_bytes,
             capacity,
             slots: 0,
-            bytes,
+            table: Vec::with_capacity(tail_bytes(capacity) as usize),
         }
     }
 
@@ -144,8 +156,21 @@ impl PackBuilder {
         self.slots == self.capacity
     }
 
-    /// Adds `entry`'s version, `data` (one block), as the next slot.
-    pub fn push(&mut self, entry: SlotEntry, data: &[u8]) {
+    /// The pack's first bytes.
+    pub fn header(&self) -> [u8; HEADER_BYTES as usize] {
+        let mut header = [0u8; HEADER_BYTES as usize];
+        header[..8].copy_from_slice(MAGIC);
+        header[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        header[12..16].copy_from_slice(&self.block_bytes.to_le_bytes());
+        header[16..24].copy_from_slice(&self.id.to_le_bytes());
+        let crc = crc32c::crc32c(&header[..28]);
+        header[28..32].copy_from_slice(&crc.to_le_bytes());
+        header
+    }
+
+    /// Takes `entry`'s version, `data` (one block), as the next slot;
+    /// returns the slot's checksum, which goes before its data.
+    pub fn slot(&mut self, entry: SlotEntry, data: &[u8]) -> [u8; SLOT_CHECKSUM_BYTES as usize] {
         assert!(
             self.slots < self.capacity,
             "a pack takes no slot past its capacity"
@@ -155,46 +180,29 @@ impl PackBuilder {
             self.block_bytes as usize,
             "one block of data per slot"
         );
-        let at = (HEADER_BYTES + TABLE_ENTRY_BYTES * u64::from(self.slots)) as usize;
-        self.bytes[at..at + 8].copy_from_slice(&entry.block.to_le_bytes());
-        self.bytes[at + 8..at + 16].copy_from_slice(&entry.origin.0.to_le_bytes());
-        self.bytes[at + 16..at + 20].copy_from_slice(&entry.origin.1.to_le_bytes());
+        self.table.extend_from_slice(&entry.block.to_le_bytes());
+        self.table.extend_from_slice(&entry.origin.0.to_le_bytes());
+        self.table.extend_from_slice(&entry.origin.1.to_le_bytes());
         let crc = slot_checksum(self.id, self.slots, data);
-        self.bytes.extend_from_slice(&crc.to_le_bytes());
-        self.bytes.extend_from_slice(data);
         self.slots += 1;
+        crc.to_le_bytes()
     }
 
-    /// The pack's bytes: header, table and its checksum, slots.
+    /// The pack's last bytes: the slot table and the footer.
     pub fn finish(mut self) -> Vec<u8> {
-        let header = PackHeader {
-            id: self.id,
-            block_bytes: self.block_bytes,
-            slots: self.slots,
-        };
-        let room = table_end(self.capacity) as usize;
-        let start = header.slots_start() as usize;
-        // Close up the table's room for slots never filled.
-        self.bytes.copy_within(room.., start);
-        self.bytes.truncate(self.bytes.len() - (room - start));
-        self.bytes[..8].copy_from_slice(MAGIC);
-        self.bytes[8..12].copy_from_slice(&VERSION.to_le_bytes());
-        self.bytes[12..16].copy_from_slice(&self.block_bytes.to_le_bytes());
-        self.bytes[16..24].copy_from_slice(&self.id.to_le_bytes());
-        self.bytes[24..28].copy_from_slice(&self.slots.to_le_bytes());
-        let crc = crc32c::crc32c(&self.bytes[..28]);
-        self.bytes[28..32].copy_from_slice(&crc.to_le_bytes());
-        let table_crc_at = start - TABLE_CHECKSUM_BYTES as usize;
-        let table_crc = crc32c::crc32c(&self.bytes[HEADER_BYTES as usize..table_crc_at]);
-        self.bytes[table_crc_at..start].copy_from_slice(&table_crc.to_le_bytes());
-        debug_assert_eq!(self.bytes.len() as u64, header.object_bytes());
-        self.bytes
+        self.table.extend_from_slice(&self.slots.to_le_bytes());
+        self.table.extend_from_slice(&VERSION.to_le_bytes());
+        self.table.extend_from_slice(MAGIC);
+        let crc = tail_checksum(self.id, self.block_bytes, &self.table);
+        self.table.extend_from_slice(&crc.to_le_bytes());
+        debug_assert_eq!(self.table.len() as u64, tail_bytes(self.slots));
+        self.table
     }
 }
 
-/// The header at the start of a pack, checked against the id and block
-/// size the catalog expects.
-pub fn decode_header(bytes: &[u8], id: u64, block_bytes: u32) -> Result<PackHeader, String> {
+/// Checks the header at the start of a pack against the id and block size
+/// the catalog expects.
+pub fn decode_header(bytes: &[u8], id: u64, block_bytes: u32) -> Result<(), String> {
     if bytes.len() < HEADER_BYTES as usize {
         return Err(format!("{} bytes, shorter than a pack header", bytes.len()));
     }
@@ -204,45 +212,70 @@ pub fn decode_header(bytes: &[u8], id: u64, block_bytes: u32) -> Result<PackHead
     if le_u32(bytes, 28) != crc32c::crc32c(&bytes[..28]) {
         return Err("the pack header's checksum does not match".into());
     }
-    let version = le_u32(bytes, 8);
+    check_fields(
+        le_u32(bytes, 8),
+        le_u64(bytes, 16),
+        le_u32(bytes, 12),
+        id,
+        block_bytes,
+    )
+}
+
+fn check_fields(
+    version: u32,
+    found_id: u64,
+    found_bs: u32,
+    id: u64,
+    bs: u32,
+) -> Result<(), String> {
     if version != VERSION {
         return Err(format!(
             "pack format version {version}, this grove reads {VERSION}"
         ));
     }
-    let header = PackHeader {
-        block_bytes: le_u32(bytes, 12),
-        id: le_u64(bytes, 16),
-        slots: le_u32(bytes, 24),
-    };
-    if header.id != id {
-        return Err(format!("holds pack {:016x}, expected {id:016x}", header.id));
+    if found_id != id {
+        return Err(format!("holds pack {found_id:016x}, expected {id:016x}"));
     }
-    if header.block_bytes != block_bytes {
-        return Err(format!(
-            "block size {}, the archive's is {block_bytes}",
-            header.block_bytes
-        ));
+    if found_bs != bs {
+        return Err(format!("block size {found_bs}, the archive's is {bs}"));
     }
-    Ok(header)
+    Ok(())
 }
 
 /// The slot table: which volume block each slot holds a version of, and
-/// the version's address. `bytes` starts at the pack's start and holds at
-/// least the table.
-pub fn decode_table(bytes: &[u8], header: &PackHeader) -> Result<Vec<SlotEntry>, String> {
-    let end = header.slots_start() as usize;
-    if bytes.len() < end {
+/// the version's address. `tail` is the pack's bytes from
+/// `header.table_offset()` to its end: the table and the footer.
+pub fn decode_table(tail: &[u8], header: &PackHeader) -> Result<Vec<SlotEntry>, String> {
+    let expected = tail_bytes(header.slots);
+    if tail.len() as u64 != expected {
         return Err(format!(
-            "{} bytes, shorter than its slot table",
-            bytes.len()
+            "{} bytes of slot table and footer, expected {expected}",
+            tail.len()
         ));
     }
-    let table = &bytes[HEADER_BYTES as usize..end - TABLE_CHECKSUM_BYTES as usize];
-    if le_u32(bytes, end - TABLE_CHECKSUM_BYTES as usize) != crc32c::crc32c(table) {
+    let footer = tail.len() - FOOTER_BYTES as usize;
+    if &tail[footer + 8..footer + 16] != MAGIC {
+        return Err(
+            "no pack footer where the catalog's slots put it (an older pack format, a truncated pack or damage)"
+                .into(),
+        );
+    }
+    let crc_at = tail.len() - 4;
+    if le_u32(tail, crc_at) != tail_checksum(header.id, header.block_bytes, &tail[..crc_at]) {
         return Err("the slot table's checksum does not match".into());
     }
-    Ok(table
+    check_fields(
+        le_u32(tail, footer + 4),
+        header.id,
+        header.block_bytes,
+        header.id,
+        header.block_bytes,
+    )?;
+    let slots = le_u32(tail, footer);
+    if slots != header.slots {
+        return Err(format!("{slots} slots, the catalog says {}", header.slots));
+    }
+    Ok(tail[..footer]
         .chunks(TABLE_ENTRY_BYTES as usize)
         .map(|e| SlotEntry {
             block: le_u64(e, 0),
@@ -286,18 +319,34 @@ mod tests {
             .map(|(block, origin)| SlotEntry { block, origin })
             .collect();
         let bytes = encode(7, 512, &entries, &data);
-        let header = decode_header(&bytes, 7, 512).unwrap();
-        assert_eq!(header.slots, 3);
+        decode_header(&bytes, 7, 512).unwrap();
+        let header = PackHeader {
+            id: 7,
+            block_bytes: 512,
+            slots: 3,
+        };
         assert_eq!(header.object_bytes(), bytes.len() as u64);
-        assert_eq!(decode_table(&bytes, &header).unwrap(), entries);
-        for at in HEADER_BYTES as usize..header.slots_start() as usize {
-            let mut bad = bytes.clone();
+        let tail = &bytes[header.table_offset() as usize..];
+        assert_eq!(decode_table(tail, &header).unwrap(), entries);
+        for at in 0..tail.len() {
+            let mut bad = tail.to_vec();
             bad[at] ^= 4;
-            assert!(decode_table(&bad, &header).is_err(), "table flip at {at}");
+            assert!(decode_table(&bad, &header).is_err(), "tail flip at {at}");
         }
-        let table = &bytes[..header.slots_start() as usize];
-        for len in 0..table.len() {
-            assert!(decode_table(&table[..len], &header).is_err());
+        for len in 0..tail.len() {
+            assert!(decode_table(&tail[..len], &header).is_err());
+            assert!(decode_table(&tail[tail.len() - len..], &header).is_err());
+        }
+        for other in [
+            PackHeader { id: 8, ..header },
+            PackHeader {
+                block_bytes: 4096,
+                ..header
+            },
+            PackHeader { slots: 2, ..header },
+        ] {
+            let tail = &bytes[(bytes.len() as u64 - tail_bytes(other.slots)) as usize..];
+            assert!(decode_table(tail, &other).is_err(), "{other:?}");
         }
         let at = header.slot_offset(2) as usize;
         let slot = &bytes[at..at + header.slot_bytes() as usize];
@@ -318,11 +367,15 @@ mod tests {
         let mut bad = bytes.clone();
         bad[13] ^= 1;
         assert!(decode_header(&bad, 7, 512).is_err());
-        // A pack filled short of its capacity is the same pack.
-        let mut builder = PackBuilder::new(7, 512, 10);
-        for (entry, chunk) in entries.iter().zip(data.chunks(512)) {
-            builder.push(*entry, chunk);
-        }
-        assert_eq!(builder.finish(), bytes);
+    }
+
+    #[test]
+    fn the_older_format_is_refused_in_one_line() {
+        let mut bytes = encode(7, 512, &[], &[]);
+        bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
+        let crc = crc32c::crc32c(&bytes[..28]);
+        bytes[28..32].copy_from_slice(&crc.to_le_bytes());
+        let why = decode_header(&bytes, 7, 512).unwrap_err();
+        assert_eq!(why, "pack format version 2, this grove reads 3");
     }
 }
