@@ -629,6 +629,10 @@ impl<D: BlockDevice> BlockDevice for FaultyDevice<D> {
     fn allocated_bytes(&self) -> io::Result<Option<u64>> {
         self.inner.allocated_bytes()
     }
+
+    fn place_of(&self, offset: u64) -> Option<String> {
+        self.inner.place_of(offset)
+    }
 }
 
 impl<D: BlockDevice> BlockDevice for std::sync::Arc<D> {
@@ -658,6 +662,9 @@ impl<D: BlockDevice> BlockDevice for std::sync::Arc<D> {
     }
     fn host_space(&self) -> Option<crate::space_levels::HostSpace> {
         (**self).host_space()
+    }
+    fn place_of(&self, offset: u64) -> Option<String> {
+        (**self).place_of(offset)
     }
 }
 
