@@ -294,6 +294,17 @@ impl BlockDevice for RadosDevice {
         self.shared.space.pool_space(&self.shared.target)
     }
 
+    /// The data object holding the byte, by the name `rados` lists it
+    /// under.
+    fn place_of(&self, offset: u64) -> Option<String> {
+        let index = offset / self.shared.object_size;
+        Some(format!(
+            "RADOS object {} of pool {}",
+            self.shared.object_name(index),
+            self.shared.target.pool
+        ))
+    }
+
     fn punch(&self, offset: u64, len_bytes: u64) -> io::Result<()> {
         self.shared.fence.check()?;
         // Nothing past the last object of the length exists, so nothing

@@ -73,6 +73,13 @@ pub trait BlockDevice: Send + Sync {
     fn allocated_bytes(&self) -> io::Result<Option<u64>> {
         Ok(None)
     }
+    /// Where the byte at `offset` is kept, when that says more than the
+    /// device's name (the RADOS object holding it): an error about damage
+    /// found there names it. None: `describe` says it all.
+    fn place_of(&self, offset: u64) -> Option<String> {
+        let _ = offset;
+        None
+    }
     /// The room the store has to grow into, when the device knows it
     /// better than the file system under the pool directory does (a store
     /// laid over branches on other disks). None: ask that file system.

@@ -557,6 +557,18 @@ impl State {
         self.decode_node(addr, kind, level, &block)
     }
 
+    /// The error about damage at `addr`, naming where the device keeps
+    /// that block when it says (a RADOS object: the one to restore).
+    fn placed(&self, error: Error, addr: BlockAddr) -> Error {
+        match self.device.place_of(addr.0 * self.geometry.block_bytes()) {
+            Some(place) => Error::new(
+                error.kind(),
+                format!("{} (kept in {place})", error.message()),
+            ),
+            None => error,
+        }
+    }
+
     pub(crate) fn decode_node(
         &self,
         addr: BlockAddr,
@@ -567,11 +579,12 @@ impl State {
         let data_start = self.superblock.data_start.0;
         let valid = data_start..self.space_map.alloc().store_end();
         let birth_max = self.superblock.birth_generation;
-        let node =
-            Node::decode(block, addr, kind, level, valid, birth_max).map_err(|e| match kind {
+        let node = Node::decode(block, addr, kind, level, valid, birth_max)
+            .map_err(|e| match kind {
                 NodeKind::VolumeTable => Error::corrupt(format!("volume table: {e}")),
                 NodeKind::VolumeData => e,
-            })?;
+            })
+            .map_err(|e| self.placed(e, addr))?;
         if let Some((slot, _)) = node
             .entries
             .iter()

@@ -3,6 +3,7 @@
 //! simulator), and a device that fails on command (fault injection). Both are
 //! real `BlockDevice`s; the engine cannot tell them from a file.
 
+use std::collections::HashSet;
 use std::io;
 use std::sync::Mutex;
 
@@ -11,6 +12,80 @@ use crate::device::BlockDevice;
 /// Torn writes are modelled at this granularity: a sector is written whole
 /// or not at all, which is what disks promise.
 pub const TORN_WRITE_SECTOR_BYTES: usize = 512;
+
+/// What a device writes whole or not at all, and in what order, when the
+/// power goes: the rule every crash image follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tearing {
+    /// A disk: each 512-byte sector whole or not at all, sectors and
+    /// writes landing in any order until a flush.
+    Sectors,
+    /// An object store, striped as grove-rados stripes a device: each
+    /// write's share of one object whole or not at all (RADOS applies an op
+    /// to one object atomically); the shares of different objects landing
+    /// in any subset until a flush; those of one object in the order they
+    /// were written (RADOS applies one object's ops in order). The length
+    /// is an object of its own (the header), written after the data that
+    /// grows it, so a crash can keep either without the other.
+    Objects { object_bytes: u64 },
+}
+
+/// The unit of the header object in `Tearing::Objects`: no data object
+/// has this index.
+const HEADER_OBJECT: u64 = u64::MAX;
+
+impl Tearing {
+    /// The bytes a write keeps or loses together, aligned to multiples of
+    /// themselves on the device.
+    fn unit_bytes(self) -> u64 {
+        match self {
+            Tearing::Sectors => TORN_WRITE_SECTOR_BYTES as u64,
+            Tearing::Objects { object_bytes } => object_bytes,
+        }
+    }
+
+    fn is_objects(self) -> bool {
+        matches!(self, Tearing::Objects { .. })
+    }
+}
+
+/// Decides unit by unit what of the volatile ops lands: as each op's fate
+/// says, except that on an object store a share written to an object after
+/// one that was lost is lost too (one object's ops apply in order).
+struct Landing {
+    tearing: Tearing,
+    /// Objects a lost share has cut off.
+    cut: HashSet<u64>,
+}
+
+impl Landing {
+    fn new(tearing: Tearing) -> Landing {
+        Landing {
+            tearing,
+            cut: HashSet::new(),
+        }
+    }
+
+    /// Whether the `index`-th unit the op touches, unit `unit` of the
+    /// device, lands.
+    fn lands(&mut self, fate: WriteFate, index: u64, unit: u64) -> bool {
+        let by_fate = match fate {
+            WriteFate::Lost => false,
+            WriteFate::Landed => true,
+            WriteFate::Torn(mask) => mask & (1 << (index % 64)) != 0,
+        };
+        if !self.tearing.is_objects() {
+            return by_fate;
+        }
+        if self.cut.contains(&unit) {
+            return false;
+        }
+        if !by_fate {
+            self.cut.insert(unit);
+        }
+        by_fate
+    }
+}
 
 /// One device operation, in the order the engine issued it.
 #[derive(Clone, Debug)]
@@ -43,8 +118,9 @@ pub enum DeviceOp {
 pub enum WriteFate {
     Lost,
     Landed,
-    /// Only some sectors landed: bit i of the mask says sector i did
-    /// (sectors past 64 follow bit i % 64).
+    /// Only some units landed (sectors, or objects on an object store):
+    /// bit i of the mask says the i-th unit the write touches did (units
+    /// past 64 follow bit i % 64).
     Torn(u64),
 }
 
@@ -56,6 +132,7 @@ struct CrashLog {
 /// A memory device that logs every operation.
 pub struct CrashDevice {
     log: Mutex<CrashLog>,
+    tearing: Tearing,
 }
 
 impl Default for CrashDevice {
@@ -71,7 +148,25 @@ impl CrashDevice {
                 current: Vec::new(),
                 ops: Vec::new(),
             }),
+            tearing: Tearing::Sectors,
         }
+    }
+
+    /// The device with another rule for what a crash keeps (a disk's by
+    /// default).
+    pub fn with_tearing(mut self, tearing: Tearing) -> CrashDevice {
+        if let Tearing::Objects { object_bytes } = tearing {
+            assert!(
+                object_bytes > 0 && object_bytes.is_multiple_of(TORN_WRITE_SECTOR_BYTES as u64),
+                "objects of {object_bytes} bytes do not hold whole sectors"
+            );
+        }
+        self.tearing = tearing;
+        self
+    }
+
+    pub fn tearing(&self) -> Tearing {
+        self.tearing
     }
 
     /// A device that starts out holding `bytes`, as if they were durable.
@@ -81,6 +176,7 @@ impl CrashDevice {
                 current: bytes,
                 ops: Vec::new(),
             }),
+            tearing: Tearing::Sectors,
         }
     }
 
@@ -112,6 +208,7 @@ pub struct CrashImages {
     /// Ops applied to `durable`: everything up to and including the last
     /// flush before the current position.
     durable_upto: usize,
+    tearing: Tearing,
 }
 
 impl CrashImages {
@@ -125,7 +222,15 @@ impl CrashImages {
             ops,
             durable: base,
             durable_upto: 0,
+            tearing: Tearing::Sectors,
         }
+    }
+
+    /// Images torn as `tearing` says (the recording device's rule: see
+    /// `CrashDevice::tearing`), a disk's by default.
+    pub fn with_tearing(mut self, tearing: Tearing) -> CrashImages {
+        self.tearing = tearing;
+        self
     }
 
     /// The writes a power cut after the first `position` ops may keep or
@@ -140,8 +245,9 @@ impl CrashImages {
             last_flush >= self.durable_upto,
             "positions must not go backwards"
         );
+        let mut landing = Landing::new(self.tearing);
         for op in &self.ops[self.durable_upto..last_flush] {
-            apply(&mut self.durable, op, WriteFate::Landed);
+            apply(&mut self.durable, op, WriteFate::Landed, &mut landing);
         }
         self.durable_upto = last_flush;
         position - last_flush
@@ -152,10 +258,20 @@ impl CrashImages {
     pub fn image(&mut self, position: usize, mut fate: impl FnMut(usize) -> WriteFate) -> Vec<u8> {
         let volatile = self.volatile_writes(position);
         let mut image = self.durable.clone();
+        let mut landing = Landing::new(self.tearing);
+        // On an object store the length is the header object's: it moves
+        // only when a header write lands.
+        let mut header_len = image.len();
         let since_flush = &self.ops[position - volatile..position];
         for (i, op) in since_flush.iter().enumerate() {
             let fate = fate(i);
-            apply(&mut image, op, fate);
+            if let (DeviceOp::SetLen { len_bytes }, true) = (op, self.tearing.is_objects()) {
+                if landing.lands(fate, 0, HEADER_OBJECT) {
+                    header_len = *len_bytes as usize;
+                }
+                continue;
+            }
+            apply(&mut image, op, fate, &mut landing);
             if fate != WriteFate::Landed {
                 // What a later ranged flush made durable landed whatever
                 // became of the rest of the write.
@@ -165,6 +281,12 @@ impl CrashImages {
                     }
                 }
             }
+        }
+        if self.tearing.is_objects() {
+            // Bytes of objects past the length are out of the device's
+            // reach (a later grow that lands zeroes nothing, so they would
+            // read again only through a bug this cut shows as zeros).
+            image.resize(header_len, 0);
         }
         image
     }
@@ -189,10 +311,38 @@ fn apply_within(image: &mut Vec<u8>, op: &DeviceOp, offset: u64, len_bytes: u64)
         offset: start,
         data: data[(start - write_at) as usize..(end - write_at) as usize].to_vec(),
     };
-    apply(image, &part, WriteFate::Landed);
+    apply(
+        image,
+        &part,
+        WriteFate::Landed,
+        &mut Landing::new(Tearing::Sectors),
+    );
 }
 
-fn apply(image: &mut Vec<u8>, op: &DeviceOp, fate: WriteFate) {
+/// The units (sectors or objects) `offset..offset + len_bytes` touches, as
+/// (index among them, unit, byte range).
+fn units(
+    offset: u64,
+    len_bytes: u64,
+    unit_bytes: u64,
+) -> impl Iterator<Item = (u64, u64, std::ops::Range<usize>)> {
+    let end = offset + len_bytes;
+    let first = offset / unit_bytes;
+    // An empty range touches no unit.
+    let last = if len_bytes == 0 {
+        first
+    } else {
+        end.div_ceil(unit_bytes)
+    };
+    (first..last).map(move |unit| {
+        let start = (unit * unit_bytes).max(offset);
+        let stop = ((unit + 1) * unit_bytes).min(end);
+        (unit - first, unit, start as usize..stop as usize)
+    })
+}
+
+fn apply(image: &mut Vec<u8>, op: &DeviceOp, fate: WriteFate, landing: &mut Landing) {
+    let unit_bytes = landing.tearing.unit_bytes();
     match op {
         DeviceOp::Flush | DeviceOp::FlushRange { .. } => {}
         DeviceOp::SetLen { len_bytes } => {
@@ -205,38 +355,27 @@ fn apply(image: &mut Vec<u8>, op: &DeviceOp, fate: WriteFate) {
         }
         DeviceOp::Punch { offset, len_bytes } => {
             // A punch never grows the device (KEEP_SIZE).
-            let start = (*offset as usize).min(image.len());
-            let end = offset.saturating_add(*len_bytes).min(image.len() as u64) as usize;
-            for (sector, chunk) in image[start..end]
-                .chunks_mut(TORN_WRITE_SECTOR_BYTES)
-                .enumerate()
-            {
-                let lands = match fate {
-                    WriteFate::Lost => false,
-                    WriteFate::Landed => true,
-                    WriteFate::Torn(mask) => mask & (1 << (sector % 64)) != 0,
-                };
-                if lands {
-                    chunk.fill(0);
+            let end = offset.saturating_add(*len_bytes).min(image.len() as u64);
+            let len = end.saturating_sub(*offset);
+            for (index, unit, range) in units(*offset, len, unit_bytes) {
+                if landing.lands(fate, index, unit) {
+                    image[range].fill(0);
                 }
             }
         }
         DeviceOp::Write { offset, data } => {
-            let offset = *offset as usize;
-            if fate == WriteFate::Lost {
+            // A lost share still cuts its object off on an object store.
+            if fate == WriteFate::Lost && !landing.tearing.is_objects() {
                 return;
             }
-            if image.len() < offset + data.len() {
-                image.resize(offset + data.len(), 0);
+            let end = *offset as usize + data.len();
+            if image.len() < end {
+                image.resize(end, 0);
             }
-            for (sector, chunk) in data.chunks(TORN_WRITE_SECTOR_BYTES).enumerate() {
-                let lands = match fate {
-                    WriteFate::Torn(mask) => mask & (1 << (sector % 64)) != 0,
-                    _ => true,
-                };
-                if lands {
-                    let start = offset + sector * TORN_WRITE_SECTOR_BYTES;
-                    image[start..start + chunk.len()].copy_from_slice(chunk);
+            for (index, unit, range) in units(*offset, data.len() as u64, unit_bytes) {
+                if landing.lands(fate, index, unit) {
+                    let from = range.start - *offset as usize;
+                    image[range.clone()].copy_from_slice(&data[from..from + range.len()]);
                 }
             }
         }
@@ -255,17 +394,19 @@ impl BlockDevice for CrashDevice {
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         let mut log = self.log();
-        apply(
-            &mut log.current,
+        let len_before = log.current.len();
+        log.apply_landed(
             &DeviceOp::Write {
                 offset,
                 data: buf.to_vec(),
             },
-            WriteFate::Landed,
+            self.tearing,
         );
         // What reaches the disk is whole sectors as the page cache holds
         // them, earlier writes to the same sectors included: log that, so a
         // landed write never undoes part of an earlier one in its sectors.
+        // (On an object store the sector's other bytes came from earlier
+        // ops to the same object, which land first anyway.)
         let sector = TORN_WRITE_SECTOR_BYTES as u64;
         let start = offset / sector * sector;
         let end = (offset + buf.len() as u64).div_ceil(sector) * sector;
@@ -275,6 +416,12 @@ impl BlockDevice for CrashDevice {
             offset: start,
             data,
         });
+        // grove-rados writes the header with the new length once the data
+        // that grows the device is stored.
+        if self.tearing.is_objects() && log.current.len() > len_before {
+            let len_bytes = log.current.len() as u64;
+            log.ops.push(DeviceOp::SetLen { len_bytes });
+        }
         Ok(())
     }
 
@@ -284,9 +431,14 @@ impl BlockDevice for CrashDevice {
     }
 
     /// The write, then a flush of its range alone: a crash image keeps,
-    /// loses or tears the other writes since the last flush as before.
+    /// loses or tears the other writes since the last flush as before. On
+    /// an object store, a write and a whole flush (grove-rados's writes
+    /// return once stored, so everything before them is stored too).
     fn write_durable_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.write_at(buf, offset)?;
+        if self.tearing.is_objects() {
+            return self.flush();
+        }
         self.log().ops.push(DeviceOp::FlushRange {
             offset,
             len_bytes: buf.len() as u64,
@@ -300,14 +452,31 @@ impl BlockDevice for CrashDevice {
 
     fn set_len_bytes(&self, len_bytes: u64) -> io::Result<()> {
         let mut log = self.log();
+        let len_before = log.current.len() as u64;
+        if self.tearing.is_objects() && len_bytes < len_before {
+            // grove-rados gives back the cut-off objects before it writes
+            // the shorter length.
+            let op = DeviceOp::Punch {
+                offset: len_bytes,
+                len_bytes: len_before - len_bytes,
+            };
+            log.apply_landed(&op, self.tearing);
+            log.ops.push(op);
+        }
         let op = DeviceOp::SetLen { len_bytes };
-        apply(&mut log.current, &op, WriteFate::Landed);
+        log.apply_landed(&op, self.tearing);
         log.ops.push(op);
+        debug_assert_eq!(log.current.len() as u64, len_bytes);
         Ok(())
     }
 
     fn describe(&self) -> String {
-        "crash-simulator device".to_string()
+        match self.tearing {
+            Tearing::Sectors => "crash-simulator device".to_string(),
+            Tearing::Objects { object_bytes } => {
+                format!("crash-simulator object store ({object_bytes}-byte objects)")
+            }
+        }
     }
 
     /// Zeros the range now and logs the punch, so that crash images keep
@@ -315,9 +484,21 @@ impl BlockDevice for CrashDevice {
     fn punch(&self, offset: u64, len_bytes: u64) -> io::Result<()> {
         let mut log = self.log();
         let op = DeviceOp::Punch { offset, len_bytes };
-        apply(&mut log.current, &op, WriteFate::Landed);
+        log.apply_landed(&op, self.tearing);
         log.ops.push(op);
         Ok(())
+    }
+}
+
+impl CrashLog {
+    /// Applies an op to the current contents, as if it landed whole.
+    fn apply_landed(&mut self, op: &DeviceOp, tearing: Tearing) {
+        apply(
+            &mut self.current,
+            op,
+            WriteFate::Landed,
+            &mut Landing::new(tearing),
+        );
     }
 }
 
@@ -448,6 +629,10 @@ impl<D: BlockDevice> BlockDevice for FaultyDevice<D> {
     fn allocated_bytes(&self) -> io::Result<Option<u64>> {
         self.inner.allocated_bytes()
     }
+
+    fn place_of(&self, offset: u64) -> Option<String> {
+        self.inner.place_of(offset)
+    }
 }
 
 impl<D: BlockDevice> BlockDevice for std::sync::Arc<D> {
@@ -477,6 +662,9 @@ impl<D: BlockDevice> BlockDevice for std::sync::Arc<D> {
     }
     fn host_space(&self) -> Option<crate::space_levels::HostSpace> {
         (**self).host_space()
+    }
+    fn place_of(&self, offset: u64) -> Option<String> {
+        (**self).place_of(offset)
     }
 }
 
@@ -524,5 +712,41 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// On an object store a write tears only at object boundaries, a
+    /// share written to an object after a lost one is lost too, and the
+    /// length is the header's: a lost header write keeps the old length.
+    #[test]
+    fn an_object_store_tears_at_objects_and_keeps_each_objects_order() {
+        let objects = Tearing::Objects { object_bytes: 4096 };
+        let device = CrashDevice::from_bytes(vec![0; 8192]).with_tearing(objects);
+        // Objects 0, 1 and 2 (growing the device), then object 0 again.
+        device.write_at(&[1; 8192], 2048).unwrap();
+        device.write_at(&[2; 512], 1024).unwrap();
+        let ops = device.ops();
+        assert!(matches!(ops[1], DeviceOp::SetLen { len_bytes: 10240 }));
+        let image = |fates: [WriteFate; 3]| {
+            let mut images =
+                CrashImages::with_base(vec![0; 8192], ops.clone()).with_tearing(objects);
+            images.image(ops.len(), |i| fates[i])
+        };
+        use WriteFate::{Landed, Lost, Torn};
+        // The first write's share of object 1 lost, those of objects 0
+        // and 2 landed, whole; the header landed.
+        let torn = image([Torn(0b101), Landed, Landed]);
+        assert_eq!(torn.len(), 10240);
+        assert!(torn[2048..4096].iter().all(|&b| b == 1));
+        assert!(torn[4096..8192].iter().all(|&b| b == 0));
+        assert!(torn[8192..].iter().all(|&b| b == 1));
+        assert!(torn[1024..1536].iter().all(|&b| b == 2));
+        // Its share of object 0 lost: the later write to object 0 is lost
+        // with it, though its own fate says landed.
+        let cut = image([Torn(0b110), Landed, Landed]);
+        assert!(cut[1024..4096].iter().all(|&b| b == 0));
+        assert!(cut[4096..].iter().all(|&b| b == 1));
+        // The header lost: the device keeps its old length.
+        let short = image([Landed, Lost, Landed]);
+        assert_eq!(short.len(), 8192);
     }
 }

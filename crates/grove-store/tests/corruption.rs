@@ -361,3 +361,60 @@ fn mapped_contents(pool: &Pool) -> Vec<(String, u64, Vec<u8>)> {
     }
     contents
 }
+
+/// A memory device that says which 64 KiB "object" keeps each byte, as a
+/// pool in RADOS does (grove-rados's `place_of`).
+struct PlacedDevice(MemDevice);
+
+impl grove_store::BlockDevice for PlacedDevice {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.0.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.0.write_at(buf, offset)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+    fn len_bytes(&self) -> std::io::Result<u64> {
+        self.0.len_bytes()
+    }
+    fn set_len_bytes(&self, len_bytes: u64) -> std::io::Result<()> {
+        self.0.set_len_bytes(len_bytes)
+    }
+    fn describe(&self) -> String {
+        "placed memory device".into()
+    }
+    fn place_of(&self, offset: u64) -> Option<String> {
+        Some(format!("object {}", offset / (64 * 1024)))
+    }
+}
+
+/// A damaged radix node is named with the place its device keeps it in,
+/// by check and by a read that reaches it: on RADOS, the object to restore.
+#[test]
+fn a_damaged_node_is_named_with_the_place_its_device_keeps_it_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = build_pool(dir.path());
+    let mut image = std::fs::read(path.join("grove.store")).unwrap();
+    let leaf = layout(&image).leaf_node;
+    image[(leaf * BLOCK + 100) as usize] ^= 1;
+    let device = Arc::new(PlacedDevice(MemDevice::from_bytes(image)));
+    let pool = Pool::open_device(device, &path, None).unwrap();
+    let named = format!("radix node at block {leaf} is damaged: checksum mismatch (stored");
+    let place = format!("(kept in object {})", leaf * BLOCK / (64 * 1024));
+    let report = pool.check(false).unwrap();
+    assert!(
+        report
+            .errors
+            .iter()
+            .any(|line| line.contains(&named) && line.ends_with(&place)),
+        "{:?}",
+        report.errors
+    );
+    let error = read_all(&pool).unwrap_err();
+    assert!(
+        error.to_string().contains(&named) && error.to_string().ends_with(&place),
+        "{error}"
+    );
+}

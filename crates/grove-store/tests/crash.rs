@@ -9,18 +9,25 @@
 //! - every sector of every volume holds a value it legitimately had: its
 //!   value at the last durable point, or one written after it.
 //!
-//! GROVE_CRASH_WORKLOADS sets how many workloads run (default 24, at least
-//! CRASH_STATES_MIN crash states, which the test asserts); raise it for a
-//! soak run. GROVE_CRASH_SEED picks the first workload's seed, to replay a
-//! failure.
+//! The scenarios run twice: on a disk's semantics (any subset of the writes
+//! since the last flush, torn at 512-byte sectors), and in `on_objects` on
+//! an object store's (grove-rados over RADOS: each write's share of one
+//! object whole or absent, shares to different objects in any subset until
+//! a flush, one object's in order; see `Tearing::Objects`).
+//!
+//! GROVE_CRASH_WORKLOADS sets how many workloads run (default 24 on a disk,
+//! at least CRASH_STATES_MIN crash states, which the test asserts, and 8 on
+//! objects); raise it for a soak run. GROVE_CRASH_SEED picks the first
+//! workload's seed, to replay a failure.
 
 mod common;
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use grove_store::testing::{CrashDevice, CrashImages, WriteFate};
+use grove_store::testing::{CrashDevice, CrashImages, DeviceOp, Tearing, WriteFate};
 use grove_store::{MemDevice, Pool, PoolOptions, RemoveOptions};
 
 const BLOCK_SIZE_BYTES: u32 = 1024;
@@ -87,13 +94,29 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
     (0..len).map(|_| (rng.next() >> 32) as u8 | 1).collect()
 }
 
+thread_local! {
+    /// What the running test's devices keep at a crash: a disk's rule, or
+    /// an object store's in `on_objects`.
+    static TEARING: Cell<Tearing> = const { Cell::new(Tearing::Sectors) };
+}
+
+fn tearing() -> Tearing {
+    TEARING.with(Cell::get)
+}
+
+/// Crash images of a log recorded on a device that started with `base`,
+/// torn by the running test's rule.
+fn crash_images(base: Vec<u8>, ops: Vec<DeviceOp>) -> CrashImages {
+    CrashImages::with_base(base, ops).with_tearing(tearing())
+}
+
 /// The name every simulated pool is formatted and opened under.
 const CRASH_DIR: &str = "crash-sim";
 
 /// A fresh pool at the simulator's block size, on a device that logs every
 /// write and flush.
 fn format_crash_pool(capacity_bytes: Option<u64>, journal_bytes: u64) -> (Arc<CrashDevice>, Pool) {
-    let device = Arc::new(CrashDevice::new());
+    let device = Arc::new(CrashDevice::new().with_tearing(tearing()));
     let options = PoolOptions {
         block_size_bytes: BLOCK_SIZE_BYTES,
         capacity_bytes,
@@ -447,7 +470,7 @@ fn check_crash_points(
     let mut rng = Rng(seed ^ 0x5151_5151);
     let first = states[0].log_position;
     let last = states.last().unwrap().log_position;
-    let mut images = CrashImages::new(ops);
+    let mut images = crash_images(Vec::new(), ops);
     let mut checked = Checked::default();
     for position in first..=last {
         // The last durable state at or before the cut, and every state the
@@ -735,12 +758,14 @@ fn a_crash_anywhere_in_a_capacity_raise_keeps_the_contract() {
     assert!(check_crash_points(600, ops, &script.states).states > 100);
 }
 
-#[test]
-fn every_crash_state_keeps_the_consistency_contract() {
+/// Runs GROVE_CRASH_WORKLOADS workloads (`default` if unset) from
+/// GROVE_CRASH_SEED on; `before` prepares each seed's run. Returns what
+/// they checked, how many ran, and whether the count was asked for.
+fn run_workloads(default: u64, before: impl Fn(u64)) -> (Checked, u64, bool) {
     let workloads_asked: Option<u64> = std::env::var("GROVE_CRASH_WORKLOADS")
         .ok()
         .and_then(|v| v.parse().ok());
-    let workloads = workloads_asked.unwrap_or(WORKLOADS_DEFAULT);
+    let workloads = workloads_asked.unwrap_or(default);
     let first_seed: u64 = std::env::var("GROVE_CRASH_SEED")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -748,23 +773,33 @@ fn every_crash_state_keeps_the_consistency_contract() {
     assert!(workloads > 0, "GROVE_CRASH_WORKLOADS=0 would check nothing");
     let mut checked = Checked::default();
     for seed in first_seed..first_seed + workloads {
+        before(seed);
         checked += run_workload(seed);
     }
     let states = checked.states;
-    let punches = PUNCHES_LOGGED.load(std::sync::atomic::Ordering::Relaxed);
     println!(
-        "checked {states} crash states over {workloads} workloads ({punches} punches); {} rebuilt a torn allocation map, {} the share counts",
-        checked.maps_rebuilt, checked.counts_rebuilt
-    );
-    assert!(
-        punches > 0,
-        "no workload freed a block: punches went untested"
+        "checked {states} crash states over {workloads} workloads on {:?}; {} rebuilt a torn allocation map, {} the share counts",
+        tearing(),
+        checked.maps_rebuilt,
+        checked.counts_rebuilt
     );
     assert!(
         states >= 1000 * workloads as usize / 2,
         "too few crash states: {states}"
     );
-    if workloads_asked.is_none() {
+    (checked, workloads, workloads_asked.is_some())
+}
+
+#[test]
+fn every_crash_state_keeps_the_consistency_contract() {
+    let (checked, _, asked) = run_workloads(WORKLOADS_DEFAULT, |_| {});
+    let states = checked.states;
+    let punches = PUNCHES_LOGGED.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        punches > 0,
+        "no workload freed a block: punches went untested"
+    );
+    if !asked {
         assert!(
             states >= CRASH_STATES_MIN,
             "the default run checked {states} crash states, fewer than the {CRASH_STATES_MIN} promised"
@@ -962,7 +997,7 @@ fn a_crash_anywhere_in_a_removal_committed_in_parts_leaves_a_consistent_pool() {
         flushes >= 6,
         "the removal committed in {flushes} flushes: not in parts"
     );
-    let mut images = CrashImages::with_base(base, ops.clone());
+    let mut images = crash_images(base, ops.clone());
     let mut states = 0;
     let mut partly_removed = 0;
     for position in 1..=ops.len() {
@@ -1060,7 +1095,7 @@ fn a_crash_anywhere_in_a_receive_never_shows_a_partial_snapshot() {
     pool.remove("r@1", forced).unwrap();
     drop(pool);
     let ops = device.ops()[logged_before..].to_vec();
-    let mut images = CrashImages::with_base(base, ops.clone());
+    let mut images = crash_images(base, ops.clone());
     let (mut partial_states, mut finished_states) = (0, 0);
     for position in 1..=ops.len() {
         for fate in [WriteFate::Lost, WriteFate::Landed] {
@@ -1145,7 +1180,7 @@ fn a_crash_anywhere_in_ranking_and_holding_shows_each_change_whole_or_not_at_all
     pool.remove("v@auto", forced).unwrap();
     drop(pool);
     let ops = device.ops()[logged_before..].to_vec();
-    let mut images = CrashImages::with_base(base, ops.clone());
+    let mut images = crash_images(base, ops.clone());
     let (mut held_states, mut taken_states) = (0, 0);
     for position in 1..=ops.len() {
         for fate in [WriteFate::Lost, WriteFate::Landed] {
@@ -1181,4 +1216,73 @@ fn a_crash_anywhere_in_ranking_and_holding_shows_each_change_whole_or_not_at_all
     }
     assert!(taken_states > 0 && held_states > 0);
     println!("{taken_states} crash states with the snapshot, {held_states} of them held");
+}
+
+/// The crash scenarios again on an object store's semantics, as
+/// grove-rados stores a pool in RADOS (`Tearing::Objects`), with objects
+/// small enough that requests span them: 64 KiB, and for every other
+/// workload 4 KiB, grove-rados's smallest, where a journal transaction or
+/// a bulk write spans many. (The torn map block is a disk's case only: a
+/// block never spans two objects.)
+mod on_objects {
+    use super::*;
+
+    const OBJECT_BYTES: u64 = 64 * 1024;
+    const SMALLEST_OBJECT_BYTES: u64 = 4096;
+    const WORKLOADS_DEFAULT: u64 = 8;
+
+    fn set_objects(object_bytes: u64) {
+        TEARING.with(|t| t.set(Tearing::Objects { object_bytes }));
+    }
+
+    fn on_objects(test: fn()) {
+        set_objects(OBJECT_BYTES);
+        test();
+    }
+
+    #[test]
+    fn every_crash_state_keeps_the_consistency_contract() {
+        let object_bytes = |seed: u64| {
+            if seed.is_multiple_of(2) {
+                OBJECT_BYTES
+            } else {
+                SMALLEST_OBJECT_BYTES
+            }
+        };
+        run_workloads(WORKLOADS_DEFAULT, |seed| set_objects(object_bytes(seed)));
+    }
+
+    #[test]
+    fn crash_during_shrink_and_grow_shows_old_or_new_volume() {
+        on_objects(super::crash_during_shrink_and_grow_shows_old_or_new_volume);
+    }
+
+    #[test]
+    fn freed_node_blocks_reused_for_data_survive_replay() {
+        on_objects(super::freed_node_blocks_reused_for_data_survive_replay);
+    }
+
+    #[test]
+    fn a_crash_anywhere_in_a_capacity_raise_keeps_the_contract() {
+        on_objects(super::a_crash_anywhere_in_a_capacity_raise_keeps_the_contract);
+    }
+
+    #[test]
+    fn a_crash_anywhere_in_a_removal_committed_in_parts_leaves_a_consistent_pool() {
+        on_objects(
+            super::a_crash_anywhere_in_a_removal_committed_in_parts_leaves_a_consistent_pool,
+        );
+    }
+
+    #[test]
+    fn a_crash_anywhere_in_a_receive_never_shows_a_partial_snapshot() {
+        on_objects(super::a_crash_anywhere_in_a_receive_never_shows_a_partial_snapshot);
+    }
+
+    #[test]
+    fn a_crash_anywhere_in_ranking_and_holding_shows_each_change_whole_or_not_at_all() {
+        on_objects(
+            super::a_crash_anywhere_in_ranking_and_holding_shows_each_change_whole_or_not_at_all,
+        );
+    }
 }
