@@ -9,7 +9,7 @@ use crate::backend::{Backend, StreamedPut, LIST_PAGE_ENTRIES};
 use crate::error::{Error, ErrorKind, Result};
 use crate::location::{self, Location};
 use crate::names::check_name;
-use crate::{file, s3};
+use crate::{file, s3_client};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -81,7 +81,7 @@ impl FolderStore {
     pub fn open(url: &str) -> Result<FolderStore> {
         let backend: Arc<dyn Backend> = match location::parse(url)? {
             Location::S3 { bucket, prefix } => {
-                Arc::new(s3::S3Backend::from_env(url, bucket, prefix)?)
+                Arc::new(s3_client::S3Backend::from_env(url, bucket, prefix)?)
             }
             Location::File { dir } => Arc::new(file::FileBackend::open(dir)?),
         };

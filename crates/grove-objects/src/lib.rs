@@ -36,6 +36,7 @@ mod folders;
 mod location;
 mod names;
 mod s3;
+mod s3_client;
 mod s3_put;
 
 pub use error::{Error, ErrorKind, Result};
@@ -171,7 +172,7 @@ impl StreamStore {
     pub fn open(url: &str) -> Result<StreamStore> {
         let backend: Arc<dyn Backend> = match location::parse(url)? {
             Location::S3 { bucket, prefix } => {
-                Arc::new(s3::S3Backend::from_env(url, bucket, prefix)?)
+                Arc::new(s3_client::S3Backend::from_env(url, bucket, prefix)?)
             }
             Location::File { dir } => Arc::new(file::FileBackend::open(dir)?),
         };

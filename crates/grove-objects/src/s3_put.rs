@@ -11,7 +11,7 @@
 
 use crate::backend::{Backend, StreamedPut};
 use crate::error::{Error, ErrorKind, Result};
-use crate::s3::{store_error, S3Backend};
+use crate::s3_client::{store_error, S3Backend};
 use bytes::Bytes;
 use object_store::multipart::{MultipartStore, PartId};
 use object_store::PutPayload;
