@@ -4,42 +4,13 @@
 //! gateway the S3 test prints SKIP, except under scripts/test.sh
 //! ($GROVE_REQUIRE_TOOLS), where it fails.
 
+mod common;
+
+use common::s3_url;
 use grove_objects::{Error, ErrorKind, FolderStore, ObjectEntry};
 use std::collections::HashMap;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 const FOLDER: &str = "packs";
-
-fn tools_required() -> bool {
-    std::env::var_os("GROVE_REQUIRE_TOOLS").is_some_and(|v| v != "0")
-}
-
-/// An S3 store under a fresh prefix of the test bucket, or None (after a
-/// visible SKIP) when no gateway is configured.
-fn s3_url(test: &str) -> Option<String> {
-    match std::env::var("GROVE_TEST_S3_BUCKET") {
-        Ok(bucket) if !bucket.is_empty() => {
-            let nanos = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap()
-                .as_nanos();
-            Some(format!(
-                "s3://{bucket}/{test}-{}-{nanos}",
-                std::process::id()
-            ))
-        }
-        _ => {
-            let why = "no S3 gateway: GROVE_TEST_S3_BUCKET is not set (scripts/ceph.sh start, then . the env file it prints)";
-            if tools_required() {
-                panic!(
-                    "{why}, and GROVE_REQUIRE_TOOLS is set (scripts/test.sh starts the gateway)"
-                );
-            }
-            eprintln!("SKIP: {why}; skipping this test");
-            None
-        }
-    }
-}
 
 /// A caller's own error, as a visitor returns it.
 #[derive(Debug)]

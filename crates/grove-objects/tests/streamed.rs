@@ -5,48 +5,13 @@
 //! dropped unfinished leaves nothing; one whose process dies (a writer
 //! forgotten, as a kill leaves it) is no object and is cleaned.
 
+mod common;
+
+use common::{data, s3_url};
 use grove_objects::{ErrorKind, FolderStore};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 const FOLDER: &str = "packs";
 const MIB: usize = 1 << 20;
-
-fn tools_required() -> bool {
-    std::env::var_os("GROVE_REQUIRE_TOOLS").is_some_and(|v| v != "0")
-}
-
-fn s3_url(test: &str) -> Option<String> {
-    match std::env::var("GROVE_TEST_S3_BUCKET") {
-        Ok(bucket) if !bucket.is_empty() => {
-            let nanos = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap()
-                .as_nanos();
-            Some(format!(
-                "s3://{bucket}/{test}-{}-{nanos}",
-                std::process::id()
-            ))
-        }
-        _ => {
-            let why = "no S3 gateway: GROVE_TEST_S3_BUCKET is not set (scripts/ceph.sh start, then . the env file it prints)";
-            assert!(!tools_required(), "{why}, and GROVE_REQUIRE_TOOLS is set");
-            eprintln!("SKIP: {why}; skipping this test");
-            None
-        }
-    }
-}
-
-fn data(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 /// Writes `bytes` as object `name` in uneven pieces; the writer is
 /// returned unfinished.
