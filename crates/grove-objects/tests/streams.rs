@@ -9,45 +9,17 @@
 //! killed with SIGKILL in the middle of a multipart upload, others open a
 //! store with a changed environment.
 
+mod common;
+
+use common::{s3_url, tools_required};
 use grove_objects::{ErrorKind, PartInfo, StreamStore, MULTIPART_CHUNK_BYTES};
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 const MIB: usize = 1 << 20;
 /// Small enough for quick tests, big enough that a full part is a
 /// multipart upload of three chunks (8 + 8 + 4 MiB).
 const TEST_PART_BYTES: usize = 20 * MIB;
-
-fn tools_required() -> bool {
-    std::env::var_os("GROVE_REQUIRE_TOOLS").is_some_and(|v| v != "0")
-}
-
-fn unique(tag: &str) -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{tag}-{}-{nanos}", std::process::id())
-}
-
-/// An S3 store under a fresh prefix of the test bucket, or None (after a
-/// visible SKIP) when no gateway is configured.
-fn s3_url(test: &str) -> Option<String> {
-    match std::env::var("GROVE_TEST_S3_BUCKET") {
-        Ok(bucket) if !bucket.is_empty() => Some(format!("s3://{bucket}/{}", unique(test))),
-        _ => {
-            let why = "no S3 gateway: GROVE_TEST_S3_BUCKET is not set (scripts/ceph.sh start, then . the env file it prints)";
-            if tools_required() {
-                panic!(
-                    "{why}, and GROVE_REQUIRE_TOOLS is set (scripts/test.sh starts the gateway)"
-                );
-            }
-            eprintln!("SKIP: {why}; skipping this test");
-            None
-        }
-    }
-}
 
 fn file_url(dir: &tempfile::TempDir) -> String {
     format!("file://{}/store", dir.path().display())

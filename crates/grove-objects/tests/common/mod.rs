@@ -10,20 +10,20 @@ pub fn tools_required() -> bool {
     std::env::var_os("GROVE_REQUIRE_TOOLS").is_some_and(|v| v != "0")
 }
 
+/// `tag` made unique to this process and moment.
+pub fn unique(tag: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{tag}-{}-{nanos}", std::process::id())
+}
+
 /// An S3 store under a fresh prefix of the test bucket, or None (after a
 /// visible SKIP) when no gateway is configured.
 pub fn s3_url(test: &str) -> Option<String> {
     match std::env::var("GROVE_TEST_S3_BUCKET") {
-        Ok(bucket) if !bucket.is_empty() => {
-            let nanos = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap()
-                .as_nanos();
-            Some(format!(
-                "s3://{bucket}/{test}-{}-{nanos}",
-                std::process::id()
-            ))
-        }
+        Ok(bucket) if !bucket.is_empty() => Some(format!("s3://{bucket}/{}", unique(test))),
         _ => {
             let why = "no S3 gateway: GROVE_TEST_S3_BUCKET is not set (scripts/ceph.sh start, then . the env file it prints)";
             if tools_required() {
