@@ -35,6 +35,20 @@ impl GroveOnPool for Served {
 }
 
 impl Served {
+    /// A new pool whose archive reads cache `cache_size` bytes.
+    fn init_with_archive_cache(cache_size: &str) -> Served {
+        let served = Served {
+            dir: tempfile::tempdir().unwrap(),
+            child: None,
+        };
+        served.ok(&["init"]);
+        let toml = served.pool_path().join("grove.toml");
+        let mut config = std::fs::read_to_string(&toml).unwrap();
+        config.push_str(&format!("\n[archive]\ncache_size = \"{cache_size}\"\n"));
+        std::fs::write(&toml, config).unwrap();
+        served
+    }
+
     fn spawn(&mut self) {
         self.spawn_with(&[]);
     }
@@ -130,16 +144,8 @@ fn allocation_map(served: &Served, export: &str) -> Vec<(u64, u64, u32)> {
 /// archived and still in the pool. `old.img` is vm@old as exported
 /// before its removal.
 fn pool_with_an_archived_only_snapshot() -> Served {
-    let served = Served {
-        dir: tempfile::tempdir().unwrap(),
-        child: None,
-    };
-    served.ok(&["init"]);
     // A cache smaller than the snapshot's data: reads go on past evictions.
-    let toml = served.pool_path().join("grove.toml");
-    let mut config = std::fs::read_to_string(&toml).unwrap();
-    config.push_str("\n[archive]\ncache_size = \"256K\"\n");
-    std::fs::write(&toml, config).unwrap();
+    let served = Served::init_with_archive_cache("256K");
     served.ok(&["create", "vm", "--size", "8M"]);
     served.write(0, MIB as usize, 1);
     served.write(4 * MIB, MIB as usize, 2);
@@ -354,15 +360,7 @@ fn an_archived_only_snapshot_is_a_read_only_file_of_the_mount() {
 #[test]
 fn the_mounts_archive_dir_is_there_when_the_pool_archives_and_follows_the_archive() {
     require_fuse!("timeout");
-    let mut served = Served {
-        dir: tempfile::tempdir().unwrap(),
-        child: None,
-    };
-    served.ok(&["init"]);
-    let toml = served.pool_path().join("grove.toml");
-    let mut config = std::fs::read_to_string(&toml).unwrap();
-    config.push_str("\n[archive]\ncache_size = \"1M\"\n");
-    std::fs::write(&toml, config).unwrap();
+    let mut served = Served::init_with_archive_cache("1M");
     served.ok(&["create", "vm", "--size", "4M"]);
     served.write(MIB, MIB as usize, 5);
     served.ok(&["snapshot", "vm", "vm@a"]);
