@@ -1,7 +1,7 @@
 //! `RadosDevice`: grove's BlockDevice over RADOS objects. The bytes are
 //! striped over objects of a fixed size (layout.rs); an object exists only
 //! once written, and a missing object, or the part past an object's end,
-//! reads as zeros. Every write is synchronous in librados, so it returns
+//! reads as zeros (save where the engine reads data it maps: written.rs). Every write is synchronous in librados, so it returns
 //! only once the OSDs acknowledged it as stored: a completed write is
 //! durable, and flush has nothing left to wait for.
 
@@ -63,7 +63,7 @@ impl RadosDevice {
     }
 
     /// Runs one op per piece; see `run_ops`.
-    fn for_each_piece<T: Send + 'static>(
+    pub(crate) fn for_each_piece<T: Send + 'static>(
         &self,
         pieces: &[Piece],
         op: impl Fn(Arc<Shared>, Piece) -> Op<T>,
@@ -91,7 +91,7 @@ impl Shared {
         layout::header_object(&self.target.name)
     }
 
-    fn object_name(&self, index: u64) -> String {
+    pub(crate) fn object_name(&self, index: u64) -> String {
         layout::data_object(&self.target.name, index)
     }
 
@@ -133,7 +133,7 @@ impl Shared {
     }
 
     /// The object's size, or None if it does not exist.
-    fn object_len(&self, name: &str) -> io::Result<Option<u64>> {
+    pub(crate) fn object_len(&self, name: &str) -> io::Result<Option<u64>> {
         match self.ioctx.rados_object_stat(name) {
             Ok((size, _)) => Ok(Some(size)),
             Err(e) if errno(&e) == Some(ENOENT) => Ok(None),
@@ -231,6 +231,11 @@ impl BlockDevice for RadosDevice {
         Ok(())
     }
 
+    /// Missing or short objects refused, naming them: written.rs.
+    fn read_written_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.read_written(buf, offset)
+    }
+
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         let end = offset
             .checked_add(buf.len() as u64)
@@ -303,6 +308,15 @@ impl BlockDevice for RadosDevice {
             self.shared.object_name(index),
             self.shared.target.pool
         ))
+    }
+
+    fn piece_bytes(&self) -> Option<u64> {
+        Some(self.shared.object_size)
+    }
+
+    /// One stat per object: written.rs.
+    fn lost_pieces(&self, needed: &[(u64, u64)]) -> io::Result<Vec<String>> {
+        self.lost_objects(needed)
     }
 
     fn punch(&self, offset: u64, len_bytes: u64) -> io::Result<()> {

@@ -20,6 +20,7 @@ mod ownership;
 mod settings;
 mod space;
 mod target;
+mod written;
 
 pub use device::RadosDevice;
 pub use layout::OBJECT_SIZE_DEFAULT;

@@ -174,6 +174,14 @@ impl Walk<'_> {
         }
     }
 
+    /// An error found in this window's own blocks: reported by every
+    /// pass, unlike the walk's, which later passes repeat.
+    fn window_error(&mut self, message: String) {
+        let quiet = std::mem::replace(&mut self.quiet, false);
+        self.error(message);
+        self.quiet = quiet;
+    }
+
     /// Notes a parent entry (or volume record) pointing at `addr`.
     fn reference(&mut self, addr: BlockAddr, is_meta: bool) {
         self.tally.note(addr.0, is_meta);
@@ -265,6 +273,28 @@ impl State {
         Ok(report)
     }
 
+    /// Data blocks of this window whose place on the device is lost (a
+    /// RADOS object missing or cut short): lost_data.rs.
+    fn report_lost_data(&self, walk: &mut Walk) {
+        let data = walk
+            .tally
+            .seen()
+            .filter(|(_, seen)| !seen.is_meta)
+            .map(|(addr, _)| addr);
+        let device = self.device();
+        let lines =
+            crate::lost_data::lost_pieces_under(&**device, data, self.geometry().block_bytes())
+                .unwrap_or_else(|e| {
+                    vec![format!(
+                        "cannot check where the data lies on {}: {e}",
+                        device.describe()
+                    )]
+                });
+        for line in lines {
+            walk.window_error(line);
+        }
+    }
+
     /// Tallies the window the first walk counted, then walks everything
     /// again for each next window up to `store_end`, counting only there:
     /// one window's counts at a time keep a check of a large store in
@@ -287,6 +317,7 @@ impl State {
             }
             self.tally_share_counts(walk, findings);
             self.tally_maps(walk, findings);
+            self.report_lost_data(walk);
             report.blocks_checked += walk.tally.seen().count() as u64;
             let next = walk.tally.window().end;
             if next >= store_end {

@@ -13,6 +13,15 @@ pub trait BlockDevice: Send + Sync {
     /// Fills `buf` from `offset`. Bytes past the end of the device read as
     /// zeros, as they do in a sparse file.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// Fills `buf` with bytes the engine wrote and still maps (a volume's
+    /// data). A device that can tell storage lost from storage never
+    /// written refuses where it is lost, naming the place, rather than
+    /// reading zeros there: a RADOS object is thin, so a missing one reads
+    /// as a hole, yet the object under a mapped block must exist. The
+    /// default reads as `read_at` does.
+    fn read_written_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.read_at(buf, offset)
+    }
     /// Writes all of `buf` at `offset`, growing the device if needed.
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
     /// Makes every completed write durable.
@@ -79,6 +88,21 @@ pub trait BlockDevice: Send + Sync {
     fn place_of(&self, offset: u64) -> Option<String> {
         let _ = offset;
         None
+    }
+    /// The size of the pieces the device keeps, and can lose, apart (a
+    /// RADOS object holds this many bytes of the device), for
+    /// `lost_pieces`; None when it keeps no such pieces.
+    fn piece_bytes(&self) -> Option<u64> {
+        None
+    }
+    /// `check`'s question for data: of `needed`, each a piece's index (its
+    /// first byte over `piece_bytes`) and how many of its bytes, from its
+    /// start, hold data the engine maps, the pieces that are missing or
+    /// cut short, one line each naming the piece and what is wrong. The
+    /// default keeps no pieces and so has none to lose.
+    fn lost_pieces(&self, needed: &[(u64, u64)]) -> io::Result<Vec<String>> {
+        let _ = needed;
+        Ok(Vec::new())
     }
     /// The room the store has to grow into, when the device knows it
     /// better than the file system under the pool directory does (a store

@@ -33,6 +33,7 @@ mod geometry;
 mod holds;
 mod io;
 mod journal;
+mod lost_data;
 mod map_rebuild;
 mod node_reads;
 mod node_store;

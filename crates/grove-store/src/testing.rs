@@ -598,6 +598,11 @@ impl<D: BlockDevice> BlockDevice for FaultyDevice<D> {
         self.inner.read_at(buf, offset)
     }
 
+    fn read_written_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.check(&[Fault::ReadEio])?;
+        self.inner.read_written_at(buf, offset)
+    }
+
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.check(&[Fault::WriteEio, Fault::WriteEnospc])?;
         self.inner.write_at(buf, offset)
@@ -633,6 +638,14 @@ impl<D: BlockDevice> BlockDevice for FaultyDevice<D> {
     fn place_of(&self, offset: u64) -> Option<String> {
         self.inner.place_of(offset)
     }
+
+    fn piece_bytes(&self) -> Option<u64> {
+        self.inner.piece_bytes()
+    }
+
+    fn lost_pieces(&self, needed: &[(u64, u64)]) -> io::Result<Vec<String>> {
+        self.inner.lost_pieces(needed)
+    }
 }
 
 impl<D: BlockDevice> BlockDevice for std::sync::Arc<D> {
@@ -665,6 +678,15 @@ impl<D: BlockDevice> BlockDevice for std::sync::Arc<D> {
     }
     fn place_of(&self, offset: u64) -> Option<String> {
         (**self).place_of(offset)
+    }
+    fn read_written_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        (**self).read_written_at(buf, offset)
+    }
+    fn piece_bytes(&self) -> Option<u64> {
+        (**self).piece_bytes()
+    }
+    fn lost_pieces(&self, needed: &[(u64, u64)]) -> io::Result<Vec<String>> {
+        (**self).lost_pieces(needed)
     }
 }
 

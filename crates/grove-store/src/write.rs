@@ -174,7 +174,7 @@ pub(crate) fn run(
             &buf[allocation.range.clone()],
             |old, merged| {
                 device
-                    .read_at(merged, old.0 * block_bytes)
+                    .read_written_at(merged, old.0 * block_bytes)
                     .map_err(|e| Error::io(format!("cannot read data of {}", device.describe()), e))
             },
         )?;

@@ -91,9 +91,11 @@ impl Volume {
             let target = &mut buf[start..start + len];
             match source {
                 None => target.fill(0),
-                Some(device_offset) => device.read_at(target, device_offset).map_err(|e| {
-                    Error::io(format!("cannot read data of {}", device.describe()), e)
-                })?,
+                Some(device_offset) => {
+                    device.read_written_at(target, device_offset).map_err(|e| {
+                        Error::io(format!("cannot read data of {}", device.describe()), e)
+                    })?
+                }
             }
         }
         drop(gate);
