@@ -2,9 +2,10 @@
 of a volume of random data, `archive_daily_fraction` of its 4 KiB blocks
 rewritten at random each day and `archive_weekly_fraction` every 7th day
 (`grove-bench scribble`, which writes the same blocks into a raw image).
-Each day grove takes the snapshot due (`grove snapshot --auto --now`),
-pushes what the archive keeps (`grove archive push`), expires the archive
-(`grove archive expire --now`) and prunes the pool; restic, beside it,
+Each day grove takes the snapshot due (`grove snapshot --auto --now`,
+checked against the calendar's rank), pushes what the archive keeps
+(`grove archive push`), expires the archive (`grove archive expire --now`)
+and prunes the pool; restic, beside it,
 backs up the day's image (`restic backup --time`) and runs `restic forget
 --prune` with the same keep counts (daily 7, weekly 4, monthly 12, yearly
 3). With $GROVE_TEST_S3_BUCKET and AWS_* set (scripts/ceph.sh), grove also
@@ -78,7 +79,7 @@ def s3_url():
 
 def grove_day(ctx, pool, day, now, urls):
     g = ctx.grove
-    g.cli(pool, "snapshot", "--auto", "vm", "--now", f"@{now}")
+    take_ranked(g, pool, day, now)
     row = {}
     for label, url in urls.items():
         push = run_measured([g.grove, "--pool", pool, "archive", "push", "--to", url, "--json"])
@@ -98,11 +99,53 @@ def grove_day(ctx, pool, day, now, urls):
             "needed_bytes": listing["needed_bytes"],
             "kept": len(listing["snapshots"]), "totals": listing["totals"],
         }
-    # The year pushes to its own locations (--to), not the pool's
-    # configured archive, so the pool's prune must not wait for pushes
-    # there (grove prune keeps what the configured archive has not got).
-    g.cli(pool, "prune", "--now", f"@{now}", "--ignore-archive")
+    g.cli(pool, "prune", "--now", f"@{now}")
     return row
+
+
+def configure(pool, location):
+    """The bench's policy for vm (the pool keeps 2 dailies, the archive
+    KEEP) and `location` as the pool's archive. The ranker counts the
+    snapshots archived there when it decides which level is due, and the
+    pool keeps only its last two: with no configured archive (pushes to
+    --to locations only, and a prune that ignores the archive) it forgot
+    the year's yearly after two days and ranked every third day yearly
+    again, so the archive kept 36 days of "yearlies" and "monthlies"
+    instead of a year, and copied the whole first snapshot out when the
+    twelfth newer one pushed it out on day 33. Appended after the
+    policy: archive_reads.py cuts grove.toml at the policy."""
+    policy = ", ".join(f"{k} = {v}" for k, v in KEEP.items())
+    with open(pool / "grove.toml", "a") as toml:
+        toml.write(f"\n[retention.volumes]\nvm = {{ daily = 2, archive = {{ {policy} }} }}\n"
+                   f'\n[archive]\nlocation = "{location}"\n')
+
+
+def calendar_rank(day, now):
+    """The level the scheduler must give the day's snapshot (one a day,
+    from START): the highest whose period the day opens."""
+    if day == 0:
+        return "yearly"
+    today = datetime.datetime.fromtimestamp(now, datetime.timezone.utc)
+    before = datetime.datetime.fromtimestamp(now - DAY_S, datetime.timezone.utc)
+    if today.year != before.year:
+        return "yearly"
+    if today.month != before.month:
+        return "monthly"
+    if today.isocalendar()[:2] != before.isocalendar()[:2]:
+        return "weekly"
+    return "daily"
+
+
+def take_ranked(g, pool, day, now):
+    """`grove snapshot --auto`, failing the run unless the snapshot got the
+    calendar's rank (a ranker that cannot see the archive ranks wrongly,
+    and every figure after it measures the wrong retention)."""
+    out, _ = g.cli(pool, "snapshot", "--auto", "vm", "--now", f"@{now}")
+    want = calendar_rank(day, now)
+    if not out.rstrip().endswith(f"({want})"):
+        raise RuntimeError(f"archive day {day}: grove snapshot --auto said {out.strip()!r}, "
+                           f"the calendar ranks it {want}")
+    return want
 
 
 def restic_day(repo, image, now, env):
@@ -138,16 +181,15 @@ def run(ctx):
     pool = work / "pool"
     image = work / "image.raw"
     g.init(pool)
-    policy = ", ".join(f"{k} = {v}" for k, v in KEEP.items())
-    with open(pool / "grove.toml", "a") as toml:
-        toml.write(f"\n[retention.volumes]\nvm = {{ daily = 2, archive = {{ {policy} }} }}\n")
-    g.bench_json("scribble", "--pool", pool, "--volume", "vm", "--image", image,
-                 "--create-bytes", str(p.archive_bytes))
     urls = {"file": f"file://{work / 'archive'}"}
     if s3_url():
         urls["s3"] = s3_url()
     else:
         ctx.log("archive: no S3 gateway (GROVE_TEST_S3_BUCKET unset): file:// only")
+    # Both archives get the same pushes: the file:// one is the pool's.
+    configure(pool, urls["file"])
+    g.bench_json("scribble", "--pool", pool, "--volume", "vm", "--image", image,
+                 "--create-bytes", str(p.archive_bytes))
     repo = work / "restic"
     env = dict(os.environ, RESTIC_PASSWORD="bench")
     run_measured(["restic", "init", "-r", repo], env=env)

@@ -14,6 +14,8 @@ pub(crate) struct PackWriter<'a> {
     object: ObjectWriter<'a>,
     /// Bytes written so far.
     bytes: u64,
+    /// Its number among the packs this process started (a test hook's).
+    ordinal: u64,
 }
 
 impl<'a> PackWriter<'a> {
@@ -25,6 +27,7 @@ impl<'a> PackWriter<'a> {
             encoder,
             object,
             bytes: header.len() as u64,
+            ordinal: crate::hooks::pack_started(),
         })
     }
 
@@ -46,6 +49,7 @@ impl<'a> PackWriter<'a> {
         self.object.write(&checksum)?;
         self.object.write(data)?;
         self.bytes += (checksum.len() + data.len()) as u64;
+        crate::hooks::stall_in_pack(self.ordinal, self.bytes);
         Ok(())
     }
 

@@ -50,6 +50,11 @@ pub struct PushReport {
     pub packs_written: u64,
     /// Packs an earlier, interrupted push of this snapshot had stored.
     pub packs_resumed: u64,
+    /// What a stopped writer had left, removed before this push: objects
+    /// no commit references, and the temporary files or multipart uploads
+    /// of a pack it was streaming.
+    #[serde(default)]
+    pub swept: u64,
     pub index_bytes: u64,
 }
 
@@ -65,7 +70,7 @@ pub fn push(
     let identity = pool.identity(&request.snapshot)?;
     check_pushable(archive, pool, request, &identity)?;
     let mut catalog = load_for_push(archive, pool)?;
-    crate::sweep::sweep(archive, claim, &catalog)?;
+    let swept = crate::sweep::sweep(archive, claim, &catalog)? as u64;
     check_order(archive, &catalog, request, &identity)?;
     let plan = plan(archive, pool, &catalog, &request.snapshot)?;
     let guid = hex::encode(identity.guid);
@@ -108,6 +113,7 @@ pub fn push(
         stored_bytes: written.stored_blocks * block_bytes,
         packs_written: written.packs_written,
         packs_resumed: resumed,
+        swept,
         index_bytes: index_bytes + written.page_bytes,
     })
 }

@@ -6,7 +6,7 @@
 
 use grove_archive::{check, claim, expire, list, push, restore, Archive, PushRequest};
 use grove_retention::oracle::kept_by_calendar;
-use grove_retention::{due_level, Policy, SnapshotFacts};
+use grove_retention::{due_level, Level, Policy, SnapshotFacts};
 use grove_store::{Pool, PoolOptions};
 use std::collections::BTreeMap;
 
@@ -94,6 +94,12 @@ impl World {
     fn take_only(&mut self, day: u64) -> String {
         let now = START + day * DAY;
         let level = due_level(&policy(), &self.taken, now).expect("a level is due each day");
+        self.take_at(day, level)
+    }
+
+    /// Takes the day's snapshot ranked `level`; returns its name.
+    fn take_at(&mut self, day: u64, level: Level) -> String {
+        let now = START + day * DAY;
         let name = format!("vm@day{day:03}");
         self.pool
             .snapshot_ranked("vm", &name, level.rank(), now)
@@ -111,8 +117,13 @@ impl World {
 
     /// Takes the day's snapshot as the scheduler would rank it, and pushes it.
     fn take_and_push(&mut self, day: u64, pack_bytes: u64) -> grove_archive::PushReport {
-        let now = START + day * DAY;
         let name = self.take_only(day);
+        self.push_taken(day, name, pack_bytes)
+    }
+
+    /// Pushes the day's snapshot `name`.
+    fn push_taken(&self, day: u64, name: String, pack_bytes: u64) -> grove_archive::PushReport {
+        let now = START + day * DAY;
         let claim = claim(&self.archive, false).unwrap();
         let request = PushRequest {
             snapshot: name,
@@ -190,6 +201,92 @@ fn a_simulated_season_keeps_what_the_calendar_keeps_and_restores_it_byte_for_byt
         listing.stored_bytes,
         listing.needed_bytes
     );
+}
+
+/// The bench's archive counts (bench/harness/workloads/archive.py): daily
+/// 7, weekly 4, monthly 12, yearly 3.
+fn bench_policy() -> Policy {
+    Policy {
+        keep: [0, 0, 7, 4, 12, 3],
+        frequent_secs: 900,
+        minimum: 0,
+    }
+}
+
+/// 36 days of the bench's year on a volume written whole on day 0: each
+/// day scribbled, ranked from what the ranker sees (`sees_archive`: every
+/// snapshot taken, as it does with the pool's archive configured; else
+/// only the pool's last two, as it did when the bench pushed elsewhere and
+/// pruned ignoring the archive), pushed and expired. Returns each day's
+/// bytes copied by expiry, and on which day (if any) the packs of the
+/// first push, the whole volume, stopped being the first snapshot's.
+fn bench_days(sees_archive: bool) -> (Vec<u64>, Option<u64>) {
+    let mut w = world("bench policy");
+    let mut rng = Rng(0x51ed_2701_3f4e_9a8b);
+    let whole: Vec<u8> = (0..VOLUME_BLOCKS * BLOCK)
+        .map(|_| rng.next() as u8 | 1)
+        .collect();
+    w.pool.volume("vm").unwrap().write_at(&whole, 0).unwrap();
+    let (mut copied, mut first_packs_gone) = (Vec::new(), None);
+    let mut first_packs = Vec::new();
+    for day in 0..36 {
+        let now = START + day * DAY;
+        if day > 0 {
+            scribble(&w.pool, &mut rng, day);
+        }
+        let seen = w
+            .taken
+            .len()
+            .saturating_sub(if sees_archive { usize::MAX } else { 2 });
+        let level = due_level(&bench_policy(), &w.taken[seen..], now).expect("a level is due");
+        let name = w.take_at(day, level);
+        let pushed = w.push_taken(day, name, 64 * 1024);
+        let claim = claim(&w.archive, false).unwrap();
+        copied.push(
+            expire(&w.archive, Some(&claim), &bench_policy(), now, false)
+                .unwrap()
+                .bytes_copied,
+        );
+        claim.release().unwrap();
+        let catalog = w.archive.load().unwrap().unwrap();
+        let owned_by_first: Vec<u64> = catalog
+            .packs
+            .iter()
+            .filter(|p| p.owner_seq == catalog.snapshots.first().map_or(0, |s| s.seq))
+            .map(|p| p.id)
+            .collect();
+        if day == 0 {
+            assert_eq!(pushed.stored_bytes, VOLUME_BLOCKS * BLOCK);
+            first_packs = owned_by_first;
+        } else if first_packs_gone.is_none()
+            && !first_packs.iter().all(|id| owned_by_first.contains(id))
+        {
+            first_packs_gone = Some(day);
+        }
+    }
+    (copied, first_packs_gone)
+}
+
+#[test]
+fn with_calendar_ranks_the_first_push_stays_in_place_and_expiry_copies_only_dailies_and_weeklies() {
+    // The bench's day 33: ranked from the pool's last two snapshots, every
+    // third day is "yearly", day 0 leaves the 12 newest of rank monthly or
+    // higher on day 33, and its whole push's survivors are copied out.
+    let (forgetful, gone) = bench_days(false);
+    assert_eq!(gone, Some(33), "{forgetful:?}");
+    let day33 = forgetful[33];
+    assert!(forgetful.iter().all(|&c| c <= day33), "{forgetful:?}");
+    // Ranked as the calendar says, day 0 is the year's yearly: its packs
+    // stay, and each day copies at most what the expired dailies and
+    // weeklies wrote (a few days' scribbles), a fraction of that day 33.
+    let (ranked, gone) = bench_days(true);
+    assert_eq!(gone, None, "{ranked:?}");
+    let worst = *ranked.iter().max().unwrap();
+    assert!(
+        worst > 0 && worst * 2 < day33,
+        "worst {worst}, day 33 before {day33}: {ranked:?}"
+    );
+    assert!(ranked.iter().sum::<u64>() < forgetful.iter().sum::<u64>() - day33 / 2);
 }
 
 /// The kept snapshots' names, as the policy judges the facts (ranks as

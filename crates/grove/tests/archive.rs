@@ -4,7 +4,8 @@
 //! pushed and expired, the archive keeping what the calendar oracle keeps;
 //! every kept snapshot restored with the hash recorded at push; a push
 //! killed with SIGKILL part way, checked consistent and resumed sending no
-//! pack twice; a second writer refused and taken over; damaged packs and
+//! pack twice, and one killed half way through streaming a pack (its
+//! temporary file or multipart upload removed by the resumed push's sweep); a second writer refused and taken over; damaged packs and
 //! catalogs found by `check`, and a restore over damage refused.
 
 use std::io::{BufRead, BufReader};
@@ -104,6 +105,10 @@ impl Pool {
     }
 
     fn write_random(&self, offset: u64, len: usize, seed: u64) {
+        self.write_random_to("vm", offset, len, seed);
+    }
+
+    fn write_random_to(&self, volume: &str, offset: u64, len: usize, seed: u64) {
         let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         let data: Vec<u8> = (0..len)
             .map(|_| {
@@ -117,7 +122,7 @@ impl Pool {
         std::fs::write(&file, data).unwrap();
         self.ok(&[
             "write",
-            "vm",
+            volume,
             file.to_str().unwrap(),
             "--offset",
             &offset.to_string(),
@@ -310,6 +315,85 @@ fn a_push_killed_part_way_is_consistent_and_resumes_on_file() {
 fn a_push_killed_part_way_is_consistent_and_resumes_on_the_gateway() {
     if let Some(url) = s3_archive("killed") {
         killed_push_resumes(Some(url));
+    }
+}
+
+/// The temporary files of streamed puts in a `file://` archive's folder
+/// of volume `volume`, with their sizes.
+fn temporary_puts(archive: &str, volume: &str) -> Vec<u64> {
+    let dir = Path::new(archive.strip_prefix("file://").unwrap()).join(format!("archive={volume}"));
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(".put-"))
+        .map(|e| e.metadata().unwrap().len())
+        .collect()
+}
+
+/// A push killed with SIGKILL half way through streaming a pack: 8 MiB of
+/// its second pack (16 MiB packs, 12 MiB in the second) written (on the gateway one 5 MiB part of the
+/// pack's multipart upload sent, the next gathering). The archive checks
+/// consistent; the push resumes after the first pack, sending only the
+/// killed one again, and its sweep removes what the killed one left: the
+/// temporary file, or the recorded upload (aborted, then its marker).
+fn push_killed_in_a_streamed_pack(archive: Option<String>) {
+    let pool = Pool::new(archive);
+    pool.ok(&["create", "big", "--size", "40M"]);
+    pool.write_random_to("big", 0, 28 << 20, 7);
+    pool.ok(&["snapshot", "big", "big@one"]);
+    let push = [
+        "archive",
+        "push",
+        "big",
+        "--snapshot",
+        "big@one",
+        "--pack-size",
+        "16M",
+    ];
+    pool.kill_at("pack-midway:1:8388608", &push);
+    let check = pool.ok(&["archive", "check"]);
+    assert!(check.contains("consistent"), "{check}");
+    let on_file = pool.archive.starts_with("file://");
+    if on_file {
+        let left = temporary_puts(&pool.archive, "big");
+        assert!(
+            left.len() == 1 && left[0] >= (8 << 20) - (256 << 10),
+            "{left:?}"
+        );
+    }
+    let mut resume = push.to_vec();
+    resume.extend(["--take-over", "--json"]);
+    let out = pool.ok(&resume);
+    let reports: Vec<Value> = serde_json::from_str(&out).unwrap();
+    // 28 MiB in 16 MiB packs: two, the first kept, the killed one sent
+    // again; the sweep found its leftover, and nothing else.
+    assert_eq!(reports[0]["packs_resumed"], 1, "{out}");
+    assert_eq!(reports[0]["packs_written"], 1, "{out}");
+    assert_eq!(reports[0]["swept"], 1, "{out}");
+    let listed = pool.ok(&["archive", "list", "big", "--json"]);
+    let listed: Vec<Value> = serde_json::from_str(&listed).unwrap();
+    assert_eq!(listed[0]["packs"], 2, "{listed:?}");
+    // Nothing of the killed pack is left to clean.
+    let store = grove_objects::FolderStore::open(&pool.archive).unwrap();
+    assert_eq!(store.clean_interrupted("archive=big").unwrap(), 0);
+    if on_file {
+        assert_eq!(temporary_puts(&pool.archive, "big"), Vec::<u64>::new());
+    }
+    let check = pool.ok(&["archive", "check", "--deep"]);
+    assert!(check.contains("consistent"), "{check}");
+    pool.ok(&["archive", "restore", "big@one", "back"]);
+    assert_eq!(pool.hash("back"), pool.hash("big@one"));
+}
+
+#[test]
+fn a_push_killed_in_the_middle_of_a_streamed_pack_on_file_resumes_and_leaves_no_temporary_file() {
+    push_killed_in_a_streamed_pack(None);
+}
+
+#[test]
+fn a_push_killed_in_the_middle_of_a_multipart_pack_on_the_gateway_resumes_and_aborts_it() {
+    if let Some(url) = s3_archive("midpack") {
+        push_killed_in_a_streamed_pack(Some(url));
     }
 }
 
