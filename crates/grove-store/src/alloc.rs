@@ -8,7 +8,8 @@ use crate::format::group::{
 };
 use crate::format::journal::{AllocChange, AllocExtent};
 use crate::format::node::ENTRY_ADDR_MASK;
-use crate::types::BlockAddr;
+use crate::types::{AddrHasher, BlockAddr};
+use std::hash::BuildHasherDefault;
 
 /// What a block is used for; kept in the nibble map for the checker and GC.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -164,7 +165,7 @@ pub struct Allocator {
     /// Data blocks handed to writes whose data is on its way and that are
     /// not mapped yet (`write.rs`): taken in memory, but in no transaction
     /// until the write maps them, so a crash meanwhile leaks nothing.
-    reserved: std::collections::HashSet<BlockAddr>,
+    reserved: std::collections::HashSet<BlockAddr, BuildHasherDefault<AddrHasher>>,
 }
 
 /// What one transaction changed in the allocation maps.
@@ -200,7 +201,7 @@ impl Allocator {
             changes: Vec::new(),
             open_frees: Vec::new(),
             inconsistent_frees: 0,
-            reserved: std::collections::HashSet::new(),
+            reserved: std::collections::HashSet::default(),
         }
     }
 

@@ -349,7 +349,9 @@ impl State {
         old: Entry,
         new_block: BlockAddr,
     ) -> Result<bool> {
-        let record = self.volume_by_id(id)?.clone();
+        // Not cloned: a record carries its name, and this runs per write.
+        let record = self.volume_by_id(id)?;
+        let (root, height) = (record.root, record.height);
         if !record.kind.is_writable() || index >= self.geometry().blocks_for(record.size_bytes) {
             return Err(Error::new(
                 ErrorKind::InvalidArgument,
@@ -359,8 +361,7 @@ impl State {
                 ),
             ));
         }
-        let (leaf, path) =
-            self.leaf_for_write(record.root, record.height, NodeKind::VolumeData, index)?;
+        let (leaf, path) = self.leaf_for_write(root, height, NodeKind::VolumeData, index)?;
         let slot = self.geometry().slot(index, 0);
         let entry = self.entry(leaf, slot);
         if entry != old {
@@ -391,9 +392,9 @@ impl State {
             self.volume_table_mut()
                 .update(id, |record| record.referenced_blocks += 1);
         } else {
-            let mut dropped = Dropped::default();
-            self.drop_reference(old.addr(), None, &mut dropped)?;
-            self.apply_dropped(dropped);
+            // A data block has no children to walk (what `drop_reference`
+            // does for a node): its count goes down, or it is freed.
+            self.release_reference(old.addr());
         }
         Ok(())
     }
