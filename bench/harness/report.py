@@ -124,8 +124,8 @@ def memory_section(m, p):
                      f"{r['peak_hwm_bytes'] / MIB:.0f} MiB", over, _n(r["iops"])])
     return ["## Memory", "",
             f"Peak RSS (VmHWM) of `grove serve` over a {m['volume_gib']} GiB volume (a 4K "
-            f"block every {p['memory_stride_kib']} KiB, so every radix leaf exists) with "
-            f"{m['snapshots']} snapshots, under random 4K reads of "
+            f"block every {p['memory_stride_kib']} KiB) with {m['snapshots']} snapshots, "
+            f"{p['memory_writes_between']} random 4K writes after each, under random 4K reads of "
             f"{', '.join(m['exports_read'])} at once. Cache setting: {m['cache_setting']}.", ""
             ] + _table(["cache", "cache size", "VmHWM idle", "VmHWM peak", "peak - cache",
                         "read IOPS"], rows)
