@@ -254,3 +254,26 @@ fn the_room_to_grow_is_the_rados_pools() {
         "a second ask within seconds is the cached answer"
     );
 }
+
+/// grove serve runs as many requests per connection as the pool's device
+/// reports: on RADOS, where each waits for a round trip, more than on a
+/// file.
+#[test]
+fn a_rados_device_takes_more_requests_at_once_than_a_file() {
+    let Some(target) = fresh_target("queue-depth") else {
+        return;
+    };
+    let device = RadosDevice::open_exclusive(
+        &target,
+        Claim::Create {
+            object_size: 1 << 20,
+        },
+    )
+    .unwrap();
+    let file_like = MemDevice::new().queue_depth();
+    assert_eq!(
+        file_like, 4,
+        "the default, grove serve's for a pool of files"
+    );
+    assert_eq!(device.queue_depth(), 16);
+}

@@ -4,7 +4,7 @@
 //! Opening a pool replays the transactions after the last checkpoint, and
 //! rebuilds the share counts from the trees if a crash tore a count block.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use crate::device::BlockDevice;
@@ -97,17 +97,28 @@ impl State {
 
     /// Reads the share-count blocks every group's map says it has.
     pub fn load_share_counts(&mut self) -> Result<()> {
-        let mut block = vec![0u8; self.geometry().block_size_bytes as usize];
+        let block_bytes = self.geometry().block_size_bytes as usize;
+        let mut span = Vec::new();
         for group in 0..self.space_map().alloc().group_count() {
             let present = self.space_map().alloc().shares_present(group);
-            for k in 0..SHARE_BLOCKS_PER_GROUP {
+            if present == 0 {
+                continue;
+            }
+            // The count blocks follow the group's map block: those up to the
+            // last present one are read in one request (one round trip on
+            // RADOS rather than one per block).
+            let span_blocks = (u8::BITS - present.leading_zeros()) as usize;
+            debug_assert!(span_blocks as u64 <= SHARE_BLOCKS_PER_GROUP);
+            span.resize(span_blocks * block_bytes, 0);
+            let first_home = BlockAddr(self.space_map().alloc().group_start(group).0 + 1);
+            self.read_block(first_home, &mut span, "share-count blocks")?;
+            for k in 0..span_blocks as u64 {
                 if present & (1 << k) == 0 {
                     continue;
                 }
                 let first = self.space_map().shares().count_block_first_of(group, k);
-                let home = BlockAddr(self.space_map().alloc().group_start(group).0 + 1 + k);
-                self.read_block(home, &mut block, "share-count block")?;
-                match crate::format::shares::decode(BlockAddr(first), &block) {
+                let block = &span[k as usize * block_bytes..][..block_bytes];
+                match crate::format::shares::decode(BlockAddr(first), block) {
                     Ok(counts) => self.space_map_mut().load_share_counts(first, &counts),
                     // Count blocks are rewritten in place at checkpoint, so
                     // a crash can tear one. The trees say what the counts
@@ -348,17 +359,57 @@ impl State {
         for transaction in &transactions {
             self.apply_replayed(transaction)?;
         }
+        self.write_replayed_images(&transactions, &last_freed)?;
+        self.space_map_mut().finish_replay();
+        self.grow_device_to_store()?;
+        Ok(transactions.len())
+    }
+
+    /// Writes home the last image of each block the transactions journaled,
+    /// leaving out stale ones (`last_freed_homes`). One image per block
+    /// needs no order among them, so they go to the device in one batch:
+    /// on RADOS, where each write waits for a round trip, replaying
+    /// thousands of images one after the other kept a takeover waiting
+    /// for seconds. The checkpoint that follows replay flushes them.
+    fn write_replayed_images(
+        &self,
+        transactions: &[ReplayedTransaction],
+        last_freed: &HashMap<u64, usize>,
+    ) -> Result<()> {
+        let mut latest: BTreeMap<u64, &[u8]> = BTreeMap::new();
         for (index, transaction) in transactions.iter().enumerate() {
             for (home, image) in transaction.descriptor.homes.iter().zip(&transaction.images) {
                 if last_freed.get(&home.0).is_some_and(|&freed| freed > index) {
                     continue;
                 }
-                self.write_device_block(*home, image, "replayed metadata")?;
+                latest.insert(home.0, image);
             }
         }
-        self.space_map_mut().finish_replay();
-        self.grow_device_to_store()?;
-        Ok(transactions.len())
+        if latest.is_empty() {
+            return Ok(());
+        }
+        self.metadata_changed();
+        let device = self.device();
+        let block_bytes = self.geometry().block_bytes();
+        let writes: Vec<(u64, &[u8])> = latest
+            .iter()
+            .map(|(&home, &image)| (home * block_bytes, image))
+            .collect();
+        let results = device.write_each_at(&writes);
+        debug_assert_eq!(results.len(), writes.len());
+        for ((&home, _), result) in latest.iter().zip(results) {
+            result.map_err(|e| {
+                Error::io(
+                    format!(
+                        "cannot write replayed metadata at {} of {}",
+                        BlockAddr(home),
+                        device.describe()
+                    ),
+                    e,
+                )
+            })?;
+        }
+        Ok(())
     }
 
     /// Applies one replayed transaction in memory (its extents and counts,

@@ -110,7 +110,17 @@ pub trait BlockDevice: Send + Sync {
     fn host_space(&self) -> Option<crate::space_levels::HostSpace> {
         None
     }
+    /// Requests worth running against the device at once, which is how
+    /// many `grove serve` runs per connection. A file or local disk keeps
+    /// the CPUs busy with a few; a device whose every request waits for a
+    /// network round trip says more.
+    fn queue_depth(&self) -> usize {
+        QUEUE_DEPTH_DEFAULT
+    }
 }
+
+/// What `BlockDevice::queue_depth` says unless the device knows better.
+const QUEUE_DEPTH_DEFAULT: usize = 4;
 
 /// What `stat` counts `st_blocks` in, whatever the file system's block size.
 pub const STAT_BLOCK_BYTES: u64 = 512;

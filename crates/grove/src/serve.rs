@@ -105,7 +105,7 @@ pub fn run(
     let background = BackgroundWork::start(&pool)?;
     let options = ServerOptions {
         read_only,
-        workers_per_connection: workers_per_connection(dir, &base_options),
+        workers_per_connection: workers_per_connection(&pool, &base_options),
         default_export: default_export.clone(),
         exports: export_filter(&exports),
         extra_exports: archived.clone().map(ArchivedSnapshots::as_exports),
@@ -164,20 +164,10 @@ fn prepare(listen: &Listen, limits: &ServeArgs, mount: Option<&Path>) -> Result<
     Ok(base_options)
 }
 
-/// Requests one connection runs at once on a pool in RADOS: each waits
-/// for a network round trip rather than for the CPU or a local disk, so
-/// the server keeps as many in flight as a client like fio's or QEMU's
-/// usually sends (RBD clients keep 16 to 64), where a local pool's 4 keep
-/// its CPUs busy.
-const RADOS_WORKERS_PER_CONNECTION: usize = 16;
-
-fn workers_per_connection(dir: &Path, base: &ServerOptions) -> usize {
-    let in_rados = grove_store::config::PoolConfig::load(dir).is_ok_and(|c| c.rados.is_some());
-    if in_rados {
-        RADOS_WORKERS_PER_CONNECTION.max(base.workers_per_connection)
-    } else {
-        base.workers_per_connection
-    }
+/// As many requests per connection as the pool's device takes at once
+/// (RADOS: more than a file), never fewer than the server's own default.
+fn workers_per_connection(pool: &Pool, base: &ServerOptions) -> usize {
+    pool.queue_depth().max(base.workers_per_connection)
 }
 
 /// The exports named on the command line, or all of them.

@@ -609,6 +609,12 @@ impl Pool {
         &self.inner.dir
     }
 
+    /// Requests worth running against the pool's device at once
+    /// (`BlockDevice::queue_depth`).
+    pub fn queue_depth(&self) -> usize {
+        self.state().device().queue_depth()
+    }
+
     pub fn block_size_bytes(&self) -> u32 {
         self.state().geometry().block_size_bytes
     }
