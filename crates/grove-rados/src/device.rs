@@ -67,8 +67,29 @@ impl RadosDevice {
         self.shared.fence.is_tripped()
     }
 
+    /// Fills `buf` from `offset`: every object's piece at once, each read
+    /// by `read`.
+    fn read_pieces(
+        &self,
+        buf: &mut [u8],
+        offset: u64,
+        read: fn(&Shared, Piece) -> io::Result<Vec<u8>>,
+    ) -> io::Result<()> {
+        offset
+            .checked_add(buf.len() as u64)
+            .ok_or_else(|| overflow(offset, buf.len()))?;
+        let pieces = layout::pieces(offset, buf.len() as u64, self.shared.object_size);
+        let parts = self.for_each_piece(&pieces, move |shared, piece| {
+            Box::new(move || read(&shared, piece))
+        })?;
+        for (piece, data) in pieces.iter().zip(parts) {
+            buf[piece.buf_offset..piece.buf_offset + piece.len].copy_from_slice(&data);
+        }
+        Ok(())
+    }
+
     /// Runs one op per piece; see `run_ops`.
-    pub(crate) fn for_each_piece<T: Send + 'static>(
+    fn for_each_piece<T: Send + 'static>(
         &self,
         pieces: &[Piece],
         op: impl Fn(Arc<Shared>, Piece) -> Op<T>,
@@ -223,22 +244,12 @@ pub(crate) fn overflow(offset: u64, len: usize) -> io::Error {
 
 impl BlockDevice for RadosDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        offset
-            .checked_add(buf.len() as u64)
-            .ok_or_else(|| overflow(offset, buf.len()))?;
-        let pieces = layout::pieces(offset, buf.len() as u64, self.shared.object_size);
-        let parts = self.for_each_piece(&pieces, |shared, piece| {
-            Box::new(move || shared.read_piece(piece))
-        })?;
-        for (piece, data) in pieces.iter().zip(parts) {
-            buf[piece.buf_offset..piece.buf_offset + piece.len].copy_from_slice(&data);
-        }
-        Ok(())
+        self.read_pieces(buf, offset, Shared::read_piece)
     }
 
     /// Missing or short objects refused, naming them: written.rs.
     fn read_written_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.read_written(buf, offset)
+        self.read_pieces(buf, offset, Shared::read_written_piece)
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {

@@ -10,7 +10,7 @@
 use crate::cluster::{errno, ENOENT};
 use crate::device::{RadosDevice, Shared};
 use crate::io_pool::Op;
-use crate::layout::{self, Piece};
+use crate::layout::Piece;
 use std::io;
 use std::sync::Arc;
 
@@ -19,22 +19,6 @@ use std::sync::Arc;
 const STATS_PER_BATCH: usize = 256;
 
 impl RadosDevice {
-    /// `BlockDevice::read_written_at`: `read_at`, but a missing object or
-    /// one that ends before the bytes asked for is an error naming it.
-    pub(crate) fn read_written(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        offset
-            .checked_add(buf.len() as u64)
-            .ok_or_else(|| crate::device::overflow(offset, buf.len()))?;
-        let pieces = layout::pieces(offset, buf.len() as u64, self.shared.object_size);
-        let parts = self.for_each_piece(&pieces, |shared, piece| {
-            Box::new(move || shared.read_written_piece(piece))
-        })?;
-        for (piece, data) in pieces.iter().zip(parts) {
-            buf[piece.buf_offset..piece.buf_offset + piece.len].copy_from_slice(&data);
-        }
-        Ok(())
-    }
-
     /// `BlockDevice::lost_pieces`: each (object index, bytes needed from
     /// its start) whose object is missing or shorter, as one line.
     pub(crate) fn lost_objects(&self, needed: &[(u64, u64)]) -> io::Result<Vec<String>> {
@@ -56,7 +40,10 @@ impl RadosDevice {
 }
 
 impl Shared {
-    fn read_written_piece(&self, piece: Piece) -> io::Result<Vec<u8>> {
+    /// One object's piece of `BlockDevice::read_written_at`: `read_piece`,
+    /// but a missing object, or one that ends before the piece, is an
+    /// error naming it.
+    pub(crate) fn read_written_piece(&self, piece: Piece) -> io::Result<Vec<u8>> {
         let name = self.object_name(piece.index);
         let mut data = Vec::with_capacity(piece.len);
         match self

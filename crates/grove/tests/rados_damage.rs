@@ -150,10 +150,9 @@ fn volume_node_in(index: u64, object: &[u8]) -> Option<usize> {
     found
 }
 
-/// A pool with a volume "disk" written 12 MiB deep, closed; the data
-/// object (not the first, which holds the superblock and the journal)
-/// that holds one of disk's radix nodes, its bytes, and where the node is.
-fn written_pool(test: &str, dir: &Path) -> Option<(RadosPool, u64, Vec<u8>, usize)> {
+/// A new pool in RADOS with an empty 64 MiB volume "disk", in 4K blocks,
+/// or None after a SKIP.
+fn empty_pool(test: &str, dir: &Path) -> Option<RadosPool> {
     let (pool, name) = fresh_name(test)?;
     let pool = RadosPool {
         pool,
@@ -162,6 +161,14 @@ fn written_pool(test: &str, dir: &Path) -> Option<(RadosPool, u64, Vec<u8>, usiz
     };
     pool.ok(&["init", "--block-size", "4K", "--capacity", "256M"]);
     pool.ok(&["create", "disk", "--size", "64M"]);
+    Some(pool)
+}
+
+/// A pool with a volume "disk" written 12 MiB deep, closed; the data
+/// object (not the first, which holds the superblock and the journal)
+/// that holds one of disk's radix nodes, its bytes, and where the node is.
+fn written_pool(test: &str, dir: &Path) -> Option<(RadosPool, u64, Vec<u8>, usize)> {
+    let pool = empty_pool(test, dir)?;
     let data: Vec<u8> = (0..WRITTEN_BYTES).map(|i| (i % 251) as u8 | 1).collect();
     let file = dir.join("data");
     std::fs::write(&file, &data).unwrap();
@@ -255,14 +262,7 @@ fn data_only_object(pool: &RadosPool, data: &[u8], dir: &Path) -> (u64, Vec<u8>)
 /// hold nothing else: one block of every 2 MiB first, so the leaves that
 /// map them are placed then, and then the rest, placed after them.
 fn data_pool(dir: &Path, data: &[u8]) -> Option<RadosPool> {
-    let (pool, name) = fresh_name("data")?;
-    let pool = RadosPool {
-        pool,
-        name,
-        local: dir.join("local"),
-    };
-    pool.ok(&["init", "--block-size", "4K", "--capacity", "256M"]);
-    pool.ok(&["create", "disk", "--size", "64M"]);
+    let pool = empty_pool("data", dir)?;
     let file = dir.join("data");
     for at in (0..data.len()).step_by(2 << 20) {
         std::fs::write(&file, &data[at..at + BLOCK_BYTES]).unwrap();
