@@ -133,7 +133,10 @@ impl Shared {
         )
     }
 
-    fn read_piece(&self, piece: Piece) -> io::Result<Vec<u8>> {
+    /// The bytes object `piece.index` holds in the piece, at most
+    /// `piece.len` (fewer when the object ends inside it), or None when
+    /// the object does not exist.
+    pub(crate) fn read_stored(&self, piece: Piece) -> io::Result<Option<Vec<u8>>> {
         let name = self.object_name(piece.index);
         let mut data = Vec::with_capacity(piece.len);
         match self
@@ -141,11 +144,17 @@ impl Shared {
             .rados_object_read(&name, &mut data, piece.object_offset)
         {
             Ok(_) => {}
-            Err(e) if errno(&e) == Some(ENOENT) => data.clear(),
+            Err(e) if errno(&e) == Some(ENOENT) => return Ok(None),
             Err(e) => return Err(self.failed("cannot read", &name, &e)),
         }
-        // Past the object's end (or no object at all) reads as zeros; the
-        // binding reads up to the buffer's capacity, which may exceed len.
+        // The binding reads up to the buffer's capacity, which may exceed len.
+        data.truncate(piece.len);
+        Ok(Some(data))
+    }
+
+    fn read_piece(&self, piece: Piece) -> io::Result<Vec<u8>> {
+        // Past the object's end (or no object at all) reads as zeros.
+        let mut data = self.read_stored(piece)?.unwrap_or_default();
         data.resize(piece.len, 0);
         Ok(data)
     }

@@ -7,7 +7,6 @@
 //! it rather than return zeros. `grove check` asks the same of every
 //! object under mapped data, one stat each.
 
-use crate::cluster::{errno, ENOENT};
 use crate::device::{RadosDevice, Shared};
 use crate::io_pool::Op;
 use crate::layout::Piece;
@@ -44,29 +43,15 @@ impl Shared {
     /// but a missing object, or one that ends before the piece, is an
     /// error naming it.
     pub(crate) fn read_written_piece(&self, piece: Piece) -> io::Result<Vec<u8>> {
-        let name = self.object_name(piece.index);
-        let mut data = Vec::with_capacity(piece.len);
-        match self
-            .ioctx
-            .rados_object_read(&name, &mut data, piece.object_offset)
-        {
-            Ok(_) => {}
-            Err(e) if errno(&e) == Some(ENOENT) => {
-                return Err(self.lost(piece.index, None, piece.object_offset + piece.len as u64))
+        let needed_bytes = piece.object_offset + piece.len as u64;
+        match self.read_stored(piece)? {
+            None => Err(self.lost(piece.index, None, needed_bytes)),
+            Some(data) if data.len() < piece.len => {
+                let size = piece.object_offset + data.len() as u64;
+                Err(self.lost(piece.index, Some(size), needed_bytes))
             }
-            Err(e) => return Err(self.failed("cannot read", &name, &e)),
+            Some(data) => Ok(data),
         }
-        if data.len() < piece.len {
-            let size = piece.object_offset + data.len() as u64;
-            return Err(self.lost(
-                piece.index,
-                Some(size),
-                piece.object_offset + piece.len as u64,
-            ));
-        }
-        // The binding reads up to the buffer's capacity, which may exceed len.
-        data.truncate(piece.len);
-        Ok(data)
     }
 
     /// The line for object `index` if it is missing or shorter than

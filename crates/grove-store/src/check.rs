@@ -163,23 +163,22 @@ impl Walk<'_> {
         self.cancel.load(Ordering::Relaxed)
     }
 
+    /// An error the walk found: later passes walk again and would repeat
+    /// it, so only the first reports it.
     fn error(&mut self, message: String) {
-        if self.quiet {
-            return;
+        if !self.quiet {
+            self.record(message);
         }
+    }
+
+    /// An error reported whatever the pass: one found in this window's
+    /// own blocks, which no other pass sees.
+    fn record(&mut self, message: String) {
         if self.errors.len() < REPORT_LINES_MAX {
             self.errors.push(message);
         } else {
             self.suppressed_errors += 1;
         }
-    }
-
-    /// An error found in this window's own blocks: reported by every
-    /// pass, unlike the walk's, which later passes repeat.
-    fn window_error(&mut self, message: String) {
-        let quiet = std::mem::replace(&mut self.quiet, false);
-        self.error(message);
-        self.quiet = quiet;
     }
 
     /// Notes a parent entry (or volume record) pointing at `addr`.
@@ -291,7 +290,7 @@ impl State {
                     )]
                 });
         for line in lines {
-            walk.window_error(line);
+            walk.record(line);
         }
     }
 
