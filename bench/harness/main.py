@@ -4,10 +4,12 @@ profile, then writes <date>-<profile>.json, latest.md and PNG plots.
   main.py --grove BIN --grove-bench BIN [--quick | --smoke] [--out DIR]
           [--only servers,depth,nsnaps,memory,snapcount,replication,retention,branches,archive,
                   archive_scale,rados]
-          [--keep-work] [--grove-before BIN]
+          [--keep-work] [--grove-before BIN] [--set FIELD=VALUE ...]
 """
 
 import argparse
+import ast
+import dataclasses
 import datetime
 import json
 import os
@@ -108,7 +110,34 @@ def parse_args(argv):
                              "JSON of the same profile, noting why they were run again")
     parser.add_argument("--report-only", metavar="JSON", default=None,
                         help="rewrite latest.md and the plots from a results JSON; run nothing")
+    parser.add_argument("--set", metavar="FIELD=VALUE", action="append", default=[],
+                        help="override one field of the profile (repeatable), e.g. "
+                             "archive_days=30; the fields are in bench/harness/profiles.py")
     return parser.parse_args(argv)
+
+
+def with_overrides(profile, settings):
+    """The profile with --set FIELD=VALUE applied, each value read as the
+    field's own type; an unknown field or a bad value stops the run."""
+    changes = {}
+    for setting in settings:
+        field, sep, text = setting.partition("=")
+        if not sep or not hasattr(profile, field) or field == "name":
+            sys.exit(f"bench/run: --set {setting}: not FIELD=VALUE with a field of "
+                     "bench/harness/profiles.py's Profile")
+        current = getattr(profile, field)
+        try:
+            if isinstance(current, bool):
+                if text not in ("true", "false"):
+                    raise ValueError("not true or false")
+                changes[field] = text == "true"
+            elif isinstance(current, (int, float, str)):
+                changes[field] = type(current)(text)
+            else:
+                changes[field] = type(current)(ast.literal_eval(text))
+        except (ValueError, SyntaxError) as e:
+            sys.exit(f"bench/run: --set {setting}: {field} takes a {type(current).__name__}: {e}")
+    return dataclasses.replace(profile, **changes)
 
 
 def write_outputs(results, out, stem):
@@ -129,7 +158,8 @@ def on_signal(signum, _frame):
 def main(argv):
     args = parse_args(argv)
     repo = pathlib.Path(__file__).resolve().parents[2]
-    profile = PROFILES["smoke" if args.smoke else "quick" if args.quick else "full"]
+    profile = with_overrides(
+        PROFILES["smoke" if args.smoke else "quick" if args.quick else "full"], args.set)
     out = pathlib.Path(args.out) if args.out else repo / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     if args.report_only:
@@ -153,7 +183,9 @@ def main(argv):
     stem = f"{now:%Y-%m-%d}-{profile.name}"
     results = {"date": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "profile": profile.as_dict(),
                "command": "bench/run" + {"full": "", "quick": " --quick",
-                                         "smoke": " --smoke"}[profile.name],
+                                         "smoke": " --smoke"}[profile.name]
+               + (f" --only {args.only}" if args.only else "")
+               + "".join(f" --set {setting}" for setting in args.set),
                "machine": machine(repo), "json_name": f"{stem}.json", "workloads": {}}
     failed = []
     try:
