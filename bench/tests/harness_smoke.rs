@@ -226,3 +226,35 @@ fn smoke_profile_runs_every_workload_and_reports() {
         .collect();
     assert!(leftovers.is_empty(), "work directory left behind");
 }
+
+/// `--set` refuses an unknown field and a value of the wrong type, with
+/// one line naming it, before anything runs.
+#[test]
+fn profile_overrides_refuse_bad_fields_and_values() {
+    let Some(python) = python() else {
+        assert!(
+            !tools_required(),
+            "python3 missing, and GROVE_REQUIRE_TOOLS is set"
+        );
+        eprintln!("SKIP: needs python3");
+        return;
+    };
+    let harness = concat!(env!("CARGO_MANIFEST_DIR"), "/harness/main.py");
+    for (setting, expected) in [
+        ("no_such_field=1", "not FIELD=VALUE with a field"),
+        ("archive_days=many", "archive_days takes a int"),
+        ("archive_days", "not FIELD=VALUE"),
+    ] {
+        let output = Command::new(&python)
+            .args([harness, "--smoke", "--set", setting])
+            .output()
+            .expect("run the harness");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "--set {setting} was taken");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.contains(setting) && stderr.contains(expected),
+            "{stderr}"
+        );
+    }
+}
