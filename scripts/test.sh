@@ -31,6 +31,7 @@ declare -A NEEDED=(
   [fio]=fio
   [nbdkit]=nbdkit
   [restic]=restic
+  [/usr/bin/time]=time
   [mkfs.ext4]=e2fsprogs
   [mkfs.xfs]=xfsprogs
   [openssl]=openssl

@@ -7,7 +7,15 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const TOOLS: [&str; 6] = ["fio", "qemu-img", "qemu-nbd", "qemu-io", "nbdkit", "restic"];
+const TOOLS: [&str; 7] = [
+    "fio",
+    "qemu-img",
+    "qemu-nbd",
+    "qemu-io",
+    "nbdkit",
+    "restic",
+    "/usr/bin/time",
+];
 const WORKLOADS: [&str; 9] = [
     "servers",
     "depth",

@@ -5,7 +5,7 @@ archive's size. `grove-bench archive-scale` makes an archive of
 `archive_scale_volume_bytes`, each rewriting `archive_scale_changes`
 random 4 KiB blocks of the one before, object by object as pushes lay it
 out (10,000 pushes would take hours); `grove archive check` must find it
-clean. Then, each its own process with its wall time and peak RSS (wait4):
+clean. Then, each its own process with its wall time and peak RSS (GNU time):
 `grove archive list`, `check`, `check --deep`, `restore` of the newest
 archived snapshot into a pool, `push` of a fresh pool snapshot on top (a
 full push: the pool knows none of the archived snapshots), `expire` with
