@@ -55,6 +55,7 @@ mod deadline;
 mod error;
 mod export;
 mod handshake;
+mod jobs;
 mod peers;
 mod server;
 mod source;

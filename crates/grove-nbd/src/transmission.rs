@@ -6,7 +6,7 @@
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Condvar, Mutex};
+use std::sync::{Condvar, Mutex};
 use std::thread;
 use std::time::Duration;
 
@@ -18,6 +18,7 @@ use crate::codec::*;
 use crate::deadline::{transfer_allowance, Deadlines, Slot};
 use crate::error::nbd_error_for;
 use crate::handshake::{Session, BASE_ALLOCATION_CONTEXT_ID};
+use crate::jobs::{JobQueue, Refused};
 use crate::source::Source;
 use crate::stream::{discard, is_timeout, Stream};
 use crate::validate::{validate_request, Negotiated, Rejection, PAYLOAD_MAX_BYTES};
@@ -76,6 +77,12 @@ static ZEROS: [u8; ZERO_CHUNK_BYTES] = [0; ZERO_CHUNK_BYTES];
 
 const _: () = assert!(IN_FLIGHT_MAX_BYTES >= PAYLOAD_MAX_BYTES as u64 + REQUEST_OVERHEAD_BYTES);
 
+/// Requests queued for a connection's workers at most. Every queued
+/// request holds at least [`REQUEST_OVERHEAD_BYTES`] of a connection's
+/// budget, which is at most [`IN_FLIGHT_MAX_BYTES`] (and one request may
+/// go past an empty budget), so the budget stops the reader first.
+const JOBS_QUEUED_MAX: usize = (IN_FLIGHT_MAX_BYTES / REQUEST_OVERHEAD_BYTES) as usize + 1;
+
 /// How a connection's transmission phase ended.
 #[derive(Debug)]
 pub(crate) enum End {
@@ -98,18 +105,33 @@ pub(crate) enum End {
 /// A counter of in-flight bytes with a limit; takers wait for room. One
 /// per connection, and one for the whole server.
 pub(crate) struct Budget {
-    used_bytes: Mutex<u64>,
+    usage: Mutex<Usage>,
     freed: Condvar,
     max_bytes: u64,
+}
+
+struct Usage {
+    used_bytes: u64,
+    /// Takers waiting for room: a release wakes them only if there are
+    /// any, since a notify is a system call whether anyone waits or not,
+    /// and every request releases three budgets.
+    waiting: usize,
 }
 
 impl Budget {
     pub fn new(max_bytes: u64) -> Self {
         Budget {
-            used_bytes: Mutex::new(0),
+            usage: Mutex::new(Usage {
+                used_bytes: 0,
+                waiting: 0,
+            }),
             freed: Condvar::new(),
             max_bytes,
         }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Usage> {
+        self.usage.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Waits until `bytes` fit, and takes them. A request alone always
@@ -128,31 +150,38 @@ impl Budget {
         max_bytes: &dyn Fn() -> u64,
         cancelled: &dyn Fn() -> bool,
     ) -> bool {
-        let mut used = self.used_bytes.lock().unwrap_or_else(|e| e.into_inner());
-        while *used > 0 && *used + bytes > max_bytes().min(self.max_bytes) {
+        let mut usage = self.lock();
+        while usage.used_bytes > 0 && usage.used_bytes + bytes > max_bytes().min(self.max_bytes) {
             if cancelled() {
                 return false;
             }
-            used = self
+            usage.waiting += 1;
+            usage = self
                 .freed
-                .wait_timeout(used, Duration::from_millis(BUDGET_POLL_MS))
+                .wait_timeout(usage, Duration::from_millis(BUDGET_POLL_MS))
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
+            assert!(usage.waiting > 0, "a waiter was counted");
+            usage.waiting -= 1;
         }
-        *used += bytes;
+        usage.used_bytes += bytes;
         true
     }
 
     /// Bytes taken now.
     pub fn used_bytes(&self) -> u64 {
-        *self.used_bytes.lock().unwrap_or_else(|e| e.into_inner())
+        self.lock().used_bytes
     }
 
     fn release(&self, bytes: u64) {
-        let mut used = self.used_bytes.lock().unwrap_or_else(|e| e.into_inner());
-        assert!(*used >= bytes, "released more than was acquired");
-        *used -= bytes;
-        self.freed.notify_all();
+        let mut usage = self.lock();
+        assert!(usage.used_bytes >= bytes, "released more than was acquired");
+        let before = usage.used_bytes;
+        usage.used_bytes -= bytes;
+        assert_eq!(usage.used_bytes + bytes, before);
+        if usage.waiting > 0 {
+            self.freed.notify_all();
+        }
     }
 }
 
@@ -334,19 +363,17 @@ pub(crate) fn serve(
 /// connection (a mounted disk) holds one thread beside its reader, so a
 /// host's thousand disks cost a thousand stacks, not five.
 fn run_workers(reader: &mut BufReader<Stream>, connection: &Connection<'_>, workers: usize) -> End {
-    let (sender, receiver) = mpsc::channel::<Job>();
-    let receiver = Mutex::new(receiver);
-    let idle = AtomicUsize::new(0);
+    let queue = JobQueue::new(JOBS_QUEUED_MAX);
     thread::scope(|scope| {
         let mut started = 0;
         let mut start_worker = || {
             if started >= workers.max(1) {
                 return false;
             }
-            let (receiver, idle) = (&receiver, &idle);
+            let queue = &queue;
             let spawned = thread::Builder::new()
                 .name(format!("nbd-worker-{started}"))
-                .spawn_scoped(scope, move || worker(connection, receiver, idle));
+                .spawn_scoped(scope, move || worker(connection, queue));
             match spawned {
                 Ok(_) => {
                     started += 1;
@@ -362,15 +389,21 @@ fn run_workers(reader: &mut BufReader<Stream>, connection: &Connection<'_>, work
         if !start_worker() {
             return End::Io(io::Error::other("no worker thread could be started"));
         }
-        let mut dispatch = |job: Job| {
-            if idle.load(Ordering::SeqCst) == 0 {
+        let mut dispatch = |job: Job| match queue.push(job) {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                // No worker waits: another may take it, if any may start.
                 start_worker();
+                Ok(())
             }
-            sender.send(job).is_ok()
+            Err((refused, job)) => {
+                connection.release(job.cost_bytes);
+                Err(refused)
+            }
         };
         let end = read_requests(reader, connection, &mut dispatch);
         // Closing the queue lets the workers finish what is queued and stop.
-        drop(sender);
+        queue.close();
         end
     })
 }
@@ -392,11 +425,11 @@ fn cost_bytes(request: &Request, accepted: bool, meta_contexts: usize) -> u64 {
 }
 
 /// Reads requests and hands each to `dispatch`, which queues it for a
-/// worker (false: every worker is gone).
+/// worker.
 fn read_requests(
     reader: &mut BufReader<Stream>,
     connection: &Connection<'_>,
-    dispatch: &mut dyn FnMut(Job) -> bool,
+    dispatch: &mut dyn FnMut(Job) -> Result<(), Refused>,
 ) -> End {
     let deadlines = connection.deadlines;
     loop {
@@ -449,9 +482,12 @@ fn read_requests(
             rejection,
             cost_bytes,
         };
-        if !dispatch(job) {
-            // Every worker is gone, which only happens if one panicked.
-            return End::Protocol("the connection's workers stopped".to_string());
+        if let Err(refused) = dispatch(job) {
+            // The budget bounds the queue below its capacity, so neither
+            // happens unless a worker panicked or the bound is wrong.
+            return End::Protocol(format!(
+                "the connection's job queue refused a request: {refused:?}"
+            ));
         }
     }
 }
@@ -503,19 +539,9 @@ fn truncated(e: io::Error, deadlines: &Deadlines) -> End {
     }
 }
 
-/// Runs queued requests until the queue closes. `idle` counts the workers
-/// waiting for a request, so the reader starts another only when none is.
-fn worker(connection: &Connection<'_>, receiver: &Mutex<mpsc::Receiver<Job>>, idle: &AtomicUsize) {
-    loop {
-        idle.fetch_add(1, Ordering::SeqCst);
-        let job = {
-            let receiver = receiver.lock().unwrap_or_else(|e| e.into_inner());
-            receiver.recv()
-        };
-        idle.fetch_sub(1, Ordering::SeqCst);
-        let Ok(job) = job else {
-            return;
-        };
+/// Runs queued requests until the queue closes and is empty.
+fn worker(connection: &Connection<'_>, queue: &JobQueue<Job>) {
+    while let Some(job) = queue.pop() {
         let cost_bytes = job.cost_bytes;
         let released_early_bytes = run(connection, job);
         connection.release(cost_bytes - released_early_bytes);

@@ -58,10 +58,11 @@ impl Volume {
         } else {
             record
         };
-        // Translate every block under the state lock, then read the data
-        // with only the I/O gate held, so other volumes keep going. Pieces
-        // that follow each other on the device (or are both holes) are
-        // merged: a sequential read is one device read per run.
+        // Translate every block under the state lock (one walk per leaf),
+        // then read the data with only the I/O gate held, so other volumes
+        // keep going. Pieces that follow each other on the device (or are
+        // both holes) are merged: a sequential read is one device read per run.
+        let (first, entries) = entries_under(&mut state, &record, offset, buf.len())?;
         let mut pieces: Vec<(usize, usize, Option<u64>)> = Vec::new();
         let mut done = 0u64;
         while done < buf.len() as u64 {
@@ -69,7 +70,7 @@ impl Volume {
             let index = position / block_bytes;
             let in_block = position % block_bytes;
             let len = (block_bytes - in_block).min(buf.len() as u64 - done);
-            let entry = state.lookup(record.root, record.height, NodeKind::VolumeData, index)?;
+            let entry = entries[(index - first) as usize];
             let source = (!entry.is_empty()).then(|| entry.addr().0 * block_bytes + in_block);
             let follows = |last_len: usize, last_source: Option<u64>| match (last_source, source) {
                 (Some(last), Some(next)) => last + last_len as u64 == next,
@@ -334,6 +335,24 @@ const PREFETCH_READS_MAX: usize = 32;
 /// metadata changed during its read (`State::cache_prefetched`). Returns
 /// the state lock, and whether it was let go meanwhile (then the caller
 /// looks its record up again).
+/// The first block of `len` bytes at `offset` and the data entries of
+/// their blocks, one walk per leaf.
+fn entries_under(
+    state: &mut State,
+    record: &VolumeRecord,
+    offset: u64,
+    len: usize,
+) -> Result<(u64, Vec<crate::format::node::Entry>)> {
+    let block_bytes = state.geometry().block_bytes();
+    let first = offset / block_bytes;
+    let end = (offset + len as u64).div_ceil(block_bytes);
+    let count = if len == 0 { 0 } else { end - first };
+    let mut entries = Vec::with_capacity(count as usize);
+    let kind = NodeKind::VolumeData;
+    state.lookup_run(record.root, record.height, kind, first, count, &mut entries)?;
+    Ok((first, entries))
+}
+
 fn prefetch_paths<'a>(
     inner: &'a Inner,
     mut state: MutexGuard<'a, State>,
