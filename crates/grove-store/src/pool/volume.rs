@@ -13,7 +13,7 @@ use super::{
 };
 use crate::diff::DiffExtent;
 use crate::error::{Error, ErrorKind, Result};
-use crate::format::node::NodeKind;
+use crate::format::node::{Entry, NodeKind};
 use crate::format::record::VolumeRecord;
 use crate::state::State;
 use crate::write;
@@ -329,12 +329,6 @@ fn zero_partial(state: &mut State, record: &VolumeRecord, start: u64, end: u64) 
 /// lock read whatever else is missing.
 const PREFETCH_READS_MAX: usize = 32;
 
-/// Reads the radix nodes that lookups of `blocks` of `record` would miss
-/// in the cache, each with the state lock let go during the read, so that
-/// a cache miss stalls no other client. A node is cached only if no
-/// metadata changed during its read (`State::cache_prefetched`). Returns
-/// the state lock, and whether it was let go meanwhile (then the caller
-/// looks its record up again).
 /// The first block of `len` bytes at `offset` and the data entries of
 /// their blocks, one walk per leaf.
 fn entries_under(
@@ -342,7 +336,7 @@ fn entries_under(
     record: &VolumeRecord,
     offset: u64,
     len: usize,
-) -> Result<(u64, Vec<crate::format::node::Entry>)> {
+) -> Result<(u64, Vec<Entry>)> {
     let block_bytes = state.geometry().block_bytes();
     let first = offset / block_bytes;
     let end = (offset + len as u64).div_ceil(block_bytes);
@@ -353,6 +347,12 @@ fn entries_under(
     Ok((first, entries))
 }
 
+/// Reads the radix nodes that lookups of `blocks` of `record` would miss
+/// in the cache, each with the state lock let go during the read, so that
+/// a cache miss stalls no other client. A node is cached only if no
+/// metadata changed during its read (`State::cache_prefetched`). Returns
+/// the state lock, and whether it was let go meanwhile (then the caller
+/// looks its record up again).
 fn prefetch_paths<'a>(
     inner: &'a Inner,
     mut state: MutexGuard<'a, State>,
