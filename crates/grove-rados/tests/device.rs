@@ -38,6 +38,48 @@ fn assert_same(device: &RadosDevice, model: &MemDevice, offset: u64, len: usize,
     );
 }
 
+/// Several reads handed over at once (`read_each_at`, and
+/// `read_written_each_at` where every byte was written) read what one
+/// read at a time does.
+fn assert_same_at_once(
+    device: &RadosDevice,
+    model: &MemDevice,
+    rng: &mut Rng,
+    span: u64,
+    step: usize,
+) {
+    let places: Vec<(u64, usize)> = (0..1 + rng.below(5))
+        .map(|_| (rng.below(span), 1 + rng.below(2 * SMALL_OBJECTS) as usize))
+        .collect();
+    let mut bufs: Vec<Vec<u8>> = places.iter().map(|&(_, len)| vec![0xaa; len]).collect();
+    let mut reads: Vec<(u64, &mut [u8])> = places
+        .iter()
+        .zip(bufs.iter_mut())
+        .map(|(&(offset, _), buf)| (offset, buf.as_mut_slice()))
+        .collect();
+    device.read_each_at(&mut reads).unwrap();
+    for (&(offset, len), got) in places.iter().zip(&bufs) {
+        let mut want = vec![0x55; len];
+        model.read_at(&mut want, offset).unwrap();
+        assert!(
+            got == &want,
+            "step {step}: {len} bytes at {offset}, read at once"
+        );
+    }
+    // Every byte of the first object was written: read_written agrees.
+    let head = model.len_bytes().unwrap().min(SMALL_OBJECTS);
+    let mut written = vec![1u8; head as usize];
+    model.write_at(&written, 0).unwrap();
+    device.write_at(&written, 0).unwrap();
+    let (first, second) = written.split_at_mut(head as usize / 2);
+    let mut reads = [(0, first), (head / 2, second)];
+    device.read_written_each_at(&mut reads).unwrap();
+    assert!(
+        written.iter().all(|&b| b == 1),
+        "step {step}: read_written at once"
+    );
+}
+
 /// Up to 6 writes that do not overlap, from `offset` on: some neighbours
 /// (which the device merges), some with gaps, crossing objects, handed
 /// over out of order.
@@ -124,6 +166,9 @@ fn random_operations_match_the_in_memory_model() {
             1 + rng.below(2 * SMALL_OBJECTS) as usize,
         );
         assert_same(&device, &model, read_at, read_len, step);
+        if step % 4 == 0 {
+            assert_same_at_once(&device, &model, &mut rng, span, step);
+        }
     }
     device.flush().unwrap();
     drop(device);
