@@ -390,7 +390,15 @@ impl BlockDevice for RadosDevice {
         if offset >= end {
             return Ok(());
         }
-        let pieces = layout::pieces(offset, end - offset, self.shared.object_size);
+        // Only whole objects (removed) and tails (truncated) give space
+        // back. A middle would be zeroed, which BlueStore stores as any
+        // other bytes: a stat and a write for nothing, and freed blocks
+        // are mostly scattered middles (a daemon stopping with 25,000 to
+        // punch took minutes). The contract lets a middle keep its bytes.
+        let pieces: Vec<Piece> = layout::pieces(offset, end - offset, size)
+            .into_iter()
+            .filter(|piece| piece.reaches_object_end(size))
+            .collect();
         self.for_each_piece(&pieces, |shared, piece| {
             Box::new(move || shared.punch_piece(piece))
         })?;
