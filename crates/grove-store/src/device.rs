@@ -117,10 +117,49 @@ pub trait BlockDevice: Send + Sync {
     fn queue_depth(&self) -> usize {
         QUEUE_DEPTH_DEFAULT
     }
+    /// The longest write that neighbouring blocks of one request are
+    /// merged into. A run never crosses a multiple of this length on the
+    /// device, so a device that keeps its bytes in pieces of this size
+    /// (RADOS objects) gets one write per piece.
+    fn write_run_bytes_max(&self) -> usize {
+        WRITE_RUN_BYTES_DEFAULT
+    }
+    /// Fills each `(offset, buf)` of `reads`, which do not overlap, as
+    /// `read_written_at` does, in no particular order; the first error if
+    /// any failed.
+    ///
+    /// A request whose blocks lie apart on the device is several reads,
+    /// handed over at once so that a device whose reads each wait for a
+    /// network round trip (RADOS) runs them side by side. The default
+    /// reads them in turn.
+    fn read_written_each_at(&self, reads: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+        for (offset, buf) in reads.iter_mut() {
+            self.read_written_at(buf, *offset)?;
+        }
+        Ok(())
+    }
+    /// `read_written_each_at` with `read_at`'s meaning: bytes never
+    /// written read as zeros (metadata blocks, whose checksums tell).
+    fn read_each_at(&self, reads: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+        for (offset, buf) in reads.iter_mut() {
+            self.read_at(buf, *offset)?;
+        }
+        Ok(())
+    }
 }
 
 /// What `BlockDevice::queue_depth` says unless the device knows better.
 const QUEUE_DEPTH_DEFAULT: usize = 4;
+
+/// What `BlockDevice::write_run_bytes_max` says unless the device knows
+/// better: the host's page cache sizes its folios by the write, so 1 MiB
+/// writes to a file leave 1 MiB folios, and every later 4K overwrite inside
+/// one costs ext4 a walk over the whole folio. Measured here, random 4K
+/// overwrites of a volume imported with 1 MiB runs: 59k IOPS (256 KiB
+/// runs: 71-78k; 64 KiB: 99k; 4 KiB writes: 102k); sequential 1M writes
+/// through NBD keep about 0.75 of nbdkit at 64 KiB against 0.6 with 4 KiB
+/// writes.
+const WRITE_RUN_BYTES_DEFAULT: usize = 64 * 1024;
 
 /// What `stat` counts `st_blocks` in, whatever the file system's block size.
 pub const STAT_BLOCK_BYTES: u64 = 512;

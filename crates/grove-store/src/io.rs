@@ -130,6 +130,16 @@ impl Puncher {
         self.backlog.clear();
     }
 
+    /// Gives up on every queued block, counted dropped (a close out of
+    /// time); returns how many.
+    pub(crate) fn drop_backlog(&mut self) -> usize {
+        let dropped = self.backlog.len();
+        self.stats.dropped_blocks += dropped as u64;
+        self.backlog.clear();
+        debug_assert!(self.backlog.is_empty());
+        dropped
+    }
+
     /// Counts what a run of punch calls did.
     pub(crate) fn count(&mut self, extents: u64, blocks: u64, failures: u64, elapsed_us: u64) {
         self.stats.extents += extents;

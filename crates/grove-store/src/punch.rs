@@ -153,6 +153,12 @@ impl State {
     }
 
     /// Freed blocks waiting to be punched.
+    /// Gives up punching the backlog (counted dropped); returns how many
+    /// blocks were on it.
+    pub(crate) fn drop_punch_backlog(&mut self) -> usize {
+        self.puncher_mut().drop_backlog()
+    }
+
     pub(crate) fn punch_backlog_len(&self) -> usize {
         self.puncher().backlog_len()
     }

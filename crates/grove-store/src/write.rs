@@ -183,7 +183,7 @@ pub(crate) fn run(
             .map_err(write_error)?;
     }
     // The runs are distinct blocks: they may land in any order.
-    let runs: Vec<(u64, &[u8])> = coalesce(&plan.direct)
+    let runs: Vec<(u64, &[u8])> = coalesce(&plan.direct, device.write_run_bytes_max())
         .into_iter()
         .map(|(device_offset, range)| (device_offset, &buf[range]))
         .collect();
@@ -198,23 +198,18 @@ pub(crate) fn run(
     }
 }
 
-/// Longest device write a run of neighbouring blocks is merged into. The
-/// host's page cache sizes its folios by the write: 1 MiB writes leave
-/// 1 MiB folios, and every later 4K overwrite inside one costs ext4 a walk
-/// over the whole folio. Measured here, random 4K overwrites of a volume
-/// imported with 1 MiB runs: 59k IOPS (256 KiB runs: 71-78k; 64 KiB: 99k;
-/// 4 KiB writes: 102k); sequential 1M writes through NBD keep about 0.75
-/// of nbdkit at 64 KiB against 0.6 with 4 KiB writes.
-const WRITE_RUN_BYTES_MAX: usize = 64 * 1024;
-
 /// Merges writes that are neighbours both on the device and in the
-/// buffer, so that a sequential write is a few device writes per run.
-fn coalesce(direct: &[(u64, Range<usize>)]) -> Vec<(u64, Range<usize>)> {
+/// buffer, so that a sequential write is a few device writes: a run is at
+/// most `run_max` bytes and never crosses a multiple of it on the device
+/// (see `BlockDevice::write_run_bytes_max`).
+fn coalesce(direct: &[(u64, Range<usize>)], run_max: usize) -> Vec<(u64, Range<usize>)> {
+    let run_max = run_max.max(1) as u64;
     let mut merged: Vec<(u64, Range<usize>)> = Vec::with_capacity(direct.len());
     for (offset, range) in direct {
         if let Some((last_offset, last_range)) = merged.last_mut() {
             let device_end = *last_offset + last_range.len() as u64;
-            let fits = last_range.len() + range.len() <= WRITE_RUN_BYTES_MAX;
+            let new_end = device_end + range.len() as u64;
+            let fits = (new_end - 1) / run_max == *last_offset / run_max;
             if device_end == *offset && last_range.end == range.start && fits {
                 last_range.end = range.end;
                 continue;
@@ -264,4 +259,33 @@ pub(crate) fn install(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::coalesce;
+
+    /// Neighbours merge up to the device's run length, and a run stops at
+    /// each multiple of it, so each of a device's pieces gets its own.
+    #[test]
+    fn runs_merge_up_to_the_run_length_and_stop_at_its_multiples() {
+        let block = 4096usize;
+        // Eight neighbouring blocks from device byte 2 blocks in.
+        let direct: Vec<(u64, std::ops::Range<usize>)> = (0..8)
+            .map(|i| (((2 + i) * block) as u64, i * block..(i + 1) * block))
+            .collect();
+        let runs = coalesce(&direct, 4 * block);
+        assert_eq!(
+            runs,
+            [
+                ((2 * block) as u64, 0..2 * block),
+                ((4 * block) as u64, 2 * block..6 * block),
+                ((8 * block) as u64, 6 * block..8 * block),
+            ]
+        );
+        // A gap on the device, or in the buffer, ends a run too.
+        let apart = [(0u64, 0..block), ((2 * block) as u64, block..2 * block)];
+        assert_eq!(coalesce(&apart, 16 * block).len(), 2);
+        assert_eq!(coalesce(&direct, 1 << 20).len(), 1);
+    }
 }

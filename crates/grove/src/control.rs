@@ -152,8 +152,8 @@ impl Admin for Pool {
     fn clone_volume(&self, source: &str, name: &str) -> grove_store::Result<VolumeInfo> {
         Pool::clone_volume(self, source, name)
     }
-    fn remove(&self, name: &str, recursive: bool, force: bool) -> grove_store::Result<u64> {
-        Pool::remove(self, name, RemoveOptions { recursive, force })
+    fn remove(&self, name: &str, recursive: bool, force: bool) -> grove_store::Result<Option<u64>> {
+        Pool::remove(self, name, RemoveOptions { recursive, force }).map(Some)
     }
     fn rollback(
         &self,
@@ -499,10 +499,12 @@ control_operations! {
             => Clone { source: String, name: String }
             => reply(pool.clone_volume(&source, &name));
         /// Removes a volume (and its descendants if `recursive`); returns the
-        /// bytes the reclaimer gives back.
-        fn remove(&self, name: &str, recursive: bool, force: bool) -> u64
+        /// bytes the reclaimer gives back, or None where they were not
+        /// counted (a snapshot removed by a daemon: `remove_served`).
+        fn remove(&self, name: &str, recursive: bool, force: bool) -> Option<u64>
             => Remove { name: String, recursive: bool, force: bool }
-            => reply(Admin::remove(pool, &name, recursive, force));
+            => reply(crate::reclaimer::remove_served(
+                pool, &name, RemoveOptions { recursive, force }, stopping));
         /// Resets a volume to a snapshot; one in use needs `force`.
         fn rollback(&self, snapshot: &str, volume: Option<&str>, force: bool) -> VolumeInfo
             => Rollback {

@@ -336,7 +336,9 @@ pub fn free_space(admin: &dyn Admin, now: u64, bytes_wanted: u64) -> Result<u64>
         match admin.remove(&name, false, false) {
             Ok(bytes) => {
                 tracing::warn!("space: removed snapshot {name:?} to give back space");
-                freed += bytes;
+                // Uncounted (a daemon's removal): one at a time, the next
+                // look at the space deciding whether more must go.
+                freed += bytes.unwrap_or(bytes_wanted);
             }
             Err(e) => tracing::warn!("space: cannot remove snapshot {name:?}: {e}"),
         }

@@ -270,20 +270,26 @@ pub fn list(pool: &dyn Admin, json: bool) -> Result<()> {
 }
 
 pub fn remove(pool: &dyn Admin, name: &str, recursive: bool, force: bool) -> Result<()> {
-    let info = pool.volume_info(name)?;
     // The family's summaries, not the pool's: 100,000 of them took most of
-    // a half-second `rm`.
-    let dependents = pool.family_summaries(name)?.len() - 1;
-    let freed_bytes = pool.remove(name, recursive, force)?;
+    // a half-second `rm`. Its head is the volume's own (no `volume_info`:
+    // its accounting walks the volume's tree).
+    let family = pool.family_summaries(name)?;
+    let dependents = family.len() - 1;
+    let summary = &family[0];
+    let gives_back = match pool.remove(name, recursive, force)? {
+        Some(freed_bytes) => format!("it gives back {}", format_size(freed_bytes)),
+        None => {
+            "its space comes back as the reclaimer runs (grove gc --wait waits for it)".to_string()
+        }
+    };
     say(format_args!(
-        "removed {} {name:?}{}; it gives back {}",
-        info.summary.kind.as_str(),
+        "removed {} {name:?}{}; {gives_back}",
+        summary.kind.as_str(),
         if recursive && dependents > 0 {
             " and everything taken from it"
         } else {
             ""
         },
-        format_size(freed_bytes)
     ))?;
     // What was taken from the removed volume now shows under its parent.
     let subject = match dependents {
@@ -293,7 +299,7 @@ pub fn remove(pool: &dyn Admin, name: &str, recursive: bool, force: bool) -> Res
         n => format!("the {n} volumes taken from it"),
     };
     let verb = if dependents == 1 { "is" } else { "are" };
-    match &info.summary.parent {
+    match &summary.parent {
         Some(parent) => say(format_args!("{subject} {verb} now under {parent:?}"))?,
         None => say(format_args!("{subject} {verb} now at the top of the tree"))?,
     }

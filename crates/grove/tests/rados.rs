@@ -257,6 +257,72 @@ fn a_stopped_holder_is_fenced_and_none_of_its_writes_land() {
     drop(server_a);
 }
 
+/// Random 4K overwrites of the 64 MiB "disk" for round `round`, each
+/// block filled with the round's pattern, as qemu-io commands.
+fn scattered_writes(round: u64, count: u64) -> Vec<String> {
+    let blocks = (64 << 20) / 4096;
+    let mut x = round.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..count)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            format!("write -P {} {}k 4k", 1 + round % 250, (x % blocks) * 4)
+        })
+        .collect()
+}
+
+/// 100 snapshots, each holding blocks of its own, removed from a served
+/// pool leave the reclaimer (and the punching of freed blocks) hours of
+/// RADOS round trips; SIGTERM must still stop the server within the
+/// bound, leaving the rest for the next open, with nothing lost.
+#[test]
+fn a_served_pool_stops_promptly_after_removing_100_snapshots() {
+    const SNAPSHOTS: u64 = 100;
+    const STOP_BOUND: Duration = Duration::from_secs(15);
+    let Some((dir, a, _b, location)) = setup("stop-after-rm") else {
+        return;
+    };
+    let (mut server, socket) = a.serve(&location, dir.path(), false);
+    let fill = ["write -P 0xaa 0 64M", "flush"];
+    assert_qemu_io_ok(&qemu_io(&socket, &fill), "the fill");
+    for round in 1..=SNAPSHOTS {
+        let writes = scattered_writes(round, 128);
+        let commands: Vec<&str> = writes.iter().map(String::as_str).collect();
+        assert_qemu_io_ok(&qemu_io(&socket, &commands), "a round of writes");
+        a.ok(&location, &["snapshot", "disk", &format!("disk@{round}")]);
+    }
+    let last = ["write -P 0x5c 40M 64k", "flush"];
+    assert_qemu_io_ok(&qemu_io(&socket, &last), "the last write");
+    let removing = Instant::now();
+    for round in 1..=SNAPSHOTS {
+        a.ok(&location, &["rm", &format!("disk@{round}")]);
+    }
+    eprintln!("{SNAPSHOTS} removals took {:?}", removing.elapsed());
+
+    let stopping = Instant::now();
+    signal(server.0.id(), "TERM");
+    while server.0.try_wait().unwrap().is_none() && stopping.elapsed() < STOP_BOUND {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let took = stopping.elapsed();
+    let log = std::fs::read_to_string(dir.path().join("a.log")).unwrap();
+    let status = server.0.try_wait().unwrap();
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "grove serve did not exit 0 within {STOP_BOUND:?} of SIGTERM ({status:?}):\n{log}"
+    );
+    eprintln!("grove serve stopped {took:?} after SIGTERM");
+
+    let check = a.ok(&location, &["check"]);
+    assert!(check.contains("the pool is clean"), "{check}");
+    let (mut again, socket) = a.serve(&location, dir.path(), false);
+    let out = qemu_io(&socket, &["read -P 0x5c 40M 64k"]);
+    assert_qemu_io_ok(&out, "the last write, after the stop");
+    signal(again.0.id(), "TERM");
+    assert!(again.0.wait().unwrap().success());
+}
+
 /// The output of the client that wrote through the stopped host, once it
 /// has given up (bounded: it is killed after START_WAIT).
 fn late_output(mut late: Reaped) -> String {

@@ -1058,7 +1058,7 @@ impl Pool {
         }
         commit_locked(&self.inner, &mut state)?;
         drop(state);
-        punching::punch_backlog(&self.inner, usize::MAX);
+        punching::punch_backlog_within(&self.inner);
         let mut state = self.state();
         settle_io(&self.inner, &mut state)?;
         if state.needs_checkpoint() {

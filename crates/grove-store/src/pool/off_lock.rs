@@ -68,18 +68,22 @@ pub(super) fn walk_off_lock<'a, T>(
     unreachable!("the rounds end by reading directly")
 }
 
-/// Reads blocks without the lock; None if any read fails.
+/// Reads blocks without the lock, all handed to the device at once (a
+/// device whose reads each wait for a round trip runs them side by side);
+/// None if any read fails.
 fn read_blocks(
     device: &dyn crate::device::BlockDevice,
     addrs: &[BlockAddr],
     block_bytes: u64,
 ) -> Option<Vec<(BlockAddr, Vec<u8>)>> {
-    addrs
+    let mut blocks: Vec<(BlockAddr, Vec<u8>)> = addrs
         .iter()
-        .map(|&addr| {
-            let mut block = vec![0u8; block_bytes as usize];
-            device.read_at(&mut block, addr.0 * block_bytes).ok()?;
-            Some((addr, block))
-        })
-        .collect()
+        .map(|&addr| (addr, vec![0u8; block_bytes as usize]))
+        .collect();
+    let mut reads: Vec<(u64, &mut [u8])> = blocks
+        .iter_mut()
+        .map(|(addr, block)| (addr.0 * block_bytes, block.as_mut_slice()))
+        .collect();
+    device.read_each_at(&mut reads).ok()?;
+    Some(blocks)
 }

@@ -12,6 +12,7 @@
 //! blocks are reusable already), so it can wait for the clients to pause.
 
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use super::state_lock::lock_state;
 use super::{Inner, Pool};
@@ -42,10 +43,40 @@ pub(super) fn punch_backlog(inner: &Inner, max_blocks: usize) -> usize {
     taken
 }
 
+/// Longest `Pool::close` punches the backlog: a daemon's shutdown must
+/// end within its grace, and on RADOS a punch costs a round trip or two
+/// an extent. What is left keeps its space on the host until its blocks
+/// are written and freed again, or `check --repair` punches it.
+const CLOSE_PUNCH_MAX: Duration = Duration::from_secs(2);
+
+/// Blocks `punch_backlog_within` takes at a time, so that it looks at the
+/// clock often.
+const CLOSE_PUNCH_STEP_BLOCKS: usize = 1024;
+
+/// Punches the backlog for at most `CLOSE_PUNCH_MAX`, then gives up on the
+/// rest, saying so.
+pub(super) fn punch_backlog_within(inner: &Inner) {
+    let started = Instant::now();
+    while started.elapsed() < CLOSE_PUNCH_MAX {
+        if punch_backlog(inner, CLOSE_PUNCH_STEP_BLOCKS) == 0 {
+            return;
+        }
+    }
+    let mut state = lock_state(inner);
+    let dropped = state.drop_punch_backlog();
+    if dropped > 0 {
+        tracing::warn!(
+            "closing {}: {dropped} freed blocks left unpunched after {CLOSE_PUNCH_MAX:?}; they keep their space on the host until reused (grove check --repair gives it back)",
+            state.device().describe()
+        );
+    }
+    debug_assert_eq!(state.punch_backlog_len(), 0);
+}
+
 impl Pool {
     /// Leaves freed blocks on the punch backlog after commits, for the
     /// caller to punch at its own pace (`punch_some`); `close` still
-    /// punches the whole backlog. For a daemon that paces background work
+    /// punches the backlog, for a bounded time. For a daemon that paces background work
     /// by its clients' load.
     pub fn defer_punching(&self) {
         self.inner.punch_deferred.store(true, Ordering::Relaxed);

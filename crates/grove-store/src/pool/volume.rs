@@ -88,19 +88,28 @@ impl Volume {
         let device = state.device().clone();
         let gate = self.inner.io_gate.read().unwrap_or_else(|e| e.into_inner());
         drop(state);
+        // The runs are handed over at once: a device whose reads each wait
+        // for a round trip (RADOS) runs them side by side.
+        let mut reads: Vec<(u64, &mut [u8])> = Vec::with_capacity(pieces.len());
+        let mut rest = &mut buf[..];
+        let mut at = 0usize;
         for (start, len, source) in pieces {
-            let target = &mut buf[start..start + len];
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut(start - at);
+            let (target, tail) = tail.split_at_mut(len);
+            rest = tail;
+            at = start + len;
             match source {
                 None => target.fill(0),
-                Some(device_offset) => {
-                    device.read_written_at(target, device_offset).map_err(|e| {
-                        Error::io(format!("cannot read data of {}", device.describe()), e)
-                    })?
-                }
+                Some(device_offset) => reads.push((device_offset, target)),
             }
         }
+        let read = match reads.as_mut_slice() {
+            [] => Ok(()),
+            [(device_offset, target)] => device.read_written_at(target, *device_offset),
+            _ => device.read_written_each_at(&mut reads),
+        };
         drop(gate);
-        Ok(())
+        read.map_err(|e| Error::io(format!("cannot read data of {}", device.describe()), e))
     }
 
     /// Writes `buf` at byte `offset`. Durable after the next flush.
