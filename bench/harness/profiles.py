@@ -108,7 +108,7 @@ class Profile:
     rados_runtime_s: float = 10.0
     rados_snapshots: int = 100
     rados_snapshot_gap_s: float = 0.2
-    # The archive's year (an hour at 1 GiB, restic's backups most of it)
+    # The archive's year (3.5 to 4 hours at 1 GiB here, restic's backups most of it)
     # runs with --only archive, and in the smoke run; the archive at scale
     # likewise (--only archive_scale).
     workloads: tuple = ("servers", "depth", "nsnaps", "memory", "snapcount", "replication",
