@@ -76,8 +76,8 @@ pub(super) fn punch_backlog_within(inner: &Inner) {
 impl Pool {
     /// Leaves freed blocks on the punch backlog after commits, for the
     /// caller to punch at its own pace (`punch_some`); `close` still
-    /// punches the backlog, for a bounded time. For a daemon that paces background work
-    /// by its clients' load.
+    /// punches the backlog, for a bounded time. For a daemon that paces
+    /// background work by its clients' load.
     pub fn defer_punching(&self) {
         self.inner.punch_deferred.store(true, Ordering::Relaxed);
     }
